@@ -1,0 +1,104 @@
+//! Parsing `#[idempotent(key = "...", consumer = "...", conn = "...", retries = N, crate = "...")]`.
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::{LitInt, LitStr, Token};
+
+mod kw {
+    syn::custom_keyword!(key);
+    syn::custom_keyword!(consumer);
+    syn::custom_keyword!(conn);
+    syn::custom_keyword!(retries);
+}
+
+const VALID: &str = "`key`, `consumer`, `conn`, `retries`, `crate`";
+
+/// The attribute's arguments, as written; [`crate::validate`] checks them
+/// against the function.
+#[derive(Default)]
+pub(crate) struct IdempotentArgs {
+    pub(crate) key: Option<LitStr>,
+    pub(crate) consumer: Option<LitStr>,
+    pub(crate) conn: Option<LitStr>,
+    pub(crate) retries: Option<LitInt>,
+    pub(crate) krate: Option<LitStr>,
+}
+
+impl Parse for IdempotentArgs {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut args = IdempotentArgs::default();
+        while !input.is_empty() {
+            let lookahead = input.lookahead1();
+            if lookahead.peek(kw::key) {
+                let name = input.parse::<kw::key>()?;
+                set(&mut args.key, "key", name.span, parse_value(input)?)?;
+            } else if lookahead.peek(kw::consumer) {
+                let name = input.parse::<kw::consumer>()?;
+                set(&mut args.consumer, "consumer", name.span, parse_value(input)?)?;
+            } else if lookahead.peek(kw::conn) {
+                let name = input.parse::<kw::conn>()?;
+                set(&mut args.conn, "conn", name.span, parse_value(input)?)?;
+            } else if lookahead.peek(kw::retries) {
+                let name = input.parse::<kw::retries>()?;
+                set(&mut args.retries, "retries", name.span, parse_value(input)?)?;
+            } else if lookahead.peek(Token![crate]) {
+                let name = input.parse::<Token![crate]>()?;
+                set(&mut args.krate, "crate", name.span, parse_value(input)?)?;
+            } else if input.peek(syn::Ident) {
+                let unknown: syn::Ident = input.parse()?;
+                return Err(syn::Error::new(
+                    unknown.span(),
+                    format!("unknown argument `{unknown}`; expected one of {VALID}"),
+                ));
+            } else {
+                return Err(lookahead.error());
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(args)
+    }
+}
+
+fn parse_value<T: Parse>(input: ParseStream<'_>) -> syn::Result<T> {
+    input.parse::<Token![=]>()?;
+    input.parse()
+}
+
+fn set<T>(slot: &mut Option<T>, name: &str, span: Span, value: T) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(syn::Error::new(span, format!("duplicate `{name}` argument")));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_argument() {
+        let args: IdempotentArgs = syn::parse_quote!(
+            key = "msg.id", consumer = "billing", conn = "db", retries = 5, crate = "inbox",
+        );
+        assert_eq!(args.key.map(|k| k.value()).as_deref(), Some("msg.id"));
+        assert_eq!(args.consumer.map(|k| k.value()).as_deref(), Some("billing"));
+        assert_eq!(args.conn.map(|k| k.value()).as_deref(), Some("db"));
+        assert_eq!(args.retries.map(|r| r.to_string()).as_deref(), Some("5"));
+        assert_eq!(args.krate.map(|k| k.value()).as_deref(), Some("inbox"));
+    }
+
+    #[test]
+    fn rejects_duplicates_and_unknown_names() {
+        let dup = syn::parse_str::<IdempotentArgs>(r#"key = "a", key = "b""#);
+        assert_eq!(dup.err().map(|e| e.to_string()).as_deref(), Some("duplicate `key` argument"));
+        let unknown = syn::parse_str::<IdempotentArgs>(r#"kee = "a""#);
+        assert_eq!(
+            unknown.err().map(|e| e.to_string()).as_deref(),
+            Some("unknown argument `kee`; expected one of `key`, `consumer`, `conn`, `retries`, `crate`")
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! Rewrites a validated handler into a call of the runtime.
+
+use crate::validate::{success_type_mut, Handler};
+use proc_macro2::{Ident, Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{ItemFn, ReturnType};
+
+// Input:
+//     fn handle(conn: &mut PgConnection, msg: &Msg) -> Result<T, E> { body }
+// Output:
+//     fn handle(conn: &mut PgConnection, msg: &Msg) -> Result<Processed<T>, E> {
+//         run(conn, "handle", &(msg.id), 3, |conn| -> Result<T, E> { body }, is_retryable)
+//     }
+// The body stays verbatim in its own closure, so `?` and `return` leave the
+// transaction, and the closure's parameter is the user's own `conn`.
+pub(crate) fn expand(handler: Handler) -> TokenStream {
+    let Handler { func, conn, key, consumer, retries, krate } = handler;
+    let ItemFn { attrs, vis, mut sig, block } = func;
+
+    let ReturnType::Type(_, output) = &mut sig.output else {
+        unreachable!("validate() requires a return type")
+    };
+    let original_output = (**output).clone();
+    if let Some(success) = success_type_mut(output) {
+        let inner = success.clone();
+        *success = syn::parse_quote_spanned!(inner.span()=> #krate::Processed<#inner>);
+    }
+
+    let conn_ident = &conn.ident;
+    // The key is type-checked against `InboxKey` where the user wrote it.
+    let key_ref = quote_spanned!(key.span()=> &(#key));
+    let call = if retries == 0 {
+        // The body may move a parameter the key borrows from: take the key first.
+        let owned_key = Ident::new("__inbox_key", Span::mixed_site());
+        quote! {
+            let #owned_key = #krate::__private::owned_key(#key_ref);
+            #krate::__private::run_once(#conn_ident, #consumer, &#owned_key, |#conn| -> #original_output #block)
+        }
+    } else {
+        let error = Ident::new("__inbox_error", Span::mixed_site());
+        quote! {
+            #krate::__private::run(
+                #conn_ident,
+                #consumer,
+                #key_ref,
+                #retries,
+                |#conn| -> #original_output #block,
+                |#error| {
+                    #[allow(unused_imports)]
+                    use #krate::__private::{NotRetryable as _, ViaRetryableError as _};
+                    (&&#krate::__private::Probe(#error)).is_retryable()
+                },
+            )
+        }
+    };
+
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #call
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::idempotent_inner;
+    use quote::quote;
+
+    fn pretty(tokens: proc_macro2::TokenStream) -> String {
+        prettyplease::unparse(&syn::parse2(tokens).expect("expansion is a valid file"))
+    }
+
+    /// Expansion snapshots: `tests/expand/*.rs` hold the expected output; set
+    /// `INBOX_BLESS=1` to rewrite them after reviewing a change.
+    fn check(name: &str, args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) {
+        let actual = pretty(idempotent_inner(args, item));
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/expand")
+            .join(format!("{name}.rs"));
+        if std::env::var_os("INBOX_BLESS").is_some() {
+            std::fs::create_dir_all(path.parent().expect("has a parent")).expect("mkdir");
+            std::fs::write(&path, &actual).expect("write snapshot");
+        }
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}; run with INBOX_BLESS=1", path.display()));
+        assert_eq!(actual, expected, "expansion of {name} changed; review and bless");
+    }
+
+    #[test]
+    fn free_function() {
+        check(
+            "free_function",
+            quote!(key = "msg.id"),
+            quote! {
+                /// Docs stay.
+                pub fn on_order_placed(conn: &mut PgConnection, msg: &OrderPlaced) -> Result<i64, AppError> {
+                    diesel::insert_into(orders::table).values(&msg.row).execute(conn)?;
+                    Ok(msg.total)
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn method_with_alias_and_no_retries() {
+        check(
+            "method_no_retries",
+            quote!(key = "event.id", consumer = "audit", conn = "db", retries = 0, crate = "::inbox"),
+            quote! {
+                fn record<C>(&self, db: &mut C, event: Event) -> QueryResult<()> where C: Connection {
+                    self.sink.push(event);
+                    Ok(())
+                }
+            },
+        );
+    }
+}

@@ -1,0 +1,361 @@
+//! Checks the arguments against the function and resolves what expansion
+//! needs: the connection parameter, the key expression, the consumer name,
+//! the retry bound and the runtime's path.
+
+use crate::attr::IdempotentArgs;
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::{
+    Expr, FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PatIdent, PathArguments,
+    ReturnType, Type,
+};
+
+/// Longest consumer name the inbox stores, in bytes (the runtime's `MAX_KEY_BYTES`).
+const MAX_CONSUMER_BYTES: usize = 255;
+const DEFAULT_RETRIES: u32 = 3;
+
+/// A function that passed every check, ready to expand.
+pub(crate) struct Handler {
+    pub(crate) func: ItemFn,
+    /// The connection parameter's pattern (`conn` or `mut conn`).
+    pub(crate) conn: PatIdent,
+    pub(crate) key: Expr,
+    pub(crate) consumer: LitStr,
+    pub(crate) retries: u32,
+    /// Path of the runtime: `::diesel_inbox`, `::inbox_runtime` or `crate = ".."`.
+    pub(crate) krate: syn::Path,
+}
+
+/// Accumulates errors so that one compile reports all of them.
+#[derive(Default)]
+struct Errors(Option<syn::Error>);
+
+impl Errors {
+    fn push(&mut self, span: Span, message: impl std::fmt::Display) {
+        self.push_error(syn::Error::new(span, message));
+    }
+
+    fn push_error(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(first) => first.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+}
+
+/// The success type `T` inside `Result<T, E>`, `QueryResult<T>`, `anyhow::Result<T>`
+/// or any path whose first generic type argument it is.
+pub(crate) fn success_type_mut(ty: &mut Type) -> Option<&mut Type> {
+    let Type::Path(path) = ty else { return None };
+    if path.qself.is_some() {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &mut path.path.segments.last_mut()?.arguments else {
+        return None;
+    };
+    args.args.iter_mut().find_map(|arg| match arg {
+        GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    })
+}
+
+pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handler> {
+    let mut errors = Errors::default();
+    let sig = &func.sig;
+
+    if let Some(asyncness) = &sig.asyncness {
+        errors.push(
+            asyncness.span(),
+            "`#[idempotent]` does not support `async fn` yet: async support (diesel-async) is planned\n\
+             help: use a sync handler on a diesel connection, e.g. inside `spawn_blocking`",
+        );
+    }
+    if let Some(constness) = &sig.constness {
+        errors.push(
+            constness.span(),
+            "`#[idempotent]` cannot be applied to a `const fn`: a handler runs database queries",
+        );
+    }
+    if success_type_mut(&mut output_type(&func.sig)).is_none() {
+        let span = match &func.sig.output {
+            ReturnType::Type(_, ty) => ty.span(),
+            ReturnType::Default => func.sig.ident.span(),
+        };
+        errors.push(
+            span,
+            "`#[idempotent]` handlers must return `Result<T, E>` or an alias such as `QueryResult<T>`\n\
+             help: the macro changes the success type `T` to `Processed<T>`",
+        );
+    }
+
+    let params = parameter_names(&func);
+    let conn = connection_parameter(&func, args.conn.as_ref(), &mut errors);
+
+    let key = match &args.key {
+        None => {
+            errors.push(
+                Span::call_site(),
+                "missing `key` argument\nhelp: name the message id, e.g. `#[idempotent(key = \"msg.id\")]`",
+            );
+            None
+        }
+        Some(lit) => match lit.parse::<Expr>() {
+            Ok(expr) => {
+                check_key_root(&expr, lit, &func.sig.ident, &params, conn.as_ref(), &mut errors);
+                Some(expr)
+            }
+            Err(e) => {
+                errors.push(lit.span(), format!("`key` is not a valid Rust expression: {e}"));
+                None
+            }
+        },
+    };
+
+    let consumer = args
+        .consumer
+        .unwrap_or_else(|| LitStr::new(&func.sig.ident.unraw().to_string(), func.sig.ident.span()));
+    let name = consumer.value();
+    let problem = if name.is_empty() {
+        Some("it is empty".to_string())
+    } else if name.len() > MAX_CONSUMER_BYTES {
+        Some(format!("it is {} bytes long; at most {MAX_CONSUMER_BYTES} are allowed", name.len()))
+    } else if name.contains('\0') {
+        Some("it contains a NUL byte".to_string())
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        errors.push(consumer.span(), format!("invalid `consumer` name: {problem}"));
+    }
+
+    let retries = match &args.retries {
+        None => DEFAULT_RETRIES,
+        Some(lit) => lit.base10_parse::<u32>().unwrap_or_else(|_| {
+            errors.push(lit.span(), "`retries` must be a whole number from 0 to 4294967295");
+            DEFAULT_RETRIES
+        }),
+    };
+
+    let krate = match &args.krate {
+        Some(lit) => lit.parse::<syn::Path>().unwrap_or_else(|e| {
+            errors.push(lit.span(), format!("`crate` is not a path: {e}"));
+            runtime_path()
+        }),
+        None => runtime_path(),
+    };
+
+    if let Some(error) = errors.0 {
+        return Err(error);
+    }
+    match (conn, key) {
+        (Some(conn), Some(key)) => Ok(Handler { func, conn, key, consumer, retries, krate }),
+        // Every `None` above pushed an error.
+        _ => Err(syn::Error::new(Span::call_site(), "invalid `#[idempotent]` handler")),
+    }
+}
+
+fn output_type(sig: &syn::Signature) -> Type {
+    match &sig.output {
+        ReturnType::Type(_, ty) => (**ty).clone(),
+        ReturnType::Default => Type::Tuple(syn::TypeTuple {
+            paren_token: Default::default(),
+            elems: Default::default(),
+        }),
+    }
+}
+
+/// `self` (for methods) and every parameter bound to a plain identifier.
+fn parameter_names(func: &ItemFn) -> Vec<Ident> {
+    func.sig
+        .inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Receiver(receiver) => Some(Ident::new("self", receiver.self_token.span)),
+            FnArg::Typed(typed) => match &*typed.pat {
+                Pat::Ident(pat) => Some(pat.ident.clone()),
+                _ => None,
+            },
+        })
+        .collect()
+}
+
+fn is_mut_reference(ty: &Type) -> bool {
+    matches!(ty, Type::Reference(reference) if reference.mutability.is_some())
+}
+
+fn connection_parameter(
+    func: &ItemFn,
+    named: Option<&LitStr>,
+    errors: &mut Errors,
+) -> Option<PatIdent> {
+    let typed = func.sig.inputs.iter().filter_map(|arg| match arg {
+        FnArg::Typed(typed) => Some(typed),
+        FnArg::Receiver(_) => None,
+    });
+    let chosen = match named {
+        Some(lit) => {
+            let wanted = lit.value();
+            let found = typed.clone().find(
+                |param| matches!(&*param.pat, Pat::Ident(pat) if pat.ident.unraw() == wanted),
+            );
+            match found {
+                Some(param) if is_mut_reference(&param.ty) => param,
+                Some(param) => {
+                    errors.push(
+                        param.ty.span(),
+                        format!("the connection parameter `{wanted}` must be a `&mut` reference to a diesel connection"),
+                    );
+                    return None;
+                }
+                None => {
+                    errors.push(
+                        lit.span(),
+                        format!(
+                            "`conn = \"{wanted}\"` names no parameter of `{}`; its parameters are {}",
+                            func.sig.ident,
+                            list(&parameter_names(func)),
+                        ),
+                    );
+                    return None;
+                }
+            }
+        }
+        None => {
+            let candidates: Vec<_> = typed.filter(|param| is_mut_reference(&param.ty)).collect();
+            match candidates.as_slice() {
+                [only] => *only,
+                [] => {
+                    let span = if func.sig.inputs.is_empty() {
+                        func.sig.ident.span()
+                    } else {
+                        func.sig.inputs.span()
+                    };
+                    errors.push(
+                        span,
+                        "`#[idempotent]` needs a connection parameter: a `&mut` reference to a diesel connection\n\
+                         help: add one, e.g. `conn: &mut PgConnection`",
+                    );
+                    return None;
+                }
+                [_, second, ..] => {
+                    let names: Vec<_> = candidates
+                        .iter()
+                        .filter_map(|param| match &*param.pat {
+                            Pat::Ident(pat) => Some(pat.ident.clone()),
+                            _ => None,
+                        })
+                        .collect();
+                    let example = names.first().map_or_else(|| "conn".to_string(), |n| n.to_string());
+                    errors.push(
+                        second.span(),
+                        format!(
+                            "several `&mut` parameters could be the connection: {}\n\
+                             help: name it with `conn = \"{example}\"`",
+                            list(&names)
+                        ),
+                    );
+                    return None;
+                }
+            }
+        }
+    };
+    match &*chosen.pat {
+        Pat::Ident(pat) if pat.by_ref.is_none() && pat.subpat.is_none() => Some(pat.clone()),
+        other => {
+            errors.push(other.span(), "the connection parameter must be a plain identifier such as `conn`");
+            None
+        }
+    }
+}
+
+/// The expression the key is read from: `msg` in `msg.header.id.as_str()`.
+fn key_root(expr: &Expr) -> &Expr {
+    match expr {
+        Expr::Field(e) => key_root(&e.base),
+        Expr::MethodCall(e) => key_root(&e.receiver),
+        Expr::Index(e) => key_root(&e.expr),
+        Expr::Paren(e) => key_root(&e.expr),
+        Expr::Group(e) => key_root(&e.expr),
+        Expr::Reference(e) => key_root(&e.expr),
+        Expr::Unary(e) => key_root(&e.expr),
+        Expr::Cast(e) => key_root(&e.expr),
+        Expr::Try(e) => key_root(&e.expr),
+        other => other,
+    }
+}
+
+fn check_key_root(
+    expr: &Expr,
+    lit: &LitStr,
+    handler: &Ident,
+    params: &[Ident],
+    conn: Option<&PatIdent>,
+    errors: &mut Errors,
+) {
+    let others: Vec<Ident> = params
+        .iter()
+        .filter(|p| conn.is_none_or(|c| c.ident != **p))
+        .cloned()
+        .collect();
+    match key_root(expr) {
+        Expr::Lit(_) => errors.push(
+            lit.span(),
+            "`key` is a constant: every message would share one key\n\
+             help: read the key from the message, e.g. `key = \"msg.id\"`",
+        ),
+        Expr::Path(path) if path.qself.is_none() => {
+            let Some(root) = path.path.get_ident() else {
+                // `Type::CONST`, `module::value`: not read from a parameter.
+                errors.push(lit.span(), format!(
+                    "`key` must be read from a parameter; `{}` is not one (parameters: {})",
+                    quote::ToTokens::to_token_stream(&path.path).to_string().replace(' ', ""),
+                    list(&others)
+                ));
+                return;
+            };
+            if conn.is_some_and(|c| c.ident == *root) {
+                errors.push(lit.span(), format!(
+                    "`key` cannot be read from the connection parameter `{root}`\n\
+                     help: read it from the message, one of {}", list(&others)
+                ));
+            } else if !params.iter().any(|p| p == root) {
+                errors.push(lit.span(), format!(
+                    "`{root}` in `key` is not a parameter of `{handler}`; its parameters are {}",
+                    list(&others)
+                ));
+            }
+        }
+        // Calls, macros, blocks: type-checked like any key expression.
+        _ => {}
+    }
+}
+
+fn list(names: &[Ident]) -> String {
+    if names.is_empty() {
+        return "none".to_string();
+    }
+    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
+
+/// `::diesel_inbox` when the user depends on `diesel-inbox` (under any name),
+/// else `::inbox_runtime` when they depend on the runtime directly.
+fn runtime_path() -> syn::Path {
+    use proc_macro_crate::{crate_name, FoundCrate};
+    for (package, own_name) in [("diesel-inbox", "diesel_inbox"), ("inbox-runtime", "inbox_runtime")] {
+        match crate_name(package) {
+            // `Itself` is the package's own tests and examples, which name
+            // the library as an external crate (and the library declares
+            // `extern crate self as ..` for its unit tests).
+            Ok(FoundCrate::Itself) => return ident_path(own_name),
+            Ok(FoundCrate::Name(name)) => return ident_path(&name),
+            Err(_) => {}
+        }
+    }
+    ident_path("diesel_inbox")
+}
+
+fn ident_path(name: &str) -> syn::Path {
+    let ident = Ident::new(name, Span::call_site());
+    syn::parse_quote!(::#ident)
+}

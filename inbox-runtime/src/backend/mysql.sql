@@ -1,0 +1,7 @@
+CREATE TABLE IF NOT EXISTS inbox_messages (
+    consumer VARBINARY(255) NOT NULL,
+    message_id VARBINARY(255) NOT NULL,
+    received_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    PRIMARY KEY (consumer, message_id),
+    INDEX inbox_messages_received_at (received_at)
+) ENGINE = InnoDB;

@@ -1,0 +1,44 @@
+use super::{InboxBackend, Sealed};
+use crate::error::InboxError;
+use crate::schema::inbox_messages::dsl::*;
+use crate::transaction::in_transaction;
+use diesel::connection::{AnsiTransactionManager, Connection};
+use diesel::pg::Pg;
+use diesel::prelude::*;
+
+impl Sealed for Pg {}
+
+/// Key of the transaction-scoped advisory lock that serializes `migrate`
+/// (concurrent `CREATE TABLE IF NOT EXISTS` can fail on pg_type otherwise).
+const MIGRATE_LOCK: i64 = 0x6469_6573_656c_5f69; // "diesel_i"
+
+impl InboxBackend for Pg {
+    const DDL: &'static str = super::ddl::POSTGRES;
+    const BEGIN: &'static str = "BEGIN";
+
+    fn claim<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>
+    where
+        C: Connection<Backend = Self>,
+    {
+        // The conflict target is named: any other unique violation must fail.
+        diesel::insert_into(inbox_messages)
+            .values((consumer.eq(consumer_name), message_id.eq(key)))
+            .on_conflict((consumer, message_id))
+            .do_nothing()
+            .execute(conn)
+            .map(|inserted| inserted == 1)
+    }
+
+    fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
+    where
+        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        in_transaction(conn, |conn| {
+            conn.batch_execute(&format!(
+                "SELECT pg_advisory_xact_lock({MIGRATE_LOCK});\n{}",
+                Self::DDL
+            ))
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,61 @@
+//! Runtime of [diesel-inbox](https://docs.rs/diesel-inbox): the inbox table,
+//! its migrations, the error types and the claim-then-run transaction that
+//! `#[idempotent]` handlers call.
+//!
+//! Depend on `diesel-inbox`, which re-exports all of this; this crate is for
+//! users who want the runtime without the facade. Every item works without
+//! the attribute too:
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use inbox_runtime::{idempotent, Processed};
+//!
+//! #[idempotent(key = "order_id")]
+//! fn ship(conn: &mut SqliteConnection, order_id: i64) -> QueryResult<i64> {
+//!     Ok(order_id)
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! inbox_runtime::migrate(&mut conn)?;
+//! assert_eq!(ship(&mut conn, 7)?, Processed::Applied(7));
+//! assert_eq!(ship(&mut conn, 7)?, Processed::Duplicate);
+//! # Ok(())
+//! # }
+//! ```
+#![warn(missing_docs)]
+
+// Lets expanded code name `::inbox_runtime` inside this crate's own tests.
+extern crate self as inbox_runtime;
+
+mod backend;
+mod error;
+mod key;
+mod processed;
+mod retry;
+mod schema;
+mod transaction;
+
+pub use backend::{ddl, migrate, InboxBackend};
+pub use error::InboxError;
+pub use inbox_macros::idempotent;
+pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};
+pub use processed::Processed;
+pub use retry::RetryableError;
+pub use schema::inbox_messages;
+pub use transaction::{run, run_once};
+
+/// Not a stable API: what `#[idempotent]` expands to calls these. Items here
+/// change without notice between patch releases.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::retry::{NotRetryable, Probe, ViaRetryableError};
+    pub use crate::transaction::{run, run_once};
+    use crate::InboxKey;
+
+    /// The key of a body that can run only once, taken before the body moves
+    /// the value it came from.
+    pub fn owned_key<K: InboxKey + ?Sized>(key: &K) -> ::std::string::String {
+        key.inbox_key().into_owned()
+    }
+}

@@ -1,0 +1,67 @@
+//! What a handler reports.
+
+/// The outcome of an `#[idempotent]` handler that did not fail.
+///
+/// Both variants mean the message may be acknowledged to the broker.
+///
+/// ```
+/// use inbox_runtime::Processed;
+///
+/// let first: Processed<i64> = Processed::Applied(40);
+/// let again: Processed<i64> = Processed::Duplicate;
+/// assert_eq!(first.map(|v| v + 2).applied(), Some(42));
+/// assert!(again.is_duplicate());
+/// ```
+#[must_use = "a handler's outcome says whether the body ran; acknowledge the message either way"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Processed<T> {
+    /// First delivery: the body ran and its transaction committed with the inbox row.
+    Applied(T),
+    /// The key was already in the inbox for this consumer: the body did not run.
+    Duplicate,
+}
+
+impl<T> Processed<T> {
+    /// `true` for [`Processed::Applied`].
+    ///
+    /// ```
+    /// assert!(inbox_runtime::Processed::Applied(()).is_applied());
+    /// ```
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Processed::Applied(_))
+    }
+
+    /// `true` for [`Processed::Duplicate`].
+    ///
+    /// ```
+    /// assert!(inbox_runtime::Processed::<()>::Duplicate.is_duplicate());
+    /// ```
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Processed::Duplicate)
+    }
+
+    /// The body's value, if it ran.
+    ///
+    /// ```
+    /// assert_eq!(inbox_runtime::Processed::Applied(3).applied(), Some(3));
+    /// ```
+    pub fn applied(self) -> Option<T> {
+        match self {
+            Processed::Applied(value) => Some(value),
+            Processed::Duplicate => None,
+        }
+    }
+
+    /// Maps the applied value.
+    ///
+    /// ```
+    /// use inbox_runtime::Processed;
+    /// assert_eq!(Processed::Applied(2).map(|v| v * 2), Processed::Applied(4));
+    /// ```
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Processed<U> {
+        match self {
+            Processed::Applied(value) => Processed::Applied(f(value)),
+            Processed::Duplicate => Processed::Duplicate,
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! The inbox table.
+
+diesel::table! {
+    /// One row per message a consumer has applied.
+    ///
+    /// The primary key `(consumer, message_id)` is what turns a redelivery
+    /// into a duplicate: the claim insert of a second delivery finds the row.
+    /// `received_at` is the UTC time of the claim, filled in by the database.
+    ///
+    /// On MySQL/MariaDB `consumer` and `message_id` are `VARBINARY(255)` so
+    /// that keys compare byte for byte; diesel binds them as text either way.
+    ///
+    /// ```
+    /// use diesel::prelude::*;
+    /// use inbox_runtime::inbox_messages;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut conn = SqliteConnection::establish(":memory:")?;
+    /// inbox_runtime::migrate(&mut conn)?;
+    /// let applied: i64 = inbox_messages::table
+    ///     .filter(inbox_messages::consumer.eq("billing"))
+    ///     .count()
+    ///     .get_result(&mut conn)?;
+    /// assert_eq!(applied, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    inbox_messages (consumer, message_id) {
+        /// The consumer (handler) that applied the message: the scope of deduplication.
+        consumer -> Text,
+        /// The message's key, as given by `InboxKey`.
+        message_id -> Text,
+        /// When the message was claimed (UTC).
+        received_at -> Timestamp,
+    }
+}

@@ -1,0 +1,252 @@
+//! One claim and one body in one transaction, with rollback on error and on
+//! panic, and bounded retries of transient failures.
+
+use crate::backend::InboxBackend;
+use crate::error::InboxError;
+use crate::key::{validate_key, InboxKey};
+use crate::processed::Processed;
+use crate::retry::RetryableError;
+use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
+use diesel::result::{Error, QueryResult};
+use std::panic::{self, AssertUnwindSafe};
+use std::time::Duration;
+
+/// Whether [`begin`] opened the transaction or a savepoint inside the caller's.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Scope {
+    TopLevel,
+    Savepoint,
+}
+
+/// Opens a transaction with the backend's `BEGIN` (SQLite: `BEGIN IMMEDIATE`,
+/// so a writer takes the lock up front instead of failing at its first write),
+/// or a savepoint when the caller already has a transaction open.
+pub(crate) fn begin<C>(conn: &mut C) -> QueryResult<Scope>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    // diesel keeps the depth private; begin_transaction_sql refuses inside a
+    // transaction, which is exactly the test we need.
+    match AnsiTransactionManager::begin_transaction_sql(conn, <C::Backend as InboxBackend>::BEGIN) {
+        Ok(()) => Ok(Scope::TopLevel),
+        Err(Error::AlreadyInTransaction) => {
+            AnsiTransactionManager::begin_transaction(conn)?;
+            Ok(Scope::Savepoint)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn rollback<C>(conn: &mut C)
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    // A failed rollback leaves diesel's manager marked broken (pools discard
+    // such connections) and the server rolls back when the session ends.
+    if let Err(e) = AnsiTransactionManager::rollback_transaction(conn) {
+        tracing::warn!(error = %e, "diesel-inbox: rollback failed");
+    }
+}
+
+/// Runs `f` in [`begin`]'s transaction: commit on `Ok`, rollback on `Err`.
+pub(crate) fn in_transaction<C, T>(
+    conn: &mut C,
+    f: impl FnOnce(&mut C) -> QueryResult<T>,
+) -> QueryResult<T>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    begin(conn)?;
+    match f(conn) {
+        Ok(value) => {
+            AnsiTransactionManager::commit_transaction(conn)?;
+            Ok(value)
+        }
+        Err(e) => {
+            rollback(conn);
+            Err(e)
+        }
+    }
+}
+
+/// How one attempt ended short of success.
+enum Failure<E> {
+    Inbox(Error),
+    Body(E),
+}
+
+/// Claims `key` for `consumer` and runs `body` in the same transaction.
+///
+/// This is what `#[idempotent]` expands to; call it directly when a macro does
+/// not fit. `retries` bounds how often a transient failure (see
+/// [`RetryableError`]) reruns the whole transaction, claim and commit
+/// included; `is_retryable` classifies the body's own errors. Retries happen
+/// only when this call owns the transaction: inside the caller's transaction
+/// a transient error is returned at once, since the caller's work is lost too.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::{run, migrate, Processed, RetryableError};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// migrate(&mut conn)?;
+/// let handle = |conn: &mut SqliteConnection| -> QueryResult<Processed<()>> {
+///     run(conn, "mailer", "m-1", 3, |_conn| Ok(()), |e: &diesel::result::Error| e.is_retryable())
+/// };
+/// assert_eq!(handle(&mut conn)?, Processed::Applied(()));
+/// assert_eq!(handle(&mut conn)?, Processed::Duplicate);
+/// # Ok(())
+/// # }
+/// ```
+pub fn run<C, K, T, E, F, R>(
+    conn: &mut C,
+    consumer: &str,
+    key: &K,
+    retries: u32,
+    mut body: F,
+    is_retryable: R,
+) -> Result<Processed<T>, E>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+    K: InboxKey + ?Sized,
+    F: FnMut(&mut C) -> Result<T, E>,
+    R: Fn(&E) -> bool,
+    E: From<InboxError> + From<Error>,
+{
+    validate_key(consumer).map_err(InboxError::InvalidConsumer)?;
+    let key = key.inbox_key();
+    validate_key(&key).map_err(InboxError::InvalidKey)?;
+
+    let mut attempt: u32 = 1;
+    loop {
+        let (scope, failure) = match attempt_once(conn, consumer, &key, &mut body) {
+            Ok(processed) => return Ok(processed),
+            Err(outcome) => outcome,
+        };
+        let retryable = match &failure {
+            Failure::Inbox(e) => e.is_retryable(),
+            Failure::Body(e) => is_retryable(e),
+        };
+        if !retryable || scope == Scope::Savepoint {
+            return Err(match failure {
+                Failure::Inbox(e) => InboxError::Database(e).into(),
+                Failure::Body(e) => e,
+            });
+        }
+        if attempt > retries {
+            tracing::warn!(consumer, key = %key, attempts = attempt, "diesel-inbox: giving up on a transient error");
+            return Err(match failure {
+                Failure::Inbox(source) => InboxError::RetriesExhausted {
+                    attempts: attempt,
+                    source,
+                }
+                .into(),
+                Failure::Body(e) => e,
+            });
+        }
+        tracing::debug!(consumer, key = %key, attempt, "diesel-inbox: transient error, retrying");
+        std::thread::sleep(backoff(attempt));
+        attempt += 1;
+    }
+}
+
+/// [`run`] for a body that can run only once (it moves a captured value):
+/// no retries.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::{run_once, migrate, Processed};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// migrate(&mut conn)?;
+/// let payload = String::from("owned");
+/// let out: QueryResult<_> = run_once(&mut conn, "archiver", "m-1", move |_conn| Ok(payload));
+/// assert_eq!(out?, Processed::Applied("owned".to_string()));
+/// # Ok(())
+/// # }
+/// ```
+pub fn run_once<C, K, T, E, F>(
+    conn: &mut C,
+    consumer: &str,
+    key: &K,
+    body: F,
+) -> Result<Processed<T>, E>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+    K: InboxKey + ?Sized,
+    F: FnOnce(&mut C) -> Result<T, E>,
+    E: From<InboxError> + From<Error>,
+{
+    let mut body = Some(body);
+    run(
+        conn,
+        consumer,
+        key,
+        0,
+        |conn| match body.take() {
+            Some(body) => body(conn),
+            None => unreachable!("with retries = 0 the body runs at most once"),
+        },
+        |_| false,
+    )
+}
+
+fn attempt_once<C, T, E>(
+    conn: &mut C,
+    consumer: &str,
+    key: &str,
+    body: &mut impl FnMut(&mut C) -> Result<T, E>,
+) -> Result<Processed<T>, (Scope, Failure<E>)>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    let scope = begin(conn).map_err(|e| (Scope::TopLevel, Failure::Inbox(e)))?;
+    let fail = |failure| (scope, failure);
+    match <C::Backend as InboxBackend>::claim(conn, consumer, key) {
+        Ok(true) => {}
+        Ok(false) => {
+            // Nothing was written; ending the transaction either way is the same.
+            rollback(conn);
+            return Ok(Processed::Duplicate);
+        }
+        Err(e) => {
+            rollback(conn);
+            return Err(fail(Failure::Inbox(e)));
+        }
+    }
+    match panic::catch_unwind(AssertUnwindSafe(|| body(conn))) {
+        Ok(Ok(value)) => match AnsiTransactionManager::commit_transaction(conn) {
+            Ok(()) => Ok(Processed::Applied(value)),
+            Err(e) => Err(fail(Failure::Inbox(e))),
+        },
+        Ok(Err(e)) => {
+            rollback(conn);
+            Err(fail(Failure::Body(e)))
+        }
+        Err(panic_payload) => {
+            // diesel does not roll back on unwind; without this the
+            // connection (and its pool) would keep the open transaction.
+            rollback(conn);
+            panic::resume_unwind(panic_payload)
+        }
+    }
+}
+
+/// 2, 4, 8 … ms (capped at 256 ms) plus up to the same again of jitter, so
+/// that two deadlocked transactions do not collide again in lockstep.
+fn backoff(attempt: u32) -> Duration {
+    let base_ms = 1u64 << attempt.clamp(1, 8);
+    let jitter_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::from(d.subsec_nanos()))
+        .unwrap_or(0)
+        % base_ms;
+    Duration::from_millis(base_ms + jitter_ms)
+}

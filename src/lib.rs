@@ -1,0 +1,147 @@
+//! # diesel-inbox
+//!
+//! The Inbox pattern for [Diesel]: message consumers that are safe against
+//! duplicate delivery. Annotate a handler with [`#[idempotent]`](idempotent);
+//! it records the message's key in the `inbox_messages` table **in the same
+//! database transaction** as its business writes, behind a primary key on
+//! `(consumer, message_id)`. A redelivered message finds its key and is
+//! skipped ([`Processed::Duplicate`]); a handler that fails or panics rolls
+//! back both its writes and the inbox row, so the next delivery runs it again.
+//!
+//! This is durable deduplication of the *database side* of a handler, not
+//! exactly-once delivery: an email sent or an HTTP call made from the body can
+//! still happen twice unless it has its own idempotency. Acknowledge the
+//! message to the broker after the handler returns, for both variants.
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use diesel_inbox::{idempotent, InboxError, Processed};
+//!
+//! diesel::table! { orders (id) { id -> Text, total -> BigInt } }
+//!
+//! struct OrderPlaced { id: String, total: i64 }
+//!
+//! #[derive(Debug)]
+//! enum AppError { Db(diesel::result::Error), Inbox(InboxError) }
+//! impl From<diesel::result::Error> for AppError {
+//!     fn from(e: diesel::result::Error) -> Self { AppError::Db(e) }
+//! }
+//! impl From<InboxError> for AppError {
+//!     fn from(e: InboxError) -> Self { AppError::Inbox(e) }
+//! }
+//!
+//! #[idempotent(key = "msg.id")]
+//! fn on_order_placed(conn: &mut SqliteConnection, msg: &OrderPlaced) -> Result<i64, AppError> {
+//!     diesel::insert_into(orders::table)
+//!         .values((orders::id.eq(&msg.id), orders::total.eq(msg.total)))
+//!         .execute(conn)?;
+//!     Ok(msg.total)
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! diesel::sql_query("CREATE TABLE orders (id TEXT PRIMARY KEY, total BIGINT NOT NULL)")
+//!     .execute(&mut conn)?;
+//! diesel_inbox::migrate(&mut conn)?; // creates inbox_messages; safe at every start
+//!
+//! let msg = OrderPlaced { id: "order-1".into(), total: 42 };
+//! // The return type became Result<Processed<i64>, AppError>.
+//! assert!(matches!(on_order_placed(&mut conn, &msg), Ok(Processed::Applied(42))));
+//! assert!(matches!(on_order_placed(&mut conn, &msg), Ok(Processed::Duplicate)));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Features
+//! - `sqlite` (default): embedded, bundled SQLite; nothing to install.
+//! - `postgres`: PostgreSQL through libpq.
+//! - `mysql`: MySQL 8 and MariaDB through libmysqlclient.
+//! - `uuid`: [`InboxKey`] for `uuid::Uuid`.
+//!
+//! [Diesel]: https://diesel.rs
+
+/// Makes a Diesel handler idempotent: its message key is claimed in the inbox
+/// table in the same transaction as its body.
+///
+/// ```text
+/// #[idempotent(key = "<expr>", consumer = "<name>", conn = "<param>", retries = N, crate = "<path>")]
+/// ```
+///
+/// - `key` (required): a Rust expression over the parameters whose type
+///   implements [`InboxKey`] (`str`, `String`, integers, `uuid::Uuid`, and
+///   references to them), e.g. `"msg.id"`, `"msg.header.id.as_str()"`.
+/// - `consumer`: the scope of deduplication; default, the function's name.
+///   The same key under two consumers is applied once by each.
+/// - `conn`: the connection parameter; default, the only `&mut` parameter.
+/// - `retries`: how often a transient failure (serialization failure,
+///   deadlock, SQLite busy) reruns the whole transaction; default 3. The
+///   body's own errors are retried only when its error type implements
+///   [`RetryableError`]. With `retries = 0` the body may move its parameters.
+/// - `crate`: the path of `diesel-inbox` if you renamed the dependency
+///   (found from Cargo.toml otherwise, also when you depend on
+///   `inbox-runtime` directly).
+///
+/// The function must return `Result<T, E>` or an alias such as
+/// `QueryResult<T>`; the macro turns `T` into [`Processed<T>`]. `E` must
+/// implement `From<diesel::result::Error>` and `From<`[`InboxError`]`>`.
+///
+/// # What it expands to
+///
+/// ```text
+/// #[idempotent(key = "msg.id")]
+/// fn on_order_placed(conn: &mut PgConnection, msg: &OrderPlaced) -> Result<i64, AppError> { BODY }
+///
+/// // becomes
+/// fn on_order_placed(conn: &mut PgConnection, msg: &OrderPlaced)
+///     -> Result<diesel_inbox::Processed<i64>, AppError>
+/// {
+///     diesel_inbox::__private::run(conn, "on_order_placed", &(msg.id), 3,
+///         |conn| -> Result<i64, AppError> { BODY },
+///         |error| /* RetryableError::is_retryable(error), or false */)
+/// }
+/// ```
+///
+/// [`run`] validates the key (not empty, at most 255 bytes, no NUL: else
+/// [`InboxError::InvalidKey`] and nothing runs), opens a transaction (a
+/// savepoint inside the caller's; `BEGIN IMMEDIATE` on SQLite), inserts the
+/// inbox row ignoring a conflict, and returns [`Processed::Duplicate`] if the
+/// row existed. Otherwise it runs the body: `Ok` commits, `Err` rolls back
+/// and is returned, a panic rolls back and keeps unwinding.
+///
+/// # Methods, generics, custom names
+///
+/// ```
+/// use diesel::prelude::*;
+/// use diesel_inbox::{idempotent, Processed};
+///
+/// struct Audit { prefix: String }
+///
+/// impl Audit {
+///     #[idempotent(key = "event_id", consumer = "audit-log", conn = "db", retries = 0)]
+///     fn record(&self, db: &mut SqliteConnection, event_id: u64, note: String) -> QueryResult<String> {
+///         Ok(format!("{}{note}", self.prefix)) // moves `note`: allowed with retries = 0
+///     }
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut db = SqliteConnection::establish(":memory:")?;
+/// diesel_inbox::migrate(&mut db)?;
+/// let audit = Audit { prefix: "audit: ".into() };
+/// assert_eq!(audit.record(&mut db, 7, "hello".into())?, Processed::Applied("audit: hello".into()));
+/// assert_eq!(audit.record(&mut db, 7, "hello".into())?, Processed::Duplicate);
+/// # Ok(())
+/// # }
+/// ```
+#[doc(inline)]
+pub use inbox_runtime::idempotent;
+
+pub use inbox_runtime::{
+    ddl, inbox_messages, migrate, run, run_once, validate_key, InboxBackend, InboxError,
+    InboxKey, InvalidKey, Processed, RetryableError, MAX_KEY_BYTES,
+};
+
+// Lets expanded code name `::diesel_inbox` inside this crate's own tests.
+extern crate self as diesel_inbox;
+
+#[doc(hidden)]
+pub use inbox_runtime::__private;
