@@ -34,7 +34,12 @@ impl Parse for IdempotentArgs {
                 set(&mut args.key, "key", name.span, parse_value(input)?)?;
             } else if lookahead.peek(kw::consumer) {
                 let name = input.parse::<kw::consumer>()?;
-                set(&mut args.consumer, "consumer", name.span, parse_value(input)?)?;
+                set(
+                    &mut args.consumer,
+                    "consumer",
+                    name.span,
+                    parse_value(input)?,
+                )?;
             } else if lookahead.peek(kw::conn) {
                 let name = input.parse::<kw::conn>()?;
                 set(&mut args.conn, "conn", name.span, parse_value(input)?)?;
@@ -69,7 +74,10 @@ fn parse_value<T: Parse>(input: ParseStream<'_>) -> syn::Result<T> {
 
 fn set<T>(slot: &mut Option<T>, name: &str, span: Span, value: T) -> syn::Result<()> {
     if slot.is_some() {
-        return Err(syn::Error::new(span, format!("duplicate `{name}` argument")));
+        return Err(syn::Error::new(
+            span,
+            format!("duplicate `{name}` argument"),
+        ));
     }
     *slot = Some(value);
     Ok(())
@@ -82,7 +90,11 @@ mod tests {
     #[test]
     fn parses_every_argument() {
         let args: IdempotentArgs = syn::parse_quote!(
-            key = "msg.id", consumer = "billing", conn = "db", retries = 5, crate = "inbox",
+            key = "msg.id",
+            consumer = "billing",
+            conn = "db",
+            retries = 5,
+            crate = "inbox",
         );
         assert_eq!(args.key.map(|k| k.value()).as_deref(), Some("msg.id"));
         assert_eq!(args.consumer.map(|k| k.value()).as_deref(), Some("billing"));
@@ -94,7 +106,10 @@ mod tests {
     #[test]
     fn rejects_duplicates_and_unknown_names() {
         let dup = syn::parse_str::<IdempotentArgs>(r#"key = "a", key = "b""#);
-        assert_eq!(dup.err().map(|e| e.to_string()).as_deref(), Some("duplicate `key` argument"));
+        assert_eq!(
+            dup.err().map(|e| e.to_string()).as_deref(),
+            Some("duplicate `key` argument")
+        );
         let unknown = syn::parse_str::<IdempotentArgs>(r#"kee = "a""#);
         assert_eq!(
             unknown.err().map(|e| e.to_string()).as_deref(),

@@ -15,8 +15,20 @@ use syn::{ItemFn, ReturnType};
 // The body stays verbatim in its own closure, so `?` and `return` leave the
 // transaction, and the closure's parameter is the user's own `conn`.
 pub(crate) fn expand(handler: Handler) -> TokenStream {
-    let Handler { func, conn, key, consumer, retries, krate } = handler;
-    let ItemFn { attrs, vis, mut sig, block } = func;
+    let Handler {
+        func,
+        conn,
+        key,
+        consumer,
+        retries,
+        krate,
+    } = handler;
+    let ItemFn {
+        attrs,
+        vis,
+        mut sig,
+        block,
+    } = func;
 
     let ReturnType::Type(_, output) = &mut sig.output else {
         unreachable!("validate() requires a return type")
@@ -28,18 +40,22 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     }
 
     let conn_ident = &conn.ident;
+    // Bounds on the error type (`E: From<InboxError>`) are reported on the
+    // whole call: put the call at the user's return type.
+    let output_span = original_output.span();
+    let krate = respan(quote!(#krate), output_span);
     // The key is type-checked against `InboxKey` where the user wrote it.
     let key_ref = quote_spanned!(key.span()=> &(#key));
     let call = if retries == 0 {
         // The body may move a parameter the key borrows from: take the key first.
         let owned_key = Ident::new("__inbox_key", Span::mixed_site());
-        quote! {
+        quote_spanned! {output_span=>
             let #owned_key = #krate::__private::owned_key(#key_ref);
             #krate::__private::run_once(#conn_ident, #consumer, &#owned_key, |#conn| -> #original_output #block)
         }
     } else {
         let error = Ident::new("__inbox_error", Span::mixed_site());
-        quote! {
+        quote_spanned! {output_span=>
             #krate::__private::run(
                 #conn_ident,
                 #consumer,
@@ -61,6 +77,17 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
             #call
         }
     }
+}
+
+/// The same tokens, every one at `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            token.set_span(span);
+            token
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -85,7 +112,10 @@ mod tests {
         }
         let expected = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("{}: {e}; run with INBOX_BLESS=1", path.display()));
-        assert_eq!(actual, expected, "expansion of {name} changed; review and bless");
+        assert_eq!(
+            actual, expected,
+            "expansion of {name} changed; review and bless"
+        );
     }
 
     #[test]
@@ -107,7 +137,13 @@ mod tests {
     fn method_with_alias_and_no_retries() {
         check(
             "method_no_retries",
-            quote!(key = "event.id", consumer = "audit", conn = "db", retries = 0, crate = "::inbox"),
+            quote!(
+                key = "event.id",
+                consumer = "audit",
+                conn = "db",
+                retries = 0,
+                crate = "::inbox"
+            ),
             quote! {
                 fn record<C>(&self, db: &mut C, event: Event) -> QueryResult<()> where C: Connection {
                     self.sink.push(event);

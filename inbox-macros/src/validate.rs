@@ -7,8 +7,8 @@ use proc_macro2::Span;
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{
-    Expr, FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PatIdent, PathArguments,
-    ReturnType, Type,
+    Expr, FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PatIdent, PathArguments, ReturnType,
+    Type,
 };
 
 /// Longest consumer name the inbox stores, in bytes (the runtime's `MAX_KEY_BYTES`).
@@ -102,11 +102,21 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
         }
         Some(lit) => match lit.parse::<Expr>() {
             Ok(expr) => {
-                check_key_root(&expr, lit, &func.sig.ident, &params, conn.as_ref(), &mut errors);
+                check_key_root(
+                    &expr,
+                    lit,
+                    &func.sig.ident,
+                    &params,
+                    conn.as_ref(),
+                    &mut errors,
+                );
                 Some(expr)
             }
             Err(e) => {
-                errors.push(lit.span(), format!("`key` is not a valid Rust expression: {e}"));
+                errors.push(
+                    lit.span(),
+                    format!("`key` is not a valid Rust expression: {e}"),
+                );
                 None
             }
         },
@@ -119,20 +129,29 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
     let problem = if name.is_empty() {
         Some("it is empty".to_string())
     } else if name.len() > MAX_CONSUMER_BYTES {
-        Some(format!("it is {} bytes long; at most {MAX_CONSUMER_BYTES} are allowed", name.len()))
+        Some(format!(
+            "it is {} bytes long; at most {MAX_CONSUMER_BYTES} are allowed",
+            name.len()
+        ))
     } else if name.contains('\0') {
         Some("it contains a NUL byte".to_string())
     } else {
         None
     };
     if let Some(problem) = problem {
-        errors.push(consumer.span(), format!("invalid `consumer` name: {problem}"));
+        errors.push(
+            consumer.span(),
+            format!("invalid `consumer` name: {problem}"),
+        );
     }
 
     let retries = match &args.retries {
         None => DEFAULT_RETRIES,
         Some(lit) => lit.base10_parse::<u32>().unwrap_or_else(|_| {
-            errors.push(lit.span(), "`retries` must be a whole number from 0 to 4294967295");
+            errors.push(
+                lit.span(),
+                "`retries` must be a whole number from 0 to 4294967295",
+            );
             DEFAULT_RETRIES
         }),
     };
@@ -149,9 +168,19 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
         return Err(error);
     }
     match (conn, key) {
-        (Some(conn), Some(key)) => Ok(Handler { func, conn, key, consumer, retries, krate }),
+        (Some(conn), Some(key)) => Ok(Handler {
+            func,
+            conn,
+            key,
+            consumer,
+            retries,
+            krate,
+        }),
         // Every `None` above pushed an error.
-        _ => Err(syn::Error::new(Span::call_site(), "invalid `#[idempotent]` handler")),
+        _ => Err(syn::Error::new(
+            Span::call_site(),
+            "invalid `#[idempotent]` handler",
+        )),
     }
 }
 
@@ -246,7 +275,9 @@ fn connection_parameter(
                             _ => None,
                         })
                         .collect();
-                    let example = names.first().map_or_else(|| "conn".to_string(), |n| n.to_string());
+                    let example = names
+                        .first()
+                        .map_or_else(|| "conn".to_string(), |n| n.to_string());
                     errors.push(
                         second.span(),
                         format!(
@@ -263,7 +294,10 @@ fn connection_parameter(
     match &*chosen.pat {
         Pat::Ident(pat) if pat.by_ref.is_none() && pat.subpat.is_none() => Some(pat.clone()),
         other => {
-            errors.push(other.span(), "the connection parameter must be a plain identifier such as `conn`");
+            errors.push(
+                other.span(),
+                "the connection parameter must be a plain identifier such as `conn`",
+            );
             None
         }
     }
@@ -307,23 +341,35 @@ fn check_key_root(
         Expr::Path(path) if path.qself.is_none() => {
             let Some(root) = path.path.get_ident() else {
                 // `Type::CONST`, `module::value`: not read from a parameter.
-                errors.push(lit.span(), format!(
-                    "`key` must be read from a parameter; `{}` is not one (parameters: {})",
-                    quote::ToTokens::to_token_stream(&path.path).to_string().replace(' ', ""),
-                    list(&others)
-                ));
+                errors.push(
+                    lit.span(),
+                    format!(
+                        "`key` must be read from a parameter; `{}` is not one (parameters: {})",
+                        quote::ToTokens::to_token_stream(&path.path)
+                            .to_string()
+                            .replace(' ', ""),
+                        list(&others)
+                    ),
+                );
                 return;
             };
             if conn.is_some_and(|c| c.ident == *root) {
-                errors.push(lit.span(), format!(
-                    "`key` cannot be read from the connection parameter `{root}`\n\
-                     help: read it from the message, one of {}", list(&others)
-                ));
+                errors.push(
+                    lit.span(),
+                    format!(
+                        "`key` cannot be read from the connection parameter `{root}`\n\
+                     help: read it from the message, one of {}",
+                        list(&others)
+                    ),
+                );
             } else if !params.iter().any(|p| p == root) {
-                errors.push(lit.span(), format!(
+                errors.push(
+                    lit.span(),
+                    format!(
                     "`{root}` in `key` is not a parameter of `{handler}`; its parameters are {}",
                     list(&others)
-                ));
+                ),
+                );
             }
         }
         // Calls, macros, blocks: type-checked like any key expression.
@@ -335,14 +381,21 @@ fn list(names: &[Ident]) -> String {
     if names.is_empty() {
         return "none".to_string();
     }
-    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `::diesel_inbox` when the user depends on `diesel-inbox` (under any name),
 /// else `::inbox_runtime` when they depend on the runtime directly.
 fn runtime_path() -> syn::Path {
     use proc_macro_crate::{crate_name, FoundCrate};
-    for (package, own_name) in [("diesel-inbox", "diesel_inbox"), ("inbox-runtime", "inbox_runtime")] {
+    for (package, own_name) in [
+        ("diesel-inbox", "diesel_inbox"),
+        ("inbox-runtime", "inbox_runtime"),
+    ] {
         match crate_name(package) {
             // `Itself` is the package's own tests and examples, which name
             // the library as an external crate (and the library declares

@@ -67,6 +67,18 @@ impl InboxKey for Cow<'_, str> {
     }
 }
 
+impl InboxKey for std::sync::Arc<str> {
+    fn inbox_key(&self) -> Cow<'_, str> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl InboxKey for std::rc::Rc<str> {
+    fn inbox_key(&self) -> Cow<'_, str> {
+        Cow::Borrowed(self)
+    }
+}
+
 impl<T: InboxKey + ?Sized> InboxKey for &T {
     fn inbox_key(&self) -> Cow<'_, str> {
         (**self).inbox_key()
@@ -89,6 +101,12 @@ macro_rules! integer_keys {
     )*};
 }
 integer_keys!(i16, i32, i64, i128, u16, u32, u64, u128, isize, usize);
+integer_keys!(
+    std::num::NonZeroI32,
+    std::num::NonZeroI64,
+    std::num::NonZeroU32,
+    std::num::NonZeroU64
+);
 
 #[cfg(feature = "uuid")]
 impl InboxKey for uuid::Uuid {
@@ -126,7 +144,10 @@ impl fmt::Display for InvalidKey {
         match self {
             InvalidKey::Empty => f.write_str("it is empty"),
             InvalidKey::TooLong { len } => {
-                write!(f, "it is {len} bytes long; at most {MAX_KEY_BYTES} bytes are allowed")
+                write!(
+                    f,
+                    "it is {len} bytes long; at most {MAX_KEY_BYTES} bytes are allowed"
+                )
             }
             InvalidKey::ContainsNul => f.write_str("it contains a NUL byte"),
         }

@@ -116,8 +116,10 @@ mod tests {
                 Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_string()));
             assert!(err.is_retryable(), "{message}");
         }
-        let unique =
-            Error::DatabaseError(DatabaseErrorKind::UniqueViolation, Box::new("dup".to_string()));
+        let unique = Error::DatabaseError(
+            DatabaseErrorKind::UniqueViolation,
+            Box::new("dup".to_string()),
+        );
         assert!(!unique.is_retryable());
     }
 }

@@ -1,0 +1,68 @@
+//! Shared by the backend test files: the business table, unique run ids, and
+//! the behaviour suite that each backend instantiates.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+#[macro_use]
+pub mod suite;
+
+diesel::table! {
+    /// The "business" table of the tests: one row per applied message.
+    inbox_test_effects (run_id, message_key) {
+        run_id -> Text,
+        message_key -> Text,
+        amount -> BigInt,
+    }
+}
+
+/// Portable DDL for the business table (no unique key: a double apply must
+/// show up as two rows, not as an error).
+pub const EFFECTS_DDL: &str = "CREATE TABLE IF NOT EXISTS inbox_test_effects (\
+    run_id VARCHAR(64) NOT NULL, message_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)";
+
+/// A prefix no other test, thread or earlier run uses.
+pub fn unique_run_id(test: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{test}-{}-{nanos:x}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A base for integer keys that earlier runs did not use.
+pub fn unique_int_base() -> i64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    // Room for a million keys per test under one base.
+    // Microseconds modulo 10^12, times 10^6: at most 10^18 < i64::MAX.
+    i64::try_from(nanos / 1000 % 1_000_000_000_000).unwrap_or(1) * 1_000_000
+}
+
+/// The URL in `var`, or `None` after one line saying the tests were skipped.
+pub fn server_url(var: &str, example: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            skipped(&format!(
+                "{var} is not set; run with {var}={example} cargo test --all-features"
+            ));
+            None
+        }
+    }
+}
+
+/// Says, past libtest's output capture, that tests were skipped.
+pub fn skipped(why: &str) {
+    use std::io::Write;
+    // `eprintln!` is captured (and hidden) for passing tests; the raw handle is not.
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}

@@ -1,0 +1,517 @@
+//! The behaviour suite, stamped out once per backend:
+//! `inbox_suite!(PgConnection, open, prepare)` where `prepare(test_name)`
+//! returns `None` when the backend's server is not configured (the test then
+//! says it was skipped) and `open(&db)` opens one connection.
+//! Being a `macro_rules!` it also proves `#[idempotent]` works when generated
+//! inside one.
+
+macro_rules! inbox_suite {
+    ($Conn:ty, $prepare:path, $open:path) => {
+        use diesel::prelude::*;
+        use diesel_inbox::{idempotent, inbox_messages, InboxError, InvalidKey, Processed, RetryableError};
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use $crate::common::{inbox_test_effects as effects, unique_int_base};
+
+        #[derive(Debug)]
+        enum AppError {
+            Db(diesel::result::Error),
+            Inbox(InboxError),
+            Rejected,
+        }
+        impl From<diesel::result::Error> for AppError {
+            fn from(e: diesel::result::Error) -> Self {
+                AppError::Db(e)
+            }
+        }
+        impl From<InboxError> for AppError {
+            fn from(e: InboxError) -> Self {
+                AppError::Inbox(e)
+            }
+        }
+
+        struct Msg {
+            key: String,
+            amount: i64,
+            run: String,
+        }
+
+        fn msg(run: &str, key: impl Into<String>, amount: i64) -> Msg {
+            Msg { key: key.into(), amount, run: run.to_string() }
+        }
+
+        fn write_effect(conn: &mut $Conn, run: &str, key: &str, amount: i64) -> QueryResult<usize> {
+            diesel::insert_into(effects::table)
+                .values((effects::run_id.eq(run), effects::message_key.eq(key), effects::amount.eq(amount)))
+                .execute(conn)
+        }
+
+        /// Business rows of a run, as (key, amount), sorted.
+        fn effects_of(conn: &mut $Conn, run: &str) -> Vec<(String, i64)> {
+            let mut rows: Vec<(String, i64)> = effects::table
+                .filter(effects::run_id.eq(run))
+                .select((effects::message_key, effects::amount))
+                .load(conn)
+                .expect("load effects");
+            rows.sort();
+            rows
+        }
+
+        fn inbox_rows(conn: &mut $Conn, consumer: &str, key: &str) -> i64 {
+            inbox_messages::table
+                .filter(inbox_messages::consumer.eq(consumer))
+                .filter(inbox_messages::message_id.eq(key))
+                .count()
+                .get_result(conn)
+                .expect("count inbox rows")
+        }
+
+        #[idempotent(key = "msg.key")]
+        fn apply_payment(conn: &mut $Conn, msg: &Msg) -> Result<i64, AppError> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            Ok(msg.amount)
+        }
+
+        #[idempotent(key = "msg.key", consumer = "rejecting")]
+        fn write_then_reject(conn: &mut $Conn, msg: &Msg) -> Result<(), AppError> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            Err(AppError::Rejected)
+        }
+
+        #[idempotent(key = "msg.key", consumer = "rejecting")]
+        fn write_then_accept(conn: &mut $Conn, msg: &Msg) -> Result<(), AppError> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            Ok(())
+        }
+
+        #[idempotent(key = "msg.key", consumer = "panicking")]
+        fn write_then_panic(conn: &mut $Conn, msg: &Msg) -> Result<(), AppError> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            panic!("handler bug after a write");
+        }
+
+        #[idempotent(key = "msg.key", consumer = "panicking")]
+        fn write_after_panic(conn: &mut $Conn, msg: &Msg) -> Result<(), AppError> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            Ok(())
+        }
+
+        #[test]
+        fn applies_once_then_reports_duplicate() {
+            let Some(db) = $prepare("applies_once") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("apply");
+            let m = msg(&run, format!("{run}:1"), 42);
+
+            assert!(matches!(apply_payment(&mut conn, &m), Ok(Processed::Applied(42))));
+            assert!(matches!(apply_payment(&mut conn, &m), Ok(Processed::Duplicate)));
+            assert!(matches!(apply_payment(&mut conn, &m), Ok(Processed::Duplicate)));
+
+            assert_eq!(effects_of(&mut conn, &run), vec![(m.key.clone(), 42)]);
+            assert_eq!(inbox_rows(&mut conn, "apply_payment", &m.key), 1);
+        }
+
+        #[test]
+        fn body_error_rolls_back_business_write_and_inbox_row() {
+            let Some(db) = $prepare("error_rollback") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("reject");
+            let m = msg(&run, format!("{run}:1"), 5);
+
+            assert!(matches!(write_then_reject(&mut conn, &m), Err(AppError::Rejected)));
+            assert_eq!(effects_of(&mut conn, &run), vec![]);
+            assert_eq!(inbox_rows(&mut conn, "rejecting", &m.key), 0);
+
+            // The failed delivery left no trace, so the redelivery applies.
+            assert!(matches!(write_then_accept(&mut conn, &m), Ok(Processed::Applied(()))));
+            assert_eq!(effects_of(&mut conn, &run), vec![(m.key.clone(), 5)]);
+            assert_eq!(inbox_rows(&mut conn, "rejecting", &m.key), 1);
+        }
+
+        #[test]
+        fn panic_rolls_back_and_connection_stays_usable() {
+            let Some(db) = $prepare("panic_rollback") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("panic");
+            let m = msg(&run, format!("{run}:1"), 9);
+
+            let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let _ = write_then_panic(&mut conn, &m);
+            }));
+            let payload = unwound.expect_err("the panic reaches the caller");
+            assert_eq!(payload.downcast_ref::<&str>(), Some(&"handler bug after a write"));
+
+            assert_eq!(effects_of(&mut conn, &run), vec![]);
+            assert_eq!(inbox_rows(&mut conn, "panicking", &m.key), 0);
+            // Same connection, no transaction left open: the redelivery applies and commits.
+            assert!(matches!(write_after_panic(&mut conn, &m), Ok(Processed::Applied(()))));
+            let mut other = $open(&db);
+            assert_eq!(effects_of(&mut other, &run), vec![(m.key.clone(), 9)]);
+            assert_eq!(inbox_rows(&mut other, "panicking", &m.key), 1);
+        }
+
+        #[test]
+        fn outer_transaction_rollback_removes_inbox_row_too() {
+            let Some(db) = $prepare("outer_rollback") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("outer");
+            let m = msg(&run, format!("{run}:1"), 3);
+
+            let outer: Result<(), AppError> = conn.transaction(|conn| {
+                assert!(matches!(apply_payment(conn, &m), Ok(Processed::Applied(3))));
+                assert!(matches!(apply_payment(conn, &m), Ok(Processed::Duplicate)));
+                Err(AppError::Rejected)
+            });
+            assert!(matches!(outer, Err(AppError::Rejected)));
+            assert_eq!(effects_of(&mut conn, &run), vec![]);
+            assert_eq!(inbox_rows(&mut conn, "apply_payment", &m.key), 0);
+
+            // Committed by the caller: both rows stay.
+            conn.transaction(|conn| apply_payment(conn, &m).map(|p| assert!(p.is_applied())))
+                .expect("outer commit");
+            assert_eq!(effects_of(&mut conn, &run), vec![(m.key.clone(), 3)]);
+            assert_eq!(inbox_rows(&mut conn, "apply_payment", &m.key), 1);
+        }
+
+        #[idempotent(key = "msg.key", consumer = "ledger")]
+        fn ledger(conn: &mut $Conn, msg: &Msg) -> Result<i64, AppError> {
+            write_effect(conn, &msg.run, &format!("ledger/{}", msg.key), msg.amount)?;
+            Ok(msg.amount)
+        }
+
+        #[idempotent(key = "msg.key", consumer = "mailer")]
+        fn mailer(conn: &mut $Conn, msg: &Msg) -> Result<i64, AppError> {
+            write_effect(conn, &msg.run, &format!("mailer/{}", msg.key), msg.amount)?;
+            Ok(msg.amount)
+        }
+
+        #[test]
+        fn consumers_scope_deduplication() {
+            let Some(db) = $prepare("consumers") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("scoped");
+            let m = msg(&run, format!("{run}:1"), 1);
+
+            assert!(ledger(&mut conn, &m).expect("ledger").is_applied());
+            assert!(mailer(&mut conn, &m).expect("mailer").is_applied());
+            assert!(ledger(&mut conn, &m).expect("ledger again").is_duplicate());
+            assert!(mailer(&mut conn, &m).expect("mailer again").is_duplicate());
+            assert_eq!(
+                effects_of(&mut conn, &run),
+                vec![(format!("ledger/{}", m.key), 1), (format!("mailer/{}", m.key), 1)]
+            );
+        }
+
+        #[idempotent(key = "id", consumer = "int-keys")]
+        fn by_int(conn: &mut $Conn, run: &str, id: i64) -> QueryResult<i64> {
+            write_effect(conn, run, &id.to_string(), id)?;
+            Ok(id)
+        }
+
+        #[idempotent(key = "id", consumer = "u32-keys")]
+        fn by_u32(conn: &mut $Conn, run: &str, id: u32) -> QueryResult<()> {
+            write_effect(conn, run, &format!("u32/{id}"), 0).map(drop)
+        }
+
+        #[idempotent(key = "id", consumer = "str-keys")]
+        fn by_str(conn: &mut $Conn, run: &str, id: &str) -> QueryResult<()> {
+            write_effect(conn, run, id, 0).map(drop)
+        }
+
+        #[idempotent(key = "id", consumer = "uuid-keys")]
+        fn by_uuid(conn: &mut $Conn, run: &str, id: uuid::Uuid) -> QueryResult<()> {
+            write_effect(conn, run, &id.to_string(), 0).map(drop)
+        }
+
+        #[test]
+        fn integer_string_and_uuid_keys() {
+            let Some(db) = $prepare("key_types") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("keys");
+            let base = unique_int_base();
+            let small = u32::try_from(base % 4_000_000_000).expect("fits");
+
+            assert_eq!(by_int(&mut conn, &run, base).expect("int"), Processed::Applied(base));
+            assert_eq!(by_int(&mut conn, &run, base).expect("int again"), Processed::Duplicate);
+            assert_eq!(by_int(&mut conn, &run, base + 1).expect("next int"), Processed::Applied(base + 1));
+            assert!(by_u32(&mut conn, &run, small).expect("u32").is_applied());
+            assert!(by_u32(&mut conn, &run, small).expect("u32 again").is_duplicate());
+            let key = format!("{run}:str");
+            assert!(by_str(&mut conn, &run, &key).expect("str").is_applied());
+            assert!(by_str(&mut conn, &run, &key).expect("str again").is_duplicate());
+            let id = uuid::Uuid::new_v4();
+            assert!(by_uuid(&mut conn, &run, id).expect("uuid").is_applied());
+            assert!(by_uuid(&mut conn, &run, id).expect("uuid again").is_duplicate());
+
+            assert_eq!(inbox_rows(&mut conn, "int-keys", &base.to_string()), 1);
+            assert_eq!(inbox_rows(&mut conn, "uuid-keys", &id.hyphenated().to_string()), 1);
+            assert_eq!(effects_of(&mut conn, &run).len(), 5);
+        }
+
+        struct Projector {
+            consumer_label: &'static str,
+            seen: u32,
+        }
+
+        impl Projector {
+            #[idempotent(key = "msg.key", consumer = "projector")]
+            fn project(&self, conn: &mut $Conn, msg: &Msg) -> Result<&'static str, AppError> {
+                write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+                Ok(self.consumer_label)
+            }
+
+            #[idempotent(key = "msg.key", consumer = "counting-projector", conn = "db")]
+            fn count(&mut self, db: &mut $Conn, msg: &Msg) -> Result<u32, AppError> {
+                write_effect(db, &msg.run, &msg.key, msg.amount)?;
+                self.seen += 1;
+                Ok(self.seen)
+            }
+        }
+
+        #[test]
+        fn methods_with_shared_and_mutable_receivers() {
+            let Some(db) = $prepare("methods") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("methods");
+            let mut projector = Projector { consumer_label: "p", seen: 0 };
+            let a = msg(&run, format!("{run}:a"), 1);
+            let b = msg(&run, format!("{run}:b"), 2);
+
+            assert_eq!(projector.project(&mut conn, &a).expect("project"), Processed::Applied("p"));
+            assert_eq!(projector.project(&mut conn, &a).expect("again"), Processed::Duplicate);
+            assert_eq!(projector.count(&mut conn, &b).expect("count"), Processed::Applied(1));
+            assert_eq!(projector.count(&mut conn, &b).expect("count again"), Processed::Duplicate);
+            assert_eq!(projector.seen, 1);
+            assert_eq!(effects_of(&mut conn, &run), vec![(a.key.clone(), 1), (b.key.clone(), 2)]);
+        }
+
+        #[test]
+        fn hostile_keys_are_stored_verbatim_and_compared_byte_for_byte() {
+            let Some(db) = $prepare("hostile") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("hostile");
+            let suffixes = [
+                "'; DROP TABLE inbox_messages; --",
+                "\"quoted\" and 'single'",
+                "back\\slash %_ wildcards",
+                "key",
+                "KEY",
+                "key ",
+                "kéy",
+                "ke\u{301}y",
+                "日本語-🦀",
+                "tab\there\nnewline",
+            ];
+            for (n, suffix) in suffixes.iter().enumerate() {
+                let m = msg(&run, format!("{run}{suffix}"), n as i64);
+                assert!(apply_payment(&mut conn, &m).expect("first delivery").is_applied(), "{suffix:?}");
+                assert!(apply_payment(&mut conn, &m).expect("redelivery").is_duplicate(), "{suffix:?}");
+                assert_eq!(inbox_rows(&mut conn, "apply_payment", &m.key), 1, "{suffix:?}");
+            }
+            let stored: Vec<String> = inbox_messages::table
+                .filter(inbox_messages::consumer.eq("apply_payment"))
+                .select(inbox_messages::message_id)
+                .load::<String>(&mut conn)
+                .expect("load keys")
+                .into_iter()
+                .filter(|k| k.starts_with(&run))
+                .collect();
+            let mut expected: Vec<String> = suffixes.iter().map(|s| format!("{run}{s}")).collect();
+            let mut stored = stored;
+            stored.sort();
+            expected.sort();
+            assert_eq!(stored, expected);
+            assert_eq!(effects_of(&mut conn, &run).len(), suffixes.len());
+            // The inbox table survived the first key.
+            assert!(inbox_rows(&mut conn, "apply_payment", &format!("{run}key")) == 1);
+        }
+
+        #[test]
+        fn invalid_keys_are_refused_before_anything_runs() {
+            let Some(db) = $prepare("invalid") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("invalid");
+            let too_long = format!("{run}{}", "é".repeat(128));
+            let cases = [
+                (String::new(), InvalidKey::Empty),
+                (format!("{run}\0nul"), InvalidKey::ContainsNul),
+                (too_long.clone(), InvalidKey::TooLong { len: too_long.len() }),
+            ];
+            for (key, reason) in cases {
+                let m = msg(&run, key, 1);
+                match apply_payment(&mut conn, &m) {
+                    Err(AppError::Inbox(InboxError::InvalidKey(got))) => assert_eq!(got, reason),
+                    other => panic!("expected InvalidKey({reason:?}), got {other:?}"),
+                }
+            }
+            // A key of exactly 255 bytes is fine and is not truncated.
+            let exact = format!("{run}{}", "x".repeat(255 - run.len()));
+            assert_eq!(exact.len(), 255);
+            let m = msg(&run, exact.clone(), 1);
+            assert!(apply_payment(&mut conn, &m).expect("255 bytes").is_applied());
+            assert_eq!(inbox_rows(&mut conn, "apply_payment", &exact), 1);
+            assert_eq!(effects_of(&mut conn, &run), vec![(exact, 1)]);
+        }
+
+        #[idempotent(key = "key", consumer = "query-result")]
+        fn query_result_handler(conn: &mut $Conn, run: &str, key: &str) -> QueryResult<usize> {
+            write_effect(conn, run, key, 0)
+        }
+
+        #[test]
+        fn query_result_handlers_get_inbox_errors_as_diesel_errors() {
+            let Some(db) = $prepare("query_result") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("qr");
+            let key = format!("{run}:1");
+            assert_eq!(query_result_handler(&mut conn, &run, &key).expect("apply"), Processed::Applied(1));
+            assert_eq!(query_result_handler(&mut conn, &run, &key).expect("again"), Processed::Duplicate);
+            match query_result_handler(&mut conn, &run, "") {
+                Err(diesel::result::Error::QueryBuilderError(inner)) => {
+                    let inbox = inner.downcast_ref::<InboxError>().expect("an InboxError inside");
+                    assert!(matches!(inbox, InboxError::InvalidKey(InvalidKey::Empty)));
+                }
+                other => panic!("expected a QueryBuilderError, got {other:?}"),
+            }
+        }
+
+        static TRANSIENT_ATTEMPTS: AtomicU32 = AtomicU32::new(0);
+
+        #[derive(Debug)]
+        struct RetryingError(diesel::result::Error);
+        impl From<diesel::result::Error> for RetryingError {
+            fn from(e: diesel::result::Error) -> Self {
+                RetryingError(e)
+            }
+        }
+        impl From<InboxError> for RetryingError {
+            fn from(e: InboxError) -> Self {
+                RetryingError(e.into())
+            }
+        }
+        impl RetryableError for RetryingError {
+            fn is_retryable(&self) -> bool {
+                self.0.is_retryable()
+            }
+        }
+
+        fn serialization_failure() -> diesel::result::Error {
+            diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::SerializationFailure,
+                Box::new("could not serialize access due to concurrent update".to_string()),
+            )
+        }
+
+        /// Writes, then fails with a serialization failure on its first
+        /// `fail_times` attempts (as a conflicting writer would make it).
+        #[idempotent(key = "msg.key", consumer = "retrying", retries = 2)]
+        fn flaky(conn: &mut $Conn, msg: &Msg, fail_times: u32) -> Result<u32, RetryingError> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            let attempt = TRANSIENT_ATTEMPTS.fetch_add(1, Ordering::SeqCst) + 1;
+            if attempt <= fail_times {
+                return Err(serialization_failure().into());
+            }
+            Ok(attempt)
+        }
+
+        #[idempotent(key = "msg.key", consumer = "not-retrying")]
+        fn opaque_error(conn: &mut $Conn, msg: &Msg, attempts: &AtomicU32) -> Result<(), AppError> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            attempts.fetch_add(1, Ordering::SeqCst);
+            Err(AppError::Db(serialization_failure()))
+        }
+
+        #[test]
+        fn retryable_body_errors_rerun_the_transaction_up_to_retries() {
+            let Some(db) = $prepare("retries") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("retry");
+
+            // Fails twice, succeeds on the third and last allowed attempt.
+            TRANSIENT_ATTEMPTS.store(0, Ordering::SeqCst);
+            let ok = msg(&run, format!("{run}:ok"), 1);
+            assert_eq!(flaky(&mut conn, &ok, 2).expect("third attempt"), Processed::Applied(3));
+            assert_eq!(effects_of(&mut conn, &run), vec![(ok.key.clone(), 1)]);
+
+            // Fails three times: 1 + retries = 3 attempts, then the error.
+            TRANSIENT_ATTEMPTS.store(0, Ordering::SeqCst);
+            let bad = msg(&run, format!("{run}:bad"), 2);
+            let err = flaky(&mut conn, &bad, 100).expect_err("retries exhausted");
+            assert!(err.0.is_retryable());
+            assert_eq!(TRANSIENT_ATTEMPTS.load(Ordering::SeqCst), 3);
+            assert_eq!(inbox_rows(&mut conn, "retrying", &bad.key), 0);
+
+            // An error type without RetryableError is returned at once.
+            let attempts = AtomicU32::new(0);
+            let once = msg(&run, format!("{run}:once"), 3);
+            assert!(matches!(opaque_error(&mut conn, &once, &attempts), Err(AppError::Db(e)) if e.is_retryable()));
+            assert_eq!(attempts.load(Ordering::SeqCst), 1);
+            assert_eq!(effects_of(&mut conn, &run), vec![(ok.key.clone(), 1)]);
+        }
+
+        #[test]
+        fn migrate_is_idempotent_and_safe_concurrently() {
+            let Some(db) = $prepare("migrate") else { return };
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let db = db.clone();
+                    std::thread::spawn(move || {
+                        let mut conn = $open(&db);
+                        diesel_inbox::migrate(&mut conn)
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().expect("no panic").expect("migrate");
+            }
+            let mut conn = $open(&db);
+            diesel_inbox::migrate(&mut conn).expect("again");
+            let run = $crate::common::unique_run_id("migrate");
+            let m = msg(&run, format!("{run}:1"), 1);
+            assert!(apply_payment(&mut conn, &m).expect("after migrate").is_applied());
+        }
+
+        #[test]
+        fn concurrent_deliveries_apply_each_key_exactly_once() {
+            const THREADS: usize = 8;
+            const KEYS: usize = 500;
+            let Some(db) = $prepare("concurrent") else { return };
+            let run = $crate::common::unique_run_id("race");
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (db, run, barrier) = (db.clone(), run.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let mut conn = $open(&db);
+                        let (mut applied, mut duplicates) = (0usize, 0usize);
+                        barrier.wait();
+                        for n in 0..KEYS {
+                            // Each thread walks the keys from a different offset.
+                            let k = (n + t * KEYS / THREADS) % KEYS;
+                            let m = msg(&run, format!("{run}:{k}"), k as i64);
+                            match apply_payment(&mut conn, &m) {
+                                Ok(Processed::Applied(_)) => applied += 1,
+                                Ok(Processed::Duplicate) => duplicates += 1,
+                                Err(e) => panic!("delivery of {} failed: {e:?}", m.key),
+                            }
+                        }
+                        (applied, duplicates)
+                    })
+                })
+                .collect();
+            let (mut applied, mut duplicates) = (0, 0);
+            for w in workers {
+                let (a, d) = w.join().expect("worker");
+                applied += a;
+                duplicates += d;
+            }
+            assert_eq!(applied, KEYS);
+            assert_eq!(duplicates, KEYS * (THREADS - 1));
+            let mut conn = $open(&db);
+            let rows = effects_of(&mut conn, &run);
+            let mut expected: Vec<(String, i64)> =
+                (0..KEYS).map(|k| (format!("{run}:{k}"), k as i64)).collect();
+            expected.sort();
+            assert_eq!(rows, expected, "every key applied exactly once");
+        }
+    };
+}

@@ -1,0 +1,13 @@
+use diesel::prelude::*;
+use diesel_inbox::idempotent;
+
+struct Msg {
+    id: String,
+}
+
+#[idempotent(key = "msg.id")]
+fn handle(conn: &mut SqliteConnection, msg: &Msg) {
+    let _ = (conn, msg);
+}
+
+fn main() {}
