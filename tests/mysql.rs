@@ -37,7 +37,7 @@ mod suite {
             .clone()
     }
 
-    fn open(url: &String) -> MysqlConnection {
+    fn open(url: &str) -> MysqlConnection {
         MysqlConnection::establish(url)
             .unwrap_or_else(|e| panic!("{URL_VAR} is set but MySQL/MariaDB is unreachable: {e}"))
     }

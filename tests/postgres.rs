@@ -38,7 +38,7 @@ mod suite {
             .clone()
     }
 
-    fn open(url: &String) -> PgConnection {
+    fn open(url: &str) -> PgConnection {
         PgConnection::establish(url)
             .unwrap_or_else(|e| panic!("{URL_VAR} is set but PostgreSQL is unreachable: {e}"))
     }

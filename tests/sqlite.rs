@@ -1,5 +1,7 @@
-//! The behaviour suite on embedded SQLite (always runs).
+//! The behaviour suite on embedded SQLite (always runs). Denies warnings and
+//! clippy lints: code that uses `#[idempotent]` stays clean under them.
 #![cfg(feature = "sqlite")]
+#![deny(warnings, clippy::all)]
 
 #[macro_use]
 mod common;
@@ -18,7 +20,7 @@ fn prepare(test: &str) -> Option<String> {
     Some(path)
 }
 
-fn open(path: &String) -> SqliteConnection {
+fn open(path: &str) -> SqliteConnection {
     let mut conn = SqliteConnection::establish(path).expect("open sqlite file");
     conn.batch_execute(
         "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;",

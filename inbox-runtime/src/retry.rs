@@ -99,6 +99,7 @@ mod tests {
     struct Opaque;
 
     #[test]
+    #[allow(clippy::needless_borrow)] // the double reference is the point
     fn probe_uses_the_trait_when_implemented_and_false_otherwise() {
         let serialization = Error::DatabaseError(
             DatabaseErrorKind::SerializationFailure,
