@@ -14,6 +14,7 @@ fn mysql_suite_skipped() {
 #[cfg(feature = "mysql")]
 mod suite {
     use super::common;
+    use common::TestDb;
 
     use diesel::connection::SimpleConnection;
     use diesel::{Connection, MysqlConnection};
@@ -23,7 +24,7 @@ mod suite {
 
     /// The configured URL, with the inbox and business tables created once per
     /// process; `None` (and one line saying so) when the variable is unset.
-    fn prepare(_test: &str) -> Option<String> {
+    fn prepare(_test: &str) -> Option<TestDb> {
         static READY: OnceLock<Option<String>> = OnceLock::new();
         READY
             .get_or_init(|| {
@@ -35,6 +36,7 @@ mod suite {
                 Some(url)
             })
             .clone()
+            .map(TestDb::shared)
     }
 
     fn open(url: &str) -> MysqlConnection {
@@ -42,7 +44,33 @@ mod suite {
             .unwrap_or_else(|e| panic!("{URL_VAR} is set but MySQL/MariaDB is unreachable: {e}"))
     }
 
-    inbox_suite!(MysqlConnection, prepare, open);
+    /// An empty database of its own on the same server.
+    fn fresh(test: &str) -> Option<TestDb> {
+        let url = prepare(test)?.url.clone();
+        let name: String = common::unique_run_id(test)
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        open(&url)
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create database");
+        let base = url.split('?').next().expect("split yields one part");
+        let server = &base[..base.rfind('/').expect("a database path in the URL")];
+        Some(TestDb::owned(format!("{server}/{name}"), discard))
+    }
+
+    fn discard(url: &str) {
+        let name = url.rsplit('/').next().expect("a fresh() URL");
+        let _ = open(url).batch_execute(&format!("DROP DATABASE {name}"));
+    }
+
+    inbox_suite!(MysqlConnection, prepare, open, fresh);
 
     #[test]
     fn migrate_refuses_to_run_inside_a_transaction() {

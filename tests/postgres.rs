@@ -14,6 +14,7 @@ fn postgres_suite_skipped() {
 #[cfg(feature = "postgres")]
 mod suite {
     use super::common;
+    use common::TestDb;
 
     use diesel::connection::SimpleConnection;
     use diesel::{Connection, PgConnection};
@@ -23,7 +24,7 @@ mod suite {
 
     /// The configured URL, with the inbox and business tables created once per
     /// process; `None` (and one line saying so) when the variable is unset.
-    fn prepare(_test: &str) -> Option<String> {
+    fn prepare(_test: &str) -> Option<TestDb> {
         static READY: OnceLock<Option<String>> = OnceLock::new();
         READY
             .get_or_init(|| {
@@ -36,6 +37,7 @@ mod suite {
                 Some(url)
             })
             .clone()
+            .map(TestDb::shared)
     }
 
     fn open(url: &str) -> PgConnection {
@@ -43,5 +45,37 @@ mod suite {
             .unwrap_or_else(|e| panic!("{URL_VAR} is set but PostgreSQL is unreachable: {e}"))
     }
 
-    inbox_suite!(PgConnection, prepare, open);
+    /// An empty schema of its own: the URL sets its `search_path`.
+    fn fresh(test: &str) -> Option<TestDb> {
+        let url = prepare(test)?.url.clone();
+        let schema = schema_name(test);
+        open(&url)
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .expect("create schema");
+        let separator = if url.contains('?') { '&' } else { '?' };
+        Some(TestDb::owned(
+            format!("{url}{separator}options=-c%20search_path%3D{schema}"),
+            discard,
+        ))
+    }
+
+    fn schema_name(test: &str) -> String {
+        common::unique_run_id(test)
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    }
+
+    fn discard(url: &str) {
+        let schema = url.rsplit("search_path%3D").next().expect("a fresh() URL");
+        let _ = open(url).batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
+    }
+
+    inbox_suite!(PgConnection, prepare, open, fresh);
 }

@@ -6,13 +6,27 @@
 #[macro_use]
 mod common;
 
+use common::TestDb;
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, SqliteConnection};
 
-/// A database file of its own for each test, so tests run in parallel.
-fn prepare(test: &str) -> Option<String> {
-    let path = std::env::temp_dir().join(format!("{}.db", common::unique_run_id(test)));
+/// An empty database file of the test's own, removed at its end.
+fn fresh(test: &str) -> Option<TestDb> {
+    let path =
+        std::env::temp_dir().join(format!("diesel-inbox-{}.db", common::unique_run_id(test)));
     let path = path.to_str().expect("utf-8 temp dir").to_string();
+    Some(TestDb::owned(path, discard))
+}
+
+fn discard(path: &str) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{path}{suffix}"));
+    }
+}
+
+/// A database file of its own for each test, with the tables in place.
+fn prepare(test: &str) -> Option<TestDb> {
+    let path = fresh(test)?;
     let mut conn = open(&path);
     diesel_inbox::migrate(&mut conn).expect("migrate");
     conn.batch_execute(common::EFFECTS_DDL)
@@ -29,4 +43,4 @@ fn open(path: &str) -> SqliteConnection {
     conn
 }
 
-inbox_suite!(SqliteConnection, prepare, open);
+inbox_suite!(SqliteConnection, prepare, open, fresh);

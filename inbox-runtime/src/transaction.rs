@@ -21,7 +21,7 @@ pub(crate) enum Scope {
 /// Opens a transaction with the backend's `BEGIN` (SQLite: `BEGIN IMMEDIATE`,
 /// so a writer takes the lock up front instead of failing at its first write),
 /// or a savepoint when the caller already has a transaction open.
-pub(crate) fn begin<C>(conn: &mut C) -> QueryResult<Scope>
+pub(crate) fn begin<C>(conn: &mut C) -> Result<Scope, (Scope, Error)>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
@@ -30,11 +30,10 @@ where
     // transaction, which is exactly the test we need.
     match AnsiTransactionManager::begin_transaction_sql(conn, <C::Backend as InboxBackend>::BEGIN) {
         Ok(()) => Ok(Scope::TopLevel),
-        Err(Error::AlreadyInTransaction) => {
-            AnsiTransactionManager::begin_transaction(conn)?;
-            Ok(Scope::Savepoint)
-        }
-        Err(e) => Err(e),
+        Err(Error::AlreadyInTransaction) => AnsiTransactionManager::begin_transaction(conn)
+            .map(|()| Scope::Savepoint)
+            .map_err(|e| (Scope::Savepoint, e)),
+        Err(e) => Err((Scope::TopLevel, e)),
     }
 }
 
@@ -58,7 +57,7 @@ where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
-    begin(conn)?;
+    begin(conn).map_err(|(_, e)| e)?;
     match f(conn) {
         Ok(value) => {
             AnsiTransactionManager::commit_transaction(conn)?;
@@ -207,7 +206,7 @@ where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
-    let scope = begin(conn).map_err(|e| (Scope::TopLevel, Failure::Inbox(e)))?;
+    let scope = begin(conn).map_err(|(scope, e)| (scope, Failure::Inbox(e)))?;
     let fail = |failure| (scope, failure);
     match <C::Backend as InboxBackend>::claim(conn, consumer, key) {
         Ok(true) => {}

@@ -22,6 +22,43 @@ diesel::table! {
 pub const EFFECTS_DDL: &str = "CREATE TABLE IF NOT EXISTS inbox_test_effects (\
     run_id VARCHAR(64) NOT NULL, message_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)";
 
+/// A test database's URL (or SQLite path); removes the database when
+/// dropped if it belongs to this test alone.
+pub struct TestDb {
+    pub url: String,
+    pub discard: Option<fn(&str)>,
+}
+
+impl TestDb {
+    /// A database shared by the tests of this process (kept).
+    pub fn shared(url: String) -> Self {
+        TestDb { url, discard: None }
+    }
+
+    /// A database of this test alone (removed at the end).
+    pub fn owned(url: String, discard: fn(&str)) -> Self {
+        TestDb {
+            url,
+            discard: Some(discard),
+        }
+    }
+}
+
+impl std::ops::Deref for TestDb {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(discard) = self.discard {
+            discard(&self.url);
+        }
+    }
+}
+
 /// A prefix no other test, thread or earlier run uses.
 pub fn unique_run_id(test: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -1,12 +1,15 @@
 //! The behaviour suite, stamped out once per backend:
-//! `inbox_suite!(PgConnection, open, prepare)` where `prepare(test_name)`
-//! returns `None` when the backend's server is not configured (the test then
-//! says it was skipped) and `open(&db)` opens one connection.
+//! `inbox_suite!(PgConnection, prepare, open, fresh)` where
+//! `prepare(test_name)` returns the database (a `TestDb`) with the tables in
+//! place, or `None` when the backend's server is not configured (the test
+//! then says it was skipped); `open(url)` opens one connection;
+//! `fresh(test_name)` makes an empty database (or schema) of the test's own,
+//! removed when the `TestDb` drops.
 //! Being a `macro_rules!` it also proves `#[idempotent]` works when generated
 //! inside one.
 
 macro_rules! inbox_suite {
-    ($Conn:ty, $prepare:path, $open:path) => {
+    ($Conn:ty, $prepare:path, $open:path, $fresh:path) => {
         use diesel::prelude::*;
         use diesel_inbox::{idempotent, inbox_messages, InboxError, InvalidKey, Processed, RetryableError};
         use std::sync::atomic::{AtomicU32, Ordering};
@@ -449,25 +452,30 @@ macro_rules! inbox_suite {
         }
 
         #[test]
-        fn migrate_is_idempotent_and_safe_concurrently() {
-            let Some(db) = $prepare("migrate") else { return };
+        fn migrate_creates_the_table_on_an_empty_database_from_several_connections_at_once() {
+            let Some(db) = $fresh("fresh_migrate") else { return };
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
             let threads: Vec<_> = (0..4)
                 .map(|_| {
-                    let db = db.clone();
+                    let (db, barrier) = (db.to_string(), barrier.clone());
                     std::thread::spawn(move || {
                         let mut conn = $open(&db);
+                        barrier.wait();
                         diesel_inbox::migrate(&mut conn)
                     })
                 })
                 .collect();
             for t in threads {
-                t.join().expect("no panic").expect("migrate");
+                t.join().expect("no panic").expect("concurrent migrate");
             }
             let mut conn = $open(&db);
-            diesel_inbox::migrate(&mut conn).expect("again");
-            let run = $crate::common::unique_run_id("migrate");
-            let m = msg(&run, format!("{run}:1"), 1);
-            assert!(apply_payment(&mut conn, &m).expect("after migrate").is_applied());
+            diesel_inbox::migrate(&mut conn).expect("migrate again");
+            let claim = |conn: &mut $Conn| -> QueryResult<Processed<()>> {
+                diesel_inbox::run(conn, "fresh", "m-1", 0, |_| Ok(()), |_: &diesel::result::Error| false)
+            };
+            assert_eq!(claim(&mut conn).expect("first"), Processed::Applied(()));
+            assert_eq!(claim(&mut conn).expect("second"), Processed::Duplicate);
+            assert_eq!(inbox_rows(&mut conn, "fresh", "m-1"), 1);
         }
 
         #[test]
@@ -479,7 +487,7 @@ macro_rules! inbox_suite {
             let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
             let workers: Vec<_> = (0..THREADS)
                 .map(|t| {
-                    let (db, run, barrier) = (db.clone(), run.clone(), barrier.clone());
+                    let (db, run, barrier) = (db.to_string(), run.clone(), barrier.clone());
                     std::thread::spawn(move || {
                         let mut conn = $open(&db);
                         let (mut applied, mut duplicates) = (0usize, 0usize);

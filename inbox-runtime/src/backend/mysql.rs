@@ -32,7 +32,7 @@ impl InboxBackend for Mysql {
     {
         // DDL commits implicitly: refuse inside the caller's transaction
         // rather than commit it behind their back.
-        match begin(conn)? {
+        match begin(conn).map_err(|(_, e)| e)? {
             crate::transaction::Scope::TopLevel => {
                 AnsiTransactionManager::rollback_transaction(conn)?;
             }
