@@ -22,21 +22,14 @@ mod suite {
 
     const URL_VAR: &str = "INBOX_TEST_MYSQL_URL";
 
-    /// The configured URL, with the inbox and business tables created once per
-    /// process; `None` (and one line saying so) when the variable is unset.
     fn prepare(_test: &str) -> Option<TestDb> {
         static READY: OnceLock<Option<String>> = OnceLock::new();
-        READY
-            .get_or_init(|| {
-                let url = common::server_url(URL_VAR, "mysql://root@127.0.0.1/diesel_inbox_test")?;
-                let mut conn = open(&url);
-                diesel_inbox::migrate(&mut conn).expect("migrate");
-                conn.batch_execute(common::EFFECTS_DDL)
-                    .expect("effects table");
-                Some(url)
-            })
-            .clone()
-            .map(TestDb::shared)
+        common::shared_server_database(
+            &READY,
+            URL_VAR,
+            "mysql://root@127.0.0.1/diesel_inbox_test",
+            open,
+        )
     }
 
     fn open(url: &str) -> MysqlConnection {
@@ -47,16 +40,7 @@ mod suite {
     /// An empty database of its own on the same server.
     fn fresh(test: &str) -> Option<TestDb> {
         let url = prepare(test)?.url.clone();
-        let name: String = common::unique_run_id(test)
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_lowercase()
-                } else {
-                    '_'
-                }
-            })
-            .collect();
+        let name = common::unique_identifier(test);
         open(&url)
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .expect("create database");

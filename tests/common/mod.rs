@@ -73,6 +73,45 @@ pub fn unique_run_id(test: &str) -> String {
     )
 }
 
+/// [`unique_run_id`] as an SQL identifier (schema or database name).
+pub fn unique_identifier(test: &str) -> String {
+    unique_run_id(test)
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The server database named by `var`, with the inbox and business tables
+/// created once per process (`ready` remembers it); `None`, and one line
+/// saying so, when the variable is unset.
+pub fn shared_server_database<C>(
+    ready: &'static std::sync::OnceLock<Option<String>>,
+    var: &str,
+    example: &str,
+    open: fn(&str) -> C,
+) -> Option<TestDb>
+where
+    C: diesel::Connection<TransactionManager = diesel::connection::AnsiTransactionManager>,
+    C::Backend: diesel_inbox::InboxBackend,
+{
+    ready
+        .get_or_init(|| {
+            let url = server_url(var, example)?;
+            let mut conn = open(&url);
+            diesel_inbox::migrate(&mut conn).expect("migrate");
+            conn.batch_execute(EFFECTS_DDL).expect("effects table");
+            Some(url)
+        })
+        .clone()
+        .map(TestDb::shared)
+}
+
 /// A base for integer keys that earlier runs did not use.
 pub fn unique_int_base() -> i64 {
     let nanos = SystemTime::now()
