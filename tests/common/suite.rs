@@ -478,6 +478,65 @@ macro_rules! inbox_suite {
             assert_eq!(inbox_rows(&mut conn, "fresh", "m-1"), 1);
         }
 
+        /// Claims, tells the test, holds the transaction open, then commits or fails.
+        #[idempotent(key = "msg.key", consumer = "slow")]
+        fn slow(
+            conn: &mut $Conn,
+            msg: &Msg,
+            claimed: &std::sync::mpsc::Sender<()>,
+            fail: bool,
+        ) -> Result<(), AppError> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            let _ = claimed.send(());
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            if fail {
+                return Err(AppError::Rejected);
+            }
+            Ok(())
+        }
+
+        /// A second delivery arriving while the first holds its claim waits
+        /// for it: `Duplicate` if the first commits, `Applied` if it rolls back.
+        type Outcome = Result<Processed<()>, AppError>;
+
+        fn second_delivery_during_first(db: &str, fail_first: bool) -> (Outcome, Outcome, Vec<(String, i64)>) {
+            let run = $crate::common::unique_run_id("waiter");
+            let (tx, rx) = std::sync::mpsc::channel();
+            let first = {
+                let (url, run) = (db.to_string(), run.clone());
+                std::thread::spawn(move || {
+                    let mut conn = $open(&url);
+                    slow(&mut conn, &msg(&run, format!("{run}:1"), 1), &tx, fail_first)
+                })
+            };
+            rx.recv().expect("the first delivery claimed the key");
+            let (idle, _) = std::sync::mpsc::channel();
+            let mut conn = $open(db);
+            let second = slow(&mut conn, &msg(&run, format!("{run}:1"), 2), &idle, false);
+            let first = first.join().expect("first delivery thread");
+            (first, second, effects_of(&mut conn, &run))
+        }
+
+        #[test]
+        fn a_waiting_redelivery_is_a_duplicate_once_the_first_commits() {
+            let Some(db) = $prepare("waiter") else { return };
+            let (first, second, effects) = second_delivery_during_first(&db, false);
+            assert!(matches!(first, Ok(Processed::Applied(()))), "{first:?}");
+            assert!(matches!(second, Ok(Processed::Duplicate)), "{second:?}");
+            assert_eq!(effects.len(), 1);
+            assert_eq!(effects[0].1, 1);
+        }
+
+        #[test]
+        fn a_waiting_redelivery_applies_when_the_first_rolls_back() {
+            let Some(db) = $prepare("waiter") else { return };
+            let (first, second, effects) = second_delivery_during_first(&db, true);
+            assert!(matches!(first, Err(AppError::Rejected)), "{first:?}");
+            assert!(matches!(second, Ok(Processed::Applied(()))), "{second:?}");
+            assert_eq!(effects.len(), 1);
+            assert_eq!(effects[0].1, 2, "only the second delivery's write remains");
+        }
+
         #[test]
         fn concurrent_deliveries_apply_each_key_exactly_once() {
             const THREADS: usize = 8;
