@@ -76,7 +76,8 @@
 /// - `retries`: how often a transient failure (serialization failure,
 ///   deadlock, SQLite busy) reruns the whole transaction; default 3. The
 ///   body's own errors are retried only when its error type implements
-///   [`RetryableError`]. With `retries = 0` the body may move its parameters.
+///   [`RetryableError`], whose `retries_exhausted` shapes the error returned
+///   when they run out. With `retries = 0` the body may move its parameters.
 /// - `crate`: the path of `diesel-inbox` if you renamed the dependency
 ///   (found from Cargo.toml otherwise, also when you depend on
 ///   `inbox-runtime` directly).
@@ -97,7 +98,7 @@
 /// {
 ///     diesel_inbox::__private::run(conn, "on_order_placed", &(msg.id), 3,
 ///         |conn| -> Result<i64, AppError> { BODY },
-///         |error| /* RetryableError::is_retryable(error), or false */)
+///         |error| /* ErrorClass::of(error) if AppError: RetryableError, else ErrorClass::permanent() */)
 /// }
 /// ```
 ///
@@ -136,8 +137,8 @@
 pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
-    ddl, inbox_messages, migrate, run, run_once, validate_key, InboxBackend, InboxError, InboxKey,
-    InvalidKey, Processed, RetryableError, MAX_KEY_BYTES,
+    ddl, inbox_messages, migrate, run, run_once, validate_key, ErrorClass, InboxBackend,
+    InboxError, InboxKey, InvalidKey, Processed, RetryableError, MAX_KEY_BYTES,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.

@@ -10,7 +10,7 @@ use syn::{ItemFn, ReturnType};
 //     fn handle(conn: &mut PgConnection, msg: &Msg) -> Result<T, E> { body }
 // Output:
 //     fn handle(conn: &mut PgConnection, msg: &Msg) -> Result<Processed<T>, E> {
-//         run(conn, "handle", &(msg.id), 3, |conn| -> Result<T, E> { body }, is_retryable)
+//         run(conn, "handle", &(msg.id), 3, |conn| -> Result<T, E> { body }, classify)
 //     }
 // The body stays verbatim in its own closure, so `?` and `return` leave the
 // transaction, and the closure's parameter is the user's own `conn`.
@@ -65,7 +65,7 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
                 |#error| {
                     #[allow(unused_imports)]
                     use #krate::__private::{NotRetryable as _, ViaRetryableError as _};
-                    (&&#krate::__private::Probe(#error)).is_retryable()
+                    (&&#krate::__private::Probe(#error)).classify()
                 },
             )
         }

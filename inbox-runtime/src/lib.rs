@@ -41,7 +41,7 @@ pub use error::InboxError;
 pub use inbox_macros::idempotent;
 pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};
 pub use processed::Processed;
-pub use retry::RetryableError;
+pub use retry::{ErrorClass, RetryableError};
 pub use schema::inbox_messages;
 pub use transaction::{run, run_once};
 

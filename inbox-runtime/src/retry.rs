@@ -1,4 +1,4 @@
-//! Which errors rerun the transaction.
+//! Which errors rerun the transaction, and what is returned when they keep coming.
 
 use crate::error::InboxError;
 use diesel::result::{DatabaseErrorKind, Error};
@@ -28,12 +28,28 @@ use diesel::result::{DatabaseErrorKind, Error};
 ///             AppError::Rejected => false,
 ///         }
 ///     }
+///
+///     // Optional: say how many attempts were made when retries run out.
+///     fn retries_exhausted(self, attempts: u32) -> Self {
+///         match self {
+///             AppError::Db(source) => AppError::Inbox(InboxError::RetriesExhausted { attempts, source }),
+///             other => other,
+///         }
+///     }
 /// }
 /// assert!(!AppError::Rejected.is_retryable());
 /// ```
-pub trait RetryableError {
+pub trait RetryableError: Sized {
     /// `true` when rerunning the whole transaction may succeed.
     fn is_retryable(&self) -> bool;
+
+    /// The error to return when it was still retryable after the last
+    /// allowed attempt; `attempts` counts every run of the transaction. The
+    /// default returns the error unchanged.
+    fn retries_exhausted(self, attempts: u32) -> Self {
+        let _ = attempts;
+        self
+    }
 }
 
 impl RetryableError for Error {
@@ -53,6 +69,17 @@ impl RetryableError for Error {
             _ => false,
         }
     }
+
+    /// Wraps the error in [`InboxError::RetriesExhausted`] (inside
+    /// [`Error::QueryBuilderError`]), which names the attempts; its `source()`
+    /// is the original error.
+    fn retries_exhausted(self, attempts: u32) -> Self {
+        InboxError::RetriesExhausted {
+            attempts,
+            source: self,
+        }
+        .into()
+    }
 }
 
 impl RetryableError for InboxError {
@@ -62,33 +89,87 @@ impl RetryableError for InboxError {
             _ => false,
         }
     }
+
+    fn retries_exhausted(self, attempts: u32) -> Self {
+        match self {
+            InboxError::Database(source) => InboxError::RetriesExhausted { attempts, source },
+            other => other,
+        }
+    }
+}
+
+/// How the runtime treats an error of the body: whether to rerun the
+/// transaction, and what to return when the retries run out.
+///
+/// ```
+/// use inbox_runtime::ErrorClass;
+///
+/// let busy = diesel::result::Error::DatabaseError(
+///     diesel::result::DatabaseErrorKind::Unknown,
+///     Box::new("database is locked".to_string()),
+/// );
+/// assert!(ErrorClass::of(&busy).is_retryable());
+/// assert!(!ErrorClass::<String>::permanent().is_retryable());
+/// ```
+pub struct ErrorClass<E> {
+    retryable: bool,
+    exhausted: fn(E, u32) -> E,
+}
+
+impl<E> ErrorClass<E> {
+    /// Never retried, returned unchanged.
+    pub fn permanent() -> Self {
+        ErrorClass {
+            retryable: false,
+            exhausted: |error, _| error,
+        }
+    }
+
+    /// Whether the transaction is rerun for this error.
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+
+    pub(crate) fn exhausted(&self, error: E, attempts: u32) -> E {
+        (self.exhausted)(error, attempts)
+    }
+}
+
+impl<E: RetryableError> ErrorClass<E> {
+    /// As the error's [`RetryableError`] implementation says.
+    pub fn of(error: &E) -> Self {
+        ErrorClass {
+            retryable: error.is_retryable(),
+            exhausted: E::retries_exhausted,
+        }
+    }
 }
 
 /// Autoref specialization, used by expanded code on the body's error type:
-/// `(&&Probe(err)).is_retryable()` uses [`RetryableError`] when `E` implements
-/// it and answers `false` otherwise.
+/// `(&&Probe(err)).classify()` is [`ErrorClass::of`] when `E` implements
+/// [`RetryableError`] and [`ErrorClass::permanent`] otherwise.
 #[doc(hidden)]
 pub struct Probe<'a, E>(pub &'a E);
 
 #[doc(hidden)]
-pub trait ViaRetryableError {
-    fn is_retryable(&self) -> bool;
+pub trait ViaRetryableError<E> {
+    fn classify(&self) -> ErrorClass<E>;
 }
 
-impl<E: RetryableError> ViaRetryableError for &Probe<'_, E> {
-    fn is_retryable(&self) -> bool {
-        self.0.is_retryable()
+impl<E: RetryableError> ViaRetryableError<E> for &Probe<'_, E> {
+    fn classify(&self) -> ErrorClass<E> {
+        ErrorClass::of(self.0)
     }
 }
 
 #[doc(hidden)]
-pub trait NotRetryable {
-    fn is_retryable(&self) -> bool;
+pub trait NotRetryable<E> {
+    fn classify(&self) -> ErrorClass<E>;
 }
 
-impl<E> NotRetryable for Probe<'_, E> {
-    fn is_retryable(&self) -> bool {
-        false
+impl<E> NotRetryable<E> for Probe<'_, E> {
+    fn classify(&self) -> ErrorClass<E> {
+        ErrorClass::permanent()
     }
 }
 
@@ -98,16 +179,21 @@ mod tests {
 
     struct Opaque;
 
-    #[test]
-    #[allow(clippy::needless_borrow)] // the double reference is the point
-    fn probe_uses_the_trait_when_implemented_and_false_otherwise() {
-        let serialization = Error::DatabaseError(
+    fn serialization_failure() -> Error {
+        Error::DatabaseError(
             DatabaseErrorKind::SerializationFailure,
             Box::new("could not serialize access".to_string()),
-        );
-        assert!((&&Probe(&serialization)).is_retryable());
-        assert!(!(&&Probe(&Error::NotFound)).is_retryable());
-        assert!(!(&&Probe(&Opaque)).is_retryable());
+        )
+    }
+
+    #[test]
+    #[allow(clippy::needless_borrow)] // the double reference is the point
+    fn probe_uses_the_trait_when_implemented_and_permanent_otherwise() {
+        assert!((&&Probe(&serialization_failure()))
+            .classify()
+            .is_retryable());
+        assert!(!(&&Probe(&Error::NotFound)).classify().is_retryable());
+        assert!(!(&&Probe(&Opaque)).classify().is_retryable());
     }
 
     #[test]
@@ -122,5 +208,24 @@ mod tests {
             Box::new("dup".to_string()),
         );
         assert!(!unique.is_retryable());
+    }
+
+    #[test]
+    fn exhausted_diesel_errors_name_the_attempts() {
+        let class = ErrorClass::of(&serialization_failure());
+        match class.exhausted(serialization_failure(), 4) {
+            Error::QueryBuilderError(inner) => {
+                let inbox = inner.downcast_ref::<InboxError>().expect("an InboxError");
+                assert!(matches!(
+                    inbox,
+                    InboxError::RetriesExhausted { attempts: 4, .. }
+                ));
+                assert_eq!(
+                    inbox.to_string(),
+                    "inbox transaction failed after 4 attempts: could not serialize access"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }

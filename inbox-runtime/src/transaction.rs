@@ -5,7 +5,7 @@ use crate::backend::InboxBackend;
 use crate::error::InboxError;
 use crate::key::{validate_key, InboxKey};
 use crate::processed::Processed;
-use crate::retry::RetryableError;
+use crate::retry::{ErrorClass, RetryableError};
 use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
 use diesel::result::{Error, QueryResult};
 use std::panic::{self, AssertUnwindSafe};
@@ -81,19 +81,21 @@ enum Failure<E> {
 /// This is what `#[idempotent]` expands to; call it directly when a macro does
 /// not fit. `retries` bounds how often a transient failure (see
 /// [`RetryableError`]) reruns the whole transaction, claim and commit
-/// included; `is_retryable` classifies the body's own errors. Retries happen
+/// included; `classify` says how the body's own errors are treated
+/// ([`ErrorClass::of`] for an error type that implements [`RetryableError`],
+/// else `|_| ErrorClass::permanent()`). Retries happen
 /// only when this call owns the transaction: inside the caller's transaction
 /// a transient error is returned at once, since the caller's work is lost too.
 ///
 /// ```
 /// use diesel::prelude::*;
-/// use inbox_runtime::{run, migrate, Processed, RetryableError};
+/// use inbox_runtime::{run, migrate, ErrorClass, Processed};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
 /// migrate(&mut conn)?;
 /// let handle = |conn: &mut SqliteConnection| -> QueryResult<Processed<()>> {
-///     run(conn, "mailer", "m-1", 3, |_conn| Ok(()), |e: &diesel::result::Error| e.is_retryable())
+///     run(conn, "mailer", "m-1", 3, |_conn| Ok(()), ErrorClass::of)
 /// };
 /// assert_eq!(handle(&mut conn)?, Processed::Applied(()));
 /// assert_eq!(handle(&mut conn)?, Processed::Duplicate);
@@ -106,14 +108,14 @@ pub fn run<C, K, T, E, F, R>(
     key: &K,
     retries: u32,
     mut body: F,
-    is_retryable: R,
+    classify: R,
 ) -> Result<Processed<T>, E>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
     K: InboxKey + ?Sized,
     F: FnMut(&mut C) -> Result<T, E>,
-    R: Fn(&E) -> bool,
+    R: Fn(&E) -> ErrorClass<E>,
     E: From<InboxError> + From<Error>,
 {
     validate_key(consumer).map_err(InboxError::InvalidConsumer)?;
@@ -126,9 +128,12 @@ where
             Ok(processed) => return Ok(processed),
             Err(outcome) => outcome,
         };
-        let retryable = match &failure {
-            Failure::Inbox(e) => e.is_retryable(),
-            Failure::Body(e) => is_retryable(e),
+        let (retryable, class) = match &failure {
+            Failure::Inbox(e) => (e.is_retryable(), None),
+            Failure::Body(e) => {
+                let class = classify(e);
+                (class.is_retryable(), Some(class))
+            }
         };
         if !retryable || scope == Scope::Savepoint {
             return Err(match failure {
@@ -138,13 +143,14 @@ where
         }
         if attempt > retries {
             tracing::warn!(consumer, key = %key, attempts = attempt, "diesel-inbox: giving up on a transient error");
-            return Err(match failure {
-                Failure::Inbox(source) => InboxError::RetriesExhausted {
+            return Err(match (failure, class) {
+                (Failure::Inbox(source), _) => InboxError::RetriesExhausted {
                     attempts: attempt,
                     source,
                 }
                 .into(),
-                Failure::Body(e) => e,
+                (Failure::Body(e), Some(class)) => class.exhausted(e, attempt),
+                (Failure::Body(e), None) => e,
             });
         }
         tracing::debug!(consumer, key = %key, attempt, "diesel-inbox: transient error, retrying");
@@ -192,7 +198,7 @@ where
             Some(body) => body(conn),
             None => unreachable!("with retries = 0 the body runs at most once"),
         },
-        |_| false,
+        |_| ErrorClass::permanent(),
     )
 }
 

@@ -395,6 +395,10 @@ macro_rules! inbox_suite {
             fn is_retryable(&self) -> bool {
                 self.0.is_retryable()
             }
+
+            fn retries_exhausted(self, attempts: u32) -> Self {
+                RetryingError(self.0.retries_exhausted(attempts))
+            }
         }
 
         fn serialization_failure() -> diesel::result::Error {
@@ -439,7 +443,16 @@ macro_rules! inbox_suite {
             TRANSIENT_ATTEMPTS.store(0, Ordering::SeqCst);
             let bad = msg(&run, format!("{run}:bad"), 2);
             let err = flaky(&mut conn, &bad, 100).expect_err("retries exhausted");
-            assert!(err.0.is_retryable());
+            match &err.0 {
+                diesel::result::Error::QueryBuilderError(inner) => {
+                    let inbox = inner.downcast_ref::<InboxError>().expect("an InboxError inside");
+                    assert!(
+                        matches!(inbox, InboxError::RetriesExhausted { attempts: 3, source } if source.is_retryable()),
+                        "{inbox:?}"
+                    );
+                }
+                other => panic!("expected RetriesExhausted, got {other:?}"),
+            }
             assert_eq!(TRANSIENT_ATTEMPTS.load(Ordering::SeqCst), 3);
             assert_eq!(inbox_rows(&mut conn, "retrying", &bad.key), 0);
 
@@ -471,7 +484,7 @@ macro_rules! inbox_suite {
             let mut conn = $open(&db);
             diesel_inbox::migrate(&mut conn).expect("migrate again");
             let claim = |conn: &mut $Conn| -> QueryResult<Processed<()>> {
-                diesel_inbox::run(conn, "fresh", "m-1", 0, |_| Ok(()), |_: &diesel::result::Error| false)
+                diesel_inbox::run(conn, "fresh", "m-1", 0, |_| Ok(()), diesel_inbox::ErrorClass::of)
             };
             assert_eq!(claim(&mut conn).expect("first"), Processed::Applied(()));
             assert_eq!(claim(&mut conn).expect("second"), Processed::Duplicate);

@@ -15,7 +15,7 @@ pub fn on_order_placed(
         |__inbox_error| {
             #[allow(unused_imports)]
             use ::diesel_inbox::__private::{NotRetryable as _, ViaRetryableError as _};
-            (&&::diesel_inbox::__private::Probe(__inbox_error)).is_retryable()
+            (&&::diesel_inbox::__private::Probe(__inbox_error)).classify()
         },
     )
 }
