@@ -10,7 +10,7 @@
 //! fail on their first delivery (rolled back, then redelivered). At the end,
 //! every account balance must equal exactly one application of each payment.
 
-use diesel::connection::AnsiTransactionManager;
+use diesel::connection::{AnsiTransactionManager, LoadConnection};
 use diesel::prelude::*;
 use diesel_inbox::{idempotent, InboxBackend, InboxError, Processed};
 use std::collections::VecDeque;
@@ -138,7 +138,7 @@ fn simulate<C>(
     balances: Balances<C>,
 ) -> Result<bool, Box<dyn std::error::Error>>
 where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
     diesel_inbox::migrate(conn)?;

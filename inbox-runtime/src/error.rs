@@ -41,6 +41,10 @@ pub enum InboxError {
         #[source]
         source: diesel::result::Error,
     },
+    /// `migrate` could not create the table or its index, typically for want
+    /// of the privilege to create objects in the schema.
+    #[error("inbox migration failed: {0}; the role running migrate() needs to create tables in the schema, or create inbox_messages beforehand with diesel_inbox::ddl")]
+    MigrationFailed(#[source] diesel::result::Error),
     /// `migrate` was called inside an open transaction on MySQL/MariaDB,
     /// where DDL would implicitly commit the caller's transaction.
     #[error("inbox migration refused: MySQL/MariaDB would implicitly commit the open transaction; call migrate() outside any transaction")]

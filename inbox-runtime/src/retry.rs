@@ -56,14 +56,18 @@ impl RetryableError for Error {
     fn is_retryable(&self) -> bool {
         match self {
             Error::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
-            // diesel has no deadlock kind: PostgreSQL 40P01 and diesel-async's
-            // MySQL 1213 arrive as `Unknown`; SQLite busy does too.
+            // diesel has no deadlock or lock-timeout kind: PostgreSQL 40P01
+            // and 55P03, MySQL 1205 (and 1213 through diesel-async) and SQLite
+            // busy arrive as `Unknown`. A lock timeout means another delivery
+            // still holds the key: once it ends, a rerun sees its outcome.
             Error::DatabaseError(_, info) => {
                 let message = info.message();
                 message.contains("deadlock detected")
                     || message.contains("Deadlock found")
                     || message.contains("database is locked")
                     || message.contains("database table is locked")
+                    || message.contains("canceling statement due to lock timeout")
+                    || message.contains("Lock wait timeout exceeded")
             }
             Error::RollbackErrorOnCommit { commit_error, .. } => commit_error.is_retryable(),
             _ => false,
@@ -198,7 +202,12 @@ mod tests {
 
     #[test]
     fn deadlock_and_busy_messages_are_retryable() {
-        for message in ["deadlock detected", "database is locked"] {
+        for message in [
+            "deadlock detected",
+            "database is locked",
+            "canceling statement due to lock timeout",
+            "Lock wait timeout exceeded; try restarting transaction",
+        ] {
             let err =
                 Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_string()));
             assert!(err.is_retryable(), "{message}");

@@ -97,7 +97,9 @@ pub fn shared_server_database<C>(
     open: fn(&str) -> C,
 ) -> Option<TestDb>
 where
-    C: diesel::Connection<TransactionManager = diesel::connection::AnsiTransactionManager>,
+    C: diesel::connection::LoadConnection<
+        TransactionManager = diesel::connection::AnsiTransactionManager,
+    >,
     C::Backend: diesel_inbox::InboxBackend,
 {
     ready

@@ -2,7 +2,7 @@
 //! ignores a conflict, and the DDL.
 
 use crate::error::InboxError;
-use diesel::connection::{AnsiTransactionManager, Connection};
+use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::result::QueryResult;
 
 #[cfg(feature = "mysql")]
@@ -52,7 +52,7 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     #[doc(hidden)]
     fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
     where
-        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>;
+        C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>;
 }
 
 /// Creates the `inbox_messages` table and its index if they do not exist.
@@ -80,7 +80,7 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
 /// ```
 pub fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
 where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
     <C::Backend as InboxBackend>::migrate(conn)

@@ -2,7 +2,7 @@ use super::{InboxBackend, Sealed};
 use crate::error::InboxError;
 use crate::schema::inbox_messages::dsl::*;
 use crate::transaction::begin;
-use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
+use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection, TransactionManager};
 use diesel::mysql::Mysql;
 use diesel::prelude::*;
 
@@ -28,7 +28,7 @@ impl InboxBackend for Mysql {
 
     fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
     where
-        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+        C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
         // DDL commits implicitly: refuse inside the caller's transaction
         // rather than commit it behind their back.
@@ -44,7 +44,7 @@ impl InboxBackend for Mysql {
         conn.batch_execute("DO GET_LOCK('diesel_inbox_migrate', 60)")?;
         let created = conn.batch_execute(Self::DDL);
         let released = conn.batch_execute("DO RELEASE_LOCK('diesel_inbox_migrate')");
-        created?;
+        created.map_err(InboxError::MigrationFailed)?;
         released?;
         Ok(())
     }

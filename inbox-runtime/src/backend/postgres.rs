@@ -2,7 +2,7 @@ use super::{InboxBackend, Sealed};
 use crate::error::InboxError;
 use crate::schema::inbox_messages::dsl::*;
 use crate::transaction::in_transaction;
-use diesel::connection::{AnsiTransactionManager, Connection};
+use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::pg::Pg;
 use diesel::prelude::*;
 
@@ -31,14 +31,24 @@ impl InboxBackend for Pg {
 
     fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
     where
-        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+        C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
+        // PostgreSQL checks the CREATE privilege before `IF NOT EXISTS`: a
+        // least-privilege role could not even no-op. Look first.
+        let present: bool = diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
+            "to_regclass('inbox_messages') IS NOT NULL \
+             AND to_regclass('inbox_messages_received_at') IS NOT NULL",
+        ))
+        .get_result(conn)?;
+        if present {
+            return Ok(());
+        }
         in_transaction(conn, |conn| {
             conn.batch_execute(&format!(
                 "SELECT pg_advisory_xact_lock({MIGRATE_LOCK});\n{}",
                 Self::DDL
             ))
-        })?;
-        Ok(())
+        })
+        .map_err(InboxError::MigrationFailed)
     }
 }

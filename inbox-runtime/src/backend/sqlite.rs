@@ -2,7 +2,7 @@ use super::{InboxBackend, Sealed};
 use crate::error::InboxError;
 use crate::schema::inbox_messages::dsl::*;
 use crate::transaction::in_transaction;
-use diesel::connection::{AnsiTransactionManager, Connection};
+use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::prelude::*;
 use diesel::sqlite::Sqlite;
 
@@ -28,10 +28,10 @@ impl InboxBackend for Sqlite {
 
     fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
     where
-        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+        C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
         // The immediate transaction serializes concurrent runs.
-        in_transaction(conn, |conn| conn.batch_execute(Self::DDL))?;
-        Ok(())
+        in_transaction(conn, |conn| conn.batch_execute(Self::DDL))
+            .map_err(InboxError::MigrationFailed)
     }
 }
