@@ -1,6 +1,6 @@
 //! Shared by the backend test files: the business table, unique run ids, and
 //! the behaviour suite that each backend instantiates.
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};

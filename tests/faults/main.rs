@@ -1,0 +1,312 @@
+//! Fault-injection suite: the guarantee under the failures of production.
+//!
+//! Every scenario ends with the same check: the business table equals one
+//! application of each delivered message, no key applied twice, none lost.
+//! It runs against real servers (SQLite always; PostgreSQL and MySQL/MariaDB
+//! when `INBOX_TEST_POSTGRES_URL` / `INBOX_TEST_MYSQL_URL` are set and the
+//! features are on) and re-runs its own binary as worker processes that
+//! crash with `std::process::abort()`.
+//!
+//! `cargo test --test faults -- [FILTER]` runs the scenarios whose name
+//! contains FILTER. `INBOX_PROPTEST_CASES=N` runs the randomized schedules
+//! longer (default 24 cases per backend). The table of the last run is
+//! written to `target/inbox-faults/report.md`.
+
+#[path = "../common/mod.rs"]
+#[macro_use]
+mod common;
+
+#[macro_use]
+mod scenarios;
+mod connections;
+
+use std::io::Write;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// The consumer name of the main fault handler.
+pub const CONSUMER: &str = "fault-consumer";
+
+/// Where a worker process aborts (no unwinding, no destructors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashPoint {
+    BeforeClaim,
+    AfterClaim,
+    MidBody,
+    AfterCommit,
+    DuringAck,
+}
+
+impl CrashPoint {
+    pub const ALL: [CrashPoint; 5] = [
+        CrashPoint::BeforeClaim,
+        CrashPoint::AfterClaim,
+        CrashPoint::MidBody,
+        CrashPoint::AfterCommit,
+        CrashPoint::DuringAck,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CrashPoint::BeforeClaim => "before-claim",
+            CrashPoint::AfterClaim => "after-claim",
+            CrashPoint::MidBody => "mid-body",
+            CrashPoint::AfterCommit => "after-commit",
+            CrashPoint::DuringAck => "during-ack",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<CrashPoint> {
+        CrashPoint::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+/// One message of a run: its key is unique to the run.
+pub struct Message {
+    pub run: String,
+    pub seq: i64,
+    pub key: String,
+    pub amount: i64,
+}
+
+pub fn message(run: &str, seq: i64) -> Message {
+    Message {
+        run: run.to_string(),
+        seq,
+        key: format!("{run}:{seq}"),
+        amount: seq * 7 % 100 + 1,
+    }
+}
+
+/// The business rows one application of each of `seqs` gives (the fault
+/// handler writes two rows per message, so a torn body would show).
+pub fn expected_effects(run: &str, seqs: impl IntoIterator<Item = i64>) -> Vec<(String, i64)> {
+    let mut rows: Vec<(String, i64)> = seqs
+        .into_iter()
+        .flat_map(|seq| {
+            let m = message(run, seq);
+            [(format!("{}/second", m.key), 0), (m.key, m.amount)]
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// A run id of letters and digits only (safe in LIKE patterns and names).
+pub fn fault_run_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "f{}x{nanos:x}x{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A small deterministic generator (the same stream in every process).
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// `messages` distinct messages plus `duplicate_percent`% redeliveries of
+/// random ones, shuffled.
+pub fn delivery_stream(messages: usize, duplicate_percent: usize, seed: u64) -> Vec<i64> {
+    let mut rng = Lcg(seed);
+    let mut stream: Vec<i64> = (0..messages as i64).collect();
+    for _ in 0..messages * duplicate_percent / 100 {
+        stream.push(rng.below(messages) as i64);
+    }
+    for i in (1..stream.len()).rev() {
+        stream.swap(i, rng.below(i + 1));
+    }
+    stream
+}
+
+/// What a scenario reports: a row of the README's table, or why it did not run.
+pub enum Outcome {
+    Pass(String),
+    Skip(String),
+}
+
+pub type ScenarioResult = Result<Outcome, String>;
+
+/// Fails the scenario with a message unless `cond` holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+type Scenario = (&'static str, fn(&str) -> ScenarioResult);
+
+struct Backend {
+    name: &'static str,
+    url: Result<String, String>,
+    scenarios: Vec<Scenario>,
+}
+
+#[allow(clippy::vec_init_then_push)] // each push is behind its own feature
+fn backends() -> Vec<Backend> {
+    let mut all = Vec::new();
+    #[cfg(feature = "sqlite")]
+    all.push(Backend {
+        name: "sqlite",
+        url: Ok(String::new()),
+        scenarios: sqlite::scenarios(),
+    });
+    #[cfg(feature = "postgres")]
+    all.push(Backend {
+        name: "postgres",
+        url: server_url("INBOX_TEST_POSTGRES_URL"),
+        scenarios: postgres::scenarios(),
+    });
+    #[cfg(not(feature = "postgres"))]
+    all.push(Backend {
+        name: "postgres",
+        url: Err("needs the `postgres` feature".into()),
+        scenarios: Vec::new(),
+    });
+    #[cfg(feature = "mysql")]
+    all.push(Backend {
+        name: "mysql",
+        url: server_url("INBOX_TEST_MYSQL_URL"),
+        scenarios: mysql::scenarios(),
+    });
+    #[cfg(not(feature = "mysql"))]
+    all.push(Backend {
+        name: "mysql",
+        url: Err("needs the `mysql` feature".into()),
+        scenarios: Vec::new(),
+    });
+    all
+}
+
+#[allow(dead_code)]
+fn server_url(var: &str) -> Result<String, String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Ok(url),
+        _ => Err(format!("{var} is not set")),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+fault_backend!(sqlite, diesel::SqliteConnection);
+#[cfg(feature = "postgres")]
+fault_backend!(postgres, diesel::PgConnection);
+#[cfg(feature = "mysql")]
+fault_backend!(mysql, diesel::MysqlConnection);
+
+/// A worker process: `INBOX_FAULT_BACKEND` says which backend's worker.
+fn worker(role: &str) -> i32 {
+    let backend = std::env::var("INBOX_FAULT_BACKEND").unwrap_or_default();
+    match backend.as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => sqlite::worker(role),
+        #[cfg(feature = "postgres")]
+        "postgres" => postgres::worker(role),
+        #[cfg(feature = "mysql")]
+        "mysql" => mysql::worker(role),
+        other => {
+            eprintln!("unknown worker backend {other:?}");
+            2
+        }
+    }
+}
+
+fn main() {
+    if let Ok(role) = std::env::var("INBOX_FAULT_ROLE") {
+        std::process::exit(worker(&role));
+    }
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let mut rows = Vec::new();
+    let mut out = std::io::stdout();
+    for backend in backends() {
+        let url = match &backend.url {
+            Ok(url) => url.clone(),
+            Err(why) => {
+                let _ = writeln!(
+                    out,
+                    "SKIPPED: {} fault scenarios: {why}; run with the server URL set and --all-features",
+                    backend.name
+                );
+                skipped += 1;
+                continue;
+            }
+        };
+        for (name, scenario) in &backend.scenarios {
+            let full = format!("{}::{name}", backend.name);
+            if filter.as_deref().is_some_and(|f| !full.contains(f)) {
+                continue;
+            }
+            let started = Instant::now();
+            let result = panic::catch_unwind(AssertUnwindSafe(|| scenario(&url)));
+            let secs = started.elapsed().as_secs_f64();
+            match result {
+                Ok(Ok(Outcome::Pass(row))) => {
+                    passed += 1;
+                    let _ = writeln!(out, "test {full} ... ok ({secs:.1}s)");
+                    rows.push(row);
+                }
+                Ok(Ok(Outcome::Skip(why))) => {
+                    skipped += 1;
+                    let _ = writeln!(out, "test {full} ... SKIPPED: {why}");
+                }
+                Ok(Err(why)) => {
+                    failed += 1;
+                    let _ = writeln!(out, "test {full} ... FAILED ({secs:.1}s): {why}");
+                }
+                Err(panic) => {
+                    failed += 1;
+                    let why = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    let _ = writeln!(out, "test {full} ... FAILED (panic): {why}");
+                }
+            }
+        }
+    }
+    write_report(&rows);
+    let _ = writeln!(out, "\n{passed} passed, {failed} failed, {skipped} skipped");
+    std::process::exit(if failed > 0 { 1 } else { 0 });
+}
+
+fn write_report(rows: &[String]) {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map(|target| target.join("inbox-faults"));
+    let Some(dir) = dir else { return };
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    let mut table = String::from(
+        "| backend | scenario | processes / threads | messages | faults injected | result |\n\
+         | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for row in rows {
+        table.push_str(row);
+        table.push('\n');
+    }
+    let _ = std::fs::write(dir.join("report.md"), table);
+}
