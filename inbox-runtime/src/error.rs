@@ -41,6 +41,12 @@ pub enum InboxError {
         #[source]
         source: diesel::result::Error,
     },
+    /// A statement in the body failed and PostgreSQL aborted the
+    /// transaction, but the body returned `Ok` (it swallowed the error).
+    /// Nothing was committed, the inbox row neither: propagate database
+    /// errors with `?`.
+    #[error("the handler body returned Ok after a failed statement aborted its transaction; nothing was committed (propagate database errors with `?`): {0}")]
+    BodyIgnoredError(#[source] diesel::result::Error),
     /// `migrate` could not create the table or its index, typically for want
     /// of the privilege to create objects in the schema.
     #[error("inbox migration failed: {0}; the role running migrate() needs to create tables in the schema, or create inbox_messages beforehand with diesel_inbox::ddl")]

@@ -72,8 +72,17 @@ where
 
 /// How one attempt ended short of success.
 enum Failure<E> {
+    /// The claim or the commit failed.
     Inbox(Error),
+    /// The body returned an error.
     Body(E),
+    /// The body returned `Ok` over a failed statement (PostgreSQL).
+    Ignored(Error),
+}
+
+/// PostgreSQL's refusal to run anything in a transaction a failed statement aborted.
+fn is_aborted_transaction(error: &Error) -> bool {
+    matches!(error, Error::DatabaseError(_, info) if info.message().contains("current transaction is aborted"))
 }
 
 /// Claims `key` for `consumer` and runs `body` in the same transaction.
@@ -130,6 +139,7 @@ where
         };
         let (retryable, class) = match &failure {
             Failure::Inbox(e) => (e.is_retryable(), None),
+            Failure::Ignored(_) => (false, None),
             Failure::Body(e) => {
                 let class = classify(e);
                 (class.is_retryable(), Some(class))
@@ -138,17 +148,20 @@ where
         if !retryable || scope == Scope::Savepoint {
             return Err(match failure {
                 Failure::Inbox(e) => InboxError::Database(e).into(),
+                Failure::Ignored(e) => InboxError::BodyIgnoredError(e).into(),
                 Failure::Body(e) => e,
             });
         }
         if attempt > retries {
             tracing::warn!(consumer, key = %key, attempts = attempt, "diesel-inbox: giving up on a transient error");
             return Err(match (failure, class) {
-                (Failure::Inbox(source), _) => InboxError::RetriesExhausted {
-                    attempts: attempt,
-                    source,
+                (Failure::Inbox(source) | Failure::Ignored(source), _) => {
+                    InboxError::RetriesExhausted {
+                        attempts: attempt,
+                        source,
+                    }
+                    .into()
                 }
-                .into(),
                 (Failure::Body(e), Some(class)) => class.exhausted(e, attempt),
                 (Failure::Body(e), None) => e,
             });
@@ -227,10 +240,17 @@ where
         }
     }
     match panic::catch_unwind(AssertUnwindSafe(|| body(conn))) {
-        Ok(Ok(value)) => match AnsiTransactionManager::commit_transaction(conn) {
-            Ok(()) => Ok(Processed::Applied(value)),
-            Err(e) => Err(fail(Failure::Inbox(e))),
-        },
+        Ok(Ok(value)) => {
+            let committed = match scope {
+                Scope::TopLevel => <C::Backend as InboxBackend>::commit_top_level(conn),
+                Scope::Savepoint => AnsiTransactionManager::commit_transaction(conn),
+            };
+            match committed {
+                Ok(()) => Ok(Processed::Applied(value)),
+                Err(e) if is_aborted_transaction(&e) => Err(fail(Failure::Ignored(e))),
+                Err(e) => Err(fail(Failure::Inbox(e))),
+            }
+        }
         Ok(Err(e)) => {
             rollback(conn);
             Err(fail(Failure::Body(e)))

@@ -175,6 +175,40 @@ macro_rules! inbox_suite {
             assert_eq!(inbox_rows(&mut conn, "apply_payment", &m.key), 1);
         }
 
+        /// Writes, then runs a failing statement and ignores its error.
+        #[idempotent(key = "msg.key", consumer = "swallowing")]
+        fn swallow_a_failed_statement(conn: &mut $Conn, msg: &Msg) -> Result<(), AppError> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            let ignored = diesel::sql_query("INSERT INTO inbox_no_such_table VALUES (1)").execute(conn);
+            assert!(ignored.is_err());
+            Ok(())
+        }
+
+        #[test]
+        fn the_reported_outcome_matches_what_was_committed_when_the_body_swallows_an_error() {
+            let Some(db) = $prepare("swallow") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("swallow");
+            let m = msg(&run, format!("{run}:1"), 4);
+            match swallow_a_failed_statement(&mut conn, &m) {
+                // MySQL and SQLite undo only the failed statement: the rest commits.
+                Ok(Processed::Applied(())) => {
+                    assert_eq!(effects_of(&mut conn, &run), vec![(m.key.clone(), 4)]);
+                    assert_eq!(inbox_rows(&mut conn, "swallowing", &m.key), 1);
+                    assert!(swallow_a_failed_statement(&mut conn, &m).expect("again").is_duplicate());
+                }
+                // PostgreSQL aborted the whole transaction: nothing was kept,
+                // and the handler must not say Applied.
+                Err(AppError::Inbox(InboxError::BodyIgnoredError(_))) => {
+                    assert_eq!(effects_of(&mut conn, &run), vec![]);
+                    assert_eq!(inbox_rows(&mut conn, "swallowing", &m.key), 0);
+                    // The connection is usable and the message can still be applied.
+                    assert!(apply_payment(&mut conn, &m).expect("after the abort").is_applied());
+                }
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+
         #[idempotent(key = "msg.key", consumer = "ledger")]
         fn ledger(conn: &mut $Conn, msg: &Msg) -> Result<i64, AppError> {
             write_effect(conn, &msg.run, &format!("ledger/{}", msg.key), msg.amount)?;

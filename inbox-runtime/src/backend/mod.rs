@@ -48,6 +48,19 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     where
         C: Connection<Backend = Self>;
 
+    /// Commits the transaction that [`run`](crate::run) opened at top level.
+    /// On failure the transaction is rolled back before returning.
+    #[doc(hidden)]
+    fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        // diesel rolls back itself when a top-level COMMIT fails.
+        <AnsiTransactionManager as diesel::connection::TransactionManager<C>>::commit_transaction(
+            conn,
+        )
+    }
+
     /// Creates the table, guarded against concurrent runs.
     #[doc(hidden)]
     fn migrate<C>(conn: &mut C) -> Result<(), InboxError>

@@ -2,7 +2,7 @@ use super::{InboxBackend, Sealed};
 use crate::error::InboxError;
 use crate::schema::inbox_messages::dsl::*;
 use crate::transaction::in_transaction;
-use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
+use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection, TransactionManager};
 use diesel::pg::Pg;
 use diesel::prelude::*;
 
@@ -27,6 +27,27 @@ impl InboxBackend for Pg {
             .do_nothing()
             .execute(conn)
             .map(|inserted| inserted == 1)
+    }
+
+    fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        // PostgreSQL turns COMMIT of an aborted transaction (a statement
+        // failed and the body swallowed the error) into a silent ROLLBACK,
+        // which diesel reports as success. The guard statement fails in an
+        // aborted transaction and stops the batch before COMMIT, in the same
+        // round trip. diesel resyncs its depth from libpq's status (idle
+        // after the COMMIT).
+        match conn.batch_execute("SELECT 1; COMMIT") {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if let Err(rollback) = AnsiTransactionManager::rollback_transaction(conn) {
+                    tracing::warn!(error = %rollback, "diesel-inbox: rollback after a failed commit failed");
+                }
+                Err(e)
+            }
+        }
     }
 
     fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
