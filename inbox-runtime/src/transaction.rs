@@ -130,12 +130,42 @@ where
     validate_key(consumer).map_err(InboxError::InvalidConsumer)?;
     let key = key.inbox_key();
     validate_key(&key).map_err(InboxError::InvalidKey)?;
+    with_retries(conn, consumer, &key, retries, &classify, |conn| {
+        let scope = begin(conn).map_err(|(scope, e)| (scope, Failure::Inbox(e)))?;
+        match <C::Backend as InboxBackend>::claim(conn, consumer, &key) {
+            Ok(true) => run_claimed(conn, scope, &mut body).map(Processed::Applied),
+            Ok(false) => {
+                // Nothing was written; ending the transaction either way is the same.
+                rollback(conn);
+                Ok(Processed::Duplicate)
+            }
+            Err(e) => {
+                rollback(conn);
+                Err((scope, Failure::Inbox(e)))
+            }
+        }
+    })
+}
 
-    let mut attempt: u32 = 1;
+/// Runs `attempt` (one transaction) until it succeeds, fails for good, or
+/// `retries` reruns of a transient failure are spent. `what` names the
+/// message(s) in logs.
+fn with_retries<C, O, E>(
+    conn: &mut C,
+    consumer: &str,
+    what: &str,
+    retries: u32,
+    classify: &dyn Fn(&E) -> ErrorClass<E>,
+    mut attempt: impl FnMut(&mut C) -> Result<O, (Scope, Failure<E>)>,
+) -> Result<O, E>
+where
+    E: From<InboxError>,
+{
+    let mut attempts: u32 = 1;
     loop {
-        let (scope, failure) = match attempt_once(conn, consumer, &key, &mut body) {
-            Ok(processed) => return Ok(processed),
-            Err(outcome) => outcome,
+        let (scope, failure) = match attempt(conn) {
+            Ok(outcome) => return Ok(outcome),
+            Err(failed) => failed,
         };
         let (retryable, class) = match &failure {
             Failure::Inbox(e) => (e.is_retryable(), None),
@@ -152,23 +182,19 @@ where
                 Failure::Body(e) => e,
             });
         }
-        if attempt > retries {
-            tracing::warn!(consumer, key = %key, attempts = attempt, "diesel-inbox: giving up on a transient error");
+        if attempts > retries {
+            tracing::warn!(consumer, key = what, attempts, "diesel-inbox: giving up on a transient error");
             return Err(match (failure, class) {
                 (Failure::Inbox(source) | Failure::Ignored(source), _) => {
-                    InboxError::RetriesExhausted {
-                        attempts: attempt,
-                        source,
-                    }
-                    .into()
+                    InboxError::RetriesExhausted { attempts, source }.into()
                 }
-                (Failure::Body(e), Some(class)) => class.exhausted(e, attempt),
+                (Failure::Body(e), Some(class)) => class.exhausted(e, attempts),
                 (Failure::Body(e), None) => e,
             });
         }
-        tracing::debug!(consumer, key = %key, attempt, "diesel-inbox: transient error, retrying");
-        std::thread::sleep(backoff(attempt));
-        attempt += 1;
+        tracing::debug!(consumer, key = what, attempt = attempts, "diesel-inbox: transient error, retrying");
+        std::thread::sleep(backoff(attempts));
+        attempts += 1;
     }
 }
 
@@ -215,30 +241,18 @@ where
     )
 }
 
-fn attempt_once<C, T, E>(
+/// Runs the body of a transaction whose claim succeeded: commit on `Ok`,
+/// rollback on `Err` and on panic (the panic then keeps unwinding).
+fn run_claimed<C, T, E>(
     conn: &mut C,
-    consumer: &str,
-    key: &str,
-    body: &mut impl FnMut(&mut C) -> Result<T, E>,
-) -> Result<Processed<T>, (Scope, Failure<E>)>
+    scope: Scope,
+    body: impl FnOnce(&mut C) -> Result<T, E>,
+) -> Result<T, (Scope, Failure<E>)>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
-    let scope = begin(conn).map_err(|(scope, e)| (scope, Failure::Inbox(e)))?;
     let fail = |failure| (scope, failure);
-    match <C::Backend as InboxBackend>::claim(conn, consumer, key) {
-        Ok(true) => {}
-        Ok(false) => {
-            // Nothing was written; ending the transaction either way is the same.
-            rollback(conn);
-            return Ok(Processed::Duplicate);
-        }
-        Err(e) => {
-            rollback(conn);
-            return Err(fail(Failure::Inbox(e)));
-        }
-    }
     match panic::catch_unwind(AssertUnwindSafe(|| body(conn))) {
         Ok(Ok(value)) => {
             let committed = match scope {
@@ -246,7 +260,7 @@ where
                 Scope::Savepoint => AnsiTransactionManager::commit_transaction(conn),
             };
             match committed {
-                Ok(()) => Ok(Processed::Applied(value)),
+                Ok(()) => Ok(value),
                 Err(e) if is_aborted_transaction(&e) => Err(fail(Failure::Ignored(e))),
                 Err(e) => Err(fail(Failure::Inbox(e))),
             }
