@@ -137,8 +137,8 @@
 pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
-    ddl, inbox_messages, migrate, run, run_once, validate_key, ErrorClass, InboxBackend,
-    InboxError, InboxKey, InvalidKey, Processed, RetryableError, MAX_KEY_BYTES,
+    ddl, inbox_messages, migrate, run, run_batch, run_once, validate_key, Batch, ErrorClass,
+    InboxBackend, InboxError, InboxKey, InvalidKey, Processed, RetryableError, MAX_KEY_BYTES,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.

@@ -9,9 +9,10 @@ mod kw {
     syn::custom_keyword!(consumer);
     syn::custom_keyword!(conn);
     syn::custom_keyword!(retries);
+    syn::custom_keyword!(batch);
 }
 
-const VALID: &str = "`key`, `consumer`, `conn`, `retries`, `crate`";
+const VALID: &str = "`key`, `consumer`, `conn`, `retries`, `batch`, `crate`";
 
 /// The attribute's arguments, as written; [`crate::validate`] checks them
 /// against the function.
@@ -21,6 +22,7 @@ pub(crate) struct IdempotentArgs {
     pub(crate) consumer: Option<LitStr>,
     pub(crate) conn: Option<LitStr>,
     pub(crate) retries: Option<LitInt>,
+    pub(crate) batch: Option<LitStr>,
     pub(crate) krate: Option<LitStr>,
 }
 
@@ -46,6 +48,9 @@ impl Parse for IdempotentArgs {
             } else if lookahead.peek(kw::retries) {
                 let name = input.parse::<kw::retries>()?;
                 set(&mut args.retries, "retries", name.span, parse_value(input)?)?;
+            } else if lookahead.peek(kw::batch) {
+                let name = input.parse::<kw::batch>()?;
+                set(&mut args.batch, "batch", name.span, parse_value(input)?)?;
             } else if lookahead.peek(Token![crate]) {
                 let name = input.parse::<Token![crate]>()?;
                 set(&mut args.krate, "crate", name.span, parse_value(input)?)?;
@@ -113,7 +118,7 @@ mod tests {
         let unknown = syn::parse_str::<IdempotentArgs>(r#"kee = "a""#);
         assert_eq!(
             unknown.err().map(|e| e.to_string()).as_deref(),
-            Some("unknown argument `kee`; expected one of `key`, `consumer`, `conn`, `retries`, `crate`")
+            Some("unknown argument `kee`; expected one of `key`, `consumer`, `conn`, `retries`, `batch`, `crate`")
         );
     }
 }

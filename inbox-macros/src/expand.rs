@@ -4,7 +4,7 @@ use crate::validate::{success_type_mut, Handler};
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{ItemFn, ReturnType};
+use syn::{Expr, ItemFn, ReturnType};
 
 // Input:
 //     fn handle(conn: &mut PgConnection, msg: &Msg) -> Result<T, E> { body }
@@ -21,6 +21,7 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
         key,
         consumer,
         retries,
+        batch,
         krate,
     } = handler;
     let ItemFn {
@@ -36,7 +37,10 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     let original_output = (**output).clone();
     if let Some(success) = success_type_mut(output) {
         let inner = success.clone();
-        *success = syn::parse_quote_spanned!(inner.span()=> #krate::Processed<#inner>);
+        *success = match batch {
+            None => syn::parse_quote_spanned!(inner.span()=> #krate::Processed<#inner>),
+            Some(_) => syn::parse_quote_spanned!(inner.span()=> #krate::Batch<#inner>),
+        };
     }
 
     let conn_ident = &conn.ident;
@@ -44,9 +48,42 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     // whole call: put the call at the user's return type.
     let output_span = original_output.span();
     let krate = respan(quote!(#krate), output_span);
-    // The key is type-checked against `InboxKey` where the user wrote it.
-    let key_ref = quote_spanned!(key.span()=> &(#key));
-    let call = if retries == 0 {
+    let error = Ident::new("__inbox_error", Span::mixed_site());
+    let classify = quote_spanned! {output_span=>
+        |#error| {
+            #[allow(unused_imports)]
+            use #krate::__private::{NotRetryable as _, ViaRetryableError as _};
+            (&&#krate::__private::Probe(#error)).classify()
+        }
+    };
+    let call = if let (Some(batch), Expr::Closure(key_closure)) = (&batch, &key) {
+        // Input:  fn h(conn: &mut C, msgs: &[M]) -> Result<T, E>, key = "|msg| msg.id"
+        // Output: run_batch(conn, "h", msgs, |m| { let msg = m; owned_key(&(msg.id)) }, 3,
+        //                   |conn, msgs| -> Result<T, E> { body }, classify)
+        // The key closure is unpacked into one whose parameter type run_batch
+        // infers. The body's `msgs` is a `Vec<&M>` of the first deliveries.
+        let batch_ident = &batch.ident;
+        let message = Ident::new("__inbox_message", Span::mixed_site());
+        let key_pattern = &key_closure.inputs[0];
+        let key_body = &key_closure.body;
+        let key_of = quote_spanned!(key_body.span()=> &(#key_body));
+        quote_spanned! {output_span=>
+            #krate::__private::run_batch(
+                #conn_ident,
+                #consumer,
+                #batch_ident,
+                |#message| {
+                    let #key_pattern = #message;
+                    #krate::__private::owned_key(#key_of)
+                },
+                #retries,
+                |#conn, #batch| -> #original_output #block,
+                #classify,
+            )
+        }
+    } else if retries == 0 {
+        // The key is type-checked against `InboxKey` where the user wrote it.
+        let key_ref = quote_spanned!(key.span()=> &(#key));
         // The body may move a parameter the key borrows from: take the key first.
         let owned_key = Ident::new("__inbox_key", Span::mixed_site());
         quote_spanned! {output_span=>
@@ -54,7 +91,7 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
             #krate::__private::run_once(#conn_ident, #consumer, &#owned_key, |#conn| -> #original_output #block)
         }
     } else {
-        let error = Ident::new("__inbox_error", Span::mixed_site());
+        let key_ref = quote_spanned!(key.span()=> &(#key));
         quote_spanned! {output_span=>
             #krate::__private::run(
                 #conn_ident,
@@ -62,11 +99,7 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
                 #key_ref,
                 #retries,
                 |#conn| -> #original_output #block,
-                |#error| {
-                    #[allow(unused_imports)]
-                    use #krate::__private::{NotRetryable as _, ViaRetryableError as _};
-                    (&&#krate::__private::Probe(#error)).classify()
-                },
+                #classify,
             )
         }
     };
@@ -128,6 +161,19 @@ mod tests {
                 pub fn on_order_placed(conn: &mut PgConnection, msg: &OrderPlaced) -> Result<i64, AppError> {
                     diesel::insert_into(orders::table).values(&msg.row).execute(conn)?;
                     Ok(msg.total)
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn batch_handler() {
+        check(
+            "batch",
+            quote!(batch = "orders", key = "|order| order.id.as_str()"),
+            quote! {
+                fn on_orders(conn: &mut PgConnection, orders: &[Order]) -> QueryResult<usize> {
+                    diesel::insert_into(orders::table).values(rows(&orders)).execute(conn)
                 }
             },
         );

@@ -23,6 +23,9 @@ pub(crate) struct Handler {
     pub(crate) key: Expr,
     pub(crate) consumer: LitStr,
     pub(crate) retries: u32,
+    /// Batch handlers: the parameter holding the messages (the key is then a
+    /// closure over one message).
+    pub(crate) batch: Option<PatIdent>,
     /// Path of the runtime: `::diesel_inbox`, `::inbox_runtime` or `crate = ".."`.
     pub(crate) krate: syn::Path,
 }
@@ -101,6 +104,29 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
             None
         }
         Some(lit) => match lit.parse::<Expr>() {
+            Ok(Expr::Closure(closure)) if args.batch.is_some() => {
+                if closure.inputs.len() != 1 {
+                    errors.push(
+                        lit.span(),
+                        "a batch `key` is a closure over one message, e.g. `key = \"|msg| msg.id\"`",
+                    );
+                }
+                Some(Expr::Closure(closure))
+            }
+            Ok(_) if args.batch.is_some() => {
+                errors.push(
+                    lit.span(),
+                    "with `batch`, `key` is a closure over one message\nhelp: e.g. `key = \"|msg| msg.id\"`",
+                );
+                None
+            }
+            Ok(Expr::Closure(_)) => {
+                errors.push(
+                    lit.span(),
+                    "`key` is a closure, which is for batch handlers\nhelp: name the batch parameter with `batch = \"msgs\"`, or write the key as an expression such as `msg.id`",
+                );
+                None
+            }
             Ok(expr) => {
                 check_key_root(
                     &expr,
@@ -156,6 +182,11 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
         }),
     };
 
+    let batch = args
+        .batch
+        .as_ref()
+        .and_then(|lit| batch_parameter(&func, lit, conn.as_ref(), &mut errors));
+
     let krate = match &args.krate {
         Some(lit) => lit.parse::<syn::Path>().unwrap_or_else(|e| {
             errors.push(lit.span(), format!("`crate` is not a path: {e}"));
@@ -174,6 +205,7 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
             key,
             consumer,
             retries,
+            batch,
             krate,
         }),
         // Every `None` above pushed an error.
@@ -207,6 +239,48 @@ fn parameter_names(func: &ItemFn) -> Vec<Ident> {
             },
         })
         .collect()
+}
+
+/// The parameter `batch = ".."` names: a reference to the messages.
+fn batch_parameter(
+    func: &ItemFn,
+    lit: &LitStr,
+    conn: Option<&PatIdent>,
+    errors: &mut Errors,
+) -> Option<PatIdent> {
+    let wanted = lit.value();
+    let found = func.sig.inputs.iter().find_map(|arg| match arg {
+        FnArg::Typed(typed) => match &*typed.pat {
+            Pat::Ident(pat) if pat.ident.unraw() == wanted => Some((pat, &typed.ty)),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    });
+    match found {
+        None => {
+            errors.push(
+                lit.span(),
+                format!(
+                    "`batch = \"{wanted}\"` names no parameter of `{}`; its parameters are {}",
+                    func.sig.ident,
+                    list(&parameter_names(func)),
+                ),
+            );
+            None
+        }
+        Some((pat, _)) if conn.is_some_and(|c| c.ident == pat.ident) => {
+            errors.push(lit.span(), "the batch parameter cannot be the connection");
+            None
+        }
+        Some((_, ty)) if !matches!(**ty, Type::Reference(_)) => {
+            errors.push(
+                ty.span(),
+                "the batch parameter must be a reference to the messages, such as `&[Msg]` or `&Vec<Msg>`",
+            );
+            None
+        }
+        Some((pat, _)) => Some(pat.clone()),
+    }
 }
 
 fn is_mut_reference(ty: &Type) -> bool {

@@ -40,17 +40,17 @@ pub use backend::{ddl, migrate, InboxBackend};
 pub use error::InboxError;
 pub use inbox_macros::idempotent;
 pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};
-pub use processed::Processed;
+pub use processed::{Batch, Processed};
 pub use retry::{ErrorClass, RetryableError};
 pub use schema::inbox_messages;
-pub use transaction::{run, run_once};
+pub use transaction::{run, run_batch, run_once};
 
 /// Not a stable API: what `#[idempotent]` expands to calls these. Items here
 /// change without notice between patch releases.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::retry::{NotRetryable, Probe, ViaRetryableError};
-    pub use crate::transaction::{run, run_once};
+    pub use crate::transaction::{run, run_batch, run_once};
     use crate::InboxKey;
 
     /// The key of a body that can run only once, taken before the body moves

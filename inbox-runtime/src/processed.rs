@@ -65,3 +65,26 @@ impl<T> Processed<T> {
         }
     }
 }
+
+/// The outcome of a batch handler that did not fail: every message of the
+/// batch may be acknowledged.
+///
+/// ```
+/// use inbox_runtime::Batch;
+///
+/// let batch = Batch { value: Some(2), applied: vec![0, 2], duplicates: 1 };
+/// assert_eq!(batch.applied.len() + batch.duplicates, 3);
+/// ```
+#[must_use = "a batch outcome says which messages the body applied; acknowledge them all either way"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch<T> {
+    /// What the body returned, or `None` when every message was a duplicate
+    /// (the body did not run).
+    pub value: Option<T>,
+    /// Positions, in the handler's input, of the messages the body received
+    /// and applied (first deliveries), in input order.
+    pub applied: Vec<usize>,
+    /// How many messages were not passed to the body: already in the inbox,
+    /// or a repeat of an earlier key in the same batch.
+    pub duplicates: usize,
+}

@@ -4,10 +4,11 @@
 use crate::backend::InboxBackend;
 use crate::error::InboxError;
 use crate::key::{validate_key, InboxKey};
-use crate::processed::Processed;
+use crate::processed::{Batch, Processed};
 use crate::retry::{ErrorClass, RetryableError};
-use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
+use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection, TransactionManager};
 use diesel::result::{Error, QueryResult};
+use std::collections::HashSet;
 use std::panic::{self, AssertUnwindSafe};
 use std::time::Duration;
 
@@ -147,6 +148,101 @@ where
     })
 }
 
+/// Claims the keys of a whole batch in one transaction with one multi-row
+/// insert, runs `body` once with only the messages claimed for the first
+/// time, and commits once: the guarantees of [`run`], for many messages at
+/// the cost of one transaction.
+///
+/// `key` gives each message's key (a key repeated within the batch counts
+/// once: its first message is the one applied). Invalid keys refuse the
+/// whole batch before anything runs. When every message is a duplicate the
+/// body does not run and `value` is `None`.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::{run_batch, migrate, ErrorClass};
+///
+/// struct Order { id: u64 }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// migrate(&mut conn)?;
+/// let orders = [Order { id: 1 }, Order { id: 2 }];
+/// let first = run_batch(&mut conn, "shipping", &orders, |o| o.id.to_string(), 3,
+///     |_conn, fresh: Vec<&Order>| -> QueryResult<usize> { Ok(fresh.len()) }, ErrorClass::of)?;
+/// assert_eq!((first.value, first.applied, first.duplicates), (Some(2), vec![0, 1], 0));
+///
+/// let again = [Order { id: 2 }, Order { id: 3 }, Order { id: 3 }];
+/// let second = run_batch(&mut conn, "shipping", &again, |o| o.id.to_string(), 3,
+///     |_conn, fresh: Vec<&Order>| -> QueryResult<usize> { Ok(fresh.len()) }, ErrorClass::of)?;
+/// assert_eq!((second.value, second.applied, second.duplicates), (Some(1), vec![1], 2));
+/// # Ok(())
+/// # }
+/// ```
+pub fn run_batch<C, M, T, E, F, R>(
+    conn: &mut C,
+    consumer: &str,
+    messages: &[M],
+    key: impl Fn(&M) -> String,
+    retries: u32,
+    mut body: F,
+    classify: R,
+) -> Result<Batch<T>, E>
+where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+    F: FnMut(&mut C, Vec<&M>) -> Result<T, E>,
+    R: Fn(&E) -> ErrorClass<E>,
+    E: From<InboxError> + From<Error>,
+{
+    validate_key(consumer).map_err(InboxError::InvalidConsumer)?;
+    let keys: Vec<String> = messages.iter().map(key).collect();
+    for key in &keys {
+        validate_key(key).map_err(InboxError::InvalidKey)?;
+    }
+    // The first message of each distinct key, in input order.
+    let mut seen = HashSet::with_capacity(keys.len());
+    let firsts: Vec<usize> = (0..keys.len())
+        .filter(|&i| seen.insert(keys[i].as_str()))
+        .collect();
+    let mut distinct: Vec<&str> = firsts.iter().map(|&i| keys[i].as_str()).collect();
+    // One lock order for every batch: overlapping batches wait, not deadlock.
+    distinct.sort_unstable();
+    let what = format!("batch of {}", messages.len());
+    with_retries(conn, consumer, &what, retries, &classify, |conn| {
+        let scope = begin(conn).map_err(|(scope, e)| (scope, Failure::Inbox(e)))?;
+        let claimed = match <C::Backend as InboxBackend>::claim_batch(conn, consumer, &distinct) {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                rollback(conn);
+                return Err((scope, Failure::Inbox(e)));
+            }
+        };
+        let claimed: HashSet<&str> = claimed.iter().map(String::as_str).collect();
+        let applied: Vec<usize> = firsts
+            .iter()
+            .copied()
+            .filter(|&i| claimed.contains(keys[i].as_str()))
+            .collect();
+        let duplicates = messages.len() - applied.len();
+        if applied.is_empty() {
+            rollback(conn);
+            return Ok(Batch {
+                value: None,
+                applied,
+                duplicates,
+            });
+        }
+        let fresh: Vec<&M> = applied.iter().map(|&i| &messages[i]).collect();
+        let value = run_claimed(conn, scope, |conn| body(conn, fresh))?;
+        Ok(Batch {
+            value: Some(value),
+            applied,
+            duplicates,
+        })
+    })
+}
+
 /// Runs `attempt` (one transaction) until it succeeds, fails for good, or
 /// `retries` reruns of a transient failure are spent. `what` names the
 /// message(s) in logs.
@@ -183,7 +279,12 @@ where
             });
         }
         if attempts > retries {
-            tracing::warn!(consumer, key = what, attempts, "diesel-inbox: giving up on a transient error");
+            tracing::warn!(
+                consumer,
+                key = what,
+                attempts,
+                "diesel-inbox: giving up on a transient error"
+            );
             return Err(match (failure, class) {
                 (Failure::Inbox(source) | Failure::Ignored(source), _) => {
                     InboxError::RetriesExhausted { attempts, source }.into()
@@ -192,7 +293,12 @@ where
                 (Failure::Body(e), None) => e,
             });
         }
-        tracing::debug!(consumer, key = what, attempt = attempts, "diesel-inbox: transient error, retrying");
+        tracing::debug!(
+            consumer,
+            key = what,
+            attempt = attempts,
+            "diesel-inbox: transient error, retrying"
+        );
         std::thread::sleep(backoff(attempts));
         attempts += 1;
     }

@@ -584,6 +584,102 @@ macro_rules! inbox_suite {
             assert_eq!(effects[0].1, 2, "only the second delivery's write remains");
         }
 
+        #[idempotent(batch = "msgs", key = "|m| m.key.as_str()", consumer = "batch-payments")]
+        fn apply_batch(conn: &mut $Conn, msgs: &[Msg]) -> Result<usize, AppError> {
+            let rows: Vec<_> = msgs
+                .iter()
+                .map(|m| (effects::run_id.eq(&m.run), effects::message_key.eq(&m.key), effects::amount.eq(m.amount)))
+                .collect();
+            Ok(diesel::insert_into(effects::table).values(&rows).execute(conn)?)
+        }
+
+        #[idempotent(batch = "msgs", key = "|m| m.key.as_str()", consumer = "batch-payments")]
+        fn apply_batch_then_reject(conn: &mut $Conn, msgs: &[Msg]) -> Result<(), AppError> {
+            for m in &msgs {
+                write_effect(conn, &m.run, &m.key, m.amount)?;
+            }
+            Err(AppError::Rejected)
+        }
+
+        #[test]
+        fn batches_apply_only_first_deliveries_in_one_transaction() {
+            let Some(db) = $prepare("batch") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("batch");
+            let batch = |keys: &[u32]| -> Vec<Msg> { keys.iter().map(|k| msg(&run, format!("{run}:{k}"), *k as i64)).collect() };
+
+            let first = apply_batch(&mut conn, &batch(&[1, 2, 3])).expect("first batch");
+            assert_eq!((first.value, first.applied.clone(), first.duplicates), (Some(3), vec![0, 1, 2], 0));
+            // Overlapping redelivery with a key repeated inside the batch.
+            let second = apply_batch(&mut conn, &batch(&[3, 4, 2, 4, 5])).expect("second batch");
+            assert_eq!((second.value, second.applied.clone(), second.duplicates), (Some(2), vec![1, 4], 3));
+            // All duplicates: the body does not run.
+            let third = apply_batch(&mut conn, &batch(&[5, 1])).expect("third batch");
+            assert_eq!((third.value, third.applied.len(), third.duplicates), (None, 0, 2));
+
+            let expected: Vec<(String, i64)> = {
+                let mut rows: Vec<_> = (1..=5).map(|k| (format!("{run}:{k}"), k as i64)).collect();
+                rows.sort();
+                rows
+            };
+            assert_eq!(effects_of(&mut conn, &run), expected);
+            for k in 1..=5 {
+                assert_eq!(inbox_rows(&mut conn, "batch-payments", &format!("{run}:{k}")), 1);
+            }
+
+            // A failing body rolls back every claim of its batch.
+            let failed = apply_batch_then_reject(&mut conn, &batch(&[5, 6, 7]));
+            assert!(matches!(failed, Err(AppError::Rejected)), "{failed:?}");
+            assert_eq!(inbox_rows(&mut conn, "batch-payments", &format!("{run}:6")), 0);
+            assert_eq!(effects_of(&mut conn, &run), expected);
+
+            // One invalid key refuses the whole batch before anything runs.
+            let mut bad = batch(&[8, 9]);
+            bad.push(msg(&run, String::new(), 0));
+            match apply_batch(&mut conn, &bad) {
+                Err(AppError::Inbox(InboxError::InvalidKey(InvalidKey::Empty))) => {}
+                other => panic!("expected InvalidKey, got {other:?}"),
+            }
+            assert_eq!(inbox_rows(&mut conn, "batch-payments", &format!("{run}:8")), 0);
+            assert_eq!(effects_of(&mut conn, &run), expected);
+        }
+
+        #[test]
+        fn overlapping_batches_from_several_threads_apply_each_key_once() {
+            const THREADS: usize = 4;
+            const KEYS: usize = 200;
+            const BATCH: usize = 20;
+            let Some(db) = $prepare("batch_race") else { return };
+            let run = $crate::common::unique_run_id("batchrace");
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (db, run, barrier) = (db.to_string(), run.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let mut conn = $open(&db);
+                        // Each thread starts at its own offset and its batches straddle the others'.
+                        let order: Vec<usize> = (0..KEYS).map(|n| (n + t * 7 + t * KEYS / THREADS) % KEYS).collect();
+                        barrier.wait();
+                        let mut applied = 0;
+                        for chunk in order.chunks(BATCH) {
+                            let msgs: Vec<Msg> = chunk.iter().map(|k| msg(&run, format!("{run}:{k}"), *k as i64)).collect();
+                            match apply_batch(&mut conn, &msgs) {
+                                Ok(outcome) => applied += outcome.applied.len(),
+                                Err(e) => panic!("batch failed: {e:?}"),
+                            }
+                        }
+                        applied
+                    })
+                })
+                .collect();
+            let applied: usize = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+            assert_eq!(applied, KEYS);
+            let mut conn = $open(&db);
+            let mut expected: Vec<(String, i64)> = (0..KEYS).map(|k| (format!("{run}:{k}"), k as i64)).collect();
+            expected.sort();
+            assert_eq!(effects_of(&mut conn, &run), expected, "every key applied exactly once");
+        }
+
         #[test]
         fn concurrent_deliveries_apply_each_key_exactly_once() {
             const THREADS: usize = 8;

@@ -5,6 +5,67 @@ use crate::error::InboxError;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::result::QueryResult;
 
+/// Most keys one claim statement carries (bind-parameter limits: PostgreSQL
+/// 65535, SQLite 32766; two per row).
+pub(crate) const CLAIM_CHUNK: usize = 5_000;
+
+/// A unique violation of a batch claim means another transaction claimed one
+/// of the keys between the lookup and the insert: rerun the whole batch,
+/// which then sees that key as a duplicate.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn concurrent_claim(error: diesel::result::Error) -> diesel::result::Error {
+    use diesel::result::{DatabaseErrorKind, Error};
+    match error {
+        Error::DatabaseError(DatabaseErrorKind::UniqueViolation, info) => Error::DatabaseError(
+            DatabaseErrorKind::SerializationFailure,
+            Box::new(format!(
+                "a concurrent batch claimed the same key: {}",
+                info.message()
+            )),
+        ),
+        other => other,
+    }
+}
+
+/// Batch claim for backends without `RETURNING` on a conflict-ignoring
+/// insert (MySQL) or whose writers are serialized anyway (SQLite): look the
+/// keys up, insert the missing ones with a plain `INSERT` (see
+/// [`concurrent_claim`] for the race).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+macro_rules! claim_batch_by_lookup {
+    ($conn:expr, $consumer:expr, $keys:expr) => {{
+        use crate::schema::inbox_messages::dsl::*;
+        let mut claimed = Vec::new();
+        for chunk in $keys.chunks(crate::backend::CLAIM_CHUNK) {
+            let present: std::collections::HashSet<String> = inbox_messages
+                .filter(consumer.eq($consumer))
+                .filter(message_id.eq_any(chunk))
+                .select(message_id)
+                .load::<String>($conn)?
+                .into_iter()
+                .collect();
+            let missing: Vec<&str> = chunk
+                .iter()
+                .copied()
+                .filter(|k| !present.contains(*k))
+                .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            let rows: Vec<_> = missing
+                .iter()
+                .map(|k| (consumer.eq($consumer), message_id.eq(*k)))
+                .collect();
+            diesel::insert_into(inbox_messages)
+                .values(&rows)
+                .execute($conn)
+                .map_err(crate::backend::concurrent_claim)?;
+            claimed.extend(missing.into_iter().map(str::to_owned));
+        }
+        Ok(claimed)
+    }};
+}
+
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -47,6 +108,15 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     fn claim<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<bool>
     where
         C: Connection<Backend = Self>;
+
+    /// Inserts every `(consumer, key)` that is not there yet, in one
+    /// statement where the backend can tell which rows it inserted, and
+    /// returns the keys inserted: the ones the caller now owns. Keys are
+    /// distinct.
+    #[doc(hidden)]
+    fn claim_batch<C>(conn: &mut C, consumer: &str, keys: &[&str]) -> QueryResult<Vec<String>>
+    where
+        C: LoadConnection<Backend = Self>;
 
     /// Commits the transaction that [`run`](crate::run) opened at top level.
     /// On failure the transaction is rolled back before returning.

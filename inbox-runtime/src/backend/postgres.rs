@@ -29,6 +29,29 @@ impl InboxBackend for Pg {
             .map(|inserted| inserted == 1)
     }
 
+    fn claim_batch<C>(conn: &mut C, consumer_name: &str, keys: &[&str]) -> QueryResult<Vec<String>>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        // One statement per chunk; RETURNING names the rows inserted.
+        let mut claimed = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(super::CLAIM_CHUNK) {
+            let rows: Vec<_> = chunk
+                .iter()
+                .map(|k| (consumer.eq(consumer_name), message_id.eq(*k)))
+                .collect();
+            claimed.extend(
+                diesel::insert_into(inbox_messages)
+                    .values(&rows)
+                    .on_conflict((consumer, message_id))
+                    .do_nothing()
+                    .returning(message_id)
+                    .get_results::<String>(conn)?,
+            );
+        }
+        Ok(claimed)
+    }
+
     fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
     where
         C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,

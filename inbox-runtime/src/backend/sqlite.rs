@@ -26,6 +26,13 @@ impl InboxBackend for Sqlite {
             .map(|inserted| inserted == 1)
     }
 
+    fn claim_batch<C>(conn: &mut C, consumer_name: &str, keys: &[&str]) -> QueryResult<Vec<String>>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        claim_batch_by_lookup!(conn, consumer_name, keys)
+    }
+
     fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
     where
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,

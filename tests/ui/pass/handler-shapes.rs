@@ -142,6 +142,18 @@ impl Service {
     }
 }
 
+#[idempotent(batch = "msgs", key = "|m| m.id.as_str()", consumer = "batch")]
+fn batch_of_messages(conn: &mut SqliteConnection, msgs: &[Msg]) -> QueryResult<usize> {
+    let _ = conn;
+    Ok(msgs.iter().map(|m| m.seq as usize).sum())
+}
+
+#[idempotent(batch = "msgs", key = "|m: &Msg| m.seq", consumer = "batch-vec", retries = 0)]
+fn batch_of_vec(conn: &mut SqliteConnection, msgs: &Vec<Msg>) -> AppResult<Vec<u64>> {
+    let _ = conn;
+    Ok(msgs.iter().map(|m| m.seq).collect())
+}
+
 macro_rules! handler {
     ($name:ident, $conn:ty) => {
         #[idempotent(key = "msg.id")]
@@ -173,6 +185,14 @@ fn main() -> Result<(), AppError> {
     assert!(service.by_ref(&mut conn, &msg)?.is_applied());
     assert!(service.by_mut(&mut conn, &msg)?.is_applied());
     assert!(service.key_from_self(&mut conn)?.is_applied());
+    let batch = vec![
+        Msg { id: "b-1".into(), seq: 1, header: Header { trace: uuid_like::Id(1) } },
+        Msg { id: "b-2".into(), seq: 2, header: Header { trace: uuid_like::Id(2) } },
+    ];
+    let out: diesel_inbox::Batch<usize> = batch_of_messages(&mut conn, &batch)?;
+    assert_eq!((out.value, out.applied, out.duplicates), (Some(3), vec![0, 1], 0));
+    assert_eq!(batch_of_vec(&mut conn, &batch)?.value, Some(vec![1, 2]));
+    assert_eq!(batch_of_messages(&mut conn, &batch)?.duplicates, 2);
     let moved = Msg { id: "m-2".into(), seq: 2, header: Header { trace: uuid_like::Id(6) } };
     assert_eq!(moves_its_message(&mut conn, moved)?, Processed::Applied("m-2".to_string()));
     Ok(())
