@@ -78,6 +78,11 @@
 ///   body's own errors are retried only when its error type implements
 ///   [`RetryableError`], whose `retries_exhausted` shapes the error returned
 ///   when they run out. With `retries = 0` the body may move its parameters.
+/// - `batch`: the parameter holding a batch of messages (`&[M]` or
+///   `&Vec<M>`); `key` is then a closure over one message (`"|m| m.id"`).
+///   All keys are claimed with one multi-row insert in one transaction, the
+///   body receives only the first deliveries (as `Vec<&M>`, under the same
+///   name), and the handler returns [`Batch<T>`] instead of `Processed<T>`.
 /// - `crate`: the path of `diesel-inbox` if you renamed the dependency
 ///   (found from Cargo.toml otherwise, also when you depend on
 ///   `inbox-runtime` directly).
@@ -130,6 +135,35 @@
 /// let audit = Audit { prefix: "audit: ".into() };
 /// assert_eq!(audit.record(&mut db, 7, "hello".into())?, Processed::Applied("audit: hello".into()));
 /// assert_eq!(audit.record(&mut db, 7, "hello".into())?, Processed::Duplicate);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Batches
+///
+/// ```
+/// use diesel::prelude::*;
+/// use diesel_inbox::{idempotent, Batch};
+///
+/// diesel::table! { shipments (order_id) { order_id -> BigInt } }
+///
+/// struct OrderPaid { order_id: i64 }
+///
+/// #[idempotent(batch = "events", key = "|e| e.order_id")]
+/// fn ship(conn: &mut SqliteConnection, events: &[OrderPaid]) -> QueryResult<usize> {
+///     // `events` holds only the events seen for the first time.
+///     let rows: Vec<_> = events.iter().map(|e| shipments::order_id.eq(e.order_id)).collect();
+///     diesel::insert_into(shipments::table).values(&rows).execute(conn)
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// diesel::sql_query("CREATE TABLE shipments (order_id BIGINT PRIMARY KEY)").execute(&mut conn)?;
+/// diesel_inbox::migrate(&mut conn)?;
+/// let first: Batch<usize> = ship(&mut conn, &[OrderPaid { order_id: 1 }, OrderPaid { order_id: 2 }])?;
+/// assert_eq!((first.value, first.applied, first.duplicates), (Some(2), vec![0, 1], 0));
+/// let again = ship(&mut conn, &[OrderPaid { order_id: 2 }, OrderPaid { order_id: 3 }])?;
+/// assert_eq!((again.value, again.applied, again.duplicates), (Some(1), vec![1], 1));
 /// # Ok(())
 /// # }
 /// ```
