@@ -15,6 +15,13 @@ fn fresh(test: &str) -> Option<TestDb> {
     let path =
         std::env::temp_dir().join(format!("diesel-inbox-{}.db", common::unique_run_id(test)));
     let path = path.to_str().expect("utf-8 temp dir").to_string();
+    // WAL is a property of the file: set it once, before connections race
+    // to open it (switching the journal mode takes an exclusive lock that
+    // does not wait on the busy timeout).
+    SqliteConnection::establish(&path)
+        .expect("create sqlite file")
+        .batch_execute("PRAGMA journal_mode = WAL")
+        .expect("journal mode");
     Some(TestDb::owned(path, discard))
 }
 
@@ -36,10 +43,8 @@ fn prepare(test: &str) -> Option<TestDb> {
 
 fn open(path: &str) -> SqliteConnection {
     let mut conn = SqliteConnection::establish(path).expect("open sqlite file");
-    conn.batch_execute(
-        "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;",
-    )
-    .expect("pragmas");
+    conn.batch_execute("PRAGMA busy_timeout = 10000; PRAGMA synchronous = NORMAL;")
+        .expect("pragmas");
     conn
 }
 

@@ -22,8 +22,7 @@ mod connections;
 
 use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 /// The consumer name of the main fault handler.
 pub const CONSUMER: &str = "fault-consumer";
@@ -95,16 +94,7 @@ pub fn expected_effects(run: &str, seqs: impl IntoIterator<Item = i64>) -> Vec<(
 
 /// A run id of letters and digits only (safe in LIKE patterns and names).
 pub fn fault_run_id() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "f{}x{nanos:x}x{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    common::unique_identifier("f").replace('_', "x")
 }
 
 /// A small deterministic generator (the same stream in every process).
