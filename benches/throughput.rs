@@ -557,15 +557,16 @@ fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
-    let mut scale = Vec::new();
-    #[cfg(feature = "postgres")]
-    if args.scale {
-        if let Some(target) = targets.iter().find(|t| t.name == "postgres") {
-            scale = scale::measure(&target.url, args)?;
-        } else {
+    let postgres = targets.iter().find(|t| t.name == "postgres");
+    let scale = match (args.scale, postgres) {
+        #[cfg(feature = "postgres")]
+        (true, Some(target)) => scale::measure(&target.url, args)?,
+        (true, _) => {
             println!("SKIPPED: --scale needs PostgreSQL");
+            Vec::new()
         }
-    }
+        (false, _) => Vec::new(),
+    };
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("results.json"), to_json(&cells, &scale, args))

@@ -36,10 +36,7 @@ struct Errors(Option<syn::Error>);
 
 impl Errors {
     fn push(&mut self, span: Span, message: impl std::fmt::Display) {
-        self.push_error(syn::Error::new(span, message));
-    }
-
-    fn push_error(&mut self, error: syn::Error) {
+        let error = syn::Error::new(span, message);
         match &mut self.0 {
             Some(first) => first.combine(error),
             None => self.0 = Some(error),
@@ -80,7 +77,11 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
             "`#[idempotent]` cannot be applied to a `const fn`: a handler runs database queries",
         );
     }
-    if success_type_mut(&mut output_type(&func.sig)).is_none() {
+    let rewritable = match &func.sig.output {
+        ReturnType::Type(_, ty) => success_type_mut(&mut (**ty).clone()).is_some(),
+        ReturnType::Default => false,
+    };
+    if !rewritable {
         let span = match &func.sig.output {
             ReturnType::Type(_, ty) => ty.span(),
             ReturnType::Default => func.sig.ident.span(),
@@ -213,16 +214,6 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
             Span::call_site(),
             "invalid `#[idempotent]` handler",
         )),
-    }
-}
-
-fn output_type(sig: &syn::Signature) -> Type {
-    match &sig.output {
-        ReturnType::Type(_, ty) => (**ty).clone(),
-        ReturnType::Default => Type::Tuple(syn::TypeTuple {
-            paren_token: Default::default(),
-            elems: Default::default(),
-        }),
     }
 }
 

@@ -1,5 +1,4 @@
 //! What the fault scenarios need that differs per backend.
-#![allow(dead_code)]
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
