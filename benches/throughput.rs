@@ -222,7 +222,7 @@ macro_rules! bench_backend {
             }
 
             /// `idempotent`: the same write in an `#[idempotent]` handler.
-            #[idempotent(key = "order.id", consumer = "bench")]
+            #[idempotent(key = "order.id", consumer = "bench", shared)]
             pub fn idempotent(conn: &mut Conn, order: &Order) -> QueryResult<()> {
                 insert_order(conn, order).map(drop)
             }
@@ -260,7 +260,12 @@ macro_rules! bench_backend {
             }
 
             /// `batch`: one transaction and one claim per batch.
-            #[idempotent(batch = "orders", key = "|o| o.id.as_str()", consumer = "bench-batch")]
+            #[idempotent(
+                batch = "orders",
+                key = "|o| o.id.as_str()",
+                consumer = "bench-batch",
+                shared
+            )]
             fn batch(conn: &mut Conn, orders: &[Order]) -> QueryResult<usize> {
                 let rows: Vec<_> = orders
                     .iter()

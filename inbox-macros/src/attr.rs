@@ -1,4 +1,4 @@
-//! Parsing `#[idempotent(key = "...", consumer = "...", conn = "...", retries = N, crate = "...")]`.
+//! Parsing `#[idempotent(key = "...", consumer = "...", shared, conn = "...", retries = N, batch = "...", crate = "...")]`.
 
 use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
@@ -10,9 +10,10 @@ mod kw {
     syn::custom_keyword!(conn);
     syn::custom_keyword!(retries);
     syn::custom_keyword!(batch);
+    syn::custom_keyword!(shared);
 }
 
-const VALID: &str = "`key`, `consumer`, `conn`, `retries`, `batch`, `crate`";
+const VALID: &str = "`key`, `consumer`, `shared`, `conn`, `retries`, `batch`, `crate`";
 
 /// The attribute's arguments, as written; [`crate::validate`] checks them
 /// against the function.
@@ -24,6 +25,8 @@ pub(crate) struct IdempotentArgs {
     pub(crate) retries: Option<LitInt>,
     pub(crate) batch: Option<LitStr>,
     pub(crate) krate: Option<LitStr>,
+    /// `shared`: the consumer scope is deliberately shared with other handlers.
+    pub(crate) shared: Option<kw::shared>,
 }
 
 impl Parse for IdempotentArgs {
@@ -51,6 +54,15 @@ impl Parse for IdempotentArgs {
             } else if lookahead.peek(kw::batch) {
                 let name = input.parse::<kw::batch>()?;
                 set(&mut args.batch, "batch", name.span, parse_value(input)?)?;
+            } else if lookahead.peek(kw::shared) {
+                let flag = input.parse::<kw::shared>()?;
+                if input.peek(Token![=]) {
+                    return Err(syn::Error::new(
+                        flag.span,
+                        "`shared` is a flag and takes no value: write `shared`",
+                    ));
+                }
+                set(&mut args.shared, "shared", flag.span, flag)?;
             } else if lookahead.peek(Token![crate]) {
                 let name = input.parse::<Token![crate]>()?;
                 set(&mut args.krate, "crate", name.span, parse_value(input)?)?;
@@ -100,12 +112,14 @@ mod tests {
             conn = "db",
             retries = 5,
             crate = "inbox",
+            shared,
         );
         assert_eq!(args.key.map(|k| k.value()).as_deref(), Some("msg.id"));
         assert_eq!(args.consumer.map(|k| k.value()).as_deref(), Some("billing"));
         assert_eq!(args.conn.map(|k| k.value()).as_deref(), Some("db"));
         assert_eq!(args.retries.map(|r| r.to_string()).as_deref(), Some("5"));
         assert_eq!(args.krate.map(|k| k.value()).as_deref(), Some("inbox"));
+        assert!(args.shared.is_some());
     }
 
     #[test]
@@ -118,7 +132,7 @@ mod tests {
         let unknown = syn::parse_str::<IdempotentArgs>(r#"kee = "a""#);
         assert_eq!(
             unknown.err().map(|e| e.to_string()).as_deref(),
-            Some("unknown argument `kee`; expected one of `key`, `consumer`, `conn`, `retries`, `batch`, `crate`")
+            Some("unknown argument `kee`; expected one of `key`, `consumer`, `shared`, `conn`, `retries`, `batch`, `crate`")
         );
     }
 }

@@ -1,19 +1,24 @@
 //! Rewrites a validated handler into a call of the runtime.
 
+use crate::item::HandlerFn;
 use crate::validate::{success_type_mut, Handler};
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Expr, ItemFn, ReturnType};
+use syn::{Expr, ReturnType, Signature, Type};
 
 // Input:
 //     fn handle(conn: &mut PgConnection, msg: &Msg) -> Result<T, E> { body }
 // Output:
 //     fn handle(conn: &mut PgConnection, msg: &Msg) -> Result<Processed<T>, E> {
-//         run(conn, "handle", &(msg.id), 3, |conn| -> Result<T, E> { body }, classify)
+//         static __INBOX_HANDLER: RegisteredHandler = RegisteredHandler::new("handle", path, file, line, shared);
+//         inventory::submit!(Registration(&__INBOX_HANDLER));
+//         run(conn, &&__INBOX_HANDLER, &(msg.id), 3, |conn| -> Result<T, E> { body }, classify)
 //     }
 // The body stays verbatim in its own closure, so `?` and `return` leave the
-// transaction, and the closure's parameter is the user's own `conn`.
+// transaction, and the closure's parameter is the user's own `conn`. The
+// registration lets the runtime refuse two handlers that share a consumer
+// by accident, and lists every handler (`consumers()`).
 pub(crate) fn expand(handler: Handler) -> TokenStream {
     let Handler {
         func,
@@ -23,25 +28,17 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
         retries,
         batch,
         krate,
+        shared,
     } = handler;
-    let ItemFn {
+    let HandlerFn {
         attrs,
         vis,
         mut sig,
-        block,
+        body,
     } = func;
 
-    let ReturnType::Type(_, output) = &mut sig.output else {
-        unreachable!("validate() requires a return type")
-    };
-    let original_output = (**output).clone();
-    if let Some(success) = success_type_mut(output) {
-        let inner = success.clone();
-        *success = match batch {
-            None => syn::parse_quote_spanned!(inner.span()=> #krate::Processed<#inner>),
-            Some(_) => syn::parse_quote_spanned!(inner.span()=> #krate::Batch<#inner>),
-        };
-    }
+    let original_output = rewrite_output(&mut sig, &krate, batch.is_some())
+        .expect("validate() requires a rewritable return type");
 
     let conn_ident = &conn.ident;
     // Bounds on the error type (`E: From<InboxError>`) are reported on the
@@ -52,13 +49,27 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     let classify = quote_spanned! {output_span=>
         |#error| {
             #[allow(unused_imports)]
-            use #krate::__private::{NotRetryable as _, ViaRetryableError as _};
-            (&&#krate::__private::Probe(#error)).classify()
+            use #krate::__private::{ViaRetryableError as _, ViaStatements as _};
+            (&&#krate::__private::Probe(#error)).__diesel_inbox_error_class()
         }
+    };
+    let site = Ident::new("__INBOX_HANDLER", Span::mixed_site());
+    let function_name = sig.ident.to_string();
+    let location = sig.ident.span();
+    let shared = syn::LitBool::new(shared, location);
+    let registration = quote_spanned! {location=>
+        static #site: #krate::__private::RegisteredHandler = #krate::__private::RegisteredHandler::new(
+            #consumer,
+            ::core::concat!(::core::module_path!(), "::", #function_name),
+            ::core::file!(),
+            ::core::line!(),
+            #shared,
+        );
+        #krate::__private::inventory::submit!(#krate::__private::Registration(&#site));
     };
     let call = if let (Some(batch), Expr::Closure(key_closure)) = (&batch, &key) {
         // Input:  fn h(conn: &mut C, msgs: &[M]) -> Result<T, E>, key = "|msg| msg.id"
-        // Output: run_batch(conn, "h", msgs, |m| { let msg = m; owned_key(&(msg.id)) }, 3,
+        // Output: run_batch(conn, site, msgs, |m| { let msg = m; owned_key(&(msg.id)) }, 3,
         //                   |conn, msgs| -> Result<T, E> { body }, classify)
         // The key closure is unpacked into one whose parameter type run_batch
         // infers. The body's `msgs` is a `Vec<&M>` of the first deliveries.
@@ -70,14 +81,14 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
         quote_spanned! {output_span=>
             #krate::__private::run_batch(
                 #conn_ident,
-                #consumer,
+                &&#site,
                 #batch_ident,
                 |#message| {
                     let #key_pattern = #message;
                     #krate::__private::owned_key(#key_of)
                 },
                 #retries,
-                |#conn, #batch| -> #original_output #block,
+                |#conn, #batch| -> #original_output #body,
                 #classify,
             )
         }
@@ -88,17 +99,17 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
         let owned_key = Ident::new("__inbox_key", Span::mixed_site());
         quote_spanned! {output_span=>
             let #owned_key = #krate::__private::owned_key(#key_ref);
-            #krate::__private::run_once(#conn_ident, #consumer, &#owned_key, |#conn| -> #original_output #block)
+            #krate::__private::run_once(#conn_ident, &&#site, &#owned_key, |#conn| -> #original_output #body)
         }
     } else {
         let key_ref = quote_spanned!(key.span()=> &(#key));
         quote_spanned! {output_span=>
             #krate::__private::run(
                 #conn_ident,
-                #consumer,
+                &&#site,
                 #key_ref,
                 #retries,
-                |#conn| -> #original_output #block,
+                |#conn| -> #original_output #body,
                 #classify,
             )
         }
@@ -107,7 +118,54 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     quote! {
         #(#attrs)*
         #vis #sig {
+            #registration
             #call
+        }
+    }
+}
+
+/// Turns the success type `T` of the signature's `Result<T, E>` into
+/// `Processed<T>` (`Batch<T>` for a batch handler); returns the original
+/// return type, or `None` when it is not a `Result`.
+fn rewrite_output(sig: &mut Signature, krate: &syn::Path, batch: bool) -> Option<Type> {
+    let ReturnType::Type(_, output) = &mut sig.output else {
+        return None;
+    };
+    let original = (**output).clone();
+    let success = success_type_mut(output)?;
+    let inner = success.clone();
+    *success = if batch {
+        syn::parse_quote_spanned!(inner.span()=> #krate::Batch<#inner>)
+    } else {
+        syn::parse_quote_spanned!(inner.span()=> #krate::Processed<#inner>)
+    };
+    Some(original)
+}
+
+/// What stands in for a handler the attribute refused: the rewritten
+/// signature, so that callers type-check against `Processed<T>` and the
+/// attribute's error is the only one, and no body. A return type that
+/// cannot be rewritten keeps the function as written.
+pub(crate) fn placeholder(func: HandlerFn, krate: &syn::Path, batch: bool) -> TokenStream {
+    let HandlerFn {
+        attrs,
+        vis,
+        mut sig,
+        body,
+    } = func;
+    let rewritable = matches!(&sig.output, ReturnType::Type(_, ty)
+        if !quote::ToTokens::to_token_stream(ty).to_string().contains("impl "));
+    if !rewritable || rewrite_output(&mut sig, krate, batch).is_none() {
+        return quote!(#(#attrs)* #vis #sig #body);
+    }
+    // A `const fn` cannot panic with a message at run time; the attribute
+    // has reported it already.
+    sig.constness = None;
+    quote! {
+        #(#attrs)*
+        #[allow(unused_variables, clippy::diverging_sub_expression)]
+        #vis #sig {
+            ::core::unreachable!("`#[idempotent]` refused this handler at compile time")
         }
     }
 }

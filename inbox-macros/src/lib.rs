@@ -3,6 +3,7 @@
 
 mod attr;
 mod expand;
+mod item;
 mod validate;
 
 use proc_macro2::TokenStream;
@@ -24,9 +25,10 @@ use quote::quote;
 /// ```
 ///
 /// Arguments: `key = "<expr>"` (required), `consumer = "<name>"` (default: the
-/// function's name), `conn = "<param>"` (default: the only `&mut` parameter),
-/// `retries = N` (default 3), `crate = "<path>"` (default: found from
-/// Cargo.toml).
+/// function's name), `shared` (the consumer is deliberately shared with other
+/// handlers), `conn = "<param>"` (default: the only `&mut` parameter),
+/// `retries = N` (default 3), `batch = "<param>"`, `crate = "<path>"`
+/// (default: found from Cargo.toml).
 #[proc_macro_attribute]
 pub fn idempotent(
     args: proc_macro::TokenStream,
@@ -35,23 +37,44 @@ pub fn idempotent(
     idempotent_inner(args.into(), item.into()).into()
 }
 
-/// Parse, validate, expand; on an error, the original item plus the error, so
-/// that the rest of the crate still sees the function.
+/// Parse, validate, expand. On an error: the error, plus a stand-in with
+/// the rewritten signature (so that callers see one error, not a cascade
+/// of type mismatches), or the original item if it is not a function.
 pub(crate) fn idempotent_inner(args: TokenStream, item: TokenStream) -> TokenStream {
-    let expanded = syn::parse2::<attr::IdempotentArgs>(args).and_then(|args| {
-        let func = syn::parse2::<syn::ItemFn>(item.clone()).map_err(|_| {
-            syn::Error::new(
+    let func = match syn::parse2::<item::HandlerFn>(item.clone()) {
+        Ok(func) => func,
+        Err(_) => {
+            let mut error = syn::Error::new(
                 proc_macro2::Span::call_site(),
                 "`#[idempotent]` can only be applied to a function with a body",
-            )
-        })?;
-        validate::validate(args, func).map(expand::expand)
-    });
-    match expanded {
-        Ok(tokens) => tokens,
-        Err(error) => {
+            );
+            if let Err(args_error) = syn::parse2::<attr::IdempotentArgs>(args) {
+                error.combine(args_error);
+            }
             let error = error.into_compile_error();
-            quote!(#item #error)
+            return quote!(#item #error);
+        }
+    };
+    let args = match syn::parse2::<attr::IdempotentArgs>(args) {
+        Ok(args) => args,
+        Err(error) => {
+            let placeholder = expand::placeholder(func, &validate::runtime_path(), false);
+            let error = error.into_compile_error();
+            return quote!(#placeholder #error);
+        }
+    };
+    let batch = args.batch.is_some();
+    let krate = args
+        .krate
+        .as_ref()
+        .and_then(|lit| lit.parse::<syn::Path>().ok())
+        .unwrap_or_else(validate::runtime_path);
+    match validate::validate(args, func.clone()) {
+        Ok(handler) => expand::expand(handler),
+        Err(error) => {
+            let placeholder = expand::placeholder(func, &krate, batch);
+            let error = error.into_compile_error();
+            quote!(#placeholder #error)
         }
     }
 }

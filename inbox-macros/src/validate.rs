@@ -3,12 +3,13 @@
 //! the retry bound and the runtime's path.
 
 use crate::attr::IdempotentArgs;
+use crate::item::HandlerFn;
 use proc_macro2::Span;
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
+use syn::visit::Visit;
 use syn::{
-    Expr, FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PatIdent, PathArguments, ReturnType,
-    Type,
+    Expr, FnArg, GenericArgument, Ident, LitStr, Pat, PatIdent, PathArguments, ReturnType, Type,
 };
 
 /// Longest consumer name the inbox stores, in bytes (the runtime's `MAX_KEY_BYTES`).
@@ -17,7 +18,7 @@ const DEFAULT_RETRIES: u32 = 3;
 
 /// A function that passed every check, ready to expand.
 pub(crate) struct Handler {
-    pub(crate) func: ItemFn,
+    pub(crate) func: HandlerFn,
     /// The connection parameter's pattern (`conn` or `mut conn`).
     pub(crate) conn: PatIdent,
     pub(crate) key: Expr,
@@ -28,6 +29,8 @@ pub(crate) struct Handler {
     pub(crate) batch: Option<PatIdent>,
     /// Path of the runtime: `::diesel_inbox`, `::inbox_runtime` or `crate = ".."`.
     pub(crate) krate: syn::Path,
+    /// `shared`: the consumer scope is deliberately shared.
+    pub(crate) shared: bool,
 }
 
 /// Accumulates errors so that one compile reports all of them.
@@ -44,14 +47,40 @@ impl Errors {
     }
 }
 
+/// Generic std types that are not a `Result`, whatever their arguments.
+const NOT_RESULTS: &[&str] = &[
+    "Option",
+    "Vec",
+    "VecDeque",
+    "Box",
+    "Rc",
+    "Arc",
+    "Cow",
+    "HashMap",
+    "HashSet",
+    "BTreeMap",
+    "BTreeSet",
+    "Poll",
+    "ControlFlow",
+    "Pin",
+    "RefCell",
+    "Cell",
+    "Mutex",
+];
+
 /// The success type `T` inside `Result<T, E>`, `QueryResult<T>`, `anyhow::Result<T>`
-/// or any path whose first generic type argument it is.
+/// or any other path whose first generic type argument it is (an alias of
+/// `Result`), except the std types that are not results (`Option<T>`, `Vec<T>`, ..).
 pub(crate) fn success_type_mut(ty: &mut Type) -> Option<&mut Type> {
     let Type::Path(path) = ty else { return None };
     if path.qself.is_some() {
         return None;
     }
-    let PathArguments::AngleBracketed(args) = &mut path.path.segments.last_mut()?.arguments else {
+    let last = path.path.segments.last_mut()?;
+    if NOT_RESULTS.iter().any(|name| last.ident == name) {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &mut last.arguments else {
         return None;
     };
     args.args.iter_mut().find_map(|arg| match arg {
@@ -60,7 +89,7 @@ pub(crate) fn success_type_mut(ty: &mut Type) -> Option<&mut Type> {
     })
 }
 
-pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handler> {
+pub(crate) fn validate(args: IdempotentArgs, func: HandlerFn) -> syn::Result<Handler> {
     let mut errors = Errors::default();
     let sig = &func.sig;
 
@@ -77,21 +106,7 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
             "`#[idempotent]` cannot be applied to a `const fn`: a handler runs database queries",
         );
     }
-    let rewritable = match &func.sig.output {
-        ReturnType::Type(_, ty) => success_type_mut(&mut (**ty).clone()).is_some(),
-        ReturnType::Default => false,
-    };
-    if !rewritable {
-        let span = match &func.sig.output {
-            ReturnType::Type(_, ty) => ty.span(),
-            ReturnType::Default => func.sig.ident.span(),
-        };
-        errors.push(
-            span,
-            "`#[idempotent]` handlers must return `Result<T, E>` or an alias such as `QueryResult<T>`\n\
-             help: the macro changes the success type `T` to `Processed<T>`",
-        );
-    }
+    check_return_type(&func.sig.output, &func.sig.ident, &mut errors);
 
     let params = parameter_names(&func);
     let conn = connection_parameter(&func, args.conn.as_ref(), &mut errors);
@@ -195,6 +210,7 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
         }),
         None => runtime_path(),
     };
+    let shared = args.shared.is_some();
 
     if let Some(error) = errors.0 {
         return Err(error);
@@ -208,6 +224,7 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
             retries,
             batch,
             krate,
+            shared,
         }),
         // Every `None` above pushed an error.
         _ => Err(syn::Error::new(
@@ -217,24 +234,91 @@ pub(crate) fn validate(args: IdempotentArgs, func: ItemFn) -> syn::Result<Handle
     }
 }
 
-/// `self` (for methods) and every parameter bound to a plain identifier.
-fn parameter_names(func: &ItemFn) -> Vec<Ident> {
-    func.sig
-        .inputs
-        .iter()
-        .filter_map(|arg| match arg {
-            FnArg::Receiver(receiver) => Some(Ident::new("self", receiver.self_token.span)),
-            FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(pat) => Some(pat.ident.clone()),
-                _ => None,
-            },
-        })
-        .collect()
+/// The return type must be a `Result` (or an alias of one) whose types the
+/// body's closure can name.
+fn check_return_type(output: &ReturnType, name: &Ident, errors: &mut Errors) {
+    let ty = match output {
+        ReturnType::Type(_, ty) => ty,
+        ReturnType::Default => {
+            errors.push(
+                name.span(),
+                "`#[idempotent]` handlers must return `Result<T, E>` or an alias such as `QueryResult<T>`\n\
+                 help: the macro changes the success type `T` to `Processed<T>`",
+            );
+            return;
+        }
+    };
+    if success_type_mut(&mut (**ty).clone()).is_none() {
+        let found = match &**ty {
+            Type::Path(path) => path.path.segments.last().map(|last| {
+                let generics = if last.arguments.is_empty() {
+                    ""
+                } else {
+                    "<..>"
+                };
+                format!(", not `{}{generics}`", last.ident)
+            }),
+            _ => None,
+        };
+        errors.push(
+            ty.span(),
+            format!(
+                "`#[idempotent]` handlers must return `Result<T, E>` or an alias such as `QueryResult<T>`{}\n\
+                 help: the macro changes the success type `T` to `Processed<T>`",
+                found.unwrap_or_default()
+            ),
+        );
+        return;
+    }
+    if let Some(impl_trait) = find_impl_trait(ty) {
+        errors.push(
+            impl_trait.span(),
+            "`impl Trait` cannot be used in an `#[idempotent]` handler's return type: the body runs \
+             in a closure, whose return type must be named\n\
+             help: name the type, or return a `Box<dyn Trait>`",
+        );
+    }
+}
+
+/// The first `impl Trait` inside `ty`.
+fn find_impl_trait(ty: &Type) -> Option<&syn::TypeImplTrait> {
+    struct Finder<'a>(Option<&'a syn::TypeImplTrait>);
+    impl<'a> Visit<'a> for Finder<'a> {
+        fn visit_type_impl_trait(&mut self, node: &'a syn::TypeImplTrait) {
+            self.0.get_or_insert(node);
+        }
+    }
+    let mut finder = Finder(None);
+    finder.visit_type(ty);
+    finder.0
+}
+
+/// `self` (for methods) and every name a parameter's pattern binds
+/// (`msg`, and `id` and `n` in `(id, n): (String, i64)`).
+fn parameter_names(func: &HandlerFn) -> Vec<Ident> {
+    struct Bindings(Vec<Ident>);
+    impl<'a> Visit<'a> for Bindings {
+        fn visit_pat_ident(&mut self, node: &'a PatIdent) {
+            self.0.push(node.ident.clone());
+            syn::visit::visit_pat_ident(self, node);
+        }
+        // A binding's type or a const in a pattern binds nothing.
+        fn visit_type(&mut self, _: &'a Type) {}
+        fn visit_expr(&mut self, _: &'a Expr) {}
+    }
+    let mut names = Bindings(Vec::new());
+    for arg in &func.sig.inputs {
+        match arg {
+            FnArg::Receiver(receiver) => names.0.push(Ident::new("self", receiver.self_token.span)),
+            FnArg::Typed(typed) => names.visit_pat(&typed.pat),
+        }
+    }
+    names.0
 }
 
 /// The parameter `batch = ".."` names: a reference to the messages.
 fn batch_parameter(
-    func: &ItemFn,
+    func: &HandlerFn,
     lit: &LitStr,
     conn: Option<&PatIdent>,
     errors: &mut Errors,
@@ -279,7 +363,7 @@ fn is_mut_reference(ty: &Type) -> bool {
 }
 
 fn connection_parameter(
-    func: &ItemFn,
+    func: &HandlerFn,
     named: Option<&LitStr>,
     errors: &mut Errors,
 ) -> Option<PatIdent> {
@@ -356,6 +440,7 @@ fn connection_parameter(
             }
         }
     };
+    check_connection_type(&chosen.ty, errors);
     match &*chosen.pat {
         Pat::Ident(pat) if pat.by_ref.is_none() && pat.subpat.is_none() => Some(pat.clone()),
         other => {
@@ -366,6 +451,43 @@ fn connection_parameter(
             None
         }
     }
+}
+
+/// A pool's handle (r2d2's and bb8's `PooledConnection`, deadpool's
+/// `Object`) has a transaction manager of its own; the runtime needs the
+/// connection inside it, which `&mut pooled` reaches by deref coercion.
+fn check_connection_type(ty: &Type, errors: &mut Errors) {
+    let Type::Reference(reference) = ty else {
+        return;
+    };
+    let Type::Path(path) = &*reference.elem else {
+        return;
+    };
+    let Some(last) = path.path.segments.last() else {
+        return;
+    };
+    if last.ident != "PooledConnection" && last.ident != "Object" {
+        return;
+    }
+    // `PooledConnection<ConnectionManager<PgConnection>>`: name `PgConnection`.
+    let inner = quote::ToTokens::to_token_stream(ty)
+        .to_string()
+        .replace(' ', "");
+    let connection = inner
+        .split("ConnectionManager<")
+        .nth(1)
+        .and_then(|rest| rest.split(['>', ',']).next())
+        .filter(|name| !name.is_empty())
+        .unwrap_or("PgConnection");
+    errors.push(
+        reference.elem.span(),
+        format!(
+            "`#[idempotent]` needs the diesel connection itself, not a pool's `{}`\n\
+             help: take `&mut {connection}` and call the handler with `&mut pooled` \
+             (deref coercion) or `&mut *pooled`",
+            last.ident
+        ),
+    );
 }
 
 /// The expression the key is read from: `msg` in `msg.header.id.as_str()`.
@@ -455,7 +577,7 @@ fn list(names: &[Ident]) -> String {
 
 /// `::diesel_inbox` when the user depends on `diesel-inbox` (under any name),
 /// else `::inbox_runtime` when they depend on the runtime directly.
-fn runtime_path() -> syn::Path {
+pub(crate) fn runtime_path() -> syn::Path {
     use proc_macro_crate::{crate_name, FoundCrate};
     for (package, own_name) in [
         ("diesel-inbox", "diesel_inbox"),

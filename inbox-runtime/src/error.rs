@@ -1,6 +1,8 @@
 //! Errors of the inbox itself (the body's own errors stay the handler's `E`).
 
 use crate::key::InvalidKey;
+use crate::registry::RegisteredHandler;
+use std::fmt;
 
 /// An error raised by the inbox rather than by the handler's body.
 ///
@@ -28,6 +30,17 @@ pub enum InboxError {
     /// The consumer name is empty, too long or contains NUL.
     #[error("invalid inbox consumer name: {0}")]
     InvalidConsumer(InvalidKey),
+    /// Two or more `#[idempotent]` handlers of this program use the same
+    /// consumer name without declaring it `shared`: each would report
+    /// `Duplicate` for the messages the other applied, so none of them runs.
+    /// Nothing was written and the body did not run.
+    #[error("{}", ConsumerConflictMessage { consumer, handlers })]
+    ConsumerConflict {
+        /// The consumer name they share.
+        consumer: String,
+        /// Every handler using it, with its source location.
+        handlers: Vec<&'static RegisteredHandler>,
+    },
     /// The database refused the claim, the commit or the migration.
     #[error("inbox database error: {0}")]
     Database(#[from] diesel::result::Error),
@@ -41,20 +54,131 @@ pub enum InboxError {
         #[source]
         source: diesel::result::Error,
     },
-    /// A statement in the body failed and PostgreSQL aborted the
-    /// transaction, but the body returned `Ok` (it swallowed the error).
-    /// Nothing was committed, the inbox row neither: propagate database
-    /// errors with `?`.
-    #[error("the handler body returned Ok after a failed statement aborted its transaction; nothing was committed (propagate database errors with `?`): {0}")]
+    /// A statement in the body failed in a way that ended the transaction
+    /// (PostgreSQL aborts it on any error; MySQL/MariaDB roll it back on a
+    /// deadlock), but the body returned `Ok`: it swallowed the error.
+    /// Nothing of the transaction was committed, the inbox row neither:
+    /// propagate database errors with `?`.
+    #[error("the handler body returned Ok after a failed statement ended its transaction; the inbox row was not committed (propagate database errors with `?`): {0}")]
     BodyIgnoredError(#[source] diesel::result::Error),
-    /// `migrate` could not create the table or its index, typically for want
-    /// of the privilege to create objects in the schema.
-    #[error("inbox migration failed: {0}; the role running migrate() needs to create tables in the schema, or create inbox_messages beforehand with diesel_inbox::ddl")]
+    /// `migrate` could not create or upgrade the table. When the cause is a
+    /// missing privilege (PostgreSQL 42501, MySQL 1142/1044), the message
+    /// says what the role needs.
+    #[error("inbox migration failed: {0}{hint}", hint = privilege_hint(.0))]
     MigrationFailed(#[source] diesel::result::Error),
     /// `migrate` was called inside an open transaction on MySQL/MariaDB,
     /// where DDL would implicitly commit the caller's transaction.
     #[error("inbox migration refused: MySQL/MariaDB would implicitly commit the open transaction; call migrate() outside any transaction")]
     MigrationInTransaction,
+    /// `migrate` found an `inbox_messages` table that the runtime cannot use
+    /// correctly: with it, redeliveries could be applied twice or new
+    /// messages reported as duplicates. Nothing was changed.
+    #[error("{}", IncompatibleTableMessage(.0))]
+    IncompatibleTable(Vec<TableProblem>),
+    /// The inbox schema in the database is newer than this release of the
+    /// library knows: a newer release migrated it. Nothing was changed;
+    /// run the newer release (rolling back to an older binary is refused
+    /// rather than risk misreading the table).
+    #[error("the inbox schema in the database is version {found}, newer than the version {supported} this release of diesel-inbox knows; upgrade diesel-inbox (a newer release migrated this database)")]
+    SchemaTooNew {
+        /// The version recorded in the database.
+        found: u32,
+        /// The newest version this release knows ([`SCHEMA_VERSION`](crate::SCHEMA_VERSION)).
+        supported: u32,
+    },
+}
+
+/// One reason an existing inbox table cannot be used, and how to fix it.
+///
+/// ```
+/// use inbox_runtime::TableProblem;
+///
+/// let problem = TableProblem::new("the primary key is (message_id)", "make it (consumer, message_id)");
+/// assert_eq!(problem.to_string(), "the primary key is (message_id); fix: make it (consumer, message_id)");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TableProblem {
+    /// What is wrong, and what it would do to messages.
+    pub problem: String,
+    /// How to fix it.
+    pub fix: String,
+}
+
+impl TableProblem {
+    /// A problem and its fix.
+    pub fn new(problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        TableProblem {
+            problem: problem.into(),
+            fix: fix.into(),
+        }
+    }
+}
+
+impl fmt::Display for TableProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}; fix: {}", self.problem, self.fix)
+    }
+}
+
+struct IncompatibleTableMessage<'a>(&'a [TableProblem]);
+
+impl fmt::Display for IncompatibleTableMessage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = self.0.len();
+        write!(
+            f,
+            "the existing inbox_messages table cannot be used safely ({count} problem{}):",
+            if count == 1 { "" } else { "s" }
+        )?;
+        for problem in self.0 {
+            write!(f, "\n  - {problem}")?;
+        }
+        Ok(())
+    }
+}
+
+struct ConsumerConflictMessage<'a> {
+    consumer: &'a str,
+    handlers: &'a [&'static RegisteredHandler],
+}
+
+impl fmt::Display for ConsumerConflictMessage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "consumer `{}` is used by {} handlers: ",
+            self.consumer,
+            self.handlers.len()
+        )?;
+        for (n, handler) in self.handlers.iter().enumerate() {
+            if n > 0 {
+                f.write_str(", ")?;
+            }
+            write!(
+                f,
+                "`{}` ({}:{}{})",
+                handler.function(),
+                handler.file(),
+                handler.line(),
+                if handler.is_shared() { ", shared" } else { "" }
+            )?;
+        }
+        f.write_str(
+            "; each would skip the messages the others applied. Give each its own \
+             `consumer = \"...\"`, or add `shared` to every one of them if they deliberately \
+             deduplicate together",
+        )
+    }
+}
+
+fn privilege_hint(error: &diesel::result::Error) -> &'static str {
+    if crate::backend::is_privilege_error(error) {
+        "; the role running migrate() needs to create and alter tables in the schema, \
+         or run migrate() (or the DDL in diesel_inbox::ddl) once as a role that can"
+    } else {
+        ""
+    }
 }
 
 impl From<InboxError> for diesel::result::Error {

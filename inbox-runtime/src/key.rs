@@ -100,12 +100,20 @@ macro_rules! integer_keys {
         }
     )*};
 }
-integer_keys!(i16, i32, i64, i128, u16, u32, u64, u128, isize, usize);
+integer_keys!(i8, i16, i32, i64, i128, u8, u16, u32, u64, u128, isize, usize);
 integer_keys!(
+    std::num::NonZeroI8,
+    std::num::NonZeroI16,
     std::num::NonZeroI32,
     std::num::NonZeroI64,
+    std::num::NonZeroI128,
+    std::num::NonZeroIsize,
+    std::num::NonZeroU8,
+    std::num::NonZeroU16,
     std::num::NonZeroU32,
-    std::num::NonZeroU64
+    std::num::NonZeroU64,
+    std::num::NonZeroU128,
+    std::num::NonZeroUsize
 );
 
 #[cfg(feature = "uuid")]
@@ -193,6 +201,8 @@ mod tests {
     #[test]
     fn integer_keys_are_decimal() {
         assert_eq!((-5_i32).inbox_key(), "-5");
+        assert_eq!(200_u8.inbox_key(), "200");
+        assert_eq!((-128_i8).inbox_key(), "-128");
         assert_eq!(u64::MAX.inbox_key(), "18446744073709551615");
     }
 }

@@ -31,16 +31,20 @@ extern crate self as inbox_runtime;
 mod backend;
 mod error;
 mod key;
+mod observe;
 mod processed;
+mod registry;
 mod retry;
 mod schema;
 mod transaction;
 
-pub use backend::{ddl, migrate, InboxBackend};
-pub use error::InboxError;
+pub use backend::{ddl, migrate, InboxBackend, SCHEMA_VERSION};
+pub use error::{InboxError, TableProblem};
 pub use inbox_macros::idempotent;
 pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};
+pub use observe::ErrorObserver;
 pub use processed::{Batch, Processed};
+pub use registry::{consumers, ConsumerName, RegisteredHandler};
 pub use retry::{ErrorClass, RetryableError};
 pub use schema::inbox_messages;
 pub use transaction::{run, run_batch, run_once};
@@ -49,9 +53,11 @@ pub use transaction::{run, run_batch, run_once};
 /// change without notice between patch releases.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::retry::{NotRetryable, Probe, ViaRetryableError};
+    pub use crate::registry::{RegisteredHandler, Registration};
+    pub use crate::retry::{Probe, ViaRetryableError, ViaStatements};
     pub use crate::transaction::{run, run_batch, run_once};
     use crate::InboxKey;
+    pub use inventory;
 
     /// The key of a body that can run only once, taken before the body moves
     /// the value it came from.

@@ -1,31 +1,38 @@
 //! Which errors rerun the transaction, and what is returned when they keep coming.
 
 use crate::error::InboxError;
-use diesel::result::{DatabaseErrorKind, Error};
+use diesel::result::Error;
 
-/// Tells whether an error is transient: the transaction that raised it was
-/// rolled back and running it again may succeed (serialization failure,
-/// deadlock, SQLite "database is locked").
+/// Overrides whether a handler's error is transient: the transaction that
+/// raised it was rolled back and running it again may succeed.
 ///
-/// The runtime classifies the errors of the inbox insert and of the commit
-/// itself. An error raised **inside the body** reaches it only as the
-/// handler's own error type `E`; it is retried only if `E` implements this
-/// trait (implemented here for `diesel::result::Error` and [`InboxError`], so
-/// `QueryResult<T>` handlers get it for free). Without it, a body's error is
-/// returned at once, never retried.
+/// You rarely need it. The runtime classifies the errors of the claim and
+/// the commit itself, and it watches the body's statements (see
+/// [`ErrorObserver`](crate::ErrorObserver)): a deadlock, serialization
+/// failure, lock timeout or SQLite busy error raised by a statement of the
+/// body reruns the transaction whatever the handler's error type (a plain
+/// enum, `anyhow::Error`, `Box<dyn Error>`, a generic `E`). Which database
+/// errors are transient is decided by each backend.
+///
+/// Implement it to decide yourself: to mark an error of your own as
+/// retryable (a remote service said "try again"), or a database error as
+/// permanent. When `E` implements it, its answer is final. It is
+/// implemented for `diesel::result::Error` and [`InboxError`] (transient
+/// on any enabled backend), so `QueryResult<T>` handlers retry even on a
+/// connection whose instrumentation is your own.
 ///
 /// ```
 /// use inbox_runtime::{InboxError, RetryableError};
 ///
 /// #[derive(Debug)]
-/// enum AppError { Db(diesel::result::Error), Inbox(InboxError), Rejected }
+/// enum AppError { Db(diesel::result::Error), Inbox(InboxError), RateLimited }
 ///
 /// impl RetryableError for AppError {
 ///     fn is_retryable(&self) -> bool {
 ///         match self {
 ///             AppError::Db(e) => e.is_retryable(),
 ///             AppError::Inbox(e) => e.is_retryable(),
-///             AppError::Rejected => false,
+///             AppError::RateLimited => true,
 ///         }
 ///     }
 ///
@@ -37,7 +44,7 @@ use diesel::result::{DatabaseErrorKind, Error};
 ///         }
 ///     }
 /// }
-/// assert!(!AppError::Rejected.is_retryable());
+/// assert!(AppError::RateLimited.is_retryable());
 /// ```
 pub trait RetryableError: Sized {
     /// `true` when rerunning the whole transaction may succeed.
@@ -53,25 +60,10 @@ pub trait RetryableError: Sized {
 }
 
 impl RetryableError for Error {
+    /// Transient on any of the enabled backends (each backend module
+    /// decides for its own errors).
     fn is_retryable(&self) -> bool {
-        match self {
-            Error::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
-            // diesel has no deadlock or lock-timeout kind: PostgreSQL 40P01
-            // and 55P03, MySQL 1205 (and 1213 through diesel-async) and SQLite
-            // busy arrive as `Unknown`. A lock timeout means another delivery
-            // still holds the key: once it ends, a rerun sees its outcome.
-            Error::DatabaseError(_, info) => {
-                let message = info.message();
-                message.contains("deadlock detected")
-                    || message.contains("Deadlock found")
-                    || message.contains("database is locked")
-                    || message.contains("database table is locked")
-                    || message.contains("canceling statement due to lock timeout")
-                    || message.contains("Lock wait timeout exceeded")
-            }
-            Error::RollbackErrorOnCommit { commit_error, .. } => commit_error.is_retryable(),
-            _ => false,
-        }
+        crate::backend::is_transient(self)
     }
 
     /// Wraps the error in [`InboxError::RetriesExhausted`] (inside
@@ -112,26 +104,53 @@ impl RetryableError for InboxError {
 ///     diesel::result::DatabaseErrorKind::Unknown,
 ///     Box::new("database is locked".to_string()),
 /// );
-/// assert!(ErrorClass::of(&busy).is_retryable());
-/// assert!(!ErrorClass::<String>::permanent().is_retryable());
+/// assert_eq!(ErrorClass::of(&busy).is_retryable(), Some(true));
+/// assert_eq!(ErrorClass::<String>::permanent().is_retryable(), Some(false));
+/// // Decided by the body's failed statements, as the runtime observes them:
+/// assert_eq!(ErrorClass::<String>::by_statements().is_retryable(), None);
 /// ```
 pub struct ErrorClass<E> {
-    retryable: bool,
+    verdict: Verdict,
     exhausted: fn(E, u32) -> E,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Verdict {
+    Retryable,
+    Permanent,
+    /// Retryable if a statement of the body failed with a transient error.
+    ByStatements,
 }
 
 impl<E> ErrorClass<E> {
     /// Never retried, returned unchanged.
     pub fn permanent() -> Self {
         ErrorClass {
-            retryable: false,
+            verdict: Verdict::Permanent,
             exhausted: |error, _| error,
         }
     }
 
-    /// Whether the transaction is rerun for this error.
-    pub fn is_retryable(&self) -> bool {
-        self.retryable
+    /// Retried when a statement of the body failed with an error its
+    /// backend classifies as transient (see
+    /// [`ErrorObserver`](crate::ErrorObserver)); returned unchanged when
+    /// the retries run out. What `#[idempotent]` uses when the handler's
+    /// error type does not implement [`RetryableError`].
+    pub fn by_statements() -> Self {
+        ErrorClass {
+            verdict: Verdict::ByStatements,
+            exhausted: |error, _| error,
+        }
+    }
+
+    /// `Some(true)` or `Some(false)` when decided by the error itself,
+    /// `None` when decided by the body's failed statements.
+    pub fn is_retryable(&self) -> Option<bool> {
+        match self.verdict {
+            Verdict::Retryable => Some(true),
+            Verdict::Permanent => Some(false),
+            Verdict::ByStatements => None,
+        }
     }
 
     pub(crate) fn exhausted(&self, error: E, attempts: u32) -> E {
@@ -143,43 +162,50 @@ impl<E: RetryableError> ErrorClass<E> {
     /// As the error's [`RetryableError`] implementation says.
     pub fn of(error: &E) -> Self {
         ErrorClass {
-            retryable: error.is_retryable(),
+            verdict: if error.is_retryable() {
+                Verdict::Retryable
+            } else {
+                Verdict::Permanent
+            },
             exhausted: E::retries_exhausted,
         }
     }
 }
 
 /// Autoref specialization, used by expanded code on the body's error type:
-/// `(&&Probe(err)).classify()` is [`ErrorClass::of`] when `E` implements
-/// [`RetryableError`] and [`ErrorClass::permanent`] otherwise.
+/// `(&&Probe(err)).__diesel_inbox_error_class()` is [`ErrorClass::of`] when
+/// `E` implements [`RetryableError`] and [`ErrorClass::by_statements`]
+/// otherwise. The method name is one no user trait is likely to share (a
+/// method of the same name in scope would make the call ambiguous).
 #[doc(hidden)]
 pub struct Probe<'a, E>(pub &'a E);
 
 #[doc(hidden)]
 pub trait ViaRetryableError<E> {
-    fn classify(&self) -> ErrorClass<E>;
+    fn __diesel_inbox_error_class(&self) -> ErrorClass<E>;
 }
 
 impl<E: RetryableError> ViaRetryableError<E> for &Probe<'_, E> {
-    fn classify(&self) -> ErrorClass<E> {
+    fn __diesel_inbox_error_class(&self) -> ErrorClass<E> {
         ErrorClass::of(self.0)
     }
 }
 
 #[doc(hidden)]
-pub trait NotRetryable<E> {
-    fn classify(&self) -> ErrorClass<E>;
+pub trait ViaStatements<E> {
+    fn __diesel_inbox_error_class(&self) -> ErrorClass<E>;
 }
 
-impl<E> NotRetryable<E> for Probe<'_, E> {
-    fn classify(&self) -> ErrorClass<E> {
-        ErrorClass::permanent()
+impl<E> ViaStatements<E> for Probe<'_, E> {
+    fn __diesel_inbox_error_class(&self) -> ErrorClass<E> {
+        ErrorClass::by_statements()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use diesel::result::DatabaseErrorKind;
 
     struct Opaque;
 
@@ -192,31 +218,16 @@ mod tests {
 
     #[test]
     #[allow(clippy::needless_borrow)] // the double reference is the point
-    fn probe_uses_the_trait_when_implemented_and_permanent_otherwise() {
-        assert!((&&Probe(&serialization_failure()))
-            .classify()
-            .is_retryable());
-        assert!(!(&&Probe(&Error::NotFound)).classify().is_retryable());
-        assert!(!(&&Probe(&Opaque)).classify().is_retryable());
-    }
-
-    #[test]
-    fn deadlock_and_busy_messages_are_retryable() {
-        for message in [
-            "deadlock detected",
-            "database is locked",
-            "canceling statement due to lock timeout",
-            "Lock wait timeout exceeded; try restarting transaction",
-        ] {
-            let err =
-                Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_string()));
-            assert!(err.is_retryable(), "{message}");
-        }
-        let unique = Error::DatabaseError(
-            DatabaseErrorKind::UniqueViolation,
-            Box::new("dup".to_string()),
+    fn probe_uses_the_trait_when_implemented_and_the_statements_otherwise() {
+        let class = |probe: &&Probe<'_, Error>| probe.__diesel_inbox_error_class().is_retryable();
+        assert_eq!(class(&&Probe(&serialization_failure())), Some(true));
+        assert_eq!(class(&&Probe(&Error::NotFound)), Some(false));
+        assert_eq!(
+            (&&Probe(&Opaque))
+                .__diesel_inbox_error_class()
+                .is_retryable(),
+            None
         );
-        assert!(!unique.is_retryable());
     }
 
     #[test]

@@ -4,10 +4,12 @@
 use crate::backend::InboxBackend;
 use crate::error::InboxError;
 use crate::key::{validate_key, InboxKey};
+use crate::observe;
 use crate::processed::{Batch, Processed};
-use crate::retry::{ErrorClass, RetryableError};
+use crate::registry::ConsumerName;
+use crate::retry::ErrorClass;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection, TransactionManager};
-use diesel::result::{Error, QueryResult};
+use diesel::result::Error;
 use std::collections::HashSet;
 use std::panic::{self, AssertUnwindSafe};
 use std::time::Duration;
@@ -38,10 +40,28 @@ where
     }
 }
 
-fn rollback<C>(conn: &mut C)
+/// Whether diesel has a transaction open on `conn` (a broken transaction
+/// manager counts as none: nothing can be done with it).
+pub(crate) fn transaction_open<C>(conn: &mut C) -> bool
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
 {
+    matches!(
+        AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    )
+}
+
+/// Rolls back the innermost transaction or savepoint, if one is open.
+pub(crate) fn rollback<C>(conn: &mut C)
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    // Nothing to undo when the transaction already ended: PostgreSQL leaves
+    // it after a failed COMMIT, and diesel resyncs its depth from libpq.
+    if !transaction_open(conn) {
+        return;
+    }
     // A failed rollback leaves diesel's manager marked broken (pools discard
     // such connections) and the server rolls back when the session ends.
     if let Err(e) = AnsiTransactionManager::rollback_transaction(conn) {
@@ -50,13 +70,14 @@ where
 }
 
 /// Runs `f` in [`begin`]'s transaction: commit on `Ok`, rollback on `Err`.
-pub(crate) fn in_transaction<C, T>(
+pub(crate) fn in_transaction<C, T, E>(
     conn: &mut C,
-    f: impl FnOnce(&mut C) -> QueryResult<T>,
-) -> QueryResult<T>
+    f: impl FnOnce(&mut C) -> Result<T, E>,
+) -> Result<T, E>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
+    E: From<Error>,
 {
     begin(conn).map_err(|(_, e)| e)?;
     match f(conn) {
@@ -73,11 +94,16 @@ where
 
 /// How one attempt ended short of success.
 enum Failure<E> {
-    /// The claim or the commit failed.
+    /// The claim or the commit failed for a reason of the inbox's own.
     Inbox(Error),
-    /// The body returned an error.
-    Body(E),
-    /// The body returned `Ok` over a failed statement (PostgreSQL).
+    /// The body returned an error; `transient` is the first statement of
+    /// the body that failed with a transient error, if one was observed.
+    Body { error: E, transient: Option<Error> },
+    /// The commit failed for a reason the body caused (a deferred
+    /// constraint): returned as the body's own database error.
+    Commit(Error),
+    /// The body returned `Ok` over a statement failure that ended the
+    /// transaction.
     Ignored(Error),
 }
 
@@ -89,13 +115,19 @@ fn is_aborted_transaction(error: &Error) -> bool {
 /// Claims `key` for `consumer` and runs `body` in the same transaction.
 ///
 /// This is what `#[idempotent]` expands to; call it directly when a macro does
-/// not fit. `retries` bounds how often a transient failure (see
-/// [`RetryableError`]) reruns the whole transaction, claim and commit
-/// included; `classify` says how the body's own errors are treated
-/// ([`ErrorClass::of`] for an error type that implements [`RetryableError`],
-/// else `|_| ErrorClass::permanent()`). Retries happen
+/// not fit. `consumer` is the scope of deduplication (a `&str`). `retries`
+/// bounds how often a transient failure (a deadlock, a serialization
+/// failure, a lock timeout, SQLite busy) reruns the whole transaction, claim
+/// and commit included; `classify` says how the body's own errors are
+/// treated: [`ErrorClass::by_statements`] retries them when a statement of
+/// the body failed with a transient error (whatever `E` is),
+/// [`ErrorClass::of`] asks `E`'s [`RetryableError`](crate::RetryableError)
+/// implementation, [`ErrorClass::permanent`] never retries. Retries happen
 /// only when this call owns the transaction: inside the caller's transaction
 /// a transient error is returned at once, since the caller's work is lost too.
+///
+/// A commit that fails for a reason the body caused (a deferred foreign key,
+/// say) returns the database error as the body's own `E`.
 ///
 /// ```
 /// use diesel::prelude::*;
@@ -105,16 +137,16 @@ fn is_aborted_transaction(error: &Error) -> bool {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
 /// migrate(&mut conn)?;
 /// let handle = |conn: &mut SqliteConnection| -> QueryResult<Processed<()>> {
-///     run(conn, "mailer", "m-1", 3, |_conn| Ok(()), ErrorClass::of)
+///     run(conn, "mailer", "m-1", 3, |_conn| Ok(()), |_| ErrorClass::by_statements())
 /// };
 /// assert_eq!(handle(&mut conn)?, Processed::Applied(()));
 /// assert_eq!(handle(&mut conn)?, Processed::Duplicate);
 /// # Ok(())
 /// # }
 /// ```
-pub fn run<C, K, T, E, F, R>(
+pub fn run<C, N, K, T, E, F, R>(
     conn: &mut C,
-    consumer: &str,
+    consumer: &N,
     key: &K,
     retries: u32,
     mut body: F,
@@ -123,12 +155,13 @@ pub fn run<C, K, T, E, F, R>(
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
+    N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
-    F: FnMut(&mut C) -> Result<T, E>,
+    F: FnMut(&mut C) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
     R: Fn(&E) -> ErrorClass<E>,
     E: From<InboxError> + From<Error>,
 {
-    validate_key(consumer).map_err(InboxError::InvalidConsumer)?;
+    let consumer = consumer.consumer_name()?;
     let key = key.inbox_key();
     validate_key(&key).map_err(InboxError::InvalidKey)?;
     with_retries(conn, consumer, &key, retries, &classify, |conn| {
@@ -169,7 +202,7 @@ where
 /// migrate(&mut conn)?;
 /// let orders = [Order { id: 1 }, Order { id: 2 }];
 /// let first = run_batch(&mut conn, "shipping", &orders, |o| o.id.to_string(), 3,
-///     |_conn, fresh: Vec<&Order>| -> QueryResult<usize> { Ok(fresh.len()) }, ErrorClass::of)?;
+///     |_conn, fresh: Vec<&Order>| -> QueryResult<usize> { Ok(fresh.len()) }, |_| ErrorClass::by_statements())?;
 /// assert_eq!((first.value, first.applied, first.duplicates), (Some(2), vec![0, 1], 0));
 ///
 /// let again = [Order { id: 2 }, Order { id: 3 }, Order { id: 3 }];
@@ -179,9 +212,9 @@ where
 /// # Ok(())
 /// # }
 /// ```
-pub fn run_batch<C, M, T, E, F, R>(
+pub fn run_batch<C, N, M, T, E, F, R>(
     conn: &mut C,
-    consumer: &str,
+    consumer: &N,
     messages: &[M],
     key: impl Fn(&M) -> String,
     retries: u32,
@@ -191,11 +224,12 @@ pub fn run_batch<C, M, T, E, F, R>(
 where
     C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
-    F: FnMut(&mut C, Vec<&M>) -> Result<T, E>,
+    N: ConsumerName + ?Sized,
+    F: FnMut(&mut C, Vec<&M>) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
     R: Fn(&E) -> ErrorClass<E>,
     E: From<InboxError> + From<Error>,
 {
-    validate_key(consumer).map_err(InboxError::InvalidConsumer)?;
+    let consumer = consumer.consumer_name()?;
     let keys: Vec<String> = messages.iter().map(key).collect();
     for key in &keys {
         validate_key(key).map_err(InboxError::InvalidKey)?;
@@ -255,7 +289,9 @@ fn with_retries<C, O, E>(
     mut attempt: impl FnMut(&mut C) -> Result<O, (Scope, Failure<E>)>,
 ) -> Result<O, E>
 where
-    E: From<InboxError>,
+    C: Connection,
+    C::Backend: InboxBackend,
+    E: From<InboxError> + From<Error>,
 {
     let mut attempts: u32 = 1;
     loop {
@@ -264,18 +300,20 @@ where
             Err(failed) => failed,
         };
         let (retryable, class) = match &failure {
-            Failure::Inbox(e) => (e.is_retryable(), None),
-            Failure::Ignored(_) => (false, None),
-            Failure::Body(e) => {
-                let class = classify(e);
-                (class.is_retryable(), Some(class))
+            Failure::Inbox(e) => (<C::Backend as InboxBackend>::is_transient(e), None),
+            Failure::Commit(_) | Failure::Ignored(_) => (false, None),
+            Failure::Body { error, transient } => {
+                let class = classify(error);
+                let retryable = class.is_retryable().unwrap_or(transient.is_some());
+                (retryable, Some(class))
             }
         };
         if !retryable || scope == Scope::Savepoint {
             return Err(match failure {
                 Failure::Inbox(e) => InboxError::Database(e).into(),
                 Failure::Ignored(e) => InboxError::BodyIgnoredError(e).into(),
-                Failure::Body(e) => e,
+                Failure::Commit(e) => e.into(),
+                Failure::Body { error, .. } => error,
             });
         }
         if attempts > retries {
@@ -286,11 +324,13 @@ where
                 "diesel-inbox: giving up on a transient error"
             );
             return Err(match (failure, class) {
-                (Failure::Inbox(source) | Failure::Ignored(source), _) => {
+                (Failure::Inbox(source), _) => {
                     InboxError::RetriesExhausted { attempts, source }.into()
                 }
-                (Failure::Body(e), Some(class)) => class.exhausted(e, attempts),
-                (Failure::Body(e), None) => e,
+                (Failure::Body { error, .. }, Some(class)) => class.exhausted(error, attempts),
+                (Failure::Body { error, .. }, None) => error,
+                (Failure::Commit(e), _) => e.into(),
+                (Failure::Ignored(e), _) => InboxError::BodyIgnoredError(e).into(),
             });
         }
         tracing::debug!(
@@ -320,15 +360,16 @@ where
 /// # Ok(())
 /// # }
 /// ```
-pub fn run_once<C, K, T, E, F>(
+pub fn run_once<C, N, K, T, E, F>(
     conn: &mut C,
-    consumer: &str,
+    consumer: &N,
     key: &K,
     body: F,
 ) -> Result<Processed<T>, E>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
+    N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
     F: FnOnce(&mut C) -> Result<T, E>,
     E: From<InboxError> + From<Error>,
@@ -348,7 +389,9 @@ where
 }
 
 /// Runs the body of a transaction whose claim succeeded: commit on `Ok`,
-/// rollback on `Err` and on panic (the panic then keeps unwinding).
+/// rollback on `Err` and on panic (the panic then keeps unwinding). The
+/// body's failed statements are observed (see [`observe`]) so that a
+/// transient one can rerun the transaction whatever the body's error type.
 fn run_claimed<C, T, E>(
     conn: &mut C,
     scope: Scope,
@@ -359,8 +402,19 @@ where
     C::Backend: InboxBackend,
 {
     let fail = |failure| (scope, failure);
+    let mark = observe::mark(conn);
     match panic::catch_unwind(AssertUnwindSafe(|| body(conn))) {
         Ok(Ok(value)) => {
+            let ended = observe::failed_since(conn, mark)
+                .into_iter()
+                .map(|failed| failed.to_error())
+                .find(<C::Backend as InboxBackend>::ends_transaction);
+            if let Some(error) = ended {
+                // The server already rolled the transaction back (and the
+                // inbox row with it): committing would report a false Applied.
+                rollback(conn);
+                return Err(fail(Failure::Ignored(error)));
+            }
             let committed = match scope {
                 Scope::TopLevel => <C::Backend as InboxBackend>::commit_top_level(conn),
                 Scope::Savepoint => AnsiTransactionManager::commit_transaction(conn),
@@ -368,12 +422,19 @@ where
             match committed {
                 Ok(()) => Ok(value),
                 Err(e) if is_aborted_transaction(&e) => Err(fail(Failure::Ignored(e))),
-                Err(e) => Err(fail(Failure::Inbox(e))),
+                Err(e) if <C::Backend as InboxBackend>::is_transient(&e) => {
+                    Err(fail(Failure::Inbox(e)))
+                }
+                Err(e) => Err(fail(Failure::Commit(e))),
             }
         }
-        Ok(Err(e)) => {
+        Ok(Err(error)) => {
+            let transient = observe::failed_since(conn, mark)
+                .into_iter()
+                .map(|failed| failed.to_error())
+                .find(<C::Backend as InboxBackend>::is_transient);
             rollback(conn);
-            Err(fail(Failure::Body(e)))
+            Err(fail(Failure::Body { error, transient }))
         }
         Err(panic_payload) => {
             // diesel does not roll back on unwind; without this the

@@ -74,25 +74,25 @@ macro_rules! inbox_suite {
             Ok(msg.amount)
         }
 
-        #[idempotent(key = "msg.key", consumer = "rejecting")]
+        #[idempotent(key = "msg.key", consumer = "rejecting", shared)]
         fn write_then_reject(conn: &mut $Conn, msg: &Msg) -> Result<(), AppError> {
             write_effect(conn, &msg.run, &msg.key, msg.amount)?;
             Err(AppError::Rejected)
         }
 
-        #[idempotent(key = "msg.key", consumer = "rejecting")]
+        #[idempotent(key = "msg.key", consumer = "rejecting", shared)]
         fn write_then_accept(conn: &mut $Conn, msg: &Msg) -> Result<(), AppError> {
             write_effect(conn, &msg.run, &msg.key, msg.amount)?;
             Ok(())
         }
 
-        #[idempotent(key = "msg.key", consumer = "panicking")]
+        #[idempotent(key = "msg.key", consumer = "panicking", shared)]
         fn write_then_panic(conn: &mut $Conn, msg: &Msg) -> Result<(), AppError> {
             write_effect(conn, &msg.run, &msg.key, msg.amount)?;
             panic!("handler bug after a write");
         }
 
-        #[idempotent(key = "msg.key", consumer = "panicking")]
+        #[idempotent(key = "msg.key", consumer = "panicking", shared)]
         fn write_after_panic(conn: &mut $Conn, msg: &Msg) -> Result<(), AppError> {
             write_effect(conn, &msg.run, &msg.key, msg.amount)?;
             Ok(())
@@ -584,7 +584,7 @@ macro_rules! inbox_suite {
             assert_eq!(effects[0].1, 2, "only the second delivery's write remains");
         }
 
-        #[idempotent(batch = "msgs", key = "|m| m.key.as_str()", consumer = "batch-payments")]
+        #[idempotent(batch = "msgs", key = "|m| m.key.as_str()", consumer = "batch-payments", shared)]
         fn apply_batch(conn: &mut $Conn, msgs: &[Msg]) -> Result<usize, AppError> {
             let rows: Vec<_> = msgs
                 .iter()
@@ -593,7 +593,7 @@ macro_rules! inbox_suite {
             Ok(diesel::insert_into(effects::table).values(&rows).execute(conn)?)
         }
 
-        #[idempotent(batch = "msgs", key = "|m| m.key.as_str()", consumer = "batch-payments")]
+        #[idempotent(batch = "msgs", key = "|m| m.key.as_str()", consumer = "batch-payments", shared)]
         fn apply_batch_then_reject(conn: &mut $Conn, msgs: &[Msg]) -> Result<(), AppError> {
             for m in &msgs {
                 write_effect(conn, &m.run, &m.key, m.amount)?;

@@ -75,7 +75,7 @@ macro_rules! fault_backend {
 
             /// The fault handler: two business rows per message, and an abort
             /// wherever the worker was told to crash.
-            #[idempotent(key = "msg.key", consumer = "fault-consumer", retries = 10)]
+            #[idempotent(key = "msg.key", consumer = "fault-consumer", shared, retries = 10)]
             pub fn consume(conn: &mut Conn, msg: &Message, crash: Option<CrashPoint>) -> QueryResult<()> {
                 if crash == Some(CrashPoint::AfterClaim) {
                     std::process::abort();
@@ -380,7 +380,7 @@ macro_rules! fault_backend {
 
             // ---- 3. connection killed mid-transaction --------------------------
 
-            #[idempotent(key = "msg.key", consumer = "fault-consumer", retries = 0)]
+            #[idempotent(key = "msg.key", consumer = "fault-consumer", shared, retries = 0)]
             fn write_wait_write(conn: &mut Conn, msg: &Message, started: mpsc::Sender<()>) -> QueryResult<()> {
                 write_effect(conn, &msg.run, &msg.key, msg.amount)?;
                 let _ = started.send(());
@@ -459,7 +459,7 @@ macro_rules! fault_backend {
 
             static BODY_RUNS: AtomicU32 = AtomicU32::new(0);
 
-            #[idempotent(key = "msg.key", consumer = "fault-counter", retries = 100)]
+            #[idempotent(key = "msg.key", consumer = "fault-counter", shared, retries = 100)]
             fn add_to_shared_counter(conn: &mut Conn, msg: &Message) -> QueryResult<()> {
                 BODY_RUNS.fetch_add(1, Ordering::SeqCst);
                 add(conn, &format!("{}:total", msg.run), msg.amount)?;
@@ -521,7 +521,7 @@ macro_rules! fault_backend {
 
             /// Another session changes the row after this transaction's snapshot
             /// (taken at the claim) on the first `interfere` attempts.
-            #[idempotent(key = "msg.key", consumer = "fault-interfered", conn = "conn", retries = 2)]
+            #[idempotent(key = "msg.key", consumer = "fault-interfered", shared, conn = "conn", retries = 2)]
             fn interfered(conn: &mut Conn, msg: &Message, other: &mut Conn, interfere: u32, runs: &AtomicU32) -> QueryResult<()> {
                 let attempt = runs.fetch_add(1, Ordering::SeqCst) + 1;
                 let name = format!("{}:total", msg.run);
@@ -576,7 +576,7 @@ macro_rules! fault_backend {
 
             /// Locks `first` then `second`; both handlers meet at the barrier on
             /// their first attempt, holding one row each: a deadlock.
-            #[idempotent(key = "msg.key", consumer = "fault-deadlock", retries = 5)]
+            #[idempotent(key = "msg.key", consumer = "fault-deadlock", shared, retries = 5)]
             fn lock_two(conn: &mut Conn, msg: &Message, first: &str, second: &str, meet: &Barrier, runs: &AtomicU32) -> QueryResult<()> {
                 let attempt = runs.fetch_add(1, Ordering::SeqCst) + 1;
                 add(conn, first, 1)?;
@@ -587,7 +587,7 @@ macro_rules! fault_backend {
                 write_effect(conn, &msg.run, &msg.key, msg.amount).map(drop)
             }
 
-            #[idempotent(key = "msg.key", consumer = "fault-dupkey", retries = 0)]
+            #[idempotent(key = "msg.key", consumer = "fault-dupkey", shared, retries = 0)]
             fn hold_then_fail(conn: &mut Conn, msg: &Message, claimed: mpsc::Sender<()>) -> QueryResult<()> {
                 let _ = claimed.send(());
                 std::thread::sleep(Duration::from_millis(400));
@@ -595,7 +595,7 @@ macro_rules! fault_backend {
                 Err(diesel::result::Error::RollbackTransaction)
             }
 
-            #[idempotent(key = "msg.key", consumer = "fault-dupkey", retries = 10)]
+            #[idempotent(key = "msg.key", consumer = "fault-dupkey", shared, retries = 10)]
             fn dupkey_apply(conn: &mut Conn, msg: &Message) -> QueryResult<()> {
                 write_effect(conn, &msg.run, &msg.key, msg.amount).map(drop)
             }
@@ -811,7 +811,7 @@ macro_rules! fault_backend {
 
             // ---- 8. nested and long transactions -------------------------------
 
-            #[idempotent(key = "msg.key", consumer = "fault-long", retries = 0)]
+            #[idempotent(key = "msg.key", consumer = "fault-long", shared, retries = 0)]
             fn long_body(conn: &mut Conn, msg: &Message, claimed: mpsc::Sender<()>, hold: Duration) -> QueryResult<()> {
                 write_effect(conn, &msg.run, &msg.key, msg.amount)?;
                 let _ = claimed.send(());
@@ -819,7 +819,7 @@ macro_rules! fault_backend {
                 Ok(())
             }
 
-            #[idempotent(key = "msg.key", consumer = "fault-long", retries = 30)]
+            #[idempotent(key = "msg.key", consumer = "fault-long", shared, retries = 30)]
             fn patient(conn: &mut Conn, msg: &Message) -> QueryResult<()> {
                 write_effect(conn, &msg.run, &msg.key, msg.amount).map(drop)
             }
@@ -883,7 +883,7 @@ macro_rules! fault_backend {
                 CrashAfterCommit,
             }
 
-            #[idempotent(key = "msg.key", consumer = "fault-consumer", retries = 3)]
+            #[idempotent(key = "msg.key", consumer = "fault-consumer", shared, retries = 3)]
             fn scheduled(conn: &mut Conn, msg: &Message, fate: Fate) -> QueryResult<()> {
                 write_effect(conn, &msg.run, &msg.key, msg.amount)?;
                 match fate {

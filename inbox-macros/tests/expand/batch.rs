@@ -2,9 +2,19 @@ fn on_orders(
     conn: &mut PgConnection,
     orders: &[Order],
 ) -> QueryResult<::diesel_inbox::Batch<usize>> {
+    static __INBOX_HANDLER: ::diesel_inbox::__private::RegisteredHandler = ::diesel_inbox::__private::RegisteredHandler::new(
+        "on_orders",
+        ::core::concat!(::core::module_path!(), "::", "on_orders"),
+        ::core::file!(),
+        ::core::line!(),
+        false,
+    );
+    ::diesel_inbox::__private::inventory::submit!(
+        ::diesel_inbox::__private::Registration(& __INBOX_HANDLER)
+    );
     ::diesel_inbox::__private::run_batch(
         conn,
-        "on_orders",
+        &&__INBOX_HANDLER,
         orders,
         |__inbox_message| {
             let order = __inbox_message;
@@ -16,8 +26,9 @@ fn on_orders(
         },
         |__inbox_error| {
             #[allow(unused_imports)]
-            use ::diesel_inbox::__private::{NotRetryable as _, ViaRetryableError as _};
-            (&&::diesel_inbox::__private::Probe(__inbox_error)).classify()
+            use ::diesel_inbox::__private::{ViaRetryableError as _, ViaStatements as _};
+            (&&::diesel_inbox::__private::Probe(__inbox_error))
+                .__diesel_inbox_error_class()
         },
     )
 }

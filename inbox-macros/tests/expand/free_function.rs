@@ -3,9 +3,19 @@ pub fn on_order_placed(
     conn: &mut PgConnection,
     msg: &OrderPlaced,
 ) -> Result<::diesel_inbox::Processed<i64>, AppError> {
+    static __INBOX_HANDLER: ::diesel_inbox::__private::RegisteredHandler = ::diesel_inbox::__private::RegisteredHandler::new(
+        "on_order_placed",
+        ::core::concat!(::core::module_path!(), "::", "on_order_placed"),
+        ::core::file!(),
+        ::core::line!(),
+        false,
+    );
+    ::diesel_inbox::__private::inventory::submit!(
+        ::diesel_inbox::__private::Registration(& __INBOX_HANDLER)
+    );
     ::diesel_inbox::__private::run(
         conn,
-        "on_order_placed",
+        &&__INBOX_HANDLER,
         &(msg.id),
         3u32,
         |conn| -> Result<i64, AppError> {
@@ -14,8 +24,9 @@ pub fn on_order_placed(
         },
         |__inbox_error| {
             #[allow(unused_imports)]
-            use ::diesel_inbox::__private::{NotRetryable as _, ViaRetryableError as _};
-            (&&::diesel_inbox::__private::Probe(__inbox_error)).classify()
+            use ::diesel_inbox::__private::{ViaRetryableError as _, ViaStatements as _};
+            (&&::diesel_inbox::__private::Probe(__inbox_error))
+                .__diesel_inbox_error_class()
         },
     )
 }

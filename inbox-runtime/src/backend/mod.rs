@@ -1,9 +1,11 @@
 //! What differs between databases: how a transaction starts, how a claim
-//! ignores a conflict, and the DDL.
+//! ignores a conflict, which errors are transient, the DDL and the catalog;
+//! and `migrate`, which verifies, versions and upgrades the table through
+//! them.
 
 use crate::error::InboxError;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
-use diesel::result::QueryResult;
+use diesel::result::{Error, QueryResult};
 
 /// Most keys one claim statement carries (bind-parameter limits: PostgreSQL
 /// 65535, SQLite 32766; two per row).
@@ -70,16 +72,35 @@ macro_rules! claim_batch_by_lookup {
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod shape;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+
+pub(crate) use shape::Catalog;
 
 mod sealed {
     pub trait Sealed {}
 }
 pub(crate) use sealed::Sealed;
 
+/// The newest version of the inbox schema this release knows. `migrate`
+/// records it with the table, upgrades older tables in place and refuses a
+/// newer one ([`InboxError::SchemaTooNew`]).
+///
+/// Version 1 is the table of diesel-inbox 0.1: `(consumer, message_id)`
+/// primary key and `received_at`; tables created by 0.1 carry no record and
+/// are recorded as version 1 by the first `migrate`.
+///
+/// ```
+/// assert_eq!(inbox_runtime::SCHEMA_VERSION, 1);
+/// ```
+pub const SCHEMA_VERSION: u32 = 1;
+
 /// A diesel backend the inbox supports: `Pg`, `Mysql` (MySQL and MariaDB)
-/// and `Sqlite`, each behind the feature of the same name.
+/// and `Sqlite`, each behind the feature of the same name. Everything that
+/// differs between databases lives in its implementation: the SQL of the
+/// claim and of the DDL, which errors are transient, how the schema version
+/// is recorded and how the catalog describes the table.
 ///
 /// Handlers accept any connection whose backend implements this trait and
 /// whose transaction manager is diesel's `AnsiTransactionManager`, which is
@@ -93,13 +114,27 @@ pub(crate) use sealed::Sealed;
 ///     .contains("CREATE TABLE IF NOT EXISTS inbox_messages"));
 /// ```
 pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
-    /// The statements that create the inbox table and its index, idempotent
-    /// (`IF NOT EXISTS`), for users who run their own migration tool.
+    /// The statements that create the inbox table, its index and the
+    /// record of its schema version, idempotent (`IF NOT EXISTS`), for
+    /// users who run their own migration tool.
     const DDL: &'static str;
 
     /// The statement that opens a top-level transaction.
     #[doc(hidden)]
     const BEGIN: &'static str;
+
+    /// The column type of `consumer` and `message_id`, named in fixes.
+    #[doc(hidden)]
+    const KEY_TYPE: &'static str;
+
+    /// Whether DDL commits an open transaction implicitly (MySQL), so that
+    /// `migrate` must refuse to run inside one.
+    #[doc(hidden)]
+    const DDL_COMMITS: bool = false;
+
+    /// `UPGRADES[n]` takes the schema from version `n + 1` to `n + 2`.
+    #[doc(hidden)]
+    const UPGRADES: &'static [&'static str];
 
     /// Inserts `(consumer, key)` unless it is there already; `true` if the
     /// row was inserted (the caller owns the message), `false` for a
@@ -131,23 +166,121 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         )
     }
 
-    /// Creates the table, guarded against concurrent runs.
+    /// Whether rerunning the transaction that raised `error` may succeed:
+    /// serialization failures, deadlocks, lock timeouts, busy databases.
     #[doc(hidden)]
-    fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
+    fn is_transient(error: &Error) -> bool;
+
+    /// Whether `error`, raised by a statement of the body, ended the whole
+    /// transaction even though the body went on and returned `Ok` (MySQL
+    /// rolls back the transaction on a deadlock; later statements then run
+    /// outside it).
+    #[doc(hidden)]
+    fn ends_transaction(error: &Error) -> bool {
+        let _ = error;
+        false
+    }
+
+    /// Whether `error` says the role lacks a privilege.
+    #[doc(hidden)]
+    fn is_privilege_error(error: &Error) -> bool;
+
+    /// What the catalog says about `inbox_messages`, in one query.
+    #[doc(hidden)]
+    fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
+    where
+        C: LoadConnection<Backend = Self>;
+
+    /// The statements that record `version` with the table.
+    #[doc(hidden)]
+    fn record_version(version: u32) -> String;
+
+    /// Runs `f` while no other `migrate` runs against the same database.
+    #[doc(hidden)]
+    fn exclusively<C, T>(
+        conn: &mut C,
+        f: impl FnOnce(&mut C) -> Result<T, InboxError>,
+    ) -> Result<T, InboxError>
     where
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>;
 }
 
-/// Creates the `inbox_messages` table and its index if they do not exist.
+/// The kind and message of a database error, also when it is the commit
+/// error of a failed commit's rollback.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn database_error(error: &Error) -> Option<(diesel::result::DatabaseErrorKind, &str)> {
+    match error {
+        Error::DatabaseError(kind, info) => Some((*kind, info.message())),
+        Error::RollbackErrorOnCommit { commit_error, .. } => database_error(commit_error),
+        _ => None,
+    }
+}
+
+/// Transient on any enabled backend, for errors whose backend is not known
+/// (`RetryableError for diesel::result::Error`).
+pub(crate) fn is_transient(error: &Error) -> bool {
+    #[cfg(feature = "postgres")]
+    if <diesel::pg::Pg as InboxBackend>::is_transient(error) {
+        return true;
+    }
+    #[cfg(feature = "mysql")]
+    if <diesel::mysql::Mysql as InboxBackend>::is_transient(error) {
+        return true;
+    }
+    #[cfg(feature = "sqlite")]
+    if <diesel::sqlite::Sqlite as InboxBackend>::is_transient(error) {
+        return true;
+    }
+    let _ = error;
+    false
+}
+
+/// A privilege error on any enabled backend (the hint of
+/// [`InboxError::MigrationFailed`]).
+pub(crate) fn is_privilege_error(error: &Error) -> bool {
+    #[cfg(feature = "postgres")]
+    if <diesel::pg::Pg as InboxBackend>::is_privilege_error(error) {
+        return true;
+    }
+    #[cfg(feature = "mysql")]
+    if <diesel::mysql::Mysql as InboxBackend>::is_privilege_error(error) {
+        return true;
+    }
+    let _ = error;
+    false
+}
+
+/// Creates the `inbox_messages` table and its index if they do not exist,
+/// verifies an existing table and upgrades it to [`SCHEMA_VERSION`].
 ///
-/// Safe to call at every start and from several processes at once (guarded
-/// by an advisory lock on PostgreSQL, `GET_LOCK` on MySQL/MariaDB, an
-/// immediate transaction on SQLite). It does not touch diesel's
-/// `__diesel_schema_migrations`, so the application's own
-/// `diesel migration revert` is unaffected. On MySQL/MariaDB, where DDL
-/// commits implicitly, it refuses to run inside an open transaction
-/// ([`InboxError::MigrationInTransaction`]); on PostgreSQL and SQLite it joins
-/// the caller's transaction as a savepoint.
+/// - **Creates** the table, its `received_at` index and the record of the
+///   schema version when there is no table.
+/// - **Verifies** an existing table against what the runtime relies on:
+///   primary key exactly `(consumer, message_id)`, keys compared byte for
+///   byte and at least 255 bytes wide, no foreign key, check constraint,
+///   trigger or extra unique index that could skip or refuse a claim, and
+///   the `received_at` index. Any mismatch is refused with
+///   [`InboxError::IncompatibleTable`], listing each problem and its fix;
+///   nothing is changed. This costs one catalog query, once per `migrate`,
+///   and nothing on the message path.
+/// - **Upgrades** a table of an older schema version in place (a table of
+///   diesel-inbox 0.1 is recorded as version 1), and refuses one newer than
+///   this release knows ([`InboxError::SchemaTooNew`]), so an older binary
+///   never misreads a newer table.
+///
+/// The version is recorded in the catalog: the table comment on PostgreSQL
+/// and MySQL/MariaDB (`diesel-inbox schema 1`), a view
+/// `inbox_schema_version` on SQLite. A current, correct table needs no
+/// privilege beyond reading the catalog.
+///
+/// Safe to call at every start and from several processes at once:
+/// creation and upgrades run under a lock (an advisory lock on PostgreSQL,
+/// `GET_LOCK` on MySQL/MariaDB, an immediate transaction on SQLite). It
+/// does not touch diesel's `__diesel_schema_migrations`, so the
+/// application's own `diesel migration revert` is unaffected. On
+/// MySQL/MariaDB, where DDL commits implicitly, it refuses to run inside an
+/// open transaction ([`InboxError::MigrationInTransaction`]); on PostgreSQL
+/// and SQLite it joins the caller's transaction as a savepoint.
 ///
 /// The DDL is also available as [`InboxBackend::DDL`] (and the `ddl` module).
 ///
@@ -158,6 +291,15 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
 /// inbox_runtime::migrate(&mut conn)?;
 /// inbox_runtime::migrate(&mut conn)?; // idempotent
+///
+/// // A table whose keys compare case-insensitively is refused.
+/// let mut other = SqliteConnection::establish(":memory:")?;
+/// diesel::sql_query(
+///     "CREATE TABLE inbox_messages (consumer TEXT COLLATE NOCASE, message_id TEXT COLLATE NOCASE, \
+///      received_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP, PRIMARY KEY (consumer, message_id))",
+/// ).execute(&mut other)?;
+/// let refused = inbox_runtime::migrate(&mut other).unwrap_err();
+/// assert!(refused.to_string().contains("NOCASE"), "{refused}");
 /// # Ok(())
 /// # }
 /// ```
@@ -166,11 +308,82 @@ where
     C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
-    <C::Backend as InboxBackend>::migrate(conn)
+    // Refused whatever the table's state, so that it does not pass in
+    // development (table current) and fail on the first deploy.
+    if <C::Backend as InboxBackend>::DDL_COMMITS && crate::transaction::transaction_open(conn) {
+        return Err(InboxError::MigrationInTransaction);
+    }
+    // A first look without the lock: a current, correct table needs nothing
+    // (and no privilege beyond reading the catalog).
+    if plan::<C::Backend>(&<C::Backend as InboxBackend>::catalog(conn)?)? == Plan::Nothing {
+        return Ok(());
+    }
+    <C::Backend as InboxBackend>::exclusively(conn, |conn| {
+        let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
+        let sql = match plan::<C::Backend>(&catalog)? {
+            Plan::Nothing => return Ok(()),
+            Plan::Create => <C::Backend as InboxBackend>::DDL.to_string(),
+            Plan::Upgrade { from } => upgrade_sql::<C::Backend>(from),
+        };
+        conn.batch_execute(&sql)
+            .map_err(InboxError::MigrationFailed)?;
+        // Verify what was created or upgraded (an existing object under the
+        // same name may have made `IF NOT EXISTS` a no-op).
+        match plan::<C::Backend>(&<C::Backend as InboxBackend>::catalog(conn)?)? {
+            Plan::Nothing => Ok(()),
+            _ => Err(InboxError::MigrationFailed(Error::QueryBuilderError(
+                "the inbox table is still not at the current schema version after migrating".into(),
+            ))),
+        }
+    })
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    Nothing,
+    Create,
+    /// Run the upgrades after `from` (`None`: a table of 0.1, unrecorded).
+    Upgrade {
+        from: Option<u32>,
+    },
+}
+
+fn plan<B: InboxBackend>(catalog: &Catalog) -> Result<Plan, InboxError> {
+    if let Some(found) = catalog.version.filter(|v| *v > SCHEMA_VERSION) {
+        return Err(InboxError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let Some(table) = &catalog.table else {
+        return Ok(Plan::Create);
+    };
+    let problems = shape::problems(table, B::KEY_TYPE);
+    if !problems.is_empty() {
+        return Err(InboxError::IncompatibleTable(problems));
+    }
+    Ok(match catalog.version {
+        Some(SCHEMA_VERSION) => Plan::Nothing,
+        from => Plan::Upgrade { from },
+    })
+}
+
+/// The statements that take a verified table from version `from` to
+/// [`SCHEMA_VERSION`] and record it.
+fn upgrade_sql<B: InboxBackend>(from: Option<u32>) -> String {
+    // A table without a record has the shape of version 1 (it passed the
+    // checks); the upgrades after it follow.
+    let done = from.unwrap_or(1) as usize;
+    let mut sql: Vec<&str> = B::UPGRADES.iter().skip(done - 1).copied().collect();
+    let record = B::record_version(SCHEMA_VERSION);
+    sql.push(&record);
+    sql.join("\n")
 }
 
 /// The inbox DDL of each backend, as [`InboxBackend::DDL`] gives it, for a
 /// migration tool of your own (for example a diesel migration's `up.sql`).
+/// It creates the table, its index and the record of the schema version;
+/// call [`migrate`] at start-up anyway to verify the table.
 ///
 /// ```
 /// assert!(inbox_runtime::ddl::SQLITE.contains("PRIMARY KEY (consumer, message_id)"));

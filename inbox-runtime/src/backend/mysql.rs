@@ -1,16 +1,67 @@
-use super::{InboxBackend, Sealed};
-use crate::error::InboxError;
+use super::shape::{parse_version_marker, version_marker};
+use super::shape::{CatalogRow, Column, Index, Table};
+use super::{database_error, Catalog, InboxBackend, Sealed};
+use crate::error::{InboxError, TableProblem};
 use crate::schema::inbox_messages::dsl::*;
-use crate::transaction::begin;
-use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection, TransactionManager};
+use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::mysql::Mysql;
 use diesel::prelude::*;
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel::sql_types::{Integer, Nullable};
 
 impl Sealed for Mysql {}
+
+/// What `information_schema` says about `inbox_messages` in the current
+/// database, one row per thing (every value cast to the connection's
+/// character set, so that the branches of the UNION agree):
+/// - `table`: a = table type, b = engine, c = the table comment;
+/// - `column`: a = data type, b = maximum length in characters, c =
+///   collation, d = `notnull`, `default` flags;
+/// - `primary` / `unique` / `index`: a = columns, b = `prefix` when a
+///   column is indexed by a prefix only;
+/// - `foreign key` / `check constraint` / `trigger` (on INSERT): the name.
+const CATALOG: &str = r#"
+SELECT CAST('table' AS CHAR) AS kind, CAST(TABLE_NAME AS CHAR) AS name,
+       CAST(TABLE_TYPE AS CHAR) AS a, CAST(ENGINE AS CHAR) AS b,
+       CAST(TABLE_COMMENT AS CHAR) AS c, CAST(NULL AS CHAR) AS d
+FROM information_schema.TABLES
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_messages'
+UNION ALL
+SELECT CAST('column' AS CHAR), CAST(COLUMN_NAME AS CHAR), CAST(DATA_TYPE AS CHAR),
+       CAST(CHARACTER_MAXIMUM_LENGTH AS CHAR), CAST(COLLATION_NAME AS CHAR),
+       CAST(CONCAT_WS(',', IF(IS_NULLABLE = 'NO', 'notnull', NULL),
+                      IF(COLUMN_DEFAULT IS NOT NULL OR EXTRA LIKE '%auto_increment%'
+                         OR EXTRA LIKE '%GENERATED%', 'default', NULL)) AS CHAR)
+FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_messages'
+UNION ALL
+SELECT CAST(IF(INDEX_NAME = 'PRIMARY', 'primary', IF(NON_UNIQUE = 0, 'unique', 'index')) AS CHAR),
+       CAST(INDEX_NAME AS CHAR),
+       CAST(GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX SEPARATOR ',') AS CHAR),
+       CAST(IF(MAX(SUB_PART) IS NOT NULL, 'prefix', NULL) AS CHAR), CAST(NULL AS CHAR),
+       CAST(NULL AS CHAR)
+FROM information_schema.STATISTICS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_messages'
+GROUP BY INDEX_NAME, NON_UNIQUE
+UNION ALL
+SELECT CAST(IF(CONSTRAINT_TYPE = 'FOREIGN KEY', 'foreign key', 'check constraint') AS CHAR),
+       CAST(CONSTRAINT_NAME AS CHAR), NULL, NULL, NULL, NULL
+FROM information_schema.TABLE_CONSTRAINTS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_messages'
+  AND CONSTRAINT_TYPE IN ('FOREIGN KEY', 'CHECK')
+UNION ALL
+SELECT CAST('trigger' AS CHAR), CAST(TRIGGER_NAME AS CHAR), NULL, NULL, NULL, NULL
+FROM information_schema.TRIGGERS
+WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = 'inbox_messages'
+  AND EVENT_MANIPULATION = 'INSERT'
+"#;
 
 impl InboxBackend for Mysql {
     const DDL: &'static str = super::ddl::MYSQL;
     const BEGIN: &'static str = "BEGIN";
+    const KEY_TYPE: &'static str = "VARBINARY(255)";
+    const DDL_COMMITS: bool = true;
+    const UPGRADES: &'static [&'static str] = &[];
 
     fn claim<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>
     where
@@ -19,7 +70,9 @@ impl InboxBackend for Mysql {
         // Not `ON DUPLICATE KEY UPDATE`: diesel connects with
         // CLIENT_FOUND_ROWS, so that form reports 1 for a duplicate too.
         // INSERT IGNORE would truncate an over-long key, which the runtime
-        // has refused before we get here.
+        // has refused before we get here, and turns any other refusal of
+        // the row into a skip, which `migrate` rules out by checking the
+        // table (no foreign keys, checks, triggers or extra unique keys).
         diesel::insert_or_ignore_into(inbox_messages)
             .values((consumer.eq(consumer_name), message_id.eq(key)))
             .execute(conn)
@@ -33,26 +86,209 @@ impl InboxBackend for Mysql {
         claim_batch_by_lookup!(conn, consumer_name, keys)
     }
 
-    fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
+    fn is_transient(error: &Error) -> bool {
+        // Sync diesel maps 1213 (deadlock, and a Galera certification
+        // conflict or brute-force abort) to SerializationFailure; other
+        // drivers and 1205 (lock wait timeout) leave only the message text,
+        // which the server writes in English.
+        match database_error(error) {
+            Some((DatabaseErrorKind::SerializationFailure, _)) => true,
+            Some((_, message)) => {
+                message.contains("Deadlock found")
+                    || message.contains("Lock wait timeout exceeded")
+                    || message.contains("try restarting transaction")
+                    || message.contains("WSREP detected deadlock/conflict")
+            }
+            None => false,
+        }
+    }
+
+    fn ends_transaction(error: &Error) -> bool {
+        // InnoDB rolls back the whole transaction on a deadlock (and Galera
+        // on a certification conflict); a lock wait timeout undoes only the
+        // statement.
+        Self::is_transient(error)
+            && database_error(error)
+                .is_some_and(|(_, message)| !message.contains("Lock wait timeout exceeded"))
+    }
+
+    fn is_privilege_error(error: &Error) -> bool {
+        // 1142 "... command denied to user ...", 1044 "Access denied for user ...".
+        database_error(error).is_some_and(|(_, message)| {
+            message.contains("command denied to user") || message.contains("Access denied for user")
+        })
+    }
+
+    fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        let rows: Vec<CatalogRow> = diesel::sql_query(CATALOG).load(conn)?;
+        let mut catalog = Catalog::default();
+        let mut table = Table::default();
+        let mut exists = false;
+        for row in rows {
+            match row.kind.as_str() {
+                "table" => {
+                    exists = true;
+                    catalog.version = row.c.as_deref().and_then(parse_version_marker);
+                    if row.a.as_deref() != Some("BASE TABLE") {
+                        table.problems.push(TableProblem::new(
+                            format!(
+                                "`inbox_messages` is not a table ({})",
+                                row.a.as_deref().unwrap_or("?")
+                            ),
+                            "drop it and run migrate() to create the table",
+                        ));
+                    } else if row.b.as_deref() != Some("InnoDB") {
+                        table.problems.push(TableProblem::new(
+                            format!(
+                                "the table uses the {} engine, which has no transactions: a failed handler would keep its inbox row and its message would be lost",
+                                row.b.as_deref().unwrap_or("?")
+                            ),
+                            "ALTER TABLE inbox_messages ENGINE = InnoDB",
+                        ));
+                    }
+                }
+                "column" => {
+                    let flags = row.d.as_deref().unwrap_or("");
+                    table.columns.push(Column {
+                        key_problem: key_problem(&row),
+                        required: flags.contains("notnull") && !flags.contains("default"),
+                        has_default: flags.contains("default"),
+                        name: row.name,
+                    });
+                }
+                "primary" | "unique" | "index" => table.indexes.push(Index {
+                    columns: row.columns(),
+                    primary: row.kind == "primary",
+                    unique: row.kind != "index",
+                    problem: (row.b.as_deref() == Some("prefix"))
+                        .then(|| "covers only a prefix of a column".to_string()),
+                    name: row.name,
+                }),
+                "foreign key" => table.constraints.push(("foreign key", row.name)),
+                "check constraint" => table.constraints.push(("check constraint", row.name)),
+                "trigger" => table.insert_hooks.push(("trigger", row.name)),
+                _ => {}
+            }
+        }
+        catalog.table = exists.then_some(table);
+        Ok(catalog)
+    }
+
+    fn record_version(version: u32) -> String {
+        format!(
+            "ALTER TABLE inbox_messages COMMENT = '{}';",
+            version_marker(version)
+        )
+    }
+
+    fn exclusively<C, T>(
+        conn: &mut C,
+        f: impl FnOnce(&mut C) -> Result<T, InboxError>,
+    ) -> Result<T, InboxError>
     where
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
-        // DDL commits implicitly: refuse inside the caller's transaction
-        // rather than commit it behind their back.
-        match begin(conn).map_err(|(_, e)| e)? {
-            crate::transaction::Scope::TopLevel => {
-                AnsiTransactionManager::rollback_transaction(conn)?;
-            }
-            crate::transaction::Scope::Savepoint => {
-                AnsiTransactionManager::rollback_transaction(conn)?;
-                return Err(InboxError::MigrationInTransaction);
-            }
+        // `migrate` has refused to run inside a transaction (DDL_COMMITS).
+        let locked: Option<i32> = diesel::select(diesel::dsl::sql::<Nullable<Integer>>(
+            "GET_LOCK('diesel_inbox_migrate', 60)",
+        ))
+        .get_result(conn)?;
+        if locked != Some(1) {
+            return Err(InboxError::MigrationFailed(Error::QueryBuilderError(
+                "another migrate() held the lock `diesel_inbox_migrate` for 60 s".into(),
+            )));
         }
-        conn.batch_execute("DO GET_LOCK('diesel_inbox_migrate', 60)")?;
-        let created = conn.batch_execute(Self::DDL);
+        let result = f(conn);
         let released = conn.batch_execute("DO RELEASE_LOCK('diesel_inbox_migrate')");
-        created.map_err(InboxError::MigrationFailed)?;
+        let value = result?;
         released?;
-        Ok(())
+        Ok(value)
+    }
+}
+
+/// Why a key column of this type and collation cannot hold every key and
+/// compare keys byte for byte (`None` when it can).
+fn key_problem(column: &CatalogRow) -> Option<String> {
+    let data_type = column.a.as_deref().unwrap_or("?");
+    let length: u64 = column
+        .b
+        .as_deref()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
+    let collation = column.c.as_deref().unwrap_or("");
+    match data_type {
+        "varbinary" if length >= 255 => None,
+        "varbinary" => Some(format!(
+            "holds at most {length} bytes (VARBINARY({length})), and INSERT IGNORE cuts longer keys"
+        )),
+        "varchar" if length < 255 => Some(format!(
+            "holds at most {length} characters (VARCHAR({length})), and INSERT IGNORE cuts longer keys"
+        )),
+        "varchar" if !collation.starts_with("utf8mb4_") => Some(format!(
+            "uses collation {collation}, whose character set cannot store every UTF-8 key (INSERT IGNORE replaces what it cannot store)"
+        )),
+        // NO PAD binary collations compare byte for byte: MariaDB's
+        // `*_nopad_bin`, MySQL 8's `*_0900_bin`.
+        "varchar" if collation.ends_with("_nopad_bin") || collation.ends_with("_0900_bin") => None,
+        "varchar" if collation.ends_with("_bin") => Some(format!(
+            "uses collation {collation}, which pads: `key ` and `key` compare equal"
+        )),
+        "varchar" => Some(format!(
+            "uses collation {collation}, which ignores case, accents or trailing spaces"
+        )),
+        "char" | "binary" => Some(format!(
+            "is {}, which pads every value to its full length",
+            data_type.to_uppercase()
+        )),
+        other => Some(format!("has type {other}, not VARBINARY")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(kind: DatabaseErrorKind, message: &str) -> Error {
+        Error::DatabaseError(kind, Box::new(message.to_string()))
+    }
+
+    #[test]
+    fn transient_errors_are_deadlocks_lock_timeouts_and_galera_conflicts() {
+        use DatabaseErrorKind::*;
+        let deadlock = "Deadlock found when trying to get lock; try restarting transaction";
+        assert!(Mysql::is_transient(&error(SerializationFailure, deadlock)));
+        assert!(Mysql::is_transient(&error(Unknown, deadlock)));
+        assert!(Mysql::is_transient(&error(
+            Unknown,
+            "Lock wait timeout exceeded; try restarting transaction"
+        )));
+        assert!(Mysql::is_transient(&error(
+            Unknown,
+            "WSREP detected deadlock/conflict and aborted the transaction. Try restarting the transaction"
+        )));
+        assert!(!Mysql::is_transient(&error(
+            UniqueViolation,
+            "Duplicate entry"
+        )));
+    }
+
+    #[test]
+    fn privilege_errors_are_recognised_by_their_message() {
+        use DatabaseErrorKind::Unknown;
+        assert!(Mysql::is_privilege_error(&error(
+            Unknown,
+            "CREATE command denied to user 'app'@'localhost' for table `inbox_messages`"
+        )));
+        assert!(Mysql::is_privilege_error(&error(
+            Unknown,
+            "Access denied for user 'app'@'%' to database 'orders'"
+        )));
+        assert!(!Mysql::is_privilege_error(&error(
+            Unknown,
+            "Table 'x' doesn't exist"
+        )));
     }
 }

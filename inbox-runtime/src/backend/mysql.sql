@@ -4,4 +4,4 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     received_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
     PRIMARY KEY (consumer, message_id),
     INDEX inbox_messages_received_at (received_at)
-) ENGINE = InnoDB;
+) ENGINE = InnoDB COMMENT = 'diesel-inbox schema 1';

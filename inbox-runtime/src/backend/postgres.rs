@@ -1,10 +1,13 @@
-use super::{InboxBackend, Sealed};
-use crate::error::InboxError;
+use super::shape::{parse_version_marker, version_marker};
+use super::shape::{CatalogRow, Column, Index, Table};
+use super::{database_error, Catalog, InboxBackend, Sealed};
+use crate::error::{InboxError, TableProblem};
 use crate::schema::inbox_messages::dsl::*;
 use crate::transaction::in_transaction;
-use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection, TransactionManager};
+use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::pg::Pg;
 use diesel::prelude::*;
+use diesel::result::{DatabaseErrorKind, Error};
 
 impl Sealed for Pg {}
 
@@ -12,9 +15,67 @@ impl Sealed for Pg {}
 /// (concurrent `CREATE TABLE IF NOT EXISTS` can fail on pg_type otherwise).
 const MIGRATE_LOCK: i64 = 0x6469_6573_656c_5f69; // "diesel_i"
 
+/// What PostgreSQL's catalog says about `inbox_messages` (the table the
+/// search path resolves), one row per thing:
+/// - `table`: a = relkind, b = relpersistence, c = the table comment;
+/// - `column`: a = type name, b = declared length, c = `deterministic` or
+///   the name of a non-deterministic collation, d = `notnull`, `default`,
+///   `generated` flags;
+/// - `primary` / `unique` / `index`: a = columns, b = `partial` or
+///   `expression`, c = non-deterministic collations of the index;
+/// - `foreign key` / `check constraint` / `trigger` (on INSERT) / `rule`
+///   (on INSERT): the name.
+const CATALOG: &str = r#"
+WITH t AS (SELECT to_regclass('inbox_messages') AS oid)
+SELECT 'table' AS kind, c.relname::text AS name, c.relkind::text AS a,
+       c.relpersistence::text AS b, obj_description(c.oid, 'pg_class') AS c, NULL::text AS d
+FROM pg_class c JOIN t ON c.oid = t.oid
+UNION ALL
+SELECT 'column', att.attname::text, ty.typname::text,
+       CASE WHEN ty.typname IN ('varchar', 'bpchar') AND att.atttypmod > 4
+            THEN (att.atttypmod - 4)::text END,
+       CASE WHEN co.oid IS NULL OR co.collisdeterministic THEN 'deterministic'
+            ELSE co.collname::text END,
+       concat_ws(',', CASE WHEN att.attnotnull THEN 'notnull' END,
+                      CASE WHEN att.atthasdef THEN 'default' END,
+                      CASE WHEN att.attgenerated <> '' OR att.attidentity <> '' THEN 'generated' END)
+FROM pg_attribute att JOIN t ON att.attrelid = t.oid
+JOIN pg_type ty ON ty.oid = att.atttypid
+LEFT JOIN pg_collation co ON co.oid = att.attcollation
+WHERE att.attnum > 0 AND NOT att.attisdropped
+UNION ALL
+SELECT CASE WHEN i.indisprimary THEN 'primary'
+            WHEN i.indisunique OR i.indisexclusion THEN 'unique' ELSE 'index' END,
+       ic.relname::text,
+       (SELECT string_agg(k_att.attname::text, ',' ORDER BY k.ord)
+          FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+          JOIN pg_attribute k_att ON k_att.attrelid = i.indrelid AND k_att.attnum = k.attnum),
+       CASE WHEN i.indpred IS NOT NULL THEN 'partial'
+            WHEN i.indexprs IS NOT NULL THEN 'expression' END,
+       (SELECT string_agg(k_co.collname::text, ',')
+          FROM unnest(i.indcollation::oid[]) AS kc(oid)
+          JOIN pg_collation k_co ON k_co.oid = kc.oid
+         WHERE NOT k_co.collisdeterministic),
+       NULL
+FROM pg_index i JOIN t ON i.indrelid = t.oid JOIN pg_class ic ON ic.oid = i.indexrelid
+UNION ALL
+SELECT CASE con.contype WHEN 'f' THEN 'foreign key' ELSE 'check constraint' END,
+       con.conname::text, NULL, NULL, NULL, NULL
+FROM pg_constraint con JOIN t ON con.conrelid = t.oid WHERE con.contype IN ('f', 'c')
+UNION ALL
+SELECT 'trigger', tg.tgname::text, NULL, NULL, NULL, NULL
+FROM pg_trigger tg JOIN t ON tg.tgrelid = t.oid
+WHERE NOT tg.tgisinternal AND (tg.tgtype & 4) <> 0
+UNION ALL
+SELECT 'rule', r.rulename::text, NULL, NULL, NULL, NULL
+FROM pg_rewrite r JOIN t ON r.ev_class = t.oid WHERE r.ev_type = '3'
+"#;
+
 impl InboxBackend for Pg {
     const DDL: &'static str = super::ddl::POSTGRES;
     const BEGIN: &'static str = "BEGIN";
+    const KEY_TYPE: &'static str = "VARCHAR(255) (or TEXT) with a deterministic collation";
+    const UPGRADES: &'static [&'static str] = &[];
 
     fn claim<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>
     where
@@ -63,38 +124,194 @@ impl InboxBackend for Pg {
         // trip. A SAVEPOINT is the cheapest such statement (a `SELECT 1`
         // guard cost 9% of throughput at 4 threads, SAVEPOINT none
         // measurable). diesel resyncs its depth from libpq's status (idle
-        // after the COMMIT).
-        match conn.batch_execute("SAVEPOINT diesel_inbox_guard; COMMIT") {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if let Err(rollback) = AnsiTransactionManager::rollback_transaction(conn) {
-                    tracing::warn!(error = %rollback, "diesel-inbox: rollback after a failed commit failed");
-                }
-                Err(e)
+        // after the COMMIT, also a failed one).
+        let committed = conn.batch_execute("SAVEPOINT diesel_inbox_guard; COMMIT");
+        if committed.is_err() {
+            crate::transaction::rollback(conn);
+        }
+        committed
+    }
+
+    fn is_transient(error: &Error) -> bool {
+        // 40001 arrives as SerializationFailure (diesel reads the SQLSTATE);
+        // 40P01 (deadlock) and 55P03 (lock timeout, NOWAIT) only as message
+        // text, in the server's `lc_messages` language (English assumed).
+        match database_error(error) {
+            Some((DatabaseErrorKind::SerializationFailure, _)) => true,
+            Some((_, message)) => {
+                message.contains("deadlock detected")
+                    || message.contains("canceling statement due to lock timeout")
+                    || message.contains("could not obtain lock")
             }
+            None => false,
         }
     }
 
-    fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
+    fn is_privilege_error(error: &Error) -> bool {
+        // 42501, by its message text: "permission denied for …", "must be
+        // owner of table …".
+        database_error(error).is_some_and(|(_, message)| {
+            message.starts_with("permission denied") || message.starts_with("must be owner")
+        })
+    }
+
+    fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        let rows: Vec<CatalogRow> = diesel::sql_query(CATALOG).load(conn)?;
+        let mut catalog = Catalog::default();
+        let mut table = Table::default();
+        let mut exists = false;
+        for row in rows {
+            match row.kind.as_str() {
+                "table" => {
+                    catalog.version = row.c.as_deref().and_then(parse_version_marker);
+                    match row.a.as_deref() {
+                        Some("r" | "p") => {}
+                        other => table.problems.push(TableProblem::new(
+                            format!(
+                                "`inbox_messages` is not a table (relkind {}), so claims cannot be inserted into it safely",
+                                other.unwrap_or("?")
+                            ),
+                            "drop it and run migrate() to create the table",
+                        )),
+                    }
+                    if row.b.as_deref() == Some("u") {
+                        table.problems.push(TableProblem::new(
+                            "the table is UNLOGGED: after a crash PostgreSQL empties it, and every redelivered message would be applied again",
+                            "ALTER TABLE inbox_messages SET LOGGED",
+                        ));
+                    }
+                    exists = true;
+                }
+                "column" => {
+                    let flags = row.d.as_deref().unwrap_or("");
+                    let has_default = flags.contains("default") || flags.contains("generated");
+                    table.columns.push(Column {
+                        key_problem: key_problem(&row),
+                        required: flags.contains("notnull") && !has_default,
+                        has_default,
+                        name: row.name,
+                    });
+                }
+                "primary" | "unique" | "index" => {
+                    let problem = match (row.b.as_deref(), row.c.as_deref()) {
+                        (Some("partial"), _) => {
+                            Some("is partial (it has a WHERE clause)".to_string())
+                        }
+                        (Some(_), _) => Some("is on an expression".to_string()),
+                        (None, Some(collations)) => {
+                            Some(format!("uses the non-deterministic collation {collations}"))
+                        }
+                        (None, None) => None,
+                    };
+                    table.indexes.push(Index {
+                        columns: row.columns(),
+                        primary: row.kind == "primary",
+                        unique: row.kind != "index",
+                        problem,
+                        name: row.name,
+                    });
+                }
+                "foreign key" => table.constraints.push(("foreign key", row.name)),
+                "check constraint" => table.constraints.push(("check constraint", row.name)),
+                "trigger" => table.insert_hooks.push(("trigger", row.name)),
+                "rule" => table.insert_hooks.push(("rule", row.name)),
+                _ => {}
+            }
+        }
+        catalog.table = exists.then_some(table);
+        Ok(catalog)
+    }
+
+    fn record_version(version: u32) -> String {
+        format!(
+            "COMMENT ON TABLE inbox_messages IS '{}';",
+            version_marker(version)
+        )
+    }
+
+    fn exclusively<C, T>(
+        conn: &mut C,
+        f: impl FnOnce(&mut C) -> Result<T, InboxError>,
+    ) -> Result<T, InboxError>
     where
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
-        // PostgreSQL checks the CREATE privilege before `IF NOT EXISTS`: a
-        // least-privilege role could not even no-op. Look first.
-        let present: bool = diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
-            "to_regclass('inbox_messages') IS NOT NULL \
-             AND to_regclass('inbox_messages_received_at') IS NOT NULL",
-        ))
-        .get_result(conn)?;
-        if present {
-            return Ok(());
-        }
+        // DDL is transactional: the lock and every change end together.
         in_transaction(conn, |conn| {
-            conn.batch_execute(&format!(
-                "SELECT pg_advisory_xact_lock({MIGRATE_LOCK});\n{}",
-                Self::DDL
-            ))
+            conn.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATE_LOCK})"))
+                .map_err(InboxError::MigrationFailed)?;
+            f(conn)
         })
-        .map_err(InboxError::MigrationFailed)
+    }
+}
+
+/// Why a key column of this type and collation cannot hold every key and
+/// compare keys byte for byte (`None` when it can).
+fn key_problem(column: &CatalogRow) -> Option<String> {
+    let type_name = column.a.as_deref().unwrap_or("?");
+    let length: Option<u32> = column.b.as_deref().and_then(|l| l.parse().ok());
+    let problem = match (type_name, length) {
+        ("text", _) | ("varchar", None) => None,
+        ("varchar", Some(n)) if n >= 255 => None,
+        ("varchar", Some(n)) => Some(format!("holds at most {n} characters (VARCHAR({n}))")),
+        ("bpchar", _) => {
+            Some("is CHARACTER(n), which pads with spaces and ignores trailing spaces".to_string())
+        }
+        ("citext", _) => Some("is citext, which compares case-insensitively".to_string()),
+        (other, _) => Some(format!("has type {other}, not VARCHAR or TEXT")),
+    };
+    problem.or_else(|| match column.c.as_deref() {
+        Some("deterministic") | None => None,
+        Some(collation) => Some(format!(
+            "uses the non-deterministic collation {collation}, which can compare different strings as equal"
+        )),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(kind: DatabaseErrorKind, message: &str) -> Error {
+        Error::DatabaseError(kind, Box::new(message.to_string()))
+    }
+
+    #[test]
+    fn transient_errors_are_serialization_failures_deadlocks_and_lock_timeouts() {
+        use DatabaseErrorKind::*;
+        assert!(Pg::is_transient(&error(
+            SerializationFailure,
+            "could not serialize access"
+        )));
+        assert!(Pg::is_transient(&error(Unknown, "deadlock detected")));
+        assert!(Pg::is_transient(&error(
+            Unknown,
+            "canceling statement due to lock timeout"
+        )));
+        assert!(!Pg::is_transient(&error(
+            UniqueViolation,
+            "duplicate key value"
+        )));
+        assert!(!Pg::is_transient(&error(Unknown, "database is locked")));
+    }
+
+    #[test]
+    fn privilege_errors_are_recognised_by_their_message() {
+        use DatabaseErrorKind::Unknown;
+        assert!(Pg::is_privilege_error(&error(
+            Unknown,
+            "permission denied for schema public"
+        )));
+        assert!(Pg::is_privilege_error(&error(
+            Unknown,
+            "must be owner of table inbox_messages"
+        )));
+        assert!(!Pg::is_privilege_error(&error(
+            Unknown,
+            "column \"x\" does not exist"
+        )));
     }
 }

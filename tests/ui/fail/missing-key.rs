@@ -1,5 +1,5 @@
 use diesel::prelude::*;
-use diesel_inbox::idempotent;
+use diesel_inbox::{idempotent, Processed};
 
 struct Msg {
     id: String,
@@ -12,7 +12,8 @@ fn handle(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
 }
 
 fn main() {
-    // The function is still emitted unchanged: no cascade of errors here.
+    // The rewritten signature is still emitted: a caller written for the
+    // working handler gets no cascade of errors.
     let mut conn = SqliteConnection::establish(":memory:").unwrap();
-    let _: QueryResult<()> = handle(&mut conn, &Msg { id: String::new() });
+    let _: QueryResult<Processed<()>> = handle(&mut conn, &Msg { id: String::new() });
 }

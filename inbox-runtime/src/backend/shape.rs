@@ -1,0 +1,291 @@
+//! What the runtime relies on in an existing `inbox_messages` table, checked
+//! against the catalog by `migrate`. Each backend reads its catalog and
+//! judges its own types and collations; the rules here are common.
+
+use crate::error::TableProblem;
+
+/// The inbox table as the catalog describes it.
+/// One row of a backend's catalog query: what `kind` of thing, its `name`,
+/// and up to four details whose meaning each backend's query documents.
+#[derive(diesel::QueryableByName, Debug)]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) struct CatalogRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub(crate) kind: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub(crate) name: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub(crate) a: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub(crate) b: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub(crate) c: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub(crate) d: Option<String>,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+impl CatalogRow {
+    /// The comma-separated list in `a`, the columns of an index.
+    pub(crate) fn columns(&self) -> Vec<String> {
+        self.a
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Catalog {
+    /// The schema version recorded with the table (`None` for a table of a
+    /// release before versioning, or none at all).
+    pub(crate) version: Option<u32>,
+    /// `None` when there is no `inbox_messages` table.
+    pub(crate) table: Option<Table>,
+}
+
+#[derive(Debug, Default)]
+pub struct Table {
+    /// Problems with the table object itself (a view, a non-transactional
+    /// engine, an unlogged table), judged by the backend.
+    pub(crate) problems: Vec<TableProblem>,
+    pub(crate) columns: Vec<Column>,
+    pub(crate) indexes: Vec<Index>,
+    /// Foreign keys and check constraints: (what, name).
+    pub(crate) constraints: Vec<(&'static str, String)>,
+    /// Triggers and rules that run on INSERT: (what, name).
+    pub(crate) insert_hooks: Vec<(&'static str, String)>,
+}
+
+#[derive(Debug)]
+pub struct Column {
+    pub(crate) name: String,
+    /// NOT NULL without a default: an insert that does not name it fails
+    /// (or, under MySQL's INSERT IGNORE, gets an implicit value).
+    pub(crate) required: bool,
+    pub(crate) has_default: bool,
+    /// Why the column cannot hold every valid key and compare keys byte for
+    /// byte (`None` when it can). Only judged for text columns the runtime
+    /// stores keys in.
+    pub(crate) key_problem: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct Index {
+    pub(crate) name: String,
+    pub(crate) primary: bool,
+    pub(crate) unique: bool,
+    pub(crate) columns: Vec<String>,
+    /// Why the index does not cover whole values (a prefix, a predicate, an
+    /// expression, a collation of its own), judged by the backend.
+    pub(crate) problem: Option<String>,
+}
+
+const KEY_COLUMNS: [&str; 2] = ["consumer", "message_id"];
+
+/// Every problem of `table`; empty when the runtime can use it. `key_type`
+/// is the backend's column type for keys, named in fixes.
+pub(crate) fn problems(table: &Table, key_type: &str) -> Vec<TableProblem> {
+    let mut found = table.problems.clone();
+    let column = |name: &str| table.columns.iter().find(|c| c.name == name);
+    let recreate = "recreate the table from diesel_inbox::ddl and copy its rows";
+
+    for key in KEY_COLUMNS {
+        match column(key) {
+            None => found.push(TableProblem::new(
+                format!("column `{key}` is missing"),
+                recreate,
+            )),
+            Some(Column {
+                key_problem: Some(why),
+                ..
+            }) => found.push(TableProblem::new(
+                format!(
+                    "column `{key}` {why}, so two different keys could count as one \
+                     (a new message reported as a duplicate) or a key could be cut"
+                ),
+                format!("change `{key}` to {key_type} NOT NULL"),
+            )),
+            Some(_) => {}
+        }
+    }
+    match column("received_at") {
+        None => found.push(TableProblem::new(
+            "column `received_at` is missing",
+            recreate,
+        )),
+        Some(c) if !c.has_default => found.push(TableProblem::new(
+            "column `received_at` has no default, and the claim does not set it",
+            "give it the default of diesel_inbox::ddl (the current UTC time)",
+        )),
+        Some(_) => {}
+    }
+    for extra in &table.columns {
+        if extra.required
+            && !KEY_COLUMNS.contains(&extra.name.as_str())
+            && extra.name != "received_at"
+        {
+            found.push(TableProblem::new(
+                format!(
+                    "column `{}` is NOT NULL without a default, and the claim does not set it",
+                    extra.name
+                ),
+                format!(
+                    "give `{}` a default, make it nullable, or drop it",
+                    extra.name
+                ),
+            ));
+        }
+    }
+
+    let primary = table.indexes.iter().find(|i| i.primary);
+    match primary {
+        None => found.push(TableProblem::new(
+            "the table has no primary key, so nothing stops a redelivery from being applied again",
+            "ALTER TABLE inbox_messages ADD PRIMARY KEY (consumer, message_id)",
+        )),
+        Some(pk) if pk.columns != KEY_COLUMNS => found.push(TableProblem::new(
+            format!(
+                "the primary key is ({}), not (consumer, message_id): {}",
+                pk.columns.join(", "),
+                if pk.columns.iter().all(|c| KEY_COLUMNS.contains(&c.as_str())) {
+                    "one consumer's message would count as a duplicate for every other consumer"
+                } else {
+                    "redeliveries are not detected by (consumer, message_id)"
+                }
+            ),
+            "make the primary key exactly (consumer, message_id), in that order",
+        )),
+        Some(Index {
+            problem: Some(why), ..
+        }) => found.push(TableProblem::new(
+            format!("the primary key {why}, so different keys can collide"),
+            "make the primary key exactly (consumer, message_id) over whole values",
+        )),
+        Some(_) => {}
+    }
+    for index in table.indexes.iter().filter(|i| i.unique && !i.primary) {
+        found.push(TableProblem::new(
+            format!(
+                "unique index `{}` on ({}) adds a second uniqueness rule: a new message that \
+                 breaks it fails its claim, or (MySQL INSERT IGNORE) is skipped as a duplicate",
+                index.name,
+                index.columns.join(", ")
+            ),
+            format!("drop the index `{}`", index.name),
+        ));
+    }
+    let received_at_index = table.indexes.iter().any(|i| {
+        i.columns.first().map(String::as_str) == Some("received_at") && i.problem.is_none()
+    });
+    if !received_at_index {
+        found.push(TableProblem::new(
+            "no index starts with `received_at`, so purging old rows scans the whole table",
+            "CREATE INDEX inbox_messages_received_at ON inbox_messages (received_at)",
+        ));
+    }
+    for (what, name) in &table.constraints {
+        found.push(TableProblem::new(
+            format!(
+                "{what} `{name}` can refuse a claim: MySQL's INSERT IGNORE turns that into a \
+                 silent skip (reported as a duplicate), other backends into a failed delivery"
+            ),
+            format!("drop the {what} `{name}`"),
+        ));
+    }
+    for (what, name) in &table.insert_hooks {
+        found.push(TableProblem::new(
+            format!("{what} `{name}` runs on INSERT and can skip or change the claim"),
+            format!("drop the {what} `{name}`"),
+        ));
+    }
+    found
+}
+
+/// The marker that records the schema version with the table (PostgreSQL
+/// and MySQL: the table comment), and its parser.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn version_marker(version: u32) -> String {
+    format!("diesel-inbox schema {version}")
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn parse_version_marker(text: &str) -> Option<u32> {
+    text.trim()
+        .strip_prefix("diesel-inbox schema ")?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> Table {
+        let column = |name: &str| Column {
+            name: name.to_string(),
+            required: name != "received_at",
+            has_default: name == "received_at",
+            key_problem: None,
+        };
+        let index = |name: &str, primary: bool, columns: &[&str]| Index {
+            name: name.to_string(),
+            primary,
+            unique: primary,
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            problem: None,
+        };
+        Table {
+            columns: vec![
+                column("consumer"),
+                column("message_id"),
+                column("received_at"),
+            ],
+            indexes: vec![
+                index("pk", true, &["consumer", "message_id"]),
+                index("inbox_messages_received_at", false, &["received_at"]),
+            ],
+            ..Table::default()
+        }
+    }
+
+    #[test]
+    fn the_table_of_the_ddl_has_no_problems() {
+        assert_eq!(problems(&good(), "TEXT"), vec![]);
+    }
+
+    #[test]
+    fn each_deviation_is_one_problem_with_a_fix() {
+        let mut table = good();
+        table.indexes[0].columns = vec!["message_id".into()];
+        table.columns[1].key_problem = Some("holds at most 36 bytes".into());
+        table
+            .constraints
+            .push(("foreign key", "fk_consumer".into()));
+        let found = problems(&table, "VARBINARY(255)");
+        assert_eq!(found.len(), 3, "{found:#?}");
+        assert!(found[0]
+            .problem
+            .contains("`message_id` holds at most 36 bytes"));
+        assert_eq!(
+            found[0].fix,
+            "change `message_id` to VARBINARY(255) NOT NULL"
+        );
+        assert!(found[1]
+            .problem
+            .starts_with("the primary key is (message_id)"));
+        assert!(found[1].problem.contains("every other consumer"));
+        assert!(found[2].problem.starts_with("foreign key `fk_consumer`"));
+    }
+
+    #[test]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    fn version_markers_round_trip() {
+        assert_eq!(parse_version_marker(&version_marker(7)), Some(7));
+        assert_eq!(parse_version_marker("orders of the day"), None);
+    }
+}

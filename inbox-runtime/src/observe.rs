@@ -1,0 +1,174 @@
+//! Sees the failed statements of a handler's body, whatever error type the
+//! body turns them into.
+//!
+//! A body's error reaches the runtime only as the handler's own `E`: a plain
+//! enum, `anyhow::Error`, a boxed error or a generic `E`, from which the
+//! diesel error that caused it cannot be recovered. The runtime therefore
+//! watches the statements themselves: a diesel [`Instrumentation`] on the
+//! connection records each failed statement (the `FinishQuery` event
+//! carries its `diesel::result::Error`), and after a body fails the runtime
+//! asks whether any statement of that body failed with an error the
+//! backend classifies as transient (a deadlock, a serialization failure, a
+//! lock timeout, SQLite busy). If so, the whole transaction is rerun.
+//!
+//! A connection holds one instrumentation. The runtime installs its
+//! [`ErrorObserver`] only on a connection that has none (diesel's no-op
+//! default); it never replaces one of yours. To keep your own and this
+//! detection, wrap yours: `conn.set_instrumentation(ErrorObserver::wrapping(yours))`.
+//! Without an observer, body errors are retried only when `E` implements
+//! [`RetryableError`](crate::RetryableError).
+
+use diesel::connection::{Connection, Instrumentation, InstrumentationEvent};
+use diesel::result::{DatabaseErrorKind, Error};
+
+/// How many failed statements an observer remembers; older ones are
+/// dropped (a body that fails more statements than this and still relies
+/// on the first one being seen is far-fetched).
+const REMEMBERED: usize = 16;
+
+/// A failed statement, as far as retry decisions need it.
+#[derive(Debug, Clone)]
+pub(crate) struct FailedStatement {
+    sequence: u64,
+    kind: DatabaseErrorKind,
+    message: String,
+}
+
+impl FailedStatement {
+    /// An equivalent diesel error, for classification and error messages.
+    pub(crate) fn to_error(&self) -> Error {
+        Error::DatabaseError(self.kind, Box::new(self.message.clone()))
+    }
+}
+
+/// A diesel [`Instrumentation`] that remembers the connection's failed
+/// statements, so that the runtime can retry a transient failure inside a
+/// handler's body whatever the body's error type.
+///
+/// The runtime installs one by itself on connections that have no
+/// instrumentation. If you set your own, wrap it so that both work:
+///
+/// ```
+/// use diesel::connection::{Instrumentation, InstrumentationEvent};
+/// use diesel::prelude::*;
+/// use inbox_runtime::ErrorObserver;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// conn.set_instrumentation(ErrorObserver::wrapping(|event: InstrumentationEvent<'_>| {
+///     if let InstrumentationEvent::FinishQuery { query, error: Some(error), .. } = event {
+///         eprintln!("query failed: {query}: {error}");
+///     }
+/// }));
+/// inbox_runtime::migrate(&mut conn)?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct ErrorObserver {
+    inner: Option<Box<dyn Instrumentation>>,
+    sequence: u64,
+    failed: Vec<FailedStatement>,
+}
+
+impl ErrorObserver {
+    /// An observer that forwards nothing.
+    pub fn new() -> Self {
+        ErrorObserver {
+            inner: None,
+            sequence: 0,
+            failed: Vec::new(),
+        }
+    }
+
+    /// An observer that forwards every event to `inner`, your own
+    /// instrumentation.
+    pub fn wrapping(inner: impl Instrumentation) -> Self {
+        ErrorObserver {
+            inner: Some(Box::new(inner)),
+            ..ErrorObserver::new()
+        }
+    }
+}
+
+impl Default for ErrorObserver {
+    fn default() -> Self {
+        ErrorObserver::new()
+    }
+}
+
+impl std::fmt::Debug for ErrorObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ErrorObserver")
+            .field("wraps_another", &self.inner.is_some())
+            .field("failed", &self.failed)
+            .finish()
+    }
+}
+
+impl Instrumentation for ErrorObserver {
+    fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
+        if let InstrumentationEvent::FinishQuery {
+            error: Some(Error::DatabaseError(kind, info)),
+            ..
+        } = &event
+        {
+            self.sequence += 1;
+            if self.failed.len() == REMEMBERED {
+                self.failed.remove(0);
+            }
+            self.failed.push(FailedStatement {
+                sequence: self.sequence,
+                kind: *kind,
+                message: info.message().to_string(),
+            });
+        }
+        if let Some(inner) = &mut self.inner {
+            inner.on_connection_event(event);
+        }
+    }
+}
+
+/// A point in a connection's statement history; `None` when no observer
+/// watches the connection (the body's failed statements are then unknown).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mark(Option<u64>);
+
+/// Marks the connection's statement history before a body runs, installing
+/// an [`ErrorObserver`] first if the connection has no instrumentation.
+pub(crate) fn mark<C: Connection>(conn: &mut C) -> Mark {
+    let connection = (conn as *const C).cast::<u8>();
+    let instrumentation = conn.instrumentation();
+    if let Some(observer) = instrumentation.downcast_ref::<ErrorObserver>() {
+        return Mark(Some(observer.sequence));
+    }
+    // diesel keeps "no instrumentation" as a zero-sized no-op stored inside
+    // the connection, and a user's instrumentation boxed on the heap (a
+    // boxed zero-sized value lives at a dangling address, never inside the
+    // connection). Only the former is replaced.
+    let object = (instrumentation as *const dyn Instrumentation).cast::<u8>();
+    let inside = (connection as usize..=connection as usize + std::mem::size_of::<C>())
+        .contains(&(object as usize));
+    if std::mem::size_of_val(instrumentation) == 0 && inside {
+        conn.set_instrumentation(ErrorObserver::new());
+        return Mark(Some(0));
+    }
+    Mark(None)
+}
+
+/// The failed statements since `mark`, oldest first (empty when nothing
+/// failed or nothing watched).
+pub(crate) fn failed_since<C: Connection>(conn: &mut C, mark: Mark) -> Vec<FailedStatement> {
+    let Mark(Some(since)) = mark else {
+        return Vec::new();
+    };
+    match conn.instrumentation().downcast_ref::<ErrorObserver>() {
+        Some(observer) => observer
+            .failed
+            .iter()
+            .filter(|failed| failed.sequence > since)
+            .cloned()
+            .collect(),
+        // Replaced by the body itself: nothing known.
+        None => Vec::new(),
+    }
+}
