@@ -574,17 +574,39 @@ macro_rules! fault_backend {
                 )))
             }
 
+            /// The README's kind of error type: only `Debug`, no
+            /// `RetryableError`. A deadlock in the body reaches the runtime
+            /// only as this, yet it is retried (the runtime observes the
+            /// failed statement).
+            #[derive(Debug)]
+            #[allow(dead_code)] // read through Debug
+            pub enum PlainError {
+                Db(diesel::result::Error),
+                Inbox(InboxError),
+            }
+            impl From<diesel::result::Error> for PlainError {
+                fn from(e: diesel::result::Error) -> Self {
+                    PlainError::Db(e)
+                }
+            }
+            impl From<InboxError> for PlainError {
+                fn from(e: InboxError) -> Self {
+                    PlainError::Inbox(e)
+                }
+            }
+
             /// Locks `first` then `second`; both handlers meet at the barrier on
             /// their first attempt, holding one row each: a deadlock.
             #[idempotent(key = "msg.key", consumer = "fault-deadlock", shared, retries = 5)]
-            fn lock_two(conn: &mut Conn, msg: &Message, first: &str, second: &str, meet: &Barrier, runs: &AtomicU32) -> QueryResult<()> {
+            fn lock_two(conn: &mut Conn, msg: &Message, first: &str, second: &str, meet: &Barrier, runs: &AtomicU32) -> Result<(), PlainError> {
                 let attempt = runs.fetch_add(1, Ordering::SeqCst) + 1;
                 add(conn, first, 1)?;
                 if attempt == 1 {
                     meet.wait();
                 }
                 add(conn, second, 1)?;
-                write_effect(conn, &msg.run, &msg.key, msg.amount).map(drop)
+                write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+                Ok(())
             }
 
             #[idempotent(key = "msg.key", consumer = "fault-dupkey", shared, retries = 0)]
@@ -642,7 +664,7 @@ macro_rules! fault_backend {
                                 let runs = AtomicU32::new(0);
                                 let mut conn = Conn::open(&url);
                                 let out = lock_two(&mut conn, &message(&run, round * 2 + i as i64), &first, &second, &meet, &runs);
-                                (out.map_err(|e| e.to_string()), runs.load(Ordering::SeqCst))
+                                (out.map_err(|e| format!("{e:?}")), runs.load(Ordering::SeqCst))
                             })
                         })
                         .collect();
@@ -657,7 +679,7 @@ macro_rules! fault_backend {
                 ensure!(vx == 2 * ROUNDS && vy == 2 * ROUNDS, "counters {vx}, {vy}");
                 ensure!(effects_of(&mut conn, &run).len() == 2 * ROUNDS as usize, "business rows not exact");
                 Ok(Outcome::Pass(format!(
-                    "| {LABEL} | deadlock (40P01) | 2 sessions × {ROUNDS} rounds | {} | two handlers lock two rows in opposite order | {retried} deadlock victims retried; all applied once, counters exact |",
+                    "| {LABEL} | deadlock (40P01) | 2 sessions × {ROUNDS} rounds | {} | two handlers lock two rows in opposite order; their error type is a plain enum with only `Debug` | {retried} deadlock victims retried (seen by the runtime from the failed statement); all applied once, counters exact |",
                     2 * ROUNDS
                 )))
             }
