@@ -212,7 +212,11 @@ fn consumers_lists_every_handler_with_its_location() {
         .map(|h| {
             assert_eq!(h.file(), "tests/consumers.rs");
             assert!(h.line() > 0);
-            (h.consumer().to_string(), h.function().to_string(), h.is_shared())
+            (
+                h.consumer().to_string(),
+                h.function().to_string(),
+                h.is_shared(),
+            )
         })
         .collect();
     let expected = [
@@ -227,7 +231,9 @@ fn consumers_lists_every_handler_with_its_location() {
     ];
     for (consumer, function, shared) in expected {
         assert!(
-            listed.iter().any(|(c, f, s)| c == consumer && f == function && *s == shared),
+            listed
+                .iter()
+                .any(|(c, f, s)| c == consumer && f == function && *s == shared),
             "{consumer} {function} missing from {listed:#?}"
         );
     }

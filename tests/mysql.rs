@@ -56,6 +56,162 @@ mod suite {
 
     inbox_suite!(MysqlConnection, prepare, open, fresh);
 
+    mod schema {
+        use super::{fresh, open};
+        use crate::common::schema::{self as check, WrongShape};
+
+        /// The table of diesel-inbox 0.1, as its `migrate` created it.
+        const LEGACY_DDL: &str = "CREATE TABLE IF NOT EXISTS inbox_messages (
+            consumer VARBINARY(255) NOT NULL,
+            message_id VARBINARY(255) NOT NULL,
+            received_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+            PRIMARY KEY (consumer, message_id),
+            INDEX inbox_messages_received_at (received_at)
+        ) ENGINE = InnoDB;";
+
+        macro_rules! table {
+            ($columns:literal, $rest:literal) => {
+                table!($columns, $rest, "InnoDB")
+            };
+            ($columns:literal, $rest:literal, $engine:literal) => {
+                concat!(
+                    "CREATE TABLE inbox_messages (",
+                    $columns,
+                    ", received_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), ",
+                    "INDEX inbox_messages_received_at (received_at)",
+                    $rest,
+                    ") ENGINE = ",
+                    $engine
+                )
+            };
+        }
+
+        const SHAPES: &[WrongShape] = &[
+            WrongShape {
+                name: "no_primary_key",
+                ddl: table!("consumer VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL", ""),
+                problem: "no primary key",
+            },
+            WrongShape {
+                name: "primary_key_on_message_id_only",
+                ddl: table!(
+                    "consumer VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL",
+                    ", PRIMARY KEY (message_id)"
+                ),
+                problem: "the primary key is (message_id), not (consumer, message_id): one consumer's message",
+            },
+            WrongShape {
+                name: "varbinary_36",
+                ddl: table!(
+                    "consumer VARBINARY(255) NOT NULL, message_id VARBINARY(36) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id)"
+                ),
+                problem: "`message_id` holds at most 36 bytes",
+            },
+            WrongShape {
+                name: "general_ci",
+                ddl: table!(
+                    "consumer VARBINARY(255) NOT NULL, \
+                     message_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id)"
+                ),
+                problem: "collation utf8mb4_general_ci, which ignores case",
+            },
+            WrongShape {
+                name: "bin_pads",
+                ddl: table!(
+                    "consumer VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+                     message_id VARBINARY(255) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id)"
+                ),
+                problem: "`consumer` uses collation utf8mb4_bin, which pads",
+            },
+            WrongShape {
+                name: "latin1",
+                ddl: table!(
+                    "consumer VARBINARY(255) NOT NULL, \
+                     message_id VARCHAR(255) CHARACTER SET latin1 COLLATE latin1_bin NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id)"
+                ),
+                problem: "cannot store every UTF-8 key",
+            },
+            WrongShape {
+                name: "prefix_primary_key",
+                ddl: table!(
+                    "consumer VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id(20))"
+                ),
+                problem: "covers only a prefix",
+            },
+            WrongShape {
+                name: "foreign_key",
+                ddl: concat!(
+                    "CREATE TABLE known_consumers (name VARBINARY(255) PRIMARY KEY) ENGINE = InnoDB;",
+                    table!(
+                        "consumer VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL",
+                        ", PRIMARY KEY (consumer, message_id), \
+                         CONSTRAINT known FOREIGN KEY (consumer) REFERENCES known_consumers (name)"
+                    )
+                ),
+                problem: "foreign key `known`",
+            },
+            WrongShape {
+                name: "check_constraint",
+                ddl: table!(
+                    "consumer VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id), CONSTRAINT short_keys CHECK (length(message_id) < 40)"
+                ),
+                problem: "check constraint `short_keys`",
+            },
+            WrongShape {
+                name: "insert_trigger",
+                ddl: concat!(
+                    table!(
+                        "consumer VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL",
+                        ", PRIMARY KEY (consumer, message_id)"
+                    ),
+                    ";CREATE TRIGGER lower_keys BEFORE INSERT ON inbox_messages \
+                     FOR EACH ROW SET NEW.message_id = LOWER(NEW.message_id)"
+                ),
+                problem: "trigger `lower_keys` runs on INSERT",
+            },
+            WrongShape {
+                name: "myisam",
+                ddl: table!(
+                    "consumer VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id)",
+                    "MyISAM"
+                ),
+                problem: "MyISAM engine, which has no transactions",
+            },
+            WrongShape {
+                name: "no_received_at_index",
+                ddl: "CREATE TABLE inbox_messages (consumer VARBINARY(255) NOT NULL, \
+                      message_id VARBINARY(255) NOT NULL, \
+                      received_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+                      PRIMARY KEY (consumer, message_id)) ENGINE = InnoDB",
+                problem: "no index starts with `received_at`",
+            },
+        ];
+
+        #[test]
+        fn migrate_refuses_each_wrong_table_shape() {
+            check::wrong_shapes_are_refused(fresh, open, SHAPES);
+        }
+
+        #[test]
+        fn migrate_upgrades_a_table_of_release_0_1_in_place() {
+            check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
+        }
+
+        #[test]
+        fn migrate_refuses_a_newer_schema() {
+            check::newer_schema_is_refused(fresh, open, |version| {
+                format!("ALTER TABLE inbox_messages COMMENT = 'diesel-inbox schema {version}'")
+            });
+        }
+    }
+
     #[test]
     fn migrate_refuses_to_run_inside_a_transaction() {
         let Some(url) = prepare("migrate_in_tx") else {

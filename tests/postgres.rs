@@ -57,4 +57,164 @@ mod suite {
     }
 
     inbox_suite!(PgConnection, prepare, open, fresh);
+
+    mod schema {
+        use super::{fresh, open};
+        use crate::common::schema::{self as check, WrongShape};
+
+        /// The table of diesel-inbox 0.1, as its `migrate` created it.
+        const LEGACY_DDL: &str = "CREATE TABLE IF NOT EXISTS inbox_messages (
+            consumer VARCHAR(255) NOT NULL,
+            message_id VARCHAR(255) NOT NULL,
+            received_at TIMESTAMP NOT NULL DEFAULT (now() AT TIME ZONE 'UTC'),
+            PRIMARY KEY (consumer, message_id));
+            CREATE INDEX IF NOT EXISTS inbox_messages_received_at ON inbox_messages (received_at);";
+
+        macro_rules! table {
+            ($columns:literal, $rest:literal) => {
+                concat!(
+                    "CREATE TABLE inbox_messages (",
+                    $columns,
+                    ", received_at TIMESTAMP NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')",
+                    $rest,
+                    "); CREATE INDEX inbox_messages_received_at ON inbox_messages (received_at);"
+                )
+            };
+        }
+
+        const SHAPES: &[WrongShape] = &[
+            WrongShape {
+                name: "no_primary_key",
+                ddl: table!("consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL", ""),
+                problem: "no primary key",
+            },
+            WrongShape {
+                name: "primary_key_on_message_id_only",
+                ddl: table!(
+                    "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL",
+                    ", PRIMARY KEY (message_id)"
+                ),
+                problem: "the primary key is (message_id), not (consumer, message_id)",
+            },
+            WrongShape {
+                name: "varchar_36",
+                ddl: table!(
+                    "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(36) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id)"
+                ),
+                problem: "`message_id` holds at most 36 characters",
+            },
+            WrongShape {
+                name: "char_255",
+                ddl: table!(
+                    "consumer VARCHAR(255) NOT NULL, message_id CHAR(255) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id)"
+                ),
+                problem: "ignores trailing spaces",
+            },
+            WrongShape {
+                name: "nondeterministic_collation",
+                ddl: concat!(
+                    "CREATE COLLATION case_insensitive \
+                     (provider = icu, locale = 'und-u-ks-level2', deterministic = false);",
+                    table!(
+                        "consumer VARCHAR(255) NOT NULL, \
+                         message_id VARCHAR(255) COLLATE case_insensitive NOT NULL",
+                        ", PRIMARY KEY (consumer, message_id)"
+                    )
+                ),
+                problem: "non-deterministic collation case_insensitive",
+            },
+            WrongShape {
+                name: "unlogged",
+                ddl: "CREATE UNLOGGED TABLE inbox_messages (consumer VARCHAR(255) NOT NULL, \
+                      message_id VARCHAR(255) NOT NULL, \
+                      received_at TIMESTAMP NOT NULL DEFAULT (now() AT TIME ZONE 'UTC'), \
+                      PRIMARY KEY (consumer, message_id)); \
+                      CREATE INDEX inbox_messages_received_at ON inbox_messages (received_at);",
+                problem: "UNLOGGED",
+            },
+            WrongShape {
+                name: "extra_unique_index",
+                ddl: concat!(
+                    table!(
+                        "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL",
+                        ", PRIMARY KEY (consumer, message_id)"
+                    ),
+                    "CREATE UNIQUE INDEX one_per_key ON inbox_messages (message_id);"
+                ),
+                problem: "unique index `one_per_key` on (message_id)",
+            },
+            WrongShape {
+                name: "trigger_skipping_inserts",
+                ddl: concat!(
+                    table!(
+                        "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL",
+                        ", PRIMARY KEY (consumer, message_id)"
+                    ),
+                    "CREATE FUNCTION skip_claim() RETURNS trigger LANGUAGE plpgsql \
+                     AS $$ BEGIN RETURN NULL; END $$; \
+                     CREATE TRIGGER skip_claims BEFORE INSERT ON inbox_messages \
+                     FOR EACH ROW EXECUTE FUNCTION skip_claim();"
+                ),
+                problem: "trigger `skip_claims` runs on INSERT",
+            },
+            WrongShape {
+                name: "rule_instead_of_insert",
+                ddl: concat!(
+                    table!(
+                        "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL",
+                        ", PRIMARY KEY (consumer, message_id)"
+                    ),
+                    "CREATE RULE drop_claims AS ON INSERT TO inbox_messages DO INSTEAD NOTHING;"
+                ),
+                problem: "rule `drop_claims` runs on INSERT",
+            },
+            WrongShape {
+                name: "foreign_key",
+                ddl: concat!(
+                    "CREATE TABLE known_consumers (name VARCHAR(255) PRIMARY KEY);",
+                    table!(
+                        "consumer VARCHAR(255) NOT NULL REFERENCES known_consumers (name), \
+                         message_id VARCHAR(255) NOT NULL",
+                        ", PRIMARY KEY (consumer, message_id)"
+                    )
+                ),
+                problem: "foreign key",
+            },
+            WrongShape {
+                name: "check_constraint",
+                ddl: table!(
+                    "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id), CONSTRAINT short_keys CHECK (length(message_id) < 40)"
+                ),
+                problem: "check constraint `short_keys`",
+            },
+            WrongShape {
+                name: "no_received_at_index",
+                ddl: "CREATE TABLE inbox_messages (consumer VARCHAR(255) NOT NULL, \
+                      message_id VARCHAR(255) NOT NULL, \
+                      received_at TIMESTAMP NOT NULL DEFAULT (now() AT TIME ZONE 'UTC'), \
+                      PRIMARY KEY (consumer, message_id))",
+                problem: "no index starts with `received_at`",
+            },
+        ];
+
+        #[test]
+        fn migrate_refuses_each_wrong_table_shape() {
+            check::wrong_shapes_are_refused(fresh, open, SHAPES);
+        }
+
+        #[test]
+        fn migrate_upgrades_a_table_of_release_0_1_in_place() {
+            check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
+        }
+
+        #[test]
+        fn migrate_refuses_a_newer_schema() {
+            check::newer_schema_is_refused(fresh, open, |version| {
+                format!("COMMENT ON TABLE inbox_messages IS 'diesel-inbox schema {version}'")
+            });
+        }
+    }
 }

@@ -49,3 +49,160 @@ fn open(path: &str) -> SqliteConnection {
 }
 
 inbox_suite!(SqliteConnection, prepare, open, fresh);
+
+mod schema {
+    use super::{common, fresh, open};
+    use common::schema::{self as check, WrongShape};
+    use diesel::connection::SimpleConnection;
+
+    /// The table of diesel-inbox 0.1, as its `migrate` created it.
+    const LEGACY_DDL: &str = "CREATE TABLE IF NOT EXISTS inbox_messages (
+        consumer VARCHAR(255) NOT NULL,
+        message_id VARCHAR(255) NOT NULL,
+        received_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+        PRIMARY KEY (consumer, message_id));
+        CREATE INDEX IF NOT EXISTS inbox_messages_received_at ON inbox_messages (received_at);";
+
+    macro_rules! table {
+        ($columns:literal, $rest:literal) => {
+            concat!(
+                "CREATE TABLE inbox_messages (",
+                $columns,
+                ", received_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP",
+                $rest,
+                "); CREATE INDEX inbox_messages_received_at ON inbox_messages (received_at);"
+            )
+        };
+    }
+
+    const SHAPES: &[WrongShape] = &[
+        WrongShape {
+            name: "no_primary_key",
+            ddl: table!("consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL", ""),
+            problem: "no primary key",
+        },
+        WrongShape {
+            name: "primary_key_on_message_id_only",
+            ddl: table!(
+                "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL",
+                ", PRIMARY KEY (message_id)"
+            ),
+            problem: "the primary key is (message_id), not (consumer, message_id): one consumer's message",
+        },
+        WrongShape {
+            name: "nocase",
+            ddl: table!(
+                "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL COLLATE NOCASE",
+                ", PRIMARY KEY (consumer, message_id)"
+            ),
+            problem: "`message_id` compares with collation NOCASE",
+        },
+        WrongShape {
+            name: "rtrim",
+            ddl: table!(
+                "consumer VARCHAR(255) NOT NULL COLLATE RTRIM, message_id VARCHAR(255) NOT NULL",
+                ", PRIMARY KEY (consumer, message_id)"
+            ),
+            problem: "`consumer` compares with collation RTRIM",
+        },
+        WrongShape {
+            name: "integer_affinity",
+            ddl: table!(
+                "consumer VARCHAR(255) NOT NULL, message_id INTEGER NOT NULL",
+                ", PRIMARY KEY (consumer, message_id)"
+            ),
+            problem: "INTEGER affinity",
+        },
+        WrongShape {
+            name: "extra_unique_index",
+            ddl: concat!(
+                table!(
+                    "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id)"
+                ),
+                "CREATE UNIQUE INDEX one_per_key ON inbox_messages (message_id);"
+            ),
+            problem: "unique index `one_per_key` on (message_id)",
+        },
+        WrongShape {
+            name: "insert_trigger",
+            ddl: concat!(
+                table!(
+                    "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id)"
+                ),
+                "CREATE TRIGGER skip_claims BEFORE INSERT ON inbox_messages \
+                 WHEN NEW.message_id LIKE 'test%' BEGIN SELECT RAISE(IGNORE); END;"
+            ),
+            problem: "trigger `skip_claims` runs on INSERT",
+        },
+        WrongShape {
+            name: "foreign_key",
+            ddl: concat!(
+                "CREATE TABLE known_consumers (name VARCHAR(255) PRIMARY KEY);",
+                table!(
+                    "consumer VARCHAR(255) NOT NULL REFERENCES known_consumers (name), \
+                     message_id VARCHAR(255) NOT NULL",
+                    ", PRIMARY KEY (consumer, message_id)"
+                )
+            ),
+            problem: "foreign key `to known_consumers`",
+        },
+        WrongShape {
+            name: "required_extra_column",
+            ddl: table!(
+                "consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL, tenant TEXT NOT NULL",
+                ", PRIMARY KEY (consumer, message_id)"
+            ),
+            problem: "column `tenant` is NOT NULL without a default",
+        },
+        WrongShape {
+            name: "no_received_at_index",
+            ddl: "CREATE TABLE inbox_messages (consumer VARCHAR(255) NOT NULL, \
+                  message_id VARCHAR(255) NOT NULL, \
+                  received_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, \
+                  PRIMARY KEY (consumer, message_id))",
+            problem: "no index starts with `received_at`",
+        },
+    ];
+
+    #[test]
+    fn migrate_refuses_each_wrong_table_shape() {
+        check::wrong_shapes_are_refused(fresh, open, SHAPES);
+    }
+
+    #[test]
+    fn migrate_upgrades_a_table_of_release_0_1_in_place() {
+        check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
+    }
+
+    #[test]
+    fn migrate_refuses_a_newer_schema() {
+        check::newer_schema_is_refused(fresh, open, |version| {
+            format!(
+                "DROP VIEW inbox_schema_version; \
+                 CREATE VIEW inbox_schema_version AS SELECT {version} AS version;"
+            )
+        });
+    }
+
+    /// A failure that is not about privileges (here a read-only file) is
+    /// reported as it is, without the privilege hint.
+    #[test]
+    fn migration_failures_name_their_real_cause() {
+        let db = fresh("readonly").expect("sqlite always runs");
+        let mut conn = open(&format!("file:{}?mode=ro", &*db));
+        let error = diesel_inbox::migrate(&mut conn).expect_err("a read-only database");
+        let message = error.to_string();
+        assert!(
+            matches!(error, diesel_inbox::InboxError::MigrationFailed(_)),
+            "{error:?}"
+        );
+        assert!(message.contains("readonly database"), "{message}");
+        assert!(!message.contains("role"), "{message}");
+        // The file is intact and can be migrated read-write.
+        let mut conn = open(&db);
+        conn.batch_execute("SELECT 1").expect("usable");
+        diesel_inbox::migrate(&mut conn).expect("read-write migrate");
+    }
+}

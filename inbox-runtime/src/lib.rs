@@ -38,7 +38,7 @@ mod retry;
 mod schema;
 mod transaction;
 
-pub use backend::{ddl, migrate, InboxBackend, SCHEMA_VERSION};
+pub use backend::{ddl, migrate, schema_version, InboxBackend, SCHEMA_VERSION};
 pub use error::{InboxError, TableProblem};
 pub use inbox_macros::idempotent;
 pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};

@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 #[macro_use]
 pub mod suite;
+pub mod schema;
 
 diesel::table! {
     /// The "business" table of the tests: one row per applied message.

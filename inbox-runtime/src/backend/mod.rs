@@ -338,6 +338,30 @@ where
     })
 }
 
+/// The inbox schema version recorded in the database: `None` when there is
+/// no inbox table, or a table of diesel-inbox 0.1 that no `migrate` of a
+/// later release has recorded yet. Reads the catalog only.
+///
+/// ```
+/// use diesel::prelude::*;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// assert_eq!(inbox_runtime::schema_version(&mut conn)?, None);
+/// inbox_runtime::migrate(&mut conn)?;
+/// assert_eq!(inbox_runtime::schema_version(&mut conn)?, Some(inbox_runtime::SCHEMA_VERSION));
+/// # Ok(())
+/// # }
+/// ```
+pub fn schema_version<C>(conn: &mut C) -> Result<Option<u32>, InboxError>
+where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
+    Ok(catalog.table.and(catalog.version))
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Plan {
     Nothing,

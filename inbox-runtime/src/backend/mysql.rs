@@ -59,7 +59,7 @@ WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = 'inbox_messages'
 impl InboxBackend for Mysql {
     const DDL: &'static str = super::ddl::MYSQL;
     const BEGIN: &'static str = "BEGIN";
-    const KEY_TYPE: &'static str = "VARBINARY(255)";
+    const KEY_TYPE: &'static str = "VARBINARY(255) NOT NULL";
     const DDL_COMMITS: bool = true;
     const UPGRADES: &'static [&'static str] = &[];
 

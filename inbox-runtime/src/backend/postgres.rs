@@ -22,7 +22,7 @@ const MIGRATE_LOCK: i64 = 0x6469_6573_656c_5f69; // "diesel_i"
 ///   the name of a non-deterministic collation, d = `notnull`, `default`,
 ///   `generated` flags;
 /// - `primary` / `unique` / `index`: a = columns, b = `partial` or
-///   `expression`, c = non-deterministic collations of the index;
+///   `expression` (a primary key compares with its columns' collations);
 /// - `foreign key` / `check constraint` / `trigger` (on INSERT) / `rule`
 ///   (on INSERT): the name.
 const CATALOG: &str = r#"
@@ -52,11 +52,7 @@ SELECT CASE WHEN i.indisprimary THEN 'primary'
           JOIN pg_attribute k_att ON k_att.attrelid = i.indrelid AND k_att.attnum = k.attnum),
        CASE WHEN i.indpred IS NOT NULL THEN 'partial'
             WHEN i.indexprs IS NOT NULL THEN 'expression' END,
-       (SELECT string_agg(k_co.collname::text, ',')
-          FROM unnest(i.indcollation::oid[]) AS kc(oid)
-          JOIN pg_collation k_co ON k_co.oid = kc.oid
-         WHERE NOT k_co.collisdeterministic),
-       NULL
+       NULL, NULL
 FROM pg_index i JOIN t ON i.indrelid = t.oid JOIN pg_class ic ON ic.oid = i.indexrelid
 UNION ALL
 SELECT CASE con.contype WHEN 'f' THEN 'foreign key' ELSE 'check constraint' END,
@@ -74,7 +70,8 @@ FROM pg_rewrite r JOIN t ON r.ev_class = t.oid WHERE r.ev_type = '3'
 impl InboxBackend for Pg {
     const DDL: &'static str = super::ddl::POSTGRES;
     const BEGIN: &'static str = "BEGIN";
-    const KEY_TYPE: &'static str = "VARCHAR(255) (or TEXT) with a deterministic collation";
+    const KEY_TYPE: &'static str =
+        "VARCHAR(255) NOT NULL (or TEXT) with a deterministic collation (the default)";
     const UPGRADES: &'static [&'static str] = &[];
 
     fn claim<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>

@@ -54,7 +54,7 @@ impl InboxBackend for Sqlite {
     // A deferred BEGIN that later writes fails at once with "database is
     // locked", whatever the busy timeout: take the write lock up front.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
-    const KEY_TYPE: &'static str = "VARCHAR(255) (text affinity, BINARY collation)";
+    const KEY_TYPE: &'static str = "VARCHAR(255) NOT NULL with the BINARY collation (the default)";
     const UPGRADES: &'static [&'static str] = &[];
 
     fn claim<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>
