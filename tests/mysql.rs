@@ -54,7 +54,26 @@ mod suite {
         let _ = open(url).batch_execute(&format!("DROP DATABASE {name}"));
     }
 
-    inbox_suite!(MysqlConnection, prepare, open, fresh);
+    /// A statement that fails as a deadlock victim (or a Galera
+    /// certification loser) does: error 1213.
+    fn fail_transiently(conn: &mut MysqlConnection) -> diesel::QueryResult<()> {
+        conn.batch_execute(
+            "SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, \
+             MESSAGE_TEXT = 'Deadlock found when trying to get lock; try restarting transaction'",
+        )
+    }
+
+    /// MySQL and MariaDB check foreign keys at once, never at COMMIT.
+    const DEFERRED_FK: Option<(&str, &str)> = None;
+
+    inbox_suite!(
+        MysqlConnection,
+        prepare,
+        open,
+        fresh,
+        fail_transiently,
+        DEFERRED_FK
+    );
 
     mod schema {
         use super::{fresh, open};

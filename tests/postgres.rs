@@ -56,7 +56,28 @@ mod suite {
         let _ = open(url).batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
     }
 
-    inbox_suite!(PgConnection, prepare, open, fresh);
+    /// A statement that fails as a deadlock victim does (SQLSTATE 40P01).
+    fn fail_transiently(conn: &mut PgConnection) -> diesel::QueryResult<()> {
+        conn.batch_execute(
+            "DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$",
+        )
+    }
+
+    const DEFERRED_FK: Option<(&str, &str)> = Some((
+        "SELECT 1",
+        "CREATE TABLE inbox_test_parent (id BIGINT PRIMARY KEY); \
+         CREATE TABLE inbox_test_child (parent_id BIGINT NOT NULL \
+           REFERENCES inbox_test_parent (id) DEFERRABLE INITIALLY DEFERRED);",
+    ));
+
+    inbox_suite!(
+        PgConnection,
+        prepare,
+        open,
+        fresh,
+        fail_transiently,
+        DEFERRED_FK
+    );
 
     mod schema {
         use super::{fresh, open};

@@ -38,8 +38,27 @@ fn prepare(test: &str) -> Option<TestDb> {
     diesel_inbox::migrate(&mut conn).expect("migrate");
     conn.batch_execute(common::EFFECTS_DDL)
         .expect("effects table");
+    conn.batch_execute(BUSY_DDL).expect("busy table");
     Some(path)
 }
+
+/// A table whose inserts fail with SQLite's busy message (the error of a
+/// writer that waited past `busy_timeout`), for `fail_transiently`.
+const BUSY_DDL: &str = "CREATE TABLE inbox_test_busy (x INTEGER); \
+    CREATE TRIGGER inbox_test_busy_raise BEFORE INSERT ON inbox_test_busy \
+    BEGIN SELECT RAISE(ABORT, 'database is locked'); END;";
+
+fn fail_transiently(conn: &mut SqliteConnection) -> diesel::QueryResult<()> {
+    conn.batch_execute("INSERT INTO inbox_test_busy VALUES (1)")
+}
+
+/// Foreign keys are off by default in SQLite; a deferred one is checked at COMMIT.
+const DEFERRED_FK: Option<(&str, &str)> = Some((
+    "PRAGMA foreign_keys = ON",
+    "CREATE TABLE inbox_test_parent (id BIGINT PRIMARY KEY); \
+     CREATE TABLE inbox_test_child (parent_id BIGINT NOT NULL \
+       REFERENCES inbox_test_parent (id) DEFERRABLE INITIALLY DEFERRED);",
+));
 
 fn open(path: &str) -> SqliteConnection {
     let mut conn = SqliteConnection::establish(path).expect("open sqlite file");
@@ -48,7 +67,14 @@ fn open(path: &str) -> SqliteConnection {
     conn
 }
 
-inbox_suite!(SqliteConnection, prepare, open, fresh);
+inbox_suite!(
+    SqliteConnection,
+    prepare,
+    open,
+    fresh,
+    fail_transiently,
+    DEFERRED_FK
+);
 
 mod schema {
     use super::{common, fresh, open};

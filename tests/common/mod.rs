@@ -145,3 +145,50 @@ pub fn skipped(why: &str) {
     // `eprintln!` is captured (and hidden) for passing tests; the raw handle is not.
     let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
 }
+
+/// Runs `f` and returns what it returned with the WARN and ERROR events it
+/// logged through `tracing` (on this thread), each as "field=value ...".
+pub fn warnings_during<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    use std::sync::{Arc, Mutex};
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata};
+
+    #[derive(Default)]
+    struct Warnings(Mutex<Vec<String>>);
+
+    struct Fields(String);
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={value:?} ", field.name()));
+        }
+    }
+
+    impl tracing::Subscriber for Warnings {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let level = *event.metadata().level();
+            if level == Level::WARN || level == Level::ERROR {
+                let mut fields = Fields(String::new());
+                event.record(&mut fields);
+                if let Ok(mut all) = self.0.lock() {
+                    all.push(fields.0);
+                }
+            }
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    let warnings = Arc::new(Warnings::default());
+    let value = tracing::subscriber::with_default(warnings.clone(), f);
+    let logged = warnings.0.lock().map(|w| w.clone()).unwrap_or_default();
+    (value, logged)
+}

@@ -1,15 +1,19 @@
 //! The behaviour suite, stamped out once per backend:
-//! `inbox_suite!(PgConnection, prepare, open, fresh)` where
-//! `prepare(test_name)` returns the database (a `TestDb`) with the tables in
-//! place, or `None` when the backend's server is not configured (the test
-//! then says it was skipped); `open(url)` opens one connection;
+//! `inbox_suite!(PgConnection, prepare, open, fresh, fail_transiently, deferred_fk)`
+//! where `prepare(test_name)` returns the database (a `TestDb`) with the
+//! tables in place, or `None` when the backend's server is not configured
+//! (the test then says it was skipped); `open(url)` opens one connection;
 //! `fresh(test_name)` makes an empty database (or schema) of the test's own,
-//! removed when the `TestDb` drops.
+//! removed when the `TestDb` drops; `fail_transiently(conn)` runs one
+//! statement that fails with an error the backend reports for a deadlock or
+//! busy database; `deferred_fk` is `Some((per_connection_sql, ddl))` making
+//! tables `inbox_test_parent (id)` and `inbox_test_child (parent_id)` with
+//! a foreign key checked at COMMIT, or `None` where the backend has none.
 //! Being a `macro_rules!` it also proves `#[idempotent]` works when generated
 //! inside one.
 
 macro_rules! inbox_suite {
-    ($Conn:ty, $prepare:path, $open:path, $fresh:path) => {
+    ($Conn:ty, $prepare:path, $open:path, $fresh:path, $fail_transiently:path, $deferred_fk:expr) => {
         use diesel::prelude::*;
         use diesel_inbox::{idempotent, inbox_messages, InboxError, InvalidKey, Processed, RetryableError};
         use std::sync::atomic::{AtomicU32, Ordering};
@@ -490,7 +494,8 @@ macro_rules! inbox_suite {
             assert_eq!(TRANSIENT_ATTEMPTS.load(Ordering::SeqCst), 3);
             assert_eq!(inbox_rows(&mut conn, "retrying", &bad.key), 0);
 
-            // An error type without RetryableError is returned at once.
+            // Without RetryableError, an error the body made up (no
+            // statement failed) is returned at once.
             let attempts = AtomicU32::new(0);
             let once = msg(&run, format!("{run}:once"), 3);
             assert!(matches!(opaque_error(&mut conn, &once, &attempts), Err(AppError::Db(e)) if e.is_retryable()));
@@ -722,6 +727,242 @@ macro_rules! inbox_suite {
                 (0..KEYS).map(|k| (format!("{run}:{k}"), k as i64)).collect();
             expected.sort();
             assert_eq!(rows, expected, "every key applied exactly once");
+        }
+
+        // ---- transient errors raised by a body statement, whatever `E` is ----
+
+        #[derive(Debug, thiserror::Error)]
+        enum ThisError {
+            #[error("database: {0}")]
+            Db(#[from] diesel::result::Error),
+            #[error("inbox: {0}")]
+            Inbox(#[from] InboxError),
+        }
+
+        /// Writes, then on its first run executes a statement that fails
+        /// transiently; `?` turns that into whatever `E` is.
+        fn write_then_fail_once<E: From<diesel::result::Error>>(
+            conn: &mut $Conn,
+            msg: &Msg,
+            runs: &AtomicU32,
+        ) -> Result<(), E> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                $fail_transiently(conn)?;
+            }
+            Ok(())
+        }
+
+        #[idempotent(key = "msg.key", consumer = "transient-plain-enum")]
+        fn transient_plain_enum(conn: &mut $Conn, msg: &Msg, runs: &AtomicU32) -> Result<(), AppError> {
+            write_then_fail_once(conn, msg, runs)
+        }
+
+        #[idempotent(key = "msg.key", consumer = "transient-thiserror")]
+        fn transient_thiserror(conn: &mut $Conn, msg: &Msg, runs: &AtomicU32) -> Result<(), ThisError> {
+            write_then_fail_once(conn, msg, runs)
+        }
+
+        #[idempotent(key = "msg.key", consumer = "transient-anyhow")]
+        fn transient_anyhow(conn: &mut $Conn, msg: &Msg, runs: &AtomicU32) -> anyhow::Result<()> {
+            write_then_fail_once::<diesel::result::Error>(conn, msg, runs)?;
+            Ok(())
+        }
+
+        #[idempotent(key = "msg.key", consumer = "transient-boxed")]
+        fn transient_boxed(
+            conn: &mut $Conn,
+            msg: &Msg,
+            runs: &AtomicU32,
+        ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            write_then_fail_once::<diesel::result::Error>(conn, msg, runs)?;
+            Ok(())
+        }
+
+        #[idempotent(key = "msg.key", consumer = "transient-query-result")]
+        fn transient_query_result(conn: &mut $Conn, msg: &Msg, runs: &AtomicU32) -> QueryResult<()> {
+            write_then_fail_once(conn, msg, runs)
+        }
+
+        #[idempotent(key = "msg.key", consumer = "transient-generic")]
+        fn transient_generic<E>(conn: &mut $Conn, msg: &Msg, runs: &AtomicU32) -> Result<(), E>
+        where
+            E: From<diesel::result::Error> + From<InboxError>,
+        {
+            write_then_fail_once(conn, msg, runs)
+        }
+
+        /// An error type that overrides the runtime: database errors are permanent.
+        #[derive(Debug)]
+        struct NeverRetry(diesel::result::Error);
+        impl From<diesel::result::Error> for NeverRetry {
+            fn from(e: diesel::result::Error) -> Self {
+                NeverRetry(e)
+            }
+        }
+        impl From<InboxError> for NeverRetry {
+            fn from(e: InboxError) -> Self {
+                NeverRetry(e.into())
+            }
+        }
+        impl RetryableError for NeverRetry {
+            fn is_retryable(&self) -> bool {
+                false
+            }
+        }
+
+        #[idempotent(key = "msg.key", consumer = "transient-never-retry")]
+        fn transient_never_retry(conn: &mut $Conn, msg: &Msg, runs: &AtomicU32) -> Result<(), NeverRetry> {
+            write_then_fail_once(conn, msg, runs)
+        }
+
+        #[test]
+        fn a_transient_error_of_a_body_statement_is_retried_whatever_the_error_type() {
+            let Some(db) = $prepare("transient_any_e") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("transient");
+            type Handler = fn(&mut $Conn, &Msg, &AtomicU32) -> Result<Processed<()>, String>;
+            let handlers: [(&str, &str, Handler); 6] = [
+                ("plain enum with only Debug", "transient-plain-enum", |c, m, r| transient_plain_enum(c, m, r).map_err(|e| format!("{e:?}"))),
+                ("thiserror enum", "transient-thiserror", |c, m, r| transient_thiserror(c, m, r).map_err(|e| e.to_string())),
+                ("anyhow::Error", "transient-anyhow", |c, m, r| transient_anyhow(c, m, r).map_err(|e| e.to_string())),
+                ("Box<dyn Error + Send + Sync>", "transient-boxed", |c, m, r| transient_boxed(c, m, r).map_err(|e| e.to_string())),
+                ("QueryResult", "transient-query-result", |c, m, r| transient_query_result(c, m, r).map_err(|e| e.to_string())),
+                ("generic E", "transient-generic", |c, m, r| transient_generic::<AppError>(c, m, r).map_err(|e| format!("{e:?}"))),
+            ];
+            for (n, (what, consumer, handler)) in handlers.into_iter().enumerate() {
+                let m = msg(&run, format!("{run}:{n}"), n as i64);
+                let runs = AtomicU32::new(0);
+                assert_eq!(handler(&mut conn, &m, &runs), Ok(Processed::Applied(())), "{what}");
+                assert_eq!(runs.load(Ordering::SeqCst), 2, "{what}: one failed run, one retry");
+                assert_eq!(inbox_rows(&mut conn, consumer, &m.key), 1, "{what}");
+                // The redelivery is a duplicate.
+                assert_eq!(handler(&mut conn, &m, &runs), Ok(Processed::Duplicate), "{what}");
+            }
+            // Each message written exactly once: the failed run rolled back.
+            let expected: Vec<(String, i64)> = (0..6).map(|n| (format!("{run}:{n}"), n)).collect();
+            assert_eq!(effects_of(&mut conn, &run), expected);
+        }
+
+        #[test]
+        fn retryable_error_overrides_the_observed_statement() {
+            let Some(db) = $prepare("transient_override") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("never");
+            let m = msg(&run, format!("{run}:1"), 1);
+            let runs = AtomicU32::new(0);
+            match transient_never_retry(&mut conn, &m, &runs) {
+                Err(NeverRetry(e)) => assert!(e.is_retryable(), "a transient error, kept permanent: {e}"),
+                other => panic!("expected the error at once, got {other:?}"),
+            }
+            assert_eq!(runs.load(Ordering::SeqCst), 1, "not retried");
+            assert_eq!(effects_of(&mut conn, &run), vec![]);
+            assert_eq!(inbox_rows(&mut conn, "transient-never-retry", &m.key), 0);
+        }
+
+        #[test]
+        fn inside_a_callers_transaction_a_transient_body_error_is_returned_at_once() {
+            let Some(db) = $prepare("transient_nested") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("nested");
+            let m = msg(&run, format!("{run}:1"), 1);
+            let runs = AtomicU32::new(0);
+            let outer: Result<(), AppError> = conn.transaction(|conn| {
+                transient_plain_enum(conn, &m, &runs).map(drop)
+            });
+            assert!(matches!(outer, Err(AppError::Db(_))), "{outer:?}");
+            assert_eq!(runs.load(Ordering::SeqCst), 1, "the caller owns the transaction");
+            assert_eq!(effects_of(&mut conn, &run), vec![]);
+        }
+
+        // ---- a commit that fails because of the body ----
+
+        #[idempotent(key = "msg.key", consumer = "deferred-fk")]
+        fn orphan_child(conn: &mut $Conn, msg: &Msg, parent: i64) -> Result<(), AppError> {
+            write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+            diesel::sql_query(format!("INSERT INTO inbox_test_child (parent_id) VALUES ({parent})"))
+                .execute(conn)?;
+            Ok(())
+        }
+
+        #[test]
+        fn a_commit_failure_the_body_caused_is_the_bodys_database_error() {
+            let Some((per_connection, ddl)) = $deferred_fk else {
+                $crate::common::skipped("this backend checks no constraint at COMMIT");
+                return;
+            };
+            let Some(db) = $fresh("deferred_fk") else { return };
+            let mut conn = $open(&db);
+            diesel_inbox::migrate(&mut conn).expect("migrate");
+            conn.batch_execute(&format!("{}; {ddl}", $crate::common::EFFECTS_DDL)).expect("tables");
+            conn.batch_execute(per_connection).expect("connection setup");
+            let run = $crate::common::unique_run_id("deferred");
+            let m = msg(&run, format!("{run}:1"), 1);
+            let (outcome, warnings) = $crate::common::warnings_during(|| orphan_child(&mut conn, &m, 7));
+            match outcome {
+                Err(AppError::Db(diesel::result::Error::DatabaseError(kind, info))) => {
+                    assert!(
+                        matches!(kind, diesel::result::DatabaseErrorKind::ForeignKeyViolation)
+                            || info.message().contains("FOREIGN KEY"),
+                        "{kind:?}: {}",
+                        info.message()
+                    );
+                }
+                other => panic!("expected the body's own database error, got {other:?}"),
+            }
+            assert_eq!(warnings, Vec::<String>::new(), "no rollback warning");
+            let ((), probe) = $crate::common::warnings_during(|| tracing::warn!("probe"));
+            assert_eq!(probe.len(), 1, "the collector sees warnings");
+            assert_eq!(effects_of(&mut conn, &run), vec![]);
+            assert_eq!(inbox_rows(&mut conn, "deferred-fk", &m.key), 0);
+            // Nothing half-written: once the parent exists the redelivery applies.
+            conn.batch_execute("INSERT INTO inbox_test_parent (id) VALUES (7)").expect("parent");
+            assert!(matches!(orphan_child(&mut conn, &m, 7), Ok(Processed::Applied(()))));
+            assert_eq!(effects_of(&mut conn, &run), vec![(m.key.clone(), 1)]);
+        }
+
+        // ---- small integer keys ----
+
+        #[idempotent(key = "id", consumer = "u8-keys")]
+        fn by_u8(conn: &mut $Conn, run: &str, id: u8) -> QueryResult<()> {
+            write_effect(conn, run, &format!("u8/{id}"), i64::from(id)).map(drop)
+        }
+
+        #[idempotent(key = "id", consumer = "i8-keys")]
+        fn by_i8(conn: &mut $Conn, run: &str, id: i8) -> QueryResult<()> {
+            write_effect(conn, run, &format!("i8/{id}"), i64::from(id)).map(drop)
+        }
+
+        // ---- a key read from a destructured parameter ----
+
+        #[idempotent(key = "id", consumer = "destructured")]
+        fn destructured(conn: &mut $Conn, run: &str, (id, amount): (String, i64)) -> QueryResult<i64> {
+            write_effect(conn, run, &id, amount)?;
+            Ok(amount)
+        }
+
+        #[test]
+        fn u8_i8_and_destructured_keys() {
+            let Some(db) = $prepare("small_keys") else { return };
+            let mut conn = $open(&db);
+            let run = $crate::common::unique_run_id("small");
+            // Consumers are shared by every run: clear this test's keys first.
+            for consumer in ["u8-keys", "i8-keys"] {
+                diesel::delete(inbox_messages::table.filter(inbox_messages::consumer.eq(consumer)))
+                    .execute(&mut conn)
+                    .expect("clear");
+            }
+            assert!(by_u8(&mut conn, &run, 255).expect("u8").is_applied());
+            assert!(by_u8(&mut conn, &run, 255).expect("u8 again").is_duplicate());
+            assert!(by_i8(&mut conn, &run, -128).expect("i8").is_applied());
+            assert!(by_i8(&mut conn, &run, -128).expect("i8 again").is_duplicate());
+            assert_eq!(inbox_rows(&mut conn, "u8-keys", "255"), 1);
+            assert_eq!(inbox_rows(&mut conn, "i8-keys", "-128"), 1);
+            let key = format!("{run}:destructured");
+            assert_eq!(destructured(&mut conn, &run, (key.clone(), 5)).expect("first"), Processed::Applied(5));
+            assert_eq!(destructured(&mut conn, &run, (key.clone(), 5)).expect("again"), Processed::Duplicate);
+            assert_eq!(inbox_rows(&mut conn, "destructured", &key), 1);
+            assert_eq!(effects_of(&mut conn, &run).len(), 3);
         }
     };
 }
