@@ -113,6 +113,11 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// assert!(<diesel::sqlite::Sqlite as inbox_runtime::InboxBackend>::DDL
 ///     .contains("CREATE TABLE IF NOT EXISTS inbox_messages"));
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a database backend diesel-inbox supports",
+    label = "the connection's backend must be `Pg`, `Mysql` or `Sqlite`",
+    note = "diesel-inbox runs on `PgConnection` (feature `postgres`), `MysqlConnection` (feature `mysql`) and `SqliteConnection` (feature `sqlite`); a `#[derive(MultiConnection)]` enum is not supported: take the connection of one backend, e.g. `conn: &mut PgConnection`"
+)]
 pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     /// The statements that create the inbox table, its index and the
     /// record of its schema version, idempotent (`IF NOT EXISTS`), for

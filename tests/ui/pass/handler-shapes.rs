@@ -154,6 +154,41 @@ fn batch_of_vec(conn: &mut SqliteConnection, msgs: &Vec<Msg>) -> AppResult<Vec<u
     Ok(msgs.iter().map(|m| m.seq).collect())
 }
 
+#[idempotent(key = "id")]
+fn destructured_key(conn: &mut SqliteConnection, (id, amount): (String, i64)) -> QueryResult<i64> {
+    let _ = conn;
+    Ok(amount)
+}
+
+#[idempotent(key = "id")]
+fn struct_pattern_key(conn: &mut SqliteConnection, Order { id, .. }: &Order) -> QueryResult<()> {
+    let _ = (conn, id);
+    Ok(())
+}
+
+pub struct Order {
+    pub id: String,
+    pub total: i64,
+}
+
+#[idempotent(key = "id")]
+fn u8_key(conn: &mut SqliteConnection, id: u8) -> QueryResult<()> {
+    let _ = conn;
+    Ok(())
+}
+
+#[idempotent(key = "msg.id", consumer = "shared-scope", shared)]
+fn shares_a_scope(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let _ = conn;
+    Ok(())
+}
+
+#[idempotent(key = "msg.id", consumer = "shared-scope", shared)]
+fn shares_it_too(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let _ = conn;
+    Ok(())
+}
+
 macro_rules! handler {
     ($name:ident, $conn:ty) => {
         #[idempotent(key = "msg.id")]
@@ -193,6 +228,12 @@ fn main() -> Result<(), AppError> {
     assert_eq!((out.value, out.applied, out.duplicates), (Some(3), vec![0, 1], 0));
     assert_eq!(batch_of_vec(&mut conn, &batch)?.value, Some(vec![1, 2]));
     assert_eq!(batch_of_messages(&mut conn, &batch)?.duplicates, 2);
+    assert_eq!(destructured_key(&mut conn, ("d-1".into(), 4))?, Processed::Applied(4));
+    let order = Order { id: "o-1".into(), total: 3 };
+    assert!(struct_pattern_key(&mut conn, &order)?.is_applied() && order.total == 3);
+    assert!(u8_key(&mut conn, 200)?.is_applied());
+    assert!(shares_a_scope(&mut conn, &msg)?.is_applied());
+    assert!(shares_it_too(&mut conn, &msg)?.is_duplicate());
     let moved = Msg { id: "m-2".into(), seq: 2, header: Header { trace: uuid_like::Id(6) } };
     assert_eq!(moves_its_message(&mut conn, moved)?, Processed::Applied("m-2".to_string()));
     Ok(())
