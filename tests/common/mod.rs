@@ -149,13 +149,40 @@ pub fn skipped(why: &str) {
 /// Runs `f` and returns what it returned with the WARN and ERROR events it
 /// logged through `tracing` (on this thread), each as "field=value ...".
 pub fn warnings_during<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    let (value, events) = events_during(f);
+    let warnings = events
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::WARN || e.level == tracing::Level::ERROR)
+        .map(|e| e.fields)
+        .collect();
+    (value, warnings)
+}
+
+/// One `tracing` event: its level, the span it happened in (if any) and its
+/// fields as "field=value ...".
+#[derive(Debug, Clone)]
+pub struct LoggedEvent {
+    pub level: tracing::Level,
+    pub span: Option<&'static str>,
+    pub fields: String,
+}
+
+/// Runs `f` and returns what it returned with every `tracing` event it
+/// logged on this thread, and how many spans it opened, by name.
+pub fn events_during<T>(f: impl FnOnce() -> T) -> (T, Vec<LoggedEvent>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
     use tracing::field::{Field, Visit};
     use tracing::span::{Attributes, Id, Record};
-    use tracing::{Event, Level, Metadata};
+    use tracing::{Event, Metadata};
 
     #[derive(Default)]
-    struct Warnings(Mutex<Vec<String>>);
+    struct Collector {
+        events: Mutex<Vec<LoggedEvent>>,
+        spans: Mutex<Vec<&'static str>>,
+        current: Mutex<Vec<u64>>,
+        next: AtomicU64,
+    }
 
     struct Fields(String);
     impl Visit for Fields {
@@ -164,31 +191,52 @@ pub fn warnings_during<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
         }
     }
 
-    impl tracing::Subscriber for Warnings {
+    impl tracing::Subscriber for Collector {
         fn enabled(&self, _: &Metadata<'_>) -> bool {
             true
         }
-        fn new_span(&self, _: &Attributes<'_>) -> Id {
-            Id::from_u64(1)
+        fn new_span(&self, attributes: &Attributes<'_>) -> Id {
+            let id = self.next.fetch_add(1, Ordering::SeqCst);
+            if let Ok(mut spans) = self.spans.lock() {
+                spans.push(attributes.metadata().name());
+            }
+            Id::from_u64(id + 1)
         }
         fn record(&self, _: &Id, _: &Record<'_>) {}
         fn record_follows_from(&self, _: &Id, _: &Id) {}
         fn event(&self, event: &Event<'_>) {
-            let level = *event.metadata().level();
-            if level == Level::WARN || level == Level::ERROR {
-                let mut fields = Fields(String::new());
-                event.record(&mut fields);
-                if let Ok(mut all) = self.0.lock() {
-                    all.push(fields.0);
-                }
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            let span = self.current.lock().ok().and_then(|current| {
+                let id = *current.last()?;
+                self.spans.lock().ok()?.get(id as usize - 1).copied()
+            });
+            if let Ok(mut events) = self.events.lock() {
+                events.push(LoggedEvent {
+                    level: *event.metadata().level(),
+                    span,
+                    fields: fields.0,
+                });
             }
         }
-        fn enter(&self, _: &Id) {}
-        fn exit(&self, _: &Id) {}
+        fn enter(&self, id: &Id) {
+            if let Ok(mut current) = self.current.lock() {
+                current.push(id.into_u64());
+            }
+        }
+        fn exit(&self, _: &Id) {
+            if let Ok(mut current) = self.current.lock() {
+                current.pop();
+            }
+        }
     }
 
-    let warnings = Arc::new(Warnings::default());
-    let value = tracing::subscriber::with_default(warnings.clone(), f);
-    let logged = warnings.0.lock().map(|w| w.clone()).unwrap_or_default();
-    (value, logged)
+    let collector = Arc::new(Collector::default());
+    let value = tracing::subscriber::with_default(collector.clone(), f);
+    let events = collector
+        .events
+        .lock()
+        .map(|e| e.clone())
+        .unwrap_or_default();
+    (value, events)
 }
