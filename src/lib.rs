@@ -52,6 +52,12 @@
 //! # }
 //! ```
 //!
+//! Call [`migrate`] at start-up: it creates the table, and refuses an
+//! existing one that would make deduplication silently wrong (a primary key
+//! other than `(consumer, message_id)`, a case-insensitive collation, keys
+//! narrower than 255 bytes, triggers, foreign keys, ...) or a schema newer
+//! than this release knows.
+//!
 //! ## Features
 //! - `sqlite` (default): embedded, bundled SQLite; nothing to install.
 //! - `postgres`: PostgreSQL through libpq.
@@ -64,20 +70,34 @@
 /// table in the same transaction as its body.
 ///
 /// ```text
-/// #[idempotent(key = "<expr>", consumer = "<name>", conn = "<param>", retries = N, crate = "<path>")]
+/// #[idempotent(key = "<expr>", consumer = "<name>", shared, conn = "<param>", retries = N, batch = "<param>", crate = "<path>")]
 /// ```
 ///
 /// - `key` (required): a Rust expression over the parameters whose type
 ///   implements [`InboxKey`] (`str`, `String`, integers, `uuid::Uuid`, and
-///   references to them), e.g. `"msg.id"`, `"msg.header.id.as_str()"`.
-/// - `consumer`: the scope of deduplication; default, the function's name.
-///   The same key under two consumers is applied once by each.
+///   references to them), e.g. `"msg.id"`, `"msg.header.id.as_str()"`, or a
+///   name bound by a destructuring parameter.
+/// - `consumer`: the scope of deduplication; default, the function's name
+///   (not its module path, which would change when the function moves and
+///   make redeliveries after that deploy apply again). The same key under
+///   two consumers is applied once by each.
+/// - `shared`: this handler deliberately shares its consumer with other
+///   handlers. Without it, two handlers of the program with the same
+///   consumer name (two `handle` functions in two modules, one method in two
+///   trait impls) fail on their first call with
+///   [`InboxError::ConsumerConflict`], naming both; every one of them must
+///   say `shared`. [`consumers()`] lists them all.
 /// - `conn`: the connection parameter; default, the only `&mut` parameter.
+///   It is the diesel connection itself; for a pooled connection declare
+///   the connection type and pass `&mut pooled`.
 /// - `retries`: how often a transient failure (serialization failure,
-///   deadlock, SQLite busy) reruns the whole transaction; default 3. The
-///   body's own errors are retried only when its error type implements
-///   [`RetryableError`], whose `retries_exhausted` shapes the error returned
-///   when they run out. With `retries = 0` the body may move its parameters.
+///   deadlock, lock timeout, SQLite busy) reruns the whole transaction;
+///   default 3. A transient failure of a body statement is retried whatever
+///   the handler's error type (the runtime observes the statement, see
+///   [`ErrorObserver`]); an error type that implements [`RetryableError`]
+///   decides for itself, and its `retries_exhausted` shapes the error
+///   returned when they run out. With `retries = 0` the body may move its
+///   parameters.
 /// - `batch`: the parameter holding a batch of messages (`&[M]` or
 ///   `&Vec<M>`); `key` is then a closure over one message (`"|m| m.id"`).
 ///   All keys are claimed with one multi-row insert in one transaction, the
@@ -101,13 +121,16 @@
 /// fn on_order_placed(conn: &mut PgConnection, msg: &OrderPlaced)
 ///     -> Result<diesel_inbox::Processed<i64>, AppError>
 /// {
-///     diesel_inbox::__private::run(conn, "on_order_placed", &(msg.id), 3,
+///     // Registered before main: consumer name, `module::on_order_placed`, file, line.
+///     static HANDLER: RegisteredHandler = RegisteredHandler::new("on_order_placed", ..);
+///     diesel_inbox::__private::run(conn, &&HANDLER, &(msg.id), 3,
 ///         |conn| -> Result<i64, AppError> { BODY },
-///         |error| /* ErrorClass::of(error) if AppError: RetryableError, else ErrorClass::permanent() */)
+///         |error| /* ErrorClass::of(error) if AppError: RetryableError, else ErrorClass::by_statements() */)
 /// }
 /// ```
 ///
-/// [`run`] validates the key (not empty, at most 255 bytes, no NUL: else
+/// [`run`] checks the consumer against the other handlers, validates the
+/// key (not empty, at most 255 bytes, no NUL: else
 /// [`InboxError::InvalidKey`] and nothing runs), opens a transaction (a
 /// savepoint inside the caller's; `BEGIN IMMEDIATE` on SQLite), inserts the
 /// inbox row ignoring a conflict, and returns [`Processed::Duplicate`] if the

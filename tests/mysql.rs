@@ -231,6 +231,98 @@ mod suite {
         }
     }
 
+    diesel::table! {
+        inbox_test_locks (name) {
+            name -> Text,
+            value -> BigInt,
+        }
+    }
+
+    /// Locks `first`, meets the other handler, then locks `second` and
+    /// swallows the error of that statement (a deadlock for one of the two).
+    #[diesel_inbox::idempotent(key = "key", consumer = "swallowed-deadlock", retries = 0)]
+    fn lock_two_swallowing(
+        conn: &mut MysqlConnection,
+        key: &str,
+        first: &str,
+        second: &str,
+        meet: &std::sync::Barrier,
+    ) -> diesel::QueryResult<()> {
+        use diesel::prelude::*;
+        let add = |conn: &mut MysqlConnection, name: &str| {
+            diesel::update(inbox_test_locks::table.find(name))
+                .set(inbox_test_locks::value.eq(inbox_test_locks::value + 1))
+                .execute(conn)
+        };
+        add(conn, first)?;
+        meet.wait();
+        let _swallowed = add(conn, second);
+        Ok(())
+    }
+
+    /// InnoDB rolls back the whole transaction of a deadlock victim (the
+    /// inbox row with it). A body that swallows the error and returns `Ok`
+    /// must not be reported `Applied`: the runtime saw the failed statement.
+    #[test]
+    fn a_swallowed_deadlock_is_not_reported_as_applied() {
+        let Some(url) = prepare("swallowed_deadlock") else {
+            return;
+        };
+        let mut conn = open(&url);
+        conn.batch_execute(
+            "CREATE TABLE IF NOT EXISTS inbox_test_locks \
+             (name VARCHAR(64) PRIMARY KEY, value BIGINT NOT NULL) ENGINE = InnoDB",
+        )
+        .expect("locks table");
+        let run = common::unique_run_id("swallow");
+        let (x, y) = (format!("{run}:x"), format!("{run}:y"));
+        conn.batch_execute(&format!(
+            "INSERT INTO inbox_test_locks VALUES ('{x}', 0), ('{y}', 0)"
+        ))
+        .expect("rows");
+        let meet = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let handlers: Vec<_> = [(x.clone(), y.clone()), (y.clone(), x.clone())]
+            .into_iter()
+            .enumerate()
+            .map(|(n, (first, second))| {
+                let (url, key, meet) = (url.to_string(), format!("{run}:{n}"), meet.clone());
+                std::thread::spawn(move || {
+                    let mut conn = open(&url);
+                    lock_two_swallowing(&mut conn, &key, &first, &second, &meet).map_err(
+                        |e| match e {
+                            diesel::result::Error::QueryBuilderError(inner) => inner
+                                .downcast::<diesel_inbox::InboxError>()
+                                .map(|e| *e)
+                                .map_err(|e| e.to_string()),
+                            other => Err(other.to_string()),
+                        },
+                    )
+                })
+            })
+            .collect();
+        let outcomes: Vec<_> = handlers
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .collect();
+        let applied = outcomes
+            .iter()
+            .filter(|o| matches!(o, Ok(p) if p.is_applied()))
+            .count();
+        let ignored = outcomes
+            .iter()
+            .filter(|o| matches!(o, Err(Ok(diesel_inbox::InboxError::BodyIgnoredError(_)))))
+            .count();
+        assert_eq!((applied, ignored), (1, 1), "{outcomes:?}");
+        // The victim's claim went with its transaction: a redelivery applies.
+        let claimed: i64 = diesel_inbox::inbox_messages::table
+            .filter(diesel_inbox::inbox_messages::consumer.eq("swallowed-deadlock"))
+            .filter(diesel_inbox::inbox_messages::message_id.like(format!("{run}:%")))
+            .count()
+            .get_result(&mut conn)
+            .expect("count");
+        assert_eq!(claimed, 1);
+    }
+
     #[test]
     fn migrate_refuses_to_run_inside_a_transaction() {
         let Some(url) = prepare("migrate_in_tx") else {
