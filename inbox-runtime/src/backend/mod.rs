@@ -221,38 +221,39 @@ pub(crate) fn database_error(error: &Error) -> Option<(diesel::result::DatabaseE
     }
 }
 
+/// Whether `InboxBackend::$check(error)` holds on any enabled backend.
+macro_rules! on_any_backend {
+    ($check:ident, $error:expr) => {{
+        let error: &Error = $error;
+        #[allow(unused_mut)]
+        let mut holds = false;
+        #[cfg(feature = "postgres")]
+        {
+            holds = holds || <diesel::pg::Pg as InboxBackend>::$check(error);
+        }
+        #[cfg(feature = "mysql")]
+        {
+            holds = holds || <diesel::mysql::Mysql as InboxBackend>::$check(error);
+        }
+        #[cfg(feature = "sqlite")]
+        {
+            holds = holds || <diesel::sqlite::Sqlite as InboxBackend>::$check(error);
+        }
+        let _ = error;
+        holds
+    }};
+}
+
 /// Transient on any enabled backend, for errors whose backend is not known
 /// (`RetryableError for diesel::result::Error`).
 pub(crate) fn is_transient(error: &Error) -> bool {
-    #[cfg(feature = "postgres")]
-    if <diesel::pg::Pg as InboxBackend>::is_transient(error) {
-        return true;
-    }
-    #[cfg(feature = "mysql")]
-    if <diesel::mysql::Mysql as InboxBackend>::is_transient(error) {
-        return true;
-    }
-    #[cfg(feature = "sqlite")]
-    if <diesel::sqlite::Sqlite as InboxBackend>::is_transient(error) {
-        return true;
-    }
-    let _ = error;
-    false
+    on_any_backend!(is_transient, error)
 }
 
 /// A privilege error on any enabled backend (the hint of
 /// [`InboxError::MigrationFailed`]).
 pub(crate) fn is_privilege_error(error: &Error) -> bool {
-    #[cfg(feature = "postgres")]
-    if <diesel::pg::Pg as InboxBackend>::is_privilege_error(error) {
-        return true;
-    }
-    #[cfg(feature = "mysql")]
-    if <diesel::mysql::Mysql as InboxBackend>::is_privilege_error(error) {
-        return true;
-    }
-    let _ = error;
-    false
+    on_any_backend!(is_privilege_error, error)
 }
 
 /// Creates the `inbox_messages` table and its index if they do not exist,

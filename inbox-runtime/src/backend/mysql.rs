@@ -1,5 +1,4 @@
-use super::shape::{parse_version_marker, version_marker};
-use super::shape::{CatalogRow, Column, Index, Table};
+use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
 use crate::schema::inbox_messages::dsl::*;
@@ -12,14 +11,11 @@ use diesel::sql_types::{Integer, Nullable};
 impl Sealed for Mysql {}
 
 /// What `information_schema` says about `inbox_messages` in the current
-/// database, one row per thing (every value cast to the connection's
-/// character set, so that the branches of the UNION agree):
+/// database, in the rows [`Dialect`] describes (every value cast to the
+/// connection's character set, so that the branches of the UNION agree):
 /// - `table`: a = table type, b = engine, c = the table comment;
-/// - `column`: a = data type, b = maximum length in characters, c =
-///   collation, d = `notnull`, `default` flags;
-/// - `primary` / `unique` / `index`: a = columns, b = `prefix` when a
-///   column is indexed by a prefix only;
-/// - `foreign key` / `check constraint` / `trigger` (on INSERT): the name.
+/// - `column`: a = data type, b = maximum length in characters, c = collation;
+/// - indexes: b = `prefix` when a column is indexed by a prefix only.
 const CATALOG: &str = r#"
 SELECT CAST('table' AS CHAR) AS kind, CAST(TABLE_NAME AS CHAR) AS name,
        CAST(TABLE_TYPE AS CHAR) AS a, CAST(ENGINE AS CHAR) AS b,
@@ -123,58 +119,7 @@ impl InboxBackend for Mysql {
     where
         C: LoadConnection<Backend = Self>,
     {
-        let rows: Vec<CatalogRow> = diesel::sql_query(CATALOG).load(conn)?;
-        let mut catalog = Catalog::default();
-        let mut table = Table::default();
-        let mut exists = false;
-        for row in rows {
-            match row.kind.as_str() {
-                "table" => {
-                    exists = true;
-                    catalog.version = row.c.as_deref().and_then(parse_version_marker);
-                    if row.a.as_deref() != Some("BASE TABLE") {
-                        table.problems.push(TableProblem::new(
-                            format!(
-                                "`inbox_messages` is not a table ({})",
-                                row.a.as_deref().unwrap_or("?")
-                            ),
-                            "drop it and run migrate() to create the table",
-                        ));
-                    } else if row.b.as_deref() != Some("InnoDB") {
-                        table.problems.push(TableProblem::new(
-                            format!(
-                                "the table uses the {} engine, which has no transactions: a failed handler would keep its inbox row and its message would be lost",
-                                row.b.as_deref().unwrap_or("?")
-                            ),
-                            "ALTER TABLE inbox_messages ENGINE = InnoDB",
-                        ));
-                    }
-                }
-                "column" => {
-                    let flags = row.d.as_deref().unwrap_or("");
-                    table.columns.push(Column {
-                        key_problem: key_problem(&row),
-                        required: flags.contains("notnull") && !flags.contains("default"),
-                        has_default: flags.contains("default"),
-                        name: row.name,
-                    });
-                }
-                "primary" | "unique" | "index" => table.indexes.push(Index {
-                    columns: row.columns(),
-                    primary: row.kind == "primary",
-                    unique: row.kind != "index",
-                    problem: (row.b.as_deref() == Some("prefix"))
-                        .then(|| "covers only a prefix of a column".to_string()),
-                    name: row.name,
-                }),
-                "foreign key" => table.constraints.push(("foreign key", row.name)),
-                "check constraint" => table.constraints.push(("check constraint", row.name)),
-                "trigger" => table.insert_hooks.push(("trigger", row.name)),
-                _ => {}
-            }
-        }
-        catalog.table = exists.then_some(table);
-        Ok(catalog)
+        Ok(read::<Self>(diesel::sql_query(CATALOG).load(conn)?))
     }
 
     fn record_version(version: u32) -> String {
@@ -209,41 +154,72 @@ impl InboxBackend for Mysql {
     }
 }
 
-/// Why a key column of this type and collation cannot hold every key and
-/// compare keys byte for byte (`None` when it can).
-fn key_problem(column: &CatalogRow) -> Option<String> {
-    let data_type = column.a.as_deref().unwrap_or("?");
-    let length: u64 = column
-        .b
-        .as_deref()
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(0);
-    let collation = column.c.as_deref().unwrap_or("");
-    match data_type {
-        "varbinary" if length >= 255 => None,
-        "varbinary" => Some(format!(
-            "holds at most {length} bytes (VARBINARY({length})), and INSERT IGNORE cuts longer keys"
-        )),
-        "varchar" if length < 255 => Some(format!(
-            "holds at most {length} characters (VARCHAR({length})), and INSERT IGNORE cuts longer keys"
-        )),
-        "varchar" if !collation.starts_with("utf8mb4_") => Some(format!(
-            "uses collation {collation}, whose character set cannot store every UTF-8 key (INSERT IGNORE replaces what it cannot store)"
-        )),
-        // NO PAD binary collations compare byte for byte: MariaDB's
-        // `*_nopad_bin`, MySQL 8's `*_0900_bin`.
-        "varchar" if collation.ends_with("_nopad_bin") || collation.ends_with("_0900_bin") => None,
-        "varchar" if collation.ends_with("_bin") => Some(format!(
-            "uses collation {collation}, which pads: `key ` and `key` compare equal"
-        )),
-        "varchar" => Some(format!(
-            "uses collation {collation}, which ignores case, accents or trailing spaces"
-        )),
-        "char" | "binary" => Some(format!(
-            "is {}, which pads every value to its full length",
-            data_type.to_uppercase()
-        )),
-        other => Some(format!("has type {other}, not VARBINARY")),
+impl Dialect for Mysql {
+    fn version(record: &str) -> Option<u32> {
+        parse_version_marker(record)
+    }
+
+    fn table_problems(table: &CatalogRow) -> Vec<TableProblem> {
+        if table.a.as_deref() != Some("BASE TABLE") {
+            vec![TableProblem::new(
+                format!(
+                    "`inbox_messages` is not a table ({})",
+                    table.a.as_deref().unwrap_or("?")
+                ),
+                "drop it and run migrate() to create the table",
+            )]
+        } else if table.b.as_deref() != Some("InnoDB") {
+            vec![TableProblem::new(
+                format!(
+                    "the table uses the {} engine, which has no transactions: a failed handler would keep its inbox row and its message would be lost",
+                    table.b.as_deref().unwrap_or("?")
+                ),
+                "ALTER TABLE inbox_messages ENGINE = InnoDB",
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn key_problem(column: &CatalogRow) -> Option<String> {
+        let data_type = column.a.as_deref().unwrap_or("?");
+        let length: u64 = column
+            .b
+            .as_deref()
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(0);
+        let collation = column.c.as_deref().unwrap_or("");
+        match data_type {
+            "varbinary" if length >= 255 => None,
+            "varbinary" => Some(format!(
+                "holds at most {length} bytes (VARBINARY({length})), and INSERT IGNORE cuts longer keys"
+            )),
+            "varchar" if length < 255 => Some(format!(
+                "holds at most {length} characters (VARCHAR({length})), and INSERT IGNORE cuts longer keys"
+            )),
+            "varchar" if !collation.starts_with("utf8mb4_") => Some(format!(
+                "uses collation {collation}, whose character set cannot store every UTF-8 key (INSERT IGNORE replaces what it cannot store)"
+            )),
+            // NO PAD binary collations compare byte for byte: MariaDB's
+            // `*_nopad_bin`, MySQL 8's `*_0900_bin`.
+            "varchar" if collation.ends_with("_nopad_bin") || collation.ends_with("_0900_bin") => None,
+            "varchar" if collation.ends_with("_bin") => Some(format!(
+                "uses collation {collation}, which pads: `key ` and `key` compare equal"
+            )),
+            "varchar" => Some(format!(
+                "uses collation {collation}, which ignores case, accents or trailing spaces"
+            )),
+            "char" | "binary" => Some(format!(
+                "is {}, which pads every value to its full length",
+                data_type.to_uppercase()
+            )),
+            other => Some(format!("has type {other}, not VARBINARY")),
+        }
+    }
+
+    fn index_problem(index: &CatalogRow) -> Option<String> {
+        (index.b.as_deref() == Some("prefix"))
+            .then(|| "covers only a prefix of a column".to_string())
     }
 }
 

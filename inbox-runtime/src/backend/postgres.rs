@@ -1,5 +1,4 @@
-use super::shape::{parse_version_marker, version_marker};
-use super::shape::{CatalogRow, Column, Index, Table};
+use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
 use crate::schema::inbox_messages::dsl::*;
@@ -16,15 +15,11 @@ impl Sealed for Pg {}
 const MIGRATE_LOCK: i64 = 0x6469_6573_656c_5f69; // "diesel_i"
 
 /// What PostgreSQL's catalog says about `inbox_messages` (the table the
-/// search path resolves), one row per thing:
+/// search path resolves), in the rows [`Dialect`] describes:
 /// - `table`: a = relkind, b = relpersistence, c = the table comment;
 /// - `column`: a = type name, b = declared length, c = `deterministic` or
-///   the name of a non-deterministic collation, d = `notnull`, `default`,
-///   `generated` flags;
-/// - `primary` / `unique` / `index`: a = columns, b = `partial` or
-///   `expression` (a primary key compares with its columns' collations);
-/// - `foreign key` / `check constraint` / `trigger` (on INSERT) / `rule`
-///   (on INSERT): the name.
+///   the name of a non-deterministic collation;
+/// - indexes: b = `partial` or `expression`.
 const CATALOG: &str = r#"
 WITH t AS (SELECT to_regclass('inbox_messages') AS oid)
 SELECT 'table' AS kind, c.relname::text AS name, c.relkind::text AS a,
@@ -37,8 +32,8 @@ SELECT 'column', att.attname::text, ty.typname::text,
        CASE WHEN co.oid IS NULL OR co.collisdeterministic THEN 'deterministic'
             ELSE co.collname::text END,
        concat_ws(',', CASE WHEN att.attnotnull THEN 'notnull' END,
-                      CASE WHEN att.atthasdef THEN 'default' END,
-                      CASE WHEN att.attgenerated <> '' OR att.attidentity <> '' THEN 'generated' END)
+                      CASE WHEN att.atthasdef OR att.attgenerated <> '' OR att.attidentity <> ''
+                           THEN 'default' END)
 FROM pg_attribute att JOIN t ON att.attrelid = t.oid
 JOIN pg_type ty ON ty.oid = att.atttypid
 LEFT JOIN pg_collation co ON co.oid = att.attcollation
@@ -156,70 +151,7 @@ impl InboxBackend for Pg {
     where
         C: LoadConnection<Backend = Self>,
     {
-        let rows: Vec<CatalogRow> = diesel::sql_query(CATALOG).load(conn)?;
-        let mut catalog = Catalog::default();
-        let mut table = Table::default();
-        let mut exists = false;
-        for row in rows {
-            match row.kind.as_str() {
-                "table" => {
-                    catalog.version = row.c.as_deref().and_then(parse_version_marker);
-                    match row.a.as_deref() {
-                        Some("r" | "p") => {}
-                        other => table.problems.push(TableProblem::new(
-                            format!(
-                                "`inbox_messages` is not a table (relkind {}), so claims cannot be inserted into it safely",
-                                other.unwrap_or("?")
-                            ),
-                            "drop it and run migrate() to create the table",
-                        )),
-                    }
-                    if row.b.as_deref() == Some("u") {
-                        table.problems.push(TableProblem::new(
-                            "the table is UNLOGGED: after a crash PostgreSQL empties it, and every redelivered message would be applied again",
-                            "ALTER TABLE inbox_messages SET LOGGED",
-                        ));
-                    }
-                    exists = true;
-                }
-                "column" => {
-                    let flags = row.d.as_deref().unwrap_or("");
-                    let has_default = flags.contains("default") || flags.contains("generated");
-                    table.columns.push(Column {
-                        key_problem: key_problem(&row),
-                        required: flags.contains("notnull") && !has_default,
-                        has_default,
-                        name: row.name,
-                    });
-                }
-                "primary" | "unique" | "index" => {
-                    let problem = match (row.b.as_deref(), row.c.as_deref()) {
-                        (Some("partial"), _) => {
-                            Some("is partial (it has a WHERE clause)".to_string())
-                        }
-                        (Some(_), _) => Some("is on an expression".to_string()),
-                        (None, Some(collations)) => {
-                            Some(format!("uses the non-deterministic collation {collations}"))
-                        }
-                        (None, None) => None,
-                    };
-                    table.indexes.push(Index {
-                        columns: row.columns(),
-                        primary: row.kind == "primary",
-                        unique: row.kind != "index",
-                        problem,
-                        name: row.name,
-                    });
-                }
-                "foreign key" => table.constraints.push(("foreign key", row.name)),
-                "check constraint" => table.constraints.push(("check constraint", row.name)),
-                "trigger" => table.insert_hooks.push(("trigger", row.name)),
-                "rule" => table.insert_hooks.push(("rule", row.name)),
-                _ => {}
-            }
-        }
-        catalog.table = exists.then_some(table);
-        Ok(catalog)
+        Ok(read::<Self>(diesel::sql_query(CATALOG).load(conn)?))
     }
 
     fn record_version(version: u32) -> String {
@@ -245,27 +177,60 @@ impl InboxBackend for Pg {
     }
 }
 
-/// Why a key column of this type and collation cannot hold every key and
-/// compare keys byte for byte (`None` when it can).
-fn key_problem(column: &CatalogRow) -> Option<String> {
-    let type_name = column.a.as_deref().unwrap_or("?");
-    let length: Option<u32> = column.b.as_deref().and_then(|l| l.parse().ok());
-    let problem = match (type_name, length) {
-        ("text", _) | ("varchar", None) => None,
-        ("varchar", Some(n)) if n >= 255 => None,
-        ("varchar", Some(n)) => Some(format!("holds at most {n} characters (VARCHAR({n}))")),
-        ("bpchar", _) => {
-            Some("is CHARACTER(n), which pads with spaces and ignores trailing spaces".to_string())
+impl Dialect for Pg {
+    fn version(record: &str) -> Option<u32> {
+        parse_version_marker(record)
+    }
+
+    fn table_problems(table: &CatalogRow) -> Vec<TableProblem> {
+        let mut problems = Vec::new();
+        if !matches!(table.a.as_deref(), Some("r" | "p")) {
+            problems.push(TableProblem::new(
+                format!(
+                    "`inbox_messages` is not a table (relkind {}), so claims cannot be inserted into it safely",
+                    table.a.as_deref().unwrap_or("?")
+                ),
+                "drop it and run migrate() to create the table",
+            ));
         }
-        ("citext", _) => Some("is citext, which compares case-insensitively".to_string()),
-        (other, _) => Some(format!("has type {other}, not VARCHAR or TEXT")),
-    };
-    problem.or_else(|| match column.c.as_deref() {
-        Some("deterministic") | None => None,
-        Some(collation) => Some(format!(
-            "uses the non-deterministic collation {collation}, which can compare different strings as equal"
-        )),
-    })
+        if table.b.as_deref() == Some("u") {
+            problems.push(TableProblem::new(
+                "the table is UNLOGGED: after a crash PostgreSQL empties it, and every redelivered message would be applied again",
+                "ALTER TABLE inbox_messages SET LOGGED",
+            ));
+        }
+        problems
+    }
+
+    fn key_problem(column: &CatalogRow) -> Option<String> {
+        let type_name = column.a.as_deref().unwrap_or("?");
+        let length: Option<u32> = column.b.as_deref().and_then(|l| l.parse().ok());
+        let problem = match (type_name, length) {
+            ("text", _) | ("varchar", None) => None,
+            ("varchar", Some(n)) if n >= 255 => None,
+            ("varchar", Some(n)) => Some(format!("holds at most {n} characters (VARCHAR({n}))")),
+            ("bpchar", _) => Some(
+                "is CHARACTER(n), which pads with spaces and ignores trailing spaces".to_string(),
+            ),
+            ("citext", _) => Some("is citext, which compares case-insensitively".to_string()),
+            (other, _) => Some(format!("has type {other}, not VARCHAR or TEXT")),
+        };
+        problem.or_else(|| match column.c.as_deref() {
+            Some("deterministic") | None => None,
+            Some(collation) => Some(format!(
+                "uses the non-deterministic collation {collation}, which can compare different strings as equal"
+            )),
+        })
+    }
+
+    fn index_problem(index: &CatalogRow) -> Option<String> {
+        // A primary key compares with its columns' collations, judged above.
+        match index.b.as_deref() {
+            Some("partial") => Some("is partial (it has a WHERE clause)".to_string()),
+            Some(_) => Some("is on an expression".to_string()),
+            None => None,
+        }
+    }
 }
 
 #[cfg(test)]

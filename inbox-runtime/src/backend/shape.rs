@@ -38,6 +38,68 @@ impl CatalogRow {
     }
 }
 
+/// What a backend knows about the rows of its own catalog query. Every
+/// query yields the same kinds of rows:
+/// - `table`: c = the version record (as [`Dialect::version`] reads it),
+///   a and b what [`Dialect::table_problems`] judges;
+/// - `column`: d = `notnull` and `default` flags (a generated column counts
+///   as having a default), a to c what [`Dialect::key_problem`] judges;
+/// - `primary` / `unique` / `index`: a = its columns in order, b and c what
+///   [`Dialect::index_problem`] judges;
+/// - `foreign key`, `check constraint`, `trigger` (on INSERT), `rule` (on
+///   INSERT): the name.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) trait Dialect {
+    /// The schema version in the table row's record.
+    fn version(record: &str) -> Option<u32>;
+    /// Problems with the table object itself (a view, an engine without
+    /// transactions, an unlogged table).
+    fn table_problems(table: &CatalogRow) -> Vec<TableProblem>;
+    /// Why a column of this type and collation cannot hold every key and
+    /// compare keys byte for byte.
+    fn key_problem(column: &CatalogRow) -> Option<String>;
+    /// Why an index does not cover whole values.
+    fn index_problem(index: &CatalogRow) -> Option<String>;
+}
+
+/// The catalog that the rows of a backend's catalog query describe.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn read<D: Dialect>(rows: Vec<CatalogRow>) -> Catalog {
+    let mut catalog = Catalog::default();
+    let mut table = Table::default();
+    let mut exists = false;
+    for row in rows {
+        let flags = row.d.as_deref().unwrap_or("");
+        match row.kind.as_str() {
+            "table" => {
+                exists = true;
+                catalog.version = row.c.as_deref().and_then(D::version);
+                table.problems.extend(D::table_problems(&row));
+            }
+            "column" => table.columns.push(Column {
+                key_problem: D::key_problem(&row),
+                required: flags.contains("notnull") && !flags.contains("default"),
+                has_default: flags.contains("default"),
+                name: row.name,
+            }),
+            "primary" | "unique" | "index" => table.indexes.push(Index {
+                columns: row.columns(),
+                primary: row.kind == "primary",
+                unique: row.kind != "index",
+                problem: D::index_problem(&row),
+                name: row.name,
+            }),
+            "foreign key" => table.constraints.push(("foreign key", row.name)),
+            "check constraint" => table.constraints.push(("check constraint", row.name)),
+            "trigger" => table.insert_hooks.push(("trigger", row.name)),
+            "rule" => table.insert_hooks.push(("rule", row.name)),
+            _ => {}
+        }
+    }
+    catalog.table = exists.then_some(table);
+    catalog
+}
+
 #[derive(Debug, Default)]
 pub struct Catalog {
     /// The schema version recorded with the table (`None` for a table of a

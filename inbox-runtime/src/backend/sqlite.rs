@@ -1,4 +1,4 @@
-use super::shape::{CatalogRow, Column, Index, Table};
+use super::shape::{read, CatalogRow, Dialect};
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
 use crate::schema::inbox_messages::dsl::*;
@@ -10,35 +10,42 @@ use diesel::sqlite::Sqlite;
 
 impl Sealed for Sqlite {}
 
-/// What SQLite's schema says about `inbox_messages`, one row per thing:
-/// - `table`: a = `table` or `view`;
-/// - `version`: a = the SQL of the view `inbox_schema_version`;
-/// - `column`: a = declared type, b = position in the primary key (0: not
-///   in it), d = `notnull`, `default` flags;
-/// - `primary` / `unique` / `index`: a = columns (`<expr>` for an
-///   expression), b = `partial`, c = the collation of each column;
-/// - `foreign key` / `trigger` (on INSERT): the name.
+/// What SQLite's schema says about `inbox_messages`, in the rows
+/// [`Dialect`] describes:
+/// - `table`: a = `table` or `view`, c = the SQL of the view
+///   `inbox_schema_version`;
+/// - `column`: a = declared type, c = the collation the primary key
+///   compares it with;
+/// - indexes: a = columns (`<expr>` for an expression), b = `partial`; an
+///   INTEGER PRIMARY KEY (the rowid, which has no index) as a `primary` row.
 const CATALOG: &str = r#"
-SELECT 'table' AS kind, name, type AS a, NULL AS b, NULL AS c, NULL AS d
+SELECT 'table' AS kind, name, type AS a, NULL AS b,
+       (SELECT sql FROM sqlite_master
+         WHERE type = 'view' AND name = 'inbox_schema_version') AS c,
+       NULL AS d
 FROM sqlite_master WHERE name = 'inbox_messages' AND type IN ('table', 'view')
 UNION ALL
-SELECT 'version', name, sql, NULL, NULL, NULL
-FROM sqlite_master WHERE type = 'view' AND name = 'inbox_schema_version'
-UNION ALL
-SELECT 'column', name, type, CAST(pk AS TEXT), NULL,
-       rtrim(CASE WHEN "notnull" THEN 'notnull,' ELSE '' END ||
-             CASE WHEN dflt_value IS NOT NULL OR hidden IN (2, 3) THEN 'default' ELSE '' END, ',')
-FROM pragma_table_xinfo('inbox_messages')
+SELECT 'column', c.name, c.type, NULL,
+       (SELECT x.coll FROM pragma_index_list('inbox_messages') il,
+                           pragma_index_xinfo(il.name) x
+         WHERE il.origin = 'pk' AND x.key = 1 AND x.name = c.name),
+       rtrim(CASE WHEN c."notnull" THEN 'notnull,' ELSE '' END ||
+             CASE WHEN c.dflt_value IS NOT NULL OR c.hidden IN (2, 3) THEN 'default' ELSE '' END, ',')
+FROM pragma_table_xinfo('inbox_messages') c
 UNION ALL
 SELECT CASE WHEN il.origin = 'pk' THEN 'primary' WHEN il."unique" THEN 'unique' ELSE 'index' END,
        il.name,
        (SELECT group_concat(coalesce(x.name, '<expr>'), ',')
           FROM (SELECT name FROM pragma_index_xinfo(il.name) WHERE key = 1 ORDER BY seqno) x),
-       CASE WHEN il.partial THEN 'partial' END,
-       (SELECT group_concat(x.coll, ',')
-          FROM (SELECT coll FROM pragma_index_xinfo(il.name) WHERE key = 1 ORDER BY seqno) x),
-       NULL
+       CASE WHEN il.partial THEN 'partial' END, NULL, NULL
 FROM pragma_index_list('inbox_messages') il
+UNION ALL
+SELECT 'primary', 'rowid',
+       (SELECT group_concat(k.name, ',')
+          FROM (SELECT name FROM pragma_table_xinfo('inbox_messages') WHERE pk > 0 ORDER BY pk) k),
+       NULL, NULL, NULL
+WHERE EXISTS (SELECT 1 FROM pragma_table_xinfo('inbox_messages') WHERE pk > 0)
+  AND NOT EXISTS (SELECT 1 FROM pragma_index_list('inbox_messages') WHERE origin = 'pk')
 UNION ALL
 SELECT DISTINCT 'foreign key', 'to ' || "table", NULL, NULL, NULL, NULL
 FROM pragma_foreign_key_list('inbox_messages')
@@ -92,83 +99,7 @@ impl InboxBackend for Sqlite {
     where
         C: LoadConnection<Backend = Self>,
     {
-        let mut rows: Vec<CatalogRow> = diesel::sql_query(CATALOG).load(conn)?;
-        // Columns first: the primary key's collations are judged on them.
-        rows.sort_by_key(|row| row.kind != "column");
-        let mut catalog = Catalog::default();
-        let mut table = Table::default();
-        let mut exists = false;
-        let mut key_positions: Vec<(u32, String)> = Vec::new();
-        for row in rows {
-            match row.kind.as_str() {
-                "table" => {
-                    exists = true;
-                    if row.a.as_deref() != Some("table") {
-                        table.problems.push(TableProblem::new(
-                            "`inbox_messages` is a view, not a table",
-                            "drop it and run migrate() to create the table",
-                        ));
-                    }
-                }
-                "version" => catalog.version = row.a.as_deref().and_then(parse_version_view),
-                "column" => {
-                    let flags = row.d.as_deref().unwrap_or("");
-                    let position: u32 = row.b.as_deref().and_then(|p| p.parse().ok()).unwrap_or(0);
-                    if position > 0 {
-                        key_positions.push((position, row.name.clone()));
-                    }
-                    table.columns.push(Column {
-                        key_problem: affinity_problem(row.a.as_deref().unwrap_or("")),
-                        required: flags.contains("notnull") && !flags.contains("default"),
-                        has_default: flags.contains("default"),
-                        name: row.name,
-                    });
-                }
-                "primary" | "unique" | "index" => {
-                    let columns = row.columns();
-                    let collations: Vec<&str> = row.c.as_deref().unwrap_or("").split(',').collect();
-                    if row.kind == "primary" {
-                        // The primary key's collation decides which keys are equal.
-                        for (column, collation) in columns.iter().zip(&collations) {
-                            let judged = table.columns.iter_mut().find(|c| &c.name == column);
-                            if let Some(judged) = judged.filter(|c| c.key_problem.is_none()) {
-                                judged.key_problem = collation_problem(collation);
-                            }
-                        }
-                    }
-                    let problem = if row.b.is_some() {
-                        Some("is partial (it has a WHERE clause)".to_string())
-                    } else if columns.iter().any(|c| c == "<expr>") {
-                        Some("is on an expression".to_string())
-                    } else {
-                        None
-                    };
-                    table.indexes.push(Index {
-                        primary: row.kind == "primary",
-                        unique: row.kind != "index",
-                        columns,
-                        problem,
-                        name: row.name,
-                    });
-                }
-                "foreign key" => table.constraints.push(("foreign key", row.name)),
-                "trigger" => table.insert_hooks.push(("trigger", row.name)),
-                _ => {}
-            }
-        }
-        // An INTEGER PRIMARY KEY is the rowid and has no index of its own.
-        if !table.indexes.iter().any(|i| i.primary) && !key_positions.is_empty() {
-            key_positions.sort();
-            table.indexes.push(Index {
-                name: "rowid".to_string(),
-                primary: true,
-                unique: true,
-                columns: key_positions.into_iter().map(|(_, name)| name).collect(),
-                problem: None,
-            });
-        }
-        catalog.table = exists.then_some(table);
-        Ok(catalog)
+        Ok(read::<Self>(diesel::sql_query(CATALOG).load(conn)?))
     }
 
     fn record_version(version: u32) -> String {
@@ -191,11 +122,38 @@ impl InboxBackend for Sqlite {
     }
 }
 
-/// The version in `CREATE VIEW inbox_schema_version AS SELECT 1 AS version`.
-fn parse_version_view(sql: &str) -> Option<u32> {
-    let mut words = sql.split_whitespace();
-    words.find(|w| w.eq_ignore_ascii_case("SELECT"))?;
-    words.next()?.parse().ok()
+impl Dialect for Sqlite {
+    /// The version in `CREATE VIEW inbox_schema_version AS SELECT 1 AS version`.
+    fn version(record: &str) -> Option<u32> {
+        let mut words = record.split_whitespace();
+        words.find(|w| w.eq_ignore_ascii_case("SELECT"))?;
+        words.next()?.parse().ok()
+    }
+
+    fn table_problems(table: &CatalogRow) -> Vec<TableProblem> {
+        if table.a.as_deref() == Some("table") {
+            return Vec::new();
+        }
+        vec![TableProblem::new(
+            "`inbox_messages` is a view, not a table",
+            "drop it and run migrate() to create the table",
+        )]
+    }
+
+    fn key_problem(column: &CatalogRow) -> Option<String> {
+        affinity_problem(column.a.as_deref().unwrap_or(""))
+            .or_else(|| collation_problem(column.c.as_deref()?))
+    }
+
+    fn index_problem(index: &CatalogRow) -> Option<String> {
+        if index.b.is_some() {
+            Some("is partial (it has a WHERE clause)".to_string())
+        } else if index.columns().iter().any(|c| c == "<expr>") {
+            Some("is on an expression".to_string())
+        } else {
+            None
+        }
+    }
 }
 
 /// SQLite converts text that looks like a number in a column of integer,
@@ -251,10 +209,10 @@ mod tests {
     #[test]
     fn the_version_view_is_parsed() {
         assert_eq!(
-            parse_version_view("CREATE VIEW inbox_schema_version AS SELECT 12 AS version"),
+            Sqlite::version("CREATE VIEW inbox_schema_version AS SELECT 12 AS version"),
             Some(12)
         );
-        assert_eq!(parse_version_view("CREATE VIEW x AS SELECT 'a'"), None);
+        assert_eq!(Sqlite::version("CREATE VIEW x AS SELECT 'a'"), None);
     }
 
     #[test]
