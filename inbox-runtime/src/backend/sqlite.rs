@@ -84,9 +84,13 @@ impl InboxBackend for Sqlite {
     }
 
     fn is_transient(error: &Error) -> bool {
-        // SQLITE_BUSY and SQLITE_LOCKED, by their message.
-        database_error(error).is_some_and(|(_, message)| {
-            message.contains("database is locked") || message.contains("database table is locked")
+        // SQLITE_BUSY and SQLITE_LOCKED, by their message; and diesel's
+        // serialization-failure kind, which the runtime gives a batch claim
+        // that lost a race to a concurrent one.
+        database_error(error).is_some_and(|(kind, message)| {
+            kind == diesel::result::DatabaseErrorKind::SerializationFailure
+                || message.contains("database is locked")
+                || message.contains("database table is locked")
         })
     }
 
