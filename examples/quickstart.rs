@@ -77,7 +77,11 @@ macro_rules! payment_consumer {
 
             /// Credits the account. The attribute records `payment.id` in the
             /// inbox in the same transaction; a redelivery returns `Duplicate`.
-            #[idempotent(key = "delivery.payment.id")]
+            /// The name is pinned (it survives renames), and `shared` because
+            /// the example builds this one logical consumer once per database
+            /// it supports: without it, the handlers of the other modules
+            /// would be refused as an accidental shared scope.
+            #[idempotent(key = "delivery.payment.id", consumer = "quickstart.payments", shared)]
             pub fn apply_payment(conn: &mut $Conn, delivery: &Delivery) -> Result<i64, AppError> {
                 let payment = &delivery.payment;
                 diesel::update(quickstart_accounts::table.find(payment.account))
