@@ -159,7 +159,15 @@ pub fn consumers() -> Vec<&'static RegisteredHandler> {
 
 /// Where a claim's consumer name comes from: a plain name given to
 /// [`run`](crate::run) and its siblings (`&str`, `String`), or a registered
-/// `#[idempotent]` handler (checked against the others first).
+/// `#[idempotent]` handler (checked against the others first). A plain name
+/// is not registered: code that calls `run` directly owns its names.
+///
+/// ```
+/// use inbox_runtime::{ConsumerName, InboxError};
+///
+/// assert_eq!("billing".consumer_name().unwrap(), "billing");
+/// assert!(matches!("".consumer_name(), Err(InboxError::InvalidConsumer(_))));
+/// ```
 pub trait ConsumerName: crate::backend::Sealed {
     /// The validated name.
     #[doc(hidden)]

@@ -107,6 +107,18 @@ enum Failure<E> {
     Ignored(Error),
 }
 
+impl<E: From<InboxError> + From<Error>> Failure<E> {
+    /// The error the handler returns when this failure is not retried.
+    fn into_error(self) -> E {
+        match self {
+            Failure::Inbox(e) => InboxError::Database(e).into(),
+            Failure::Ignored(e) => InboxError::BodyIgnoredError(e).into(),
+            Failure::Commit(e) => e.into(),
+            Failure::Body { error, .. } => error,
+        }
+    }
+}
+
 /// PostgreSQL's refusal to run anything in a transaction a failed statement aborted.
 fn is_aborted_transaction(error: &Error) -> bool {
     matches!(error, Error::DatabaseError(_, info) if info.message().contains("current transaction is aborted"))
@@ -309,18 +321,21 @@ where
             }
         };
         if !retryable || scope == Scope::Savepoint {
-            return Err(match failure {
-                Failure::Inbox(e) => InboxError::Database(e).into(),
-                Failure::Ignored(e) => InboxError::BodyIgnoredError(e).into(),
-                Failure::Commit(e) => e.into(),
-                Failure::Body { error, .. } => error,
-            });
+            return Err(failure.into_error());
         }
+        let cause = match &failure {
+            Failure::Inbox(e)
+            | Failure::Body {
+                transient: Some(e), ..
+            } => e.to_string(),
+            _ => "the body's error type says it is retryable".to_string(),
+        };
         if attempts > retries {
             tracing::warn!(
                 consumer,
                 key = what,
                 attempts,
+                error = %cause,
                 "diesel-inbox: giving up on a transient error"
             );
             return Err(match (failure, class) {
@@ -328,15 +343,14 @@ where
                     InboxError::RetriesExhausted { attempts, source }.into()
                 }
                 (Failure::Body { error, .. }, Some(class)) => class.exhausted(error, attempts),
-                (Failure::Body { error, .. }, None) => error,
-                (Failure::Commit(e), _) => e.into(),
-                (Failure::Ignored(e), _) => InboxError::BodyIgnoredError(e).into(),
+                (other, _) => other.into_error(),
             });
         }
         tracing::debug!(
             consumer,
             key = what,
             attempt = attempts,
+            error = %cause,
             "diesel-inbox: transient error, retrying"
         );
         std::thread::sleep(backoff(attempts));
