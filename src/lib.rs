@@ -65,6 +65,8 @@
 //! - `uuid`: [`InboxKey`] for `uuid::Uuid`.
 //!
 //! [Diesel]: https://diesel.rs
+// docs.rs (nightly) marks the items of each backend feature with it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// Makes a Diesel handler idempotent: its message key is claimed in the inbox
 /// table in the same transaction as its body.

@@ -1,5 +1,7 @@
-//! The behaviour suite on MySQL/MariaDB. Set `INBOX_TEST_MYSQL_URL`
-//! (e.g. `mysql://root@127.0.0.1/diesel_inbox_test`) to run it.
+//! The behaviour suite on MySQL/MariaDB. Set `INBOX_TEST_MYSQL_URL` (e.g.
+//! `mysql://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test`, a database that exists) and
+//! build with `--all-features` to run it; otherwise its tests are reported
+//! as ignored.
 #![cfg_attr(not(feature = "mysql"), allow(unused))]
 
 #[macro_use]
@@ -7,8 +9,9 @@ mod common;
 
 #[cfg(not(feature = "mysql"))]
 #[test]
-fn mysql_suite_skipped() {
-    common::skipped("the mysql suite needs the `mysql` feature and INBOX_TEST_MYSQL_URL; run with INBOX_TEST_MYSQL_URL=mysql://root@127.0.0.1/diesel_inbox_test cargo test --all-features");
+#[ignore = "the mysql suite needs the `mysql` feature: cargo test --all-features"]
+fn mysql_suite_needs_its_feature() {
+    common::skipped(common::MYSQL_HINT);
 }
 
 #[cfg(feature = "mysql")]
@@ -24,17 +27,11 @@ mod suite {
 
     fn prepare(_test: &str) -> Option<TestDb> {
         static READY: OnceLock<Option<String>> = OnceLock::new();
-        common::shared_server_database(
-            &READY,
-            URL_VAR,
-            "mysql://root@127.0.0.1/diesel_inbox_test",
-            open,
-        )
+        common::shared_server_database(&READY, URL_VAR, common::MYSQL_HINT, open)
     }
 
     fn open(url: &str) -> MysqlConnection {
-        MysqlConnection::establish(url)
-            .unwrap_or_else(|e| panic!("{URL_VAR} is set but MySQL/MariaDB is unreachable: {e}"))
+        common::connected(URL_VAR, MysqlConnection::establish(url))
     }
 
     /// An empty database of its own on the same server.
@@ -67,12 +64,9 @@ mod suite {
     const DEFERRED_FK: Option<(&str, &str)> = None;
 
     inbox_suite!(
-        MysqlConnection,
-        prepare,
-        open,
-        fresh,
-        fail_transiently,
-        DEFERRED_FK
+        MysqlConnection, prepare, open, fresh, fail_transiently, DEFERRED_FK,
+        runs_if = inbox_test_mysql,
+        else_ignored = "INBOX_TEST_MYSQL_URL was not set when the tests were built: set it to a MySQL/MariaDB database that exists (e.g. mysql://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test) and run cargo test --all-features"
     );
 
     mod schema {
@@ -214,16 +208,28 @@ mod suite {
         ];
 
         #[test]
+        #[cfg_attr(
+            not(inbox_test_mysql),
+            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+        )]
         fn migrate_refuses_each_wrong_table_shape() {
             check::wrong_shapes_are_refused(fresh, open, SHAPES);
         }
 
         #[test]
+        #[cfg_attr(
+            not(inbox_test_mysql),
+            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+        )]
         fn migrate_upgrades_a_table_of_release_0_1_in_place() {
             check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
         }
 
         #[test]
+        #[cfg_attr(
+            not(inbox_test_mysql),
+            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+        )]
         fn migrate_refuses_a_newer_schema() {
             check::newer_schema_is_refused(fresh, open, |version| {
                 format!("ALTER TABLE inbox_messages COMMENT = 'diesel-inbox schema {version}'")
@@ -264,6 +270,10 @@ mod suite {
     /// inbox row with it). A body that swallows the error and returns `Ok`
     /// must not be reported `Applied`: the runtime saw the failed statement.
     #[test]
+    #[cfg_attr(
+        not(inbox_test_mysql),
+        ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+    )]
     fn a_swallowed_deadlock_is_not_reported_as_applied() {
         let Some(url) = prepare("swallowed_deadlock") else {
             return;
@@ -324,6 +334,10 @@ mod suite {
     }
 
     #[test]
+    #[cfg_attr(
+        not(inbox_test_mysql),
+        ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+    )]
     fn migrate_refuses_to_run_inside_a_transaction() {
         let Some(url) = prepare("migrate_in_tx") else {
             return;

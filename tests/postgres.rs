@@ -1,5 +1,7 @@
-//! The behaviour suite on PostgreSQL. Set `INBOX_TEST_POSTGRES_URL`
-//! (e.g. `postgres://postgres@127.0.0.1/diesel_inbox_test`) to run it.
+//! The behaviour suite on PostgreSQL. Set `INBOX_TEST_POSTGRES_URL` (e.g.
+//! `postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test`, a database that exists) and
+//! build with `--all-features` to run it; otherwise its tests are reported
+//! as ignored.
 #![cfg_attr(not(feature = "postgres"), allow(unused))]
 
 #[macro_use]
@@ -7,8 +9,9 @@ mod common;
 
 #[cfg(not(feature = "postgres"))]
 #[test]
-fn postgres_suite_skipped() {
-    common::skipped("the postgres suite needs the `postgres` feature and INBOX_TEST_POSTGRES_URL; run with INBOX_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1/diesel_inbox_test cargo test --all-features");
+#[ignore = "the postgres suite needs the `postgres` feature: cargo test --all-features"]
+fn postgres_suite_needs_its_feature() {
+    common::skipped(common::POSTGRES_HINT);
 }
 
 #[cfg(feature = "postgres")]
@@ -24,17 +27,11 @@ mod suite {
 
     fn prepare(_test: &str) -> Option<TestDb> {
         static READY: OnceLock<Option<String>> = OnceLock::new();
-        common::shared_server_database(
-            &READY,
-            URL_VAR,
-            "postgres://postgres@127.0.0.1/diesel_inbox_test",
-            open,
-        )
+        common::shared_server_database(&READY, URL_VAR, common::POSTGRES_HINT, open)
     }
 
     fn open(url: &str) -> PgConnection {
-        PgConnection::establish(url)
-            .unwrap_or_else(|e| panic!("{URL_VAR} is set but PostgreSQL is unreachable: {e}"))
+        common::connected(URL_VAR, PgConnection::establish(url))
     }
 
     /// An empty schema of its own: the URL sets its `search_path`.
@@ -71,12 +68,9 @@ mod suite {
     ));
 
     inbox_suite!(
-        PgConnection,
-        prepare,
-        open,
-        fresh,
-        fail_transiently,
-        DEFERRED_FK
+        PgConnection, prepare, open, fresh, fail_transiently, DEFERRED_FK,
+        runs_if = inbox_test_postgres,
+        else_ignored = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test) and run cargo test --all-features"
     );
 
     mod schema {
@@ -222,16 +216,28 @@ mod suite {
         ];
 
         #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
         fn migrate_refuses_each_wrong_table_shape() {
             check::wrong_shapes_are_refused(fresh, open, SHAPES);
         }
 
         #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
         fn migrate_upgrades_a_table_of_release_0_1_in_place() {
             check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
         }
 
         #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
         fn migrate_refuses_a_newer_schema() {
             check::newer_schema_is_refused(fresh, open, |version| {
                 format!("COMMENT ON TABLE inbox_messages IS 'diesel-inbox schema {version}'")

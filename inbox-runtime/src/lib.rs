@@ -24,6 +24,8 @@
 //! # }
 //! ```
 #![warn(missing_docs)]
+// docs.rs (nightly) marks the items of each backend feature with it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Lets expanded code name `::inbox_runtime` inside this crate's own tests.
 extern crate self as inbox_runtime;

@@ -70,6 +70,8 @@ where
 }
 
 /// Runs `f` in [`begin`]'s transaction: commit on `Ok`, rollback on `Err`.
+/// (MySQL's `migrate` cannot use it: its DDL commits implicitly.)
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn in_transaction<C, T, E>(
     conn: &mut C,
     f: impl FnOnce(&mut C) -> Result<T, E>,

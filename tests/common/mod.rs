@@ -94,7 +94,7 @@ pub fn unique_identifier(test: &str) -> String {
 pub fn shared_server_database<C>(
     ready: &'static std::sync::OnceLock<Option<String>>,
     var: &str,
-    example: &str,
+    hint: &str,
     open: fn(&str) -> C,
 ) -> Option<TestDb>
 where
@@ -105,7 +105,7 @@ where
 {
     ready
         .get_or_init(|| {
-            let url = server_url(var, example)?;
+            let url = server_url(var, hint)?;
             let mut conn = open(&url);
             diesel_inbox::migrate(&mut conn).expect("migrate");
             conn.batch_execute(EFFECTS_DDL).expect("effects table");
@@ -126,17 +126,35 @@ pub fn unique_int_base() -> i64 {
     i64::try_from(nanos / 1000 % 1_000_000_000_000).unwrap_or(1) * 1_000_000
 }
 
-/// The URL in `var`, or `None` after one line saying the tests were skipped.
-pub fn server_url(var: &str, example: &str) -> Option<String> {
+/// How to run the PostgreSQL suites; the README and `.ci/run` name the same
+/// variable, role and database.
+pub const POSTGRES_HINT: &str = "set INBOX_TEST_POSTGRES_URL=postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test and run cargo test --all-features; the role and the database must exist (bash .ci/run creates both)";
+
+/// How to run the MySQL/MariaDB suites.
+pub const MYSQL_HINT: &str = "set INBOX_TEST_MYSQL_URL=mysql://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test and run cargo test --all-features; the user and the database must exist (bash .ci/run creates both)";
+
+/// The URL in `var`, or `None` after one line saying the tests were skipped
+/// and how to run them.
+pub fn server_url(var: &str, hint: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
-            skipped(&format!(
-                "{var} is not set; run with {var}={example} cargo test --all-features"
-            ));
+            skipped(&format!("{var} is not set; {hint}"));
             None
         }
     }
+}
+
+/// A connection, or a panic that says what is wrong: a database that does
+/// not exist is not an unreachable server.
+pub fn connected<C>(var: &str, result: diesel::ConnectionResult<C>) -> C {
+    result.unwrap_or_else(|error| {
+        let text = error.to_string();
+        if text.contains("does not exist") || text.contains("Unknown database") {
+            panic!("{var} names a database that does not exist ({text}); create it first (bash .ci/run creates it)")
+        }
+        panic!("{var} is set but the server refused or did not answer: {text}")
+    })
 }
 
 /// Says, past libtest's output capture, that tests were skipped.

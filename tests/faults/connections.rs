@@ -73,8 +73,10 @@ impl FaultConnection for diesel::PgConnection {
     }
 
     fn open(url: &str) -> Self {
-        diesel::PgConnection::establish(url)
-            .unwrap_or_else(|e| panic!("PostgreSQL is unreachable: {e}"))
+        crate::common::connected(
+            "INBOX_TEST_POSTGRES_URL",
+            diesel::PgConnection::establish(url),
+        )
     }
 
     fn session_id(&mut self) -> Option<u64> {
@@ -106,8 +108,10 @@ impl FaultConnection for diesel::MysqlConnection {
     }
 
     fn open(url: &str) -> Self {
-        diesel::MysqlConnection::establish(url)
-            .unwrap_or_else(|e| panic!("MySQL/MariaDB is unreachable: {e}"))
+        crate::common::connected(
+            "INBOX_TEST_MYSQL_URL",
+            diesel::MysqlConnection::establish(url),
+        )
     }
 
     fn session_id(&mut self) -> Option<u64> {

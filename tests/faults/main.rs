@@ -166,35 +166,35 @@ fn backends() -> Vec<Backend> {
     #[cfg(feature = "postgres")]
     all.push(Backend {
         name: "postgres",
-        url: server_url("INBOX_TEST_POSTGRES_URL"),
+        url: server_url("INBOX_TEST_POSTGRES_URL", common::POSTGRES_HINT),
         scenarios: postgres::scenarios(),
     });
     #[cfg(not(feature = "postgres"))]
     all.push(Backend {
         name: "postgres",
-        url: Err("needs the `postgres` feature".into()),
+        url: Err("needs the `postgres` feature: cargo test --all-features".into()),
         scenarios: Vec::new(),
     });
     #[cfg(feature = "mysql")]
     all.push(Backend {
         name: "mysql",
-        url: server_url("INBOX_TEST_MYSQL_URL"),
+        url: server_url("INBOX_TEST_MYSQL_URL", common::MYSQL_HINT),
         scenarios: mysql::scenarios(),
     });
     #[cfg(not(feature = "mysql"))]
     all.push(Backend {
         name: "mysql",
-        url: Err("needs the `mysql` feature".into()),
+        url: Err("needs the `mysql` feature: cargo test --all-features".into()),
         scenarios: Vec::new(),
     });
     all
 }
 
 #[allow(dead_code)]
-fn server_url(var: &str) -> Result<String, String> {
+fn server_url(var: &str, hint: &str) -> Result<String, String> {
     match std::env::var(var) {
         Ok(url) if !url.is_empty() => Ok(url),
-        _ => Err(format!("{var} is not set")),
+        _ => Err(format!("{var} is not set; {hint}")),
     }
 }
 

@@ -795,7 +795,7 @@ macro_rules! fault_backend {
                 let schema = format!("inbox_empty_{run}");
                 admin
                     .batch_execute(&format!(
-                        "CREATE ROLE {role} LOGIN; \
+                        "CREATE ROLE {role} LOGIN PASSWORD '{role}'; \
                          GRANT USAGE ON SCHEMA public TO {role}; \
                          REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
                          GRANT SELECT, INSERT, DELETE ON inbox_messages, inbox_test_effects TO {role}; \
@@ -805,7 +805,8 @@ macro_rules! fault_backend {
                 let result = (|| -> Result<String, String> {
                     let (scheme, rest) = url.split_once("://").ok_or("a URL")?;
                     let host = rest.split_once('@').map_or(rest, |(_, host)| host);
-                    let limited_url = format!("{scheme}://{role}@{host}");
+                    // Its password is its name: the server may require one over TCP.
+                    let limited_url = format!("{scheme}://{role}:{role}@{host}");
                     let mut limited = Conn::open(&limited_url);
                     diesel_inbox::migrate(&mut limited).map_err(|e| format!("migrate with the table present: {e}"))?;
                     for seq in 0..3 {

@@ -9,6 +9,7 @@ use diesel::result::{Error, QueryResult};
 
 /// Most keys one claim statement carries (bind-parameter limits: PostgreSQL
 /// 65535, SQLite 32766; two per row).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) const CLAIM_CHUNK: usize = 5_000;
 
 /// A unique violation of a batch claim means another transaction claimed one

@@ -1,0 +1,17 @@
+//! Lets the server test suites report themselves as ignored, not passed,
+//! when their server is not configured: `cfg(inbox_test_postgres)` and
+//! `cfg(inbox_test_mysql)` are set when `INBOX_TEST_POSTGRES_URL` /
+//! `INBOX_TEST_MYSQL_URL` is set at build time. Nothing in the library reads
+//! them.
+fn main() {
+    for (var, cfg) in [
+        ("INBOX_TEST_POSTGRES_URL", "inbox_test_postgres"),
+        ("INBOX_TEST_MYSQL_URL", "inbox_test_mysql"),
+    ] {
+        println!("cargo::rustc-check-cfg=cfg({cfg})");
+        println!("cargo::rerun-if-env-changed={var}");
+        if std::env::var_os(var).is_some_and(|url| !url.is_empty()) {
+            println!("cargo::rustc-cfg={cfg}");
+        }
+    }
+}
