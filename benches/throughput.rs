@@ -491,7 +491,7 @@ fn targets(args: &Args) -> Vec<Target> {
                 setup: postgres::setup,
                 measure: postgres::measure,
             }),
-            _ => println!("SKIPPED: postgres: INBOX_TEST_POSTGRES_URL is not set"),
+            _ => println!("SKIPPED: postgres: INBOX_TEST_POSTGRES_URL is not set (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test; the database must exist)"),
         }
     }
     #[cfg(feature = "mysql")]
@@ -504,7 +504,7 @@ fn targets(args: &Args) -> Vec<Target> {
                 setup: mysql::setup,
                 measure: mysql::measure,
             }),
-            _ => println!("SKIPPED: mysql: INBOX_TEST_MYSQL_URL is not set"),
+            _ => println!("SKIPPED: mysql: INBOX_TEST_MYSQL_URL is not set (e.g. mysql://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test; the database must exist)"),
         }
     }
     let _ = wanted;
