@@ -31,6 +31,8 @@
 extern crate self as inbox_runtime;
 
 mod backend;
+mod claim;
+mod engine;
 mod error;
 mod key;
 mod observe;

@@ -1,25 +1,20 @@
-//! One claim and one body in one transaction, with rollback on error and on
-//! panic, and bounded retries of transient failures.
+//! The sync driver: performs the steps the [engine](crate::engine) asks
+//! for on a diesel `Connection`.
 
 use crate::backend::InboxBackend;
+use crate::claim::{single_key, single_work, BatchPlan};
+use crate::engine::{Engine, Event, Next, Step};
 use crate::error::InboxError;
-use crate::key::{validate_key, InboxKey};
+use crate::key::InboxKey;
 use crate::observe;
 use crate::processed::{Batch, Processed};
 use crate::registry::ConsumerName;
 use crate::retry::ErrorClass;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection, TransactionManager};
 use diesel::result::Error;
-use std::collections::HashSet;
 use std::panic::{self, AssertUnwindSafe};
-use std::time::Duration;
 
-/// Whether [`begin`] opened the transaction or a savepoint inside the caller's.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Scope {
-    TopLevel,
-    Savepoint,
-}
+pub(crate) use crate::engine::Scope;
 
 /// Opens a transaction with the backend's `BEGIN` (SQLite: `BEGIN IMMEDIATE`,
 /// so a writer takes the lock up front instead of failing at its first write),
@@ -94,38 +89,6 @@ where
     }
 }
 
-/// How one attempt ended short of success.
-enum Failure<E> {
-    /// The claim or the commit failed for a reason of the inbox's own.
-    Inbox(Error),
-    /// The body returned an error; `transient` is the first statement of
-    /// the body that failed with a transient error, if one was observed.
-    Body { error: E, transient: Option<Error> },
-    /// The commit failed for a reason the body caused (a deferred
-    /// constraint): returned as the body's own database error.
-    Commit(Error),
-    /// The body returned `Ok` over a statement failure that ended the
-    /// transaction.
-    Ignored(Error),
-}
-
-impl<E: From<InboxError> + From<Error>> Failure<E> {
-    /// The error the handler returns when this failure is not retried.
-    fn into_error(self) -> E {
-        match self {
-            Failure::Inbox(e) => InboxError::Database(e).into(),
-            Failure::Ignored(e) => InboxError::BodyIgnoredError(e).into(),
-            Failure::Commit(e) => e.into(),
-            Failure::Body { error, .. } => error,
-        }
-    }
-}
-
-/// PostgreSQL's refusal to run anything in a transaction a failed statement aborted.
-fn is_aborted_transaction(error: &Error) -> bool {
-    matches!(error, Error::DatabaseError(_, info) if info.message().contains("current transaction is aborted"))
-}
-
 /// Claims `key` for `consumer` and runs `body` in the same transaction.
 ///
 /// This is what `#[idempotent]` expands to; call it directly when a macro does
@@ -176,23 +139,12 @@ where
     E: From<InboxError> + From<Error>,
 {
     let consumer = consumer.consumer_name()?;
-    let key = key.inbox_key();
-    validate_key(&key).map_err(InboxError::InvalidKey)?;
-    with_retries(conn, consumer, &key, retries, &classify, |conn| {
-        let scope = begin(conn).map_err(|(scope, e)| (scope, Failure::Inbox(e)))?;
-        match <C::Backend as InboxBackend>::claim(conn, consumer, &key) {
-            Ok(true) => run_claimed(conn, scope, &mut body).map(Processed::Applied),
-            Ok(false) => {
-                // Nothing was written; ending the transaction either way is the same.
-                rollback(conn);
-                Ok(Processed::Duplicate)
-            }
-            Err(e) => {
-                rollback(conn);
-                Err((scope, Failure::Inbox(e)))
-            }
-        }
-    })
+    let key = single_key(key)?;
+    let engine = Engine::new(consumer, &key, retries, &classify);
+    let claim =
+        |conn: &mut C| <C::Backend as InboxBackend>::claim(conn, consumer, &key).map(single_work);
+    let (value, _) = drive(conn, engine, claim, |conn, _| body(conn))?;
+    Ok(value.map_or(Processed::Duplicate, Processed::Applied))
 }
 
 /// Claims the keys of a whole batch in one transaction with one multi-row
@@ -244,119 +196,87 @@ where
     E: From<InboxError> + From<Error>,
 {
     let consumer = consumer.consumer_name()?;
-    let keys: Vec<String> = messages.iter().map(key).collect();
-    for key in &keys {
-        validate_key(key).map_err(InboxError::InvalidKey)?;
-    }
-    // The first message of each distinct key, in input order.
-    let mut seen = HashSet::with_capacity(keys.len());
-    let firsts: Vec<usize> = (0..keys.len())
-        .filter(|&i| seen.insert(keys[i].as_str()))
-        .collect();
-    let mut distinct: Vec<&str> = firsts.iter().map(|&i| keys[i].as_str()).collect();
-    // One lock order for every batch: overlapping batches wait, not deadlock.
-    distinct.sort_unstable();
-    let what = format!("batch of {}", messages.len());
-    with_retries(conn, consumer, &what, retries, &classify, |conn| {
-        let scope = begin(conn).map_err(|(scope, e)| (scope, Failure::Inbox(e)))?;
-        let claimed = match <C::Backend as InboxBackend>::claim_batch(conn, consumer, &distinct) {
-            Ok(claimed) => claimed,
-            Err(e) => {
-                rollback(conn);
-                return Err((scope, Failure::Inbox(e)));
-            }
-        };
-        let claimed: HashSet<&str> = claimed.iter().map(String::as_str).collect();
-        let applied: Vec<usize> = firsts
-            .iter()
-            .copied()
-            .filter(|&i| claimed.contains(keys[i].as_str()))
-            .collect();
-        let duplicates = messages.len() - applied.len();
-        if applied.is_empty() {
-            rollback(conn);
-            return Ok(Batch {
-                value: None,
-                applied,
-                duplicates,
-            });
-        }
-        let fresh: Vec<&M> = applied.iter().map(|&i| &messages[i]).collect();
-        let value = run_claimed(conn, scope, |conn| body(conn, fresh))?;
-        Ok(Batch {
-            value: Some(value),
-            applied,
-            duplicates,
-        })
-    })
+    let plan = BatchPlan::new(messages, key)?;
+    let what = plan.describe();
+    let engine = Engine::new(consumer, &what, retries, &classify);
+    let distinct = plan.distinct();
+    let claim = |conn: &mut C| {
+        <C::Backend as InboxBackend>::claim_batch(conn, consumer, &distinct)
+            .map(|claimed| plan.applied(&claimed))
+    };
+    let (value, applied) = drive(conn, engine, claim, |conn, applied| {
+        body(conn, applied.iter().map(|&i| &messages[i]).collect())
+    })?;
+    Ok(plan.outcome(value, applied))
 }
 
-/// Runs `attempt` (one transaction) until it succeeds, fails for good, or
-/// `retries` reruns of a transient failure are spent. `what` names the
-/// message(s) in logs.
-fn with_retries<C, O, E>(
+/// Performs the engine's steps until the call is done. `claim` inserts the
+/// inbox row(s) and returns the input positions claimed for the first time;
+/// `body` runs with them. Returns the body's value (`None`: nothing to run)
+/// and those positions.
+fn drive<C, T, E>(
     conn: &mut C,
-    consumer: &str,
-    what: &str,
-    retries: u32,
-    classify: &dyn Fn(&E) -> ErrorClass<E>,
-    mut attempt: impl FnMut(&mut C) -> Result<O, (Scope, Failure<E>)>,
-) -> Result<O, E>
+    mut engine: Engine<'_, C::Backend, T, E>,
+    mut claim: impl FnMut(&mut C) -> Result<Vec<usize>, Error>,
+    mut body: impl FnMut(&mut C, &[usize]) -> Result<T, E>,
+) -> Result<(Option<T>, Vec<usize>), E>
 where
-    C: Connection,
+    C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
     E: From<InboxError> + From<Error>,
 {
-    let mut attempts: u32 = 1;
+    let mut work = Vec::new();
+    let mut step = Step::Begin;
     loop {
-        let (scope, failure) = match attempt(conn) {
-            Ok(outcome) => return Ok(outcome),
-            Err(failed) => failed,
-        };
-        let (retryable, class) = match &failure {
-            Failure::Inbox(e) => (<C::Backend as InboxBackend>::is_transient(e), None),
-            Failure::Commit(_) | Failure::Ignored(_) => (false, None),
-            Failure::Body { error, transient } => {
-                let class = classify(error);
-                let retryable = class.is_retryable().unwrap_or(transient.is_some());
-                (retryable, Some(class))
+        let event = match step {
+            Step::Begin => Event::Begun(begin(conn)),
+            Step::Claim => Event::Claimed(claim(conn).map(|claimed| {
+                work = claimed;
+                !work.is_empty()
+            })),
+            Step::Body => {
+                let mark = observe::mark(conn);
+                // diesel does not roll back on unwind; without this the
+                // connection (and its pool) would keep the open transaction.
+                let result = match panic::catch_unwind(AssertUnwindSafe(|| body(conn, &work))) {
+                    Ok(result) => result,
+                    Err(panic) => {
+                        rollback(conn);
+                        panic::resume_unwind(panic)
+                    }
+                };
+                Event::Ran {
+                    result,
+                    failed: observe::failed_since(conn, mark),
+                }
+            }
+            Step::Commit(scope) => Event::Committed(commit(conn, scope)),
+            Step::Rollback => {
+                rollback(conn);
+                Event::RolledBack
+            }
+            Step::Sleep(delay) => {
+                std::thread::sleep(delay);
+                Event::Slept
             }
         };
-        if !retryable || scope == Scope::Savepoint {
-            return Err(failure.into_error());
-        }
-        let cause = match &failure {
-            Failure::Inbox(e)
-            | Failure::Body {
-                transient: Some(e), ..
-            } => e.to_string(),
-            _ => "the body's error type says it is retryable".to_string(),
+        step = match engine.next(event) {
+            Next::Do(step) => step,
+            Next::Done(result) => return result.map(|value| (value, work)),
         };
-        if attempts > retries {
-            tracing::warn!(
-                consumer,
-                key = what,
-                attempts,
-                error = %cause,
-                "diesel-inbox: giving up on a transient error"
-            );
-            return Err(match (failure, class) {
-                (Failure::Inbox(source), _) => {
-                    InboxError::RetriesExhausted { attempts, source }.into()
-                }
-                (Failure::Body { error, .. }, Some(class)) => class.exhausted(error, attempts),
-                (other, _) => other.into_error(),
-            });
-        }
-        tracing::debug!(
-            consumer,
-            key = what,
-            attempt = attempts,
-            error = %cause,
-            "diesel-inbox: transient error, retrying"
-        );
-        std::thread::sleep(backoff(attempts));
-        attempts += 1;
+    }
+}
+
+/// Commits the call's transaction (through the backend's guarded commit at
+/// top level) or releases its savepoint.
+fn commit<C>(conn: &mut C, scope: Scope) -> Result<(), Error>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    match scope {
+        Scope::TopLevel => <C::Backend as InboxBackend>::commit_top_level(conn),
+        Scope::Savepoint => AnsiTransactionManager::commit_transaction(conn),
     }
 }
 
@@ -402,73 +322,4 @@ where
         },
         |_| ErrorClass::permanent(),
     )
-}
-
-/// Runs the body of a transaction whose claim succeeded: commit on `Ok`,
-/// rollback on `Err` and on panic (the panic then keeps unwinding). The
-/// body's failed statements are observed (see [`observe`]) so that a
-/// transient one can rerun the transaction whatever the body's error type.
-fn run_claimed<C, T, E>(
-    conn: &mut C,
-    scope: Scope,
-    body: impl FnOnce(&mut C) -> Result<T, E>,
-) -> Result<T, (Scope, Failure<E>)>
-where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
-{
-    let fail = |failure| (scope, failure);
-    let mark = observe::mark(conn);
-    match panic::catch_unwind(AssertUnwindSafe(|| body(conn))) {
-        Ok(Ok(value)) => {
-            let ended = observe::failed_since(conn, mark)
-                .into_iter()
-                .map(|failed| failed.to_error())
-                .find(<C::Backend as InboxBackend>::ends_transaction);
-            if let Some(error) = ended {
-                // The server already rolled the transaction back (and the
-                // inbox row with it): committing would report a false Applied.
-                rollback(conn);
-                return Err(fail(Failure::Ignored(error)));
-            }
-            let committed = match scope {
-                Scope::TopLevel => <C::Backend as InboxBackend>::commit_top_level(conn),
-                Scope::Savepoint => AnsiTransactionManager::commit_transaction(conn),
-            };
-            match committed {
-                Ok(()) => Ok(value),
-                Err(e) if is_aborted_transaction(&e) => Err(fail(Failure::Ignored(e))),
-                Err(e) if <C::Backend as InboxBackend>::is_transient(&e) => {
-                    Err(fail(Failure::Inbox(e)))
-                }
-                Err(e) => Err(fail(Failure::Commit(e))),
-            }
-        }
-        Ok(Err(error)) => {
-            let transient = observe::failed_since(conn, mark)
-                .into_iter()
-                .map(|failed| failed.to_error())
-                .find(<C::Backend as InboxBackend>::is_transient);
-            rollback(conn);
-            Err(fail(Failure::Body { error, transient }))
-        }
-        Err(panic_payload) => {
-            // diesel does not roll back on unwind; without this the
-            // connection (and its pool) would keep the open transaction.
-            rollback(conn);
-            panic::resume_unwind(panic_payload)
-        }
-    }
-}
-
-/// 2, 4, 8 … ms (capped at 256 ms) plus up to the same again of jitter, so
-/// that two deadlocked transactions do not collide again in lockstep.
-fn backoff(attempt: u32) -> Duration {
-    let base_ms = 1u64 << attempt.clamp(1, 8);
-    let jitter_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::from(d.subsec_nanos()))
-        .unwrap_or(0)
-        % base_ms;
-    Duration::from_millis(base_ms + jitter_ms)
 }

@@ -187,6 +187,15 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         false
     }
 
+    /// Whether a failed top-level commit means the body swallowed the error
+    /// of a statement that aborted the transaction (PostgreSQL's commit
+    /// guard), rather than a failure of the commit itself.
+    #[doc(hidden)]
+    fn is_aborted_commit(error: &Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Whether `error` says the role lacks a privilege.
     #[doc(hidden)]
     fn is_privilege_error(error: &Error) -> bool;

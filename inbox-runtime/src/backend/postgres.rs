@@ -139,6 +139,13 @@ impl InboxBackend for Pg {
         }
     }
 
+    fn is_aborted_commit(error: &Error) -> bool {
+        // The guard of `commit_top_level` fails with this (25P02) when a
+        // statement of the body failed and the body went on.
+        database_error(error)
+            .is_some_and(|(_, message)| message.contains("current transaction is aborted"))
+    }
+
     fn is_privilege_error(error: &Error) -> bool {
         // 42501, by its message text: "permission denied for …", "must be
         // owner of table …".

@@ -1,0 +1,275 @@
+//! The decisions of a handler call, without any I/O.
+//!
+//! A call is a sequence of steps: open a transaction (or a savepoint), claim
+//! the key(s), run the body, commit, or roll back; and, when a transient
+//! error ends an attempt, sleep and start again. [`Engine`] says which step
+//! comes next and what each result means: which failures are retried, what
+//! the caller gets when they are not, when a body's `Ok` must not be
+//! reported as applied. A driver performs each step on its connection and
+//! feeds the result back:
+//!
+//! ```text
+//! let mut step = Step::Begin;
+//! loop {
+//!     let event = perform(step);            // sync, or `.await`ed
+//!     match engine.next(event) {
+//!         Next::Do(next) => step = next,
+//!         Next::Done(result) => return result,
+//!     }
+//! }
+//! ```
+//!
+//! The sync driver (`transaction.rs`) and the async one (`asynchronous.rs`)
+//! are that loop; what differs between databases (the claim's SQL, which
+//! errors are transient, the commit guard) lives in each backend's module.
+//! So sync and async, single and batch, and every backend share this one
+//! engine.
+
+use crate::backend::InboxBackend;
+use crate::error::InboxError;
+use crate::observe::FailedStatement;
+use crate::retry::ErrorClass;
+use diesel::result::Error;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+/// Whether the transaction is the call's own or a savepoint inside the
+/// caller's.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Scope {
+    TopLevel,
+    Savepoint,
+}
+
+/// What the driver does next.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Open a transaction, or a savepoint inside the caller's.
+    Begin,
+    /// Insert the inbox row(s); report whether there is anything to run.
+    Claim,
+    /// Run the body (observing its failed statements).
+    Body,
+    /// Commit what `Begin` opened.
+    Commit(Scope),
+    /// Roll back what `Begin` opened.
+    Rollback,
+    /// Wait before the next attempt.
+    Sleep(Duration),
+}
+
+/// What a step did.
+pub(crate) enum Event<T, E> {
+    Begun(Result<Scope, (Scope, Error)>),
+    /// `Ok(true)`: something was claimed for the first time, run the body.
+    Claimed(Result<bool, Error>),
+    Ran {
+        result: Result<T, E>,
+        /// The statements of the body that failed, oldest first.
+        failed: Vec<FailedStatement>,
+    },
+    Committed(Result<(), Error>),
+    RolledBack,
+    Slept,
+}
+
+/// The engine's answer to an event.
+pub(crate) enum Next<T, E> {
+    Do(Step),
+    /// `Ok(Some(value))`: applied and committed; `Ok(None)`: nothing to run
+    /// (a duplicate); `Err`: the handler's error.
+    Done(Result<Option<T>, E>),
+}
+
+/// How one attempt ended short of success.
+enum Failure<E> {
+    /// The claim or the commit failed for a reason of the inbox's own.
+    Inbox(Error),
+    /// The body returned an error; `transient` is the first statement of
+    /// the body that failed with a transient error, if one was observed.
+    Body { error: E, transient: Option<Error> },
+    /// The commit failed for a reason the body caused (a deferred
+    /// constraint): returned as the body's own database error.
+    Commit(Error),
+    /// The body returned `Ok` over a statement failure that ended the
+    /// transaction.
+    Ignored(Error),
+}
+
+impl<E: From<InboxError> + From<Error>> Failure<E> {
+    /// The error the handler returns when this failure is not retried.
+    fn into_error(self) -> E {
+        match self {
+            Failure::Inbox(e) => InboxError::Database(e).into(),
+            Failure::Ignored(e) => InboxError::BodyIgnoredError(e).into(),
+            Failure::Commit(e) => e.into(),
+            Failure::Body { error, .. } => error,
+        }
+    }
+}
+
+enum State<T, E> {
+    Beginning,
+    Claiming,
+    Running,
+    Committing(T),
+    /// Rolling back, then: `None` a duplicate, `Some` a failure to judge.
+    RollingBack(Option<Failure<E>>),
+    Sleeping,
+    Finished,
+}
+
+/// One handler call: the attempts, and the decision after each step.
+pub(crate) struct Engine<'a, B, T, E> {
+    consumer: &'a str,
+    /// The message(s), for logs.
+    what: &'a str,
+    retries: u32,
+    attempts: u32,
+    classify: &'a dyn Fn(&E) -> ErrorClass<E>,
+    scope: Scope,
+    state: State<T, E>,
+    backend: PhantomData<B>,
+}
+
+impl<'a, B, T, E> Engine<'a, B, T, E>
+where
+    B: InboxBackend,
+    E: From<InboxError> + From<Error>,
+{
+    /// A call that may rerun its transaction `retries` times; the first
+    /// step is [`Step::Begin`].
+    pub(crate) fn new(
+        consumer: &'a str,
+        what: &'a str,
+        retries: u32,
+        classify: &'a dyn Fn(&E) -> ErrorClass<E>,
+    ) -> Self {
+        Engine {
+            consumer,
+            what,
+            retries,
+            attempts: 1,
+            classify,
+            scope: Scope::TopLevel,
+            state: State::Beginning,
+            backend: PhantomData,
+        }
+    }
+
+    pub(crate) fn next(&mut self, event: Event<T, E>) -> Next<T, E> {
+        let state = std::mem::replace(&mut self.state, State::Finished);
+        match (state, event) {
+            (State::Beginning, Event::Begun(begun)) => match begun {
+                Ok(scope) => {
+                    self.scope = scope;
+                    self.go(State::Claiming, Step::Claim)
+                }
+                // Nothing was opened: judge the failure at once.
+                Err((scope, e)) => {
+                    self.scope = scope;
+                    self.judge(Failure::Inbox(e))
+                }
+            },
+            (State::Claiming, Event::Claimed(claimed)) => match claimed {
+                Ok(true) => self.go(State::Running, Step::Body),
+                // Nothing was written; ending the transaction either way is the same.
+                Ok(false) => self.go(State::RollingBack(None), Step::Rollback),
+                Err(e) => self.go(State::RollingBack(Some(Failure::Inbox(e))), Step::Rollback),
+            },
+            (State::Running, Event::Ran { result, failed }) => {
+                let mut failed = failed.iter().map(FailedStatement::to_error);
+                match result {
+                    Ok(value) => match failed.find(B::ends_transaction) {
+                        // The server already rolled the transaction back (and
+                        // the inbox row with it): committing would report a
+                        // false Applied.
+                        Some(ended) => self.go(
+                            State::RollingBack(Some(Failure::Ignored(ended))),
+                            Step::Rollback,
+                        ),
+                        None => self.go(State::Committing(value), Step::Commit(self.scope)),
+                    },
+                    Err(error) => {
+                        let transient = failed.find(B::is_transient);
+                        self.go(
+                            State::RollingBack(Some(Failure::Body { error, transient })),
+                            Step::Rollback,
+                        )
+                    }
+                }
+            }
+            (State::Committing(value), Event::Committed(committed)) => match committed {
+                Ok(()) => Next::Done(Ok(Some(value))),
+                // The failed commit rolled back (the backend's commit does).
+                Err(e) if B::is_aborted_commit(&e) => self.judge(Failure::Ignored(e)),
+                Err(e) if B::is_transient(&e) => self.judge(Failure::Inbox(e)),
+                Err(e) => self.judge(Failure::Commit(e)),
+            },
+            (State::RollingBack(ending), Event::RolledBack) => match ending {
+                None => Next::Done(Ok(None)),
+                Some(failure) => self.judge(failure),
+            },
+            (State::Sleeping, Event::Slept) => {
+                self.attempts += 1;
+                self.go(State::Beginning, Step::Begin)
+            }
+            _ => unreachable!("a driver reported an event for another step"),
+        }
+    }
+
+    fn go(&mut self, state: State<T, E>, step: Step) -> Next<T, E> {
+        self.state = state;
+        Next::Do(step)
+    }
+
+    /// Retry the transaction, or give the handler its error.
+    fn judge(&mut self, failure: Failure<E>) -> Next<T, E> {
+        let (retryable, class) = match &failure {
+            Failure::Inbox(e) => (B::is_transient(e), None),
+            Failure::Commit(_) | Failure::Ignored(_) => (false, None),
+            Failure::Body { error, transient } => {
+                let class = (self.classify)(error);
+                let retryable = class.is_retryable().unwrap_or(transient.is_some());
+                (retryable, Some(class))
+            }
+        };
+        // Inside the caller's transaction a rerun cannot help: the caller's
+        // work is lost too.
+        if !retryable || self.scope == Scope::Savepoint {
+            return Next::Done(Err(failure.into_error()));
+        }
+        let cause = match &failure {
+            Failure::Inbox(e)
+            | Failure::Body {
+                transient: Some(e), ..
+            } => e.to_string(),
+            _ => "the body's error type says it is retryable".to_string(),
+        };
+        let (consumer, key, attempts) = (self.consumer, self.what, self.attempts);
+        if attempts > self.retries {
+            tracing::warn!(consumer, key, attempts, error = %cause, "diesel-inbox: giving up on a transient error");
+            return Next::Done(Err(match (failure, class) {
+                (Failure::Inbox(source), _) => {
+                    InboxError::RetriesExhausted { attempts, source }.into()
+                }
+                (Failure::Body { error, .. }, Some(class)) => class.exhausted(error, attempts),
+                (other, _) => other.into_error(),
+            }));
+        }
+        tracing::debug!(consumer, key, attempt = attempts, error = %cause, "diesel-inbox: transient error, retrying");
+        self.go(State::Sleeping, Step::Sleep(backoff(attempts)))
+    }
+}
+
+/// 2, 4, 8 … ms (capped at 256 ms) plus up to the same again of jitter, so
+/// that two deadlocked transactions do not collide again in lockstep.
+fn backoff(attempt: u32) -> Duration {
+    let base_ms = 1u64 << attempt.clamp(1, 8);
+    let jitter_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::from(d.subsec_nanos()))
+        .unwrap_or(0)
+        % base_ms;
+    Duration::from_millis(base_ms + jitter_ms)
+}
