@@ -205,5 +205,11 @@ pub use inbox_runtime::{
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.
 extern crate self as diesel_inbox;
 
+#[cfg(feature = "async")]
+pub use inbox_runtime::{
+    migrate_async, run_async, run_batch_async, run_once_async, AsyncBatchBody, AsyncBody,
+    AsyncInboxConnection,
+};
+
 #[doc(hidden)]
 pub use inbox_runtime::__private;

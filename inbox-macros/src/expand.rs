@@ -67,6 +67,16 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
         );
         #krate::__private::inventory::submit!(#krate::__private::Registration(&#site));
     };
+    // Input:  async fn h(conn: &mut AsyncPgConnection, ..) -> Result<T, E> { body }
+    // Output: the same calls to the `_async` twins, with `async` closures
+    //         and `.await`.
+    let asyncness = sig.asyncness.is_some();
+    let (closure, awaited, suffix) = if asyncness {
+        (quote!(async), quote!(.await), "_async")
+    } else {
+        (quote!(), quote!(), "")
+    };
+    let runtime_fn = |name: &str| Ident::new(&format!("{name}{suffix}"), output_span);
     let call = if let (Some(batch), Expr::Closure(key_closure)) = (&batch, &key) {
         // Input:  fn h(conn: &mut C, msgs: &[M]) -> Result<T, E>, key = "|msg| msg.id"
         // Output: run_batch(conn, site, msgs, |m| { let msg = m; owned_key(&(msg.id)) }, 3,
@@ -78,8 +88,9 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
         let key_pattern = &key_closure.inputs[0];
         let key_body = &key_closure.body;
         let key_of = quote_spanned!(key_body.span()=> &(#key_body));
+        let run_batch = runtime_fn("run_batch");
         quote_spanned! {output_span=>
-            #krate::__private::run_batch(
+            #krate::__private::#run_batch(
                 #conn_ident,
                 &&#site,
                 #batch_ident,
@@ -88,30 +99,32 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
                     #krate::__private::owned_key(#key_of)
                 },
                 #retries,
-                |#conn, #batch| -> #original_output #body,
+                #closure |#conn, #batch| -> #original_output #body,
                 #classify,
-            )
+            ) #awaited
         }
     } else if retries == 0 {
         // The key is type-checked against `InboxKey` where the user wrote it.
         let key_ref = quote_spanned!(key.span()=> &(#key));
         // The body may move a parameter the key borrows from: take the key first.
         let owned_key = Ident::new("__inbox_key", Span::mixed_site());
+        let run_once = runtime_fn("run_once");
         quote_spanned! {output_span=>
             let #owned_key = #krate::__private::owned_key(#key_ref);
-            #krate::__private::run_once(#conn_ident, &&#site, &#owned_key, |#conn| -> #original_output #body)
+            #krate::__private::#run_once(#conn_ident, &&#site, &#owned_key, #closure |#conn| -> #original_output #body) #awaited
         }
     } else {
         let key_ref = quote_spanned!(key.span()=> &(#key));
+        let run = runtime_fn("run");
         quote_spanned! {output_span=>
-            #krate::__private::run(
+            #krate::__private::#run(
                 #conn_ident,
                 &&#site,
                 #key_ref,
                 #retries,
-                |#conn| -> #original_output #body,
+                #closure |#conn| -> #original_output #body,
                 #classify,
-            )
+            ) #awaited
         }
     };
 

@@ -93,13 +93,6 @@ pub(crate) fn validate(args: IdempotentArgs, func: HandlerFn) -> syn::Result<Han
     let mut errors = Errors::default();
     let sig = &func.sig;
 
-    if let Some(asyncness) = &sig.asyncness {
-        errors.push(
-            asyncness.span(),
-            "`#[idempotent]` does not support `async fn` yet: async support (diesel-async) is planned\n\
-             help: use a sync handler on a diesel connection, e.g. inside `spawn_blocking`",
-        );
-    }
     if let Some(constness) = &sig.constness {
         errors.push(
             constness.span(),

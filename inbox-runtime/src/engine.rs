@@ -36,8 +36,10 @@ use std::time::Duration;
 /// Whether the transaction is the call's own or a savepoint inside the
 /// caller's.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Scope {
+pub enum Scope {
+    #[doc(hidden)]
     TopLevel,
+    #[doc(hidden)]
     Savepoint,
 }
 
@@ -120,31 +122,28 @@ enum State<T, E> {
 }
 
 /// One handler call: the attempts, and the decision after each step.
-pub(crate) struct Engine<'a, B, T, E> {
+pub(crate) struct Engine<'a, B, T, E, R> {
     consumer: &'a str,
     /// The message(s), for logs.
     what: &'a str,
     retries: u32,
     attempts: u32,
-    classify: &'a dyn Fn(&E) -> ErrorClass<E>,
+    /// How the body's errors are treated (see [`ErrorClass`]).
+    classify: R,
     scope: Scope,
     state: State<T, E>,
     backend: PhantomData<B>,
 }
 
-impl<'a, B, T, E> Engine<'a, B, T, E>
+impl<'a, B, T, E, R> Engine<'a, B, T, E, R>
 where
     B: InboxBackend,
     E: From<InboxError> + From<Error>,
+    R: Fn(&E) -> ErrorClass<E>,
 {
     /// A call that may rerun its transaction `retries` times; the first
     /// step is [`Step::Begin`].
-    pub(crate) fn new(
-        consumer: &'a str,
-        what: &'a str,
-        retries: u32,
-        classify: &'a dyn Fn(&E) -> ErrorClass<E>,
-    ) -> Self {
+    pub(crate) fn new(consumer: &'a str, what: &'a str, retries: u32, classify: R) -> Self {
         Engine {
             consumer,
             what,

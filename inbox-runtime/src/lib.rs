@@ -30,6 +30,8 @@
 // Lets expanded code name `::inbox_runtime` inside this crate's own tests.
 extern crate self as inbox_runtime;
 
+#[cfg(feature = "async")]
+mod asynchronous;
 mod backend;
 mod claim;
 mod engine;
@@ -42,6 +44,11 @@ mod retry;
 mod schema;
 mod transaction;
 
+#[cfg(feature = "async")]
+pub use asynchronous::{
+    migrate_async, run_async, run_batch_async, run_once_async, AsyncBatchBody, AsyncBody,
+    AsyncInboxConnection,
+};
 pub use backend::{ddl, migrate, schema_version, InboxBackend, SCHEMA_VERSION};
 pub use error::{InboxError, TableProblem};
 pub use inbox_macros::idempotent;
@@ -57,6 +64,8 @@ pub use transaction::{run, run_batch, run_once};
 /// change without notice between patch releases.
 #[doc(hidden)]
 pub mod __private {
+    #[cfg(feature = "async")]
+    pub use crate::asynchronous::{run_async, run_batch_async, run_once_async};
     pub use crate::registry::{RegisteredHandler, Registration};
     pub use crate::retry::{Probe, ViaRetryableError, ViaStatements};
     pub use crate::transaction::{run, run_batch, run_once};

@@ -133,35 +133,41 @@ impl Instrumentation for ErrorObserver {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mark(Option<u64>);
 
-/// Marks the connection's statement history before a body runs, installing
-/// an [`ErrorObserver`] first if the connection has no instrumentation.
-pub(crate) fn mark<C: Connection>(conn: &mut C) -> Mark {
-    let connection = (conn as *const C).cast::<u8>();
-    let instrumentation = conn.instrumentation();
-    if let Some(observer) = instrumentation.downcast_ref::<ErrorObserver>() {
-        return Mark(Some(observer.sequence));
-    }
-    // diesel keeps "no instrumentation" as a zero-sized no-op stored inside
-    // the connection, and a user's instrumentation boxed on the heap (a
-    // boxed zero-sized value lives at a dangling address, never inside the
-    // connection). Only the former is replaced.
-    let object = (instrumentation as *const dyn Instrumentation).cast::<u8>();
-    let inside = (connection as usize..=connection as usize + std::mem::size_of::<C>())
-        .contains(&(object as usize));
-    if std::mem::size_of_val(instrumentation) == 0 && inside {
-        conn.set_instrumentation(ErrorObserver::new());
-        return Mark(Some(0));
-    }
-    Mark(None)
+/// What a connection's instrumentation is.
+enum Installed {
+    /// Ours, at this point of its history.
+    Observer(u64),
+    /// diesel's no-op: nobody's, so ours may take its place.
+    Nothing,
+    /// The user's own: left alone.
+    Theirs,
 }
 
-/// The failed statements since `mark`, oldest first (empty when nothing
-/// failed or nothing watched).
-pub(crate) fn failed_since<C: Connection>(conn: &mut C, mark: Mark) -> Vec<FailedStatement> {
+fn installed(instrumentation: &mut dyn Instrumentation) -> Installed {
+    if let Some(observer) = instrumentation.downcast_ref::<ErrorObserver>() {
+        return Installed::Observer(observer.sequence);
+    }
+    // diesel keeps "no instrumentation" as a zero-sized no-op stored in a
+    // field (of the connection, or of the shared state an async connection
+    // keeps), and an instrumentation you set boxed on the heap. A boxed
+    // zero-sized value never allocates: its address is the dangling one,
+    // equal to its alignment. So a zero-sized value anywhere else is
+    // diesel's no-op.
+    let address = (instrumentation as *const dyn Instrumentation).cast::<u8>() as usize;
+    if std::mem::size_of_val(instrumentation) == 0
+        && address != std::mem::align_of_val(instrumentation)
+    {
+        Installed::Nothing
+    } else {
+        Installed::Theirs
+    }
+}
+
+fn failed(instrumentation: &mut dyn Instrumentation, mark: Mark) -> Vec<FailedStatement> {
     let Mark(Some(since)) = mark else {
         return Vec::new();
     };
-    match conn.instrumentation().downcast_ref::<ErrorObserver>() {
+    match instrumentation.downcast_ref::<ErrorObserver>() {
         Some(observer) => observer
             .failed
             .iter()
@@ -171,4 +177,45 @@ pub(crate) fn failed_since<C: Connection>(conn: &mut C, mark: Mark) -> Vec<Faile
         // Replaced by the body itself: nothing known.
         None => Vec::new(),
     }
+}
+
+/// Marks the connection's statement history before a body runs, installing
+/// an [`ErrorObserver`] first if the connection has no instrumentation.
+pub(crate) fn mark<C: Connection>(conn: &mut C) -> Mark {
+    match installed(conn.instrumentation()) {
+        Installed::Observer(sequence) => Mark(Some(sequence)),
+        Installed::Nothing => {
+            conn.set_instrumentation(ErrorObserver::new());
+            Mark(Some(0))
+        }
+        Installed::Theirs => Mark(None),
+    }
+}
+
+/// The failed statements since `mark`, oldest first (empty when nothing
+/// failed or nothing watched).
+pub(crate) fn failed_since<C: Connection>(conn: &mut C, mark: Mark) -> Vec<FailedStatement> {
+    failed(conn.instrumentation(), mark)
+}
+
+/// [`mark`] for a diesel-async connection.
+#[cfg(feature = "async")]
+pub(crate) fn mark_async<C: diesel_async::AsyncConnection>(conn: &mut C) -> Mark {
+    match installed(conn.instrumentation()) {
+        Installed::Observer(sequence) => Mark(Some(sequence)),
+        Installed::Nothing => {
+            conn.set_instrumentation(ErrorObserver::new());
+            Mark(Some(0))
+        }
+        Installed::Theirs => Mark(None),
+    }
+}
+
+/// [`failed_since`] for a diesel-async connection.
+#[cfg(feature = "async")]
+pub(crate) fn failed_since_async<C: diesel_async::AsyncConnection>(
+    conn: &mut C,
+    mark: Mark,
+) -> Vec<FailedStatement> {
+    failed(conn.instrumentation(), mark)
 }

@@ -140,7 +140,7 @@ where
 {
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
-    let engine = Engine::new(consumer, &key, retries, &classify);
+    let engine = Engine::new(consumer, &key, retries, classify);
     let claim =
         |conn: &mut C| <C::Backend as InboxBackend>::claim(conn, consumer, &key).map(single_work);
     let (value, _) = drive(conn, engine, claim, |conn, _| body(conn))?;
@@ -198,7 +198,7 @@ where
     let consumer = consumer.consumer_name()?;
     let plan = BatchPlan::new(messages, key)?;
     let what = plan.describe();
-    let engine = Engine::new(consumer, &what, retries, &classify);
+    let engine = Engine::new(consumer, &what, retries, classify);
     let distinct = plan.distinct();
     let claim = |conn: &mut C| {
         <C::Backend as InboxBackend>::claim_batch(conn, consumer, &distinct)
@@ -216,7 +216,7 @@ where
 /// and those positions.
 fn drive<C, T, E>(
     conn: &mut C,
-    mut engine: Engine<'_, C::Backend, T, E>,
+    mut engine: Engine<'_, C::Backend, T, E, impl Fn(&E) -> ErrorClass<E>>,
     mut claim: impl FnMut(&mut C) -> Result<Vec<usize>, Error>,
     mut body: impl FnMut(&mut C, &[usize]) -> Result<T, E>,
 ) -> Result<(Option<T>, Vec<usize>), E>
@@ -269,7 +269,7 @@ where
 
 /// Commits the call's transaction (through the backend's guarded commit at
 /// top level) or releases its savepoint.
-fn commit<C>(conn: &mut C, scope: Scope) -> Result<(), Error>
+pub(crate) fn commit<C>(conn: &mut C, scope: Scope) -> Result<(), Error>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,

@@ -33,20 +33,22 @@ pub(crate) fn concurrent_claim(error: diesel::result::Error) -> diesel::result::
 /// Batch claim for backends without `RETURNING` on a conflict-ignoring
 /// insert (MySQL) or whose writers are serialized anyway (SQLite): look the
 /// keys up, insert the missing ones with a plain `INSERT` (see
-/// [`concurrent_claim`] for the race).
+/// [`concurrent_claim`] for the race). One body for the sync and the async
+/// connection: `$run` is `diesel::RunQueryDsl` or `diesel_async::RunQueryDsl`,
+/// and `await` follows each query on the async path.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! claim_batch_by_lookup {
-    ($conn:expr, $consumer:expr, $keys:expr) => {{
+    ($conn:expr, $consumer:expr, $keys:expr, $run:path $(, $await:tt)?) => {{
         use crate::schema::inbox_messages::dsl::*;
+        use $run as run;
         let mut claimed = Vec::new();
         for chunk in $keys.chunks(crate::backend::CLAIM_CHUNK) {
-            let present: std::collections::HashSet<String> = inbox_messages
+            let lookup = inbox_messages
                 .filter(consumer.eq($consumer))
                 .filter(message_id.eq_any(chunk))
-                .select(message_id)
-                .load::<String>($conn)?
-                .into_iter()
-                .collect();
+                .select(message_id);
+            let present: Vec<String> = run::load(lookup, &mut *$conn)$(.$await)??;
+            let present: std::collections::HashSet<String> = present.into_iter().collect();
             let missing: Vec<&str> = chunk
                 .iter()
                 .copied()
@@ -59,9 +61,7 @@ macro_rules! claim_batch_by_lookup {
                 .iter()
                 .map(|k| (consumer.eq($consumer), message_id.eq(*k)))
                 .collect();
-            diesel::insert_into(inbox_messages)
-                .values(&rows)
-                .execute($conn)
+            run::execute(diesel::insert_into(inbox_messages).values(&rows), &mut *$conn)$(.$await)?
                 .map_err(crate::backend::concurrent_claim)?;
             claimed.extend(missing.into_iter().map(str::to_owned));
         }
@@ -331,27 +331,43 @@ where
     }
     // A first look without the lock: a current, correct table needs nothing
     // (and no privilege beyond reading the catalog).
-    if plan::<C::Backend>(&<C::Backend as InboxBackend>::catalog(conn)?)? == Plan::Nothing {
+    if migration_sql::<C::Backend>(&<C::Backend as InboxBackend>::catalog(conn)?)?.is_none() {
         return Ok(());
     }
     <C::Backend as InboxBackend>::exclusively(conn, |conn| {
         let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
-        let sql = match plan::<C::Backend>(&catalog)? {
-            Plan::Nothing => return Ok(()),
-            Plan::Create => <C::Backend as InboxBackend>::DDL.to_string(),
-            Plan::Upgrade { from } => upgrade_sql::<C::Backend>(from),
-        };
-        conn.batch_execute(&sql)
-            .map_err(InboxError::MigrationFailed)?;
-        // Verify what was created or upgraded (an existing object under the
-        // same name may have made `IF NOT EXISTS` a no-op).
-        match plan::<C::Backend>(&<C::Backend as InboxBackend>::catalog(conn)?)? {
-            Plan::Nothing => Ok(()),
-            _ => Err(InboxError::MigrationFailed(Error::QueryBuilderError(
-                "the inbox table is still not at the current schema version after migrating".into(),
-            ))),
+        if let Some(sql) = migration_sql::<C::Backend>(&catalog)? {
+            conn.batch_execute(&sql)
+                .map_err(InboxError::MigrationFailed)?;
+            verify_migrated::<C::Backend>(&<C::Backend as InboxBackend>::catalog(conn)?)?;
         }
+        Ok(())
     })
+}
+
+/// What `migrate` runs for this catalog: `None` when the table is current
+/// and correct, else the statements that create or upgrade it; an error for
+/// a table it must not touch.
+pub(crate) fn migration_sql<B: InboxBackend>(
+    catalog: &Catalog,
+) -> Result<Option<String>, InboxError> {
+    Ok(match plan::<B>(catalog)? {
+        Plan::Nothing => None,
+        Plan::Create => Some(B::DDL.to_string()),
+        Plan::Upgrade { from } => Some(upgrade_sql::<B>(from)),
+    })
+}
+
+/// After creating or upgrading: the table must now be current and correct
+/// (an existing object under the same name may have made `IF NOT EXISTS` a
+/// no-op).
+pub(crate) fn verify_migrated<B: InboxBackend>(catalog: &Catalog) -> Result<(), InboxError> {
+    match plan::<B>(catalog)? {
+        Plan::Nothing => Ok(()),
+        _ => Err(InboxError::MigrationFailed(Error::QueryBuilderError(
+            "the inbox table is still not at the current schema version after migrating".into(),
+        ))),
+    }
 }
 
 /// The inbox schema version recorded in the database: `None` when there is

@@ -52,6 +52,30 @@ WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = 'inbox_messages'
   AND EVENT_MANIPULATION = 'INSERT'
 "#;
 
+/// The claim. Not `ON DUPLICATE KEY UPDATE`: diesel connects with
+/// CLIENT_FOUND_ROWS, so that form reports 1 for a duplicate too. INSERT
+/// IGNORE would truncate an over-long key, which the runtime has refused
+/// before we get here, and turns any other refusal of the row into a skip,
+/// which `migrate` rules out by checking the table (no foreign keys, checks,
+/// triggers or extra unique keys). One statement for the sync and the async
+/// path.
+macro_rules! claim_statement {
+    ($consumer:expr, $key:expr) => {
+        diesel::insert_or_ignore_into(inbox_messages)
+            .values((consumer.eq($consumer), message_id.eq($key)))
+    };
+}
+
+/// `migrate`'s lock: `GET_LOCK` (node-local on Galera), and its release.
+const MIGRATE_LOCK: &str = "GET_LOCK('diesel_inbox_migrate', 60)";
+const MIGRATE_UNLOCK: &str = "DO RELEASE_LOCK('diesel_inbox_migrate')";
+
+fn lock_refused() -> InboxError {
+    InboxError::MigrationFailed(Error::QueryBuilderError(
+        "another migrate() held the lock `diesel_inbox_migrate` for 60 s".into(),
+    ))
+}
+
 impl InboxBackend for Mysql {
     const DDL: &'static str = super::ddl::MYSQL;
     const BEGIN: &'static str = "BEGIN";
@@ -63,14 +87,7 @@ impl InboxBackend for Mysql {
     where
         C: Connection<Backend = Self>,
     {
-        // Not `ON DUPLICATE KEY UPDATE`: diesel connects with
-        // CLIENT_FOUND_ROWS, so that form reports 1 for a duplicate too.
-        // INSERT IGNORE would truncate an over-long key, which the runtime
-        // has refused before we get here, and turns any other refusal of
-        // the row into a skip, which `migrate` rules out by checking the
-        // table (no foreign keys, checks, triggers or extra unique keys).
-        diesel::insert_or_ignore_into(inbox_messages)
-            .values((consumer.eq(consumer_name), message_id.eq(key)))
+        claim_statement!(consumer_name, key)
             .execute(conn)
             .map(|inserted| inserted == 1)
     }
@@ -79,7 +96,7 @@ impl InboxBackend for Mysql {
     where
         C: LoadConnection<Backend = Self>,
     {
-        claim_batch_by_lookup!(conn, consumer_name, keys)
+        claim_batch_by_lookup!(conn, consumer_name, keys, diesel::RunQueryDsl)
     }
 
     fn is_transient(error: &Error) -> bool {
@@ -137,17 +154,13 @@ impl InboxBackend for Mysql {
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
         // `migrate` has refused to run inside a transaction (DDL_COMMITS).
-        let locked: Option<i32> = diesel::select(diesel::dsl::sql::<Nullable<Integer>>(
-            "GET_LOCK('diesel_inbox_migrate', 60)",
-        ))
-        .get_result(conn)?;
+        let locked: Option<i32> =
+            diesel::select(diesel::dsl::sql::<Nullable<Integer>>(MIGRATE_LOCK)).get_result(conn)?;
         if locked != Some(1) {
-            return Err(InboxError::MigrationFailed(Error::QueryBuilderError(
-                "another migrate() held the lock `diesel_inbox_migrate` for 60 s".into(),
-            )));
+            return Err(lock_refused());
         }
         let result = f(conn);
-        let released = conn.batch_execute("DO RELEASE_LOCK('diesel_inbox_migrate')");
+        let released = conn.batch_execute(MIGRATE_UNLOCK);
         let value = result?;
         released?;
         Ok(value)
@@ -266,5 +279,72 @@ mod tests {
             Unknown,
             "Table 'x' doesn't exist"
         )));
+    }
+}
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    use super::*;
+    use crate::asynchronous::{ansi, migrate_in_steps, AsyncInboxConnection, AsyncMigration};
+    use crate::engine::Scope;
+    use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
+
+    impl Sealed for AsyncMysqlConnection {}
+
+    impl AsyncInboxConnection for AsyncMysqlConnection {
+        async fn inbox_begin(&mut self) -> Result<Scope, (Scope, Error)> {
+            ansi::begin(self).await
+        }
+
+        async fn inbox_claim(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
+            diesel_async::RunQueryDsl::execute(claim_statement!(consumer_name, key), self)
+                .await
+                .map(|inserted| inserted == 1)
+        }
+
+        async fn inbox_claim_batch(
+            &mut self,
+            consumer_name: &str,
+            keys: &[&str],
+        ) -> QueryResult<Vec<String>> {
+            claim_batch_by_lookup!(self, consumer_name, keys, diesel_async::RunQueryDsl, await)
+        }
+
+        async fn inbox_commit(&mut self, _scope: Scope) -> QueryResult<()> {
+            ansi::commit(self).await
+        }
+
+        async fn inbox_rollback(&mut self) {
+            ansi::rollback(self).await
+        }
+
+        async fn inbox_migrate(&mut self) -> Result<(), InboxError> {
+            migrate_in_steps(self).await
+        }
+    }
+
+    impl AsyncMigration for AsyncMysqlConnection {
+        async fn catalog(&mut self) -> QueryResult<Catalog> {
+            let rows = diesel_async::RunQueryDsl::load(diesel::sql_query(CATALOG), self).await?;
+            Ok(read::<Mysql>(rows))
+        }
+
+        async fn lock(&mut self) -> Result<Scope, InboxError> {
+            let locked: Option<i32> = diesel_async::RunQueryDsl::get_result(
+                diesel::select(diesel::dsl::sql::<Nullable<Integer>>(MIGRATE_LOCK)),
+                self,
+            )
+            .await?;
+            if locked != Some(1) {
+                return Err(lock_refused());
+            }
+            // DDL commits implicitly: there is no transaction to keep.
+            Ok(Scope::TopLevel)
+        }
+
+        async fn unlock(&mut self, _scope: Scope, _keep: bool) -> Result<(), InboxError> {
+            self.batch_execute(MIGRATE_UNLOCK).await?;
+            Ok(())
+        }
     }
 }

@@ -62,6 +62,50 @@ SELECT 'rule', r.rulename::text, NULL, NULL, NULL, NULL
 FROM pg_rewrite r JOIN t ON r.ev_class = t.oid WHERE r.ev_type = '3'
 "#;
 
+/// The claim: a conflict-ignoring insert with the conflict target named (any
+/// other unique violation must fail). One statement for the sync and the
+/// async path.
+macro_rules! claim_statement {
+    ($consumer:expr, $key:expr) => {
+        diesel::insert_into(inbox_messages)
+            .values((consumer.eq($consumer), message_id.eq($key)))
+            .on_conflict((consumer, message_id))
+            .do_nothing()
+    };
+}
+
+/// The batch claim, one statement per chunk; RETURNING names the rows
+/// inserted. `$run` is the sync or async `RunQueryDsl`, `await` follows
+/// each query on the async path.
+macro_rules! claim_batch {
+    ($conn:expr, $consumer:expr, $keys:expr, $run:path $(, $await:tt)?) => {{
+        use $run as run;
+        let mut claimed = Vec::with_capacity($keys.len());
+        for chunk in $keys.chunks(crate::backend::CLAIM_CHUNK) {
+            let rows: Vec<_> = chunk
+                .iter()
+                .map(|k| (consumer.eq($consumer), message_id.eq(*k)))
+                .collect();
+            let inserted = diesel::insert_into(inbox_messages)
+                .values(&rows)
+                .on_conflict((consumer, message_id))
+                .do_nothing()
+                .returning(message_id);
+            let inserted: Vec<String> = run::get_results(inserted, &mut *$conn)$(.$await)??;
+            claimed.extend(inserted);
+        }
+        Ok(claimed)
+    }};
+}
+
+/// The commit guard: PostgreSQL turns COMMIT of an aborted transaction (a
+/// statement failed and the body swallowed the error) into a silent
+/// ROLLBACK, which diesel reports as success. The guard fails in an aborted
+/// transaction and stops the batch before COMMIT, in the same round trip. A
+/// SAVEPOINT is the cheapest such statement (a `SELECT 1` guard cost 9% of
+/// throughput at 4 threads, SAVEPOINT none measurable).
+const GUARDED_COMMIT: &str = "SAVEPOINT diesel_inbox_guard; COMMIT";
+
 impl InboxBackend for Pg {
     const DDL: &'static str = super::ddl::POSTGRES;
     const BEGIN: &'static str = "BEGIN";
@@ -73,11 +117,7 @@ impl InboxBackend for Pg {
     where
         C: Connection<Backend = Self>,
     {
-        // The conflict target is named: any other unique violation must fail.
-        diesel::insert_into(inbox_messages)
-            .values((consumer.eq(consumer_name), message_id.eq(key)))
-            .on_conflict((consumer, message_id))
-            .do_nothing()
+        claim_statement!(consumer_name, key)
             .execute(conn)
             .map(|inserted| inserted == 1)
     }
@@ -86,38 +126,16 @@ impl InboxBackend for Pg {
     where
         C: LoadConnection<Backend = Self>,
     {
-        // One statement per chunk; RETURNING names the rows inserted.
-        let mut claimed = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(super::CLAIM_CHUNK) {
-            let rows: Vec<_> = chunk
-                .iter()
-                .map(|k| (consumer.eq(consumer_name), message_id.eq(*k)))
-                .collect();
-            claimed.extend(
-                diesel::insert_into(inbox_messages)
-                    .values(&rows)
-                    .on_conflict((consumer, message_id))
-                    .do_nothing()
-                    .returning(message_id)
-                    .get_results::<String>(conn)?,
-            );
-        }
-        Ok(claimed)
+        claim_batch!(conn, consumer_name, keys, diesel::RunQueryDsl)
     }
 
     fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
     where
         C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
-        // PostgreSQL turns COMMIT of an aborted transaction (a statement
-        // failed and the body swallowed the error) into a silent ROLLBACK,
-        // which diesel reports as success. The guard fails in an aborted
-        // transaction and stops the batch before COMMIT, in the same round
-        // trip. A SAVEPOINT is the cheapest such statement (a `SELECT 1`
-        // guard cost 9% of throughput at 4 threads, SAVEPOINT none
-        // measurable). diesel resyncs its depth from libpq's status (idle
-        // after the COMMIT, also a failed one).
-        let committed = conn.batch_execute("SAVEPOINT diesel_inbox_guard; COMMIT");
+        // diesel resyncs its depth from libpq's status (idle after the
+        // COMMIT, also a failed one).
+        let committed = conn.batch_execute(GUARDED_COMMIT);
         if committed.is_err() {
             crate::transaction::rollback(conn);
         }
@@ -282,5 +300,90 @@ mod tests {
             Unknown,
             "column \"x\" does not exist"
         )));
+    }
+}
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    use super::*;
+    use crate::asynchronous::{ansi, migrate_in_steps, AsyncInboxConnection, AsyncMigration};
+    use crate::engine::Scope;
+    use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+
+    impl Sealed for AsyncPgConnection {}
+
+    impl AsyncInboxConnection for AsyncPgConnection {
+        async fn inbox_begin(&mut self) -> Result<Scope, (Scope, Error)> {
+            ansi::begin(self).await
+        }
+
+        async fn inbox_claim(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
+            diesel_async::RunQueryDsl::execute(claim_statement!(consumer_name, key), self)
+                .await
+                .map(|inserted| inserted == 1)
+        }
+
+        async fn inbox_claim_batch(
+            &mut self,
+            consumer_name: &str,
+            keys: &[&str],
+        ) -> QueryResult<Vec<String>> {
+            claim_batch!(self, consumer_name, keys, diesel_async::RunQueryDsl, await)
+        }
+
+        async fn inbox_commit(&mut self, scope: Scope) -> QueryResult<()> {
+            if scope == Scope::Savepoint {
+                return ansi::commit(self).await;
+            }
+            // diesel-async does not read the session's transaction status:
+            // record the end of the transaction the guard's COMMIT ended.
+            // Cancelled before that, the connection still counts as in a
+            // transaction, which pools discard.
+            match self.batch_execute(GUARDED_COMMIT).await {
+                Ok(()) => ansi::ended(self),
+                Err(e) => {
+                    ansi::rollback(self).await;
+                    Err(e)
+                }
+            }
+        }
+
+        async fn inbox_rollback(&mut self) {
+            ansi::rollback(self).await
+        }
+
+        async fn inbox_migrate(&mut self) -> Result<(), InboxError> {
+            migrate_in_steps(self).await
+        }
+    }
+
+    impl AsyncMigration for AsyncPgConnection {
+        async fn catalog(&mut self) -> QueryResult<Catalog> {
+            let rows = diesel_async::RunQueryDsl::load(diesel::sql_query(CATALOG), self).await?;
+            Ok(read::<Pg>(rows))
+        }
+
+        async fn lock(&mut self) -> Result<Scope, InboxError> {
+            // DDL is transactional: the lock and every change end together.
+            let scope = ansi::begin(self).await.map_err(|(_, e)| e)?;
+            let lock = format!("SELECT pg_advisory_xact_lock({MIGRATE_LOCK})");
+            if let Err(e) = self.batch_execute(&lock).await {
+                ansi::rollback(self).await;
+                return Err(InboxError::MigrationFailed(e));
+            }
+            Ok(scope)
+        }
+
+        async fn unlock(&mut self, scope: Scope, keep: bool) -> Result<(), InboxError> {
+            if !keep {
+                ansi::rollback(self).await;
+                return Ok(());
+            }
+            // A commit at top level, a release inside the caller's transaction.
+            let _ = scope;
+            ansi::commit(self)
+                .await
+                .map_err(InboxError::MigrationFailed)
+        }
     }
 }

@@ -80,7 +80,7 @@ impl InboxBackend for Sqlite {
     where
         C: LoadConnection<Backend = Self>,
     {
-        claim_batch_by_lookup!(conn, consumer_name, keys)
+        claim_batch_by_lookup!(conn, consumer_name, keys, diesel::RunQueryDsl)
     }
 
     fn is_transient(error: &Error) -> bool {
@@ -225,5 +225,75 @@ mod tests {
         assert!(affinity_problem("NUMERIC(10)").is_some());
         assert_eq!(affinity_problem("VARCHAR(255)"), None);
         assert_eq!(affinity_problem(""), None);
+    }
+}
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    //! SQLite behind diesel-async's `SyncConnectionWrapper`: every step is
+    //! the sync step, run on the wrapper's blocking thread (so `BEGIN
+    //! IMMEDIATE` takes the write lock up front, as on the sync path). A
+    //! step handed to the blocking thread finishes even when the handler's
+    //! future is dropped, so the transaction state stays consistent.
+    use super::*;
+    use crate::asynchronous::AsyncInboxConnection;
+    use crate::engine::Scope;
+    use crate::transaction;
+    use diesel::SqliteConnection;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+
+    type Wrapper = SyncConnectionWrapper<SqliteConnection>;
+
+    impl Sealed for Wrapper {}
+
+    impl AsyncInboxConnection for Wrapper {
+        async fn inbox_begin(&mut self) -> Result<Scope, (Scope, Error)> {
+            self.spawn_blocking(|conn| Ok(transaction::begin(conn)))
+                .await
+                .unwrap_or_else(|e| Err((Scope::TopLevel, e)))
+        }
+
+        async fn inbox_claim(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| Sqlite::claim(conn, &consumer_name, &key))
+                .await
+        }
+
+        async fn inbox_claim_batch(
+            &mut self,
+            consumer_name: &str,
+            keys: &[&str],
+        ) -> QueryResult<Vec<String>> {
+            let consumer_name = consumer_name.to_owned();
+            let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+            self.spawn_blocking(move |conn| {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                Sqlite::claim_batch(conn, &consumer_name, &keys)
+            })
+            .await
+        }
+
+        async fn inbox_commit(&mut self, scope: Scope) -> QueryResult<()> {
+            self.spawn_blocking(move |conn| transaction::commit(conn, scope))
+                .await
+        }
+
+        async fn inbox_rollback(&mut self) {
+            let rolled_back = self
+                .spawn_blocking(|conn| {
+                    transaction::rollback(conn);
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = rolled_back {
+                tracing::warn!(error = %e, "diesel-inbox: rollback failed");
+            }
+        }
+
+        async fn inbox_migrate(&mut self) -> Result<(), InboxError> {
+            self.spawn_blocking(|conn| Ok(crate::migrate(conn)))
+                .await
+                .unwrap_or_else(|e| Err(InboxError::Database(e)))
+        }
     }
 }

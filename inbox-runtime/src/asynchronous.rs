@@ -1,0 +1,536 @@
+//! The async driver: performs the steps the [engine](crate::engine) asks
+//! for on a diesel-async connection, with the same decisions as the sync
+//! driver (the engine is shared; each backend's module supplies its async
+//! statements next to its sync ones).
+
+use crate::backend::InboxBackend;
+use crate::claim::{single_key, single_work, BatchPlan};
+use crate::engine::{Engine, Event, Next, Scope, Step};
+use crate::error::InboxError;
+use crate::key::InboxKey;
+use crate::observe;
+use crate::processed::{Batch, Processed};
+use crate::registry::ConsumerName;
+use crate::retry::ErrorClass;
+use diesel::result::{Error, QueryResult};
+use diesel_async::{AsyncConnection, TransactionManager};
+use std::future::Future;
+use std::panic::{self, AssertUnwindSafe};
+use std::task::Poll;
+
+/// A diesel-async connection the inbox runs on: `AsyncPgConnection`
+/// (feature `postgres`), `AsyncMysqlConnection` (feature `mysql`) and
+/// `SyncConnectionWrapper<SqliteConnection>` (feature `sqlite`; it takes
+/// SQLite's write lock up front with `BEGIN IMMEDIATE`).
+///
+/// From a pool (deadpool, bb8, mobc through diesel-async's
+/// `AsyncDieselConnectionManager`), declare the handler's connection as the
+/// connection type and pass `&mut pooled` (deref coercion) or
+/// `&mut *pooled`.
+///
+/// The methods are the backend's steps of a handler call; they are not a
+/// stable API.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use diesel::SqliteConnection;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+///
+/// fn assert_supported<C: inbox_runtime::AsyncInboxConnection>() {}
+/// assert_supported::<SyncConnectionWrapper<SqliteConnection>>();
+/// # }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an async connection diesel-inbox can run an `async fn` handler on",
+    label = "not a diesel-async connection of a supported backend",
+    note = "an `async fn` handler takes `&mut AsyncPgConnection`, `&mut AsyncMysqlConnection` or `&mut SyncConnectionWrapper<SqliteConnection>` (diesel-async, feature `async`); a sync diesel connection (`PgConnection`, ...) goes with a sync `fn` handler"
+)]
+pub trait AsyncInboxConnection:
+    AsyncConnection<Backend: InboxBackend> + Send + crate::backend::Sealed
+{
+    /// Opens a transaction, or a savepoint inside the caller's.
+    #[doc(hidden)]
+    fn inbox_begin(&mut self) -> impl Future<Output = Result<Scope, (Scope, Error)>> + Send;
+
+    /// The single claim: `true` if the row was inserted.
+    #[doc(hidden)]
+    fn inbox_claim(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// The batch claim: the keys inserted.
+    #[doc(hidden)]
+    fn inbox_claim_batch(
+        &mut self,
+        consumer: &str,
+        keys: &[&str],
+    ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+
+    /// Commits (through the backend's guarded commit at top level) or
+    /// releases the savepoint; a failed top-level commit is rolled back.
+    #[doc(hidden)]
+    fn inbox_commit(&mut self, scope: Scope) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Rolls back the innermost transaction or savepoint, if one is open.
+    #[doc(hidden)]
+    fn inbox_rollback(&mut self) -> impl Future<Output = ()> + Send;
+
+    /// [`migrate`](crate::migrate) on this connection.
+    #[doc(hidden)]
+    fn inbox_migrate(&mut self) -> impl Future<Output = Result<(), InboxError>> + Send;
+}
+
+/// An `async` body: `async |conn| { .. }`.
+///
+/// Implemented for every async closure over `&mut C`; it exists to name the
+/// closure's future, so that the runtime can require it to be `Send` (this
+/// is how diesel-async's own `transaction` bounds its callback). A body that
+/// may run again on a retry is also `Clone`: each attempt runs a copy (a
+/// closure that borrows its captures, the default for `async |..|`, is).
+pub trait AsyncBody<C, R>:
+    AsyncFnOnce(C) -> R + FnOnce(C) -> <Self as AsyncBody<C, R>>::Fut
+{
+    /// The future of one run of the body.
+    type Fut: Future<Output = R>;
+}
+
+impl<F, C, R, Fut> AsyncBody<C, R> for F
+where
+    F: AsyncFnOnce(C) -> R + FnOnce(C) -> Fut,
+    Fut: Future<Output = R>,
+{
+    type Fut = Fut;
+}
+
+/// An `async` body of a batch handler: `async |conn, messages| { .. }`.
+pub trait AsyncBatchBody<C, M, R>:
+    AsyncFnOnce(C, M) -> R + FnOnce(C, M) -> <Self as AsyncBatchBody<C, M, R>>::Fut
+{
+    /// The future of one run of the body.
+    type Fut: Future<Output = R>;
+}
+
+impl<F, C, M, R, Fut> AsyncBatchBody<C, M, R> for F
+where
+    F: AsyncFnOnce(C, M) -> R + FnOnce(C, M) -> Fut,
+    Fut: Future<Output = R>,
+{
+    type Fut = Fut;
+}
+
+/// The async twin of [`run`](crate::run): claims `key` for `consumer` and
+/// runs `body` in the same transaction, with the same guarantees and
+/// errors. Transient failures rerun the transaction after an async sleep
+/// (tokio's timer); the executor thread is never blocked.
+///
+/// The body is an async closure, `async |conn| -> Result<T, E> { .. }`; its
+/// future must be `Send` (as for diesel-async's own `transaction`), so that
+/// the handler can be spawned on a multi-thread runtime.
+///
+/// Dropping the returned future (a timeout, a cancelled task) commits
+/// nothing. The connection is then left inside its transaction, which
+/// diesel-async's pools see as broken and discard; a connection of your own
+/// must be dropped.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel::prelude::*;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+/// use diesel_async::{AsyncConnection, TransactionManager};
+/// use inbox_runtime::{run_async, ErrorClass, Processed};
+///
+/// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+/// inbox_runtime::migrate_async(&mut conn).await?;
+/// for expected in [Processed::Applied(7), Processed::Duplicate] {
+///     let outcome: QueryResult<_> = run_async(&mut conn, "mailer", "m-1", 3,
+///         async |_conn| Ok(7), |_| ErrorClass::by_statements()).await;
+///     assert_eq!(outcome?, expected);
+/// }
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+pub async fn run_async<C, N, K, T, E, F, R>(
+    conn: &mut C,
+    consumer: &N,
+    key: &K,
+    retries: u32,
+    body: F,
+    classify: R,
+) -> Result<Processed<T>, E>
+where
+    C: AsyncInboxConnection,
+    C::Backend: InboxBackend,
+    N: ConsumerName + ?Sized,
+    K: InboxKey + ?Sized,
+    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> + Clone + Send, // reruns on a retry, so it is `Clone` (clone what the body moves, or set `retries = 0`); its future must be `Send`: hold no `Rc`, `RefCell` borrow or sync `MutexGuard` across an `.await`
+    T: Send,
+    E: From<InboxError> + From<Error> + Send,
+    R: Fn(&E) -> ErrorClass<E> + Send,
+{
+    let consumer = consumer.consumer_name()?;
+    let key = single_key(key)?;
+    let engine = Engine::new(consumer, &key, retries, classify);
+    let value = drive_one(conn, engine, &Claim::One(consumer, &key), || body.clone()).await?;
+    Ok(value.map_or(Processed::Duplicate, Processed::Applied))
+}
+
+/// The async twin of [`run_batch`](crate::run_batch): one transaction and
+/// one multi-row claim for a whole batch; the body gets the messages claimed
+/// for the first time.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel::prelude::*;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+/// use diesel_async::{AsyncConnection, TransactionManager};
+/// use inbox_runtime::{run_batch_async, ErrorClass};
+///
+/// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+/// inbox_runtime::migrate_async(&mut conn).await?;
+/// let ids = [1_u64, 2, 2];
+/// let batch: QueryResult<_> = run_batch_async(&mut conn, "shipping", &ids, |id| id.to_string(), 3,
+///     async |_conn, fresh: Vec<&u64>| Ok(fresh.len()), |_| ErrorClass::by_statements()).await;
+/// let batch = batch?;
+/// assert_eq!((batch.value, batch.applied, batch.duplicates), (Some(2), vec![0, 1], 1));
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+pub async fn run_batch_async<C, N, M, T, E, F, R>(
+    conn: &mut C,
+    consumer: &N,
+    messages: &[M],
+    key: impl Fn(&M) -> String,
+    retries: u32,
+    body: F,
+    classify: R,
+) -> Result<Batch<T>, E>
+where
+    C: AsyncInboxConnection,
+    C::Backend: InboxBackend,
+    N: ConsumerName + ?Sized,
+    M: Sync,
+    for<'c, 'm> F: AsyncBatchBody<&'c mut C, Vec<&'m M>, Result<T, E>, Fut: Send> + Clone + Send, // reruns on a retry, so it is `Clone` (clone what the body moves, or set `retries = 0`); its future must be `Send`
+    T: Send,
+    E: From<InboxError> + From<Error> + Send,
+    R: Fn(&E) -> ErrorClass<E> + Send,
+{
+    let consumer = consumer.consumer_name()?;
+    let plan = BatchPlan::new(messages, key)?;
+    let what = plan.describe();
+    let mut engine: Engine<'_, C::Backend, T, E, R> =
+        Engine::new(consumer, &what, retries, classify);
+    let claim = Claim::Many(consumer, &plan);
+    let mut positions = Vec::new();
+    let mut step = Step::Begin;
+    let value = loop {
+        let event = match step {
+            Step::Body => {
+                let fresh: Vec<&M> = positions.iter().map(|&i| &messages[i]).collect();
+                let body = body.clone();
+                run_body(conn, async move |conn| body(conn, fresh).await).await
+            }
+            other => perform(conn, other, &claim, &mut positions).await,
+        };
+        step = match engine.next(event) {
+            Next::Do(step) => step,
+            Next::Done(result) => break result?,
+        };
+    };
+    Ok(plan.outcome(value, positions))
+}
+
+/// The async twin of [`run_once`](crate::run_once): a body that can run
+/// only once (it moves a captured value), so no retries.
+pub async fn run_once_async<C, N, K, T, E, F>(
+    conn: &mut C,
+    consumer: &N,
+    key: &K,
+    body: F,
+) -> Result<Processed<T>, E>
+where
+    C: AsyncInboxConnection,
+    C::Backend: InboxBackend,
+    N: ConsumerName + ?Sized,
+    K: InboxKey + ?Sized,
+    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> + Send, // runs once: its future must be `Send`
+    T: Send,
+    E: From<InboxError> + From<Error> + Send,
+{
+    let consumer = consumer.consumer_name()?;
+    let key = single_key(key)?;
+    let permanent = |_: &E| ErrorClass::permanent();
+    let engine = Engine::new(consumer, &key, 0, permanent);
+    let mut body = Some(body);
+    let next_body = || match body.take() {
+        Some(body) => body,
+        None => unreachable!("with retries = 0 the body runs at most once"),
+    };
+    let value = drive_one(conn, engine, &Claim::One(consumer, &key), next_body).await?;
+    Ok(value.map_or(Processed::Duplicate, Processed::Applied))
+}
+
+/// The async twin of [`migrate`](crate::migrate): creates, verifies,
+/// versions and upgrades the inbox table, with the same errors.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel::SqliteConnection;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+/// use diesel_async::{AsyncConnection, TransactionManager};
+///
+/// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+/// inbox_runtime::migrate_async(&mut conn).await?;
+/// inbox_runtime::migrate_async(&mut conn).await?; // idempotent
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+pub async fn migrate_async<C>(conn: &mut C) -> Result<(), InboxError>
+where
+    C: AsyncInboxConnection,
+    C::Backend: InboxBackend,
+{
+    conn.inbox_migrate().await
+}
+
+/// What one call claims.
+enum Claim<'a> {
+    One(&'a str, &'a str),
+    Many(&'a str, &'a BatchPlan),
+}
+
+/// Performs the engine's steps for a single message until the call is
+/// done; `next_body` gives the body of each attempt (a copy, or the one
+/// body of a call without retries).
+async fn drive_one<C, T, E, F, R>(
+    conn: &mut C,
+    mut engine: Engine<'_, C::Backend, T, E, R>,
+    claim: &Claim<'_>,
+    mut next_body: impl FnMut() -> F,
+) -> Result<Option<T>, E>
+where
+    C: AsyncInboxConnection,
+    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+    E: From<InboxError> + From<Error>,
+    R: Fn(&E) -> ErrorClass<E>,
+{
+    let mut positions = Vec::new();
+    let mut step = Step::Begin;
+    loop {
+        let event = match step {
+            Step::Body => run_body(conn, next_body()).await,
+            other => perform(conn, other, claim, &mut positions).await,
+        };
+        step = match engine.next(event) {
+            Next::Do(step) => step,
+            Next::Done(result) => return result,
+        };
+    }
+}
+
+/// Performs a step other than the body; a claim records the input
+/// positions claimed for the first time in `positions`.
+async fn perform<C, T, E>(
+    conn: &mut C,
+    step: Step,
+    claim: &Claim<'_>,
+    positions: &mut Vec<usize>,
+) -> Event<T, E>
+where
+    C: AsyncInboxConnection,
+{
+    match step {
+        Step::Begin => Event::Begun(conn.inbox_begin().await),
+        Step::Claim => {
+            let claimed = match claim {
+                Claim::One(consumer, key) => conn.inbox_claim(consumer, key).await.map(single_work),
+                Claim::Many(consumer, plan) => conn
+                    .inbox_claim_batch(consumer, &plan.distinct())
+                    .await
+                    .map(|keys| plan.applied(&keys)),
+            };
+            Event::Claimed(claimed.map(|claimed| {
+                *positions = claimed;
+                !positions.is_empty()
+            }))
+        }
+        Step::Commit(scope) => Event::Committed(conn.inbox_commit(scope).await),
+        Step::Rollback => {
+            conn.inbox_rollback().await;
+            Event::RolledBack
+        }
+        Step::Sleep(delay) => {
+            tokio::time::sleep(delay).await;
+            Event::Slept
+        }
+        Step::Body => unreachable!("the driver runs the body itself"),
+    }
+}
+
+/// Runs one attempt's body, observing its failed statements; a panic rolls
+/// back and then keeps unwinding.
+async fn run_body<C, T, E, F>(conn: &mut C, body: F) -> Event<T, E>
+where
+    C: AsyncInboxConnection,
+    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+{
+    let mark = observe::mark_async(conn);
+    let result = {
+        let mut running = std::pin::pin!(body(&mut *conn));
+        std::future::poll_fn(|cx| {
+            match panic::catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx))) {
+                Ok(Poll::Ready(result)) => Poll::Ready(Ok(result)),
+                Ok(Poll::Pending) => Poll::Pending,
+                Err(panic) => Poll::Ready(Err(panic)),
+            }
+        })
+        .await
+    };
+    match result {
+        Ok(result) => Event::Ran {
+            result,
+            failed: observe::failed_since_async(conn, mark),
+        },
+        // diesel-async does not roll back on unwind either.
+        Err(panic) => {
+            conn.inbox_rollback().await;
+            panic::resume_unwind(panic)
+        }
+    }
+}
+
+// ---- what diesel-async's own transaction manager connections share ----
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod ansi {
+    //! The transaction steps of connections with diesel-async's
+    //! `AnsiTransactionManager` (PostgreSQL, MySQL/MariaDB).
+
+    use super::Scope;
+    use diesel::connection::TransactionManagerStatus;
+    use diesel::result::Error;
+    use diesel_async::{AnsiTransactionManager, AsyncConnection, TransactionManager};
+
+    fn depth<C>(conn: &mut C) -> Result<Option<std::num::NonZeroU32>, Error>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth()
+    }
+
+    /// `BEGIN` at top level, a savepoint inside the caller's transaction.
+    pub(crate) async fn begin<C>(conn: &mut C) -> Result<Scope, (Scope, Error)>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        let scope = match depth(conn) {
+            Ok(None) => Scope::TopLevel,
+            Ok(Some(_)) => Scope::Savepoint,
+            Err(e) => return Err((Scope::TopLevel, e)),
+        };
+        AnsiTransactionManager::begin_transaction(conn)
+            .await
+            .map(|()| scope)
+            .map_err(|e| (scope, e))
+    }
+
+    pub(crate) async fn rollback<C>(conn: &mut C)
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        if !matches!(depth(conn), Ok(Some(_))) {
+            return;
+        }
+        if let Err(e) = AnsiTransactionManager::rollback_transaction(conn).await {
+            tracing::warn!(error = %e, "diesel-inbox: rollback failed");
+        }
+    }
+
+    /// Commits at top level, releases the savepoint inside the caller's
+    /// transaction (a failed top-level commit is rolled back by diesel-async).
+    pub(crate) async fn commit<C>(conn: &mut C) -> Result<(), Error>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        AnsiTransactionManager::commit_transaction(conn).await
+    }
+
+    /// Records that a top-level transaction ended by a statement the
+    /// connection's transaction manager did not send (the commit guard's
+    /// `COMMIT` on PostgreSQL).
+    pub(crate) fn ended<C>(conn: &mut C) -> Result<(), Error>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        match AnsiTransactionManager::transaction_manager_status_mut(conn) {
+            TransactionManagerStatus::Valid(status) => status.change_transaction_depth(
+                diesel::connection::TransactionDepthChange::DecreaseDepth,
+            ),
+            TransactionManagerStatus::InError => Err(Error::BrokenTransactionManager),
+        }
+    }
+}
+
+// ---- migrate on PostgreSQL and MySQL/MariaDB ----
+
+/// The steps of `migrate` a backend runs on its own async connection.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) trait AsyncMigration: AsyncConnection<Backend: InboxBackend> + Send {
+    /// What the catalog says about the table (the backend's catalog query).
+    fn catalog(&mut self) -> impl Future<Output = QueryResult<crate::backend::Catalog>> + Send;
+    /// Keeps other `migrate`s out until `unlock`.
+    fn lock(&mut self) -> impl Future<Output = Result<Scope, InboxError>> + Send;
+    /// Ends what `lock` began: keeps the changes when `keep`, else undoes
+    /// what it can.
+    fn unlock(
+        &mut self,
+        scope: Scope,
+        keep: bool,
+    ) -> impl Future<Output = Result<(), InboxError>> + Send;
+}
+
+/// [`migrate`](crate::migrate)'s sequence on an async connection: the same
+/// plan and checks (`backend::migration_sql`, `backend::verify_migrated`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn migrate_in_steps<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxError> {
+    use crate::backend::migration_sql;
+    let open = matches!(
+        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    );
+    if <C::Backend as InboxBackend>::DDL_COMMITS && open {
+        return Err(InboxError::MigrationInTransaction);
+    }
+    if migration_sql::<C::Backend>(&conn.catalog().await?)?.is_none() {
+        return Ok(());
+    }
+    let scope = conn.lock().await?;
+    let applied = apply_migration(conn).await;
+    let unlocked = conn.unlock(scope, applied.is_ok()).await;
+    applied.and(unlocked)
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn apply_migration<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxError> {
+    use crate::backend::{migration_sql, verify_migrated};
+    if let Some(sql) = migration_sql::<C::Backend>(&conn.catalog().await?)? {
+        conn.batch_execute(&sql)
+            .await
+            .map_err(InboxError::MigrationFailed)?;
+        verify_migrated::<C::Backend>(&conn.catalog().await?)?;
+    }
+    Ok(())
+}
