@@ -197,8 +197,8 @@ pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
     consumers, ddl, inbox_messages, migrate, run, run_batch, run_once, schema_version,
-    validate_key, Batch, ConsumerName, ErrorClass, ErrorObserver, InboxBackend, InboxError,
-    InboxKey, InvalidKey, Processed, RegisteredHandler, RetryableError, TableProblem,
+    validate_key, Batch, ConsumerName, ErrorClass, ErrorObserver, InboxBackend, InboxConnection,
+    InboxError, InboxKey, InvalidKey, Processed, RegisteredHandler, RetryableError, TableProblem,
     MAX_KEY_BYTES, SCHEMA_VERSION,
 };
 

@@ -11,13 +11,23 @@ fn ui() {
     cases.compile_fail("tests/ui/fail/*.rs");
 }
 
-/// Errors whose text lists the supported backends, which depends on the
-/// enabled features: pinned with every backend on.
+/// Errors that depend on the enabled features (they list every backend, or
+/// concern async handlers): pinned with every feature on.
 #[test]
 #[cfg_attr(
-    not(all(feature = "postgres", feature = "mysql")),
-    ignore = "tests/ui/fail-all-backends pins errors that list every backend: cargo test --all-features"
+    not(all(feature = "postgres", feature = "mysql", feature = "async")),
+    ignore = "tests/ui/fail-all-features pins errors that depend on every feature: cargo test --all-features"
 )]
-fn ui_with_every_backend() {
-    trybuild::TestCases::new().compile_fail("tests/ui/fail-all-backends/*.rs");
+fn ui_with_every_feature() {
+    trybuild::TestCases::new().compile_fail("tests/ui/fail-all-features/*.rs");
+}
+
+/// An `async fn` handler without the `async` feature.
+#[test]
+#[cfg_attr(
+    feature = "async",
+    ignore = "tests/ui/fail-default-features pins the error of a build without the `async` feature"
+)]
+fn ui_without_the_async_feature() {
+    trybuild::TestCases::new().compile_fail("tests/ui/fail-default-features/*.rs");
 }

@@ -72,7 +72,11 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     //         and `.await`.
     let asyncness = sig.asyncness.is_some();
     let (closure, awaited, suffix) = if asyncness {
-        (quote!(async), quote!(.await), "_async")
+        (
+            quote!(async),
+            quote_spanned!(output_span=> .await),
+            "_async",
+        )
     } else {
         (quote!(), quote!(), "")
     };

@@ -165,10 +165,11 @@ pub async fn run_async<C, N, K, T, E, F, R>(
 ) -> Result<Processed<T>, E>
 where
     C: AsyncInboxConnection,
-    C::Backend: InboxBackend,
     N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
-    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> + Clone + Send, // reruns on a retry, so it is `Clone` (clone what the body moves, or set `retries = 0`); its future must be `Send`: hold no `Rc`, `RefCell` borrow or sync `MutexGuard` across an `.await`
+    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across an .await
+        + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
+        + Send,
     T: Send,
     E: From<InboxError> + From<Error> + Send,
     R: Fn(&E) -> ErrorClass<E> + Send,
@@ -216,10 +217,11 @@ pub async fn run_batch_async<C, N, M, T, E, F, R>(
 ) -> Result<Batch<T>, E>
 where
     C: AsyncInboxConnection,
-    C::Backend: InboxBackend,
     N: ConsumerName + ?Sized,
     M: Sync,
-    for<'c, 'm> F: AsyncBatchBody<&'c mut C, Vec<&'m M>, Result<T, E>, Fut: Send> + Clone + Send, // reruns on a retry, so it is `Clone` (clone what the body moves, or set `retries = 0`); its future must be `Send`
+    for<'c, 'm> F: AsyncBatchBody<&'c mut C, Vec<&'m M>, Result<T, E>, Fut: Send> // no Rc across .await
+        + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
+        + Send,
     T: Send,
     E: From<InboxError> + From<Error> + Send,
     R: Fn(&E) -> ErrorClass<E> + Send,
@@ -259,10 +261,10 @@ pub async fn run_once_async<C, N, K, T, E, F>(
 ) -> Result<Processed<T>, E>
 where
     C: AsyncInboxConnection,
-    C::Backend: InboxBackend,
     N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
-    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> + Send, // runs once: its future must be `Send`
+    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across an .await
+        + Send,
     T: Send,
     E: From<InboxError> + From<Error> + Send,
 {
@@ -301,7 +303,6 @@ where
 pub async fn migrate_async<C>(conn: &mut C) -> Result<(), InboxError>
 where
     C: AsyncInboxConnection,
-    C::Backend: InboxBackend,
 {
     conn.inbox_migrate().await
 }

@@ -58,7 +58,7 @@ pub use processed::{Batch, Processed};
 pub use registry::{consumers, ConsumerName, RegisteredHandler};
 pub use retry::{ErrorClass, RetryableError};
 pub use schema::inbox_messages;
-pub use transaction::{run, run_batch, run_once};
+pub use transaction::{run, run_batch, run_once, InboxConnection};
 
 /// Not a stable API: what `#[idempotent]` expands to calls these. Items here
 /// change without notice between patch releases.
@@ -71,6 +71,66 @@ pub mod __private {
     pub use crate::transaction::{run, run_batch, run_once};
     use crate::InboxKey;
     pub use inventory;
+    #[cfg(not(feature = "async"))]
+    pub use without_async::{run_async, run_batch_async, run_once_async};
+
+    /// Stand-ins for the async runtime when the `async` feature is off: an
+    /// `async fn` handler then fails to compile with one error that says so.
+    #[cfg(not(feature = "async"))]
+    mod without_async {
+        use crate::{Batch, Processed};
+
+        #[diagnostic::on_unimplemented(
+            message = "`async fn` handlers need the `async` feature of diesel-inbox",
+            label = "this handler is an `async fn`",
+            note = "enable it: diesel-inbox = {{ version = \"0.1\", features = [\"async\", \"postgres\"] }} (with your backend), or make the handler a sync `fn` on a sync diesel connection"
+        )]
+        pub trait AsyncFeatureEnabled {}
+
+        pub async fn run_async<C, N: ?Sized, K: ?Sized, T, E, F, R>(
+            _: &mut C,
+            _: &N,
+            _: &K,
+            _: u32,
+            _: F,
+            _: R,
+        ) -> Result<Processed<T>, E>
+        where
+            C: AsyncFeatureEnabled,
+            F: AsyncFnOnce(&mut C) -> Result<T, E>,
+        {
+            unreachable!("never implemented")
+        }
+
+        pub async fn run_once_async<C, N: ?Sized, K: ?Sized, T, E, F>(
+            _: &mut C,
+            _: &N,
+            _: &K,
+            _: F,
+        ) -> Result<Processed<T>, E>
+        where
+            C: AsyncFeatureEnabled,
+            F: AsyncFnOnce(&mut C) -> Result<T, E>,
+        {
+            unreachable!("never implemented")
+        }
+
+        pub async fn run_batch_async<C, N: ?Sized, M, T, E, F, R>(
+            _: &mut C,
+            _: &N,
+            _: &[M],
+            _: impl Fn(&M) -> String,
+            _: u32,
+            _: F,
+            _: R,
+        ) -> Result<Batch<T>, E>
+        where
+            C: AsyncFeatureEnabled,
+            F: AsyncFnOnce(&mut C, Vec<&M>) -> Result<T, E>,
+        {
+            unreachable!("never implemented")
+        }
+    }
 
     /// The key of a body that can run only once, taken before the body moves
     /// the value it came from.

@@ -16,6 +16,37 @@ use std::panic::{self, AssertUnwindSafe};
 
 pub(crate) use crate::engine::Scope;
 
+/// A sync diesel connection the inbox runs on: `PgConnection`,
+/// `MysqlConnection`, `SqliteConnection`, or any connection with diesel's
+/// `AnsiTransactionManager` on one of those backends. Implemented for every
+/// such connection; a generic handler can bound its connection with it.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::{idempotent, InboxConnection};
+///
+/// #[idempotent(key = "id")]
+/// fn handle<C: InboxConnection>(conn: &mut C, id: i64) -> QueryResult<i64> {
+///     Ok(id)
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a connection diesel-inbox can run a sync handler on",
+    label = "not a diesel connection of a supported backend",
+    note = "a sync `fn` handler takes `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection` (for a pooled one, pass `&mut pooled`); an async connection (`AsyncPgConnection`, ...) goes with an `async fn` handler (feature `async`); a `#[derive(MultiConnection)]` enum is not supported"
+)]
+pub trait InboxConnection:
+    Connection<TransactionManager = AnsiTransactionManager, Backend: InboxBackend>
+{
+}
+
+impl<C> InboxConnection for C
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+}
+
 /// Opens a transaction with the backend's `BEGIN` (SQLite: `BEGIN IMMEDIATE`,
 /// so a writer takes the lock up front instead of failing at its first write),
 /// or a savepoint when the caller already has a transaction open.
@@ -130,8 +161,7 @@ pub fn run<C, N, K, T, E, F, R>(
     classify: R,
 ) -> Result<Processed<T>, E>
 where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
+    C: InboxConnection,
     N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
     F: FnMut(&mut C) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
@@ -188,8 +218,7 @@ pub fn run_batch<C, N, M, T, E, F, R>(
     classify: R,
 ) -> Result<Batch<T>, E>
 where
-    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
+    C: InboxConnection + LoadConnection,
     N: ConsumerName + ?Sized,
     F: FnMut(&mut C, Vec<&M>) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
     R: Fn(&E) -> ErrorClass<E>,
@@ -303,8 +332,7 @@ pub fn run_once<C, N, K, T, E, F>(
     body: F,
 ) -> Result<Processed<T>, E>
 where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
+    C: InboxConnection,
     N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
     F: FnOnce(&mut C) -> Result<T, E>,
