@@ -4,6 +4,7 @@
 //! registry is the same for every backend; these tests use SQLite.
 #![cfg(feature = "sqlite")]
 
+#[path = "common/basics.rs"]
 mod common;
 
 use diesel::connection::SimpleConnection;

@@ -2,6 +2,7 @@
 //! (the README's "Tracing" section states these results).
 #![cfg(feature = "sqlite")]
 
+#[path = "common/basics.rs"]
 mod common;
 
 use diesel::prelude::*;

@@ -4,7 +4,6 @@
 //! as ignored.
 #![cfg_attr(not(feature = "mysql"), allow(unused))]
 
-#[macro_use]
 mod common;
 
 #[cfg(not(feature = "mysql"))]
@@ -17,6 +16,7 @@ fn mysql_suite_needs_its_feature() {
 #[cfg(feature = "mysql")]
 mod suite {
     use super::common;
+    use common::backend::TestBackend;
     use common::TestDb;
 
     use diesel::connection::SimpleConnection;
@@ -53,21 +53,89 @@ mod suite {
 
     /// A statement that fails as a deadlock victim (or a Galera
     /// certification loser) does: error 1213.
-    fn fail_transiently(conn: &mut MysqlConnection) -> diesel::QueryResult<()> {
-        conn.batch_execute(
-            "SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, \
-             MESSAGE_TEXT = 'Deadlock found when trying to get lock; try restarting transaction'",
-        )
+    const FAIL_TRANSIENTLY: &str = "SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, \
+         MESSAGE_TEXT = 'Deadlock found when trying to get lock; try restarting transaction'";
+
+    /// MySQL/MariaDB; its async connections come from a deadpool pool.
+    pub struct Mysql;
+
+    #[cfg(feature = "async")]
+    type AsyncMysql = diesel_async::AsyncMysqlConnection;
+
+    impl TestBackend for Mysql {
+        type Conn = MysqlConnection;
+        #[cfg(feature = "async")]
+        type AsyncConn = AsyncMysql;
+        #[cfg(feature = "async")]
+        type Pool = diesel_async::pooled_connection::deadpool::Pool<AsyncMysql>;
+        #[cfg(feature = "async")]
+        type Pooled = diesel_async::pooled_connection::deadpool::Object<AsyncMysql>;
+
+        fn prepare(test: &str) -> Option<TestDb> {
+            prepare(test)
+        }
+
+        fn fresh(test: &str) -> Option<TestDb> {
+            fresh(test)
+        }
+
+        fn open(url: &str) -> MysqlConnection {
+            open(url)
+        }
+
+        #[cfg(feature = "async")]
+        fn pool(url: &str) -> Self::Pool {
+            let manager =
+                diesel_async::pooled_connection::AsyncDieselConnectionManager::<AsyncMysql>::new(
+                    url,
+                );
+            diesel_async::pooled_connection::deadpool::Pool::builder(manager)
+                .max_size(16)
+                .build()
+                .expect("a pool")
+        }
+
+        #[cfg(feature = "async")]
+        async fn pooled(pool: &Self::Pool) -> Self::Pooled {
+            pool.get().await.expect("a pooled connection")
+        }
+
+        fn fail_transiently(conn: &mut MysqlConnection) -> diesel::QueryResult<()> {
+            conn.batch_execute(FAIL_TRANSIENTLY)
+        }
+
+        #[cfg(feature = "async")]
+        async fn fail_transiently_async(conn: &mut AsyncMysql) -> diesel::QueryResult<()> {
+            diesel_async::SimpleAsyncConnection::batch_execute(conn, FAIL_TRANSIENTLY).await
+        }
+
+        /// MySQL and MariaDB check foreign keys at once, never at COMMIT.
+        const DEFERRED_FK: Option<(&'static str, &'static str)> = None;
+
+        crate::data_access!(MysqlConnection);
     }
 
-    /// MySQL and MariaDB check foreign keys at once, never at COMMIT.
-    const DEFERRED_FK: Option<(&str, &str)> = None;
+    mod sync {
+        crate::contract_tests!(
+            crate::common::modes::Sync<crate::suite::Mysql>,
+            runs_if = inbox_test_mysql,
+            else_ignored = "INBOX_TEST_MYSQL_URL was not set when the tests were built: set it to a MySQL/MariaDB database that exists (e.g. mysql://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test) and run cargo test --all-features"
+        );
+        crate::sync_tests!(
+            crate::suite::Mysql,
+            runs_if = inbox_test_mysql,
+            else_ignored = "INBOX_TEST_MYSQL_URL was not set when the tests were built: set it to a MySQL/MariaDB database that exists (e.g. mysql://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test) and run cargo test --all-features"
+        );
+    }
 
-    inbox_suite!(
-        MysqlConnection, prepare, open, fresh, fail_transiently, DEFERRED_FK,
-        runs_if = inbox_test_mysql,
-        else_ignored = "INBOX_TEST_MYSQL_URL was not set when the tests were built: set it to a MySQL/MariaDB database that exists (e.g. mysql://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test) and run cargo test --all-features"
-    );
+    #[cfg(feature = "async")]
+    mod asynchronous {
+        crate::contract_tests!(
+            crate::common::modes::Async<crate::suite::Mysql>,
+            runs_if = inbox_test_mysql,
+            else_ignored = "INBOX_TEST_MYSQL_URL was not set when the tests were built: set it to a MySQL/MariaDB database that exists (e.g. mysql://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test) and run cargo test --all-features"
+        );
+    }
 
     mod schema {
         use super::{fresh, open};
@@ -275,6 +343,7 @@ mod suite {
         ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
     )]
     fn a_swallowed_deadlock_is_not_reported_as_applied() {
+        use diesel::prelude::*;
         let Some(url) = prepare("swallowed_deadlock") else {
             return;
         };

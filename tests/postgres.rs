@@ -4,7 +4,6 @@
 //! as ignored.
 #![cfg_attr(not(feature = "postgres"), allow(unused))]
 
-#[macro_use]
 mod common;
 
 #[cfg(not(feature = "postgres"))]
@@ -17,6 +16,7 @@ fn postgres_suite_needs_its_feature() {
 #[cfg(feature = "postgres")]
 mod suite {
     use super::common;
+    use common::backend::TestBackend;
     use common::TestDb;
 
     use diesel::connection::SimpleConnection;
@@ -30,12 +30,12 @@ mod suite {
         common::shared_server_database(&READY, URL_VAR, common::POSTGRES_HINT, open)
     }
 
-    fn open(url: &str) -> PgConnection {
+    pub(crate) fn open(url: &str) -> PgConnection {
         common::connected(URL_VAR, PgConnection::establish(url))
     }
 
     /// An empty schema of its own: the URL sets its `search_path`.
-    fn fresh(test: &str) -> Option<TestDb> {
+    pub(crate) fn fresh(test: &str) -> Option<TestDb> {
         let url = prepare(test)?.url.clone();
         let schema = common::unique_identifier(test);
         open(&url)
@@ -54,24 +54,93 @@ mod suite {
     }
 
     /// A statement that fails as a deadlock victim does (SQLSTATE 40P01).
-    fn fail_transiently(conn: &mut PgConnection) -> diesel::QueryResult<()> {
-        conn.batch_execute(
-            "DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$",
-        )
+    const FAIL_TRANSIENTLY: &str =
+        "DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$";
+
+    /// PostgreSQL; its async connections come from a bb8 pool (the other
+    /// backends use deadpool, so both pool crates are covered).
+    pub struct Postgres;
+
+    #[cfg(feature = "async")]
+    type AsyncPg = diesel_async::AsyncPgConnection;
+    #[cfg(feature = "async")]
+    type Manager = diesel_async::pooled_connection::AsyncDieselConnectionManager<AsyncPg>;
+
+    impl TestBackend for Postgres {
+        type Conn = PgConnection;
+        #[cfg(feature = "async")]
+        type AsyncConn = AsyncPg;
+        #[cfg(feature = "async")]
+        type Pool = diesel_async::pooled_connection::bb8::Pool<AsyncPg>;
+        #[cfg(feature = "async")]
+        type Pooled = diesel_async::pooled_connection::bb8::PooledConnection<'static, AsyncPg>;
+
+        fn prepare(test: &str) -> Option<TestDb> {
+            prepare(test)
+        }
+
+        fn fresh(test: &str) -> Option<TestDb> {
+            fresh(test)
+        }
+
+        fn open(url: &str) -> PgConnection {
+            open(url)
+        }
+
+        #[cfg(feature = "async")]
+        fn pool(url: &str) -> Self::Pool {
+            // bb8 starts its reaper on the current runtime.
+            let _runtime = common::modes::runtime().enter();
+            diesel_async::pooled_connection::bb8::Pool::builder()
+                .max_size(16)
+                .build_unchecked(Manager::new(url))
+        }
+
+        #[cfg(feature = "async")]
+        async fn pooled(pool: &Self::Pool) -> Self::Pooled {
+            pool.get_owned().await.expect("a pooled connection")
+        }
+
+        fn fail_transiently(conn: &mut PgConnection) -> diesel::QueryResult<()> {
+            conn.batch_execute(FAIL_TRANSIENTLY)
+        }
+
+        #[cfg(feature = "async")]
+        async fn fail_transiently_async(conn: &mut AsyncPg) -> diesel::QueryResult<()> {
+            diesel_async::SimpleAsyncConnection::batch_execute(conn, FAIL_TRANSIENTLY).await
+        }
+
+        const DEFERRED_FK: Option<(&'static str, &'static str)> = Some((
+            "SELECT 1",
+            "CREATE TABLE inbox_test_parent (id BIGINT PRIMARY KEY); \
+             CREATE TABLE inbox_test_child (parent_id BIGINT NOT NULL \
+               REFERENCES inbox_test_parent (id) DEFERRABLE INITIALLY DEFERRED);",
+        ));
+
+        crate::data_access!(PgConnection);
     }
 
-    const DEFERRED_FK: Option<(&str, &str)> = Some((
-        "SELECT 1",
-        "CREATE TABLE inbox_test_parent (id BIGINT PRIMARY KEY); \
-         CREATE TABLE inbox_test_child (parent_id BIGINT NOT NULL \
-           REFERENCES inbox_test_parent (id) DEFERRABLE INITIALLY DEFERRED);",
-    ));
+    mod sync {
+        crate::contract_tests!(
+            crate::common::modes::Sync<crate::suite::Postgres>,
+            runs_if = inbox_test_postgres,
+            else_ignored = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test) and run cargo test --all-features"
+        );
+        crate::sync_tests!(
+            crate::suite::Postgres,
+            runs_if = inbox_test_postgres,
+            else_ignored = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test) and run cargo test --all-features"
+        );
+    }
 
-    inbox_suite!(
-        PgConnection, prepare, open, fresh, fail_transiently, DEFERRED_FK,
-        runs_if = inbox_test_postgres,
-        else_ignored = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test) and run cargo test --all-features"
-    );
+    #[cfg(feature = "async")]
+    mod asynchronous {
+        crate::contract_tests!(
+            crate::common::modes::Async<crate::suite::Postgres>,
+            runs_if = inbox_test_postgres,
+            else_ignored = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test) and run cargo test --all-features"
+        );
+    }
 
     mod schema {
         use super::{fresh, open};

@@ -1,11 +1,14 @@
-//! The behaviour suite on embedded SQLite (always runs). Denies warnings and
-//! clippy lints: code that uses `#[idempotent]` stays clean under them.
+//! The behaviour tests on embedded SQLite (always run): the contract for sync
+//! handlers (and, with the `async` feature, for async ones on
+//! `SyncConnectionWrapper<SqliteConnection>` from a deadpool pool), the
+//! sync-only tests, and `migrate` against existing tables. Denies warnings
+//! and clippy lints: code that uses `#[idempotent]` stays clean under them.
 #![cfg(feature = "sqlite")]
 #![deny(warnings, clippy::all)]
 
-#[macro_use]
 mod common;
 
+use common::backend::TestBackend;
 use common::TestDb;
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, SqliteConnection};
@@ -31,15 +34,13 @@ fn discard(path: &str) {
     }
 }
 
-/// A database file of its own for each test, with the tables in place.
-fn prepare(test: &str) -> Option<TestDb> {
-    let path = fresh(test)?;
-    let mut conn = open(&path);
-    diesel_inbox::migrate(&mut conn).expect("migrate");
-    conn.batch_execute(common::EFFECTS_DDL)
-        .expect("effects table");
-    conn.batch_execute(BUSY_DDL).expect("busy table");
-    Some(path)
+/// Each connection waits on a busy database file rather than failing.
+const PRAGMAS: &str = "PRAGMA busy_timeout = 10000; PRAGMA synchronous = NORMAL;";
+
+fn open(path: &str) -> SqliteConnection {
+    let mut conn = SqliteConnection::establish(path).expect("open sqlite file");
+    conn.batch_execute(PRAGMAS).expect("pragmas");
+    conn
 }
 
 /// A table whose inserts fail with SQLite's busy message (the error of a
@@ -47,36 +48,111 @@ fn prepare(test: &str) -> Option<TestDb> {
 const BUSY_DDL: &str = "CREATE TABLE inbox_test_busy (x INTEGER); \
     CREATE TRIGGER inbox_test_busy_raise BEFORE INSERT ON inbox_test_busy \
     BEGIN SELECT RAISE(ABORT, 'database is locked'); END;";
+const FAIL_TRANSIENTLY: &str = "INSERT INTO inbox_test_busy VALUES (1)";
 
-fn fail_transiently(conn: &mut SqliteConnection) -> diesel::QueryResult<()> {
-    conn.batch_execute("INSERT INTO inbox_test_busy VALUES (1)")
+/// SQLite, a database file per test.
+pub struct Sqlite;
+
+#[cfg(feature = "async")]
+type AsyncSqlite = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<SqliteConnection>;
+
+impl TestBackend for Sqlite {
+    type Conn = SqliteConnection;
+    #[cfg(feature = "async")]
+    type AsyncConn = AsyncSqlite;
+
+    /// A database file of its own for each test, with the tables in place.
+    fn prepare(test: &str) -> Option<TestDb> {
+        let path = fresh(test)?;
+        let mut conn = open(&path);
+        diesel_inbox::migrate(&mut conn).expect("migrate");
+        conn.batch_execute(common::EFFECTS_DDL)
+            .expect("effects table");
+        conn.batch_execute(BUSY_DDL).expect("busy table");
+        Some(path)
+    }
+
+    fn fresh(test: &str) -> Option<TestDb> {
+        fresh(test)
+    }
+
+    fn open(url: &str) -> SqliteConnection {
+        open(url)
+    }
+
+    #[cfg(feature = "async")]
+    type Pool = diesel_async::pooled_connection::deadpool::Pool<AsyncSqlite>;
+    #[cfg(feature = "async")]
+    type Pooled = diesel_async::pooled_connection::deadpool::Object<AsyncSqlite>;
+
+    #[cfg(feature = "async")]
+    async fn pooled(pool: &Self::Pool) -> Self::Pooled {
+        pool.get().await.expect("a pooled connection")
+    }
+
+    #[cfg(feature = "async")]
+    fn pool(url: &str) -> Self::Pool {
+        use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+        use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+        let mut config = ManagerConfig::default();
+        config.custom_setup = Box::new(|url| {
+            let url = url.to_string();
+            Box::pin(async move {
+                let mut conn = AsyncSqlite::establish(&url).await?;
+                conn.batch_execute(PRAGMAS)
+                    .await
+                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                Ok(conn)
+            })
+        });
+        let manager = AsyncDieselConnectionManager::new_with_config(url, config);
+        diesel_async::pooled_connection::deadpool::Pool::builder(manager)
+            .max_size(16)
+            .build()
+            .expect("a pool")
+    }
+
+    fn fail_transiently(conn: &mut SqliteConnection) -> diesel::QueryResult<()> {
+        conn.batch_execute(FAIL_TRANSIENTLY)
+    }
+
+    #[cfg(feature = "async")]
+    async fn fail_transiently_async(conn: &mut AsyncSqlite) -> diesel::QueryResult<()> {
+        diesel_async::SimpleAsyncConnection::batch_execute(conn, FAIL_TRANSIENTLY).await
+    }
+
+    /// Foreign keys are off by default in SQLite; a deferred one is checked at COMMIT.
+    const DEFERRED_FK: Option<(&'static str, &'static str)> = Some((
+        "PRAGMA foreign_keys = ON",
+        "CREATE TABLE inbox_test_parent (id BIGINT PRIMARY KEY); \
+         CREATE TABLE inbox_test_child (parent_id BIGINT NOT NULL \
+           REFERENCES inbox_test_parent (id) DEFERRABLE INITIALLY DEFERRED);",
+    ));
+
+    crate::data_access!(SqliteConnection);
 }
 
-/// Foreign keys are off by default in SQLite; a deferred one is checked at COMMIT.
-const DEFERRED_FK: Option<(&str, &str)> = Some((
-    "PRAGMA foreign_keys = ON",
-    "CREATE TABLE inbox_test_parent (id BIGINT PRIMARY KEY); \
-     CREATE TABLE inbox_test_child (parent_id BIGINT NOT NULL \
-       REFERENCES inbox_test_parent (id) DEFERRABLE INITIALLY DEFERRED);",
-));
-
-fn open(path: &str) -> SqliteConnection {
-    let mut conn = SqliteConnection::establish(path).expect("open sqlite file");
-    conn.batch_execute("PRAGMA busy_timeout = 10000; PRAGMA synchronous = NORMAL;")
-        .expect("pragmas");
-    conn
+mod sync {
+    crate::contract_tests!(
+        crate::common::modes::Sync<crate::Sqlite>,
+        runs_if = all(),
+        else_ignored = "never: SQLite is embedded"
+    );
+    crate::sync_tests!(
+        crate::Sqlite,
+        runs_if = all(),
+        else_ignored = "never: SQLite is embedded"
+    );
 }
 
-inbox_suite!(
-    SqliteConnection,
-    prepare,
-    open,
-    fresh,
-    fail_transiently,
-    DEFERRED_FK,
-    runs_if = all(),
-    else_ignored = "never: SQLite is embedded"
-);
+#[cfg(feature = "async")]
+mod asynchronous {
+    crate::contract_tests!(
+        crate::common::modes::Async<crate::Sqlite>,
+        runs_if = all(),
+        else_ignored = "never: SQLite is embedded"
+    );
+}
 
 mod schema {
     use super::{common, fresh, open};

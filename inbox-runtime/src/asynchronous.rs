@@ -13,7 +13,7 @@ use crate::processed::{Batch, Processed};
 use crate::registry::ConsumerName;
 use crate::retry::ErrorClass;
 use diesel::result::{Error, QueryResult};
-use diesel_async::{AsyncConnection, TransactionManager};
+use diesel_async::AsyncConnection;
 use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
 use std::task::Poll;
@@ -421,7 +421,6 @@ pub(crate) mod ansi {
     //! `AnsiTransactionManager` (PostgreSQL, MySQL/MariaDB).
 
     use super::Scope;
-    use diesel::connection::TransactionManagerStatus;
     use diesel::result::Error;
     use diesel_async::{AnsiTransactionManager, AsyncConnection, TransactionManager};
 
@@ -472,15 +471,19 @@ pub(crate) mod ansi {
     /// Records that a top-level transaction ended by a statement the
     /// connection's transaction manager did not send (the commit guard's
     /// `COMMIT` on PostgreSQL).
+    #[cfg(feature = "postgres")]
     pub(crate) fn ended<C>(conn: &mut C) -> Result<(), Error>
     where
         C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
     {
         match AnsiTransactionManager::transaction_manager_status_mut(conn) {
-            TransactionManagerStatus::Valid(status) => status.change_transaction_depth(
-                diesel::connection::TransactionDepthChange::DecreaseDepth,
-            ),
-            TransactionManagerStatus::InError => Err(Error::BrokenTransactionManager),
+            diesel::connection::TransactionManagerStatus::Valid(status) => status
+                .change_transaction_depth(
+                    diesel::connection::TransactionDepthChange::DecreaseDepth,
+                ),
+            diesel::connection::TransactionManagerStatus::InError => {
+                Err(Error::BrokenTransactionManager)
+            }
         }
     }
 }

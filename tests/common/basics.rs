@@ -1,0 +1,260 @@
+//! What every test binary shares: the business table, unique run ids,
+//! test databases, server URLs and captured `tracing` events. Binaries
+//! that define handlers of their own (`consumers.rs`, `instrument.rs`)
+//! include only this file, so that the suite's handlers do not join their
+//! registry of consumers.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+
+diesel::table! {
+    /// The "business" table of the tests: one row per applied message.
+    inbox_test_effects (run_id, message_key) {
+        run_id -> Text,
+        message_key -> Text,
+        amount -> BigInt,
+    }
+}
+
+/// Portable DDL for the business table (no unique key: a double apply must
+/// show up as two rows, not as an error).
+pub const EFFECTS_DDL: &str = "CREATE TABLE IF NOT EXISTS inbox_test_effects (\
+    run_id VARCHAR(64) NOT NULL, message_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)";
+
+/// A test database's URL (or SQLite path); removes the database when
+/// dropped if it belongs to this test alone.
+pub struct TestDb {
+    pub url: String,
+    pub discard: Option<fn(&str)>,
+}
+
+impl TestDb {
+    /// A database shared by the tests of this process (kept).
+    pub fn shared(url: String) -> Self {
+        TestDb { url, discard: None }
+    }
+
+    /// A database of this test alone (removed at the end).
+    pub fn owned(url: String, discard: fn(&str)) -> Self {
+        TestDb {
+            url,
+            discard: Some(discard),
+        }
+    }
+}
+
+impl std::ops::Deref for TestDb {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(discard) = self.discard {
+            discard(&self.url);
+        }
+    }
+}
+
+/// A prefix no other test, thread or earlier run uses.
+pub fn unique_run_id(test: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{test}-{}-{nanos:x}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// [`unique_run_id`] as an SQL identifier (schema or database name).
+pub fn unique_identifier(test: &str) -> String {
+    unique_run_id(test)
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The server database named by `var`, with the inbox and business tables
+/// created once per process (`ready` remembers it); `None`, and one line
+/// saying so, when the variable is unset.
+pub fn shared_server_database<C>(
+    ready: &'static std::sync::OnceLock<Option<String>>,
+    var: &str,
+    hint: &str,
+    open: fn(&str) -> C,
+) -> Option<TestDb>
+where
+    C: diesel::connection::LoadConnection<
+        TransactionManager = diesel::connection::AnsiTransactionManager,
+    >,
+    C::Backend: diesel_inbox::InboxBackend,
+{
+    ready
+        .get_or_init(|| {
+            let url = server_url(var, hint)?;
+            let mut conn = open(&url);
+            diesel_inbox::migrate(&mut conn).expect("migrate");
+            conn.batch_execute(EFFECTS_DDL).expect("effects table");
+            Some(url)
+        })
+        .clone()
+        .map(TestDb::shared)
+}
+
+/// A base for integer keys that earlier runs did not use.
+pub fn unique_int_base() -> i64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    // Room for a million keys per test under one base.
+    // Microseconds modulo 10^12, times 10^6: at most 10^18 < i64::MAX.
+    i64::try_from(nanos / 1000 % 1_000_000_000_000).unwrap_or(1) * 1_000_000
+}
+
+/// How to run the PostgreSQL suites; the README and `.ci/run` name the same
+/// variable, role and database.
+pub const POSTGRES_HINT: &str = "set INBOX_TEST_POSTGRES_URL=postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test and run cargo test --all-features; the role and the database must exist (bash .ci/run creates both)";
+
+/// How to run the MySQL/MariaDB suites.
+pub const MYSQL_HINT: &str = "set INBOX_TEST_MYSQL_URL=mysql://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test and run cargo test --all-features; the user and the database must exist (bash .ci/run creates both)";
+
+/// The URL in `var`, or `None` after one line saying the tests were skipped
+/// and how to run them.
+pub fn server_url(var: &str, hint: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            skipped(&format!("{var} is not set; {hint}"));
+            None
+        }
+    }
+}
+
+/// A connection, or a panic that says what is wrong: a database that does
+/// not exist is not an unreachable server.
+pub fn connected<C>(var: &str, result: diesel::ConnectionResult<C>) -> C {
+    result.unwrap_or_else(|error| {
+        let text = error.to_string();
+        if text.contains("does not exist") || text.contains("Unknown database") {
+            panic!("{var} names a database that does not exist ({text}); create it first (bash .ci/run creates it)")
+        }
+        panic!("{var} is set but the server refused or did not answer: {text}")
+    })
+}
+
+/// Says, past libtest's output capture, that tests were skipped.
+pub fn skipped(why: &str) {
+    use std::io::Write;
+    // `eprintln!` is captured (and hidden) for passing tests; the raw handle is not.
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}
+
+/// Runs `f` and returns what it returned with the WARN and ERROR events it
+/// logged through `tracing` (on this thread), each as "field=value ...".
+pub fn warnings_during<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    let (value, events) = events_during(f);
+    let warnings = events
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::WARN || e.level == tracing::Level::ERROR)
+        .map(|e| e.fields)
+        .collect();
+    (value, warnings)
+}
+
+/// One `tracing` event: its level, the span it happened in (if any) and its
+/// fields as "field=value ...".
+#[derive(Debug, Clone)]
+pub struct LoggedEvent {
+    pub level: tracing::Level,
+    pub span: Option<&'static str>,
+    pub fields: String,
+}
+
+/// Runs `f` and returns what it returned with every `tracing` event it
+/// logged on this thread, and how many spans it opened, by name.
+pub fn events_during<T>(f: impl FnOnce() -> T) -> (T, Vec<LoggedEvent>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata};
+
+    #[derive(Default)]
+    struct Collector {
+        events: Mutex<Vec<LoggedEvent>>,
+        spans: Mutex<Vec<&'static str>>,
+        current: Mutex<Vec<u64>>,
+        next: AtomicU64,
+    }
+
+    struct Fields(String);
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={value:?} ", field.name()));
+        }
+    }
+
+    impl tracing::Subscriber for Collector {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, attributes: &Attributes<'_>) -> Id {
+            let id = self.next.fetch_add(1, Ordering::SeqCst);
+            if let Ok(mut spans) = self.spans.lock() {
+                spans.push(attributes.metadata().name());
+            }
+            Id::from_u64(id + 1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            let span = self.current.lock().ok().and_then(|current| {
+                let id = *current.last()?;
+                self.spans.lock().ok()?.get(id as usize - 1).copied()
+            });
+            if let Ok(mut events) = self.events.lock() {
+                events.push(LoggedEvent {
+                    level: *event.metadata().level(),
+                    span,
+                    fields: fields.0,
+                });
+            }
+        }
+        fn enter(&self, id: &Id) {
+            if let Ok(mut current) = self.current.lock() {
+                current.push(id.into_u64());
+            }
+        }
+        fn exit(&self, _: &Id) {
+            if let Ok(mut current) = self.current.lock() {
+                current.pop();
+            }
+        }
+    }
+
+    let collector = Arc::new(Collector::default());
+    let value = tracing::subscriber::with_default(collector.clone(), f);
+    let events = collector
+        .events
+        .lock()
+        .map(|e| e.clone())
+        .unwrap_or_default();
+    (value, events)
+}

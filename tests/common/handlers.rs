@@ -1,0 +1,307 @@
+//! The handlers of the behaviour contract, once as sync `fn`s and once as
+//! `async fn`s, each generic over the backend. The two modules hold the
+//! same handlers under the same consumer names (`shared`: one test binary
+//! holds both).
+
+use super::backend::{Msg, TestBackend};
+use diesel_inbox::{idempotent, InboxError};
+
+/// The README's kind of error type: only `Debug`, no `RetryableError`.
+#[derive(Debug)]
+pub enum AppError {
+    Db(diesel::result::Error),
+    Inbox(InboxError),
+    Rejected,
+}
+
+impl From<diesel::result::Error> for AppError {
+    fn from(e: diesel::result::Error) -> Self {
+        AppError::Db(e)
+    }
+}
+
+impl From<InboxError> for AppError {
+    fn from(e: InboxError) -> Self {
+        AppError::Inbox(e)
+    }
+}
+
+pub mod sync {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::mpsc::Sender;
+    use std::time::Duration;
+
+    #[idempotent(key = "msg.key", consumer = "payments", shared)]
+    pub fn apply_payment<B: TestBackend>(conn: &mut B::Conn, msg: &Msg) -> Result<i64, AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        Ok(msg.amount)
+    }
+
+    #[idempotent(key = "msg.key", consumer = "rejecting", shared)]
+    pub fn write_then_reject<B: TestBackend>(
+        conn: &mut B::Conn,
+        msg: &Msg,
+    ) -> Result<(), AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        Err(AppError::Rejected)
+    }
+
+    #[idempotent(key = "msg.key", consumer = "rejecting", shared)]
+    pub fn write_then_accept<B: TestBackend>(
+        conn: &mut B::Conn,
+        msg: &Msg,
+    ) -> Result<(), AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        Ok(())
+    }
+
+    #[idempotent(key = "msg.key", consumer = "panicking", shared)]
+    pub fn write_then_panic<B: TestBackend>(conn: &mut B::Conn, msg: &Msg) -> Result<(), AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        panic!("handler bug after a write");
+    }
+
+    #[idempotent(key = "msg.key", consumer = "ledger", shared)]
+    pub fn ledger<B: TestBackend>(conn: &mut B::Conn, msg: &Msg) -> Result<i64, AppError> {
+        B::write_effect(conn, &msg.run, &format!("ledger/{}", msg.key), msg.amount)?;
+        Ok(msg.amount)
+    }
+
+    #[idempotent(key = "msg.key", consumer = "mailer", shared)]
+    pub fn mailer<B: TestBackend>(conn: &mut B::Conn, msg: &Msg) -> Result<i64, AppError> {
+        B::write_effect(conn, &msg.run, &format!("mailer/{}", msg.key), msg.amount)?;
+        Ok(msg.amount)
+    }
+
+    #[idempotent(key = "id", consumer = "int-keys", shared)]
+    pub fn by_int<B: TestBackend>(conn: &mut B::Conn, run: &str, id: i64) -> Result<i64, AppError> {
+        B::write_effect(conn, run, &id.to_string(), id)?;
+        Ok(id)
+    }
+
+    #[idempotent(key = "id", consumer = "str-keys", shared)]
+    pub fn by_str<B: TestBackend>(conn: &mut B::Conn, run: &str, id: &str) -> Result<(), AppError> {
+        B::write_effect(conn, run, id, 0)?;
+        Ok(())
+    }
+
+    #[idempotent(key = "id", consumer = "uuid-keys", shared)]
+    pub fn by_uuid<B: TestBackend>(
+        conn: &mut B::Conn,
+        run: &str,
+        id: uuid::Uuid,
+    ) -> Result<(), AppError> {
+        B::write_effect(conn, run, &id.to_string(), 0)?;
+        Ok(())
+    }
+
+    /// Claims, tells the test, holds the transaction open, then commits or fails.
+    #[idempotent(key = "msg.key", consumer = "slow", shared)]
+    pub fn slow<B: TestBackend>(
+        conn: &mut B::Conn,
+        msg: &Msg,
+        claimed: &Sender<()>,
+        fail: bool,
+    ) -> Result<(), AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        let _ = claimed.send(());
+        std::thread::sleep(Duration::from_millis(300));
+        if fail {
+            return Err(AppError::Rejected);
+        }
+        Ok(())
+    }
+
+    #[idempotent(
+        batch = "msgs",
+        key = "|m| m.key.as_str()",
+        consumer = "batch-payments",
+        shared
+    )]
+    pub fn apply_batch<B: TestBackend>(
+        conn: &mut B::Conn,
+        msgs: &[Msg],
+    ) -> Result<usize, AppError> {
+        Ok(B::write_effects(conn, &msgs)?)
+    }
+
+    #[idempotent(
+        batch = "msgs",
+        key = "|m| m.key.as_str()",
+        consumer = "batch-payments",
+        shared
+    )]
+    pub fn apply_batch_then_reject<B: TestBackend>(
+        conn: &mut B::Conn,
+        msgs: &[Msg],
+    ) -> Result<(), AppError> {
+        B::write_effects(conn, &msgs)?;
+        Err(AppError::Rejected)
+    }
+
+    /// Writes, then on its first run executes a statement that fails
+    /// transiently; the error type knows nothing of retries.
+    #[idempotent(key = "msg.key", consumer = "transient-once", shared)]
+    pub fn transient_once<B: TestBackend>(
+        conn: &mut B::Conn,
+        msg: &Msg,
+        runs: &AtomicU32,
+    ) -> Result<(), AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            B::fail_transiently(conn)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "async")]
+pub mod asynchronous {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::mpsc::Sender;
+    use std::time::Duration;
+
+    #[idempotent(key = "msg.key", consumer = "payments", shared)]
+    pub async fn apply_payment<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<i64, AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        Ok(msg.amount)
+    }
+
+    #[idempotent(key = "msg.key", consumer = "rejecting", shared)]
+    pub async fn write_then_reject<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<(), AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        Err(AppError::Rejected)
+    }
+
+    #[idempotent(key = "msg.key", consumer = "rejecting", shared)]
+    pub async fn write_then_accept<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<(), AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        Ok(())
+    }
+
+    #[idempotent(key = "msg.key", consumer = "panicking", shared)]
+    pub async fn write_then_panic<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<(), AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        panic!("handler bug after a write");
+    }
+
+    #[idempotent(key = "msg.key", consumer = "ledger", shared)]
+    pub async fn ledger<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<i64, AppError> {
+        B::write_effect_async(conn, &msg.run, &format!("ledger/{}", msg.key), msg.amount).await?;
+        Ok(msg.amount)
+    }
+
+    #[idempotent(key = "msg.key", consumer = "mailer", shared)]
+    pub async fn mailer<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<i64, AppError> {
+        B::write_effect_async(conn, &msg.run, &format!("mailer/{}", msg.key), msg.amount).await?;
+        Ok(msg.amount)
+    }
+
+    #[idempotent(key = "id", consumer = "int-keys", shared)]
+    pub async fn by_int<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        run: &str,
+        id: i64,
+    ) -> Result<i64, AppError> {
+        B::write_effect_async(conn, run, &id.to_string(), id).await?;
+        Ok(id)
+    }
+
+    #[idempotent(key = "id", consumer = "str-keys", shared)]
+    pub async fn by_str<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        run: &str,
+        id: &str,
+    ) -> Result<(), AppError> {
+        B::write_effect_async(conn, run, id, 0).await?;
+        Ok(())
+    }
+
+    #[idempotent(key = "id", consumer = "uuid-keys", shared)]
+    pub async fn by_uuid<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        run: &str,
+        id: uuid::Uuid,
+    ) -> Result<(), AppError> {
+        B::write_effect_async(conn, run, &id.to_string(), 0).await?;
+        Ok(())
+    }
+
+    /// Claims, tells the test, holds the transaction open (an async sleep:
+    /// the executor thread is free), then commits or fails.
+    #[idempotent(key = "msg.key", consumer = "slow", shared)]
+    pub async fn slow<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+        claimed: &Sender<()>,
+        fail: bool,
+    ) -> Result<(), AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        let _ = claimed.send(());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if fail {
+            return Err(AppError::Rejected);
+        }
+        Ok(())
+    }
+
+    #[idempotent(
+        batch = "msgs",
+        key = "|m| m.key.as_str()",
+        consumer = "batch-payments",
+        shared
+    )]
+    pub async fn apply_batch<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msgs: &[Msg],
+    ) -> Result<usize, AppError> {
+        Ok(B::write_effects_async(conn, &msgs).await?)
+    }
+
+    #[idempotent(
+        batch = "msgs",
+        key = "|m| m.key.as_str()",
+        consumer = "batch-payments",
+        shared
+    )]
+    pub async fn apply_batch_then_reject<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msgs: &[Msg],
+    ) -> Result<(), AppError> {
+        B::write_effects_async(conn, &msgs).await?;
+        Err(AppError::Rejected)
+    }
+
+    #[idempotent(key = "msg.key", consumer = "transient-once", shared)]
+    pub async fn transient_once<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+        runs: &AtomicU32,
+    ) -> Result<(), AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            B::fail_transiently_async(conn).await?;
+        }
+        Ok(())
+    }
+}
