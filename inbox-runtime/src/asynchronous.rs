@@ -511,6 +511,7 @@ pub(crate) trait AsyncMigration: AsyncConnection<Backend: InboxBackend> + Send {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn migrate_in_steps<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxError> {
     use crate::backend::migration_sql;
+    use diesel_async::TransactionManager;
     let open = matches!(
         C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
         Ok(Some(_))

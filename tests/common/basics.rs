@@ -8,7 +8,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-
 diesel::table! {
     /// The "business" table of the tests: one row per applied message.
     inbox_test_effects (run_id, message_key) {
