@@ -152,6 +152,11 @@ mod asynchronous {
         runs_if = all(),
         else_ignored = "never: SQLite is embedded"
     );
+    crate::async_tests!(
+        crate::Sqlite,
+        runs_if = all(),
+        else_ignored = "never: SQLite is embedded"
+    );
 }
 
 mod schema {

@@ -199,6 +199,28 @@ pub mod asynchronous {
         panic!("handler bug after a write");
     }
 
+    /// Writes, then waits far longer than any test: a caller's timeout
+    /// cancels it mid-body.
+    #[idempotent(key = "msg.key", consumer = "stalling", shared)]
+    pub async fn write_then_stall<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<i64, AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        Ok(msg.amount)
+    }
+
+    /// The redelivery of what `write_then_stall` was cancelled in.
+    #[idempotent(key = "msg.key", consumer = "stalling", shared)]
+    pub async fn write_at_once<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<i64, AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        Ok(msg.amount)
+    }
+
     #[idempotent(key = "msg.key", consumer = "ledger", shared)]
     pub async fn ledger<B: TestBackend>(
         conn: &mut B::AsyncConn,

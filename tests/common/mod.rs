@@ -6,6 +6,7 @@
 mod basics;
 pub use basics::*;
 
+pub mod async_suite;
 pub mod backend;
 pub mod contract;
 pub mod handlers;
