@@ -1,0 +1,206 @@
+//! Async handlers on a shared pool, under at-least-once delivery.
+//!
+//! `cargo run --example async_consumer --features async` runs 16 tokio tasks
+//! that take connections from one deadpool pool of diesel-async
+//! connections (embedded SQLite through `SyncConnectionWrapper`, in a
+//! temporary file) and consume a stream in which every message arrives one
+//! to three times, in any order, on any task. Some first deliveries are
+//! cancelled by a timeout mid-handler, as a shutdown or a `select!` would.
+//! At the end every balance must equal exactly one application of each
+//! payment.
+
+use diesel::SqliteConnection;
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::pooled_connection::deadpool::{Object, Pool};
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_inbox::{idempotent, InboxError, Processed};
+use std::sync::Arc;
+use std::time::Duration;
+
+type Conn = SyncConnectionWrapper<SqliteConnection>;
+
+const MESSAGES: u64 = 2_000;
+const ACCOUNTS: i64 = 10;
+const TASKS: usize = 16;
+
+diesel::table! {
+    async_accounts (id) {
+        id -> BigInt,
+        balance -> BigInt,
+    }
+}
+
+/// The handler's error type: anything from Diesel or the inbox.
+#[derive(Debug)]
+pub enum AppError {
+    Db(diesel::result::Error),
+    Inbox(InboxError),
+}
+impl From<diesel::result::Error> for AppError {
+    fn from(e: diesel::result::Error) -> Self {
+        AppError::Db(e)
+    }
+}
+impl From<InboxError> for AppError {
+    fn from(e: InboxError) -> Self {
+        AppError::Inbox(e)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Payment {
+    pub id: String,
+    pub account: i64,
+    pub amount: i64,
+}
+
+/// Credits an account once per payment id, however often it is delivered.
+/// `slow` makes it wait mid-body, after its write, so that a timeout
+/// cancels it there.
+#[idempotent(key = "payment.id")]
+async fn credit(conn: &mut Conn, payment: &Payment, slow: bool) -> Result<(), AppError> {
+    diesel::update(async_accounts::table.find(payment.account))
+        .set(async_accounts::balance.eq(async_accounts::balance + payment.amount))
+        .execute(conn)
+        .await?;
+    if slow {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    Ok(())
+}
+
+/// A small deterministic generator, so that every run sees the same stream.
+fn next(state: &mut u64) -> u64 {
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *state >> 33
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::temp_dir().join(format!("diesel-inbox-async-{}.db", std::process::id()));
+    let url = path.to_str().ok_or("temp dir is not UTF-8")?.to_string();
+    let result = run(&url).await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{url}{suffix}"));
+    }
+    result
+}
+
+async fn run(url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    // The tables, once.
+    let mut setup = Conn::establish(url).await?;
+    setup.batch_execute("PRAGMA journal_mode = WAL").await?;
+    diesel_inbox::migrate_async(&mut setup).await?;
+    setup
+        .batch_execute(
+            "CREATE TABLE async_accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)",
+        )
+        .await?;
+    for id in 0..ACCOUNTS {
+        diesel::insert_into(async_accounts::table)
+            .values((async_accounts::id.eq(id), async_accounts::balance.eq(0)))
+            .execute(&mut setup)
+            .await?;
+    }
+
+    // One pool for every task; each connection waits on a busy file.
+    let mut config = ManagerConfig::default();
+    config.custom_setup = Box::new(|url| {
+        let url = url.to_string();
+        Box::pin(async move {
+            let mut conn = Conn::establish(&url).await?;
+            conn.batch_execute("PRAGMA busy_timeout = 10000")
+                .await
+                .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+            Ok(conn)
+        })
+    });
+    let manager = AsyncDieselConnectionManager::<Conn>::new_with_config(url, config);
+    let pool = Pool::builder(manager).max_size(TASKS).build()?;
+
+    // The stream: each payment one to three times, shuffled.
+    let mut seed = 7;
+    let mut stream = Vec::new();
+    let mut expected = vec![0i64; ACCOUNTS as usize];
+    for n in 0..MESSAGES {
+        let payment = Payment {
+            id: format!("payment-{n}"),
+            account: (next(&mut seed) % ACCOUNTS as u64) as i64,
+            amount: 1 + (next(&mut seed) % 100) as i64,
+        };
+        expected[payment.account as usize] += payment.amount;
+        for _ in 0..1 + next(&mut seed) % 3 {
+            stream.push(payment.clone());
+        }
+    }
+    for i in (1..stream.len()).rev() {
+        stream.swap(i, (next(&mut seed) % (i as u64 + 1)) as usize);
+    }
+    // A broker keeps redelivering what was not acked: a cancelled delivery
+    // goes back on the stream.
+    let stream = Arc::new(tokio::sync::Mutex::new(stream));
+
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (pool, stream) = (pool.clone(), stream.clone());
+            tokio::spawn(async move {
+                let mut seed = task as u64 + 1;
+                // Applied, duplicates, cancelled.
+                let mut counts = [0u64; 3];
+                loop {
+                    let Some(payment) = stream.lock().await.pop() else {
+                        break;
+                    };
+                    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+                    // One delivery in 50 stalls and is cancelled by its timeout.
+                    let slow = next(&mut seed) % 50 == 0;
+                    let delivery = credit(&mut conn, &payment, slow);
+                    match tokio::time::timeout(Duration::from_millis(50), delivery).await {
+                        Ok(Ok(Processed::Applied(()))) => counts[0] += 1,
+                        Ok(Ok(Processed::Duplicate)) => counts[1] += 1,
+                        Ok(Err(e)) => return Err(format!("{}: {e:?}", payment.id)),
+                        Err(_) => {
+                            // Nothing of it was committed. The connection is
+                            // still inside its transaction; the pool would
+                            // discard it when it next hands it out, but on
+                            // SQLite it holds the write lock until then:
+                            // close it now.
+                            drop(Object::take(conn));
+                            counts[2] += 1;
+                            stream.lock().await.insert(0, payment);
+                        }
+                    }
+                }
+                Ok::<_, String>(counts)
+            })
+        })
+        .collect();
+    let mut counts = [0u64; 3];
+    for task in tasks {
+        for (total, n) in counts.iter_mut().zip(task.await??) {
+            *total += n;
+        }
+    }
+    let [applied, duplicates, cancelled] = counts;
+
+    let balances: Vec<i64> = async_accounts::table
+        .order(async_accounts::id)
+        .select(async_accounts::balance)
+        .load(&mut setup)
+        .await?;
+    println!(
+        "{} payments: {} applied, {} duplicates skipped, {} deliveries cancelled and redelivered",
+        MESSAGES, applied, duplicates, cancelled,
+    );
+    assert_eq!(applied, MESSAGES, "each payment applied once");
+    assert_eq!(
+        balances, expected,
+        "every balance is one application of each payment"
+    );
+    println!("balances match: every payment was applied exactly once");
+    Ok(())
+}
