@@ -23,6 +23,20 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Design: one engine, two drivers
+//!
+//! Sync and async handlers share one engine: a state machine that does no
+//! I/O (the private `engine` module). It says which step comes next (open a
+//! transaction or savepoint, claim, run the body, commit, roll back, sleep
+//! before a retry) and what each step's result means: which errors are
+//! retried, what the caller gets, when a body's `Ok` must not count as
+//! applied. [`run`] and its batch and `_once` variants drive it with a
+//! diesel connection; with the `async` feature, `run_async` and its variants
+//! drive the same engine with a diesel-async connection, `.await`ing each
+//! step. What differs between databases (the claim's SQL, transient error
+//! classes, the commit guard, `migrate`'s locks) lives once in each
+//! backend's module and serves both drivers.
 #![warn(missing_docs)]
 // docs.rs (nightly) marks the items of each backend feature with it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
