@@ -4,7 +4,7 @@
 //! statements next to its sync ones).
 
 use crate::backend::InboxBackend;
-use crate::claim::{single_key, single_work, BatchPlan};
+use crate::claim::{single_key, BatchPlan};
 use crate::engine::{Engine, Event, Next, Scope, Step};
 use crate::error::InboxError;
 use crate::key::InboxKey;
@@ -342,7 +342,7 @@ where
     }
 }
 
-/// Performs a step other than the body; a claim records the input
+/// Performs a step other than the body; a batch's claim records the input
 /// positions claimed for the first time in `positions`.
 async fn perform<C, T, E>(
     conn: &mut C,
@@ -355,19 +355,16 @@ where
 {
     match step {
         Step::Begin => Event::Begun(conn.inbox_begin().await),
-        Step::Claim => {
-            let claimed = match claim {
-                Claim::One(consumer, key) => conn.inbox_claim(consumer, key).await.map(single_work),
-                Claim::Many(consumer, plan) => conn
-                    .inbox_claim_batch(consumer, &plan.distinct())
-                    .await
-                    .map(|keys| plan.applied(&keys)),
-            };
-            Event::Claimed(claimed.map(|claimed| {
-                *positions = claimed;
-                !positions.is_empty()
-            }))
-        }
+        Step::Claim => Event::Claimed(match claim {
+            Claim::One(consumer, key) => conn.inbox_claim(consumer, key).await,
+            Claim::Many(consumer, plan) => conn
+                .inbox_claim_batch(consumer, &plan.distinct())
+                .await
+                .map(|keys| {
+                    *positions = plan.applied(&keys);
+                    !positions.is_empty()
+                }),
+        }),
         Step::Commit(scope) => Event::Committed(conn.inbox_commit(scope).await),
         Step::Rollback => {
             conn.inbox_rollback().await;

@@ -70,13 +70,22 @@ impl BatchPlan {
     }
 }
 
-/// The work of a single claim: position 0 if the row was inserted, none
-/// if it was there already.
-pub(crate) fn single_work(inserted: bool) -> Vec<usize> {
-    if inserted {
-        vec![0]
-    } else {
-        Vec::new()
+/// What a claim found new: for one key, whether its row was inserted; for a
+/// batch, the input positions of its first deliveries.
+pub(crate) trait Work: Default {
+    /// Whether the body has anything to run.
+    fn any(&self) -> bool;
+}
+
+impl Work for bool {
+    fn any(&self) -> bool {
+        *self
+    }
+}
+
+impl Work for Vec<usize> {
+    fn any(&self) -> bool {
+        !self.is_empty()
     }
 }
 

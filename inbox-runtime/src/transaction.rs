@@ -2,7 +2,7 @@
 //! for on a diesel `Connection`.
 
 use crate::backend::InboxBackend;
-use crate::claim::{single_key, single_work, BatchPlan};
+use crate::claim::{single_key, BatchPlan, Work};
 use crate::engine::{Engine, Event, Next, Step};
 use crate::error::InboxError;
 use crate::key::InboxKey;
@@ -171,8 +171,7 @@ where
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
     let engine = Engine::new(consumer, &key, retries, classify);
-    let claim =
-        |conn: &mut C| <C::Backend as InboxBackend>::claim(conn, consumer, &key).map(single_work);
+    let claim = |conn: &mut C| <C::Backend as InboxBackend>::claim(conn, consumer, &key);
     let (value, _) = drive(conn, engine, claim, |conn, _| body(conn))?;
     Ok(value.map_or(Processed::Duplicate, Processed::Applied))
 }
@@ -240,28 +239,27 @@ where
 }
 
 /// Performs the engine's steps until the call is done. `claim` inserts the
-/// inbox row(s) and returns the input positions claimed for the first time;
-/// `body` runs with them. Returns the body's value (`None`: nothing to run)
-/// and those positions.
-fn drive<C, T, E>(
+/// inbox row(s) and returns what is new ([`Work`]); `body` runs with it.
+/// Returns the body's value (`None`: nothing to run) and that work.
+fn drive<C, T, E, W: Work>(
     conn: &mut C,
     mut engine: Engine<'_, C::Backend, T, E, impl Fn(&E) -> ErrorClass<E>>,
-    mut claim: impl FnMut(&mut C) -> Result<Vec<usize>, Error>,
-    mut body: impl FnMut(&mut C, &[usize]) -> Result<T, E>,
-) -> Result<(Option<T>, Vec<usize>), E>
+    mut claim: impl FnMut(&mut C) -> Result<W, Error>,
+    mut body: impl FnMut(&mut C, &W) -> Result<T, E>,
+) -> Result<(Option<T>, W), E>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
     E: From<InboxError> + From<Error>,
 {
-    let mut work = Vec::new();
+    let mut work = W::default();
     let mut step = Step::Begin;
     loop {
         let event = match step {
             Step::Begin => Event::Begun(begin(conn)),
             Step::Claim => Event::Claimed(claim(conn).map(|claimed| {
                 work = claimed;
-                !work.is_empty()
+                work.any()
             })),
             Step::Body => {
                 let mark = observe::mark(conn);
