@@ -179,17 +179,23 @@ fn failed(instrumentation: &mut dyn Instrumentation, mark: Mark) -> Vec<FailedSt
     }
 }
 
+/// The mark of a connection whose instrumentation is `current`; `None`
+/// when it has none, and an observer must be installed first.
+fn mark_of(current: &mut dyn Instrumentation) -> Option<Mark> {
+    match installed(current) {
+        Installed::Observer(sequence) => Some(Mark(Some(sequence))),
+        Installed::Nothing => None,
+        Installed::Theirs => Some(Mark(None)),
+    }
+}
+
 /// Marks the connection's statement history before a body runs, installing
 /// an [`ErrorObserver`] first if the connection has no instrumentation.
 pub(crate) fn mark<C: Connection>(conn: &mut C) -> Mark {
-    match installed(conn.instrumentation()) {
-        Installed::Observer(sequence) => Mark(Some(sequence)),
-        Installed::Nothing => {
-            conn.set_instrumentation(ErrorObserver::new());
-            Mark(Some(0))
-        }
-        Installed::Theirs => Mark(None),
-    }
+    mark_of(conn.instrumentation()).unwrap_or_else(|| {
+        conn.set_instrumentation(ErrorObserver::new());
+        Mark(Some(0))
+    })
 }
 
 /// The failed statements since `mark`, oldest first (empty when nothing
@@ -201,14 +207,10 @@ pub(crate) fn failed_since<C: Connection>(conn: &mut C, mark: Mark) -> Vec<Faile
 /// [`mark`] for a diesel-async connection.
 #[cfg(feature = "async")]
 pub(crate) fn mark_async<C: diesel_async::AsyncConnection>(conn: &mut C) -> Mark {
-    match installed(conn.instrumentation()) {
-        Installed::Observer(sequence) => Mark(Some(sequence)),
-        Installed::Nothing => {
-            conn.set_instrumentation(ErrorObserver::new());
-            Mark(Some(0))
-        }
-        Installed::Theirs => Mark(None),
-    }
+    mark_of(conn.instrumentation()).unwrap_or_else(|| {
+        conn.set_instrumentation(ErrorObserver::new());
+        Mark(Some(0))
+    })
 }
 
 /// [`failed_since`] for a diesel-async connection.
