@@ -8,6 +8,7 @@ pub use basics::*;
 
 pub mod async_suite;
 pub mod backend;
+pub mod backends;
 pub mod contract;
 pub mod handlers;
 pub mod modes;

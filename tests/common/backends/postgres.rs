@@ -1,0 +1,106 @@
+//! PostgreSQL as a test backend (`INBOX_TEST_POSTGRES_URL`): one shared
+//! database, a schema of its own for `fresh`, async connections from bb8.
+
+use crate::common::backend::TestBackend;
+use crate::common::TestDb;
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, PgConnection};
+use std::sync::OnceLock;
+
+const URL_VAR: &str = "INBOX_TEST_POSTGRES_URL";
+
+pub fn prepare(_test: &str) -> Option<TestDb> {
+    static READY: OnceLock<Option<String>> = OnceLock::new();
+    crate::common::shared_server_database(&READY, URL_VAR, crate::common::POSTGRES_HINT, open)
+}
+
+pub fn open(url: &str) -> PgConnection {
+    crate::common::connected(URL_VAR, PgConnection::establish(url))
+}
+
+/// An empty schema of its own: the URL sets its `search_path`.
+pub fn fresh(test: &str) -> Option<TestDb> {
+    let url = prepare(test)?.url.clone();
+    let schema = crate::common::unique_identifier(test);
+    open(&url)
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .expect("create schema");
+    let separator = if url.contains('?') { '&' } else { '?' };
+    Some(TestDb::owned(
+        format!("{url}{separator}options=-c%20search_path%3D{schema}"),
+        discard,
+    ))
+}
+
+fn discard(url: &str) {
+    let schema = url.rsplit("search_path%3D").next().expect("a fresh() URL");
+    let _ = open(url).batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// A statement that fails as a deadlock victim does (SQLSTATE 40P01).
+const FAIL_TRANSIENTLY: &str =
+    "DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$";
+
+/// PostgreSQL; its async connections come from a bb8 pool (the other
+/// backends use deadpool, so both pool crates are covered).
+pub struct Postgres;
+
+#[cfg(feature = "async")]
+type AsyncPg = diesel_async::AsyncPgConnection;
+#[cfg(feature = "async")]
+type Manager = diesel_async::pooled_connection::AsyncDieselConnectionManager<AsyncPg>;
+
+impl TestBackend for Postgres {
+    type Conn = PgConnection;
+    #[cfg(feature = "async")]
+    type AsyncConn = AsyncPg;
+    #[cfg(feature = "async")]
+    type Pool = diesel_async::pooled_connection::bb8::Pool<AsyncPg>;
+    #[cfg(feature = "async")]
+    type Pooled = diesel_async::pooled_connection::bb8::PooledConnection<'static, AsyncPg>;
+
+    fn prepare(test: &str) -> Option<TestDb> {
+        prepare(test)
+    }
+
+    fn fresh(test: &str) -> Option<TestDb> {
+        fresh(test)
+    }
+
+    fn open(url: &str) -> PgConnection {
+        open(url)
+    }
+
+    #[cfg(feature = "async")]
+    fn pool(url: &str) -> Self::Pool {
+        // bb8 starts its reaper on the current runtime.
+        let _runtime = crate::common::modes::runtime().enter();
+        diesel_async::pooled_connection::bb8::Pool::builder()
+            .max_size(16)
+            .build_unchecked(Manager::new(url))
+    }
+
+    #[cfg(feature = "async")]
+    async fn pooled(pool: &Self::Pool) -> Self::Pooled {
+        pool.get_owned().await.expect("a pooled connection")
+    }
+
+    fn fail_transiently(conn: &mut PgConnection) -> diesel::QueryResult<()> {
+        conn.batch_execute(FAIL_TRANSIENTLY)
+    }
+
+    #[cfg(feature = "async")]
+    async fn fail_transiently_async(conn: &mut AsyncPg) -> diesel::QueryResult<()> {
+        diesel_async::SimpleAsyncConnection::batch_execute(conn, FAIL_TRANSIENTLY).await
+    }
+
+    const DEFERRED_FK: Option<(&'static str, &'static str)> = Some((
+        "SELECT 1",
+        "CREATE TABLE inbox_test_parent (id BIGINT PRIMARY KEY); \
+         CREATE TABLE inbox_test_child (parent_id BIGINT NOT NULL \
+           REFERENCES inbox_test_parent (id) DEFERRABLE INITIALLY DEFERRED);",
+    ));
+
+    crate::data_access!(PgConnection);
+}
