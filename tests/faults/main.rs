@@ -16,9 +16,15 @@
 #[macro_use]
 mod common;
 
-#[macro_use]
-mod scenarios;
-mod connections;
+mod backend;
+mod conflicts;
+mod input;
+mod killed;
+mod nesting;
+mod processes;
+mod schedules;
+mod session;
+mod support;
 
 use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
@@ -146,10 +152,90 @@ macro_rules! ensure {
     };
 }
 
-type Scenario = (&'static str, fn(&str) -> ScenarioResult);
+type Scenario = (&'static str, fn() -> ScenarioResult);
+
+/// The scenarios of one backend: each that applies to async handlers runs
+/// for sync and for async ones (`sync::many_processes`,
+/// `async::many_processes`, ...).
+fn scenarios<B: backend::FaultBackend>() -> Vec<Scenario> {
+    use session::SyncSession;
+    #[allow(unused_mut)] // async adds its own
+    let mut all: Vec<Scenario> = vec![
+        (
+            "sync::many_processes",
+            processes::many_processes::<SyncSession<B>>,
+        ),
+        (
+            "sync::crash_at_every_point",
+            processes::crash_at_every_point::<SyncSession<B>>,
+        ),
+        (
+            "sync::connection_killed_mid_transaction",
+            killed::connection_killed_mid_transaction::<SyncSession<B>>,
+        ),
+        (
+            "sync::serializable_overlapping_writes",
+            conflicts::serializable_overlapping_writes::<SyncSession<B>>,
+        ),
+        (
+            "sync::serialization_failure_retried_then_exhausted",
+            conflicts::serialization_failure_retried_then_exhausted::<SyncSession<B>>,
+        ),
+        (
+            "sync::deadlock_retried",
+            conflicts::deadlock_retried::<SyncSession<B>>,
+        ),
+        ("sync::bad_input", input::bad_input::<B>),
+        ("sync::least_privilege", input::least_privilege::<B>),
+        (
+            "sync::nested_and_long_transactions",
+            nesting::nested_and_long_transactions::<B>,
+        ),
+        (
+            "sync::randomized_schedules",
+            schedules::randomized_schedules::<SyncSession<B>>,
+        ),
+    ];
+    #[cfg(feature = "async")]
+    {
+        use session::AsyncSession;
+        all.extend([
+            (
+                "async::many_processes",
+                processes::many_processes::<AsyncSession<B>> as fn() -> ScenarioResult,
+            ),
+            (
+                "async::crash_at_every_point",
+                processes::crash_at_every_point::<AsyncSession<B>>,
+            ),
+            (
+                "async::connection_killed_mid_transaction",
+                killed::connection_killed_mid_transaction::<AsyncSession<B>>,
+            ),
+            (
+                "async::serializable_overlapping_writes",
+                conflicts::serializable_overlapping_writes::<AsyncSession<B>>,
+            ),
+            (
+                "async::serialization_failure_retried_then_exhausted",
+                conflicts::serialization_failure_retried_then_exhausted::<AsyncSession<B>>,
+            ),
+            (
+                "async::deadlock_retried",
+                conflicts::deadlock_retried::<AsyncSession<B>>,
+            ),
+            (
+                "async::randomized_schedules",
+                schedules::randomized_schedules::<AsyncSession<B>>,
+            ),
+        ]);
+    }
+    all
+}
 
 struct Backend {
     name: &'static str,
+    /// Why its scenarios cannot run, if they cannot.
     url: Result<String, String>,
     scenarios: Vec<Scenario>,
 }
@@ -161,13 +247,13 @@ fn backends() -> Vec<Backend> {
     all.push(Backend {
         name: "sqlite",
         url: Ok(String::new()),
-        scenarios: sqlite::scenarios(),
+        scenarios: scenarios::<common::backends::sqlite::Sqlite>(),
     });
     #[cfg(feature = "postgres")]
     all.push(Backend {
         name: "postgres",
         url: server_url("INBOX_TEST_POSTGRES_URL", common::POSTGRES_HINT),
-        scenarios: postgres::scenarios(),
+        scenarios: scenarios::<common::backends::postgres::Postgres>(),
     });
     #[cfg(not(feature = "postgres"))]
     all.push(Backend {
@@ -179,7 +265,7 @@ fn backends() -> Vec<Backend> {
     all.push(Backend {
         name: "mysql",
         url: server_url("INBOX_TEST_MYSQL_URL", common::MYSQL_HINT),
-        scenarios: mysql::scenarios(),
+        scenarios: scenarios::<common::backends::mysql::Mysql>(),
     });
     #[cfg(not(feature = "mysql"))]
     all.push(Backend {
@@ -198,23 +284,28 @@ fn server_url(var: &str, hint: &str) -> Result<String, String> {
     }
 }
 
-#[cfg(feature = "sqlite")]
-fault_backend!(sqlite, diesel::SqliteConnection);
-#[cfg(feature = "postgres")]
-fault_backend!(postgres, diesel::PgConnection);
-#[cfg(feature = "mysql")]
-fault_backend!(mysql, diesel::MysqlConnection);
-
-/// A worker process: `INBOX_FAULT_BACKEND` says which backend's worker.
+/// A worker process of `processes`: its backend and mode come from
+/// `INBOX_FAULT_BACKEND` and `INBOX_FAULT_MODE`.
 fn worker(role: &str) -> i32 {
+    fn of<B: backend::FaultBackend>(role: &str) -> i32 {
+        match std::env::var("INBOX_FAULT_MODE").as_deref() {
+            Ok("sync") => processes::worker::<session::SyncSession<B>>(role),
+            #[cfg(feature = "async")]
+            Ok("async") => processes::worker::<session::AsyncSession<B>>(role),
+            other => {
+                eprintln!("unknown worker mode {other:?}");
+                2
+            }
+        }
+    }
     let backend = std::env::var("INBOX_FAULT_BACKEND").unwrap_or_default();
     match backend.as_str() {
         #[cfg(feature = "sqlite")]
-        "sqlite" => sqlite::worker(role),
+        "sqlite" => of::<common::backends::sqlite::Sqlite>(role),
         #[cfg(feature = "postgres")]
-        "postgres" => postgres::worker(role),
+        "postgres" => of::<common::backends::postgres::Postgres>(role),
         #[cfg(feature = "mysql")]
-        "mysql" => mysql::worker(role),
+        "mysql" => of::<common::backends::mysql::Mysql>(role),
         other => {
             eprintln!("unknown worker backend {other:?}");
             2
@@ -231,25 +322,22 @@ fn main() {
     let mut rows = Vec::new();
     let mut out = std::io::stdout();
     for backend in backends() {
-        let url = match &backend.url {
-            Ok(url) => url.clone(),
-            Err(why) => {
-                let _ = writeln!(
-                    out,
-                    "SKIPPED: {} fault scenarios: {why}; run with the server URL set and --all-features",
-                    backend.name
-                );
-                skipped += 1;
-                continue;
-            }
-        };
+        if let Err(why) = &backend.url {
+            let _ = writeln!(
+                out,
+                "SKIPPED: {} fault scenarios: {why}; run with the server URL set and --all-features",
+                backend.name
+            );
+            skipped += 1;
+            continue;
+        }
         for (name, scenario) in &backend.scenarios {
             let full = format!("{}::{name}", backend.name);
             if filter.as_deref().is_some_and(|f| !full.contains(f)) {
                 continue;
             }
             let started = Instant::now();
-            let result = panic::catch_unwind(AssertUnwindSafe(|| scenario(&url)));
+            let result = panic::catch_unwind(AssertUnwindSafe(scenario));
             let secs = started.elapsed().as_secs_f64();
             match result {
                 Ok(Ok(Outcome::Pass(row))) => {
