@@ -60,6 +60,27 @@ pub trait AsyncInboxConnection:
         key: &str,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// Opens the transaction and, if that worked, claims: where the backend
+    /// can do both in one trip (SQLite: one hop to the blocking thread,
+    /// during which the write lock is held), it does; by default one step
+    /// after the other. The engine always claims right after a successful
+    /// begin, so the driver hands it this claim's result.
+    #[doc(hidden)]
+    fn inbox_begin_claim(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = BeginClaim> + Send {
+        async move {
+            let begun = self.inbox_begin().await;
+            if begun.is_err() {
+                return (begun, None);
+            }
+            let claimed = self.inbox_claim(consumer, key).await;
+            (begun, Some(claimed))
+        }
+    }
+
     /// The batch claim: the keys inserted.
     #[doc(hidden)]
     fn inbox_claim_batch(
@@ -81,6 +102,11 @@ pub trait AsyncInboxConnection:
     #[doc(hidden)]
     fn inbox_migrate(&mut self) -> impl Future<Output = Result<(), InboxError>> + Send;
 }
+
+/// What [`AsyncInboxConnection::inbox_begin_claim`] did: the begin's
+/// result, and the claim's if the begin worked.
+#[doc(hidden)]
+pub type BeginClaim = (Result<Scope, (Scope, Error)>, Option<QueryResult<bool>>);
 
 /// An `async` body: `async |conn| { .. }`.
 ///
@@ -129,10 +155,14 @@ where
 /// future must be `Send` (as for diesel-async's own `transaction`), so that
 /// the handler can be spawned on a multi-thread runtime.
 ///
-/// Dropping the returned future (a timeout, a cancelled task) commits
-/// nothing. The connection is then left inside its transaction, which
-/// diesel-async's pools see as broken and discard; a connection of your own
-/// must be dropped.
+/// Dropping the returned future (a timeout, a cancelled task) before the
+/// commit is sent commits nothing. Dropped while the `COMMIT` is in flight,
+/// the transaction may have committed, exactly as when the connection drops
+/// at that moment: treat a cancelled delivery as not acked, and its
+/// redelivery reports [`Processed::Duplicate`] if it had. Either way the
+/// connection is left inside its transaction as diesel-async's transaction
+/// manager sees it, which diesel-async's pools treat as broken and discard;
+/// a connection of your own must be dropped.
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")]
@@ -329,11 +359,19 @@ where
     R: Fn(&E) -> ErrorClass<E>,
 {
     let mut positions = Vec::new();
+    // The claim done together with the begin, for the engine's next step.
+    let mut claimed = None;
     let mut step = Step::Begin;
     loop {
-        let event = match step {
-            Step::Body => run_body(conn, next_body()).await,
-            other => perform(conn, other, claim, &mut positions).await,
+        let event = match (step, claim) {
+            (Step::Body, _) => run_body(conn, next_body()).await,
+            (Step::Begin, Claim::One(consumer, key)) => {
+                let (begun, claim) = conn.inbox_begin_claim(consumer, key).await;
+                claimed = claim.map(Event::Claimed);
+                Event::Begun(begun)
+            }
+            (Step::Claim, _) if claimed.is_some() => claimed.take().expect("checked"),
+            (other, _) => perform(conn, other, claim, &mut positions).await,
         };
         step = match engine.next(event) {
             Next::Do(step) => step,

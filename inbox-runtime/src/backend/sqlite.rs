@@ -253,6 +253,25 @@ mod asynchronous {
                 .unwrap_or_else(|e| Err((Scope::TopLevel, e)))
         }
 
+        /// `BEGIN IMMEDIATE` and the claim in one hop: the write lock is
+        /// held one hop less.
+        async fn inbox_begin_claim(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> crate::asynchronous::BeginClaim {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| {
+                let begun = transaction::begin(conn);
+                let claimed = begun
+                    .is_ok()
+                    .then(|| Sqlite::claim(conn, &consumer_name, &key));
+                Ok((begun, claimed))
+            })
+            .await
+            .unwrap_or_else(|e| (Err((Scope::TopLevel, e)), None))
+        }
+
         async fn inbox_claim(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
             let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
             self.spawn_blocking(move |conn| Sqlite::claim(conn, &consumer_name, &key))
