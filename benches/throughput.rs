@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo bench --bench throughput --all-features -- [--backend sqlite|postgres|mysql|all]
-//!     [--threads 1,4] [--messages 2000] [--rounds 5] [--batch 100] [--smoke]
+//!     [--threads 1,4] [--tasks 4,16] [--mode all] [--messages 2000] [--rounds 5] [--batch 100] [--smoke]
 //!     [--scale [--scale-rows 0,1000000,10000000]]
 //! ```
 //!
@@ -50,6 +50,10 @@ const VARIANTS: [&str; 6] = [
 struct Args {
     backends: Vec<String>,
     threads: Vec<usize>,
+    /// Concurrent tasks of the async variants.
+    tasks: Vec<usize>,
+    /// `sync`, `async` or `all`: which handlers to measure.
+    mode: String,
     messages: usize,
     rounds: usize,
     batch: usize,
@@ -61,6 +65,8 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         backends: vec!["all".into()],
         threads: vec![1, 4],
+        tasks: vec![4, 16],
+        mode: "all".into(),
         messages: 2_000,
         rounds: 5,
         batch: 100,
@@ -85,6 +91,18 @@ fn parse_args() -> Result<Args, String> {
                     .map(|t| t.parse().map_err(|_| format!("bad thread count {t}")))
                     .collect::<Result<_, _>>()?
             }
+            "--tasks" => {
+                args.tasks = list(it.next(), "--tasks")?
+                    .iter()
+                    .map(|t| t.parse().map_err(|_| format!("bad task count {t}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--mode" => {
+                args.mode = it.next().ok_or("--mode needs sync, async or all")?;
+                if !["sync", "async", "all"].contains(&args.mode.as_str()) {
+                    return Err(format!("--mode {}: sync, async or all", args.mode));
+                }
+            }
             "--messages" => args.messages = num(it.next(), "--messages")?,
             "--rounds" => args.rounds = num(it.next(), "--rounds")?,
             "--batch" => args.batch = num(it.next(), "--batch")?,
@@ -97,6 +115,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--smoke" => {
                 args.threads = vec![1, 2];
+                args.tasks = vec![4];
                 args.messages = 40;
                 args.rounds = 1;
                 args.batch = 10;
@@ -107,22 +126,30 @@ fn parse_args() -> Result<Args, String> {
             "--help" | "-h" => {
                 return Err(
                     "usage: cargo bench --bench throughput -- [--backend sqlite|postgres|mysql|all] \
-                     [--threads 1,4] [--messages N] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]]"
+                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]]"
                         .into(),
                 )
             }
             other => return Err(format!("unknown argument {other}; see --help")),
         }
     }
-    if args.threads.contains(&0) || args.messages == 0 || args.rounds == 0 || args.batch == 0 {
+    if args.threads.contains(&0)
+        || args.tasks.contains(&0)
+        || args.messages == 0
+        || args.rounds == 0
+        || args.batch == 0
+    {
         return Err("threads, messages, rounds and batch must be positive".into());
     }
     Ok(args)
 }
 
-/// One (backend, threads) cell: the samples of each variant in messages/s.
+/// One (backend, mode, threads or tasks) cell: the samples of each variant
+/// in messages/s.
 struct Cell {
     backend: &'static str,
+    /// `sync` (threads, a connection each) or `async` (tasks over a pool).
+    mode: &'static str,
     threads: usize,
     samples: Vec<(&'static str, Vec<f64>)>,
 }
@@ -150,6 +177,24 @@ impl Cell {
     fn ratio(&self, a: &str, b: &str) -> f64 {
         self.median(a) / self.median(b)
     }
+
+    fn variants(&self) -> Vec<&'static str> {
+        self.samples.iter().map(|(v, _)| *v).collect()
+    }
+
+    /// The ratios reported for this cell (those whose variants it has).
+    fn ratios(&self) -> Vec<(&'static str, &'static str)> {
+        let all: &[(&'static str, &'static str)] = if self.mode == "async" {
+            &ASYNC_RATIOS
+        } else {
+            &RATIOS
+        };
+        let has = |v: &str| self.samples.iter().any(|(name, _)| *name == v);
+        all.iter()
+            .copied()
+            .filter(|(a, b)| has(a) && has(b))
+            .collect()
+    }
 }
 
 const RATIOS: [(&str, &str); 5] = [
@@ -158,6 +203,14 @@ const RATIOS: [(&str, &str); 5] = [
     ("idempotent", "naive"),
     ("duplicate", "idempotent"),
     ("batch", "idempotent"),
+];
+
+const ASYNC_RATIOS: [(&str, &str); 5] = [
+    ("async_idempotent", "async_bare"),
+    ("async_idempotent", "async_raw_sql"),
+    ("async_duplicate", "async_idempotent"),
+    ("async_pipelined", "async_raw_sql"),
+    ("async_one_hop", "async_raw_sql"),
 ];
 
 /// Runs `work(thread, connection)` on `threads` threads, each with its own
@@ -217,7 +270,7 @@ macro_rules! bench_backend {
             }
 
             /// `bare`: the business write in a plain transaction.
-            fn bare(conn: &mut Conn, order: &Order) -> QueryResult<()> {
+            pub fn bare(conn: &mut Conn, order: &Order) -> QueryResult<()> {
                 tx(conn, |c| insert_order(c, order).map(drop))
             }
 
@@ -229,7 +282,7 @@ macro_rules! bench_backend {
 
             /// `raw_sql`: the same inbox logic written by hand: one
             /// conflict-ignoring insert, then the write if it inserted.
-            fn raw_sql(conn: &mut Conn, order: &Order) -> QueryResult<()> {
+            pub fn raw_sql(conn: &mut Conn, order: &Order) -> QueryResult<()> {
                 tx(conn, |c| {
                     if claim_by_hand(c, "bench-raw", &order.id)? == 1 {
                         insert_order(c, order)?;
@@ -457,6 +510,398 @@ mod mysql_specific {
     }
 }
 
+// ---- async handlers ---------------------------------------------------------
+//
+// The same business write through `async fn` handlers on diesel-async
+// connections from a deadpool pool, with `--tasks` tasks on a multi-thread
+// tokio runtime. Variants: `async_bare`, `async_idempotent`, `async_raw_sql`
+// (the hand-written inbox: diesel-async's `transaction`, the claim, the
+// write), `async_duplicate`; on SQLite `async_one_hop`: the sync `raw_sql`
+// in one `spawn_blocking` (sync code, the ceiling of the wrapper); on
+// PostgreSQL `async_pipelined`: `raw_sql` with BEGIN and the claim sent
+// together (pipelined on one connection), outside diesel's transaction
+// manager: an experiment, not something the library does.
+
+#[cfg(feature = "async")]
+const ASYNC_VARIANTS: [&str; 6] = [
+    "async_bare",
+    "async_idempotent",
+    "async_raw_sql",
+    "async_duplicate",
+    "async_pipelined",
+    "async_one_hop",
+];
+
+#[cfg(feature = "async")]
+fn async_runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    })
+}
+
+/// Runs `work(task, connection)` as one task per connection (taken from
+/// a pool before the clock starts); returns the seconds taken.
+#[cfg(feature = "async")]
+fn timed_async<T, F>(conns: Vec<T>, work: impl Fn(usize, T) -> F) -> Result<f64, String>
+where
+    F: std::future::Future<Output = Result<(), String>> + Send + 'static,
+{
+    async_runtime().block_on(async {
+        let began = Instant::now();
+        let handles: Vec<_> = conns
+            .into_iter()
+            .enumerate()
+            .map(|(t, conn)| tokio::spawn(work(t, conn)))
+            .collect();
+        for h in handles {
+            h.await
+                .map_err(|_| "a benchmark task panicked".to_string())??;
+        }
+        Ok(began.elapsed().as_secs_f64())
+    })
+}
+
+#[cfg(feature = "async")]
+macro_rules! async_bench_backend {
+    ($module:ident, $AsyncConn:ty, $specific:ident) => {
+        pub mod $module {
+            use super::$specific::{
+                bare_async, one_hop_async, pipelined_async, pool, raw_sql_async,
+            };
+            use super::*;
+            use diesel_inbox::{idempotent, Processed};
+
+            pub type AsyncConn = $AsyncConn;
+
+            pub async fn insert_order_async(
+                conn: &mut AsyncConn,
+                order: &Order,
+            ) -> QueryResult<usize> {
+                let insert = diesel::insert_into(bench_orders::table).values((
+                    bench_orders::id.eq(&order.id),
+                    bench_orders::amount.eq(order.amount),
+                ));
+                diesel_async::RunQueryDsl::execute(insert, conn).await
+            }
+
+            /// `async_idempotent`: the write in an `#[idempotent]` `async fn`.
+            #[idempotent(key = "order.id", consumer = "bench-async", shared)]
+            pub async fn idempotent(conn: &mut AsyncConn, order: &Order) -> QueryResult<()> {
+                insert_order_async(conn, order).await.map(drop)
+            }
+
+            /// Messages per second of one async variant with `tasks` tasks.
+            pub fn measure(
+                url: &str,
+                variant: &'static str,
+                tasks: usize,
+                messages: usize,
+                prefix: &str,
+            ) -> Result<f64, String> {
+                let per_task = messages / tasks;
+                let pool = pool(url, tasks);
+                let conns = async_runtime().block_on(async {
+                    let mut conns = Vec::with_capacity(tasks);
+                    for _ in 0..tasks {
+                        conns.push(pool.get().await.map_err(|e| format!("pool: {e}"))?);
+                    }
+                    Ok::<_, String>(conns)
+                })?;
+                let prefix = prefix.to_string();
+                let secs = timed_async(conns, |t, mut conn| {
+                    let key_variant = if variant == "async_duplicate" {
+                        "async_idempotent"
+                    } else {
+                        variant
+                    };
+                    let orders: Vec<Order> = (0..per_task)
+                        .map(|n| Order {
+                            id: format!("{prefix}-{key_variant}-{t}-{n}"),
+                            amount: n as i64,
+                        })
+                        .collect();
+                    async move {
+                        let conn: &mut AsyncConn = &mut conn;
+                        let err = |e: diesel::result::Error| format!("{variant}: {e}");
+                        for o in &orders {
+                            match variant {
+                                "async_bare" => bare_async(conn, o).await.map_err(err)?,
+                                "async_raw_sql" => raw_sql_async(conn, o).await.map_err(err)?,
+                                "async_pipelined" => pipelined_async(conn, o).await.map_err(err)?,
+                                "async_one_hop" => one_hop_async(conn, o).await.map_err(err)?,
+                                "async_idempotent" => {
+                                    match idempotent(conn, o).await.map_err(err)? {
+                                        Processed::Applied(()) => {}
+                                        Processed::Duplicate => {
+                                            return Err(format!("{} was a duplicate", o.id))
+                                        }
+                                    }
+                                }
+                                "async_duplicate" => {
+                                    match idempotent(conn, o).await.map_err(err)? {
+                                        Processed::Duplicate => {}
+                                        Processed::Applied(()) => {
+                                            return Err(format!("{} was not a duplicate", o.id))
+                                        }
+                                    }
+                                }
+                                other => return Err(format!("unknown variant {other}")),
+                            }
+                        }
+                        Ok(())
+                    }
+                })?;
+                Ok((per_task * tasks) as f64 / secs)
+            }
+
+            /// Whether `variant` runs on this backend.
+            pub fn has(variant: &str) -> bool {
+                $specific::EXTRA == Some(variant)
+                    || !["async_pipelined", "async_one_hop"].contains(&variant)
+            }
+        }
+    };
+}
+
+#[cfg(all(feature = "async", feature = "sqlite"))]
+async_bench_backend!(
+    sqlite_async,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    sqlite_async_specific
+);
+#[cfg(all(feature = "async", feature = "postgres"))]
+async_bench_backend!(
+    postgres_async,
+    diesel_async::AsyncPgConnection,
+    postgres_async_specific
+);
+#[cfg(all(feature = "async", feature = "mysql"))]
+async_bench_backend!(
+    mysql_async,
+    diesel_async::AsyncMysqlConnection,
+    mysql_async_specific
+);
+
+/// A deadpool pool of `$size` connections of `$Conn`, each set up with
+/// `$setup` (SQL run once per connection), if any.
+#[cfg(feature = "async")]
+macro_rules! deadpool {
+    ($Conn:ty, $url:expr, $size:expr, $setup:expr) => {{
+        use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+        use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+        let mut config = ManagerConfig::<$Conn>::default();
+        let setup: Option<&'static str> = $setup;
+        if let Some(sql) = setup {
+            config.custom_setup = Box::new(move |url| {
+                let url = url.to_string();
+                Box::pin(async move {
+                    let mut conn = <$Conn>::establish(&url).await?;
+                    conn.batch_execute(sql)
+                        .await
+                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                    Ok(conn)
+                })
+            });
+        }
+        let manager = AsyncDieselConnectionManager::new_with_config($url, config);
+        diesel_async::pooled_connection::deadpool::Pool::builder(manager)
+            .max_size($size)
+            .build()
+            .expect("a pool")
+    }};
+}
+
+/// The hand-written async variants: diesel-async's transaction, and the
+/// claim given as a statement.
+#[cfg(feature = "async")]
+macro_rules! async_variants {
+    ($AsyncConn:ty, $claim:expr) => {
+        pub async fn bare_async(conn: &mut $AsyncConn, order: &Order) -> QueryResult<()> {
+            conn.transaction(async |c| {
+                insert(c, order).await?;
+                Ok(())
+            })
+            .await
+        }
+
+        pub async fn raw_sql_async(conn: &mut $AsyncConn, order: &Order) -> QueryResult<()> {
+            conn.transaction(async |c| {
+                let claim = $claim(&order.id);
+                if diesel_async::RunQueryDsl::execute(claim, c).await? == 1 {
+                    insert(c, order).await?;
+                }
+                Ok(())
+            })
+            .await
+        }
+
+        async fn insert(conn: &mut $AsyncConn, order: &Order) -> QueryResult<usize> {
+            let insert = diesel::insert_into(bench_orders::table).values((
+                bench_orders::id.eq(&order.id),
+                bench_orders::amount.eq(order.amount),
+            ));
+            diesel_async::RunQueryDsl::execute(insert, conn).await
+        }
+    };
+}
+
+#[cfg(all(feature = "async", feature = "sqlite"))]
+mod sqlite_async_specific {
+    use super::*;
+    use diesel_async::AsyncConnection;
+    use diesel_inbox::inbox_messages as inbox;
+    type Conn =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+    pub const EXTRA: Option<&str> = Some("async_one_hop");
+
+    pub fn pool(url: &str, size: usize) -> diesel_async::pooled_connection::deadpool::Pool<Conn> {
+        deadpool!(
+            Conn,
+            url,
+            size,
+            Some("PRAGMA busy_timeout = 30000; PRAGMA synchronous = NORMAL;")
+        )
+    }
+
+    fn claim(
+        key: &str,
+    ) -> impl diesel::query_builder::QueryFragment<diesel::sqlite::Sqlite>
+           + diesel::query_builder::QueryId
+           + Send
+           + '_ {
+        diesel::insert_into(inbox::table)
+            .values((
+                inbox::consumer.eq("bench-async-raw"),
+                inbox::message_id.eq(key),
+            ))
+            .on_conflict((inbox::consumer, inbox::message_id))
+            .do_nothing()
+    }
+
+    async_variants!(Conn, claim);
+
+    /// The sync `raw_sql` (`BEGIN IMMEDIATE`, claim, write, `COMMIT`) in one
+    /// `spawn_blocking`.
+    pub async fn one_hop_async(conn: &mut Conn, order: &Order) -> QueryResult<()> {
+        let order = Order {
+            id: order.id.clone(),
+            amount: order.amount,
+        };
+        conn.spawn_blocking(move |c| super::sqlite::raw_sql(c, &order))
+            .await
+    }
+
+    pub async fn pipelined_async(_: &mut Conn, _: &Order) -> QueryResult<()> {
+        unreachable!("measured on PostgreSQL only")
+    }
+}
+
+#[cfg(all(feature = "async", feature = "postgres"))]
+mod postgres_async_specific {
+    use super::*;
+    use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+    use diesel_inbox::inbox_messages as inbox;
+    pub const EXTRA: Option<&str> = Some("async_pipelined");
+
+    pub fn pool(
+        url: &str,
+        size: usize,
+    ) -> diesel_async::pooled_connection::deadpool::Pool<AsyncPgConnection> {
+        deadpool!(AsyncPgConnection, url, size, None)
+    }
+
+    fn claim(
+        key: &str,
+    ) -> impl diesel::query_builder::QueryFragment<diesel::pg::Pg>
+           + diesel::query_builder::QueryId
+           + Send
+           + '_ {
+        diesel::insert_into(inbox::table)
+            .values((
+                inbox::consumer.eq("bench-async-raw"),
+                inbox::message_id.eq(key),
+            ))
+            .on_conflict((inbox::consumer, inbox::message_id))
+            .do_nothing()
+    }
+
+    async_variants!(AsyncPgConnection, claim);
+
+    pub async fn one_hop_async(_: &mut AsyncPgConnection, _: &Order) -> QueryResult<()> {
+        unreachable!("measured on SQLite only")
+    }
+
+    /// BEGIN and the claim go out together (two requests, one round trip),
+    /// then the write and COMMIT; ROLLBACK on any error. Outside diesel's
+    /// transaction manager.
+    pub async fn pipelined_async(conn: &mut AsyncPgConnection, order: &Order) -> QueryResult<()> {
+        let shared: &AsyncPgConnection = conn;
+        let (mut a, mut b) = (shared, shared);
+        let begin = SimpleAsyncConnection::batch_execute(&mut a, "BEGIN");
+        let claimed = diesel_async::RunQueryDsl::execute(claim(&order.id), &mut b);
+        let body = async {
+            let (_, claimed) = tokio::try_join!(begin, claimed)?;
+            if claimed == 1 {
+                let mut c = shared;
+                let insert = diesel::insert_into(bench_orders::table).values((
+                    bench_orders::id.eq(&order.id),
+                    bench_orders::amount.eq(order.amount),
+                ));
+                diesel_async::RunQueryDsl::execute(insert, &mut c).await?;
+            }
+            Ok::<_, diesel::result::Error>(())
+        };
+        match body.await {
+            Ok(()) => conn.batch_execute("COMMIT").await,
+            Err(e) => {
+                let _ = conn.batch_execute("ROLLBACK").await;
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(all(feature = "async", feature = "mysql"))]
+mod mysql_async_specific {
+    use super::*;
+    use diesel_async::{AsyncConnection, AsyncMysqlConnection};
+    use diesel_inbox::inbox_messages as inbox;
+    pub const EXTRA: Option<&str> = None;
+
+    pub fn pool(
+        url: &str,
+        size: usize,
+    ) -> diesel_async::pooled_connection::deadpool::Pool<AsyncMysqlConnection> {
+        deadpool!(AsyncMysqlConnection, url, size, None)
+    }
+
+    fn claim(
+        key: &str,
+    ) -> impl diesel::query_builder::QueryFragment<diesel::mysql::Mysql>
+           + diesel::query_builder::QueryId
+           + Send
+           + '_ {
+        diesel::insert_or_ignore_into(inbox::table).values((
+            inbox::consumer.eq("bench-async-raw"),
+            inbox::message_id.eq(key),
+        ))
+    }
+
+    async_variants!(AsyncMysqlConnection, claim);
+
+    pub async fn pipelined_async(_: &mut AsyncMysqlConnection, _: &Order) -> QueryResult<()> {
+        unreachable!("measured on PostgreSQL only")
+    }
+
+    pub async fn one_hop_async(_: &mut AsyncMysqlConnection, _: &Order) -> QueryResult<()> {
+        unreachable!("measured on SQLite only")
+    }
+}
+
 type Measure = fn(&str, &'static str, usize, usize, usize, &str) -> Result<f64, String>;
 
 struct Target {
@@ -465,7 +910,13 @@ struct Target {
     url: String,
     setup: fn(&str) -> Result<(), String>,
     measure: Measure,
+    /// The async measurement and which async variants run here.
+    #[cfg(feature = "async")]
+    measure_async: (MeasureAsync, fn(&str) -> bool),
 }
+
+#[cfg(feature = "async")]
+type MeasureAsync = fn(&str, &'static str, usize, usize, &str) -> Result<f64, String>;
 
 fn targets(args: &Args) -> Vec<Target> {
     let wanted = |name: &str| args.backends.iter().any(|b| b == "all" || b == name);
@@ -479,6 +930,8 @@ fn targets(args: &Args) -> Vec<Target> {
             url: path.to_string_lossy().into_owned(),
             setup: sqlite::setup,
             measure: sqlite::measure,
+            #[cfg(feature = "async")]
+            measure_async: (sqlite_async::measure, sqlite_async::has),
         });
     }
     #[cfg(feature = "postgres")]
@@ -490,6 +943,8 @@ fn targets(args: &Args) -> Vec<Target> {
                 url,
                 setup: postgres::setup,
                 measure: postgres::measure,
+                #[cfg(feature = "async")]
+                measure_async: (postgres_async::measure, postgres_async::has),
             }),
             _ => println!("SKIPPED: postgres: INBOX_TEST_POSTGRES_URL is not set (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test; the database must exist)"),
         }
@@ -503,6 +958,8 @@ fn targets(args: &Args) -> Vec<Target> {
                 url,
                 setup: mysql::setup,
                 measure: mysql::measure,
+                #[cfg(feature = "async")]
+                measure_async: (mysql_async::measure, mysql_async::has),
             }),
             _ => println!("SKIPPED: mysql: INBOX_TEST_MYSQL_URL is not set (e.g. mysql://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test; the database must exist)"),
         }
@@ -533,9 +990,15 @@ fn run(args: &Args) -> Result<(), String> {
     let mut cells = Vec::new();
     for target in &targets {
         (target.setup)(&target.url)?;
-        for &threads in &args.threads {
+        let sync_threads: &[usize] = if args.mode == "async" {
+            &[]
+        } else {
+            &args.threads
+        };
+        for &threads in sync_threads {
             let mut cell = Cell {
                 backend: target.name,
+                mode: "sync",
                 threads,
                 samples: VARIANTS.iter().map(|v| (*v, Vec::new())).collect(),
             };
@@ -550,6 +1013,33 @@ fn run(args: &Args) -> Result<(), String> {
                         args.batch,
                         &prefix,
                     )?;
+                    cell.samples[i].1.push(mps);
+                }
+            }
+            print_cell(target.label, &cell, args);
+            cells.push(cell);
+        }
+        #[cfg(feature = "async")]
+        let async_tasks: &[usize] = if args.mode == "sync" {
+            &[]
+        } else {
+            &args.tasks
+        };
+        #[cfg(feature = "async")]
+        for &tasks in async_tasks {
+            let (measure, has) = target.measure_async;
+            let variants: Vec<&'static str> =
+                ASYNC_VARIANTS.iter().copied().filter(|v| has(v)).collect();
+            let mut cell = Cell {
+                backend: target.name,
+                mode: "async",
+                threads: tasks,
+                samples: variants.iter().map(|v| (*v, Vec::new())).collect(),
+            };
+            for round in 0..args.rounds {
+                let prefix = format!("{}r{round}a{tasks}", run_id());
+                for (i, variant) in variants.iter().enumerate() {
+                    let mps = measure(&target.url, variant, tasks, args.messages, &prefix)?;
                     cell.samples[i].1.push(mps);
                 }
             }
@@ -582,24 +1072,29 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn print_cell(label: &str, cell: &Cell, args: &Args) {
+    let who = if cell.mode == "async" {
+        "async task(s) over a pool"
+    } else {
+        "thread(s)"
+    };
     println!(
-        "\n{label}, {} thread(s), {} messages per sample, {} round(s), batch {}",
+        "\n{label}, {} {who}, {} messages per sample, {} round(s), batch {}",
         cell.threads, args.messages, args.rounds, args.batch
     );
     println!(
-        "  {:<12}{:>14}{:>14}{:>14}",
+        "  {:<18}{:>14}{:>14}{:>14}",
         "variant", "median msg/s", "min", "max"
     );
     for (variant, samples) in &cell.samples {
         let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
         let max = samples.iter().copied().fold(0.0, f64::max);
         println!(
-            "  {variant:<12}{:>14.0}{min:>14.0}{max:>14.0}",
+            "  {variant:<18}{:>14.0}{min:>14.0}{max:>14.0}",
             cell.median(variant)
         );
     }
-    for (a, b) in RATIOS {
-        println!("  {:<24}{:>8.2}", format!("{a}/{b}"), cell.ratio(a, b));
+    for (a, b) in cell.ratios() {
+        println!("  {:<36}{:>8.2}", format!("{a}/{b}"), cell.ratio(a, b));
     }
 }
 
@@ -613,16 +1108,20 @@ fn to_json(cells: &[Cell], scale: &[(i64, f64, i64)], args: &Args) -> String {
     for (i, cell) in cells.iter().enumerate() {
         let _ = write!(
             out,
-            "{}\n    {{\"backend\": \"{}\", \"threads\": {}, \"median_msgs_per_sec\": {{",
+            "{}\n    {{\"backend\": \"{}\", \"mode\": \"{}\", \"{}\": {}, \"median_msgs_per_sec\": {{",
             if i > 0 { "," } else { "" },
             cell.backend,
+            cell.mode,
+            if cell.mode == "async" { "tasks" } else { "threads" },
             cell.threads
         );
-        let medians: Vec<String> = VARIANTS
+        let medians: Vec<String> = cell
+            .variants()
             .iter()
             .map(|v| format!("\"{v}\": {:.1}", cell.median(v)))
             .collect();
-        let ratios: Vec<String> = RATIOS
+        let ratios: Vec<String> = cell
+            .ratios()
             .iter()
             .map(|(a, b)| format!("\"{a}/{b}\": {:.3}", cell.ratio(a, b)))
             .collect();
@@ -660,35 +1159,49 @@ fn draw_svg(path: &std::path::Path, cells: &[Cell]) -> Result<(), Box<dyn std::e
     root.fill(&WHITE)?;
     let panels = root.split_evenly((cells.len().max(1), 1));
     for (cell, area) in cells.iter().zip(panels.iter()) {
-        let top = VARIANTS.iter().map(|v| cell.median(v)).fold(1.0, f64::max) * 1.15;
+        let variants = cell.variants();
+        let top = variants.iter().map(|v| cell.median(v)).fold(1.0, f64::max) * 1.15;
         let mut chart = ChartBuilder::on(area)
             .caption(
                 format!(
-                    "{} · {} thread(s) · messages per second (median)",
-                    cell.backend, cell.threads
+                    "{} · {} {} · messages per second (median)",
+                    cell.backend,
+                    cell.threads,
+                    if cell.mode == "async" {
+                        "async task(s)"
+                    } else {
+                        "thread(s)"
+                    }
                 ),
                 ("sans-serif", 20),
             )
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(70)
-            .build_cartesian_2d(0f64..VARIANTS.len() as f64, 0f64..top)?;
+            .build_cartesian_2d(0f64..variants.len() as f64, 0f64..top)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(VARIANTS.len() * 2 + 1)
+            .x_labels(variants.len() * 2 + 1)
             .x_label_formatter(&|x| {
                 let i = (*x - 0.5).round();
-                if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < VARIANTS.len() {
-                    VARIANTS[i as usize].to_string()
+                if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < variants.len() {
+                    variants[i as usize].to_string()
                 } else {
                     String::new()
                 }
             })
             .y_desc("msg/s")
             .draw()?;
-        chart.draw_series(VARIANTS.iter().enumerate().map(|(i, v)| {
-            let color = if *v == "idempotent" || *v == "batch" || *v == "duplicate" {
+        chart.draw_series(variants.iter().enumerate().map(|(i, v)| {
+            let ours = [
+                "idempotent",
+                "batch",
+                "duplicate",
+                "async_idempotent",
+                "async_duplicate",
+            ];
+            let color = if ours.contains(v) {
                 BLUE.mix(0.75)
             } else {
                 BLACK.mix(0.35)
@@ -698,7 +1211,7 @@ fn draw_svg(path: &std::path::Path, cells: &[Cell]) -> Result<(), Box<dyn std::e
                 color.filled(),
             )
         }))?;
-        chart.draw_series(VARIANTS.iter().enumerate().map(|(i, v)| {
+        chart.draw_series(variants.iter().enumerate().map(|(i, v)| {
             Text::new(
                 format!("{:.0}", cell.median(v)),
                 (i as f64 + 0.3, cell.median(v) + top * 0.02),
