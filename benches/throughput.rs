@@ -516,7 +516,9 @@ mod mysql_specific {
 // connections from a deadpool pool, with `--tasks` tasks on a multi-thread
 // tokio runtime. Variants: `async_bare`, `async_idempotent`, `async_raw_sql`
 // (the hand-written inbox: diesel-async's `transaction`, the claim, the
-// write), `async_duplicate`; on SQLite `async_one_hop`: the sync `raw_sql`
+// write; on SQLite `BEGIN IMMEDIATE` instead, as the sync variants and the
+// inbox take the write lock up front), `async_duplicate`; on SQLite
+// `async_one_hop`: the sync `raw_sql`
 // in one `spawn_blocking` (sync code, the ceiling of the wrapper); on
 // PostgreSQL `async_pipelined`: `raw_sql` with BEGIN and the claim sent
 // together (pipelined on one connection), outside diesel's transaction
@@ -752,7 +754,6 @@ macro_rules! async_variants {
 #[cfg(all(feature = "async", feature = "sqlite"))]
 mod sqlite_async_specific {
     use super::*;
-    use diesel_async::AsyncConnection;
     use diesel_inbox::inbox_messages as inbox;
     type Conn =
         diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
@@ -782,7 +783,57 @@ mod sqlite_async_specific {
             .do_nothing()
     }
 
-    async_variants!(Conn, claim);
+    /// `BEGIN IMMEDIATE` (the write lock up front, as the sync variants
+    /// and the inbox take it), in a hop to the blocking thread.
+    async fn begin_immediate(conn: &mut Conn) -> QueryResult<()> {
+        conn.spawn_blocking(|c| {
+            use diesel::connection::SimpleConnection;
+            c.batch_execute("BEGIN IMMEDIATE")
+        })
+        .await
+    }
+
+    /// `COMMIT` after `Ok`, `ROLLBACK` after `Err`.
+    async fn end<T>(conn: &mut Conn, result: QueryResult<T>) -> QueryResult<T> {
+        use diesel_async::SimpleAsyncConnection;
+        match result {
+            Ok(value) => conn.batch_execute("COMMIT").await.map(|()| value),
+            Err(e) => {
+                let _ = conn.batch_execute("ROLLBACK").await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn insert(conn: &mut Conn, order: &Order) -> QueryResult<usize> {
+        let insert = diesel::insert_into(bench_orders::table).values((
+            bench_orders::id.eq(&order.id),
+            bench_orders::amount.eq(order.amount),
+        ));
+        diesel_async::RunQueryDsl::execute(insert, conn).await
+    }
+
+    /// The write between `BEGIN IMMEDIATE` and `COMMIT`, each statement
+    /// awaited as an `async fn` body's would be.
+    pub async fn bare_async(conn: &mut Conn, order: &Order) -> QueryResult<()> {
+        begin_immediate(conn).await?;
+        let written = insert(conn, order).await.map(drop);
+        end(conn, written).await
+    }
+
+    /// The hand-written inbox the same way: `BEGIN IMMEDIATE`, the claim,
+    /// the write if it inserted, `COMMIT`.
+    pub async fn raw_sql_async(conn: &mut Conn, order: &Order) -> QueryResult<()> {
+        begin_immediate(conn).await?;
+        let written = async {
+            if diesel_async::RunQueryDsl::execute(claim(&order.id), &mut *conn).await? == 1 {
+                insert(conn, order).await?;
+            }
+            Ok(())
+        }
+        .await;
+        end(conn, written).await
+    }
 
     /// The sync `raw_sql` (`BEGIN IMMEDIATE`, claim, write, `COMMIT`) in one
     /// `spawn_blocking`.
