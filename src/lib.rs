@@ -196,10 +196,11 @@
 pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
-    consumers, ddl, inbox_messages, migrate, run, run_batch, run_once, schema_version,
-    validate_key, Batch, ConsumerName, ErrorClass, ErrorObserver, InboxBackend, InboxConnection,
-    InboxError, InboxKey, InvalidKey, Processed, RegisteredHandler, RetryableError, TableProblem,
-    MAX_KEY_BYTES, SCHEMA_VERSION,
+    consumers, ddl, forget, inbox_messages, migrate, purge, run, run_batch, run_once,
+    schema_version, stats, status, validate_key, Batch, ConsumerName, ConsumerStats, ErrorClass,
+    ErrorObserver, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey,
+    Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, TableProblem, MAX_KEY_BYTES,
+    MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.
@@ -207,8 +208,8 @@ extern crate self as diesel_inbox;
 
 #[cfg(feature = "async")]
 pub use inbox_runtime::{
-    migrate_async, run_async, run_batch_async, run_once_async, AsyncBatchBody, AsyncBody,
-    AsyncInboxConnection,
+    forget_async, migrate_async, purge_async, run_async, run_batch_async, run_once_async,
+    stats_async, status_async, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[doc(hidden)]

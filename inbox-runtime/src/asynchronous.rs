@@ -101,6 +101,45 @@ pub trait AsyncInboxConnection:
     /// [`migrate`](crate::migrate) on this connection.
     #[doc(hidden)]
     fn inbox_migrate(&mut self) -> impl Future<Output = Result<(), InboxError>> + Send;
+
+    /// One purge batch in a short transaction of its own: the rows deleted.
+    #[doc(hidden)]
+    fn inbox_purge_batch(
+        &mut self,
+        cutoff: String,
+        consumer: Option<String>,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// How many rows are older than `cutoff`.
+    #[doc(hidden)]
+    fn inbox_count_older(
+        &mut self,
+        cutoff: String,
+        consumer: Option<String>,
+    ) -> impl Future<Output = QueryResult<i64>> + Send;
+
+    /// The row of `(consumer, key)`.
+    #[doc(hidden)]
+    fn inbox_entry(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<Option<crate::InboxEntry>>> + Send;
+
+    /// Deletes the row of `(consumer, key)`; whether there was one.
+    #[doc(hidden)]
+    fn inbox_forget(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Rows, oldest and newest per consumer.
+    #[doc(hidden)]
+    fn inbox_stats(
+        &mut self,
+    ) -> impl Future<Output = QueryResult<Vec<crate::ConsumerStats>>> + Send;
 }
 
 /// What [`AsyncInboxConnection::inbox_begin_claim`] did: the begin's
@@ -335,6 +374,15 @@ where
     C: AsyncInboxConnection,
 {
     conn.inbox_migrate().await
+}
+
+/// Whether diesel-async has a transaction open on `conn`.
+pub(crate) fn transaction_open<C: AsyncConnection>(conn: &mut C) -> bool {
+    use diesel_async::TransactionManager;
+    matches!(
+        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    )
 }
 
 /// What one call claims.

@@ -263,7 +263,7 @@ where
 
 /// 2, 4, 8 … ms (capped at 256 ms) plus up to the same again of jitter, so
 /// that two deadlocked transactions do not collide again in lockstep.
-fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     let base_ms = 1u64 << attempt.clamp(1, 8);
     let jitter_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

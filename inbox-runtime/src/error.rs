@@ -75,6 +75,22 @@ pub enum InboxError {
     /// messages reported as duplicates. Nothing was changed.
     #[error("{}", IncompatibleTableMessage(.0))]
     IncompatibleTable(Vec<TableProblem>),
+    /// There is no `inbox_messages` table in the database the connection
+    /// reaches (an operation other than `migrate`): run `migrate` first, or
+    /// check the database and schema of the connection.
+    #[error("there is no inbox_messages table in this database: run migrate() (or `diesel-inbox migrate`) first, or check the database URL and schema")]
+    NoTable(#[source] diesel::result::Error),
+    /// An operation that runs its own short transactions (`purge`) was
+    /// called inside an open transaction, which would make them one long
+    /// transaction holding every lock until the caller commits.
+    #[error("inbox {operation} refused: it runs its own short transactions and must be called outside any transaction")]
+    InTransaction {
+        /// The operation refused.
+        operation: &'static str,
+    },
+    /// An argument is out of range; nothing was done.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
     /// The inbox schema in the database is newer than this release of the
     /// library knows: a newer release migrated it. Nothing was changed;
     /// run the newer release (rolling back to an older binary is refused

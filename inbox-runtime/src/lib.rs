@@ -52,6 +52,7 @@ mod engine;
 mod error;
 mod key;
 mod observe;
+mod ops;
 mod processed;
 mod registry;
 mod retry;
@@ -68,6 +69,11 @@ pub use error::{InboxError, TableProblem};
 pub use inbox_macros::idempotent;
 pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};
 pub use observe::ErrorObserver;
+pub use ops::{
+    forget, purge, stats, status, ConsumerStats, InboxEntry, Purge, PurgeReport, MAX_PURGE_BATCH,
+};
+#[cfg(feature = "async")]
+pub use ops::{forget_async, purge_async, stats_async, status_async};
 pub use processed::{Batch, Processed};
 pub use registry::{consumers, ConsumerName, RegisteredHandler};
 pub use retry::{ErrorClass, RetryableError};

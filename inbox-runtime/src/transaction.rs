@@ -66,6 +66,31 @@ where
     }
 }
 
+/// One purge batch in a short transaction of its own (the backend's
+/// isolation for purges, its `BEGIN`, the batch, `COMMIT`): the rows
+/// deleted.
+pub(crate) fn purge_batch<C>(
+    conn: &mut C,
+    cutoff: &str,
+    consumer: Option<&str>,
+    limit: i64,
+) -> diesel::QueryResult<usize>
+where
+    C: InboxConnection + diesel::connection::LoadConnection,
+{
+    if let Some(isolation) = <C::Backend as InboxBackend>::PURGE_ISOLATION {
+        conn.batch_execute(isolation)?;
+    }
+    AnsiTransactionManager::begin_transaction_sql(conn, <C::Backend as InboxBackend>::BEGIN)?;
+    match <C::Backend as InboxBackend>::purge_batch(conn, cutoff, consumer, limit) {
+        Ok(deleted) => AnsiTransactionManager::commit_transaction(conn).map(|()| deleted),
+        Err(e) => {
+            rollback(conn);
+            Err(e)
+        }
+    }
+}
+
 /// Whether diesel has a transaction open on `conn` (a broken transaction
 /// manager counts as none: nothing can be done with it).
 pub(crate) fn transaction_open<C>(conn: &mut C) -> bool

@@ -9,6 +9,10 @@ use super::{unique_int_base, unique_run_id};
 use diesel_inbox::{InboxError, InvalidKey, Processed};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+// The operations' contract, stamped out with the rest.
+#[allow(unused_imports)] // not every test binary stamps the contract out
+pub use super::operations::*;
+
 /// The session, or `None` (said once) when the backend is not configured.
 fn session<M: Mode>(test: &str) -> Option<(M, super::TestDb)> {
     let db = M::B::prepare(test)?;
@@ -475,6 +479,13 @@ macro_rules! contract_tests {
             batches_apply_only_first_deliveries_in_one_transaction,
             overlapping_batches_at_once_apply_each_key_once,
             concurrent_deliveries_apply_each_key_exactly_once,
+            status_shows_an_applied_message_and_none_for_others,
+            forget_replays_a_message_deliberately,
+            stats_count_rows_per_consumer,
+            purge_deletes_old_rows_in_batches_and_keeps_new_ones,
+            purge_refuses_bad_arguments,
+            operations_without_the_table_say_so,
+            concurrent_purges_share_the_work_while_handlers_claim,
         );
     };
     (@tests $Mode:ty, $runs_if:meta, $why:literal, $($test:ident,)*) => {

@@ -12,5 +12,6 @@ pub mod backends;
 pub mod contract;
 pub mod handlers;
 pub mod modes;
+pub mod operations;
 pub mod schema;
 pub mod sync_suite;

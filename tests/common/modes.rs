@@ -5,10 +5,11 @@
 
 use super::backend::{Msg, TestBackend};
 use super::handlers::{self, AppError};
-use diesel_inbox::{Batch, InboxError, Processed};
+use diesel_inbox::{Batch, ConsumerStats, InboxEntry, InboxError, Processed, Purge, PurgeReport};
 use std::sync::atomic::AtomicU32;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Barrier};
+use std::time::Duration;
 
 pub type Outcome<T> = Result<Processed<T>, AppError>;
 
@@ -40,6 +41,27 @@ pub trait Mode: Sized {
     /// commits (`commit`) or rolls back.
     fn twice_in_transaction(&mut self, m: &Msg, commit: bool) -> [Outcome<i64>; 2];
     fn migrate(&mut self) -> Result<(), InboxError>;
+
+    // The operations (`status`, `forget`, `stats`, `purge`) on the
+    // session's connection: the sync functions or their async twins.
+    fn status(&mut self, consumer: &str, key: &str) -> Result<Option<InboxEntry>, InboxError>;
+    fn forget(&mut self, consumer: &str, key: &str) -> Result<bool, InboxError>;
+    fn stats(&mut self) -> Result<Vec<ConsumerStats>, InboxError>;
+    /// `diesel_inbox::purge` (or `purge_async`) itself.
+    fn purge(&mut self, older_than: Duration, batch: usize) -> Result<PurgeReport, InboxError>;
+    /// `Purge::run` (or `run_async`).
+    fn run_purge(&mut self, purge: Purge<'_>) -> Result<PurgeReport, InboxError>;
+    /// `Purge::count` (or `count_async`).
+    fn count_purge(&mut self, purge: Purge<'_>) -> Result<u64, InboxError>;
+    /// `n` sessions purge at once while `deliveries` are delivered on
+    /// another session; the purges' reports and the deliveries' outcomes.
+    fn purge_during_deliveries(
+        db: &str,
+        n: usize,
+        older_than: Duration,
+        batch: usize,
+        deliveries: Vec<Msg>,
+    ) -> (Vec<Result<PurgeReport, InboxError>>, Vec<Outcome<i64>>);
 
     // What runs at once: sync on threads, each with a connection of its
     // own; async as tasks of a multi-thread runtime over one pool.
@@ -195,6 +217,64 @@ impl<B: TestBackend> Mode for Sync<B> {
 
     fn migrate(&mut self) -> Result<(), InboxError> {
         diesel_inbox::migrate(&mut self.conn)
+    }
+
+    fn status(&mut self, consumer: &str, key: &str) -> Result<Option<InboxEntry>, InboxError> {
+        diesel_inbox::status(&mut self.conn, consumer, key)
+    }
+
+    fn forget(&mut self, consumer: &str, key: &str) -> Result<bool, InboxError> {
+        diesel_inbox::forget(&mut self.conn, consumer, key)
+    }
+
+    fn stats(&mut self) -> Result<Vec<ConsumerStats>, InboxError> {
+        diesel_inbox::stats(&mut self.conn)
+    }
+
+    fn purge(&mut self, older_than: Duration, batch: usize) -> Result<PurgeReport, InboxError> {
+        diesel_inbox::purge(&mut self.conn, older_than, batch)
+    }
+
+    fn run_purge(&mut self, purge: Purge<'_>) -> Result<PurgeReport, InboxError> {
+        purge.run(&mut self.conn)
+    }
+
+    fn count_purge(&mut self, purge: Purge<'_>) -> Result<u64, InboxError> {
+        purge.count(&mut self.conn)
+    }
+
+    fn purge_during_deliveries(
+        db: &str,
+        n: usize,
+        older_than: Duration,
+        batch: usize,
+        deliveries: Vec<Msg>,
+    ) -> (Vec<Result<PurgeReport, InboxError>>, Vec<Outcome<i64>>) {
+        let barrier = Barrier::new(n + 1);
+        std::thread::scope(|scope| {
+            let purges: Vec<_> = (0..n)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut session = Self::open(db);
+                        barrier.wait();
+                        session.purge(older_than, batch)
+                    })
+                })
+                .collect();
+            let handler = scope.spawn(|| {
+                let mut session = Self::open(db);
+                barrier.wait();
+                deliveries
+                    .iter()
+                    .map(|m| session.apply_payment(m))
+                    .collect::<Vec<_>>()
+            });
+            let purged = purges
+                .into_iter()
+                .map(|p| p.join().expect("a purge panicked"))
+                .collect();
+            (purged, handler.join().expect("the handler panicked"))
+        })
     }
 
     fn deliver_concurrently(db: &str, workers: Vec<Vec<Msg>>) -> Vec<Vec<Outcome<i64>>> {
@@ -386,6 +466,87 @@ mod asynchronous {
 
         fn migrate(&mut self) -> Result<(), InboxError> {
             runtime().block_on(diesel_inbox::migrate_async::<B::AsyncConn>(&mut self.conn))
+        }
+
+        fn status(&mut self, consumer: &str, key: &str) -> Result<Option<InboxEntry>, InboxError> {
+            runtime().block_on(diesel_inbox::status_async::<B::AsyncConn>(
+                &mut self.conn,
+                consumer,
+                key,
+            ))
+        }
+
+        fn forget(&mut self, consumer: &str, key: &str) -> Result<bool, InboxError> {
+            runtime().block_on(diesel_inbox::forget_async::<B::AsyncConn>(
+                &mut self.conn,
+                consumer,
+                key,
+            ))
+        }
+
+        fn stats(&mut self) -> Result<Vec<ConsumerStats>, InboxError> {
+            runtime().block_on(diesel_inbox::stats_async::<B::AsyncConn>(&mut self.conn))
+        }
+
+        fn purge(&mut self, older_than: Duration, batch: usize) -> Result<PurgeReport, InboxError> {
+            runtime().block_on(diesel_inbox::purge_async::<B::AsyncConn>(
+                &mut self.conn,
+                older_than,
+                batch,
+            ))
+        }
+
+        fn run_purge(&mut self, purge: Purge<'_>) -> Result<PurgeReport, InboxError> {
+            runtime().block_on(purge.run_async::<B::AsyncConn>(&mut self.conn))
+        }
+
+        fn count_purge(&mut self, purge: Purge<'_>) -> Result<u64, InboxError> {
+            runtime().block_on(purge.count_async::<B::AsyncConn>(&mut self.conn))
+        }
+
+        fn purge_during_deliveries(
+            db: &str,
+            n: usize,
+            older_than: Duration,
+            batch: usize,
+            deliveries: Vec<Msg>,
+        ) -> (Vec<Result<PurgeReport, InboxError>>, Vec<Outcome<i64>>) {
+            /// What a task did: a purge's report, or the deliveries' outcomes.
+            enum Done {
+                Purged(Result<PurgeReport, InboxError>),
+                Delivered(Vec<Outcome<i64>>),
+            }
+            type Task = std::pin::Pin<Box<dyn std::future::Future<Output = Done> + Send>>;
+            let pool = B::pool(db);
+            let barrier = Arc::new(tokio::sync::Barrier::new(n + 1));
+            let mut tasks: Vec<Task> = (0..n)
+                .map(|_| {
+                    let (pool, barrier) = (pool.clone(), barrier.clone());
+                    Box::pin(async move {
+                        let mut conn = B::pooled(&pool).await;
+                        barrier.wait().await;
+                        let conn: &mut B::AsyncConn = &mut conn;
+                        Done::Purged(diesel_inbox::purge_async(conn, older_than, batch).await)
+                    }) as Task
+                })
+                .collect();
+            tasks.push(Box::pin(async move {
+                let mut conn = B::pooled(&pool).await;
+                barrier.wait().await;
+                let mut out = Vec::with_capacity(deliveries.len());
+                for m in &deliveries {
+                    out.push(handlers::asynchronous::apply_payment::<B>(&mut conn, m).await);
+                }
+                Done::Delivered(out)
+            }));
+            let (mut purged, mut delivered) = (Vec::new(), Vec::new());
+            for done in run_tasks(tasks.into_iter()) {
+                match done {
+                    Done::Purged(report) => purged.push(report),
+                    Done::Delivered(outcomes) => delivered = outcomes,
+                }
+            }
+            (purged, delivered)
         }
 
         fn deliver_concurrently(db: &str, workers: Vec<Vec<Msg>>) -> Vec<Vec<Outcome<i64>>> {

@@ -579,6 +579,26 @@ pub fn u8_i8_and_destructured_keys<B: TestBackend>() {
 
 /// Stamps out one `#[test]` per sync-only test for a backend:
 /// `sync_tests!(Sqlite, runs_if = all(), else_ignored = "..")`.
+/// A purge runs its own short transactions: inside the caller's it would
+/// be one long transaction holding every lock, so it is refused.
+pub fn purge_inside_a_callers_transaction_is_refused<B: TestBackend>() {
+    let Some(db) = B::prepare("purge_in_tx") else {
+        return;
+    };
+    let mut conn = B::open(&db);
+    let refused = conn.transaction(|conn| {
+        Ok::<_, diesel::result::Error>(diesel_inbox::purge(
+            conn,
+            std::time::Duration::from_secs(3600),
+            100,
+        ))
+    });
+    assert!(matches!(
+        refused,
+        Ok(Err(InboxError::InTransaction { operation: "purge" }))
+    ));
+}
+
 #[macro_export]
 macro_rules! sync_tests {
     ($B:ty, runs_if = $runs_if:meta, else_ignored = $why:literal) => {
@@ -592,6 +612,7 @@ macro_rules! sync_tests {
             inside_a_callers_transaction_a_transient_body_error_is_returned_at_once,
             a_commit_failure_the_body_caused_is_the_bodys_database_error,
             u8_i8_and_destructured_keys,
+            purge_inside_a_callers_transaction_is_refused,
         );
     };
     (@tests $B:ty, $runs_if:meta, $why:literal, $($test:ident,)*) => {

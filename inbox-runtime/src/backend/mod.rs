@@ -69,6 +69,264 @@ macro_rules! claim_batch_by_lookup {
     }};
 }
 
+/// The statements of the operations (`purge`, `status`, `forget`, `stats`),
+/// once for every backend and for the sync and the async connection: `$run`
+/// is `diesel::RunQueryDsl` or `diesel_async::RunQueryDsl`, and `await`
+/// follows each query on the async path. `$B` is the backend, for its
+/// `received_at` expression.
+///
+/// A purge batch selects up to `$limit` keys through the `received_at`
+/// index (a plain read: no locks) and deletes them by primary key with the
+/// cutoff checked again, so only those rows are locked; a row another purge
+/// deleted meanwhile is skipped.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+macro_rules! ops_statement {
+    (purge_batch, $conn:expr, $B:ty, $cutoff:expr, $scope:expr, $limit:expr, $run:path $(, $await:tt)?) => {{
+        use crate::schema::inbox_messages::dsl::*;
+        use diesel::{ExpressionMethods, QueryDsl};
+        use $run as run;
+        let cutoff: &str = $cutoff;
+        let older = || received_at.lt(diesel::dsl::sql::<diesel::sql_types::Timestamp>(cutoff));
+        let oldest = inbox_messages
+            .filter(older())
+            .order(received_at)
+            .limit($limit)
+            .select((consumer, message_id));
+        let scope: Option<&str> = $scope;
+        let mut rows: Vec<(String, String)> = match scope {
+            Some(name) => run::load(oldest.filter(consumer.eq(name)), &mut *$conn)$(.$await)??,
+            None => run::load(oldest, &mut *$conn)$(.$await)??,
+        };
+        // One order for every purge: concurrent ones lock rows in the same
+        // order.
+        rows.sort_unstable();
+        let mut deleted = 0;
+        for group in rows.chunk_by(|a, b| a.0 == b.0) {
+            for chunk in group.chunks(crate::backend::CLAIM_CHUNK) {
+                let keys: Vec<&str> = chunk.iter().map(|(_, k)| k.as_str()).collect();
+                let delete = diesel::delete(
+                    inbox_messages
+                        .filter(consumer.eq(&chunk[0].0))
+                        .filter(message_id.eq_any(keys))
+                        .filter(older()),
+                );
+                deleted += run::execute(delete, &mut *$conn)$(.$await)??;
+            }
+        }
+        Ok(deleted)
+    }};
+    (count_older, $conn:expr, $B:ty, $cutoff:expr, $scope:expr, $run:path $(, $await:tt)?) => {{
+        use crate::schema::inbox_messages::dsl::*;
+        use diesel::{ExpressionMethods, QueryDsl};
+        use $run as run;
+        let older = received_at.lt(diesel::dsl::sql::<diesel::sql_types::Timestamp>($cutoff));
+        let scope: Option<&str> = $scope;
+        match scope {
+            Some(name) => {
+                let count = inbox_messages.filter(older).filter(consumer.eq(name)).count();
+                run::get_result::<i64>(count, &mut *$conn)$(.$await)?
+            }
+            None => run::get_result::<i64>(inbox_messages.filter(older).count(), &mut *$conn)$(.$await)?,
+        }
+    }};
+    (entry, $conn:expr, $B:ty, $consumer:expr, $key:expr, $run:path $(, $await:tt)?) => {{
+        use crate::schema::inbox_messages::dsl::*;
+        use diesel::{ExpressionMethods, OptionalExtension, QueryDsl};
+        use $run as run;
+        let micros = diesel::dsl::sql::<diesel::sql_types::BigInt>(<$B as crate::InboxBackend>::RECEIVED_AT_MICROS);
+        let row = inbox_messages
+            .filter(consumer.eq($consumer))
+            .filter(message_id.eq($key))
+            .select((consumer, message_id, micros));
+        let row: Option<(String, String, i64)> = run::get_result(row, &mut *$conn)$(.$await)?.optional()?;
+        Ok(row.map(crate::ops::entry))
+    }};
+    (forget, $conn:expr, $B:ty, $consumer:expr, $key:expr, $run:path $(, $await:tt)?) => {{
+        use crate::schema::inbox_messages::dsl::*;
+        use diesel::{ExpressionMethods, QueryDsl};
+        use $run as run;
+        let delete = diesel::delete(inbox_messages.filter(consumer.eq($consumer)).filter(message_id.eq($key)));
+        run::execute(delete, &mut *$conn)$(.$await)?.map(|deleted| deleted == 1)
+    }};
+    (stats, $conn:expr, $B:ty, $run:path $(, $await:tt)?) => {{
+        use crate::schema::inbox_messages::dsl::*;
+        use diesel::QueryDsl;
+        use $run as run;
+        let micros = <$B as crate::InboxBackend>::RECEIVED_AT_MICROS;
+        let per_consumer = inbox_messages
+            .group_by(consumer)
+            .select((
+                consumer,
+                diesel::dsl::count_star(),
+                diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!("MIN({micros})")),
+                diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!("MAX({micros})")),
+            ))
+            .order(consumer);
+        let rows: Vec<(String, i64, i64, i64)> = run::load(per_consumer, &mut *$conn)$(.$await)??;
+        Ok(rows.into_iter().map(crate::ops::consumer_stats).collect())
+    }};
+}
+
+/// A purge batch in a short transaction of its own on a diesel-async
+/// connection with `AnsiTransactionManager` (PostgreSQL, MySQL/MariaDB):
+/// the backend's isolation for purges, `BEGIN`, the batch, `COMMIT`.
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+macro_rules! async_purge_batch {
+    ($conn:expr, $B:ty, $cutoff:expr, $scope:expr, $limit:expr) => {{
+        use diesel_async::{AnsiTransactionManager, SimpleAsyncConnection, TransactionManager};
+        if let Some(isolation) = <$B as crate::InboxBackend>::PURGE_ISOLATION {
+            $conn.batch_execute(isolation).await?;
+        }
+        AnsiTransactionManager::begin_transaction(&mut *$conn).await?;
+        let batch: diesel::QueryResult<usize> = async {
+            ops_statement!(
+                purge_batch,
+                $conn,
+                $B,
+                $cutoff,
+                $scope,
+                $limit,
+                diesel_async::RunQueryDsl,
+                await
+            )
+        }
+        .await;
+        match batch {
+            Ok(deleted) => AnsiTransactionManager::commit_transaction(&mut *$conn)
+                .await
+                .map(|()| deleted),
+            Err(e) => {
+                crate::asynchronous::ansi::rollback(&mut *$conn).await;
+                Err(e)
+            }
+        }
+    }};
+}
+
+/// The sync implementations of the operations' `InboxBackend` methods, for
+/// backend `$B` (inside its `impl InboxBackend`).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+macro_rules! sync_ops {
+    ($B:ty) => {
+        fn purge_batch<C>(
+            conn: &mut C,
+            cutoff: &str,
+            scope: Option<&str>,
+            limit: i64,
+        ) -> QueryResult<usize>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            ops_statement!(
+                purge_batch,
+                conn,
+                $B,
+                cutoff,
+                scope,
+                limit,
+                diesel::RunQueryDsl
+            )
+        }
+
+        fn count_older<C>(conn: &mut C, cutoff: &str, scope: Option<&str>) -> QueryResult<i64>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            ops_statement!(count_older, conn, $B, cutoff, scope, diesel::RunQueryDsl)
+        }
+
+        fn entry<C>(
+            conn: &mut C,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<Option<crate::InboxEntry>>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            ops_statement!(entry, conn, $B, consumer_name, key, diesel::RunQueryDsl)
+        }
+
+        fn forget<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            ops_statement!(forget, conn, $B, consumer_name, key, diesel::RunQueryDsl)
+        }
+
+        fn stats<C>(conn: &mut C) -> QueryResult<Vec<crate::ConsumerStats>>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            ops_statement!(stats, conn, $B, diesel::RunQueryDsl)
+        }
+    };
+}
+
+/// The async implementations of the operations' `AsyncInboxConnection`
+/// methods on a diesel-async connection of backend `$B` with
+/// `AnsiTransactionManager` (inside its `impl AsyncInboxConnection`).
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+macro_rules! async_ops {
+    ($B:ty) => {
+        async fn inbox_purge_batch(
+            &mut self,
+            cutoff: String,
+            scope: Option<String>,
+            limit: i64,
+        ) -> QueryResult<usize> {
+            async_purge_batch!(self, $B, &cutoff, scope.as_deref(), limit)
+        }
+
+        async fn inbox_count_older(
+            &mut self,
+            cutoff: String,
+            scope: Option<String>,
+        ) -> QueryResult<i64> {
+            ops_statement!(
+                count_older,
+                self,
+                $B,
+                &cutoff,
+                scope.as_deref(),
+                diesel_async::RunQueryDsl,
+                await
+            )
+        }
+
+        async fn inbox_entry(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<Option<crate::InboxEntry>> {
+            ops_statement!(
+                entry,
+                self,
+                $B,
+                consumer_name,
+                key,
+                diesel_async::RunQueryDsl,
+                await
+            )
+        }
+
+        async fn inbox_forget(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
+            ops_statement!(
+                forget,
+                self,
+                $B,
+                consumer_name,
+                key,
+                diesel_async::RunQueryDsl,
+                await
+            )
+        }
+
+        async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::ConsumerStats>> {
+            ops_statement!(stats, self, $B, diesel_async::RunQueryDsl, await)
+        }
+    };
+}
+
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -199,6 +457,59 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     /// Whether `error` says the role lacks a privilege.
     #[doc(hidden)]
     fn is_privilege_error(error: &Error) -> bool;
+
+    /// Whether `error` says there is no `inbox_messages` table.
+    #[doc(hidden)]
+    fn is_missing_table(error: &Error) -> bool;
+
+    /// `received_at` as microseconds since the Unix epoch (`BIGINT`).
+    #[doc(hidden)]
+    const RECEIVED_AT_MICROS: &'static str;
+
+    /// The time `older_than` before now, comparable with `received_at` (the
+    /// database's clock, as the column's default reads it).
+    #[doc(hidden)]
+    fn cutoff_sql(older_than: std::time::Duration) -> String;
+
+    /// A statement run before a purge batch's `BEGIN` (its isolation).
+    #[doc(hidden)]
+    const PURGE_ISOLATION: Option<&'static str> = None;
+
+    /// One purge batch's statements, inside the caller's transaction: the
+    /// rows deleted.
+    #[doc(hidden)]
+    fn purge_batch<C>(
+        conn: &mut C,
+        cutoff: &str,
+        consumer: Option<&str>,
+        limit: i64,
+    ) -> QueryResult<usize>
+    where
+        C: LoadConnection<Backend = Self>;
+
+    /// How many rows are older than `cutoff`.
+    #[doc(hidden)]
+    fn count_older<C>(conn: &mut C, cutoff: &str, consumer: Option<&str>) -> QueryResult<i64>
+    where
+        C: LoadConnection<Backend = Self>;
+
+    /// The row of `(consumer, key)`.
+    #[doc(hidden)]
+    fn entry<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<Option<crate::InboxEntry>>
+    where
+        C: LoadConnection<Backend = Self>;
+
+    /// Deletes the row of `(consumer, key)`; whether there was one.
+    #[doc(hidden)]
+    fn forget<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<bool>
+    where
+        C: LoadConnection<Backend = Self>;
+
+    /// Rows, oldest and newest per consumer.
+    #[doc(hidden)]
+    fn stats<C>(conn: &mut C) -> QueryResult<Vec<crate::ConsumerStats>>
+    where
+        C: LoadConnection<Backend = Self>;
 
     /// What the catalog says about `inbox_messages`, in one query.
     #[doc(hidden)]

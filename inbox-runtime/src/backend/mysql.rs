@@ -125,6 +125,32 @@ impl InboxBackend for Mysql {
                 .is_some_and(|(_, message)| !message.contains("Lock wait timeout exceeded"))
     }
 
+    fn is_missing_table(error: &Error) -> bool {
+        // 1146: Table 'db.inbox_messages' doesn't exist.
+        database_error(error)
+            .is_some_and(|(_, message)| message.contains(".inbox_messages' doesn't exist"))
+    }
+
+    // TIMESTAMP converts from the session's time zone: the epoch is UTC
+    // whatever the session's zone.
+    const RECEIVED_AT_MICROS: &'static str =
+        "CAST(UNIX_TIMESTAMP(received_at) * 1000000 AS SIGNED)";
+
+    // Both sides in the session's time zone, as the column's default.
+    fn cutoff_sql(older_than: std::time::Duration) -> String {
+        format!(
+            "(CURRENT_TIMESTAMP(6) - INTERVAL {} MICROSECOND)",
+            older_than.as_micros()
+        )
+    }
+
+    /// No gap locks: a purge batch locks only the rows it deletes, never
+    /// the gaps new claims insert into.
+    const PURGE_ISOLATION: Option<&'static str> =
+        Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
+
+    sync_ops!(Mysql);
+
     fn is_privilege_error(error: &Error) -> bool {
         // 1142 "... command denied to user ...", 1044 "Access denied for user ...".
         database_error(error).is_some_and(|(_, message)| {
@@ -321,6 +347,8 @@ mod asynchronous {
         async fn inbox_migrate(&mut self) -> Result<(), InboxError> {
             migrate_in_steps(self).await
         }
+
+        async_ops!(Mysql);
     }
 
     impl AsyncMigration for AsyncMysqlConnection {

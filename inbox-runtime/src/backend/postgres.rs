@@ -164,6 +164,25 @@ impl InboxBackend for Pg {
             .is_some_and(|(_, message)| message.contains("current transaction is aborted"))
     }
 
+    fn is_missing_table(error: &Error) -> bool {
+        // 42P01: relation "inbox_messages" does not exist.
+        database_error(error)
+            .is_some_and(|(_, message)| message.contains("\"inbox_messages\" does not exist"))
+    }
+
+    // `received_at` holds UTC wall time without a zone: its epoch is UTC.
+    const RECEIVED_AT_MICROS: &'static str =
+        "CAST(EXTRACT(EPOCH FROM received_at) * 1000000 AS BIGINT)";
+
+    fn cutoff_sql(older_than: std::time::Duration) -> String {
+        format!(
+            "((now() AT TIME ZONE 'UTC') - interval '{} microseconds')",
+            older_than.as_micros()
+        )
+    }
+
+    sync_ops!(Pg);
+
     fn is_privilege_error(error: &Error) -> bool {
         // 42501, by its message text: "permission denied for …", "must be
         // owner of table …".
@@ -355,6 +374,8 @@ mod asynchronous {
         async fn inbox_migrate(&mut self) -> Result<(), InboxError> {
             migrate_in_steps(self).await
         }
+
+        async_ops!(Pg);
     }
 
     impl AsyncMigration for AsyncPgConnection {

@@ -94,6 +94,26 @@ impl InboxBackend for Sqlite {
         })
     }
 
+    fn is_missing_table(error: &Error) -> bool {
+        database_error(error)
+            .is_some_and(|(_, message)| message.contains("no such table: inbox_messages"))
+    }
+
+    // `received_at` is CURRENT_TIMESTAMP's text, UTC, to the second.
+    const RECEIVED_AT_MICROS: &'static str =
+        "CAST(ROUND((julianday(received_at) - 2440587.5) * 86400000000.0) AS INTEGER)";
+
+    // The same text form as CURRENT_TIMESTAMP, so the two compare as text.
+    fn cutoff_sql(older_than: std::time::Duration) -> String {
+        format!(
+            "datetime('now', '-{}.{:06} seconds')",
+            older_than.as_secs(),
+            older_than.subsec_micros()
+        )
+    }
+
+    sync_ops!(Sqlite);
+
     fn is_privilege_error(_error: &Error) -> bool {
         // No roles: a read-only file is not a grant to ask for.
         false
@@ -307,6 +327,47 @@ mod asynchronous {
             if let Err(e) = rolled_back {
                 tracing::warn!(error = %e, "diesel-inbox: rollback failed");
             }
+        }
+
+        async fn inbox_purge_batch(
+            &mut self,
+            cutoff: String,
+            scope: Option<String>,
+            limit: i64,
+        ) -> QueryResult<usize> {
+            self.spawn_blocking(move |conn| {
+                transaction::purge_batch(conn, &cutoff, scope.as_deref(), limit)
+            })
+            .await
+        }
+
+        async fn inbox_count_older(
+            &mut self,
+            cutoff: String,
+            scope: Option<String>,
+        ) -> QueryResult<i64> {
+            self.spawn_blocking(move |conn| Sqlite::count_older(conn, &cutoff, scope.as_deref()))
+                .await
+        }
+
+        async fn inbox_entry(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<Option<crate::InboxEntry>> {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| Sqlite::entry(conn, &consumer_name, &key))
+                .await
+        }
+
+        async fn inbox_forget(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| Sqlite::forget(conn, &consumer_name, &key))
+                .await
+        }
+
+        async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::ConsumerStats>> {
+            self.spawn_blocking(Sqlite::stats).await
         }
 
         async fn inbox_migrate(&mut self) -> Result<(), InboxError> {

@@ -1,0 +1,526 @@
+//! Operating the inbox: retention ([`purge`]), inspection ([`status`],
+//! [`stats`]) and deliberate replays ([`forget`]), for sync connections and,
+//! with the `async` feature, their async twins.
+//!
+//! The statements are written once (`backend::ops_statements`) and run by
+//! each backend on its sync and its async connection; the purge loop's
+//! decisions (when a batch was the last, which errors to retry, the report)
+//! live once in [`PurgeLoop`], driven by a sync and an async loop of a few
+//! lines.
+
+use crate::backend::InboxBackend;
+use crate::error::InboxError;
+use crate::key::validate_key;
+use crate::transaction::InboxConnection;
+use diesel::connection::LoadConnection;
+use diesel::result::Error;
+use std::time::{Duration, Instant, SystemTime};
+
+/// One row of the inbox: a message a consumer has applied.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::{idempotent, status};
+///
+/// #[idempotent(key = "id")]
+/// fn ship(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> {
+///     Ok(())
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// inbox_runtime::migrate(&mut conn)?;
+/// ship(&mut conn, 7)?;
+/// let entry = status(&mut conn, "ship", "7")?.expect("applied");
+/// assert_eq!((entry.consumer.as_str(), entry.key.as_str()), ("ship", "7"));
+/// assert!(entry.received_at <= std::time::SystemTime::now());
+/// assert!(status(&mut conn, "ship", "8")?.is_none());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InboxEntry {
+    /// The consumer that applied the message.
+    pub consumer: String,
+    /// The message's key.
+    pub key: String,
+    /// When the message was claimed, by the database's clock.
+    pub received_at: SystemTime,
+}
+
+/// What the inbox holds for one consumer: see [`stats`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerStats {
+    /// The consumer.
+    pub consumer: String,
+    /// How many messages it has applied that are still recorded.
+    pub rows: u64,
+    /// When its oldest recorded message was claimed.
+    pub oldest: SystemTime,
+    /// When its newest recorded message was claimed.
+    pub newest: SystemTime,
+}
+
+/// What a purge did: see [`purge`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PurgeReport {
+    /// Rows deleted.
+    pub rows: u64,
+    /// Batches run, each in a transaction of its own (the last one finds
+    /// fewer rows than the batch size, possibly none).
+    pub batches: u64,
+    /// Deadlocks, serialization failures and lock timeouts of batches that
+    /// were retried.
+    pub retries: u64,
+    /// Time taken.
+    pub elapsed: Duration,
+}
+
+/// The most a purge retries one batch that keeps failing transiently.
+const PURGE_BATCH_RETRIES: u32 = 10;
+
+/// The largest purge batch: one batch is one short transaction.
+pub const MAX_PURGE_BATCH: usize = 100_000;
+
+/// A purge with options: the consumer it is scoped to, a callback after
+/// each batch (progress), and a dry run ([`Purge::count`]).
+/// [`purge`] is `Purge::new(older_than).batch_size(n).run(conn)`.
+///
+/// Rows are deleted in batches of `batch_size`, oldest first, each batch in
+/// a short transaction of its own: select up to `batch_size` keys through
+/// the `received_at` index, then delete them by primary key (only those
+/// rows are locked; on MySQL/MariaDB the batch runs at `READ COMMITTED`, so
+/// no gap locks either). A claim never waits on a purge, except a claim of
+/// a key the current batch is deleting, for that batch's duration. Several
+/// purges may run at once: one that finds a row another is deleting waits
+/// for that batch and then skips it. A deadlock or lock timeout reruns the
+/// batch.
+///
+/// **Retention must exceed the longest redelivery horizon**: the broker's
+/// redelivery delays, replays from a dead-letter queue, a consumer that was
+/// down for a week. A message redelivered after its row was purged is
+/// applied again.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::Purge;
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// inbox_runtime::migrate(&mut conn)?;
+/// let thirty_days = Duration::from_secs(30 * 24 * 3600);
+/// let would = Purge::new(thirty_days).consumer("billing").count(&mut conn)?;
+/// let report = Purge::new(thirty_days)
+///     .consumer("billing")
+///     .batch_size(5_000)
+///     .on_batch(|so_far| println!("{} rows", so_far.rows))
+///     .run(&mut conn)?;
+/// assert_eq!((would, report.rows), (0, 0));
+/// # Ok(())
+/// # }
+/// ```
+pub struct Purge<'a> {
+    older_than: Duration,
+    batch_size: usize,
+    consumer: Option<&'a str>,
+    on_batch: Option<OnBatch<'a>>,
+}
+
+/// The progress callback of a purge.
+type OnBatch<'a> = Box<dyn FnMut(&PurgeReport) + Send + 'a>;
+
+impl std::fmt::Debug for Purge<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Purge")
+            .field("older_than", &self.older_than)
+            .field("batch_size", &self.batch_size)
+            .field("consumer", &self.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Purge<'a> {
+    /// Rows claimed longer than `older_than` ago, in batches of 10,000.
+    pub fn new(older_than: Duration) -> Self {
+        Purge {
+            older_than,
+            batch_size: 10_000,
+            consumer: None,
+            on_batch: None,
+        }
+    }
+
+    /// Rows per batch (1 to [`MAX_PURGE_BATCH`]).
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Only this consumer's rows.
+    pub fn consumer(mut self, consumer: &'a str) -> Self {
+        self.consumer = Some(consumer);
+        self
+    }
+
+    /// Called after each batch with the totals so far.
+    pub fn on_batch(mut self, f: impl FnMut(&PurgeReport) + Send + 'a) -> Self {
+        self.on_batch = Some(Box::new(f));
+        self
+    }
+
+    /// The arguments, checked; the cutoff as this backend's SQL.
+    fn checked<B: InboxBackend>(&self) -> Result<(String, Option<String>, i64), InboxError> {
+        if self.batch_size == 0 || self.batch_size > MAX_PURGE_BATCH {
+            return Err(InboxError::InvalidArgument(
+                "the purge batch size must be between 1 and 100000",
+            ));
+        }
+        if self.older_than > Duration::from_secs(100 * 366 * 24 * 3600) {
+            return Err(InboxError::InvalidArgument(
+                "a purge's older_than must be at most 100 years",
+            ));
+        }
+        if let Some(consumer) = self.consumer {
+            validate_key(consumer).map_err(InboxError::InvalidConsumer)?;
+        }
+        Ok((
+            B::cutoff_sql(self.older_than),
+            self.consumer.map(str::to_owned),
+            self.batch_size as i64,
+        ))
+    }
+
+    /// Deletes the rows, batch by batch, outside any transaction (inside
+    /// one it is refused: [`InboxError::InTransaction`]).
+    pub fn run<C>(mut self, conn: &mut C) -> Result<PurgeReport, InboxError>
+    where
+        C: InboxConnection + LoadConnection,
+    {
+        let (cutoff, consumer, limit) = self.checked::<C::Backend>()?;
+        if crate::transaction::transaction_open(conn) {
+            return Err(InboxError::InTransaction { operation: "purge" });
+        }
+        let mut purge = PurgeLoop::new(limit, self.on_batch.take());
+        loop {
+            let batch = crate::transaction::purge_batch(conn, &cutoff, consumer.as_deref(), limit);
+            match purge.next(batch, C::Backend::is_transient) {
+                PurgeStep::Again => {}
+                PurgeStep::Sleep(delay) => std::thread::sleep(delay),
+                PurgeStep::Done(report) => return report.map_err(ops_error::<C::Backend>),
+            }
+        }
+    }
+
+    /// How many rows [`run`](Self::run) would delete now (a dry run).
+    pub fn count<C>(self, conn: &mut C) -> Result<u64, InboxError>
+    where
+        C: InboxConnection + LoadConnection,
+    {
+        let (cutoff, consumer, _) = self.checked::<C::Backend>()?;
+        C::Backend::count_older(conn, &cutoff, consumer.as_deref())
+            .map(|n| n as u64)
+            .map_err(ops_error::<C::Backend>)
+    }
+
+    /// The async twin of [`run`](Self::run).
+    #[cfg(feature = "async")]
+    pub async fn run_async<C>(mut self, conn: &mut C) -> Result<PurgeReport, InboxError>
+    where
+        C: crate::AsyncInboxConnection,
+    {
+        let (cutoff, consumer, limit) = self.checked::<C::Backend>()?;
+        if crate::asynchronous::transaction_open(conn) {
+            return Err(InboxError::InTransaction { operation: "purge" });
+        }
+        let mut purge = PurgeLoop::new(limit, self.on_batch.take());
+        loop {
+            let batch = conn
+                .inbox_purge_batch(cutoff.clone(), consumer.clone(), limit)
+                .await;
+            match purge.next(batch, <C::Backend as InboxBackend>::is_transient) {
+                PurgeStep::Again => {}
+                PurgeStep::Sleep(delay) => tokio::time::sleep(delay).await,
+                PurgeStep::Done(report) => return report.map_err(ops_error::<C::Backend>),
+            }
+        }
+    }
+
+    /// The async twin of [`count`](Self::count).
+    #[cfg(feature = "async")]
+    pub async fn count_async<C>(self, conn: &mut C) -> Result<u64, InboxError>
+    where
+        C: crate::AsyncInboxConnection,
+    {
+        let (cutoff, consumer, _) = self.checked::<C::Backend>()?;
+        conn.inbox_count_older(cutoff, consumer)
+            .await
+            .map(|n| n as u64)
+            .map_err(ops_error::<C::Backend>)
+    }
+}
+
+/// What the purge driver does next.
+enum PurgeStep {
+    /// Run the next batch.
+    Again,
+    /// Wait, then rerun the batch that failed transiently.
+    Sleep(Duration),
+    /// Stop, with the report or the error.
+    Done(Result<PurgeReport, Error>),
+}
+
+/// The purge loop's decisions, shared by the sync and the async driver:
+/// a batch that deleted fewer rows than the limit was the last; a transient
+/// failure reruns the batch after a backoff, up to a limit.
+struct PurgeLoop<'a> {
+    limit: i64,
+    report: PurgeReport,
+    failures: u32,
+    started: Instant,
+    on_batch: Option<OnBatch<'a>>,
+}
+
+impl<'a> PurgeLoop<'a> {
+    fn new(limit: i64, on_batch: Option<OnBatch<'a>>) -> Self {
+        PurgeLoop {
+            limit,
+            report: PurgeReport::default(),
+            failures: 0,
+            started: Instant::now(),
+            on_batch,
+        }
+    }
+
+    fn next(&mut self, batch: Result<usize, Error>, transient: fn(&Error) -> bool) -> PurgeStep {
+        match batch {
+            Ok(deleted) => {
+                self.failures = 0;
+                self.report.rows += deleted as u64;
+                self.report.batches += 1;
+                self.report.elapsed = self.started.elapsed();
+                if let Some(f) = self.on_batch.as_mut() {
+                    f(&self.report);
+                }
+                if (deleted as i64) < self.limit {
+                    PurgeStep::Done(Ok(self.report))
+                } else {
+                    PurgeStep::Again
+                }
+            }
+            Err(e) if transient(&e) && self.failures < PURGE_BATCH_RETRIES => {
+                self.failures += 1;
+                self.report.retries += 1;
+                tracing::debug!(error = %e, attempt = self.failures, "diesel-inbox: purge batch failed transiently, retrying");
+                PurgeStep::Sleep(crate::engine::backoff(self.failures))
+            }
+            Err(e) => PurgeStep::Done(Err(e)),
+        }
+    }
+}
+
+/// A database error of an operation, named for what it is.
+fn ops_error<B: InboxBackend>(error: Error) -> InboxError {
+    if B::is_missing_table(&error) {
+        InboxError::NoTable(error)
+    } else {
+        InboxError::Database(error)
+    }
+}
+
+fn checked_ids(consumer: &str, key: &str) -> Result<(), InboxError> {
+    validate_key(consumer).map_err(InboxError::InvalidConsumer)?;
+    validate_key(key).map_err(InboxError::InvalidKey)
+}
+
+/// Deletes the rows claimed longer than `older_than` ago, in batches of
+/// `batch_size` rows, each in a short transaction of its own, and says how
+/// many. See [`Purge`] for the locking, the options (one consumer, progress,
+/// dry run) and the rule that retention must exceed the redelivery horizon.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// inbox_runtime::migrate(&mut conn)?;
+/// let report = inbox_runtime::purge(&mut conn, Duration::from_secs(7 * 24 * 3600), 10_000)?;
+/// assert_eq!((report.rows, report.batches), (0, 1));
+/// # Ok(())
+/// # }
+/// ```
+pub fn purge<C>(
+    conn: &mut C,
+    older_than: Duration,
+    batch_size: usize,
+) -> Result<PurgeReport, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    Purge::new(older_than).batch_size(batch_size).run(conn)
+}
+
+/// The inbox row of `key` for `consumer`, if the message was applied (and
+/// not purged or forgotten since).
+///
+/// See [`InboxEntry`] for an example.
+pub fn status<C>(conn: &mut C, consumer: &str, key: &str) -> Result<Option<InboxEntry>, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    checked_ids(consumer, key)?;
+    C::Backend::entry(conn, consumer, key).map_err(ops_error::<C::Backend>)
+}
+
+/// Removes the inbox row of `key` for `consumer`, so that the next delivery
+/// of that message is applied again: a deliberate replay. `true` if there
+/// was a row. The message's earlier effects stay; replay only what is safe
+/// to apply twice, or undo it first.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::{forget, idempotent, Processed};
+///
+/// #[idempotent(key = "id")]
+/// fn resend(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> {
+///     Ok(())
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// inbox_runtime::migrate(&mut conn)?;
+/// resend(&mut conn, 1)?;
+/// assert!(forget(&mut conn, "resend", "1")?);
+/// assert_eq!(resend(&mut conn, 1)?, Processed::Applied(()));
+/// assert!(!forget(&mut conn, "resend", "2")?);
+/// # Ok(())
+/// # }
+/// ```
+pub fn forget<C>(conn: &mut C, consumer: &str, key: &str) -> Result<bool, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    checked_ids(consumer, key)?;
+    C::Backend::forget(conn, consumer, key).map_err(ops_error::<C::Backend>)
+}
+
+/// Per consumer, ordered by name: how many rows the inbox holds, and when
+/// the oldest and the newest were claimed. It reads every row (one
+/// aggregate query): on a very large inbox, run it off the hot path.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::{idempotent, stats};
+///
+/// #[idempotent(key = "id")]
+/// fn bill(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> {
+///     Ok(())
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// inbox_runtime::migrate(&mut conn)?;
+/// for id in 0..3 {
+///     bill(&mut conn, id)?;
+/// }
+/// let per_consumer = stats(&mut conn)?;
+/// assert_eq!((per_consumer[0].consumer.as_str(), per_consumer[0].rows), ("bill", 3));
+/// assert!(per_consumer[0].oldest <= per_consumer[0].newest);
+/// # Ok(())
+/// # }
+/// ```
+pub fn stats<C>(conn: &mut C) -> Result<Vec<ConsumerStats>, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    C::Backend::stats(conn).map_err(ops_error::<C::Backend>)
+}
+
+/// The async twin of [`purge`].
+#[cfg(feature = "async")]
+pub async fn purge_async<C>(
+    conn: &mut C,
+    older_than: Duration,
+    batch_size: usize,
+) -> Result<PurgeReport, InboxError>
+where
+    C: crate::AsyncInboxConnection,
+{
+    Purge::new(older_than)
+        .batch_size(batch_size)
+        .run_async(conn)
+        .await
+}
+
+/// The async twin of [`status`].
+#[cfg(feature = "async")]
+pub async fn status_async<C>(
+    conn: &mut C,
+    consumer: &str,
+    key: &str,
+) -> Result<Option<InboxEntry>, InboxError>
+where
+    C: crate::AsyncInboxConnection,
+{
+    checked_ids(consumer, key)?;
+    conn.inbox_entry(consumer, key)
+        .await
+        .map_err(ops_error::<C::Backend>)
+}
+
+/// The async twin of [`forget`].
+#[cfg(feature = "async")]
+pub async fn forget_async<C>(conn: &mut C, consumer: &str, key: &str) -> Result<bool, InboxError>
+where
+    C: crate::AsyncInboxConnection,
+{
+    checked_ids(consumer, key)?;
+    conn.inbox_forget(consumer, key)
+        .await
+        .map_err(ops_error::<C::Backend>)
+}
+
+/// The async twin of [`stats`].
+#[cfg(feature = "async")]
+pub async fn stats_async<C>(conn: &mut C) -> Result<Vec<ConsumerStats>, InboxError>
+where
+    C: crate::AsyncInboxConnection,
+{
+    conn.inbox_stats().await.map_err(ops_error::<C::Backend>)
+}
+
+/// Microseconds since the Unix epoch, as the backends' statements read
+/// `received_at`, to a time.
+pub(crate) fn from_micros(micros: i64) -> SystemTime {
+    let offset = Duration::from_micros(micros.unsigned_abs());
+    if micros >= 0 {
+        SystemTime::UNIX_EPOCH + offset
+    } else {
+        SystemTime::UNIX_EPOCH - offset
+    }
+}
+
+/// A row of the statements, to an entry.
+pub(crate) fn entry((consumer, key, micros): (String, String, i64)) -> InboxEntry {
+    InboxEntry {
+        consumer,
+        key,
+        received_at: from_micros(micros),
+    }
+}
+
+/// A row of the statements, to a consumer's stats.
+pub(crate) fn consumer_stats(
+    (consumer, rows, oldest, newest): (String, i64, i64, i64),
+) -> ConsumerStats {
+    ConsumerStats {
+        consumer,
+        rows: rows as u64,
+        oldest: from_micros(oldest),
+        newest: from_micros(newest),
+    }
+}
