@@ -1,0 +1,478 @@
+//! `diesel-inbox`: operate the inbox table from a shell.
+//!
+//! ```text
+//! diesel-inbox [--database-url URL] migrate
+//! diesel-inbox status <CONSUMER> <KEY>
+//! diesel-inbox stats [--json]
+//! diesel-inbox purge --older-than 30d [--consumer C] [--batch 10000] [--dry-run] [--force]
+//! diesel-inbox forget <CONSUMER> <KEY>
+//! ```
+//!
+//! The URL comes from `--database-url` or `DATABASE_URL`; its scheme picks
+//! the backend: `postgres://` (feature `postgres`), `mysql://` (feature
+//! `mysql`), anything else is a SQLite file (`sqlite://path` or a path).
+//! Exit codes: 0 done, 1 `status`/`forget` found no row, 2 an error (one
+//! line on stderr).
+
+use clap::{Parser, Subcommand};
+use diesel::connection::LoadConnection;
+use diesel_inbox::{InboxConnection, InboxError, Purge};
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+#[derive(Parser)]
+#[command(
+    name = "diesel-inbox",
+    version,
+    about = "Operate a diesel-inbox table: migrate, inspect, purge, replay",
+    after_help = "Exit status: 0 done; 1 `status` or `forget` found no row; 2 an error."
+)]
+struct Cli {
+    /// The database: postgres://…, mysql://…, or a SQLite file (a path, or
+    /// sqlite://path).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    database_url: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create, verify or upgrade the inbox table.
+    Migrate,
+    /// Whether CONSUMER has applied the message KEY, and when.
+    Status { consumer: String, key: String },
+    /// Rows, oldest and newest claim per consumer.
+    Stats {
+        /// JSON for scripts instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete rows older than a retention period, in short batches.
+    ///
+    /// Retention must exceed the longest redelivery horizon (broker
+    /// redelivery, dead-letter replays, consumer downtime): a message
+    /// redelivered after its row is purged is applied again.
+    Purge {
+        /// The retention period: a number and a unit, s, m, h, d or w
+        /// (e.g. 30d).
+        #[arg(long, value_parser = parse_age)]
+        older_than: Duration,
+        /// Only this consumer's rows.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// Rows per batch; each batch is one short transaction.
+        #[arg(long, default_value_t = 10_000)]
+        batch: usize,
+        /// Count what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Allow an --older-than under 1 hour.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Remove the row of KEY for CONSUMER, so that its next delivery is
+    /// applied again (a deliberate replay).
+    Forget { consumer: String, key: String },
+}
+
+/// A failure: its one-line message.
+struct Failure(String);
+
+impl From<InboxError> for Failure {
+    fn from(e: InboxError) -> Self {
+        Failure(e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(Failure(message)) => {
+            eprintln!("error: {}", message.replace('\n', " "));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let url = cli
+        .database_url
+        .ok_or_else(|| Failure("no database: pass --database-url or set DATABASE_URL".into()))?;
+    if let Command::Purge {
+        older_than, force, ..
+    } = &cli.command
+    {
+        if *older_than < Duration::from_secs(3600) && !force {
+            return Err(Failure(format!(
+                "refusing --older-than {}: under 1 hour, a message still being redelivered after its row is purged would be applied again (retention must exceed the longest redelivery horizon); pass --force to purge anyway",
+                human(*older_than)
+            )));
+        }
+    }
+    match Backend::of(&url)? {
+        Backend::Postgres => on_postgres(&url, &cli.command),
+        Backend::Mysql => on_mysql(&url, &cli.command),
+        Backend::Sqlite(path) => on_sqlite(path, &cli.command),
+    }
+}
+
+enum Backend<'a> {
+    Postgres,
+    Mysql,
+    Sqlite(&'a str),
+}
+
+impl<'a> Backend<'a> {
+    /// The backend the URL's scheme names.
+    fn of(url: &'a str) -> Result<Self, Failure> {
+        match url.split_once("://") {
+            Some(("postgres" | "postgresql", _)) => Ok(Backend::Postgres),
+            Some(("mysql" | "mariadb", _)) => Ok(Backend::Mysql),
+            Some(("sqlite", path)) => Ok(Backend::Sqlite(path)),
+            Some((scheme, _)) => Err(Failure(format!(
+                "unsupported database URL scheme `{scheme}://`: use postgres://, mysql:// or a SQLite file (a path or sqlite://path)"
+            ))),
+            None if url.is_empty() => Err(Failure("the database URL is empty".into())),
+            None => Ok(Backend::Sqlite(url.strip_prefix("sqlite:").unwrap_or(url))),
+        }
+    }
+}
+
+/// The URL without its password, for messages.
+fn redacted(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, rest)), Some(at)) => {
+            let credentials = &rest[..at - scheme.len() - 3];
+            let user = credentials.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***{}", &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn connect<C: diesel::Connection>(url: &str) -> Result<C, Failure> {
+    C::establish(url).map_err(|e| {
+        Failure(format!(
+            "cannot connect to {}: {}",
+            redacted(url),
+            e.to_string().trim()
+        ))
+    })
+}
+
+#[cfg(feature = "postgres")]
+fn on_postgres(url: &str, command: &Command) -> Result<ExitCode, Failure> {
+    execute(&mut connect::<diesel::PgConnection>(url)?, command)
+}
+
+#[cfg(not(feature = "postgres"))]
+fn on_postgres(_: &str, _: &Command) -> Result<ExitCode, Failure> {
+    Err(Failure(
+        "this diesel-inbox was built without PostgreSQL: cargo install diesel-inbox --features cli,postgres".into(),
+    ))
+}
+
+#[cfg(feature = "mysql")]
+fn on_mysql(url: &str, command: &Command) -> Result<ExitCode, Failure> {
+    execute(&mut connect::<diesel::MysqlConnection>(url)?, command)
+}
+
+#[cfg(not(feature = "mysql"))]
+fn on_mysql(_: &str, _: &Command) -> Result<ExitCode, Failure> {
+    Err(Failure(
+        "this diesel-inbox was built without MySQL/MariaDB: cargo install diesel-inbox --features cli,mysql".into(),
+    ))
+}
+
+#[cfg(feature = "sqlite")]
+fn on_sqlite(path: &str, command: &Command) -> Result<ExitCode, Failure> {
+    // SQLite creates a missing file on connect: only `migrate` may.
+    let is_file = path.starts_with("file:") || path == ":memory:";
+    if !matches!(command, Command::Migrate) && !is_file && !std::path::Path::new(path).exists() {
+        return Err(Failure(format!(
+            "no SQLite database at {path} (`diesel-inbox migrate` creates one)"
+        )));
+    }
+    let mut conn = connect::<diesel::SqliteConnection>(path)?;
+    diesel::connection::SimpleConnection::batch_execute(&mut conn, "PRAGMA busy_timeout = 10000")
+        .map_err(|e| Failure(e.to_string()))?;
+    execute(&mut conn, command)
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn on_sqlite(_: &str, _: &Command) -> Result<ExitCode, Failure> {
+    Err(Failure(
+        "this diesel-inbox was built without SQLite: cargo install diesel-inbox --features cli,sqlite".into(),
+    ))
+}
+
+/// The command, on any backend's connection.
+fn execute<C>(conn: &mut C, command: &Command) -> Result<ExitCode, Failure>
+where
+    C: InboxConnection + LoadConnection,
+{
+    match command {
+        Command::Migrate => {
+            diesel_inbox::migrate(conn)?;
+            println!(
+                "inbox table ready (schema version {})",
+                diesel_inbox::SCHEMA_VERSION
+            );
+        }
+        Command::Status { consumer, key } => match diesel_inbox::status(conn, consumer, key)? {
+            Some(entry) => println!(
+                "applied: consumer {} key {} received_at {}",
+                entry.consumer,
+                entry.key,
+                rfc3339(entry.received_at)
+            ),
+            None => {
+                println!("not applied: no inbox row for consumer {consumer} and key {key}");
+                return Ok(ExitCode::from(1));
+            }
+        },
+        Command::Stats { json } => {
+            let stats = diesel_inbox::stats(conn)?;
+            if *json {
+                let rows: Vec<_> = stats
+                    .iter()
+                    .map(|s| {
+                        serde_json::json!({
+                            "consumer": s.consumer,
+                            "rows": s.rows,
+                            "oldest": rfc3339(s.oldest),
+                            "newest": rfc3339(s.newest),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(rows));
+            } else {
+                print_table(&stats);
+            }
+        }
+        Command::Purge {
+            older_than,
+            consumer,
+            batch,
+            dry_run,
+            ..
+        } => purge(conn, *older_than, consumer.as_deref(), *batch, *dry_run)?,
+        Command::Forget { consumer, key } => {
+            if diesel_inbox::forget(conn, consumer, key)? {
+                println!("forgotten: the next delivery of {key} to {consumer} will be applied");
+            } else {
+                println!("nothing to forget: no inbox row for consumer {consumer} and key {key}");
+                return Ok(ExitCode::from(1));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn purge<C>(
+    conn: &mut C,
+    older_than: Duration,
+    consumer: Option<&str>,
+    batch: usize,
+    dry_run: bool,
+) -> Result<(), Failure>
+where
+    C: InboxConnection + LoadConnection,
+{
+    let options = || {
+        let purge = Purge::new(older_than).batch_size(batch);
+        match consumer {
+            Some(c) => purge.consumer(c),
+            None => purge,
+        }
+    };
+    let scope = consumer.map_or("all consumers".to_string(), |c| format!("consumer {c}"));
+    let total = options().count(conn)?;
+    if dry_run {
+        println!(
+            "dry run: {total} rows older than {} ({scope}) would be purged",
+            human(older_than)
+        );
+        return Ok(());
+    }
+    let report = if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} rows  {per_sec}  ETA {eta}",
+            )
+            .map_err(|e| Failure(e.to_string()))?,
+        );
+        let progress = bar.clone();
+        let report = options()
+            .on_batch(move |so_far| progress.set_position(so_far.rows))
+            .run(conn);
+        bar.finish_and_clear();
+        report?
+    } else {
+        options()
+            .on_batch(|so_far| {
+                eprintln!(
+                    "purge: {} rows in {} batches, {:.0} rows/s",
+                    so_far.rows,
+                    so_far.batches,
+                    so_far.rows as f64 / so_far.elapsed.as_secs_f64().max(1e-9)
+                )
+            })
+            .run(conn)?
+    };
+    println!(
+        "purged {} rows older than {} ({scope}) in {} batches, {:.1}s ({:.0} rows/s, {} retried)",
+        report.rows,
+        human(older_than),
+        report.batches,
+        report.elapsed.as_secs_f64(),
+        report.rows as f64 / report.elapsed.as_secs_f64().max(1e-9),
+        report.retries
+    );
+    Ok(())
+}
+
+fn print_table(stats: &[diesel_inbox::ConsumerStats]) {
+    let width = stats
+        .iter()
+        .map(|s| s.consumer.len())
+        .max()
+        .unwrap_or(0)
+        .max("consumer".len());
+    println!(
+        "{:<width$}  {:>12}  {:<27}  {:<27}",
+        "consumer", "rows", "oldest", "newest"
+    );
+    for s in stats {
+        println!(
+            "{:<width$}  {:>12}  {:<27}  {:<27}",
+            s.consumer,
+            s.rows,
+            rfc3339(s.oldest),
+            rfc3339(s.newest)
+        );
+    }
+}
+
+/// `30d`, `12h`, `90m`, `3600s`, `2w`.
+fn parse_age(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("`{text}` has no unit: use s, m, h, d or w (e.g. 30d)"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` does not start with a number (e.g. 30d)"))?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        other => return Err(format!("unknown unit `{other}`: use s, m, h, d or w")),
+    };
+    n.checked_mul(seconds)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("`{text}` is too long"))
+}
+
+/// A duration as its largest whole unit.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    for (unit, size) in [("w", 7 * 86_400), ("d", 86_400), ("h", 3600), ("m", 60)] {
+        if s >= size && s % size == 0 {
+            return format!("{}{unit}", s / size);
+        }
+    }
+    format!("{s}s")
+}
+
+/// `2026-11-30T12:34:56.789012Z`.
+fn rfc3339(t: SystemTime) -> String {
+    let (micros, sign) = match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => (d.as_micros() as i128, 1),
+        Err(e) => (e.duration().as_micros() as i128, -1),
+    };
+    let micros = sign * micros;
+    let seconds = micros.div_euclid(1_000_000);
+    let fraction = micros.rem_euclid(1_000_000);
+    let (days, second_of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
+    let (year, month, day) = civil_from_days(days as i64);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{fraction:06}Z",
+        second_of_day / 3600,
+        second_of_day % 3600 / 60,
+        second_of_day % 60
+    )
+}
+
+/// The proleptic Gregorian date of a day count from 1970-01-01.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let mp = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_parse_and_print() {
+        assert_eq!(parse_age("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(parse_age("90m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_age("2w"), Ok(Duration::from_secs(14 * 86_400)));
+        assert!(parse_age("30").is_err());
+        assert!(parse_age("d").is_err());
+        assert!(parse_age("3y").is_err());
+        assert_eq!(human(Duration::from_secs(30 * 86_400)), "30d");
+        assert_eq!(human(Duration::from_secs(600)), "10m");
+        assert_eq!(human(Duration::from_secs(61)), "61s");
+    }
+
+    #[test]
+    fn times_print_as_rfc3339() {
+        assert_eq!(
+            rfc3339(SystemTime::UNIX_EPOCH),
+            "1970-01-01T00:00:00.000000Z"
+        );
+        let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_764_505_696_123_456);
+        assert_eq!(rfc3339(t), "2025-11-30T12:28:16.123456Z");
+        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn schemes_pick_the_backend() {
+        assert!(matches!(
+            Backend::of("postgres://u@h/d"),
+            Ok(Backend::Postgres)
+        ));
+        assert!(matches!(Backend::of("mysql://u@h/d"), Ok(Backend::Mysql)));
+        assert!(matches!(
+            Backend::of("sqlite:///tmp/x.db"),
+            Ok(Backend::Sqlite("/tmp/x.db"))
+        ));
+        assert!(matches!(
+            Backend::of("inbox.db"),
+            Ok(Backend::Sqlite("inbox.db"))
+        ));
+        assert!(Backend::of("redis://h").is_err());
+        assert_eq!(
+            redacted("postgres://user:secret@127.0.0.1/db"),
+            "postgres://user:***@127.0.0.1/db"
+        );
+    }
+}

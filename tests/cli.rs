@@ -1,0 +1,243 @@
+//! The ops CLI, run as the real binary against each backend: every
+//! subcommand, the refusals and the one-line errors with their exit codes.
+#![cfg(feature = "cli")]
+
+mod common;
+
+use assert_cmd::Command;
+use common::backend::TestBackend;
+use diesel::connection::SimpleConnection;
+use diesel::Connection;
+use diesel_inbox::{ErrorClass, InboxBackend, Processed};
+use std::time::Duration;
+
+/// The binary, on `url`.
+fn cli(url: &str) -> Command {
+    let mut cmd = Command::cargo_bin("diesel-inbox").expect("the diesel-inbox binary");
+    cmd.env_remove("DATABASE_URL")
+        .arg("--database-url")
+        .arg(url);
+    cmd
+}
+
+/// Runs it: (exit code, stdout, stderr).
+fn run(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.output().expect("run diesel-inbox");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn claim<C: diesel_inbox::InboxConnection>(conn: &mut C, consumer: &str, key: &str) {
+    let out: diesel::QueryResult<Processed<()>> =
+        diesel_inbox::run(conn, consumer, key, 0, |_| Ok(()), ErrorClass::of);
+    assert!(out.expect("claim").is_applied());
+}
+
+/// The whole CLI on one backend, on a database of its own.
+fn cli_contract<B: TestBackend>() {
+    let Some(db) = B::fresh("cli") else {
+        return;
+    };
+    let url = &db.url;
+
+    // No table yet: every command but migrate says so.
+    let (code, _, err) = run(cli(url).arg("stats"));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.starts_with("error: there is no inbox_messages table"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+
+    let (code, out, err) = run(cli(url).arg("migrate"));
+    assert_eq!(
+        (code, out.trim()),
+        (0, "inbox table ready (schema version 1)"),
+        "{err}"
+    );
+    // Idempotent.
+    assert_eq!(run(cli(url).arg("migrate")).0, 0);
+
+    let mut conn = B::open(url);
+    for n in 0..30 {
+        claim(&mut conn, "billing", &format!("order-{n:02}"));
+    }
+    for n in 0..5 {
+        claim(&mut conn, "mailer", &format!("mail-{n}"));
+    }
+    let two_days_ago = <<B::Conn as Connection>::Backend as InboxBackend>::cutoff_sql(
+        Duration::from_secs(2 * 86_400),
+    );
+    conn.batch_execute(&format!(
+        "UPDATE inbox_messages SET received_at = {two_days_ago} \
+         WHERE consumer = 'billing' AND message_id < 'order-20'"
+    ))
+    .expect("backdate");
+
+    // stats: a table, and JSON for scripts.
+    let (code, out, _) = run(cli(url).arg("stats"));
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("consumer"), "{out}");
+    assert!(
+        lines[1].starts_with("billing") && lines[1].contains(" 30 "),
+        "{out}"
+    );
+    assert!(
+        lines[2].starts_with("mailer") && lines[2].contains(" 5 "),
+        "{out}"
+    );
+    let (code, out, _) = run(cli(url).args(["stats", "--json"]));
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(json[0]["consumer"], "billing");
+    assert_eq!(json[0]["rows"], 30);
+    assert_eq!(json[1]["consumer"], "mailer");
+    assert_eq!(json[1]["rows"], 5);
+    let oldest = json[0]["oldest"].as_str().expect("a time");
+    assert!(oldest.ends_with('Z') && oldest.len() == 27, "{oldest}");
+    assert!(oldest < json[0]["newest"].as_str().expect("a time"));
+
+    // status: 0 with the row, 1 without.
+    let (code, out, _) = run(cli(url).args(["status", "billing", "order-25"]));
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("applied: consumer billing key order-25 received_at 20"),
+        "{out}"
+    );
+    let (code, out, _) = run(cli(url).args(["status", "billing", "order-99"]));
+    assert_eq!(code, 1);
+    assert!(out.starts_with("not applied"), "{out}");
+
+    // purge: refused under an hour, a dry run, then in batches.
+    let (code, _, err) = run(cli(url).args(["purge", "--older-than", "30m"]));
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("refusing --older-than 30m") && err.contains("--force"),
+        "{err}"
+    );
+    let (code, out, _) = run(cli(url).args(["purge", "--older-than", "1d", "--dry-run"]));
+    assert_eq!(code, 0);
+    assert!(out.contains("dry run: 20 rows older than 1d"), "{out}");
+    assert!(run(cli(url).args(["status", "billing", "order-00"])).0 == 0);
+    let (code, out, err) = run(cli(url).args([
+        "purge",
+        "--older-than",
+        "1d",
+        "--batch",
+        "7",
+        "--consumer",
+        "billing",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("purged 20 rows older than 1d (consumer billing) in 3 batches"),
+        "{out}"
+    );
+    // Not a terminal: a log line per batch on stderr.
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("purge: ")).count(),
+        3,
+        "{err}"
+    );
+    assert_eq!(run(cli(url).args(["status", "billing", "order-00"])).0, 1);
+    assert_eq!(run(cli(url).args(["status", "billing", "order-20"])).0, 0);
+    let (code, out, _) = run(cli(url).args(["purge", "--older-than", "30m", "--force"]));
+    assert_eq!(code, 0);
+    assert!(out.contains("purged 0 rows"), "{out}");
+
+    // forget: a deliberate replay.
+    let (code, out, _) = run(cli(url).args(["forget", "mailer", "mail-3"]));
+    assert_eq!(code, 0);
+    assert!(out.starts_with("forgotten"), "{out}");
+    assert_eq!(run(cli(url).args(["forget", "mailer", "mail-3"])).0, 1);
+    claim(&mut conn, "mailer", "mail-3");
+
+    // DATABASE_URL instead of the flag.
+    let mut by_env = Command::cargo_bin("diesel-inbox").expect("the binary");
+    let (code, out, _) = run(by_env
+        .env("DATABASE_URL", url)
+        .args(["status", "mailer", "mail-3"]));
+    assert_eq!(code, 0, "{out}");
+
+    // Bad input: one line, exit 2.
+    let (code, _, err) = run(cli(url).args(["status", "billing", ""]));
+    assert_eq!(code, 2);
+    assert!(err.starts_with("error: invalid inbox key"), "{err}");
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn cli_on_sqlite() {
+    cli_contract::<common::backends::sqlite::Sqlite>();
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn cli_on_postgres() {
+    cli_contract::<common::backends::postgres::Postgres>();
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+#[cfg_attr(
+    not(inbox_test_mysql),
+    ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+)]
+fn cli_on_mysql() {
+    cli_contract::<common::backends::mysql::Mysql>();
+}
+
+#[test]
+fn bad_urls_and_unreachable_servers_are_one_line_errors() {
+    let cases = [
+        (
+            "redis://127.0.0.1/0",
+            "unsupported database URL scheme `redis://`",
+        ),
+        (
+            "postgres://someone:secret@127.0.0.1:1/nowhere",
+            if cfg!(feature = "postgres") {
+                "cannot connect to postgres://someone:***@127.0.0.1:1/nowhere"
+            } else {
+                "built without PostgreSQL"
+            },
+        ),
+        (
+            "mysql://someone:secret@127.0.0.1:1/nowhere",
+            if cfg!(feature = "mysql") {
+                "cannot connect to mysql://someone:***@127.0.0.1:1/nowhere"
+            } else {
+                "built without MySQL/MariaDB"
+            },
+        ),
+        (
+            "/nonexistent-dir/inbox.db",
+            "no SQLite database at /nonexistent-dir/inbox.db",
+        ),
+    ];
+    for (url, expected) in cases {
+        let (code, out, err) = run(cli(url).arg("stats"));
+        assert_eq!(code, 2, "{url}: {out} {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(expected),
+            "{url}: {err}"
+        );
+        assert!(!err.contains("secret"), "the password leaked: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{url}: {err}");
+    }
+    let mut none = Command::cargo_bin("diesel-inbox").expect("the binary");
+    let (code, _, err) = run(none.env_remove("DATABASE_URL").arg("stats"));
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("pass --database-url or set DATABASE_URL"),
+        "{err}"
+    );
+}
