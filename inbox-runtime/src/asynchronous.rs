@@ -17,6 +17,7 @@ use diesel_async::AsyncConnection;
 use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
 use std::task::Poll;
+use tracing::Instrument;
 
 /// A diesel-async connection the inbox runs on: `AsyncPgConnection`
 /// (feature `postgres`), `AsyncMysqlConnection` (feature `mysql`) and
@@ -246,7 +247,10 @@ where
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
     let engine = Engine::new(consumer, &key, retries, classify);
-    let value = drive_one(conn, engine, &Claim::One(consumer, &key), || body.clone()).await?;
+    let span = engine.span().clone();
+    let value = drive_one(conn, engine, &Claim::One(consumer, &key), || body.clone())
+        .instrument(span)
+        .await?;
     Ok(value.map_or(Processed::Duplicate, Processed::Applied))
 }
 
@@ -303,20 +307,25 @@ where
     let claim = Claim::Many(consumer, &plan);
     let mut positions = Vec::new();
     let mut step = Step::Begin;
-    let value = loop {
-        let event = match step {
-            Step::Body => {
-                let fresh: Vec<&M> = positions.iter().map(|&i| &messages[i]).collect();
-                let body = body.clone();
-                run_body(conn, async move |conn| body(conn, fresh).await).await
-            }
-            other => perform(conn, other, &claim, &mut positions).await,
-        };
-        step = match engine.next(event) {
-            Next::Do(step) => step,
-            Next::Done(result) => break result?,
-        };
-    };
+    let span = engine.span().clone();
+    let value = async {
+        loop {
+            let event = match step {
+                Step::Body => {
+                    let fresh: Vec<&M> = positions.iter().map(|&i| &messages[i]).collect();
+                    let body = body.clone();
+                    run_body(conn, async move |conn| body(conn, fresh).await).await
+                }
+                other => perform(conn, other, &claim, &mut positions).await,
+            };
+            step = match engine.next(event) {
+                Next::Do(step) => step,
+                Next::Done(result) => break result,
+            };
+        }
+    }
+    .instrument(span)
+    .await?;
     Ok(plan.outcome(value, positions))
 }
 
@@ -346,7 +355,10 @@ where
         Some(body) => body,
         None => unreachable!("with retries = 0 the body runs at most once"),
     };
-    let value = drive_one(conn, engine, &Claim::One(consumer, &key), next_body).await?;
+    let span = engine.span().clone();
+    let value = drive_one(conn, engine, &Claim::One(consumer, &key), next_body)
+        .instrument(span)
+        .await?;
     Ok(value.map_or(Processed::Duplicate, Processed::Applied))
 }
 

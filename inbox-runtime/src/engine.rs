@@ -29,6 +29,7 @@ use crate::backend::InboxBackend;
 use crate::error::InboxError;
 use crate::observe::FailedStatement;
 use crate::retry::ErrorClass;
+use crate::telemetry::{Outcome, Telemetry};
 use diesel::result::Error;
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -133,6 +134,7 @@ pub(crate) struct Engine<'a, B, T, E, R> {
     scope: Scope,
     state: State<T, E>,
     backend: PhantomData<B>,
+    telemetry: Telemetry,
 }
 
 impl<'a, B, T, E, R> Engine<'a, B, T, E, R>
@@ -153,10 +155,29 @@ where
             scope: Scope::TopLevel,
             state: State::Beginning,
             backend: PhantomData,
+            telemetry: Telemetry::start(consumer, what),
         }
     }
 
+    /// The call's span: drivers enter it while they drive the call.
+    pub(crate) fn span(&self) -> &tracing::Span {
+        self.telemetry.span()
+    }
+
     pub(crate) fn next(&mut self, event: Event<T, E>) -> Next<T, E> {
+        let next = self.advance(event);
+        if let Next::Done(result) = &next {
+            let outcome = match result {
+                Ok(Some(_)) => Outcome::Applied,
+                Ok(None) => Outcome::Duplicate,
+                Err(_) => Outcome::Error,
+            };
+            self.telemetry.finished(outcome, self.attempts);
+        }
+        next
+    }
+
+    fn advance(&mut self, event: Event<T, E>) -> Next<T, E> {
         let state = std::mem::replace(&mut self.state, State::Finished);
         match (state, event) {
             (State::Beginning, Event::Begun(begun)) => match begun {
@@ -257,6 +278,7 @@ where
             }));
         }
         tracing::debug!(consumer, key, attempt = attempts, error = %cause, "diesel-inbox: transient error, retrying");
+        self.telemetry.retried();
         self.go(State::Sleeping, Step::Sleep(backoff(attempts)))
     }
 }

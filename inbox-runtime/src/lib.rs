@@ -57,6 +57,7 @@ mod processed;
 mod registry;
 mod retry;
 mod schema;
+mod telemetry;
 mod transaction;
 
 #[cfg(feature = "async")]

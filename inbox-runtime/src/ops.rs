@@ -204,7 +204,7 @@ impl<'a> Purge<'a> {
         if crate::transaction::transaction_open(conn) {
             return Err(InboxError::InTransaction { operation: "purge" });
         }
-        let mut purge = PurgeLoop::new(limit, self.on_batch.take());
+        let mut purge = PurgeLoop::new(consumer.clone(), limit, self.on_batch.take());
         loop {
             let batch = crate::transaction::purge_batch(conn, &cutoff, consumer.as_deref(), limit);
             match purge.next(batch, C::Backend::is_transient) {
@@ -236,7 +236,7 @@ impl<'a> Purge<'a> {
         if crate::asynchronous::transaction_open(conn) {
             return Err(InboxError::InTransaction { operation: "purge" });
         }
-        let mut purge = PurgeLoop::new(limit, self.on_batch.take());
+        let mut purge = PurgeLoop::new(consumer.clone(), limit, self.on_batch.take());
         loop {
             let batch = conn
                 .inbox_purge_batch(cutoff.clone(), consumer.clone(), limit)
@@ -277,6 +277,7 @@ enum PurgeStep {
 /// a batch that deleted fewer rows than the limit was the last; a transient
 /// failure reruns the batch after a backoff, up to a limit.
 struct PurgeLoop<'a> {
+    consumer: Option<String>,
     limit: i64,
     report: PurgeReport,
     failures: u32,
@@ -285,8 +286,9 @@ struct PurgeLoop<'a> {
 }
 
 impl<'a> PurgeLoop<'a> {
-    fn new(limit: i64, on_batch: Option<OnBatch<'a>>) -> Self {
+    fn new(consumer: Option<String>, limit: i64, on_batch: Option<OnBatch<'a>>) -> Self {
         PurgeLoop {
+            consumer,
             limit,
             report: PurgeReport::default(),
             failures: 0,
@@ -300,6 +302,7 @@ impl<'a> PurgeLoop<'a> {
             Ok(deleted) => {
                 self.failures = 0;
                 self.report.rows += deleted as u64;
+                crate::telemetry::purged(self.consumer.as_deref(), deleted as u64);
                 self.report.batches += 1;
                 self.report.elapsed = self.started.elapsed();
                 if let Some(f) = self.on_batch.as_mut() {

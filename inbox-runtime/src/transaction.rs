@@ -277,6 +277,8 @@ where
     C::Backend: InboxBackend,
     E: From<InboxError> + From<Error>,
 {
+    let span = engine.span().clone();
+    let _entered = span.enter();
     let mut work = W::default();
     let mut step = Step::Begin;
     loop {

@@ -1,0 +1,108 @@
+//! What a handled message tells the outside: a `tracing` span per handler
+//! call, and with the `metrics` feature, counters and a histogram through
+//! the `metrics` facade. The engine reports here (once, for the sync and
+//! the async drivers); the drivers only enter the span.
+//!
+//! Names follow OpenTelemetry's messaging conventions where one fits:
+//!
+//! | name | kind | labels | what |
+//! | --- | --- | --- | --- |
+//! | `messaging.client.consumed.messages` | counter | `messaging.consumer.group.name`, `diesel_inbox.outcome` | handler calls, by consumer and outcome (`applied`, `duplicate`, `error`) |
+//! | `messaging.process.duration` | histogram (seconds) | `messaging.consumer.group.name`, `diesel_inbox.outcome` | a handler call, claim to commit, retries included |
+//! | `diesel_inbox.retries` | counter | `messaging.consumer.group.name` | transactions rerun after a transient error |
+//! | `diesel_inbox.purged.rows` | counter | `messaging.consumer.group.name` (`*` for all) | rows a purge deleted |
+
+use std::time::Instant;
+
+/// How a handler call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Applied,
+    Duplicate,
+    Error,
+}
+
+impl Outcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Applied => "applied",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// One handler call's span and clock.
+pub(crate) struct Telemetry {
+    span: tracing::Span,
+    started: Instant,
+    #[cfg(feature = "metrics")]
+    consumer: String,
+}
+
+impl Telemetry {
+    /// The span `diesel_inbox.handle` with the consumer and the key (for a
+    /// batch, its description); outcome, attempts and duration are recorded
+    /// when the call ends.
+    pub(crate) fn start(consumer: &str, key: &str) -> Self {
+        let span = tracing::info_span!(
+            "diesel_inbox.handle",
+            consumer,
+            key,
+            outcome = tracing::field::Empty,
+            attempts = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        Telemetry {
+            span,
+            started: Instant::now(),
+            #[cfg(feature = "metrics")]
+            consumer: consumer.to_owned(),
+        }
+    }
+
+    /// The span the drivers enter while they drive the call.
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// A transient error reruns the transaction.
+    pub(crate) fn retried(&self) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!("diesel_inbox.retries", "messaging.consumer.group.name" => self.consumer.clone())
+            .increment(1);
+    }
+
+    /// The call ended.
+    pub(crate) fn finished(&self, outcome: Outcome, attempts: u32) {
+        let elapsed = self.started.elapsed();
+        self.span.record("outcome", outcome.as_str());
+        self.span.record("attempts", attempts);
+        self.span
+            .record("duration_ms", elapsed.as_secs_f64() * 1000.0);
+        #[cfg(feature = "metrics")]
+        {
+            let labels = [
+                ("messaging.consumer.group.name", self.consumer.clone()),
+                ("diesel_inbox.outcome", outcome.as_str().to_owned()),
+            ];
+            metrics::counter!("messaging.client.consumed.messages", &labels).increment(1);
+            metrics::histogram!("messaging.process.duration", &labels)
+                .record(elapsed.as_secs_f64());
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = elapsed;
+    }
+}
+
+/// A purge deleted `rows` (of `consumer`, or of all).
+pub(crate) fn purged(consumer: Option<&str>, rows: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "diesel_inbox.purged.rows",
+        "messaging.consumer.group.name" => consumer.unwrap_or("*").to_owned()
+    )
+    .increment(rows);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (consumer, rows);
+}

@@ -1,0 +1,356 @@
+//! What a handled message emits: the `diesel_inbox.handle` span with its
+//! fields (captured by a test subscriber), and with the `metrics` feature
+//! the counters and the histogram (captured by `metrics-util`'s debugging
+//! recorder). Sync and async handlers on SQLite: the engine that emits them
+//! is the same for every backend.
+#![cfg(feature = "sqlite")]
+
+use diesel::prelude::*;
+use diesel_inbox::{idempotent, InboxError, Processed, RetryableError};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::Layer;
+
+/// A closed span: its name and fields; or an event: the span it was in.
+#[derive(Debug, Clone)]
+enum Seen {
+    Span {
+        name: String,
+        fields: BTreeMap<String, String>,
+    },
+    Event {
+        message: String,
+        in_span: Option<String>,
+    },
+}
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<Seen>>>);
+
+struct Fields(BTreeMap<String, String>);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(
+            field.name().to_string(),
+            format!("{value:?}").trim_matches('"').to_string(),
+        );
+    }
+}
+
+impl<S> Layer<S> for Capture
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = Fields(BTreeMap::new());
+        attrs.record(&mut fields);
+        ctx.span(id)
+            .expect("the new span")
+            .extensions_mut()
+            .insert(fields);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let span = ctx.span(id).expect("a span");
+        let mut extensions = span.extensions_mut();
+        values.record(extensions.get_mut::<Fields>().expect("its fields"));
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = Fields(BTreeMap::new());
+        event.record(&mut fields);
+        self.0.lock().expect("capture").push(Seen::Event {
+            message: fields.0.remove("message").unwrap_or_default(),
+            in_span: ctx.event_span(event).map(|s| s.name().to_string()),
+        });
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let span = ctx.span(&id).expect("a span");
+        let fields = span
+            .extensions()
+            .get::<Fields>()
+            .map(|f| f.0.clone())
+            .unwrap_or_default();
+        self.0.lock().expect("capture").push(Seen::Span {
+            name: span.name().to_string(),
+            fields,
+        });
+    }
+}
+
+impl Capture {
+    /// The fields of the closed `diesel_inbox.handle` spans, in order.
+    fn handles(&self) -> Vec<BTreeMap<String, String>> {
+        self.0
+            .lock()
+            .expect("capture")
+            .iter()
+            .filter_map(|seen| match seen {
+                Seen::Span { name, fields } if name == "diesel_inbox.handle" => {
+                    Some(fields.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn event_span(&self, message: &str) -> Option<String> {
+        self.0
+            .lock()
+            .expect("capture")
+            .iter()
+            .find_map(|seen| match seen {
+                Seen::Event {
+                    message: m,
+                    in_span,
+                } if m == message => in_span.clone(),
+                _ => None,
+            })
+    }
+}
+
+#[derive(Debug)]
+#[allow(dead_code)] // read through Debug
+enum AppError {
+    Db(diesel::result::Error),
+    Inbox(InboxError),
+    Busy,
+    Rejected,
+}
+
+impl From<diesel::result::Error> for AppError {
+    fn from(e: diesel::result::Error) -> Self {
+        AppError::Db(e)
+    }
+}
+
+impl From<InboxError> for AppError {
+    fn from(e: InboxError) -> Self {
+        AppError::Inbox(e)
+    }
+}
+
+impl RetryableError for AppError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, AppError::Busy)
+    }
+}
+
+/// Applies; fails with `Rejected` for "bad"; fails retryably on its first
+/// attempt for keys starting with "flaky".
+#[idempotent(key = "key", consumer = "observed", shared)]
+fn observed(conn: &mut SqliteConnection, key: &str, attempts: &Mutex<u32>) -> Result<(), AppError> {
+    let _ = conn;
+    tracing::info!("inside the body");
+    let mut n = attempts.lock().expect("attempts");
+    *n += 1;
+    match key {
+        "bad" => Err(AppError::Rejected),
+        k if k.starts_with("flaky") && *n == 1 => Err(AppError::Busy),
+        _ => Ok(()),
+    }
+}
+
+fn connection() -> SqliteConnection {
+    let mut conn = SqliteConnection::establish(":memory:").expect("sqlite");
+    diesel_inbox::migrate(&mut conn).expect("migrate");
+    conn
+}
+
+fn deliver_all(conn: &mut SqliteConnection) -> Vec<String> {
+    ["k1", "k1", "bad", "flaky-1"]
+        .iter()
+        .map(|key| {
+            let attempts = Mutex::new(0);
+            match observed(conn, key, &attempts) {
+                Ok(Processed::Applied(())) => "applied",
+                Ok(Processed::Duplicate) => "duplicate",
+                Err(_) => "error",
+            }
+            .to_string()
+        })
+        .collect()
+}
+
+fn check_spans(capture: &Capture) {
+    let spans = capture.handles();
+    let summary: Vec<(&str, &str, &str, &str)> = spans
+        .iter()
+        .map(|f| {
+            (
+                f["consumer"].as_str(),
+                f["key"].as_str(),
+                f["outcome"].as_str(),
+                f["attempts"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("observed", "k1", "applied", "1"),
+            ("observed", "k1", "duplicate", "1"),
+            ("observed", "bad", "error", "1"),
+            ("observed", "flaky-1", "applied", "2"),
+        ]
+    );
+    for fields in &spans {
+        let ms: f64 = fields["duration_ms"].parse().expect("a duration in ms");
+        assert!((0.0..60_000.0).contains(&ms), "{ms}");
+    }
+    // The body's own events are inside the handler's span.
+    assert_eq!(
+        capture.event_span("inside the body").as_deref(),
+        Some("diesel_inbox.handle")
+    );
+}
+
+#[test]
+fn a_span_per_handled_message_with_its_outcome_attempts_and_duration() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    let outcomes = tracing::subscriber::with_default(subscriber, || deliver_all(&mut connection()));
+    assert_eq!(outcomes, ["applied", "duplicate", "error", "applied"]);
+    check_spans(&capture);
+}
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    use super::*;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use diesel_async::AsyncConnection;
+
+    type Conn = SyncConnectionWrapper<SqliteConnection>;
+
+    #[idempotent(key = "key", consumer = "observed", shared)]
+    async fn observed_async(
+        conn: &mut Conn,
+        key: &str,
+        attempts: &Mutex<u32>,
+    ) -> Result<(), AppError> {
+        let _ = conn;
+        tracing::info!("inside the body");
+        let n = {
+            let mut n = attempts.lock().expect("attempts");
+            *n += 1;
+            *n
+        };
+        match key {
+            "bad" => Err(AppError::Rejected),
+            k if k.starts_with("flaky") && n == 1 => Err(AppError::Busy),
+            _ => Ok(()),
+        }
+    }
+
+    #[test]
+    fn async_handlers_emit_the_same_span() {
+        let capture = Capture::default();
+        let subscriber = tracing_subscriber::registry().with(capture.clone());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let outcomes = tracing::subscriber::with_default(subscriber, || {
+            runtime.block_on(async {
+                let mut conn = Conn::establish(":memory:").await.expect("sqlite");
+                diesel_inbox::migrate_async(&mut conn)
+                    .await
+                    .expect("migrate");
+                let mut outcomes = Vec::new();
+                for key in ["k1", "k1", "bad", "flaky-1"] {
+                    let attempts = Mutex::new(0);
+                    outcomes.push(match observed_async(&mut conn, key, &attempts).await {
+                        Ok(Processed::Applied(())) => "applied",
+                        Ok(Processed::Duplicate) => "duplicate",
+                        Err(_) => "error",
+                    });
+                }
+                outcomes
+            })
+        });
+        assert_eq!(outcomes, ["applied", "duplicate", "error", "applied"]);
+        check_spans(&capture);
+    }
+}
+
+#[cfg(feature = "metrics")]
+#[test]
+fn metrics_count_outcomes_retries_durations_and_purged_rows() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::MetricKind;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let mut conn = connection();
+        deliver_all(&mut conn);
+        // Two of the rows, backdated, then purged.
+        diesel::connection::SimpleConnection::batch_execute(
+            &mut conn,
+            "UPDATE inbox_messages SET received_at = datetime('now', '-2 days')",
+        )
+        .expect("backdate");
+        let report = diesel_inbox::Purge::new(std::time::Duration::from_secs(86_400))
+            .consumer("observed")
+            .run(&mut conn)
+            .expect("purge");
+        assert_eq!(report.rows, 2);
+    });
+
+    let mut seen: BTreeMap<String, f64> = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (kind, key) = key.into_parts();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{} {}", key.name(), labels.join(","));
+        let value = match (kind, value) {
+            (MetricKind::Counter, DebugValue::Counter(n)) => n as f64,
+            (MetricKind::Histogram, DebugValue::Histogram(samples)) => {
+                assert!(samples.iter().all(|s| s.into_inner() >= 0.0));
+                samples.len() as f64
+            }
+            other => panic!("unexpected metric {name}: {other:?}"),
+        };
+        seen.insert(name, value);
+    }
+    let group = "messaging.consumer.group.name=observed";
+    let expected = [
+        (
+            format!("messaging.client.consumed.messages {group},diesel_inbox.outcome=applied"),
+            2.0,
+        ),
+        (
+            format!("messaging.client.consumed.messages {group},diesel_inbox.outcome=duplicate"),
+            1.0,
+        ),
+        (
+            format!("messaging.client.consumed.messages {group},diesel_inbox.outcome=error"),
+            1.0,
+        ),
+        (
+            format!("messaging.process.duration {group},diesel_inbox.outcome=applied"),
+            2.0,
+        ),
+        (
+            format!("messaging.process.duration {group},diesel_inbox.outcome=duplicate"),
+            1.0,
+        ),
+        (
+            format!("messaging.process.duration {group},diesel_inbox.outcome=error"),
+            1.0,
+        ),
+        (format!("diesel_inbox.retries {group}"), 1.0),
+        (format!("diesel_inbox.purged.rows {group}"), 2.0),
+    ];
+    for (name, value) in expected {
+        assert_eq!(seen.get(&name), Some(&value), "{name} in {seen:#?}");
+    }
+    assert_eq!(seen.len(), 8, "{seen:#?}");
+}
