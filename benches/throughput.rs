@@ -5,7 +5,7 @@
 //! ```text
 //! cargo bench --bench throughput --all-features -- [--backend sqlite|postgres|mysql|all]
 //!     [--threads 1,4] [--tasks 4,16] [--mode all] [--messages 2000] [--rounds 5] [--batch 100] [--smoke]
-//!     [--scale [--scale-rows 0,1000000,10000000]]
+//!     [--scale [--scale-rows 0,1000000,10000000]] [--purge [--purge-rows 1000000]]
 //! ```
 //!
 //! Variants run interleaved (A B C … A B C …) and each reports its median over
@@ -16,6 +16,9 @@
 //! keeps the program working; real figures come from a full run.
 //! `--scale` (PostgreSQL) measures `idempotent` with the inbox already holding
 //! many rows (bulk-loaded with generate_series into a schema of its own).
+//! `--purge` (PostgreSQL, MySQL/MariaDB) measures handler latency while
+//! `purge` deletes `--purge-rows` old rows, against windows without a purge,
+//! interleaved, and the purge's rows/s.
 
 use diesel::prelude::*;
 use std::fmt::Write as _;
@@ -58,6 +61,10 @@ struct Args {
     rounds: usize,
     batch: usize,
     scale: bool,
+    /// `--purge`: handler latency while a purge runs, instead of the rest.
+    purge: bool,
+    /// Old rows the purge benchmark fills the inbox with.
+    purge_rows: usize,
     scale_rows: Vec<i64>,
 }
 
@@ -71,6 +78,8 @@ fn parse_args() -> Result<Args, String> {
         rounds: 5,
         batch: 100,
         scale: false,
+        purge: false,
+        purge_rows: 1_000_000,
         scale_rows: vec![0, 1_000_000, 10_000_000],
     };
     let mut it = std::env::args().skip(1);
@@ -107,6 +116,8 @@ fn parse_args() -> Result<Args, String> {
             "--rounds" => args.rounds = num(it.next(), "--rounds")?,
             "--batch" => args.batch = num(it.next(), "--batch")?,
             "--scale" => args.scale = true,
+            "--purge" => args.purge = true,
+            "--purge-rows" => args.purge_rows = num(it.next(), "--purge-rows")?,
             "--scale-rows" => {
                 args.scale_rows = list(it.next(), "--scale-rows")?
                     .iter()
@@ -120,13 +131,14 @@ fn parse_args() -> Result<Args, String> {
                 args.rounds = 1;
                 args.batch = 10;
                 args.scale_rows = vec![0, 1_000];
+                args.purge_rows = 2_000;
             }
             // `cargo bench` passes --bench to harness = false targets.
             "--bench" => {}
             "--help" | "-h" => {
                 return Err(
                     "usage: cargo bench --bench throughput -- [--backend sqlite|postgres|mysql|all] \
-                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]]"
+                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]] [--purge [--purge-rows 1000000]]"
                         .into(),
                 )
             }
@@ -1038,6 +1050,9 @@ fn run(args: &Args) -> Result<(), String> {
     if targets.is_empty() {
         return Err("no backend to measure (features and URLs)".into());
     }
+    if args.purge {
+        return purge_under_load::run(&targets, args);
+    }
     let mut cells = Vec::new();
     for target in &targets {
         (target.setup)(&target.url)?;
@@ -1351,5 +1366,277 @@ mod scale {
         })();
         let _ = admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
         result
+    }
+}
+
+/// `--purge`: handler latency with and without a purge running, interleaved.
+///
+/// The inbox of a database of its own is filled with `--purge-rows` old
+/// rows in 10 slices, slice `i` claimed `40 - i` days ago. Each round runs
+/// 4 handler threads (the `idempotent` variant, new keys) for a window
+/// without a purge, then for a window in which one `purge` (batches of
+/// 10,000) deletes the oldest remaining slice. Every message's latency is
+/// recorded; the report compares p50 and p99 of the two kinds of window.
+mod purge_under_load {
+    use super::*;
+    use diesel::connection::SimpleConnection;
+    use diesel_inbox::{InboxConnection, Processed};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    const SLICES: usize = 10;
+    const THREADS: usize = 4;
+    const BATCH: usize = 10_000;
+
+    /// What a backend supplies: a database of its own, the fill statement,
+    /// and its handler.
+    struct Server<C> {
+        label: &'static str,
+        /// (url of a fresh database, statement that drops it)
+        fresh: fn(&str) -> Result<(String, String), String>,
+        open: fn(&str) -> C,
+        /// INSERT of `rows` old rows of slice `slice`, `days` old.
+        fill: fn(slice: usize, rows: usize, days: u64) -> String,
+        analyze: &'static str,
+        handle: fn(&mut C, &Order) -> QueryResult<Processed<()>>,
+    }
+
+    pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
+        let mut results = Vec::new();
+        for target in targets {
+            let result = match target.name {
+                #[cfg(feature = "postgres")]
+                "postgres" => measure(&target.url, args, postgres_server()),
+                #[cfg(feature = "mysql")]
+                "mysql" => measure(&target.url, args, mysql_server()),
+                _ => {
+                    println!(
+                        "SKIPPED: --purge on {}: measured on PostgreSQL and MySQL/MariaDB",
+                        target.label
+                    );
+                    continue;
+                }
+            };
+            results.push(result?);
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::write(
+            dir.join("purge.json"),
+            format!("[{}]\n", results.join(",\n")),
+        )
+        .map_err(|e| e.to_string())?;
+        println!("wrote {}/purge.json", dir.display());
+        Ok(())
+    }
+
+    fn percentile(sorted: &[f64], p: f64) -> f64 {
+        if sorted.is_empty() {
+            return 0.0;
+        }
+        sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+    }
+
+    fn measure<C>(admin_url: &str, args: &Args, server: Server<C>) -> Result<String, String>
+    where
+        C: InboxConnection + diesel::connection::LoadConnection + Send + 'static,
+    {
+        let (url, drop_sql) = (server.fresh)(admin_url)?;
+        let result = (|| {
+            let mut conn = (server.open)(&url);
+            diesel_inbox::migrate(&mut conn).map_err(|e| e.to_string())?;
+            conn.batch_execute(ORDERS_DDL).map_err(|e| e.to_string())?;
+            let per_slice = (args.purge_rows / SLICES).max(1);
+            let began = Instant::now();
+            for slice in 0..SLICES {
+                conn.batch_execute(&(server.fill)(slice, per_slice, 40 - slice as u64))
+                    .map_err(|e| format!("fill: {e}"))?;
+            }
+            conn.batch_execute(server.analyze)
+                .map_err(|e| e.to_string())?;
+            println!(
+                "{}: filled {} old inbox rows in {:.1}s",
+                server.label,
+                per_slice * SLICES,
+                began.elapsed().as_secs_f64()
+            );
+            let (mut without, mut with) = (Vec::new(), Vec::new());
+            let (mut purged, mut purge_secs) = (0u64, 0f64);
+            let mut window = Duration::from_secs(2);
+            for slice in 0..SLICES {
+                // Without a purge, as long as the last purge took.
+                let stop = AtomicBool::new(false);
+                let latencies = std::thread::scope(|scope| {
+                    let handlers =
+                        spawn_handlers(scope, &server, &url, &stop, &format!("a{slice}"));
+                    std::thread::sleep(window);
+                    stop.store(true, Ordering::SeqCst);
+                    collect(handlers)
+                })?;
+                without.extend(latencies);
+                // With a purge of the oldest remaining slice.
+                let stop = AtomicBool::new(false);
+                let (latencies, report) = std::thread::scope(|scope| {
+                    let handlers =
+                        spawn_handlers(scope, &server, &url, &stop, &format!("b{slice}"));
+                    let mut purger = (server.open)(&url);
+                    let older_than = Duration::from_secs((40 - slice as u64) * 86_400 - 43_200);
+                    let report = diesel_inbox::purge(&mut purger, older_than, BATCH);
+                    stop.store(true, Ordering::SeqCst);
+                    (collect(handlers), report)
+                });
+                let report = report.map_err(|e| format!("purge: {e}"))?;
+                with.extend(latencies?);
+                if report.rows != per_slice as u64 {
+                    return Err(format!(
+                        "the purge of slice {slice} deleted {} rows, not {per_slice}",
+                        report.rows
+                    ));
+                }
+                purged += report.rows;
+                purge_secs += report.elapsed.as_secs_f64();
+                window = report.elapsed.max(Duration::from_millis(200));
+            }
+            without.sort_by(f64::total_cmp);
+            with.sort_by(f64::total_cmp);
+            let (p50a, p99a) = (percentile(&without, 0.5), percentile(&without, 0.99));
+            let (p50b, p99b) = (percentile(&with, 0.5), percentile(&with, 0.99));
+            let rate = purged as f64 / purge_secs.max(1e-9);
+            println!(
+                "{}: handler latency without purge p50 {:.2} ms p99 {:.2} ms ({} messages); during purge p50 {:.2} ms p99 {:.2} ms ({} messages); p99 ratio {:.2}; purge {} rows in {:.1}s = {:.0} rows/s",
+                server.label, p50a, p99a, without.len(), p50b, p99b, with.len(), p99b / p99a, purged, purge_secs, rate
+            );
+            Ok(format!(
+                "  {{\"backend\": \"{}\", \"old_rows\": {}, \"threads\": {THREADS}, \"batch\": {BATCH}, \"rounds\": {SLICES}, \
+                 \"without_purge\": {{\"messages\": {}, \"p50_ms\": {p50a:.3}, \"p99_ms\": {p99a:.3}}}, \
+                 \"during_purge\": {{\"messages\": {}, \"p50_ms\": {p50b:.3}, \"p99_ms\": {p99b:.3}}}, \
+                 \"p99_ratio\": {:.3}, \"purge_rows_per_sec\": {rate:.0}}}",
+                server.label,
+                purged,
+                without.len(),
+                with.len(),
+                p99b / p99a
+            ))
+        })();
+        let mut admin = (server.open)(admin_url);
+        let _ = admin.batch_execute(&drop_sql);
+        result
+    }
+
+    type Handlers<'s> = Vec<std::thread::ScopedJoinHandle<'s, Result<Vec<f64>, String>>>;
+
+    /// THREADS handler threads delivering new messages until `stop`; each
+    /// returns its latencies in ms.
+    fn spawn_handlers<'s, 'e, C>(
+        scope: &'s std::thread::Scope<'s, 'e>,
+        server: &'e Server<C>,
+        url: &'e str,
+        stop: &'e AtomicBool,
+        window: &str,
+    ) -> Handlers<'s>
+    where
+        C: InboxConnection + Send + 'static,
+    {
+        let prefix = format!("{}{window}", run_id());
+        (0..THREADS)
+            .map(|t| {
+                let prefix = prefix.clone();
+                scope.spawn(move || {
+                    let mut conn = (server.open)(url);
+                    let mut latencies = Vec::new();
+                    let mut n = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let order = Order {
+                            id: format!("{prefix}-{t}-{n}"),
+                            amount: 1,
+                        };
+                        let began = Instant::now();
+                        match (server.handle)(&mut conn, &order) {
+                            Ok(Processed::Applied(())) => {}
+                            other => return Err(format!("{}: {other:?}", order.id)),
+                        }
+                        latencies.push(began.elapsed().as_secs_f64() * 1000.0);
+                        n += 1;
+                    }
+                    Ok(latencies)
+                })
+            })
+            .collect()
+    }
+
+    fn collect(handlers: Handlers<'_>) -> Result<Vec<f64>, String> {
+        let mut all = Vec::new();
+        for h in handlers {
+            all.extend(
+                h.join()
+                    .map_err(|_| "a handler thread panicked".to_string())??,
+            );
+        }
+        Ok(all)
+    }
+
+    #[cfg(feature = "postgres")]
+    fn postgres_server() -> Server<diesel::PgConnection> {
+        Server {
+            label: "PostgreSQL",
+            fresh: |url| {
+                let schema = format!("inbox_bench_purge_{}", run_id());
+                postgres_specific::open(url)
+                    .batch_execute(&format!("CREATE SCHEMA {schema}"))
+                    .map_err(|e| e.to_string())?;
+                let separator = if url.contains('?') { '&' } else { '?' };
+                Ok((
+                    format!("{url}{separator}options=-c%20search_path%3D{schema}"),
+                    format!("DROP SCHEMA {schema} CASCADE"),
+                ))
+            },
+            open: postgres_specific::open,
+            fill: |slice, rows, days| {
+                format!(
+                    "INSERT INTO inbox_messages (consumer, message_id, received_at) \
+                     SELECT 'bench-old', 's{slice}-' || g, (now() AT TIME ZONE 'UTC') - interval '{days} days' \
+                     FROM generate_series(1, {rows}) g"
+                )
+            },
+            analyze: "VACUUM ANALYZE inbox_messages",
+            handle: postgres::idempotent,
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    fn mysql_server() -> Server<diesel::MysqlConnection> {
+        Server {
+            label: "MariaDB",
+            fresh: |url| {
+                let name = format!("inbox_bench_purge_{}", run_id());
+                mysql_specific::open(url)
+                    .batch_execute(&format!("CREATE DATABASE {name}"))
+                    .map_err(|e| e.to_string())?;
+                let base = url.split('?').next().unwrap_or(url);
+                let server = &base[..base.rfind('/').ok_or("a database path in the URL")?];
+                Ok((format!("{server}/{name}"), format!("DROP DATABASE {name}")))
+            },
+            open: mysql_specific::open,
+            fill: |slice, rows, days| {
+                // Numbers 0..rows from cross joins of a ten-row table.
+                let digits = "(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                              UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                              UNION ALL SELECT 8 UNION ALL SELECT 9)";
+                let places = (rows.max(2) as f64).log10().ceil() as u32;
+                let tables: Vec<String> = (0..places).map(|p| format!("{digits} t{p}")).collect();
+                let number: Vec<String> = (0..places)
+                    .map(|p| format!("t{p}.d * {}", 10u64.pow(p)))
+                    .collect();
+                format!(
+                    "INSERT INTO inbox_messages (consumer, message_id, received_at) \
+                     SELECT 'bench-old', CONCAT('s{slice}-', n), CURRENT_TIMESTAMP(6) - INTERVAL {days} DAY \
+                     FROM (SELECT {} AS n FROM {}) numbers WHERE n < {rows}",
+                    number.join(" + "),
+                    tables.join(", ")
+                )
+            },
+            analyze: "ANALYZE TABLE inbox_messages",
+            handle: mysql::idempotent,
+        }
     }
 }
