@@ -5,7 +5,8 @@
 //! ```text
 //! cargo bench --bench throughput --all-features -- [--backend sqlite|postgres|mysql|all]
 //!     [--threads 1,4] [--tasks 4,16] [--mode all] [--messages 2000] [--rounds 5] [--batch 100] [--smoke]
-//!     [--scale [--scale-rows 0,1000000,10000000]] [--purge [--purge-rows 1000000]]
+//!     [--scale [--scale-rows 0,1000000,10000000]]
+//!     [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]
 //! ```
 //!
 //! Variants run interleaved (A B C … A B C …) and each reports its median over
@@ -65,6 +66,10 @@ struct Args {
     purge: bool,
     /// Old rows the purge benchmark fills the inbox with.
     purge_rows: usize,
+    /// Rows per purge batch.
+    purge_batch: usize,
+    /// Pause after each purge batch, in milliseconds.
+    purge_pause_ms: usize,
     scale_rows: Vec<i64>,
 }
 
@@ -80,6 +85,8 @@ fn parse_args() -> Result<Args, String> {
         scale: false,
         purge: false,
         purge_rows: 1_000_000,
+        purge_batch: 10_000,
+        purge_pause_ms: 0,
         scale_rows: vec![0, 1_000_000, 10_000_000],
     };
     let mut it = std::env::args().skip(1);
@@ -118,6 +125,8 @@ fn parse_args() -> Result<Args, String> {
             "--scale" => args.scale = true,
             "--purge" => args.purge = true,
             "--purge-rows" => args.purge_rows = num(it.next(), "--purge-rows")?,
+            "--purge-batch" => args.purge_batch = num(it.next(), "--purge-batch")?,
+            "--purge-pause-ms" => args.purge_pause_ms = num(it.next(), "--purge-pause-ms")?,
             "--scale-rows" => {
                 args.scale_rows = list(it.next(), "--scale-rows")?
                     .iter()
@@ -138,7 +147,7 @@ fn parse_args() -> Result<Args, String> {
             "--help" | "-h" => {
                 return Err(
                     "usage: cargo bench --bench throughput -- [--backend sqlite|postgres|mysql|all] \
-                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]] [--purge [--purge-rows 1000000]]"
+                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]] [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]"
                         .into(),
                 )
             }
@@ -1375,7 +1384,7 @@ mod scale {
 /// rows in 10 slices, slice `i` claimed `40 - i` days ago. Each round runs
 /// 4 handler threads (the `idempotent` variant, new keys) for a window
 /// without a purge, then for a window in which one `purge` (batches of
-/// 10,000) deletes the oldest remaining slice. Every message's latency is
+/// `--purge-batch`, default 10,000) deletes the oldest remaining slice. Every message's latency is
 /// recorded; the report compares p50 and p99 of the two kinds of window.
 mod purge_under_load {
     use super::*;
@@ -1386,7 +1395,6 @@ mod purge_under_load {
 
     const SLICES: usize = 10;
     const THREADS: usize = 4;
-    const BATCH: usize = 10_000;
 
     /// What a backend supplies: a database of its own, the fill statement,
     /// and its handler.
@@ -1481,7 +1489,10 @@ mod purge_under_load {
                         spawn_handlers(scope, &server, &url, &stop, &format!("b{slice}"));
                     let mut purger = (server.open)(&url);
                     let older_than = Duration::from_secs((40 - slice as u64) * 86_400 - 43_200);
-                    let report = diesel_inbox::purge(&mut purger, older_than, BATCH);
+                    let report = diesel_inbox::Purge::new(older_than)
+                        .batch_size(args.purge_batch)
+                        .pause(Duration::from_millis(args.purge_pause_ms as u64))
+                        .run(&mut purger);
                     stop.store(true, Ordering::SeqCst);
                     (collect(handlers), report)
                 });
@@ -1507,12 +1518,14 @@ mod purge_under_load {
                 server.label, p50a, p99a, without.len(), p50b, p99b, with.len(), p99b / p99a, purged, purge_secs, rate
             );
             Ok(format!(
-                "  {{\"backend\": \"{}\", \"old_rows\": {}, \"threads\": {THREADS}, \"batch\": {BATCH}, \"rounds\": {SLICES}, \
+                "  {{\"backend\": \"{}\", \"old_rows\": {}, \"threads\": {THREADS}, \"batch\": {}, \"pause_ms\": {}, \"rounds\": {SLICES}, \
                  \"without_purge\": {{\"messages\": {}, \"p50_ms\": {p50a:.3}, \"p99_ms\": {p99a:.3}}}, \
                  \"during_purge\": {{\"messages\": {}, \"p50_ms\": {p50b:.3}, \"p99_ms\": {p99b:.3}}}, \
                  \"p99_ratio\": {:.3}, \"purge_rows_per_sec\": {rate:.0}}}",
                 server.label,
                 purged,
+                args.purge_batch,
+                args.purge_pause_ms,
                 without.len(),
                 with.len(),
                 p99b / p99a

@@ -129,6 +129,8 @@ fn cli_contract<B: TestBackend>() {
         "1d",
         "--batch",
         "7",
+        "--pause",
+        "1ms",
         "--consumer",
         "billing",
     ]));

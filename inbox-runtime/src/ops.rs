@@ -126,6 +126,7 @@ pub const MAX_PURGE_BATCH: usize = 100_000;
 pub struct Purge<'a> {
     older_than: Duration,
     batch_size: usize,
+    pause: Duration,
     consumer: Option<&'a str>,
     on_batch: Option<OnBatch<'a>>,
 }
@@ -138,6 +139,7 @@ impl std::fmt::Debug for Purge<'_> {
         f.debug_struct("Purge")
             .field("older_than", &self.older_than)
             .field("batch_size", &self.batch_size)
+            .field("pause", &self.pause)
             .field("consumer", &self.consumer)
             .finish_non_exhaustive()
     }
@@ -149,6 +151,7 @@ impl<'a> Purge<'a> {
         Purge {
             older_than,
             batch_size: 10_000,
+            pause: Duration::ZERO,
             consumer: None,
             on_batch: None,
         }
@@ -157,6 +160,15 @@ impl<'a> Purge<'a> {
     /// Rows per batch (1 to [`MAX_PURGE_BATCH`]).
     pub fn batch_size(mut self, batch_size: usize) -> Self {
         self.batch_size = batch_size;
+        self
+    }
+
+    /// A pause after each full batch (default none), so that a large purge
+    /// leaves the database's CPU and disk to the handlers: on a busy
+    /// server, a pause about as long as one batch takes halves the purge's
+    /// share. The report's `elapsed` includes the pauses.
+    pub fn pause(mut self, pause: Duration) -> Self {
+        self.pause = pause;
         self
     }
 
@@ -204,7 +216,7 @@ impl<'a> Purge<'a> {
         if crate::transaction::transaction_open(conn) {
             return Err(InboxError::InTransaction { operation: "purge" });
         }
-        let mut purge = PurgeLoop::new(consumer.clone(), limit, self.on_batch.take());
+        let mut purge = PurgeLoop::new(consumer.clone(), limit, self.pause, self.on_batch.take());
         loop {
             let batch = crate::transaction::purge_batch(conn, &cutoff, consumer.as_deref(), limit);
             match purge.next(batch, C::Backend::is_transient) {
@@ -236,7 +248,7 @@ impl<'a> Purge<'a> {
         if crate::asynchronous::transaction_open(conn) {
             return Err(InboxError::InTransaction { operation: "purge" });
         }
-        let mut purge = PurgeLoop::new(consumer.clone(), limit, self.on_batch.take());
+        let mut purge = PurgeLoop::new(consumer.clone(), limit, self.pause, self.on_batch.take());
         loop {
             let batch = conn
                 .inbox_purge_batch(cutoff.clone(), consumer.clone(), limit)
@@ -267,7 +279,8 @@ impl<'a> Purge<'a> {
 enum PurgeStep {
     /// Run the next batch.
     Again,
-    /// Wait, then rerun the batch that failed transiently.
+    /// Wait, then run the next batch (a pause) or rerun the one that
+    /// failed transiently.
     Sleep(Duration),
     /// Stop, with the report or the error.
     Done(Result<PurgeReport, Error>),
@@ -279,6 +292,7 @@ enum PurgeStep {
 struct PurgeLoop<'a> {
     consumer: Option<String>,
     limit: i64,
+    pause: Duration,
     report: PurgeReport,
     failures: u32,
     started: Instant,
@@ -286,10 +300,16 @@ struct PurgeLoop<'a> {
 }
 
 impl<'a> PurgeLoop<'a> {
-    fn new(consumer: Option<String>, limit: i64, on_batch: Option<OnBatch<'a>>) -> Self {
+    fn new(
+        consumer: Option<String>,
+        limit: i64,
+        pause: Duration,
+        on_batch: Option<OnBatch<'a>>,
+    ) -> Self {
         PurgeLoop {
             consumer,
             limit,
+            pause,
             report: PurgeReport::default(),
             failures: 0,
             started: Instant::now(),
@@ -310,6 +330,8 @@ impl<'a> PurgeLoop<'a> {
                 }
                 if (deleted as i64) < self.limit {
                     PurgeStep::Done(Ok(self.report))
+                } else if self.pause > Duration::ZERO {
+                    PurgeStep::Sleep(self.pause)
                 } else {
                     PurgeStep::Again
                 }

@@ -181,6 +181,7 @@ pub fn purge_deletes_old_rows_in_batches_and_keeps_new_ones<M: Mode>() {
             Purge::new(DAY)
                 .consumer("ledger")
                 .batch_size(2)
+                .pause(Duration::from_millis(1))
                 .on_batch(|so_far| progress.push(so_far.rows)),
         )
         .expect("purge ledger");
