@@ -49,7 +49,8 @@ pub struct InboxEntry {
     pub received_at: SystemTime,
 }
 
-/// What the inbox holds for one consumer: see [`stats`].
+/// What the inbox holds for one consumer: see [`stats`] (which has an
+/// example).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConsumerStats {
@@ -63,7 +64,7 @@ pub struct ConsumerStats {
     pub newest: SystemTime,
 }
 
-/// What a purge did: see [`purge`].
+/// What a purge did: see [`purge`] (which has an example).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct PurgeReport {
@@ -83,6 +84,13 @@ pub struct PurgeReport {
 const PURGE_BATCH_RETRIES: u32 = 10;
 
 /// The largest purge batch: one batch is one short transaction.
+///
+/// ```
+/// assert!(inbox_runtime::Purge::new(std::time::Duration::from_secs(3600))
+///     .batch_size(inbox_runtime::MAX_PURGE_BATCH + 1)
+///     .count(&mut <diesel::SqliteConnection as diesel::Connection>::establish(":memory:").unwrap())
+///     .is_err());
+/// ```
 pub const MAX_PURGE_BATCH: usize = 100_000;
 
 /// A purge with options: the consumer it is scoped to, a callback after
@@ -465,7 +473,33 @@ where
     C::Backend::stats(conn).map_err(ops_error::<C::Backend>)
 }
 
-/// The async twin of [`purge`].
+/// The async twin of [`purge`]; on every async connection
+/// ([`AsyncInboxConnection`](crate::AsyncInboxConnection)), like the other
+/// async twins:///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel::SqliteConnection;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+/// use diesel_async::AsyncConnection;
+/// use inbox_runtime::{forget_async, migrate_async, purge_async, run_async, stats_async, status_async, ErrorClass};
+/// use std::time::Duration;
+///
+/// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+/// migrate_async(&mut conn).await?;
+/// let applied: diesel::QueryResult<_> =
+///     run_async(&mut conn, "mailer", "m-1", 0, async |_| Ok(()), |_| ErrorClass::permanent()).await;
+/// assert!(applied?.is_applied());
+/// assert!(status_async(&mut conn, "mailer", "m-1").await?.is_some());
+/// assert_eq!(stats_async(&mut conn).await?[0].rows, 1);
+/// assert_eq!(purge_async(&mut conn, Duration::from_secs(86_400), 1_000).await?.rows, 0);
+/// assert!(forget_async(&mut conn, "mailer", "m-1").await?);
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
 #[cfg(feature = "async")]
 pub async fn purge_async<C>(
     conn: &mut C,
@@ -481,7 +515,7 @@ where
         .await
 }
 
-/// The async twin of [`status`].
+/// The async twin of [`status`] (example: [`purge_async`]).
 #[cfg(feature = "async")]
 pub async fn status_async<C>(
     conn: &mut C,
@@ -497,7 +531,7 @@ where
         .map_err(ops_error::<C::Backend>)
 }
 
-/// The async twin of [`forget`].
+/// The async twin of [`forget`] (example: [`purge_async`]).
 #[cfg(feature = "async")]
 pub async fn forget_async<C>(conn: &mut C, consumer: &str, key: &str) -> Result<bool, InboxError>
 where
@@ -509,7 +543,7 @@ where
         .map_err(ops_error::<C::Backend>)
 }
 
-/// The async twin of [`stats`].
+/// The async twin of [`stats`] (example: [`purge_async`]).
 #[cfg(feature = "async")]
 pub async fn stats_async<C>(conn: &mut C) -> Result<Vec<ConsumerStats>, InboxError>
 where
