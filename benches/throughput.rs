@@ -738,6 +738,28 @@ macro_rules! deadpool {
     }};
 }
 
+/// `claim(key)`: the hand-written async variants' claim, a conflict-ignoring
+/// insert with the target named (PostgreSQL, SQLite).
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "sqlite")))]
+macro_rules! conflict_ignoring_claim {
+    ($Backend:ty) => {
+        fn claim(
+            key: &str,
+        ) -> impl diesel::query_builder::QueryFragment<$Backend>
+               + diesel::query_builder::QueryId
+               + Send
+               + '_ {
+            diesel::insert_into(inbox::table)
+                .values((
+                    inbox::consumer.eq("bench-async-raw"),
+                    inbox::message_id.eq(key),
+                ))
+                .on_conflict((inbox::consumer, inbox::message_id))
+                .do_nothing()
+        }
+    };
+}
+
 /// The hand-written async variants: diesel-async's transaction, and the
 /// claim given as a statement.
 #[cfg(feature = "async")]
@@ -789,20 +811,7 @@ mod sqlite_async_specific {
         )
     }
 
-    fn claim(
-        key: &str,
-    ) -> impl diesel::query_builder::QueryFragment<diesel::sqlite::Sqlite>
-           + diesel::query_builder::QueryId
-           + Send
-           + '_ {
-        diesel::insert_into(inbox::table)
-            .values((
-                inbox::consumer.eq("bench-async-raw"),
-                inbox::message_id.eq(key),
-            ))
-            .on_conflict((inbox::consumer, inbox::message_id))
-            .do_nothing()
-    }
+    conflict_ignoring_claim!(diesel::sqlite::Sqlite);
 
     /// `BEGIN IMMEDIATE` (the write lock up front, as the sync variants
     /// and the inbox take it), in a hop to the blocking thread.
@@ -886,20 +895,7 @@ mod postgres_async_specific {
         deadpool!(AsyncPgConnection, url, size, None)
     }
 
-    fn claim(
-        key: &str,
-    ) -> impl diesel::query_builder::QueryFragment<diesel::pg::Pg>
-           + diesel::query_builder::QueryId
-           + Send
-           + '_ {
-        diesel::insert_into(inbox::table)
-            .values((
-                inbox::consumer.eq("bench-async-raw"),
-                inbox::message_id.eq(key),
-            ))
-            .on_conflict((inbox::consumer, inbox::message_id))
-            .do_nothing()
-    }
+    conflict_ignoring_claim!(diesel::pg::Pg);
 
     async_variants!(AsyncPgConnection, claim);
 
@@ -1386,6 +1382,7 @@ mod scale {
 /// without a purge, then for a window in which one `purge` (batches of
 /// `--purge-batch`, default 10,000) deletes the oldest remaining slice. Every message's latency is
 /// recorded; the report compares p50 and p99 of the two kinds of window.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod purge_under_load {
     use super::*;
     use diesel::connection::SimpleConnection;
@@ -1412,20 +1409,20 @@ mod purge_under_load {
     pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
         let mut results = Vec::new();
         for target in targets {
-            let result = match target.name {
+            let result: Option<Result<String, String>> = match target.name {
                 #[cfg(feature = "postgres")]
-                "postgres" => measure(&target.url, args, postgres_server()),
+                "postgres" => Some(measure(&target.url, args, postgres_server())),
                 #[cfg(feature = "mysql")]
-                "mysql" => measure(&target.url, args, mysql_server()),
-                _ => {
-                    println!(
-                        "SKIPPED: --purge on {}: measured on PostgreSQL and MySQL/MariaDB",
-                        target.label
-                    );
-                    continue;
-                }
+                "mysql" => Some(measure(&target.url, args, mysql_server())),
+                _ => None,
             };
-            results.push(result?);
+            match result {
+                Some(result) => results.push(result?),
+                None => println!(
+                    "SKIPPED: --purge on {}: measured on PostgreSQL and MySQL/MariaDB",
+                    target.label
+                ),
+            }
         }
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -1651,5 +1648,18 @@ mod purge_under_load {
             analyze: "ANALYZE TABLE inbox_messages",
             handle: mysql::idempotent,
         }
+    }
+}
+
+/// `--purge` without a server backend compiled in.
+#[cfg(not(any(feature = "postgres", feature = "mysql")))]
+mod purge_under_load {
+    use super::{Args, Target};
+
+    pub fn run(_: &[Target], _: &Args) -> Result<(), String> {
+        println!(
+            "SKIPPED: --purge needs the postgres or mysql feature (cargo bench --all-features)"
+        );
+        Ok(())
     }
 }
