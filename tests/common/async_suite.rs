@@ -12,12 +12,22 @@ use super::unique_run_id;
 use diesel_inbox::Processed;
 use std::time::Duration;
 
-/// Cancels `write_then_stall` after `after` (zero: at its first `.await`,
-/// before the claim reached the database), puts the connection back in
-/// the pool, and redelivers through the same pool: a stale transaction
-/// handed on would show the cancelled claim, and the redelivery would be a
-/// wrong `Duplicate`.
-fn cancelled_then_redelivered<B: TestBackend>(after: Duration) {
+/// Where a cancellation lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cancel {
+    /// At the handler's first `.await`: the claim never reached the database.
+    BeforeTheClaim,
+    /// After the claim, before the body's first statement.
+    AfterTheClaim,
+    /// After the body's write, while it stalls.
+    MidBody,
+}
+
+/// Cancels a delivery where `at` says, puts the connection back in the
+/// pool, and redelivers through the same pool: a stale transaction handed
+/// on would show the cancelled claim, and the redelivery would be a wrong
+/// `Duplicate`.
+fn cancelled_then_redelivered<B: TestBackend>(at: Cancel) {
     let Some(db) = B::prepare("cancel") else {
         return;
     };
@@ -27,11 +37,29 @@ fn cancelled_then_redelivered<B: TestBackend>(after: Duration) {
     runtime().block_on(async {
         let mut conn = B::pooled(&pool).await;
         let first = msg(&run, key.clone(), 1);
-        let cancelled =
-            tokio::time::timeout(after, handlers::write_then_stall::<B>(&mut conn, &first)).await;
+        let claimed = std::sync::atomic::AtomicBool::new(false);
+        let cancelled = match at {
+            Cancel::BeforeTheClaim => {
+                let delivery = handlers::write_then_stall::<B>(&mut conn, &first);
+                tokio::time::timeout(Duration::ZERO, delivery).await
+            }
+            Cancel::AfterTheClaim => {
+                let delivery = handlers::stall_then_write::<B>(&mut conn, &first, &claimed);
+                tokio::time::timeout(Duration::from_millis(300), delivery).await
+            }
+            Cancel::MidBody => {
+                let delivery = handlers::write_then_stall::<B>(&mut conn, &first);
+                tokio::time::timeout(Duration::from_millis(300), delivery).await
+            }
+        };
         assert!(
             cancelled.is_err(),
             "the handler was cancelled: {cancelled:?}"
+        );
+        assert_eq!(
+            claimed.load(std::sync::atomic::Ordering::SeqCst),
+            at == Cancel::AfterTheClaim,
+            "the cancellation landed {at:?}"
         );
         // Back to the pool, inside the transaction the cancel left open.
         drop(conn);
@@ -60,11 +88,15 @@ fn cancelled_then_redelivered<B: TestBackend>(after: Duration) {
 }
 
 pub fn cancelled_before_the_claim_commits_nothing<B: TestBackend>() {
-    cancelled_then_redelivered::<B>(Duration::ZERO);
+    cancelled_then_redelivered::<B>(Cancel::BeforeTheClaim);
+}
+
+pub fn cancelled_after_the_claim_commits_nothing<B: TestBackend>() {
+    cancelled_then_redelivered::<B>(Cancel::AfterTheClaim);
 }
 
 pub fn cancelled_mid_body_commits_nothing_and_the_pool_drops_the_connection<B: TestBackend>() {
-    cancelled_then_redelivered::<B>(Duration::from_millis(300));
+    cancelled_then_redelivered::<B>(Cancel::MidBody);
 }
 
 /// A handler's future can be spawned: it is `Send`, with the connection
@@ -101,6 +133,7 @@ macro_rules! async_tests {
     ($B:ty, runs_if = $runs_if:meta, else_ignored = $why:literal) => {
         $crate::async_tests!(@tests $B, $runs_if, $why,
             cancelled_before_the_claim_commits_nothing,
+            cancelled_after_the_claim_commits_nothing,
             cancelled_mid_body_commits_nothing_and_the_pool_drops_the_connection,
             handlers_run_on_spawned_tasks,
         );

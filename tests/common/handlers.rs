@@ -211,6 +211,21 @@ pub mod asynchronous {
         Ok(msg.amount)
     }
 
+    /// Says it runs (the claim is done), then stalls before writing
+    /// anything: a timeout cancels it after the claim, before the body's
+    /// first statement.
+    #[idempotent(key = "msg.key", consumer = "stalling", shared)]
+    pub async fn stall_then_write<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+        claimed: &std::sync::atomic::AtomicBool,
+    ) -> Result<i64, AppError> {
+        claimed.store(true, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        Ok(msg.amount)
+    }
+
     /// The redelivery of what `write_then_stall` was cancelled in.
     #[idempotent(key = "msg.key", consumer = "stalling", shared)]
     pub async fn write_at_once<B: TestBackend>(
