@@ -554,6 +554,7 @@ where
 
 /// Microseconds since the Unix epoch, as the backends' statements read
 /// `received_at`, to a time.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn from_micros(micros: i64) -> SystemTime {
     let offset = Duration::from_micros(micros.unsigned_abs());
     if micros >= 0 {
@@ -564,6 +565,7 @@ pub(crate) fn from_micros(micros: i64) -> SystemTime {
 }
 
 /// A row of the statements, to an entry.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn entry((consumer, key, micros): (String, String, i64)) -> InboxEntry {
     InboxEntry {
         consumer,
@@ -573,6 +575,7 @@ pub(crate) fn entry((consumer, key, micros): (String, String, i64)) -> InboxEntr
 }
 
 /// A row of the statements, to a consumer's stats.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn consumer_stats(
     (consumer, rows, oldest, newest): (String, i64, i64, i64),
 ) -> ConsumerStats {
