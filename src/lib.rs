@@ -214,3 +214,10 @@ pub use inbox_runtime::{
 
 #[doc(hidden)]
 pub use inbox_runtime::__private;
+
+#[cfg(any(feature = "lapin", feature = "nats"))]
+pub mod brokers;
+#[cfg(feature = "lapin")]
+pub mod lapin;
+#[cfg(feature = "nats")]
+pub mod nats;

@@ -1,0 +1,142 @@
+//! What a consumer does with a handler's outcome, the same for every
+//! broker: ack a message once its handler's transaction has committed
+//! (`Applied`) or found it done before (`Duplicate`), redeliver it after a
+//! transient error, dead-letter it after a permanent one or once the
+//! broker has delivered it too often. The broker modules ([`lapin`](crate::lapin),
+//! [`nats`](crate::nats)) read the message id and the delivery count from
+//! their client's message and carry out the [`Settlement`].
+
+use crate::{validate_key, InvalidKey, Processed};
+use std::time::Duration;
+
+/// What to tell the broker about a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// Done (applied now or before): acknowledge.
+    Ack,
+    /// Failed transiently: deliver it again (AMQP `nack` with requeue,
+    /// JetStream `Nak` after [`Policy::retry_delay`]).
+    Retry,
+    /// Failed for good, or delivered [`Policy::max_deliveries`] times:
+    /// reject to the dead-letter exchange (AMQP) or terminate (JetStream).
+    DeadLetter,
+}
+
+/// Which of the handler's errors are permanent, and how often a failing
+/// message may be delivered. The user decides what is permanent; nothing
+/// is guessed from the error's text.
+///
+/// ```
+/// use diesel_inbox::brokers::{Policy, Settlement};
+/// use diesel_inbox::Processed;
+///
+/// #[derive(Debug)]
+/// enum AppError { Invalid, Database }
+///
+/// let policy = Policy::new(|e: &AppError| matches!(e, AppError::Invalid)).max_deliveries(5);
+/// assert_eq!(policy.settlement(&Ok::<_, AppError>(Processed::Applied(())), 1), Settlement::Ack);
+/// assert_eq!(policy.settlement(&Ok::<Processed<()>, _>(Processed::Duplicate), 3), Settlement::Ack);
+/// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(AppError::Database), 1), Settlement::Retry);
+/// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(AppError::Database), 5), Settlement::DeadLetter);
+/// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(AppError::Invalid), 1), Settlement::DeadLetter);
+/// ```
+pub struct Policy<E> {
+    permanent: Box<dyn Fn(&E) -> bool + Send + Sync>,
+    max_deliveries: Option<u32>,
+    retry_delay: Duration,
+}
+
+impl<E> std::fmt::Debug for Policy<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("max_deliveries", &self.max_deliveries)
+            .field("retry_delay", &self.retry_delay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E> Policy<E> {
+    /// `permanent(e)` says whether an error is permanent (dead-letter at
+    /// once) rather than transient (redeliver). No delivery limit; a retry
+    /// delay of 1 s where the broker takes one.
+    pub fn new(permanent: impl Fn(&E) -> bool + Send + Sync + 'static) -> Self {
+        Policy {
+            permanent: Box::new(permanent),
+            max_deliveries: None,
+            retry_delay: Duration::from_secs(1),
+        }
+    }
+
+    /// Dead-letter a failing message once the broker has delivered it
+    /// `n` times (the count comes from the broker: RabbitMQ's
+    /// `x-delivery-count` on quorum queues, JetStream's `delivered`).
+    pub fn max_deliveries(mut self, n: u32) -> Self {
+        self.max_deliveries = Some(n);
+        self
+    }
+
+    /// How long JetStream waits before redelivering after a transient
+    /// error (`Nak` with a delay). AMQP requeues at once.
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// The delay of [`Settlement::Retry`].
+    pub fn delay(&self) -> Duration {
+        self.retry_delay
+    }
+
+    /// What to do with a message delivered `deliveries` times (this one
+    /// included) whose handler returned `outcome`.
+    pub fn settlement<T>(&self, outcome: &Result<Processed<T>, E>, deliveries: u32) -> Settlement {
+        match outcome {
+            Ok(_) => Settlement::Ack,
+            Err(e) if (self.permanent)(e) => Settlement::DeadLetter,
+            Err(_) if self.max_deliveries.is_some_and(|max| deliveries >= max) => {
+                Settlement::DeadLetter
+            }
+            Err(_) => Settlement::Retry,
+        }
+    }
+}
+
+/// A handled message: the handler's outcome and what the broker was told.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Handled<T, E> {
+    /// The message id the handler was given.
+    pub message_id: String,
+    /// What the handler returned.
+    pub outcome: Result<Processed<T>, E>,
+    /// How the message was settled with the broker, after the handler's
+    /// transaction had ended.
+    pub settlement: Settlement,
+    /// How often the broker had delivered it, this time included.
+    pub deliveries: u32,
+}
+
+/// Why a message was not handled, or could not be settled.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// The message carries no usable id: nothing to deduplicate on. It was
+    /// dead-lettered (rejected without requeue, or terminated), never acked.
+    #[error("message without a usable id ({why}); it was dead-lettered, not acked")]
+    NoMessageId {
+        /// What was wrong with it.
+        why: String,
+    },
+    /// The broker refused the ack, nack or reject (e.g. the connection was
+    /// lost): the broker redelivers the message, and the inbox reports it
+    /// `Duplicate` if its transaction had committed.
+    #[error("could not settle the message with the broker: {0}")]
+    Settle(String),
+}
+
+/// A message id the inbox can key on, or why not.
+pub(crate) fn usable_id(id: Option<&str>, what: &str) -> Result<String, String> {
+    let id = id.ok_or_else(|| format!("no {what}"))?;
+    validate_key(id).map_err(|e: InvalidKey| format!("{what}: {e}"))?;
+    Ok(id.to_owned())
+}

@@ -1,0 +1,143 @@
+//! RabbitMQ consumers on [lapin](https://docs.rs/lapin) (feature `lapin`):
+//! the message id from the AMQP `message_id` property, the handler, then
+//! the ack, and only then.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use diesel_async::AsyncPgConnection;
+//! use diesel_inbox::brokers::Policy;
+//! use diesel_inbox::{idempotent, InboxError};
+//! use futures_lite::StreamExt;
+//! use lapin::options::BasicConsumeOptions;
+//! use lapin::types::FieldTable;
+//!
+//! #[derive(Debug)]
+//! enum AppError { Db(diesel::result::Error), Inbox(InboxError), BadPayload }
+//! # impl From<diesel::result::Error> for AppError { fn from(e: diesel::result::Error) -> Self { AppError::Db(e) } }
+//! # impl From<InboxError> for AppError { fn from(e: InboxError) -> Self { AppError::Inbox(e) } }
+//!
+//! #[idempotent(key = "id")]
+//! async fn ship(conn: &mut AsyncPgConnection, id: &str, body: &[u8]) -> Result<(), AppError> {
+//!     let _ = (conn, body); // the business writes
+//!     Ok(())
+//! }
+//!
+//! # let (channel, mut conn): (lapin::Channel, AsyncPgConnection) = todo!();
+//! let policy = Policy::new(|e: &AppError| matches!(e, AppError::BadPayload)).max_deliveries(5);
+//! let mut deliveries = channel
+//!     .basic_consume("orders".into(), "shipper".into(), BasicConsumeOptions::default(), FieldTable::default())
+//!     .await?;
+//! while let Some(delivery) = deliveries.next().await {
+//!     let handled = diesel_inbox::lapin::handle(delivery?, &policy, async |id, body| {
+//!         ship(&mut conn, id, body).await
+//!     })
+//!     .await;
+//!     // Ok: acked, requeued or dead-lettered as `handled.settlement` says.
+//!     let _ = handled;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Delivery counts come from the `x-delivery-count` header that quorum
+//! queues set on redeliveries (the first delivery has none: count 1). On a
+//! classic queue only the `redelivered` flag exists: a redelivered message
+//! counts as delivered twice, however often it really was, so
+//! [`Policy::max_deliveries`](crate::brokers::Policy::max_deliveries) needs
+//! a quorum queue to be exact. Dead-lettering is `basic.reject` without
+//! requeue: the queue's `x-dead-letter-exchange` receives the message (without
+//! one, RabbitMQ drops it).
+
+use crate::brokers::{usable_id, BrokerError, Handled, Policy, Settlement};
+use crate::Processed;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::types::AMQPValue;
+
+/// The message's id: its AMQP `message_id` property, a valid inbox key.
+pub fn message_id(delivery: &Delivery) -> Result<String, BrokerError> {
+    let id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.as_str());
+    usable_id(id, "message_id property").map_err(|why| BrokerError::NoMessageId { why })
+}
+
+/// How often the broker has delivered the message, this time included:
+/// `x-delivery-count` + 1 on a quorum queue; on a classic queue 2 if
+/// `redelivered`, else 1.
+pub fn deliveries(delivery: &Delivery) -> u32 {
+    let counted = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("x-delivery-count"))
+        .and_then(|count| match count {
+            AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::LongUInt(n) => Some(*n),
+            AMQPValue::ShortInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::ShortUInt(n) => Some(u32::from(*n)),
+            _ => None,
+        });
+    match counted {
+        Some(previous) => previous.saturating_add(1),
+        None if delivery.redelivered => 2,
+        None => 1,
+    }
+}
+
+/// Runs `handler` on the message's id and body, then settles the message
+/// as `policy` says: ack after `Applied` or `Duplicate`, `nack` with requeue
+/// after a transient error, reject without requeue (to the dead-letter
+/// exchange) after a permanent one or at the delivery limit.
+///
+/// The ack is sent only after the handler has returned, that is after its
+/// transaction committed: this function owns the delivery, so nothing can
+/// ack it earlier. A message without a usable id is rejected without
+/// requeue, and [`BrokerError::NoMessageId`] says so.
+pub async fn handle<T, E, F>(
+    delivery: Delivery,
+    policy: &Policy<E>,
+    handler: F,
+) -> Result<Handled<T, E>, BrokerError>
+where
+    F: AsyncFnOnce(&str, &[u8]) -> Result<Processed<T>, E>,
+{
+    let id = match message_id(&delivery) {
+        Ok(id) => id,
+        Err(e) => {
+            settle(&delivery, Settlement::DeadLetter).await?;
+            return Err(e);
+        }
+    };
+    let deliveries = deliveries(&delivery);
+    let outcome = handler(&id, &delivery.data).await;
+    let settlement = policy.settlement(&outcome, deliveries);
+    settle(&delivery, settlement).await?;
+    Ok(Handled {
+        message_id: id,
+        outcome,
+        settlement,
+        deliveries,
+    })
+}
+
+async fn settle(delivery: &Delivery, settlement: Settlement) -> Result<(), BrokerError> {
+    let acker = &delivery.acker;
+    let done = match settlement {
+        Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
+        Settlement::Retry => {
+            acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                })
+                .await
+        }
+        Settlement::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await,
+    };
+    done.map(drop)
+        .map_err(|e| BrokerError::Settle(e.to_string()))
+}

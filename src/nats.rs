@@ -1,0 +1,131 @@
+//! NATS JetStream consumers on [async-nats](https://docs.rs/async-nats)
+//! (feature `nats`): the message id from the `Nats-Msg-Id` header (or the
+//! stream and its sequence), the handler, then the ack, and only then.
+//!
+//! **Without `Nats-Msg-Id`**, the id is `<stream>:<stream sequence>`. That
+//! deduplicates JetStream's own redeliveries of a stored message, but a
+//! producer that retries a publish stores a second message with a new
+//! sequence, which is then a new id: set `Nats-Msg-Id` on publish (JetStream
+//! also drops such a retry within the stream's duplicate window, and the
+//! inbox catches it after the window).
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use diesel_async::AsyncPgConnection;
+//! use diesel_inbox::brokers::Policy;
+//! use diesel_inbox::{idempotent, InboxError};
+//! use futures_lite::StreamExt;
+//! use std::time::Duration;
+//!
+//! #[derive(Debug)]
+//! enum AppError { Db(diesel::result::Error), Inbox(InboxError), BadPayload }
+//! # impl From<diesel::result::Error> for AppError { fn from(e: diesel::result::Error) -> Self { AppError::Db(e) } }
+//! # impl From<InboxError> for AppError { fn from(e: InboxError) -> Self { AppError::Inbox(e) } }
+//!
+//! #[idempotent(key = "id")]
+//! async fn ship(conn: &mut AsyncPgConnection, id: &str, body: &[u8]) -> Result<(), AppError> {
+//!     let _ = (conn, body); // the business writes
+//!     Ok(())
+//! }
+//!
+//! # let (consumer, mut conn): (async_nats::jetstream::consumer::PullConsumer, AsyncPgConnection) = todo!();
+//! let policy = Policy::new(|e: &AppError| matches!(e, AppError::BadPayload))
+//!     .max_deliveries(5)
+//!     .retry_delay(Duration::from_millis(500));
+//! let mut messages = consumer.messages().await?;
+//! while let Some(message) = messages.next().await {
+//!     let handled = diesel_inbox::nats::handle(message?, &policy, async |id, body| {
+//!         ship(&mut conn, id, body).await
+//!     })
+//!     .await;
+//!     let _ = handled;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::brokers::{usable_id, BrokerError, Handled, Policy, Settlement};
+use crate::Processed;
+use async_nats::jetstream::message::{AckKind, Message};
+
+/// The message's id: its `Nats-Msg-Id` header, else
+/// `<stream>:<stream sequence>`; a valid inbox key either way.
+pub fn message_id(message: &Message) -> Result<String, BrokerError> {
+    let header = message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get("Nats-Msg-Id"))
+        .map(|id| id.as_str());
+    let id = match header {
+        Some(id) => usable_id(Some(id), "Nats-Msg-Id header"),
+        None => message
+            .info()
+            .map_err(|e| format!("no Nats-Msg-Id header and no JetStream metadata: {e}"))
+            .and_then(|info| {
+                usable_id(
+                    Some(&format!("{}:{}", info.stream, info.stream_sequence)),
+                    "stream and sequence",
+                )
+            }),
+    };
+    id.map_err(|why| BrokerError::NoMessageId { why })
+}
+
+/// How often JetStream has delivered the message, this time included.
+pub fn deliveries(message: &Message) -> u32 {
+    message
+        .info()
+        .ok()
+        .and_then(|info| u32::try_from(info.delivered).ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Runs `handler` on the message's id and payload, then settles the
+/// message as `policy` says: `Ack` after `Applied` or `Duplicate`, `Nak`
+/// with [`Policy::retry_delay`] after a transient error, `Term` after a
+/// permanent one or at the delivery limit.
+///
+/// The ack is sent only after the handler has returned, that is after its
+/// transaction committed: this function owns the message, so nothing can
+/// ack it earlier. A message without a usable id is terminated, and
+/// [`BrokerError::NoMessageId`] says so.
+pub async fn handle<T, E, F>(
+    message: Message,
+    policy: &Policy<E>,
+    handler: F,
+) -> Result<Handled<T, E>, BrokerError>
+where
+    F: AsyncFnOnce(&str, &[u8]) -> Result<Processed<T>, E>,
+{
+    let id = match message_id(&message) {
+        Ok(id) => id,
+        Err(e) => {
+            settle(&message, Settlement::DeadLetter, policy).await?;
+            return Err(e);
+        }
+    };
+    let deliveries = deliveries(&message);
+    let outcome = handler(&id, &message.payload).await;
+    let settlement = policy.settlement(&outcome, deliveries);
+    settle(&message, settlement, policy).await?;
+    Ok(Handled {
+        message_id: id,
+        outcome,
+        settlement,
+        deliveries,
+    })
+}
+
+async fn settle<E>(
+    message: &Message,
+    settlement: Settlement,
+    policy: &Policy<E>,
+) -> Result<(), BrokerError> {
+    let done = match settlement {
+        Settlement::Ack => message.ack().await,
+        Settlement::Retry => message.ack_with(AckKind::Nak(Some(policy.delay()))).await,
+        Settlement::DeadLetter => message.ack_with(AckKind::Term).await,
+    };
+    done.map_err(|e| BrokerError::Settle(e.to_string()))
+}

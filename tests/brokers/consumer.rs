@@ -1,0 +1,229 @@
+//! What every consumer process shares: the database, the handler, the
+//! counts it reports, and the crash between commit and ack.
+
+use diesel::connection::SimpleConnection;
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+use diesel_async::{AsyncConnection, RunQueryDsl};
+use diesel_inbox::brokers::{Handled, Policy, Settlement};
+use diesel_inbox::{idempotent, InboxError, Processed};
+use std::time::Duration;
+
+pub type Conn = SyncConnectionWrapper<diesel::SqliteConnection>;
+
+diesel::table! {
+    broker_effects (id) {
+        id -> Integer,
+        message_id -> Text,
+        amount -> BigInt,
+    }
+}
+
+/// The business table: no unique key on `message_id`, so a message
+/// applied twice shows as two rows.
+pub const EFFECTS_DDL: &str = "CREATE TABLE IF NOT EXISTS broker_effects (\
+    id INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL, amount BIGINT NOT NULL)";
+
+#[derive(Debug)]
+#[allow(dead_code)] // read through Debug
+pub enum AppError {
+    Db(diesel::result::Error),
+    Inbox(InboxError),
+    /// The poison message: fails every time, transiently.
+    Poison,
+    /// A body that is not a number: permanent.
+    BadPayload,
+}
+
+impl From<diesel::result::Error> for AppError {
+    fn from(e: diesel::result::Error) -> Self {
+        AppError::Db(e)
+    }
+}
+
+impl From<InboxError> for AppError {
+    fn from(e: InboxError) -> Self {
+        AppError::Inbox(e)
+    }
+}
+
+/// The consumers' handler: one business row per order.
+#[idempotent(key = "id", consumer = "broker-orders")]
+pub async fn apply_order(conn: &mut Conn, id: &str, body: &[u8]) -> Result<(), AppError> {
+    if body == b"poison" {
+        return Err(AppError::Poison);
+    }
+    let amount: i64 = std::str::from_utf8(body)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(AppError::BadPayload)?;
+    diesel::insert_into(broker_effects::table)
+        .values((
+            broker_effects::message_id.eq(id),
+            broker_effects::amount.eq(amount),
+        ))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+use diesel::ExpressionMethods;
+
+/// The policy of the tests' consumers: a bad payload is permanent, the
+/// poison is retried until its fifth delivery.
+pub fn policy() -> Policy<AppError> {
+    Policy::new(|e: &AppError| matches!(e, AppError::BadPayload))
+        .max_deliveries(5)
+        .retry_delay(Duration::from_millis(50))
+}
+
+/// A database file's tables.
+pub fn create_tables(path: &str) -> Result<(), String> {
+    use diesel::Connection;
+    let mut conn = diesel::SqliteConnection::establish(path).map_err(|e| e.to_string())?;
+    conn.batch_execute("PRAGMA journal_mode = WAL")
+        .map_err(|e| e.to_string())?;
+    diesel_inbox::migrate(&mut conn).map_err(|e| e.to_string())?;
+    conn.batch_execute(EFFECTS_DDL).map_err(|e| e.to_string())
+}
+
+pub async fn open(path: &str) -> Result<Conn, String> {
+    let mut conn = Conn::establish(path).await.map_err(|e| e.to_string())?;
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "PRAGMA busy_timeout = 30000")
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(conn)
+}
+
+/// What a consumer process did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub applied: u64,
+    pub duplicates: u64,
+    pub retried: u64,
+    pub dead_lettered: u64,
+    pub reconnects: u64,
+}
+
+impl Counts {
+    pub fn record<T>(&mut self, handled: &Handled<T, AppError>) {
+        match (&handled.outcome, handled.settlement) {
+            (Ok(Processed::Applied(_)), _) => self.applied += 1,
+            (Ok(Processed::Duplicate), _) => {
+                self.duplicates += 1;
+                // Line by line: a process killed later has told it already.
+                println!("duplicate {}", handled.message_id);
+            }
+            (Err(_), Settlement::Retry) => self.retried += 1,
+            (Err(_), _) => self.dead_lettered += 1,
+        }
+    }
+
+    pub fn line(&self) -> String {
+        format!(
+            "counts applied={} duplicates={} retried={} dead_lettered={} reconnects={}",
+            self.applied, self.duplicates, self.retried, self.dead_lettered, self.reconnects
+        )
+    }
+
+    pub fn parse(output: &str) -> Option<Counts> {
+        let line = output.lines().find(|l| l.starts_with("counts "))?;
+        let n: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|kv| kv.split('=').nth(1)?.parse().ok())
+            .collect();
+        (n.len() == 5).then(|| Counts {
+            applied: n[0],
+            duplicates: n[1],
+            retried: n[2],
+            dead_lettered: n[3],
+            reconnects: n[4],
+        })
+    }
+
+    pub fn add(&mut self, other: Counts) {
+        self.applied += other.applied;
+        self.duplicates += other.duplicates;
+        self.retried += other.retried;
+        self.dead_lettered += other.dead_lettered;
+        self.reconnects += other.reconnects;
+    }
+}
+
+/// What a consumer process is told through its environment.
+pub struct Options {
+    pub url: String,
+    pub db: String,
+    pub queue: String,
+    pub prefetch: u16,
+    /// Kill the process after the commit, before the ack, of the first
+    /// delivery of every message whose sequence is a multiple of this (0:
+    /// never).
+    pub crash_every: u64,
+    /// Stop after this long without a message.
+    pub idle: Duration,
+}
+
+impl Options {
+    pub fn from_env() -> Options {
+        let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
+        Options {
+            url: var("INBOX_BROKER_URL"),
+            db: var("INBOX_BROKER_DB"),
+            queue: var("INBOX_BROKER_QUEUE"),
+            prefetch: var("INBOX_BROKER_PREFETCH").parse().expect("a prefetch"),
+            crash_every: var("INBOX_BROKER_CRASH_EVERY").parse().expect("a number"),
+            idle: Duration::from_millis(var("INBOX_BROKER_IDLE_MS").parse().expect("ms")),
+        }
+    }
+
+    /// Whether to die between the commit and the ack of this delivery.
+    pub fn crashes_at(
+        &self,
+        id: &str,
+        deliveries: u32,
+        outcome: &Result<Processed<()>, AppError>,
+    ) -> bool {
+        let seq: u64 = id
+            .rsplit('-')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
+        self.crash_every > 0
+            && seq % self.crash_every == 0
+            && deliveries == 1
+            && matches!(outcome, Ok(Processed::Applied(())))
+    }
+}
+
+/// SIGKILL to this process: no unwinding, no ack, nothing flushed.
+pub fn crash_now() -> ! {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &std::process::id().to_string()])
+        .status();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Runs a consumer process's loop on a tokio runtime and prints its counts.
+pub fn run_process<F>(consume: impl FnOnce(Options) -> F) -> i32
+where
+    F: std::future::Future<Output = Result<Counts, String>>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    match runtime.block_on(consume(Options::from_env())) {
+        Ok(counts) => {
+            println!("{}", counts.line());
+            0
+        }
+        Err(e) => {
+            eprintln!("consumer failed: {e}");
+            3
+        }
+    }
+}

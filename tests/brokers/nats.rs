@@ -1,0 +1,227 @@
+//! NATS JetStream through async-nats: a file-stored stream and a durable
+//! pull consumer per scenario, publishing with `Nats-Msg-Id`, the consumer
+//! loop (the client reconnects by itself).
+
+use crate::consumer::{apply_order, crash_now, open, policy, Counts, Options};
+use crate::scenarios::Broker;
+use async_nats::jetstream::{self, consumer::pull, stream};
+use diesel_inbox::brokers::BrokerError;
+use futures_lite::StreamExt;
+use std::time::Duration;
+
+pub struct Nats;
+
+/// Unacked messages of a killed consumer come back after this.
+const ACK_WAIT: Duration = Duration::from_secs(2);
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(f)
+}
+
+async fn context(url: &str) -> Result<jetstream::Context, String> {
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(url)
+        .await
+        .map_err(|e| format!("connect to NATS: {e}"))?;
+    Ok(jetstream::new(client))
+}
+
+fn stream_name(queue: &str) -> String {
+    queue.replace(['.', '-'], "_")
+}
+
+impl Broker for Nats {
+    const NAME: &'static str = "nats";
+    const URL_VAR: &'static str = "INBOX_TEST_NATS_URL";
+
+    fn setup(url: &str, queue: &str) -> Result<(), String> {
+        block_on(async {
+            let js = context(url).await?;
+            let stream = js
+                .create_stream(stream::Config {
+                    name: stream_name(queue),
+                    subjects: vec![format!("inbox.{}", stream_name(queue))],
+                    storage: stream::StorageType::File,
+                    // Short, so that the tests' second publishes of an id
+                    // (after it) reach the consumer.
+                    duplicate_window: Duration::from_millis(200),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| format!("create stream: {e}"))?;
+            stream
+                .create_consumer(pull::Config {
+                    durable_name: Some("consumer".into()),
+                    ack_wait: ACK_WAIT,
+                    // The policy decides when to stop (`Term`).
+                    max_deliver: -1,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| format!("create consumer: {e}"))?;
+            Ok(())
+        })
+    }
+
+    fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String> {
+        block_on(async {
+            let js = context(url).await?;
+            let subject = format!("inbox.{}", stream_name(queue));
+            let mut seen = std::collections::HashSet::new();
+            let mut waited = false;
+            for (id, body) in messages {
+                if !seen.insert(id.clone()) && !waited {
+                    // The second publishes (they follow every first one) go
+                    // out after the duplicate window, so that JetStream
+                    // stores them and the inbox must catch them.
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    waited = true;
+                }
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Msg-Id", id.as_str());
+                js.publish_with_headers(subject.clone(), headers, body.clone().into())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .await
+                    .map_err(|e| format!("publish ack: {e}"))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn dead_lettered(url: &str, queue: &str) -> Result<u64, String> {
+        // Terminated messages are neither pending nor waiting for an ack.
+        block_on(async {
+            let js = context(url).await?;
+            let stream = js
+                .get_stream(stream_name(queue))
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut consumer: jetstream::consumer::PullConsumer = stream
+                .get_consumer("consumer")
+                .await
+                .map_err(|e| e.to_string())?;
+            let info = consumer.info().await.map_err(|e| e.to_string())?;
+            if info.num_pending > 0 || info.num_ack_pending > 0 {
+                return Err(format!(
+                    "{} messages pending, {} waiting for an ack",
+                    info.num_pending, info.num_ack_pending
+                ));
+            }
+            Ok(0)
+        })
+    }
+
+    fn drop_connections() -> Result<String, String> {
+        restart_nats_server()
+    }
+
+    fn teardown(url: &str, queue: &str) {
+        let _ = block_on(async {
+            let js = context(url).await?;
+            js.delete_stream(stream_name(queue))
+                .await
+                .map_err(|e| e.to_string())
+        });
+    }
+
+    fn consume() -> i32 {
+        crate::consumer::run_process(consume)
+    }
+}
+
+/// Kills the running nats-server and starts it again with the same
+/// command line (JetStream keeps its file store).
+fn restart_nats_server() -> Result<String, String> {
+    let pid = std::fs::read_dir("/proc")
+        .map_err(|e| e.to_string())?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "nats-server")
+        })
+        .ok_or("no nats-server process")?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).map_err(|e| e.to_string())?;
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    std::process::Command::new("kill")
+        .arg(pid.to_string())
+        .status()
+        .map_err(|e| e.to_string())?;
+    for _ in 0..100 {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::process::Command::new("setsid")
+        .arg("-f")
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("restart nats-server: {e}"))?;
+    Ok(format!("nats-server restarted ({})", args.join(" ")))
+}
+
+/// Consumes until idle. The client reconnects by itself; the pull stream
+/// reports the outage as errors, which are skipped.
+async fn consume(options: Options) -> Result<Counts, String> {
+    let mut db = open(&options.db).await?;
+    let policy = policy();
+    let mut counts = Counts::default();
+    let js = context(&options.url).await?;
+    let stream = js
+        .get_stream(stream_name(&options.queue))
+        .await
+        .map_err(|e| e.to_string())?;
+    let consumer: jetstream::consumer::PullConsumer = stream
+        .get_consumer("consumer")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(usize::from(options.prefetch))
+        .heartbeat(Duration::from_millis(500))
+        .expires(Duration::from_secs(1))
+        .messages()
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let message = match tokio::time::timeout(options.idle, messages.next()).await {
+            Err(_) => return Ok(counts),
+            Ok(None) => return Err("the message stream ended".into()),
+            Ok(Some(Err(e))) => {
+                eprintln!("stream: {e}");
+                counts.reconnects += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Ok(Some(Ok(message))) => message,
+        };
+        let deliveries_so_far = diesel_inbox::nats::deliveries(&message);
+        let handled = diesel_inbox::nats::handle(message, &policy, async |id, body| {
+            let outcome = apply_order(&mut db, id, body).await;
+            if options.crashes_at(id, deliveries_so_far, &outcome) {
+                crash_now();
+            }
+            outcome
+        })
+        .await;
+        match handled {
+            Ok(handled) => counts.record(&handled),
+            // The ack did not reach the server: it redelivers after ack_wait.
+            Err(BrokerError::Settle(e)) => eprintln!("ack: {e}"),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}

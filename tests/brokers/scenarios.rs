@@ -1,0 +1,424 @@
+//! The five scenarios, written once against [`Broker`], and the runner.
+
+use crate::consumer::{create_tables, Counts};
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A broker under test: its queue (or stream) per scenario, publishing,
+/// what it dead-lettered, a broker-side connection drop, and the consumer
+/// process's loop.
+pub trait Broker {
+    const NAME: &'static str;
+    /// The variable with the server's URL.
+    const URL_VAR: &'static str;
+    fn setup(url: &str, queue: &str) -> Result<(), String>;
+    /// Publishes `(id, body)` in order.
+    fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String>;
+    /// How many messages were dead-lettered (RabbitMQ: the dead-letter
+    /// queue's depth); NATS checks that nothing is left pending and
+    /// returns 0.
+    fn dead_lettered(url: &str, queue: &str) -> Result<u64, String>;
+    /// Closes every client connection from the server side; says how.
+    fn drop_connections() -> Result<String, String>;
+    fn teardown(url: &str, queue: &str);
+    /// The consumer process: its exit code.
+    fn consume() -> i32;
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+/// One scenario's queue and database, removed at the end.
+struct Run {
+    url: String,
+    queue: String,
+    db: String,
+    teardown: fn(&str, &str),
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        (self.teardown)(&self.url, &self.queue);
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.db));
+        }
+    }
+}
+
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("r{}x{:x}", std::process::id(), nanos % (1 << 40))
+}
+
+fn start<B: Broker>(url: &str) -> Result<Run, String> {
+    let run = run_id();
+    let queue = format!("inbox-test-{run}");
+    let db = std::env::temp_dir()
+        .join(format!("diesel-inbox-broker-{run}.db"))
+        .to_string_lossy()
+        .into_owned();
+    create_tables(&db)?;
+    B::setup(url, &queue)?;
+    Ok(Run {
+        url: url.to_string(),
+        queue,
+        db,
+        teardown: B::teardown,
+    })
+}
+
+/// `n` orders of `run`, ids `<queue>-<seq>` (seq from 1), amount `seq`.
+fn orders(run: &Run, n: u64) -> Vec<(String, Vec<u8>)> {
+    (1..=n)
+        .map(|seq| (format!("{}-{seq}", run.queue), seq.to_string().into_bytes()))
+        .collect()
+}
+
+/// `orders` and then a second publish of every fifth one (20%).
+fn with_duplicates(orders: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+    let again: Vec<_> = orders.iter().step_by(5).cloned().collect();
+    orders.into_iter().chain(again).collect()
+}
+
+fn spawn_consumer<B: Broker>(run: &Run, prefetch: u16, crash_every: u64) -> Result<Child, String> {
+    Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+        .env("INBOX_BROKER_ROLE", "consumer")
+        .env("INBOX_BROKER", B::NAME)
+        .env("INBOX_BROKER_URL", &run.url)
+        .env("INBOX_BROKER_DB", &run.db)
+        .env("INBOX_BROKER_QUEUE", &run.queue)
+        .env("INBOX_BROKER_PREFETCH", prefetch.to_string())
+        .env("INBOX_BROKER_CRASH_EVERY", crash_every.to_string())
+        .env("INBOX_BROKER_IDLE_MS", "4000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawn consumer: {e}"))
+}
+
+/// Waits for a consumer: its counts, or `None` if it was SIGKILLed.
+fn finish(child: Child) -> Result<Option<Counts>, String> {
+    finish_with_output(child).map(|(counts, _)| counts)
+}
+
+/// [`finish`], and the ids the consumer reported `Duplicate` for (also
+/// when it was killed later).
+fn finish_with_output(child: Child) -> Result<(Option<Counts>, Vec<String>), String> {
+    use std::os::unix::process::ExitStatusExt;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let duplicates = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("duplicate "))
+        .map(str::to_owned)
+        .collect();
+    if out.status.signal() == Some(9) {
+        return Ok((None, duplicates));
+    }
+    ensure!(
+        out.status.success(),
+        "consumer failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counts =
+        Counts::parse(&stdout).ok_or_else(|| format!("consumer printed no counts: {stdout}"))?;
+    Ok((Some(counts), duplicates))
+}
+
+/// Business rows and inbox rows equal one application of `1..=n`.
+fn check_exact(run: &Run, n: u64) -> Result<(), String> {
+    use diesel::prelude::*;
+    let mut conn = SqliteConnection::establish(&run.db).map_err(|e| e.to_string())?;
+    #[derive(QueryableByName, Debug)]
+    #[allow(dead_code)] // read through Debug
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        message_id: String,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        times: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        amount: i64,
+    }
+    let rows: Vec<Row> = diesel::sql_query(
+        "SELECT message_id, COUNT(*) AS times, SUM(amount) AS amount FROM broker_effects GROUP BY message_id",
+    )
+    .load(&mut conn)
+    .map_err(|e| e.to_string())?;
+    let doubled: Vec<&Row> = rows.iter().filter(|r| r.times != 1).collect();
+    ensure!(doubled.is_empty(), "applied more than once: {doubled:?}");
+    ensure!(
+        rows.len() as u64 == n,
+        "{} of {n} messages applied",
+        rows.len()
+    );
+    let total: i64 = rows.iter().map(|r| r.amount).sum();
+    let expected = (n * (n + 1) / 2) as i64;
+    ensure!(
+        total == expected,
+        "amounts sum to {total}, expected {expected}"
+    );
+    let inbox: i64 = diesel_inbox::inbox_messages::table
+        .filter(diesel_inbox::inbox_messages::consumer.eq("broker-orders"))
+        .count()
+        .get_result(&mut conn)
+        .map_err(|e| e.to_string())?;
+    ensure!(inbox as u64 == n, "{inbox} inbox rows for {n} messages");
+    Ok(())
+}
+
+fn applied_so_far(run: &Run) -> i64 {
+    use diesel::prelude::*;
+    let Ok(mut conn) = SqliteConnection::establish(&run.db) else {
+        return 0;
+    };
+    let _ = diesel::connection::SimpleConnection::batch_execute(
+        &mut conn,
+        "PRAGMA busy_timeout = 5000",
+    );
+    diesel::dsl::sql::<diesel::sql_types::BigInt>("SELECT COUNT(*) FROM broker_effects")
+        .get_result(&mut conn)
+        .unwrap_or(0)
+}
+
+// ---- the scenarios -----------------------------------------------------
+
+/// 1. 2,000 messages, 20% published twice.
+fn duplicates<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 2_000;
+    let run = start::<B>(url)?;
+    let stream = with_duplicates(orders(&run, N));
+    B::publish(url, &run.queue, &stream)?;
+    let counts = finish(spawn_consumer::<B>(&run, 20, 0)?)?.ok_or("the consumer was killed")?;
+    check_exact(&run, N)?;
+    ensure!(
+        counts.applied == N && counts.duplicates == N / 5,
+        "{counts:?}"
+    );
+    Ok(format!(
+        "{} deliveries: {} applied, {} duplicates; state exact",
+        stream.len(),
+        counts.applied,
+        counts.duplicates
+    ))
+}
+
+/// 2. SIGKILL between commit and ack, restarted until done.
+fn killed_between_commit_and_ack<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 500;
+    const EVERY: u64 = 25;
+    let run = start::<B>(url)?;
+    B::publish(url, &run.queue, &orders(&run, N))?;
+    let (mut kills, mut duplicates) = (0, std::collections::HashSet::new());
+    loop {
+        ensure!(
+            kills <= N / EVERY,
+            "{kills} kills: the consumer keeps dying"
+        );
+        let (counts, reported) = finish_with_output(spawn_consumer::<B>(&run, 10, EVERY)?)?;
+        duplicates.extend(reported);
+        match counts {
+            None => kills += 1,
+            Some(_) => break,
+        }
+    }
+    check_exact(&run, N)?;
+    ensure!(kills == N / EVERY, "{kills} kills, expected {}", N / EVERY);
+    // Each killed delivery had committed: its redelivery is a duplicate.
+    let missed: Vec<String> = (1..=N / EVERY)
+        .map(|k| format!("{}-{}", run.queue, k * EVERY))
+        .filter(|id| !duplicates.contains(id))
+        .collect();
+    ensure!(
+        missed.is_empty(),
+        "redeliveries not reported Duplicate: {missed:?}"
+    );
+    Ok(format!(
+        "{kills} consumers SIGKILLed after commit, before ack; each of those messages was redelivered and reported Duplicate; state exact"
+    ))
+}
+
+/// 3. A poison message ahead of 200 good ones.
+fn poison_is_dead_lettered<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 200;
+    let run = start::<B>(url)?;
+    let mut stream = vec![(format!("{}-poison", run.queue), b"poison".to_vec())];
+    stream.extend(orders(&run, N));
+    B::publish(url, &run.queue, &stream)?;
+    let counts = finish(spawn_consumer::<B>(&run, 10, 0)?)?.ok_or("the consumer was killed")?;
+    check_exact(&run, N)?;
+    ensure!(counts.applied == N, "{counts:?}");
+    ensure!(
+        counts.retried == 4 && counts.dead_lettered == 1,
+        "the poison was retried {} times and dead-lettered {} times (expected 4 and 1)",
+        counts.retried,
+        counts.dead_lettered
+    );
+    let in_dlq = B::dead_lettered(url, &run.queue)?;
+    Ok(format!(
+        "poison delivered 5 times then dead-lettered ({in_dlq} in the dead-letter queue); {N} others applied; state exact"
+    ))
+}
+
+/// 4. Three consumer processes, prefetch 20.
+fn three_consumers<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 3_000;
+    let run = start::<B>(url)?;
+    let stream = with_duplicates(orders(&run, N));
+    B::publish(url, &run.queue, &stream)?;
+    let children: Vec<Child> = (0..3)
+        .map(|_| spawn_consumer::<B>(&run, 20, 0))
+        .collect::<Result<_, _>>()?;
+    let mut total = Counts::default();
+    let mut busy = 0;
+    for child in children {
+        let counts = finish(child)?.ok_or("a consumer was killed")?;
+        busy += usize::from(counts.applied > 0);
+        total.add(counts);
+    }
+    check_exact(&run, N)?;
+    ensure!(total.applied == N && total.duplicates == N / 5, "{total:?}");
+    Ok(format!(
+        "{} deliveries over 3 processes ({busy} of them applied messages): {} applied, {} duplicates; state exact",
+        stream.len(),
+        total.applied,
+        total.duplicates
+    ))
+}
+
+/// 5. The broker drops the connection mid-stream.
+fn connection_dropped<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 2_000;
+    let run = start::<B>(url)?;
+    B::publish(url, &run.queue, &orders(&run, N))?;
+    let child = spawn_consumer::<B>(&run, 20, 0)?;
+    let began = Instant::now();
+    while applied_so_far(&run) < 300 {
+        ensure!(
+            began.elapsed() < Duration::from_secs(60),
+            "the consumer never got going"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let how = B::drop_connections()?;
+    let counts = finish(child)?.ok_or("the consumer was killed")?;
+    check_exact(&run, N)?;
+    ensure!(
+        counts.reconnects >= 1,
+        "the consumer never saw the drop: {counts:?}"
+    );
+    Ok(format!(
+        "{how} after {} messages; the consumer reconnected ({} times), {} applied, {} duplicates; state exact",
+        300,
+        counts.reconnects,
+        counts.applied,
+        counts.duplicates
+    ))
+}
+
+type Scenario = (&'static str, fn(&str) -> Result<String, String>);
+
+fn scenarios<B: Broker>() -> Vec<Scenario> {
+    vec![
+        ("duplicates", duplicates::<B>),
+        (
+            "killed_between_commit_and_ack",
+            killed_between_commit_and_ack::<B>,
+        ),
+        ("poison_is_dead_lettered", poison_is_dead_lettered::<B>),
+        ("three_consumers", three_consumers::<B>),
+        ("connection_dropped", connection_dropped::<B>),
+    ]
+}
+
+struct Target {
+    name: &'static str,
+    var: &'static str,
+    scenarios: Vec<Scenario>,
+}
+
+#[allow(clippy::vec_init_then_push)] // each push is behind its own feature
+fn targets() -> Vec<Target> {
+    let mut all = Vec::new();
+    #[cfg(feature = "lapin")]
+    all.push(Target {
+        name: crate::rabbit::Rabbit::NAME,
+        var: crate::rabbit::Rabbit::URL_VAR,
+        scenarios: scenarios::<crate::rabbit::Rabbit>(),
+    });
+    #[cfg(feature = "nats")]
+    all.push(Target {
+        name: crate::nats::Nats::NAME,
+        var: crate::nats::Nats::URL_VAR,
+        scenarios: scenarios::<crate::nats::Nats>(),
+    });
+    all
+}
+
+fn consumer_process() -> i32 {
+    match std::env::var("INBOX_BROKER").as_deref() {
+        #[cfg(feature = "lapin")]
+        Ok("rabbitmq") => crate::rabbit::Rabbit::consume(),
+        #[cfg(feature = "nats")]
+        Ok("nats") => crate::nats::Nats::consume(),
+        other => {
+            eprintln!("unknown broker {other:?}");
+            2
+        }
+    }
+}
+
+pub fn main() {
+    if std::env::var("INBOX_BROKER_ROLE").as_deref() == Ok("consumer") {
+        std::process::exit(consumer_process());
+    }
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let mut out = std::io::stdout();
+    for target in targets() {
+        let url = match std::env::var(target.var) {
+            Ok(url) if !url.is_empty() => url,
+            _ => {
+                let _ = writeln!(
+                    out,
+                    "SKIPPED: {} scenarios: {} is not set (bash .ci/run sets it and starts the server)",
+                    target.name, target.var
+                );
+                skipped += 1;
+                continue;
+            }
+        };
+        for (name, scenario) in &target.scenarios {
+            let full = format!("{}::{name}", target.name);
+            if filter.as_deref().is_some_and(|f| !full.contains(f)) {
+                continue;
+            }
+            let began = Instant::now();
+            match scenario(&url) {
+                Ok(summary) => {
+                    passed += 1;
+                    let _ = writeln!(
+                        out,
+                        "test {full} ... ok ({:.1}s): {summary}",
+                        began.elapsed().as_secs_f64()
+                    );
+                }
+                Err(why) => {
+                    failed += 1;
+                    let _ = writeln!(out, "test {full} ... FAILED: {why}");
+                }
+            }
+        }
+    }
+    let _ = writeln!(out, "\n{passed} passed, {failed} failed, {skipped} skipped");
+    std::process::exit(if failed > 0 { 1 } else { 0 });
+}
