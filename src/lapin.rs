@@ -48,11 +48,12 @@
 //! requeue: the queue's `x-dead-letter-exchange` receives the message (without
 //! one, RabbitMQ drops it).
 
-use crate::brokers::{usable_id, BrokerError, Handled, Policy, Settlement};
+use crate::brokers::{usable_id, BrokerError, Handled, Inbound, Policy, Settlement};
 use crate::Processed;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::AMQPValue;
+use std::time::Duration;
 
 /// The message's id: its AMQP `message_id` property, a valid inbox key.
 pub fn message_id(delivery: &Delivery) -> Result<String, BrokerError> {
@@ -105,39 +106,37 @@ pub async fn handle<T, E, F>(
 where
     F: AsyncFnOnce(&str, &[u8]) -> Result<Processed<T>, E>,
 {
-    let id = match message_id(&delivery) {
-        Ok(id) => id,
-        Err(e) => {
-            settle(&delivery, Settlement::DeadLetter).await?;
-            return Err(e);
-        }
-    };
-    let deliveries = deliveries(&delivery);
-    let outcome = handler(&id, &delivery.data).await;
-    let settlement = policy.settlement(&outcome, deliveries);
-    settle(&delivery, settlement).await?;
-    Ok(Handled {
-        message_id: id,
-        outcome,
-        settlement,
-        deliveries,
-    })
+    crate::brokers::handle(delivery, policy, handler).await
 }
 
-async fn settle(delivery: &Delivery, settlement: Settlement) -> Result<(), BrokerError> {
-    let acker = &delivery.acker;
-    let done = match settlement {
-        Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
-        Settlement::Retry => {
-            acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await
-        }
-        Settlement::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await,
-    };
-    done.map(drop)
-        .map_err(|e| BrokerError::Settle(e.to_string()))
+impl Inbound for Delivery {
+    fn message_id(&self) -> Result<String, BrokerError> {
+        message_id(self)
+    }
+
+    fn deliveries(&self) -> u32 {
+        deliveries(self)
+    }
+
+    fn body(&self) -> &[u8] {
+        &self.data
+    }
+
+    async fn settle(&self, settlement: Settlement, _: Duration) -> Result<(), BrokerError> {
+        let acker = &self.acker;
+        let done = match settlement {
+            Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
+            Settlement::Retry => {
+                acker
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        ..BasicNackOptions::default()
+                    })
+                    .await
+            }
+            Settlement::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await,
+        };
+        done.map(drop)
+            .map_err(|e| BrokerError::Settle(e.to_string()))
+    }
 }

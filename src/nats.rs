@@ -44,9 +44,10 @@
 //! # }
 //! ```
 
-use crate::brokers::{usable_id, BrokerError, Handled, Policy, Settlement};
+use crate::brokers::{usable_id, BrokerError, Handled, Inbound, Policy, Settlement};
 use crate::Processed;
 use async_nats::jetstream::message::{AckKind, Message};
+use std::time::Duration;
 
 /// The message's id: its `Nats-Msg-Id` header, else
 /// `<stream>:<stream sequence>`; a valid inbox key either way.
@@ -98,34 +99,32 @@ pub async fn handle<T, E, F>(
 where
     F: AsyncFnOnce(&str, &[u8]) -> Result<Processed<T>, E>,
 {
-    let id = match message_id(&message) {
-        Ok(id) => id,
-        Err(e) => {
-            settle(&message, Settlement::DeadLetter, policy).await?;
-            return Err(e);
-        }
-    };
-    let deliveries = deliveries(&message);
-    let outcome = handler(&id, &message.payload).await;
-    let settlement = policy.settlement(&outcome, deliveries);
-    settle(&message, settlement, policy).await?;
-    Ok(Handled {
-        message_id: id,
-        outcome,
-        settlement,
-        deliveries,
-    })
+    crate::brokers::handle(message, policy, handler).await
 }
 
-async fn settle<E>(
-    message: &Message,
-    settlement: Settlement,
-    policy: &Policy<E>,
-) -> Result<(), BrokerError> {
-    let done = match settlement {
-        Settlement::Ack => message.ack().await,
-        Settlement::Retry => message.ack_with(AckKind::Nak(Some(policy.delay()))).await,
-        Settlement::DeadLetter => message.ack_with(AckKind::Term).await,
-    };
-    done.map_err(|e| BrokerError::Settle(e.to_string()))
+impl Inbound for Message {
+    fn message_id(&self) -> Result<String, BrokerError> {
+        message_id(self)
+    }
+
+    fn deliveries(&self) -> u32 {
+        deliveries(self)
+    }
+
+    fn body(&self) -> &[u8] {
+        &self.payload
+    }
+
+    async fn settle(
+        &self,
+        settlement: Settlement,
+        retry_delay: Duration,
+    ) -> Result<(), BrokerError> {
+        let done = match settlement {
+            Settlement::Ack => self.ack().await,
+            Settlement::Retry => self.ack_with(AckKind::Nak(Some(retry_delay))).await,
+            Settlement::DeadLetter => self.ack_with(AckKind::Term).await,
+        };
+        done.map_err(|e| BrokerError::Settle(e.to_string()))
+    }
 }

@@ -134,6 +134,55 @@ pub enum BrokerError {
     Settle(String),
 }
 
+/// A broker's message, as [`handle`] needs it: each broker module
+/// implements it for its client's message type.
+pub(crate) trait Inbound {
+    /// The id to deduplicate on, or why there is none.
+    fn message_id(&self) -> Result<String, BrokerError>;
+    /// How often the broker has delivered it, this time included.
+    fn deliveries(&self) -> u32;
+    fn body(&self) -> &[u8];
+    /// Tells the broker; `retry_delay` is the policy's delay of a retry.
+    fn settle(
+        &self,
+        settlement: Settlement,
+        retry_delay: Duration,
+    ) -> impl std::future::Future<Output = Result<(), BrokerError>>;
+}
+
+/// The one consume step of every broker: the id (a message without one is
+/// dead-lettered and reported), the handler, the policy's settlement, and
+/// only then the broker's ack, requeue or dead-letter.
+pub(crate) async fn handle<M, T, E, F>(
+    message: M,
+    policy: &Policy<E>,
+    handler: F,
+) -> Result<Handled<T, E>, BrokerError>
+where
+    M: Inbound,
+    F: AsyncFnOnce(&str, &[u8]) -> Result<Processed<T>, E>,
+{
+    let id = match message.message_id() {
+        Ok(id) => id,
+        Err(e) => {
+            message
+                .settle(Settlement::DeadLetter, policy.retry_delay)
+                .await?;
+            return Err(e);
+        }
+    };
+    let deliveries = message.deliveries();
+    let outcome = handler(&id, message.body()).await;
+    let settlement = policy.settlement(&outcome, deliveries);
+    message.settle(settlement, policy.retry_delay).await?;
+    Ok(Handled {
+        message_id: id,
+        outcome,
+        settlement,
+        deliveries,
+    })
+}
+
 /// A message id the inbox can key on, or why not.
 pub(crate) fn usable_id(id: Option<&str>, what: &str) -> Result<String, String> {
     let id = id.ok_or_else(|| format!("no {what}"))?;

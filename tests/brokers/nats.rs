@@ -94,7 +94,7 @@ impl Broker for Nats {
         })
     }
 
-    fn dead_lettered(url: &str, queue: &str) -> Result<u64, String> {
+    fn dead_lettered(url: &str, queue: &str) -> Result<String, String> {
         // Terminated messages are neither pending nor waiting for an ack.
         block_on(async {
             let js = context(url).await?;
@@ -113,7 +113,7 @@ impl Broker for Nats {
                     info.num_pending, info.num_ack_pending
                 ));
             }
-            Ok(0)
+            Ok("terminated: nothing pending or waiting for an ack".into())
         })
     }
 

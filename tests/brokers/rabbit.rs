@@ -109,7 +109,7 @@ impl Broker for Rabbit {
         })
     }
 
-    fn dead_lettered(url: &str, queue: &str) -> Result<u64, String> {
+    fn dead_lettered(url: &str, queue: &str) -> Result<String, String> {
         block_on(async {
             let conn = connect(url).await?;
             let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
@@ -122,7 +122,10 @@ impl Broker for Rabbit {
                 .queue_declare(dlq(queue).into(), passive, FieldTable::default())
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok(u64::from(declared.message_count()))
+            match declared.message_count() {
+                1 => Ok("1 message in the dead-letter queue".into()),
+                n => Err(format!("{n} messages in the dead-letter queue, expected 1")),
+            }
         })
     }
 

@@ -15,10 +15,10 @@ pub trait Broker {
     fn setup(url: &str, queue: &str) -> Result<(), String>;
     /// Publishes `(id, body)` in order.
     fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String>;
-    /// How many messages were dead-lettered (RabbitMQ: the dead-letter
-    /// queue's depth); NATS checks that nothing is left pending and
-    /// returns 0.
-    fn dead_lettered(url: &str, queue: &str) -> Result<u64, String>;
+    /// Checks that exactly one message was dead-lettered (RabbitMQ: the
+    /// dead-letter queue holds it; NATS: it was terminated, nothing is left
+    /// pending or waiting for an ack) and says how it knows.
+    fn dead_lettered(url: &str, queue: &str) -> Result<String, String>;
     /// Closes every client connection from the server side; says how.
     fn drop_connections() -> Result<String, String>;
     fn teardown(url: &str, queue: &str);
@@ -263,9 +263,9 @@ fn poison_is_dead_lettered<B: Broker>(url: &str) -> Result<String, String> {
         counts.retried,
         counts.dead_lettered
     );
-    let in_dlq = B::dead_lettered(url, &run.queue)?;
+    let where_ = B::dead_lettered(url, &run.queue)?;
     Ok(format!(
-        "poison delivered 5 times then dead-lettered ({in_dlq} in the dead-letter queue); {N} others applied; state exact"
+        "poison delivered 5 times then dead-lettered ({where_}); {N} others applied; state exact"
     ))
 }
 
