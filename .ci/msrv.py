@@ -6,11 +6,20 @@ the workspace allows (what a user on the oldest toolchain can resolve to).
 The requirements come from `cargo metadata`; the `rust-version` of each
 lowest allowed version from the crates.io sparse index. Exits 1 when the
 declared value is lower than the computed one.
+
+Optional dependencies of the broker features may need more than the crate
+does: each such dependency must be listed in NEEDS_MORE with the Rust it
+needs (the README's "Minimum Rust" says the same), and the listed value
+must be at least the computed one.
 """
 import json
 import subprocess
 import sys
 import urllib.request
+
+# Optional dependencies that need a newer Rust than the crate itself: only
+# users of their feature need it (README, "Minimum Rust").
+NEEDS_MORE = {"lapin": "1.88", "async-nats": "1.89"}
 
 
 def parse(version):
@@ -111,6 +120,10 @@ def main():
             entry = lowest_allowed(dep["name"], dep["req"])
             rust = entry.get("rust_version")
             rows.append((dep["name"], dep["req"], entry["vers"], rust or "-"))
+            if rust and dep.get("optional") and dep["name"] in NEEDS_MORE:
+                if parse(NEEDS_MORE[dep["name"]]) < parse(rust):
+                    sys.exit(f"msrv: {dep['name']} needs Rust {rust}, NEEDS_MORE says {NEEDS_MORE[dep['name']]}")
+                continue  # its feature's own minimum, documented
             if rust:
                 needed = max(needed, parse(rust))
     width = max(len(r[0]) for r in rows)
@@ -118,6 +131,8 @@ def main():
         print(f"  {name:<{width}}  {requirement:<18} lowest {version:<10} rust-version {rust}")
     needed_text = ".".join(str(p) for p in needed).removesuffix(".0")
     print(f"computed minimum: {needed_text}; declared: {declared}")
+    for name, rust in sorted(NEEDS_MORE.items()):
+        print(f"  feature dependency {name} needs Rust {rust}")
     # For the README: what the tests, benches and examples need as locked
     # (dev-dependencies included), which may be more.
     locked = json.loads(
