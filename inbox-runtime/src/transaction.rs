@@ -57,7 +57,7 @@ where
 {
     // diesel keeps the depth private; begin_transaction_sql refuses inside a
     // transaction, which is exactly the test we need.
-    match AnsiTransactionManager::begin_transaction_sql(conn, <C::Backend as InboxBackend>::BEGIN) {
+    match <C::Backend as InboxBackend>::begin_top_level(conn) {
         Ok(()) => Ok(Scope::TopLevel),
         Err(Error::AlreadyInTransaction) => AnsiTransactionManager::begin_transaction(conn)
             .map(|()| Scope::Savepoint)
@@ -107,15 +107,22 @@ where
 pub(crate) fn rollback<C>(conn: &mut C)
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
 {
-    // Nothing to undo when the transaction already ended: PostgreSQL leaves
-    // it after a failed COMMIT, and diesel resyncs its depth from libpq.
-    if !transaction_open(conn) {
-        return;
-    }
+    let depth = AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth();
+    let rolled_back = match depth {
+        // Nothing to undo when the transaction already ended: PostgreSQL
+        // leaves it after a failed COMMIT, and diesel resyncs its depth
+        // from libpq.
+        Ok(None) | Err(_) => return,
+        Ok(Some(depth)) if depth.get() == 1 => {
+            <C::Backend as InboxBackend>::rollback_top_level(conn)
+        }
+        Ok(Some(_)) => AnsiTransactionManager::rollback_transaction(conn),
+    };
     // A failed rollback leaves diesel's manager marked broken (pools discard
     // such connections) and the server rolls back when the session ends.
-    if let Err(e) = AnsiTransactionManager::rollback_transaction(conn) {
+    if let Err(e) = rolled_back {
         tracing::warn!(error = %e, "diesel-inbox: rollback failed");
     }
 }

@@ -599,6 +599,78 @@ pub fn purge_inside_a_callers_transaction_is_refused<B: TestBackend>() {
     ));
 }
 
+/// Writes, then runs a transaction of its own that writes and fails, then
+/// one that writes and commits; reports diesel's depth inside each.
+#[idempotent(key = "msg.key", consumer = "nesting-body", conn = "conn", retries = 0)]
+fn body_with_transactions<B: TestBackend>(
+    conn: &mut B::Conn,
+    msg: &Msg,
+    depths: &mut Vec<Option<u32>>,
+) -> Result<(), AppError> {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    let depth = |conn: &mut B::Conn| {
+        AnsiTransactionManager::transaction_manager_status_mut(conn)
+            .transaction_depth()
+            .ok()
+            .flatten()
+            .map(|d| d.get())
+    };
+    depths.push(depth(conn));
+    B::write_effect(conn, &msg.run, &msg.key, 1)?;
+    let failed: Result<(), diesel::result::Error> = conn.transaction(|conn| {
+        depths.push(depth(conn));
+        B::write_effect(conn, &msg.run, &format!("{}/inner-failed", msg.key), 2)?;
+        Err(diesel::result::Error::RollbackTransaction)
+    });
+    assert!(failed.is_err());
+    conn.transaction(|conn| {
+        depths.push(depth(conn));
+        B::write_effect(conn, &msg.run, &format!("{}/inner-kept", msg.key), 3).map(drop)
+    })?;
+    depths.push(depth(conn));
+    Ok(())
+}
+
+/// The runtime keeps diesel's transaction depth in step with what it sends
+/// (on MySQL/MariaDB it sends BEGIN and COMMIT itself): a transaction the
+/// body opens is a savepoint that rolls back alone, and nothing stays open.
+pub fn a_transaction_inside_the_body_is_a_savepoint<B: TestBackend>() {
+    let Some(db) = B::prepare("nesting_body") else {
+        return;
+    };
+    let mut conn = B::open(&db);
+    let run = crate::common::unique_run_id("nestbody");
+    let m = msg(&run, format!("{run}:1"), 1);
+    let mut depths = Vec::new();
+    let out = body_with_transactions::<B>(&mut conn, &m, &mut depths).expect("handler");
+    assert!(out.is_applied());
+    assert_eq!(depths, vec![Some(1), Some(2), Some(2), Some(1)]);
+    {
+        use diesel::connection::{AnsiTransactionManager, TransactionManager};
+        let after = AnsiTransactionManager::transaction_manager_status_mut(&mut conn)
+            .transaction_depth()
+            .expect("a valid manager");
+        assert_eq!(after, None, "the handler left a transaction open");
+    }
+    let mut expected = vec![(m.key.clone(), 1), (format!("{}/inner-kept", m.key), 3)];
+    expected.sort();
+    assert_eq!(B::effects_of(&mut conn, &run), expected);
+    // The duplicate path (BEGIN, claim, ROLLBACK) leaves nothing open either.
+    let again = body_with_transactions::<B>(&mut conn, &m, &mut Vec::new()).expect("handler");
+    assert!(again.is_duplicate());
+    assert_eq!(B::effects_of(&mut conn, &run), expected);
+    let mut inner = Vec::new();
+    let nested: diesel::QueryResult<()> = conn.transaction(|conn| {
+        let m2 = msg(&run, format!("{run}:2"), 1);
+        let out = body_with_transactions::<B>(conn, &m2, &mut inner)
+            .map_err(|e| diesel::result::Error::QueryBuilderError(format!("{e:?}").into()))?;
+        assert!(out.is_applied());
+        Ok(())
+    });
+    nested.expect("inside the caller's transaction");
+    assert_eq!(inner, vec![Some(2), Some(3), Some(3), Some(2)]);
+}
+
 #[macro_export]
 macro_rules! sync_tests {
     ($B:ty, runs_if = $runs_if:meta, else_ignored = $why:literal) => {
@@ -613,6 +685,7 @@ macro_rules! sync_tests {
             a_commit_failure_the_body_caused_is_the_bodys_database_error,
             u8_i8_and_destructured_keys,
             purge_inside_a_callers_transaction_is_refused,
+            a_transaction_inside_the_body_is_a_savepoint,
         );
     };
     (@tests $B:ty, $runs_if:meta, $why:literal, $($test:ident,)*) => {

@@ -417,6 +417,28 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     where
         C: LoadConnection<Backend = Self>;
 
+    /// Opens a top-level transaction with the backend's `BEGIN`; fails with
+    /// `AlreadyInTransaction` inside one (the caller then takes a
+    /// savepoint). Keeps diesel's transaction depth in step.
+    #[doc(hidden)]
+    fn begin_top_level<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        AnsiTransactionManager::begin_transaction_sql(conn, Self::BEGIN)
+    }
+
+    /// Rolls back the top-level transaction; keeps diesel's depth in step.
+    #[doc(hidden)]
+    fn rollback_top_level<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        <AnsiTransactionManager as diesel::connection::TransactionManager<C>>::rollback_transaction(
+            conn,
+        )
+    }
+
     /// Commits the transaction that [`run`](crate::run) opened at top level.
     /// On failure the transaction is rolled back before returning.
     #[doc(hidden)]

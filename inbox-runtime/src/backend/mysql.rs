@@ -2,7 +2,10 @@ use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Diale
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
 use crate::schema::inbox_messages::dsl::*;
-use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
+use diesel::connection::{
+    AnsiTransactionManager, Connection, LoadConnection, TransactionDepthChange, TransactionManager,
+    TransactionManagerStatus,
+};
 use diesel::mysql::Mysql;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error};
@@ -76,6 +79,79 @@ fn lock_refused() -> InboxError {
     ))
 }
 
+/// `BEGIN`, `COMMIT` and `ROLLBACK` as statements diesel prepares once per
+/// connection and caches: one round trip each. diesel's transaction manager
+/// sends them with `batch_execute`, which on MySQL switches multi-statement
+/// mode on and off around each (`COM_SET_OPTION`): three round trips.
+/// diesel's transaction depth is kept in step by hand, so a transaction the
+/// body opens is still a savepoint. A server that refuses one of them as a
+/// prepared statement gets diesel's own path instead.
+mod control {
+    use diesel::mysql::Mysql;
+    use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+    use diesel::QueryResult;
+
+    macro_rules! control_statement {
+        ($name:ident, $sql:literal) => {
+            #[derive(Debug, Clone, Copy)]
+            pub(super) struct $name;
+
+            impl QueryFragment<Mysql> for $name {
+                fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+                    out.push_sql($sql);
+                    Ok(())
+                }
+            }
+
+            impl QueryId for $name {
+                type QueryId = Self;
+                const HAS_STATIC_QUERY_ID: bool = true;
+            }
+
+            impl<Conn> diesel::RunQueryDsl<Conn> for $name {}
+        };
+    }
+
+    control_statement!(Begin, "BEGIN");
+    control_statement!(Commit, "COMMIT");
+    control_statement!(Rollback, "ROLLBACK");
+}
+
+/// Whether the server refused a statement as a prepared statement
+/// (error 1295).
+fn not_preparable(error: &Error) -> bool {
+    database_error(error)
+        .is_some_and(|(_, message)| message.contains("prepared statement protocol"))
+}
+
+/// Records a transaction boundary the runtime sent itself.
+fn change_depth<C>(conn: &mut C, change: TransactionDepthChange) -> QueryResult<()>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    match AnsiTransactionManager::transaction_manager_status_mut(conn) {
+        TransactionManagerStatus::Valid(status) => status.change_transaction_depth(change),
+        TransactionManagerStatus::InError => Err(Error::BrokenTransactionManager),
+    }
+}
+
+/// Rolls back with the cached `ROLLBACK`; the manager is marked broken if
+/// that fails (pools discard the connection; the server rolls back when it
+/// closes).
+fn rollback_cached<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: Connection<Backend = Mysql, TransactionManager = AnsiTransactionManager>,
+{
+    match control::Rollback.execute(conn) {
+        Ok(_) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
+        Err(e) if not_preparable(&e) => AnsiTransactionManager::rollback_transaction(conn),
+        Err(e) => {
+            AnsiTransactionManager::transaction_manager_status_mut(conn).set_in_error();
+            Err(e)
+        }
+    }
+}
+
 impl InboxBackend for Mysql {
     const DDL: &'static str = super::ddl::MYSQL;
     const BEGIN: &'static str = "BEGIN";
@@ -97,6 +173,51 @@ impl InboxBackend for Mysql {
         C: LoadConnection<Backend = Self>,
     {
         claim_batch_by_lookup!(conn, consumer_name, keys, diesel::RunQueryDsl)
+    }
+
+    fn begin_top_level<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        if AnsiTransactionManager::transaction_manager_status_mut(conn)
+            .transaction_depth()?
+            .is_some()
+        {
+            return Err(Error::AlreadyInTransaction);
+        }
+        match control::Begin.execute(conn) {
+            Ok(_) => change_depth(conn, TransactionDepthChange::IncreaseDepth),
+            Err(e) if not_preparable(&e) => {
+                AnsiTransactionManager::begin_transaction_sql(conn, Self::BEGIN)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn rollback_top_level<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        rollback_cached(conn)
+    }
+
+    /// The cached `COMMIT`; on failure the transaction is rolled back, as
+    /// diesel's own commit does, and both errors are kept if that fails too.
+    fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        match control::Commit.execute(conn) {
+            Ok(_) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
+            Err(e) if not_preparable(&e) => AnsiTransactionManager::commit_transaction(conn),
+            Err(commit_error) => match rollback_cached(conn) {
+                Ok(()) => Err(commit_error),
+                Err(rollback_error) => Err(Error::RollbackErrorOnCommit {
+                    rollback_error: Box::new(rollback_error),
+                    commit_error: Box::new(commit_error),
+                }),
+            },
+        }
     }
 
     fn is_transient(error: &Error) -> bool {
