@@ -4,13 +4,16 @@
 //!
 //! ```text
 //! cargo bench --bench throughput --all-features -- [--backend sqlite|postgres|mysql|all]
-//!     [--threads 1,4] [--tasks 4,16] [--mode all] [--messages 2000] [--rounds 5] [--batch 100] [--smoke]
+//!     [--threads 1,4] [--tasks 4,16] [--mode all] [--messages 2000] [--min-secs 2]
+//!     [--rounds 9] [--batch 100] [--smoke]
 //!     [--scale [--scale-rows 0,1000000,10000000]]
 //!     [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]
 //! ```
 //!
-//! Variants run interleaved (A B C … A B C …) and each reports its median over
-//! the rounds. Server URLs come from `INBOX_TEST_POSTGRES_URL` and
+//! Variants run interleaved, and the sync variants' order rotates each
+//! round (A B C, B C A, C A B, …); each reports its median and interquartile
+//! range over the rounds. A sync sample runs at least `--min-secs` (an
+//! untimed calibration run of `--messages` sets each variant's count). Server URLs come from `INBOX_TEST_POSTGRES_URL` and
 //! `INBOX_TEST_MYSQL_URL`; SQLite uses a temporary file (WAL,
 //! `synchronous = NORMAL`). Results go to `target/inbox-bench/results.json`
 //! and `target/inbox-bench/throughput.svg`. `--smoke` runs tiny counts so CI
@@ -41,13 +44,15 @@ pub struct Order {
     pub amount: i64,
 }
 
-const VARIANTS: [&str; 6] = [
+const VARIANTS: [&str; 8] = [
     "bare",
     "idempotent",
     "raw_sql",
     "naive",
     "duplicate",
     "batch",
+    "batch_loop",
+    "bare_batch",
 ];
 
 #[derive(Clone)]
@@ -59,6 +64,8 @@ struct Args {
     /// `sync`, `async` or `all`: which handlers to measure.
     mode: String,
     messages: usize,
+    /// The shortest sample, in seconds (sync variants).
+    min_secs: f64,
     rounds: usize,
     batch: usize,
     scale: bool,
@@ -80,7 +87,8 @@ fn parse_args() -> Result<Args, String> {
         tasks: vec![4, 16],
         mode: "all".into(),
         messages: 2_000,
-        rounds: 5,
+        min_secs: 2.0,
+        rounds: 9,
         batch: 100,
         scale: false,
         purge: false,
@@ -133,7 +141,14 @@ fn parse_args() -> Result<Args, String> {
                     .map(|t| t.parse().map_err(|_| format!("bad row count {t}")))
                     .collect::<Result<_, _>>()?
             }
+            "--min-secs" => {
+                args.min_secs = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--min-secs needs a number of seconds")?
+            }
             "--smoke" => {
+                args.min_secs = 0.0;
                 args.threads = vec![1, 2];
                 args.tasks = vec![4];
                 args.messages = 40;
@@ -147,7 +162,7 @@ fn parse_args() -> Result<Args, String> {
             "--help" | "-h" => {
                 return Err(
                     "usage: cargo bench --bench throughput -- [--backend sqlite|postgres|mysql|all] \
-                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]] [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]"
+                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--min-secs S] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]] [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]"
                         .into(),
                 )
             }
@@ -169,6 +184,8 @@ fn parse_args() -> Result<Args, String> {
 /// in messages/s.
 struct Cell {
     backend: &'static str,
+    /// The backend's name in print (MariaDB, not mysql).
+    label: &'static str,
     /// `sync` (threads, a connection each) or `async` (tasks over a pool).
     mode: &'static str,
     threads: usize,
@@ -195,6 +212,27 @@ impl Cell {
         }
     }
 
+    /// The interquartile range of a variant's samples (q3 - q1, linear
+    /// interpolation).
+    fn iqr(&self, variant: &str) -> f64 {
+        let mut v = self
+            .samples
+            .iter()
+            .find(|(name, _)| *name == variant)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_default();
+        if v.len() < 2 {
+            return 0.0;
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let pos = (v.len() - 1) as f64 * q;
+            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+            v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+        };
+        at(0.75) - at(0.25)
+    }
+
     fn ratio(&self, a: &str, b: &str) -> f64 {
         self.median(a) / self.median(b)
     }
@@ -218,12 +256,14 @@ impl Cell {
     }
 }
 
-const RATIOS: [(&str, &str); 5] = [
+const RATIOS: [(&str, &str); 7] = [
     ("idempotent", "bare"),
     ("idempotent", "raw_sql"),
     ("idempotent", "naive"),
     ("duplicate", "idempotent"),
     ("batch", "idempotent"),
+    ("batch_loop", "idempotent"),
+    ("batch", "bare_batch"),
 ];
 
 const ASYNC_RATIOS: [(&str, &str); 5] = [
@@ -241,7 +281,7 @@ fn timed<C: Send + 'static>(
     open: impl Fn() -> C,
     work: impl Fn(usize, &mut C) -> Result<(), String> + Send + Sync + 'static,
 ) -> Result<f64, String> {
-    let start = Arc::new(Barrier::new(threads + 1));
+    let start = Arc::new(Barrier::new(threads));
     let work = Arc::new(work);
     let handles: Vec<_> = (0..threads)
         .map(|t| {
@@ -249,17 +289,23 @@ fn timed<C: Send + 'static>(
             let (start, work) = (start.clone(), work.clone());
             std::thread::spawn(move || {
                 start.wait();
-                work(t, &mut conn)
+                let began = Instant::now();
+                work(t, &mut conn).map(|()| (began, Instant::now()))
             })
         })
         .collect();
-    start.wait();
-    let began = Instant::now();
+    // From the first thread's start to the last one's end: the main
+    // thread's own clock could start after short work had finished.
+    let mut spans = Vec::with_capacity(threads);
     for h in handles {
-        h.join()
-            .map_err(|_| "a benchmark thread panicked".to_string())??;
+        spans.push(
+            h.join()
+                .map_err(|_| "a benchmark thread panicked".to_string())??,
+        );
     }
-    Ok(began.elapsed().as_secs_f64())
+    let first = spans.iter().map(|s| s.0).min().ok_or("no threads")?;
+    let last = spans.iter().map(|s| s.1).max().ok_or("no threads")?;
+    Ok(last.duration_since(first).as_secs_f64().max(1e-9))
 }
 
 fn run_id() -> String {
@@ -273,7 +319,7 @@ fn run_id() -> String {
 macro_rules! bench_backend {
     ($module:ident, $Conn:ty, $label:literal, $specific:ident) => {
         pub mod $module {
-            use super::$specific::{claim_by_hand, open, tx};
+            use super::$specific::{claim_by_hand, open, tx, VERSION_SQL};
             use super::*;
             use diesel::connection::SimpleConnection;
             use diesel_inbox::{idempotent, inbox_messages, Processed};
@@ -355,6 +401,47 @@ macro_rules! bench_backend {
                     .execute(conn)
             }
 
+            /// `batch_loop`: one transaction and one claim per batch, and
+            /// the same business work as `idempotent`: one insert per message.
+            #[idempotent(
+                batch = "orders",
+                key = "|o| o.id.as_str()",
+                consumer = "bench-batch-loop",
+                shared
+            )]
+            fn batch_loop(conn: &mut Conn, orders: &[Order]) -> QueryResult<usize> {
+                for o in &orders {
+                    insert_order(conn, o)?;
+                }
+                Ok(orders.len())
+            }
+
+            /// `bare_batch`: `batch`'s multi-row insert in a plain
+            /// transaction, without an inbox.
+            fn bare_batch(conn: &mut Conn, orders: &[Order]) -> QueryResult<usize> {
+                tx(conn, |c| {
+                    let rows: Vec<_> = orders
+                        .iter()
+                        .map(|o| {
+                            (
+                                bench_orders::id.eq(&o.id),
+                                bench_orders::amount.eq(o.amount),
+                            )
+                        })
+                        .collect();
+                    diesel::insert_into(bench_orders::table)
+                        .values(&rows)
+                        .execute(c)
+                })
+            }
+
+            /// The server's version, for the results.
+            pub fn version(url: &str) -> String {
+                diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(VERSION_SQL))
+                    .get_result(&mut open(url))
+                    .unwrap_or_else(|e| format!("unknown ({e})"))
+            }
+
             pub fn setup(url: &str) -> Result<(), String> {
                 let mut conn = open(url);
                 diesel_inbox::migrate(&mut conn).map_err(|e| e.to_string())?;
@@ -416,18 +503,29 @@ macro_rules! bench_backend {
                                 .try_for_each(|o| raw_sql(conn, o))
                                 .map_err(err),
                             "naive" => orders.iter().try_for_each(|o| naive(conn, o)).map_err(err),
-                            "batch" => orders.chunks(batch_size).try_for_each(|chunk| {
-                                let out = batch(conn, chunk).map_err(err)?;
-                                if out.applied.len() == chunk.len() {
-                                    Ok(())
-                                } else {
-                                    Err(format!(
-                                        "batch applied {} of {}",
-                                        out.applied.len(),
-                                        chunk.len()
-                                    ))
-                                }
-                            }),
+                            "bare_batch" => orders
+                                .chunks(batch_size)
+                                .try_for_each(|chunk| bare_batch(conn, chunk).map(drop))
+                                .map_err(err),
+                            "batch" | "batch_loop" => {
+                                orders.chunks(batch_size).try_for_each(|chunk| {
+                                    let out = if variant == "batch" {
+                                        batch(conn, chunk)
+                                    } else {
+                                        batch_loop(conn, chunk)
+                                    }
+                                    .map_err(err)?;
+                                    if out.applied.len() == chunk.len() {
+                                        Ok(())
+                                    } else {
+                                        Err(format!(
+                                            "batch applied {} of {}",
+                                            out.applied.len(),
+                                            chunk.len()
+                                        ))
+                                    }
+                                })
+                            }
                             other => Err(format!("unknown variant {other}")),
                         }
                     },
@@ -454,6 +552,7 @@ bench_backend!(mysql, diesel::MysqlConnection, "MariaDB", mysql_specific);
 // variants use, and the hand-written conflict-ignoring insert.
 #[cfg(feature = "sqlite")]
 mod sqlite_specific {
+    pub const VERSION_SQL: &str = "'SQLite ' || sqlite_version()";
     use diesel::connection::SimpleConnection;
     use diesel::prelude::*;
     use diesel_inbox::inbox_messages as inbox;
@@ -487,6 +586,7 @@ mod sqlite_specific {
 
 #[cfg(feature = "postgres")]
 mod postgres_specific {
+    pub const VERSION_SQL: &str = "version()";
     use diesel::prelude::*;
     use diesel_inbox::inbox_messages as inbox;
     pub fn open(url: &str) -> PgConnection {
@@ -509,6 +609,7 @@ mod postgres_specific {
 
 #[cfg(feature = "mysql")]
 mod mysql_specific {
+    pub const VERSION_SQL: &str = "version()";
     use diesel::prelude::*;
     use diesel_inbox::inbox_messages as inbox;
     pub fn open(url: &str) -> MysqlConnection {
@@ -978,6 +1079,8 @@ struct Target {
     url: String,
     setup: fn(&str) -> Result<(), String>,
     measure: Measure,
+    /// The server's version string.
+    version: fn(&str) -> String,
     /// The async measurement and which async variants run here.
     #[cfg(feature = "async")]
     measure_async: (MeasureAsync, fn(&str) -> bool),
@@ -997,6 +1100,7 @@ fn targets(args: &Args) -> Vec<Target> {
             label: sqlite::LABEL,
             url: path.to_string_lossy().into_owned(),
             setup: sqlite::setup,
+            version: sqlite::version,
             measure: sqlite::measure,
             #[cfg(feature = "async")]
             measure_async: (sqlite_async::measure, sqlite_async::has),
@@ -1010,6 +1114,7 @@ fn targets(args: &Args) -> Vec<Target> {
                 label: postgres::LABEL,
                 url,
                 setup: postgres::setup,
+                version: postgres::version,
                 measure: postgres::measure,
                 #[cfg(feature = "async")]
                 measure_async: (postgres_async::measure, postgres_async::has),
@@ -1025,6 +1130,7 @@ fn targets(args: &Args) -> Vec<Target> {
                 label: mysql::LABEL,
                 url,
                 setup: mysql::setup,
+                version: mysql::version,
                 measure: mysql::measure,
                 #[cfg(feature = "async")]
                 measure_async: (mysql_async::measure, mysql_async::has),
@@ -1069,20 +1175,44 @@ fn run(args: &Args) -> Result<(), String> {
         for &threads in sync_threads {
             let mut cell = Cell {
                 backend: target.name,
+                label: target.label,
                 mode: "sync",
                 threads,
                 samples: VARIANTS.iter().map(|v| (*v, Vec::new())).collect(),
             };
+            let counts = calibrate(target, threads, args)?;
+            // `duplicate` redelivers keys applied once, untimed, here.
+            let duplicates = format!("{}d{threads}", run_id());
+            let dup_count = counts[VARIANTS
+                .iter()
+                .position(|v| *v == "duplicate")
+                .expect("a variant")];
+            (target.measure)(
+                &target.url,
+                "idempotent",
+                threads,
+                dup_count,
+                args.batch,
+                &duplicates,
+            )?;
             for round in 0..args.rounds {
                 let prefix = format!("{}r{round}t{threads}", run_id());
-                for (i, variant) in VARIANTS.iter().enumerate() {
+                // The order rotates: each variant runs first in some round.
+                for k in 0..VARIANTS.len() {
+                    let i = (k + round) % VARIANTS.len();
+                    let variant = VARIANTS[i];
+                    let keys = if variant == "duplicate" {
+                        &duplicates
+                    } else {
+                        &prefix
+                    };
                     let mps = (target.measure)(
                         &target.url,
                         variant,
                         threads,
-                        args.messages,
+                        counts[i],
                         args.batch,
-                        &prefix,
+                        keys,
                     )?;
                     cell.samples[i].1.push(mps);
                 }
@@ -1103,6 +1233,7 @@ fn run(args: &Args) -> Result<(), String> {
                 ASYNC_VARIANTS.iter().copied().filter(|v| has(v)).collect();
             let mut cell = Cell {
                 backend: target.name,
+                label: target.label,
                 mode: "async",
                 threads: tasks,
                 samples: variants.iter().map(|v| (*v, Vec::new())).collect(),
@@ -1135,11 +1266,38 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    std::fs::write(dir.join("results.json"), to_json(&cells, &scale, args))
-        .map_err(|e| e.to_string())?;
+    std::fs::write(
+        dir.join("results.json"),
+        to_json(&cells, &scale, args, &provenance(&targets)),
+    )
+    .map_err(|e| e.to_string())?;
     draw_svg(&dir.join("throughput.svg"), &cells).map_err(|e| format!("svg: {e}"))?;
     println!("wrote {}/results.json and throughput.svg", dir.display());
     Ok(())
+}
+
+/// Messages per sample of each variant, so that a sample runs at least
+/// `--min-secs`: one untimed run of `--messages` gives each variant's rate
+/// (it also warms the statement caches).
+fn calibrate(target: &Target, threads: usize, args: &Args) -> Result<Vec<usize>, String> {
+    let prefix = format!("{}c{threads}", run_id());
+    let unit = threads * args.batch;
+    let mut counts = Vec::with_capacity(VARIANTS.len());
+    for variant in VARIANTS {
+        // `duplicate` redelivers the keys `idempotent` applied just before.
+        let rate = (target.measure)(
+            &target.url,
+            variant,
+            threads,
+            args.messages,
+            args.batch,
+            &prefix,
+        )?;
+        let wanted = (rate * args.min_secs * 1.1).ceil() as usize;
+        // Whole batches on every thread.
+        counts.push(wanted.max(args.messages).div_ceil(unit) * unit);
+    }
+    Ok(counts)
 }
 
 fn print_cell(label: &str, cell: &Cell, args: &Args) {
@@ -1153,15 +1311,16 @@ fn print_cell(label: &str, cell: &Cell, args: &Args) {
         cell.threads, args.messages, args.rounds, args.batch
     );
     println!(
-        "  {:<18}{:>14}{:>14}{:>14}",
-        "variant", "median msg/s", "min", "max"
+        "  {:<18}{:>14}{:>14}{:>14}{:>14}",
+        "variant", "median msg/s", "iqr", "min", "max"
     );
     for (variant, samples) in &cell.samples {
         let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
         let max = samples.iter().copied().fold(0.0, f64::max);
         println!(
-            "  {variant:<18}{:>14.0}{min:>14.0}{max:>14.0}",
-            cell.median(variant)
+            "  {variant:<18}{:>14.0}{:>14.0}{min:>14.0}{max:>14.0}",
+            cell.median(variant),
+            cell.iqr(variant)
         );
     }
     for (a, b) in cell.ratios() {
@@ -1169,12 +1328,44 @@ fn print_cell(label: &str, cell: &Cell, args: &Args) {
     }
 }
 
-fn to_json(cells: &[Cell], scale: &[(i64, f64, i64)], args: &Args) -> String {
+/// Where and when the figures were measured.
+fn provenance(targets: &[Target]) -> String {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let servers: Vec<String> = targets
+        .iter()
+        .map(|t| {
+            format!(
+                "\"{}\": \"{}\"",
+                t.name,
+                (t.version)(&t.url).replace('"', "'")
+            )
+        })
+        .collect();
+    format!(
+        "  \"commit\": \"{commit}\",\n  \"date\": \"{date}\",\n  \"cores\": {cores},\n  \"servers\": {{{}}},\n",
+        servers.join(", ")
+    )
+}
+
+fn to_json(cells: &[Cell], scale: &[(i64, f64, i64)], args: &Args, provenance: &str) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
-        "{{\n  \"messages\": {},\n  \"rounds\": {},\n  \"batch\": {},\n  \"results\": [",
-        args.messages, args.rounds, args.batch
+        "{{\n{provenance}  \"messages\": {},\n  \"min_secs\": {},\n  \"rounds\": {},\n  \"batch\": {},\n  \"results\": [",
+        args.messages, args.min_secs, args.rounds, args.batch
     );
     for (i, cell) in cells.iter().enumerate() {
         let _ = write!(
@@ -1191,6 +1382,11 @@ fn to_json(cells: &[Cell], scale: &[(i64, f64, i64)], args: &Args) -> String {
             .iter()
             .map(|v| format!("\"{v}\": {:.1}", cell.median(v)))
             .collect();
+        let iqrs: Vec<String> = cell
+            .variants()
+            .iter()
+            .map(|v| format!("\"{v}\": {:.1}", cell.iqr(v)))
+            .collect();
         let ratios: Vec<String> = cell
             .ratios()
             .iter()
@@ -1206,8 +1402,9 @@ fn to_json(cells: &[Cell], scale: &[(i64, f64, i64)], args: &Args) -> String {
             .collect();
         let _ = write!(
             out,
-            "{}}}, \"ratios\": {{{}}}, \"samples\": {{{}}}}}",
+            "{}}}, \"iqr_msgs_per_sec\": {{{}}}, \"ratios\": {{{}}}, \"samples\": {{{}}}}}",
             medians.join(", "),
+            iqrs.join(", "),
             ratios.join(", "),
             samples.join(", ")
         );
@@ -1236,7 +1433,7 @@ fn draw_svg(path: &std::path::Path, cells: &[Cell]) -> Result<(), Box<dyn std::e
             .caption(
                 format!(
                     "{} · {} {} · messages per second (median)",
-                    cell.backend,
+                    cell.label,
                     cell.threads,
                     if cell.mode == "async" {
                         "async task(s)"
