@@ -1421,18 +1421,45 @@ fn to_json(cells: &[Cell], scale: &[(i64, f64, i64)], args: &Args, provenance: &
     out
 }
 
+/// Each cell's variants as ratios to its hand-written inbox (`raw_sql`, or
+/// `async_raw_sql`), median with the interquartile range as a whisker, on a
+/// log scale so that a 1.05 and a 20× are both readable; 1.0 is marked.
 fn draw_svg(path: &std::path::Path, cells: &[Cell]) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
-    let root = SVGBackend::new(path, (1000, 420 * cells.len().max(1) as u32)).into_drawing_area();
+    let root = SVGBackend::new(path, (1000, 380 * cells.len().max(1) as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = root.split_evenly((cells.len().max(1), 1));
     for (cell, area) in cells.iter().zip(panels.iter()) {
-        let variants = cell.variants();
-        let top = variants.iter().map(|v| cell.median(v)).fold(1.0, f64::max) * 1.15;
+        let base_name = if cell.mode == "async" {
+            "async_raw_sql"
+        } else {
+            "raw_sql"
+        };
+        let base = cell.median(base_name).max(1e-9);
+        let variants: Vec<&str> = cell
+            .variants()
+            .into_iter()
+            .filter(|v| *v != base_name)
+            .collect();
+        // (median, q1, q3) of each variant over the baseline's median.
+        let spread = |v: &str| {
+            let (median, iqr) = (cell.median(v), cell.iqr(v));
+            (
+                median / base,
+                (median - iqr / 2.0).max(1e-9) / base,
+                (median + iqr / 2.0) / base,
+            )
+        };
+        let (low, high) = variants
+            .iter()
+            .map(|v| spread(v))
+            .fold((1.0f64, 1.0f64), |(lo, hi), (_, q1, q3)| {
+                (lo.min(q1), hi.max(q3))
+            });
         let mut chart = ChartBuilder::on(area)
             .caption(
                 format!(
-                    "{} · {} {} · messages per second (median)",
+                    "{} · {} {} · messages/s ÷ {base_name} (median, IQR)",
                     cell.label,
                     cell.threads,
                     if cell.mode == "async" {
@@ -1441,12 +1468,15 @@ fn draw_svg(path: &std::path::Path, cells: &[Cell]) -> Result<(), Box<dyn std::e
                         "thread(s)"
                     }
                 ),
-                ("sans-serif", 20),
+                ("sans-serif", 18),
             )
             .margin(12)
             .x_label_area_size(36)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0f64..variants.len() as f64, 0f64..top)?;
+            .y_label_area_size(60)
+            .build_cartesian_2d(
+                0f64..variants.len() as f64,
+                ((low * 0.8)..(high * 1.25)).log_scale(),
+            )?;
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -1454,36 +1484,52 @@ fn draw_svg(path: &std::path::Path, cells: &[Cell]) -> Result<(), Box<dyn std::e
             .x_label_formatter(&|x| {
                 let i = (*x - 0.5).round();
                 if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < variants.len() {
-                    variants[i as usize].to_string()
+                    variants[i as usize]
+                        .trim_start_matches("async_")
+                        .to_string()
                 } else {
                     String::new()
                 }
             })
-            .y_desc("msg/s")
+            .y_desc("ratio (log)")
             .draw()?;
+        chart.draw_series(std::iter::once(PathElement::new(
+            vec![(0.0, 1.0), (variants.len() as f64, 1.0)],
+            BLACK.stroke_width(1),
+        )))?;
+        let ours = [
+            "idempotent",
+            "batch",
+            "batch_loop",
+            "duplicate",
+            "async_idempotent",
+            "async_duplicate",
+        ];
         chart.draw_series(variants.iter().enumerate().map(|(i, v)| {
-            let ours = [
-                "idempotent",
-                "batch",
-                "duplicate",
-                "async_idempotent",
-                "async_duplicate",
-            ];
             let color = if ours.contains(v) {
-                BLUE.mix(0.75)
+                BLUE.mix(0.7)
             } else {
-                BLACK.mix(0.35)
+                BLACK.mix(0.3)
             };
+            let (ratio, _, _) = spread(v);
             Rectangle::new(
-                [(i as f64 + 0.15, 0.0), (i as f64 + 0.85, cell.median(v))],
+                [(i as f64 + 0.2, 1.0), (i as f64 + 0.8, ratio)],
                 color.filled(),
             )
         }))?;
         chart.draw_series(variants.iter().enumerate().map(|(i, v)| {
+            let (_, q1, q3) = spread(v);
+            PathElement::new(
+                vec![(i as f64 + 0.5, q1), (i as f64 + 0.5, q3)],
+                RED.stroke_width(2),
+            )
+        }))?;
+        chart.draw_series(variants.iter().enumerate().map(|(i, v)| {
+            let (ratio, _, q3) = spread(v);
             Text::new(
-                format!("{:.0}", cell.median(v)),
-                (i as f64 + 0.3, cell.median(v) + top * 0.02),
-                ("sans-serif", 14),
+                format!("{ratio:.2}"),
+                (i as f64 + 0.3, q3.max(ratio) * 1.06),
+                ("sans-serif", 13),
             )
         }))?;
     }
