@@ -1306,9 +1306,14 @@ fn print_cell(label: &str, cell: &Cell, args: &Args) {
     } else {
         "thread(s)"
     };
+    let size = if cell.mode == "sync" && args.min_secs > 0.0 {
+        format!("samples of at least {} s", args.min_secs)
+    } else {
+        format!("{} messages per sample", args.messages)
+    };
     println!(
-        "\n{label}, {} {who}, {} messages per sample, {} round(s), batch {}",
-        cell.threads, args.messages, args.rounds, args.batch
+        "\n{label}, {} {who}, {size}, {} round(s), batch {}",
+        cell.threads, args.rounds, args.batch
     );
     println!(
         "  {:<18}{:>14}{:>14}{:>14}{:>14}",
