@@ -387,8 +387,15 @@ macro_rules! bench_backend {
                 shared
             )]
             fn batch(conn: &mut Conn, orders: &[Order]) -> QueryResult<usize> {
+                insert_orders(conn, orders.iter().copied())
+            }
+
+            /// One multi-row insert of `orders` (`batch` and `bare_batch`).
+            fn insert_orders<'o>(
+                conn: &mut Conn,
+                orders: impl Iterator<Item = &'o Order>,
+            ) -> QueryResult<usize> {
                 let rows: Vec<_> = orders
-                    .iter()
                     .map(|o| {
                         (
                             bench_orders::id.eq(&o.id),
@@ -419,20 +426,7 @@ macro_rules! bench_backend {
             /// `bare_batch`: `batch`'s multi-row insert in a plain
             /// transaction, without an inbox.
             fn bare_batch(conn: &mut Conn, orders: &[Order]) -> QueryResult<usize> {
-                tx(conn, |c| {
-                    let rows: Vec<_> = orders
-                        .iter()
-                        .map(|o| {
-                            (
-                                bench_orders::id.eq(&o.id),
-                                bench_orders::amount.eq(o.amount),
-                            )
-                        })
-                        .collect();
-                    diesel::insert_into(bench_orders::table)
-                        .values(&rows)
-                        .execute(c)
-                })
+                tx(conn, |c| insert_orders(c, orders.iter()))
             }
 
             /// The server's version, for the results.

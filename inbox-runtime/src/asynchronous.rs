@@ -571,15 +571,10 @@ pub(crate) mod ansi {
     where
         C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
     {
-        match AnsiTransactionManager::transaction_manager_status_mut(conn) {
-            diesel::connection::TransactionManagerStatus::Valid(status) => status
-                .change_transaction_depth(
-                    diesel::connection::TransactionDepthChange::DecreaseDepth,
-                ),
-            diesel::connection::TransactionManagerStatus::InError => {
-                Err(Error::BrokenTransactionManager)
-            }
-        }
+        crate::backend::record_boundary(
+            AnsiTransactionManager::transaction_manager_status_mut(conn),
+            diesel::connection::TransactionDepthChange::DecreaseDepth,
+        )
     }
 }
 
@@ -606,12 +601,7 @@ pub(crate) trait AsyncMigration: AsyncConnection<Backend: InboxBackend> + Send {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn migrate_in_steps<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxError> {
     use crate::backend::migration_sql;
-    use diesel_async::TransactionManager;
-    let open = matches!(
-        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-        Ok(Some(_))
-    );
-    if <C::Backend as InboxBackend>::DDL_COMMITS && open {
+    if <C::Backend as InboxBackend>::DDL_COMMITS && transaction_open(conn) {
         return Err(InboxError::MigrationInTransaction);
     }
     if migration_sql::<C::Backend>(&conn.catalog().await?)?.is_none() {

@@ -81,9 +81,9 @@ where
     if let Some(isolation) = <C::Backend as InboxBackend>::PURGE_ISOLATION {
         conn.batch_execute(isolation)?;
     }
-    AnsiTransactionManager::begin_transaction_sql(conn, <C::Backend as InboxBackend>::BEGIN)?;
+    <C::Backend as InboxBackend>::begin_top_level(conn)?;
     match <C::Backend as InboxBackend>::purge_batch(conn, cutoff, consumer, limit) {
-        Ok(deleted) => AnsiTransactionManager::commit_transaction(conn).map(|()| deleted),
+        Ok(deleted) => <C::Backend as InboxBackend>::commit_top_level(conn).map(|()| deleted),
         Err(e) => {
             rollback(conn);
             Err(e)

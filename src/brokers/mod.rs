@@ -82,11 +82,6 @@ impl<E> Policy<E> {
         self
     }
 
-    /// The delay of [`Settlement::Retry`].
-    pub fn delay(&self) -> Duration {
-        self.retry_delay
-    }
-
     /// What to do with a message delivered `deliveries` times (this one
     /// included) whose handler returned `outcome`.
     pub fn settlement<T>(&self, outcome: &Result<Processed<T>, E>, deliveries: u32) -> Settlement {

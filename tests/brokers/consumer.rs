@@ -196,6 +196,31 @@ impl Options {
     }
 }
 
+/// The consumers' handler step: `apply_order`, and the SIGKILL between
+/// commit and ack where `options` asks for it.
+pub async fn apply_or_crash(
+    db: &mut Conn,
+    options: &Options,
+    deliveries: u32,
+    id: &str,
+    body: &[u8],
+) -> Result<Processed<()>, AppError> {
+    let outcome = apply_order(db, id, body).await;
+    if options.crashes_at(id, deliveries, &outcome) {
+        crash_now();
+    }
+    outcome
+}
+
+/// Runs `f` on a runtime of its own (the parent's broker administration).
+pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(f)
+}
+
 /// SIGKILL to this process: no unwinding, no ack, nothing flushed.
 pub fn crash_now() -> ! {
     let _ = std::process::Command::new("kill")

@@ -2,7 +2,7 @@
 //! pull consumer per scenario, publishing with `Nats-Msg-Id`, the consumer
 //! loop (the client reconnects by itself).
 
-use crate::consumer::{apply_order, crash_now, open, policy, Counts, Options};
+use crate::consumer::{apply_or_crash, block_on, open, policy, Counts, Options};
 use crate::scenarios::Broker;
 use async_nats::jetstream::{self, consumer::pull, stream};
 use diesel_inbox::brokers::BrokerError;
@@ -13,14 +13,6 @@ pub struct Nats;
 
 /// Unacked messages of a killed consumer come back after this.
 const ACK_WAIT: Duration = Duration::from_secs(2);
-
-fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(f)
-}
 
 async fn context(url: &str) -> Result<jetstream::Context, String> {
     let client = async_nats::ConnectOptions::new()
@@ -210,11 +202,7 @@ async fn consume(options: Options) -> Result<Counts, String> {
         };
         let deliveries_so_far = diesel_inbox::nats::deliveries(&message);
         let handled = diesel_inbox::nats::handle(message, &policy, async |id, body| {
-            let outcome = apply_order(&mut db, id, body).await;
-            if options.crashes_at(id, deliveries_so_far, &outcome) {
-                crash_now();
-            }
-            outcome
+            apply_or_crash(&mut db, &options, deliveries_so_far, id, body).await
         })
         .await;
         match handled {

@@ -1,7 +1,7 @@
 //! RabbitMQ through lapin: a quorum queue per scenario with a dead-letter
 //! queue, publishing with confirms, the consumer loop with reconnects.
 
-use crate::consumer::{apply_order, crash_now, open, policy, Counts, Options};
+use crate::consumer::{apply_or_crash, block_on, open, policy, Counts, Options};
 use crate::scenarios::Broker;
 use diesel_inbox::brokers::BrokerError;
 use futures_lite::StreamExt;
@@ -23,14 +23,6 @@ async fn connect(url: &str) -> Result<Connection, String> {
     Connection::connect(url, ConnectionProperties::default())
         .await
         .map_err(|e| format!("connect to RabbitMQ: {e}"))
-}
-
-fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(f)
 }
 
 impl Broker for Rabbit {
@@ -200,11 +192,7 @@ async fn consume(options: Options) -> Result<Counts, String> {
             };
             let deliveries_so_far = diesel_inbox::lapin::deliveries(&delivery);
             let handled = diesel_inbox::lapin::handle(delivery, &policy, async |id, body| {
-                let outcome = apply_order(&mut db, id, body).await;
-                if options.crashes_at(id, deliveries_so_far, &outcome) {
-                    crash_now();
-                }
-                outcome
+                apply_or_crash(&mut db, &options, deliveries_so_far, id, body).await
             })
             .await;
             match handled {

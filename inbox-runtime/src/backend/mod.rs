@@ -564,6 +564,25 @@ pub(crate) fn database_error(error: &Error) -> Option<(diesel::result::DatabaseE
     }
 }
 
+/// Records in diesel's transaction manager a transaction boundary the
+/// runtime sent itself (MySQL's cached `BEGIN`/`COMMIT`/`ROLLBACK`,
+/// PostgreSQL's async guarded `COMMIT`); the sync and the async managers
+/// share this status type.
+#[cfg(any(feature = "mysql", all(feature = "postgres", feature = "async")))]
+pub(crate) fn record_boundary(
+    status: &mut diesel::connection::TransactionManagerStatus,
+    change: diesel::connection::TransactionDepthChange,
+) -> QueryResult<()> {
+    match status {
+        diesel::connection::TransactionManagerStatus::Valid(status) => {
+            status.change_transaction_depth(change)
+        }
+        diesel::connection::TransactionManagerStatus::InError => {
+            Err(Error::BrokenTransactionManager)
+        }
+    }
+}
+
 /// Whether `InboxBackend::$check(error)` holds on any enabled backend.
 macro_rules! on_any_backend {
     ($check:ident, $error:expr) => {{

@@ -4,7 +4,6 @@ use crate::error::{InboxError, TableProblem};
 use crate::schema::inbox_messages::dsl::*;
 use diesel::connection::{
     AnsiTransactionManager, Connection, LoadConnection, TransactionDepthChange, TransactionManager,
-    TransactionManagerStatus,
 };
 use diesel::mysql::Mysql;
 use diesel::prelude::*;
@@ -129,10 +128,10 @@ fn change_depth<C>(conn: &mut C, change: TransactionDepthChange) -> QueryResult<
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
 {
-    match AnsiTransactionManager::transaction_manager_status_mut(conn) {
-        TransactionManagerStatus::Valid(status) => status.change_transaction_depth(change),
-        TransactionManagerStatus::InError => Err(Error::BrokenTransactionManager),
-    }
+    super::record_boundary(
+        AnsiTransactionManager::transaction_manager_status_mut(conn),
+        change,
+    )
 }
 
 /// Rolls back with the cached `ROLLBACK`; the manager is marked broken if
