@@ -8,6 +8,7 @@
 //!     [--rounds 9] [--batch 100] [--smoke]
 //!     [--scale [--scale-rows 0,1000000,10000000]]
 //!     [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]
+//!     [--memory]
 //! ```
 //!
 //! Variants run interleaved, and the sync variants' order rotates each
@@ -18,8 +19,14 @@
 //! `synchronous = NORMAL`). Results go to `target/inbox-bench/results.json`
 //! and `target/inbox-bench/throughput.svg`. `--smoke` runs tiny counts so CI
 //! keeps the program working; real figures come from a full run.
-//! `--scale` (PostgreSQL) measures `idempotent` with the inbox already holding
-//! many rows (bulk-loaded with generate_series into a schema of its own).
+//! `--scale` (PostgreSQL, MySQL/MariaDB; instead of the variants) measures
+//! `idempotent` with the inbox already holding each of `--scale-rows` rows
+//! of random UUIDv4 keys, one schema or database per size, the sizes
+//! interleaved; it writes `scale.json` and `scale.svg`.
+//! `--memory` runs `examples/quickstart.rs` and `examples/async_consumer.rs`
+//! in this process at their own message counts and at ten times them, and
+//! reports the peak RSS (`VmHWM`, reset before each run) against the RSS
+//! before it; it writes `memory.json`.
 //! `--purge` (PostgreSQL, MySQL/MariaDB) measures handler latency while
 //! `purge` deletes `--purge-rows` old rows, against windows without a purge,
 //! interleaved, and the purge's rows/s.
@@ -69,6 +76,8 @@ struct Args {
     rounds: usize,
     batch: usize,
     scale: bool,
+    /// `--memory`: peak RSS of the examples at 1× and 10× their messages.
+    memory: bool,
     /// `--purge`: handler latency while a purge runs, instead of the rest.
     purge: bool,
     /// Old rows the purge benchmark fills the inbox with.
@@ -91,6 +100,7 @@ fn parse_args() -> Result<Args, String> {
         rounds: 9,
         batch: 100,
         scale: false,
+        memory: false,
         purge: false,
         purge_rows: 1_000_000,
         purge_batch: 10_000,
@@ -131,6 +141,7 @@ fn parse_args() -> Result<Args, String> {
             "--rounds" => args.rounds = num(it.next(), "--rounds")?,
             "--batch" => args.batch = num(it.next(), "--batch")?,
             "--scale" => args.scale = true,
+            "--memory" => args.memory = true,
             "--purge" => args.purge = true,
             "--purge-rows" => args.purge_rows = num(it.next(), "--purge-rows")?,
             "--purge-batch" => args.purge_batch = num(it.next(), "--purge-batch")?,
@@ -162,7 +173,7 @@ fn parse_args() -> Result<Args, String> {
             "--help" | "-h" => {
                 return Err(
                     "usage: cargo bench --bench throughput -- [--backend sqlite|postgres|mysql|all] \
-                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--min-secs S] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]] [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]"
+                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--min-secs S] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]] [--memory] [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]"
                         .into(),
                 )
             }
@@ -308,6 +319,10 @@ fn timed<C: Send + 'static>(
     Ok(last.duration_since(first).as_secs_f64().max(1e-9))
 }
 
+/// Whether the sync variants' keys are random UUIDv4 text (`--scale`)
+/// rather than `{prefix}-{variant}-{thread}-{n}`.
+static UUID_KEYS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn run_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -445,7 +460,11 @@ macro_rules! bench_backend {
             fn orders(prefix: &str, variant: &str, thread: usize, count: usize) -> Vec<Order> {
                 (0..count)
                     .map(|n| Order {
-                        id: format!("{prefix}-{variant}-{thread}-{n}"),
+                        id: if UUID_KEYS.load(std::sync::atomic::Ordering::Relaxed) {
+                            uuid::Uuid::new_v4().to_string()
+                        } else {
+                            format!("{prefix}-{variant}-{thread}-{n}")
+                        },
                         amount: n as i64,
                     })
                     .collect()
@@ -586,6 +605,18 @@ mod postgres_specific {
     pub fn open(url: &str) -> PgConnection {
         PgConnection::establish(url).unwrap_or_else(|e| panic!("PostgreSQL unreachable: {e}"))
     }
+    /// A schema of its own named `name`: (its URL, the statement that drops it).
+    pub fn fresh(url: &str, name: &str) -> Result<(String, String), String> {
+        use diesel::connection::SimpleConnection;
+        open(url)
+            .batch_execute(&format!("CREATE SCHEMA {name}"))
+            .map_err(|e| e.to_string())?;
+        let separator = if url.contains('?') { '&' } else { '?' };
+        Ok((
+            format!("{url}{separator}options=-c%20search_path%3D{name}"),
+            format!("DROP SCHEMA {name} CASCADE"),
+        ))
+    }
     pub fn tx<T>(
         conn: &mut PgConnection,
         f: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
@@ -608,6 +639,16 @@ mod mysql_specific {
     use diesel_inbox::inbox_messages as inbox;
     pub fn open(url: &str) -> MysqlConnection {
         MysqlConnection::establish(url).unwrap_or_else(|e| panic!("MySQL/MariaDB unreachable: {e}"))
+    }
+    /// A database of its own named `name`: (its URL, the statement that drops it).
+    pub fn fresh(url: &str, name: &str) -> Result<(String, String), String> {
+        use diesel::connection::SimpleConnection;
+        open(url)
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .map_err(|e| e.to_string())?;
+        let base = url.split('?').next().unwrap_or(url);
+        let server = &base[..base.rfind('/').ok_or("a database path in the URL")?];
+        Ok((format!("{server}/{name}"), format!("DROP DATABASE {name}")))
     }
     pub fn tx<T>(
         conn: &mut MysqlConnection,
@@ -1158,6 +1199,12 @@ fn run(args: &Args) -> Result<(), String> {
     if args.purge {
         return purge_under_load::run(&targets, args);
     }
+    if args.scale {
+        return scale::run(&targets, args);
+    }
+    if args.memory {
+        return memory::run(&targets, args);
+    }
     let mut cells = Vec::new();
     for target in &targets {
         (target.setup)(&target.url)?;
@@ -1234,9 +1281,29 @@ fn run(args: &Args) -> Result<(), String> {
             };
             for round in 0..args.rounds {
                 let prefix = format!("{}r{round}a{tasks}", run_id());
-                for (i, variant) in variants.iter().enumerate() {
+                // The order rotates as the sync variants' does; `duplicate`
+                // redelivers this round's `idempotent` keys, so it runs
+                // right after it.
+                for k in 0..variants.len() {
+                    let i = (k + round) % variants.len();
+                    let variant = variants[i];
+                    if variant == "async_duplicate" {
+                        continue;
+                    }
                     let mps = measure(&target.url, variant, tasks, args.messages, &prefix)?;
                     cell.samples[i].1.push(mps);
+                    if variant == "async_idempotent" {
+                        if let Some(d) = variants.iter().position(|v| *v == "async_duplicate") {
+                            let mps = measure(
+                                &target.url,
+                                "async_duplicate",
+                                tasks,
+                                args.messages,
+                                &prefix,
+                            )?;
+                            cell.samples[d].1.push(mps);
+                        }
+                    }
                 }
             }
             print_cell(target.label, &cell, args);
@@ -1248,21 +1315,11 @@ fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
-    let postgres = targets.iter().find(|t| t.name == "postgres");
-    let scale = match (args.scale, postgres) {
-        #[cfg(feature = "postgres")]
-        (true, Some(target)) => scale::measure(&target.url, args)?,
-        (true, _) => {
-            println!("SKIPPED: --scale needs PostgreSQL");
-            Vec::new()
-        }
-        (false, _) => Vec::new(),
-    };
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     std::fs::write(
         dir.join("results.json"),
-        to_json(&cells, &scale, args, &provenance(&targets)),
+        to_json(&cells, args, &provenance(&targets)),
     )
     .map_err(|e| e.to_string())?;
     draw_svg(&dir.join("throughput.svg"), &cells).map_err(|e| format!("svg: {e}"))?;
@@ -1300,7 +1357,7 @@ fn print_cell(label: &str, cell: &Cell, args: &Args) {
     } else {
         "thread(s)"
     };
-    let size = if cell.mode == "sync" && args.min_secs > 0.0 {
+    let size = if cell.mode != "async" && args.min_secs > 0.0 {
         format!("samples of at least {} s", args.min_secs)
     } else {
         format!("{} messages per sample", args.messages)
@@ -1359,7 +1416,7 @@ fn provenance(targets: &[Target]) -> String {
     )
 }
 
-fn to_json(cells: &[Cell], scale: &[(i64, f64, i64)], args: &Args, provenance: &str) -> String {
+fn to_json(cells: &[Cell], args: &Args, provenance: &str) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
@@ -1408,14 +1465,6 @@ fn to_json(cells: &[Cell], scale: &[(i64, f64, i64)], args: &Args, provenance: &
             samples.join(", ")
         );
     }
-    out.push_str("\n  ],\n  \"scale\": [");
-    for (i, (rows, mps, index_bytes)) in scale.iter().enumerate() {
-        let _ = write!(
-            out,
-            "{}\n    {{\"inbox_rows\": {rows}, \"idempotent_msgs_per_sec\": {mps:.1}, \"primary_key_bytes\": {index_bytes}}}",
-            if i > 0 { "," } else { "" }
-        );
-    }
     out.push_str("\n  ]\n}\n");
     out
 }
@@ -1429,10 +1478,11 @@ fn draw_svg(path: &std::path::Path, cells: &[Cell]) -> Result<(), Box<dyn std::e
     root.fill(&WHITE)?;
     let panels = root.split_evenly((cells.len().max(1), 1));
     for (cell, area) in cells.iter().zip(panels.iter()) {
-        let base_name = if cell.mode == "async" {
-            "async_raw_sql"
-        } else {
-            "raw_sql"
+        // Scale cells: each size against the first (the emptiest inbox).
+        let base_name = match cell.mode {
+            "async" => "async_raw_sql",
+            "scale" => cell.samples.first().map_or("", |(v, _)| *v),
+            _ => "raw_sql",
         };
         let base = cell.median(base_name).max(1e-9);
         let variants: Vec<&str> = cell
@@ -1458,13 +1508,18 @@ fn draw_svg(path: &std::path::Path, cells: &[Cell]) -> Result<(), Box<dyn std::e
         let mut chart = ChartBuilder::on(area)
             .caption(
                 format!(
-                    "{} · {} {} · messages/s ÷ {base_name} (median, IQR)",
+                    "{} · {} {} · {}messages/s ÷ {base_name} (median, IQR)",
                     cell.label,
                     cell.threads,
                     if cell.mode == "async" {
                         "async task(s)"
                     } else {
                         "thread(s)"
+                    },
+                    if cell.mode == "scale" {
+                        "idempotent, random UUID keys, "
+                    } else {
+                        ""
                     }
                 ),
                 ("sans-serif", 18),
@@ -1505,7 +1560,7 @@ fn draw_svg(path: &std::path::Path, cells: &[Cell]) -> Result<(), Box<dyn std::e
             "async_duplicate",
         ];
         chart.draw_series(variants.iter().enumerate().map(|(i, v)| {
-            let color = if ours.contains(v) {
+            let color = if ours.contains(v) || cell.mode == "scale" {
                 BLUE.mix(0.7)
             } else {
                 BLACK.mix(0.3)
@@ -1536,83 +1591,440 @@ fn draw_svg(path: &std::path::Path, cells: &[Cell]) -> Result<(), Box<dyn std::e
     Ok(())
 }
 
-#[cfg(feature = "postgres")]
+// The examples themselves, run by `--memory` (their `main`s stay unused).
+#[allow(dead_code)]
+#[path = "../examples/quickstart.rs"]
+mod quickstart;
+
+#[cfg(feature = "async")]
+#[allow(dead_code)]
+#[path = "../examples/async_consumer.rs"]
+mod async_consumer;
+
+/// `--memory`: does the examples' peak memory stay flat with 10× the
+/// messages? Each run starts by resetting the peak (`5` into
+/// `/proc/self/clear_refs`), reads `VmRSS`, runs, and reads `VmHWM`.
+mod memory {
+    use super::*;
+
+    /// (example, its own message count, a run of it over N messages)
+    type Workload<'u> = (
+        &'static str,
+        u64,
+        Box<dyn Fn(u64) -> Result<(), String> + 'u>,
+    );
+
+    /// A `/proc/self/status` field in KiB.
+    fn status(field: &str) -> Result<u64, String> {
+        let text = std::fs::read_to_string("/proc/self/status")
+            .map_err(|e| format!("--memory needs Linux's /proc/self/status: {e}"))?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or(format!("no {field} in /proc/self/status"))
+    }
+
+    /// (RSS before, peak RSS during) of `work`, in KiB.
+    fn peak(work: impl FnOnce() -> Result<(), String>) -> Result<(u64, u64), String> {
+        std::fs::write("/proc/self/clear_refs", "5")
+            .map_err(|e| format!("resetting VmHWM: {e}"))?;
+        let before = status("VmRSS")?;
+        work()?;
+        Ok((before, status("VmHWM")?))
+    }
+
+    pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
+        // The examples' own counts; --smoke runs a tenth of them.
+        let scale = if args.min_secs == 0.0 { 10 } else { 1 };
+        let mut rows = Vec::new();
+        for target in targets {
+            // The quickstart's own database on SQLite is in memory.
+            let url = if target.name == "sqlite" {
+                ""
+            } else {
+                target.url.as_str()
+            };
+            #[cfg_attr(not(feature = "async"), allow(unused_mut))]
+            let mut workloads: Vec<Workload<'_>> = vec![(
+                "quickstart",
+                1_000 / scale,
+                Box::new(move |n| match quickstart::run_on(url, n) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err("quickstart: balances not exact".into()),
+                    Err(e) => Err(format!("quickstart: {e}")),
+                }),
+            )];
+            #[cfg(feature = "async")]
+            workloads.push((
+                "async_consumer",
+                2_000 / scale,
+                Box::new(move |n| {
+                    tokio::runtime::Builder::new_multi_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| e.to_string())?
+                        .block_on(async_consumer::run_on(url, n))
+                        .map_err(|e| format!("async_consumer: {e}"))
+                }),
+            ));
+            for (name, base, work) in &workloads {
+                let mut peaks = Vec::new();
+                for factor in [1, 10] {
+                    let messages = base * factor;
+                    let (before, hwm) = peak(|| work(messages))?;
+                    peaks.push(hwm);
+                    rows.push(format!(
+                        "    {{\"backend\": \"{}\", \"example\": \"{name}\", \"messages\": {messages}, \"rss_before_kib\": {before}, \"vmhwm_kib\": {hwm}}}",
+                        target.name
+                    ));
+                    println!(
+                        "memory: {} {name} {messages} messages: RSS before {before} KiB, peak (VmHWM) {hwm} KiB",
+                        target.label
+                    );
+                }
+                println!(
+                    "memory: {} {name}: peak at 10× / at 1× = {:.2} ({:+} KiB)",
+                    target.label,
+                    peaks[1] as f64 / peaks[0] as f64,
+                    peaks[1] as i64 - peaks[0] as i64
+                );
+            }
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::write(
+            dir.join("memory.json"),
+            format!(
+                "{{\n{}  \"results\": [\n{}\n  ]\n}}\n",
+                provenance(targets),
+                rows.join(",\n")
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        println!("wrote {}/memory.json", dir.display());
+        Ok(())
+    }
+}
+
+/// `--scale`: `idempotent` messages/s with the inbox already holding each of
+/// `--scale-rows` rows, on PostgreSQL and MySQL/MariaDB.
+///
+/// Each size has a schema (PostgreSQL) or database (MySQL/MariaDB) of its
+/// own, filled with random UUIDv4 text keys under the measured consumer
+/// (`bench`), and the measured messages carry random UUIDv4 keys too: new
+/// claims land all over the primary key's B-tree, as real message ids do.
+/// Rounds alternate between the sizes (the order rotates each round); a
+/// sample runs at least `--min-secs`. A size's ratio is the median of its
+/// per-round ratios to the first size, with their interquartile range.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod scale {
     use super::*;
-    use diesel::connection::SimpleConnection;
 
-    /// `idempotent` messages/s with the inbox holding each of `--scale-rows`
-    /// rows, in a schema of its own (dropped at the end).
-    pub fn measure(url: &str, args: &Args) -> Result<Vec<(i64, f64, i64)>, String> {
-        let schema = format!("inbox_bench_scale_{}", run_id());
-        let mut admin = postgres_specific::open(url);
-        admin
-            .batch_execute(&format!("CREATE SCHEMA {schema}"))
-            .map_err(|e| e.to_string())?;
-        let separator = if url.contains('?') { '&' } else { '?' };
-        let scoped = format!("{url}{separator}options=-c%20search_path%3D{schema}");
-        let result = (|| {
-            postgres::setup(&scoped)?;
-            let mut conn = postgres_specific::open(&scoped);
-            let threads = *args.threads.last().unwrap_or(&1);
-            let mut loaded = 0_i64;
-            let mut out = Vec::new();
-            for &rows in &args.scale_rows {
-                if rows > loaded {
-                    let began = Instant::now();
-                    conn.batch_execute(&format!(
-                        "INSERT INTO inbox_messages (consumer, message_id) \
-                         SELECT 'bench-fill', 'fill-' || g FROM generate_series({}, {rows}) g",
-                        loaded + 1
-                    ))
-                    .map_err(|e| e.to_string())?;
-                    // VACUUM refuses to run inside a multi-statement batch.
-                    conn.batch_execute("VACUUM ANALYZE inbox_messages")
-                        .map_err(|e| e.to_string())?;
+    type Fresh = fn(&str, &str) -> Result<(String, String), String>;
+    /// (backend, inbox rows, primary-key bytes) of each size.
+    type KeySizes = Vec<(&'static str, i64, i64)>;
+
+    /// What a backend supplies besides its [`Target`].
+    struct Server {
+        /// (url of a fresh schema or database named so, statement that drops it)
+        fresh: Fresh,
+        /// Runs SQL on a URL.
+        execute: fn(&str, &str) -> Result<(), String>,
+        /// INSERT of `rows` random UUIDv4 keys under consumer `bench`. Each
+        /// chunk is inserted in key order: it sweeps the whole B-tree once,
+        /// splitting pages as random inserts do (the tree is not packed as
+        /// a sorted bulk load would leave it), without a random read per
+        /// row. On MariaDB with its default 128 MiB buffer pool, unsorted
+        /// chunks took 3 minutes per million rows at 4M; sorted ones 30 s.
+        fill: fn(usize) -> String,
+        analyze: &'static str,
+        /// Bytes of the primary key (the clustered index on InnoDB).
+        key_bytes: fn(&str) -> Result<i64, String>,
+    }
+
+    /// Rows per fill statement (a transaction each).
+    const FILL_CHUNK: usize = 1_000_000;
+
+    pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
+        UUID_KEYS.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut cells = Vec::new();
+        let mut sizes = Vec::new();
+        for target in targets {
+            let server = match target.name {
+                #[cfg(feature = "postgres")]
+                "postgres" => postgres_server(),
+                #[cfg(feature = "mysql")]
+                "mysql" => mysql_server(),
+                _ => {
                     println!(
-                        "loaded {} inbox rows in {:.1}s",
-                        rows - loaded,
-                        began.elapsed().as_secs_f64()
+                        "SKIPPED: --scale on {}: measured on PostgreSQL and MySQL/MariaDB",
+                        target.label
                     );
-                    loaded = rows;
+                    continue;
                 }
-                let mut samples = Vec::new();
-                for round in 0..args.rounds {
-                    let prefix = format!("{}s{rows}r{round}", run_id());
-                    samples.push(postgres::measure(
-                        &scoped,
+            };
+            let (mut c, mut s) = measure(target, &server, args)?;
+            cells.append(&mut c);
+            sizes.append(&mut s);
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::write(
+            dir.join("scale.json"),
+            to_json(&cells, &sizes, args, &provenance(targets)),
+        )
+        .map_err(|e| e.to_string())?;
+        draw_svg(&dir.join("scale.svg"), &cells).map_err(|e| format!("svg: {e}"))?;
+        println!("wrote {}/scale.json and scale.svg", dir.display());
+        Ok(())
+    }
+
+    /// One database per size, filled; then the interleaved rounds at each
+    /// thread count. Returns the cells (a sample list per size) and each
+    /// size's primary-key bytes.
+    fn measure(
+        target: &Target,
+        server: &Server,
+        args: &Args,
+    ) -> Result<(Vec<Cell>, KeySizes), String> {
+        let mut databases: Vec<(i64, String, String)> = Vec::new();
+        let result = (|| {
+            for (i, &rows) in args.scale_rows.iter().enumerate() {
+                let name = format!("inbox_bench_scale{i}_{}", run_id());
+                let (url, drop_sql) = (server.fresh)(&target.url, &name)?;
+                databases.push((rows, url.clone(), drop_sql));
+                (target.setup)(&url)?;
+                let began = Instant::now();
+                let mut loaded = 0;
+                while loaded < rows as usize {
+                    let chunk = FILL_CHUNK.min(rows as usize - loaded);
+                    (server.execute)(&url, &(server.fill)(chunk))
+                        .map_err(|e| format!("fill: {e}"))?;
+                    loaded += chunk;
+                    if rows as usize > FILL_CHUNK {
+                        println!(
+                            "  {}: {loaded} of {rows} rows, {:.0}s",
+                            target.label,
+                            began.elapsed().as_secs_f64()
+                        );
+                    }
+                }
+                (server.execute)(&url, server.analyze)?;
+                println!(
+                    "{}: {rows} random-key inbox rows loaded in {:.1}s",
+                    target.label,
+                    began.elapsed().as_secs_f64()
+                );
+            }
+            let labels: Vec<&'static str> = databases
+                .iter()
+                .map(|(rows, _, _)| &*Box::leak(format!("{rows} rows").into_boxed_str()))
+                .collect();
+            let mut cells = Vec::new();
+            for &threads in &args.threads {
+                // Messages per sample, so that each lasts at least
+                // --min-secs (an untimed run per size also warms it).
+                let mut counts = Vec::new();
+                for (rows, url, _) in &databases {
+                    let prefix = format!("{}c{threads}s{rows}", run_id());
+                    let rate = (target.measure)(
+                        url,
                         "idempotent",
                         threads,
                         args.messages,
                         args.batch,
                         &prefix,
-                    )?);
+                    )?;
+                    let wanted = (rate * args.min_secs * 1.1).ceil() as usize;
+                    counts.push(wanted.max(args.messages).div_ceil(threads) * threads);
                 }
-                samples.sort_by(f64::total_cmp);
-                let median = samples[samples.len() / 2];
-                let index: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                let mut cell = Cell {
+                    backend: target.name,
+                    label: target.label,
+                    mode: "scale",
+                    threads,
+                    samples: labels.iter().map(|l| (*l, Vec::new())).collect(),
+                };
+                for round in 0..args.rounds {
+                    for k in 0..databases.len() {
+                        let i = (k + round) % databases.len();
+                        let prefix = format!("{}r{round}t{threads}", run_id());
+                        let mps = (target.measure)(
+                            &databases[i].1,
+                            "idempotent",
+                            threads,
+                            counts[i],
+                            args.batch,
+                            &prefix,
+                        )?;
+                        cell.samples[i].1.push(mps);
+                    }
+                }
+                print_cell(target.label, &cell, args);
+                for (label, samples) in cell.samples.iter().skip(1) {
+                    let (median, q1, q3) = paired(&cell.samples[0].1, samples);
+                    println!(
+                        "  {:<36}{median:>8.2} (IQR {q1:.2}–{q3:.2})",
+                        format!("{label}/{}", cell.samples[0].0)
+                    );
+                }
+                cells.push(cell);
+            }
+            let mut sizes = Vec::new();
+            for (rows, url, _) in &databases {
+                let bytes = (server.key_bytes)(url)?;
+                println!(
+                    "{}: {rows} rows: primary key {:.1} MiB",
+                    target.label,
+                    bytes as f64 / 1048576.0
+                );
+                sizes.push((target.name, *rows, bytes));
+            }
+            Ok((cells, sizes))
+        })();
+        for (_, _, drop_sql) in &databases {
+            let _ = (server.execute)(&target.url, drop_sql);
+        }
+        result
+    }
+
+    /// Median and quartiles of the per-round ratios `samples[r] / base[r]`.
+    fn paired(base: &[f64], samples: &[f64]) -> (f64, f64, f64) {
+        let mut ratios: Vec<f64> = samples
+            .iter()
+            .zip(base)
+            .map(|(s, b)| s / b.max(1e-9))
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let pos = (ratios.len() - 1) as f64 * q;
+            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+            ratios[lo] + (ratios[hi] - ratios[lo]) * (pos - lo as f64)
+        };
+        (at(0.5), at(0.25), at(0.75))
+    }
+
+    fn to_json(
+        cells: &[Cell],
+        sizes: &[(&str, i64, i64)],
+        args: &Args,
+        provenance: &str,
+    ) -> String {
+        let mut out = String::new();
+        let _ = write!(
+            out,
+            "{{\n{provenance}  \"keys\": \"random UUIDv4 text under the measured consumer\",\n  \"min_secs\": {},\n  \"rounds\": {},\n  \"results\": [",
+            args.min_secs, args.rounds
+        );
+        for (i, cell) in cells.iter().enumerate() {
+            let entries: Vec<String> = cell
+                .samples
+                .iter()
+                .zip(&args.scale_rows)
+                .map(|((label, samples), rows)| {
+                    let (ratio, q1, q3) = paired(&cell.samples[0].1, samples);
+                    let bytes = sizes
+                        .iter()
+                        .find(|(b, r, _)| *b == cell.backend && r == rows)
+                        .map_or(0, |s| s.2);
+                    let s: Vec<String> = samples.iter().map(|x| format!("{x:.1}")).collect();
+                    format!(
+                        "{{\"inbox_rows\": {rows}, \"median_msgs_per_sec\": {:.1}, \"iqr_msgs_per_sec\": {:.1}, \
+                         \"ratio_to_first\": {ratio:.3}, \"ratio_q1\": {q1:.3}, \"ratio_q3\": {q3:.3}, \
+                         \"primary_key_bytes\": {bytes}, \"samples\": [{}]}}",
+                        cell.median(label),
+                        cell.iqr(label),
+                        s.join(", ")
+                    )
+                })
+                .collect();
+            let _ = write!(
+                out,
+                "{}\n    {{\"backend\": \"{}\", \"threads\": {}, \"sizes\": [\n      {}\n    ]}}",
+                if i > 0 { "," } else { "" },
+                cell.backend,
+                cell.threads,
+                entries.join(",\n      ")
+            );
+        }
+        out.push_str("\n  ]\n}\n");
+        out
+    }
+
+    #[cfg(feature = "postgres")]
+    fn postgres_server() -> Server {
+        Server {
+            fresh: postgres_specific::fresh,
+            execute: |url, sql| {
+                use diesel::connection::SimpleConnection;
+                postgres_specific::open(url)
+                    .batch_execute(sql)
+                    .map_err(|e| e.to_string())
+            },
+            fill: |rows| {
+                format!(
+                    "INSERT INTO inbox_messages (consumer, message_id) \
+                     SELECT 'bench', k FROM (SELECT gen_random_uuid()::text AS k \
+                     FROM generate_series(1, {rows})) fresh_keys ORDER BY k"
+                )
+            },
+            // VACUUM refuses to run inside a multi-statement batch.
+            analyze: "VACUUM ANALYZE inbox_messages",
+            key_bytes: |url| {
+                diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
                     "pg_relation_size('inbox_messages_pkey')",
                 ))
-                .get_result(&mut conn)
-                .map_err(|e| e.to_string())?;
-                println!(
-                    "scale: {rows:>10} inbox rows: idempotent {median:>8.0} msg/s ({threads} threads), primary key {:.1} MiB",
-                    index as f64 / 1048576.0
-                );
-                out.push((rows, median, index));
-            }
-            if let (Some(first), Some(last)) = (out.first(), out.last()) {
-                println!(
-                    "scale ratio {}/{} rows: {:.2}",
-                    last.0,
-                    first.0,
-                    last.1 / first.1
-                );
-            }
-            Ok(out)
-        })();
-        let _ = admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
-        result
+                .get_result(&mut postgres_specific::open(url))
+                .map_err(|e| e.to_string())
+            },
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    fn mysql_server() -> Server {
+        Server {
+            fresh: mysql_specific::fresh,
+            execute: |url, sql| {
+                use diesel::connection::SimpleConnection;
+                mysql_specific::open(url)
+                    .batch_execute(sql)
+                    .map_err(|e| e.to_string())
+            },
+            // UUIDv4 text from RANDOM_BYTES (MariaDB 10.10+); UUID() would
+            // give time-ordered v1 keys. The rows come from the SEQUENCE
+            // engine's seq_1_to_N.
+            fill: |rows| {
+                format!(
+                    "INSERT INTO inbox_messages (consumer, message_id) \
+                     SELECT 'bench', k FROM (SELECT LOWER(CONCAT(HEX(RANDOM_BYTES(4)), '-', \
+                     HEX(RANDOM_BYTES(2)), '-4', SUBSTR(HEX(RANDOM_BYTES(2)), 2), '-', \
+                     SUBSTR('89ab', 1 + FLOOR(RAND() * 4), 1), SUBSTR(HEX(RANDOM_BYTES(2)), 2), '-', \
+                     HEX(RANDOM_BYTES(6)))) AS k FROM seq_1_to_{rows}) fresh_keys ORDER BY k"
+                )
+            },
+            analyze: "ANALYZE TABLE inbox_messages",
+            key_bytes: |url| {
+                diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                    "(SELECT CAST(DATA_LENGTH AS SIGNED) FROM information_schema.TABLES \
+                     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_messages')",
+                ))
+                .get_result(&mut mysql_specific::open(url))
+                .map_err(|e| e.to_string())
+            },
+        }
+    }
+}
+
+/// `--scale` without a server backend compiled in.
+#[cfg(not(any(feature = "postgres", feature = "mysql")))]
+mod scale {
+    use super::{Args, Target};
+
+    pub fn run(_: &[Target], _: &Args) -> Result<(), String> {
+        println!(
+            "SKIPPED: --scale needs the postgres or mysql feature (cargo bench --all-features)"
+        );
+        Ok(())
     }
 }
 
@@ -1627,7 +2039,6 @@ mod scale {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod purge_under_load {
     use super::*;
-    use diesel::connection::SimpleConnection;
     use diesel_inbox::{InboxConnection, Processed};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
@@ -1831,17 +2242,7 @@ mod purge_under_load {
     fn postgres_server() -> Server<diesel::PgConnection> {
         Server {
             label: "PostgreSQL",
-            fresh: |url| {
-                let schema = format!("inbox_bench_purge_{}", run_id());
-                postgres_specific::open(url)
-                    .batch_execute(&format!("CREATE SCHEMA {schema}"))
-                    .map_err(|e| e.to_string())?;
-                let separator = if url.contains('?') { '&' } else { '?' };
-                Ok((
-                    format!("{url}{separator}options=-c%20search_path%3D{schema}"),
-                    format!("DROP SCHEMA {schema} CASCADE"),
-                ))
-            },
+            fresh: |url| postgres_specific::fresh(url, &format!("inbox_bench_purge_{}", run_id())),
             open: postgres_specific::open,
             fill: |slice, rows, days| {
                 format!(
@@ -1859,15 +2260,7 @@ mod purge_under_load {
     fn mysql_server() -> Server<diesel::MysqlConnection> {
         Server {
             label: "MariaDB",
-            fresh: |url| {
-                let name = format!("inbox_bench_purge_{}", run_id());
-                mysql_specific::open(url)
-                    .batch_execute(&format!("CREATE DATABASE {name}"))
-                    .map_err(|e| e.to_string())?;
-                let base = url.split('?').next().unwrap_or(url);
-                let server = &base[..base.rfind('/').ok_or("a database path in the URL")?];
-                Ok((format!("{server}/{name}"), format!("DROP DATABASE {name}")))
-            },
+            fresh: |url| mysql_specific::fresh(url, &format!("inbox_bench_purge_{}", run_id())),
             open: mysql_specific::open,
             fill: |slice, rows, days| {
                 // Numbers 0..rows from cross joins of a ten-row table.

@@ -94,6 +94,7 @@ macro_rules! async_consumer {
                 url: &str,
                 label: &str,
                 sqlite: Option<(&'static str, &'static str)>,
+                messages: u64,
             ) -> Result<(), Box<dyn std::error::Error>> {
                 // The tables, once.
                 let mut setup = Conn::establish(url).await?;
@@ -140,7 +141,7 @@ macro_rules! async_consumer {
                 let mut seed = 7;
                 let mut stream = Vec::new();
                 let mut expected = vec![0i64; ACCOUNTS as usize];
-                for n in 0..MESSAGES {
+                for n in 0..messages {
                     let payment = Payment {
                         id: format!("payment-{run_id}-{n}"),
                         account: (next(&mut seed) % ACCOUNTS as u64) as i64,
@@ -209,19 +210,19 @@ macro_rules! async_consumer {
                     .await?;
                 println!(
                     "{label}: {} payments: {} applied, {} duplicates skipped, {} deliveries cancelled and redelivered",
-                    MESSAGES, applied, duplicates, cancelled,
+                    messages, applied, duplicates, cancelled,
                 );
                 // A delivery cancelled while its COMMIT was on the wire may
                 // have committed (as when a connection drops at that
                 // moment): its outcome is unknown, the broker redelivers,
                 // and the redelivery reports `Duplicate`.
-                let committed_then_cancelled = MESSAGES - applied;
+                let committed_then_cancelled = messages - applied;
                 if committed_then_cancelled > 0 {
                     println!(
                         "{committed_then_cancelled} cancelled deliveries had committed (cancelled during COMMIT); their redelivery was a duplicate"
                     );
                 }
-                assert!(applied <= MESSAGES, "no payment applied twice");
+                assert!(applied <= messages, "no payment applied twice");
                 assert_eq!(
                     balances, expected,
                     "every balance is one application of each payment"
@@ -245,20 +246,33 @@ async_consumer!(mysql, diesel_async::AsyncMysqlConnection);
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").unwrap_or_default();
+    run_on(&url, MESSAGES).await
+}
+
+/// The consumer over `messages` payments on `url` (a PostgreSQL or MySQL
+/// URL, an SQLite file, or "" for a temporary SQLite file). The
+/// benchmark's `--memory` runs it too.
+pub async fn run_on(url: &str, messages: u64) -> Result<(), Box<dyn std::error::Error>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]
-        return postgres::run(&url, "PostgreSQL", None).await;
+        return postgres::run(url, "PostgreSQL", None, messages).await;
         #[cfg(not(feature = "postgres"))]
         return Err("DATABASE_URL is a PostgreSQL URL: run with --features async,postgres".into());
     }
     if url.starts_with("mysql://") {
         #[cfg(feature = "mysql")]
-        return mysql::run(&url, "MySQL/MariaDB", None).await;
+        return mysql::run(url, "MySQL/MariaDB", None, messages).await;
         #[cfg(not(feature = "mysql"))]
         return Err("DATABASE_URL is a MySQL URL: run with --features async,mysql".into());
     }
-    let path = match url.as_str() {
-        "" => std::env::temp_dir().join(format!("diesel-inbox-async-{}.db", std::process::id())),
+    let path = match url {
+        "" => std::env::temp_dir().join(format!(
+            "diesel-inbox-async-{}-{}.db",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_nanos()
+        )),
         file => std::path::PathBuf::from(file),
     };
     let url = path.to_str().ok_or("temp dir is not UTF-8")?.to_string();
@@ -268,6 +282,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         &url,
         "SQLite",
         Some(("PRAGMA journal_mode = WAL", "PRAGMA busy_timeout = 10000")),
+        messages,
     )
     .await;
     for suffix in ["", "-wal", "-shm"] {

@@ -105,9 +105,13 @@ macro_rules! payment_consumer {
                     .load(conn)
             }
 
-            pub fn run(url: &str, label: &str) -> Result<bool, Box<dyn std::error::Error>> {
+            pub fn run(
+                url: &str,
+                label: &str,
+                messages: u64,
+            ) -> Result<bool, Box<dyn std::error::Error>> {
                 let mut conn = <$Conn>::establish(url)?;
-                simulate(&mut conn, label, apply_payment, balances)
+                simulate(&mut conn, label, messages, apply_payment, balances)
             }
         }
     };
@@ -138,6 +142,7 @@ impl Lcg {
 fn simulate<C>(
     conn: &mut C,
     label: &str,
+    messages: u64,
     handle: Handler<C>,
     balances: Balances<C>,
 ) -> Result<bool, Box<dyn std::error::Error>>
@@ -161,13 +166,13 @@ where
         .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos();
     let mut expected = vec![0_i64; ACCOUNTS as usize];
-    let mut queue: VecDeque<(u64, bool)> = (0..MESSAGES).map(|seq| (seq, false)).collect();
+    let mut queue: VecDeque<(u64, bool)> = (0..messages).map(|seq| (seq, false)).collect();
     let payment = |seq: u64| Payment {
         id: format!("pay-{run}-{seq}"),
         account: (seq % ACCOUNTS as u64) as i64,
         amount: (seq * 37 % 100 + 1) as i64,
     };
-    for seq in 0..MESSAGES {
+    for seq in 0..messages {
         let p = payment(seq);
         expected[p.account as usize] += p.amount;
     }
@@ -218,7 +223,7 @@ where
         && actual.len() == ACCOUNTS as usize;
 
     println!("diesel-inbox quickstart on {label}");
-    println!("  {:<36}{:>8}", "messages published", MESSAGES);
+    println!("  {:<36}{:>8}", "messages published", messages);
     println!("  {:<36}{:>8}", "deliveries (with redeliveries)", delivered);
     println!("  {:<36}{:>8}", "applied", applied);
     println!("  {:<36}{:>8}", "duplicates skipped", duplicates);
@@ -227,46 +232,44 @@ where
     println!(
         "  {:<36}{:>8}",
         "balances exact",
-        if exact && applied == MESSAGES {
+        if exact && applied == messages {
             "yes"
         } else {
             "NO"
         }
     );
-    Ok(exact && applied == MESSAGES)
+    Ok(exact && applied == messages)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").unwrap_or_default();
-    let exact = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        #[cfg(feature = "postgres")]
-        {
-            postgres::run(&url, "PostgreSQL")?
-        }
-        #[cfg(not(feature = "postgres"))]
-        return Err("DATABASE_URL is a PostgreSQL URL: run with --features postgres".into());
-    } else if url.starts_with("mysql://") {
-        #[cfg(feature = "mysql")]
-        {
-            mysql::run(&url, "MySQL/MariaDB")?
-        }
-        #[cfg(not(feature = "mysql"))]
-        return Err("DATABASE_URL is a MySQL URL: run with --features mysql".into());
-    } else {
-        #[cfg(feature = "sqlite")]
-        {
-            let path = if url.is_empty() {
-                ":memory:"
-            } else {
-                url.as_str()
-            };
-            sqlite::run(path, &format!("SQLite ({path})"))?
-        }
-        #[cfg(not(feature = "sqlite"))]
-        return Err("no DATABASE_URL and the sqlite feature is off".into());
-    };
-    if !exact {
+    if !run_on(&url, MESSAGES)? {
         return Err("the business state does not match one application per message".into());
     }
     Ok(())
+}
+
+/// The simulation of `messages` payments on `url` (a PostgreSQL or MySQL
+/// URL, an SQLite file, or "" for an in-memory SQLite database); whether
+/// every balance came out exact. The benchmark's `--memory` runs it too.
+pub fn run_on(url: &str, messages: u64) -> Result<bool, Box<dyn std::error::Error>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        #[cfg(feature = "postgres")]
+        return postgres::run(url, "PostgreSQL", messages);
+        #[cfg(not(feature = "postgres"))]
+        return Err("DATABASE_URL is a PostgreSQL URL: run with --features postgres".into());
+    }
+    if url.starts_with("mysql://") {
+        #[cfg(feature = "mysql")]
+        return mysql::run(url, "MySQL/MariaDB", messages);
+        #[cfg(not(feature = "mysql"))]
+        return Err("DATABASE_URL is a MySQL URL: run with --features mysql".into());
+    }
+    #[cfg(feature = "sqlite")]
+    {
+        let path = if url.is_empty() { ":memory:" } else { url };
+        sqlite::run(path, &format!("SQLite ({path})"), messages)
+    }
+    #[cfg(not(feature = "sqlite"))]
+    Err("no DATABASE_URL and the sqlite feature is off".into())
 }
