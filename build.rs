@@ -1,12 +1,14 @@
 //! Lets the server test suites report themselves as ignored, not passed,
 //! when their server is not configured: `cfg(inbox_test_postgres)` and
-//! `cfg(inbox_test_mysql)` are set when `INBOX_TEST_POSTGRES_URL` /
-//! `INBOX_TEST_MYSQL_URL` is set at build time. Nothing in the library reads
+//! `cfg(inbox_test_mysql)` (and `cfg(inbox_test_galera)`) are set when
+//! `INBOX_TEST_POSTGRES_URL` / `INBOX_TEST_MYSQL_URL` (`INBOX_TEST_GALERA_URLS`)
+//! is set at build time. Nothing in the library reads
 //! them.
 fn main() {
     for (var, cfg) in [
         ("INBOX_TEST_POSTGRES_URL", "inbox_test_postgres"),
         ("INBOX_TEST_MYSQL_URL", "inbox_test_mysql"),
+        ("INBOX_TEST_GALERA_URLS", "inbox_test_galera"),
     ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
         println!("cargo::rerun-if-env-changed={var}");

@@ -600,6 +600,25 @@ pub(crate) trait AsyncMigration: AsyncConnection<Backend: InboxBackend> + Send {
 /// plan and checks (`backend::migration_sql`, `backend::verify_migrated`).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn migrate_in_steps<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxError> {
+    use crate::backend::migration_retryable;
+    // Inside the caller's transaction an error is the caller's to handle.
+    let retry = !transaction_open(conn);
+    let mut attempt = 1;
+    loop {
+        match migrate_once(conn).await {
+            Err(e) if retry && migration_retryable::<C::Backend>(&e, attempt) => {
+                tokio::time::sleep(crate::engine::backoff(attempt)).await;
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// One run of `migrate`'s sequence (`migrate_in_steps` reruns it after a
+/// transient error, as the sync `migrate` does).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn migrate_once<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxError> {
     use crate::backend::migration_sql;
     if <C::Backend as InboxBackend>::DDL_COMMITS && transaction_open(conn) {
         return Err(InboxError::MigrationInTransaction);

@@ -63,6 +63,9 @@ pub trait TestBackend: Sized + Send + Sync + 'static {
     /// `inbox_test_child (parent_id)` with a foreign key checked at COMMIT;
     /// `None` where the backend has none.
     const DEFERRED_FK: Option<(&'static str, &'static str)>;
+    /// A multi-master cluster whose connections go to different nodes: a
+    /// claim on one node does not make a delivery on another wait.
+    const MULTI_MASTER: bool = false;
 
     /// The business write of a handler: one row in `inbox_test_effects`.
     fn write_effect(conn: &mut Self::Conn, run: &str, key: &str, amount: i64)

@@ -648,7 +648,10 @@ pub(crate) fn is_privilege_error(error: &Error) -> bool {
 /// application's own `diesel migration revert` is unaffected. On
 /// MySQL/MariaDB, where DDL commits implicitly, it refuses to run inside an
 /// open transaction ([`InboxError::MigrationInTransaction`]); on PostgreSQL
-/// and SQLite it joins the caller's transaction as a savepoint.
+/// and SQLite it joins the caller's transaction as a savepoint. Outside a
+/// transaction, a transient error (a deadlock, a busy database; on a
+/// Galera cluster, the abort by another node's DDL when every node
+/// migrates at once) reruns it, up to 10 times in all.
 ///
 /// The DDL is also available as [`InboxBackend::DDL`] (and the `ddl` module).
 ///
@@ -672,6 +675,38 @@ pub(crate) fn is_privilege_error(error: &Error) -> bool {
 /// # }
 /// ```
 pub fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
+where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    // Inside the caller's transaction an error is the caller's to handle.
+    let retry = !crate::transaction::transaction_open(conn);
+    let mut attempt = 1;
+    loop {
+        match migrate_once(conn) {
+            Err(e) if retry && migration_retryable::<C::Backend>(&e, attempt) => {
+                std::thread::sleep(crate::engine::backoff(attempt));
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// How often `migrate` runs in all when it keeps failing transiently.
+pub(crate) const MIGRATE_ATTEMPTS: u32 = 10;
+
+/// Whether `migrate` runs again after `error` (its `attempt`-th): a
+/// transient error of its catalog read, its lock or its DDL. On a Galera
+/// cluster, DDL replicates in total order and aborts what conflicts with it
+/// on each node, so a `migrate` started on every node at once sees error
+/// 1213 on some of them; the next attempt finds the table.
+pub(crate) fn migration_retryable<B: InboxBackend>(error: &InboxError, attempt: u32) -> bool {
+    attempt < MIGRATE_ATTEMPTS
+        && matches!(error, InboxError::Database(e) | InboxError::MigrationFailed(e) if B::is_transient(e))
+}
+
+fn migrate_once<C>(conn: &mut C) -> Result<(), InboxError>
 where
     C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,

@@ -4,6 +4,8 @@
 //! [`TestBackend`]: super::backend::TestBackend
 
 #[cfg(feature = "mysql")]
+pub mod galera;
+#[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;

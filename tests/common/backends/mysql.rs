@@ -38,7 +38,7 @@ fn discard(url: &str) {
 
 /// A statement that fails as a deadlock victim (or a Galera
 /// certification loser) does: error 1213.
-const FAIL_TRANSIENTLY: &str = "SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, \
+pub(crate) const FAIL_TRANSIENTLY: &str = "SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, \
      MESSAGE_TEXT = 'Deadlock found when trying to get lock; try restarting transaction'";
 
 /// MySQL/MariaDB; its async connections come from a deadpool pool.
