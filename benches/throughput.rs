@@ -5,7 +5,7 @@
 //! ```text
 //! cargo bench --bench throughput --all-features -- [--backend sqlite|postgres|mysql|all]
 //!     [--threads 1,4] [--tasks 4,16] [--mode all] [--messages 2000] [--min-secs 2]
-//!     [--rounds 9] [--batch 100] [--smoke]
+//!     [--rounds 9] [--batch 100] [--variants idempotent,batch,...] [--smoke]
 //!     [--scale [--scale-rows 0,1000000,10000000]]
 //!     [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]
 //!     [--memory]
@@ -76,6 +76,8 @@ struct Args {
     rounds: usize,
     batch: usize,
     scale: bool,
+    /// `--variants`: the sync variants to run (all when empty).
+    variants: Vec<String>,
     /// `--memory`: peak RSS of the examples at 1× and 10× their messages.
     memory: bool,
     /// `--purge`: handler latency while a purge runs, instead of the rest.
@@ -100,6 +102,7 @@ fn parse_args() -> Result<Args, String> {
         rounds: 9,
         batch: 100,
         scale: false,
+        variants: Vec::new(),
         memory: false,
         purge: false,
         purge_rows: 1_000_000,
@@ -142,6 +145,16 @@ fn parse_args() -> Result<Args, String> {
             "--batch" => args.batch = num(it.next(), "--batch")?,
             "--scale" => args.scale = true,
             "--memory" => args.memory = true,
+            "--variants" => {
+                args.variants = list(it.next(), "--variants")?;
+                if let Some(bad) = args.variants.iter().find(|v| !VARIANTS.contains(&v.as_str())) {
+                    return Err(format!("--variants: no variant {bad} ({})", VARIANTS.join(", ")));
+                }
+                let has = |v: &str| args.variants.iter().any(|w| w == v);
+                if has("duplicate") && !has("idempotent") {
+                    return Err("--variants: duplicate redelivers idempotent's keys; list both".into());
+                }
+            }
             "--purge" => args.purge = true,
             "--purge-rows" => args.purge_rows = num(it.next(), "--purge-rows")?,
             "--purge-batch" => args.purge_batch = num(it.next(), "--purge-batch")?,
@@ -173,7 +186,7 @@ fn parse_args() -> Result<Args, String> {
             "--help" | "-h" => {
                 return Err(
                     "usage: cargo bench --bench throughput -- [--backend sqlite|postgres|mysql|all] \
-                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--min-secs S] [--rounds R] [--batch B] [--smoke] [--scale [--scale-rows 0,1000000]] [--memory] [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]"
+                     [--threads 1,4] [--tasks 4,16] [--mode sync|async|all] [--messages N] [--min-secs S] [--rounds R] [--batch B] [--variants a,b] [--smoke] [--scale [--scale-rows 0,1000000]] [--memory] [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]"
                         .into(),
                 )
             }
@@ -1214,34 +1227,37 @@ fn run(args: &Args) -> Result<(), String> {
             &args.threads
         };
         for &threads in sync_threads {
+            let variants: Vec<&'static str> = VARIANTS
+                .iter()
+                .copied()
+                .filter(|v| args.variants.is_empty() || args.variants.iter().any(|w| w == v))
+                .collect();
             let mut cell = Cell {
                 backend: target.name,
                 label: target.label,
                 mode: "sync",
                 threads,
-                samples: VARIANTS.iter().map(|v| (*v, Vec::new())).collect(),
+                samples: variants.iter().map(|v| (*v, Vec::new())).collect(),
             };
-            let counts = calibrate(target, threads, args)?;
+            let counts = calibrate(target, threads, &variants, args)?;
             // `duplicate` redelivers keys applied once, untimed, here.
             let duplicates = format!("{}d{threads}", run_id());
-            let dup_count = counts[VARIANTS
-                .iter()
-                .position(|v| *v == "duplicate")
-                .expect("a variant")];
-            (target.measure)(
-                &target.url,
-                "idempotent",
-                threads,
-                dup_count,
-                args.batch,
-                &duplicates,
-            )?;
+            if let Some(d) = variants.iter().position(|v| *v == "duplicate") {
+                (target.measure)(
+                    &target.url,
+                    "idempotent",
+                    threads,
+                    counts[d],
+                    args.batch,
+                    &duplicates,
+                )?;
+            }
             for round in 0..args.rounds {
                 let prefix = format!("{}r{round}t{threads}", run_id());
                 // The order rotates: each variant runs first in some round.
-                for k in 0..VARIANTS.len() {
-                    let i = (k + round) % VARIANTS.len();
-                    let variant = VARIANTS[i];
+                for k in 0..variants.len() {
+                    let i = (k + round) % variants.len();
+                    let variant = variants[i];
                     let keys = if variant == "duplicate" {
                         &duplicates
                     } else {
@@ -1330,11 +1346,16 @@ fn run(args: &Args) -> Result<(), String> {
 /// Messages per sample of each variant, so that a sample runs at least
 /// `--min-secs`: one untimed run of `--messages` gives each variant's rate
 /// (it also warms the statement caches).
-fn calibrate(target: &Target, threads: usize, args: &Args) -> Result<Vec<usize>, String> {
+fn calibrate(
+    target: &Target,
+    threads: usize,
+    variants: &[&'static str],
+    args: &Args,
+) -> Result<Vec<usize>, String> {
     let prefix = format!("{}c{threads}", run_id());
     let unit = threads * args.batch;
-    let mut counts = Vec::with_capacity(VARIANTS.len());
-    for variant in VARIANTS {
+    let mut counts = Vec::with_capacity(variants.len());
+    for &variant in variants {
         // `duplicate` redelivers the keys `idempotent` applied just before.
         let rate = (target.measure)(
             &target.url,

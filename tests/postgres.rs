@@ -45,6 +45,48 @@ mod suite {
         );
     }
 
+    /// Batch claims of any size are one statement, prepared once per
+    /// connection and cached by diesel: after batches of 3, 7 and 1 keys,
+    /// the connection holds one prepared batch claim, not three.
+    mod statements {
+        use super::{fresh, open};
+        use diesel::prelude::*;
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
+        fn batch_claims_of_every_size_share_one_prepared_statement() {
+            let Some(db) = fresh("batch_statement") else {
+                return;
+            };
+            let mut conn = open(&db);
+            diesel_inbox::migrate(&mut conn).expect("migrate");
+            for (round, size) in [3u32, 7, 1].into_iter().enumerate() {
+                let keys: Vec<String> = (0..size).map(|k| format!("r{round}-{k}")).collect();
+                let out = diesel_inbox::run_batch(
+                    &mut conn,
+                    "prepared",
+                    &keys,
+                    |k| k.clone(),
+                    0,
+                    |_, fresh: Vec<&String>| -> QueryResult<usize> { Ok(fresh.len()) },
+                    |_| diesel_inbox::ErrorClass::permanent(),
+                )
+                .expect("batch");
+                assert_eq!(out.value, Some(size as usize));
+            }
+            let prepared: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                "(SELECT COUNT(*) FROM pg_prepared_statements \
+                 WHERE statement LIKE 'INSERT INTO inbox_messages (consumer, message_id) SELECT %')",
+            ))
+            .get_result(&mut conn)
+            .expect("pg_prepared_statements");
+            assert_eq!(prepared, 1);
+        }
+    }
+
     mod schema {
         use super::{fresh, open};
         use crate::common::schema::{self as check, WrongShape};

@@ -74,24 +74,61 @@ macro_rules! claim_statement {
     };
 }
 
-/// The batch claim, one statement per chunk; RETURNING names the rows
-/// inserted. `$run` is the sync or async `RunQueryDsl`, `await` follows
-/// each query on the async path.
+/// The batch claim: the keys go as one array parameter, so the statement's
+/// text is the same for every batch size and diesel prepares it once per
+/// connection and caches it (a multi-row `VALUES` list is a new statement,
+/// parsed and planned again, for each batch). `WITH ORDINALITY ... ORDER BY`
+/// keeps the batch's lock order; RETURNING names the rows inserted.
+#[derive(Debug, Clone, Copy)]
+struct ClaimBatch<'a> {
+    consumer: &'a str,
+    keys: &'a [&'a str],
+}
+
+/// [`ClaimBatch`]'s query id: one cached statement whatever the lifetimes.
+struct ClaimBatchId;
+
+impl diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_> {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, Pg>,
+    ) -> QueryResult<()> {
+        use diesel::sql_types::{Array, Text};
+        out.push_sql("INSERT INTO inbox_messages (consumer, message_id) SELECT ");
+        out.push_bind_param::<Text, _>(self.consumer)?;
+        out.push_sql(", k.key FROM unnest(");
+        out.push_bind_param::<Array<Text>, _>(self.keys)?;
+        out.push_sql(
+            ") WITH ORDINALITY AS k(key, n) ORDER BY k.n \
+             ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id",
+        );
+        Ok(())
+    }
+}
+
+impl diesel::query_builder::QueryId for ClaimBatch<'_> {
+    type QueryId = ClaimBatchId;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl diesel::query_builder::Query for ClaimBatch<'_> {
+    type SqlType = diesel::sql_types::Text;
+}
+
+impl<Conn> diesel::RunQueryDsl<Conn> for ClaimBatch<'_> {}
+
+/// The batch claim in chunks of `CLAIM_CHUNK` keys. `$run` is the sync or
+/// async `RunQueryDsl`, `await` follows each query on the async path.
 macro_rules! claim_batch {
     ($conn:expr, $consumer:expr, $keys:expr, $run:path $(, $await:tt)?) => {{
         use $run as run;
         let mut claimed = Vec::with_capacity($keys.len());
         for chunk in $keys.chunks(crate::backend::CLAIM_CHUNK) {
-            let rows: Vec<_> = chunk
-                .iter()
-                .map(|k| (consumer.eq($consumer), message_id.eq(*k)))
-                .collect();
-            let inserted = diesel::insert_into(inbox_messages)
-                .values(&rows)
-                .on_conflict((consumer, message_id))
-                .do_nothing()
-                .returning(message_id);
-            let inserted: Vec<String> = run::get_results(inserted, &mut *$conn)$(.$await)??;
+            let inserted = ClaimBatch {
+                consumer: $consumer,
+                keys: chunk,
+            };
+            let inserted: Vec<String> = run::load(inserted, &mut *$conn)$(.$await)??;
             claimed.extend(inserted);
         }
         Ok(claimed)
