@@ -145,7 +145,17 @@ mod failover {
             vec![],
             "applied twice (key, node), errors: {errors:?}"
         );
-        assert_eq!(applied.len(), MESSAGES, "each payment applied exactly once");
+        // A delivery whose COMMIT outcome was unknown (the node died during
+        // it) may have committed: its redelivery then reports `Duplicate`,
+        // and no delivery reported `Applied` for it. Each such message is
+        // one of the errors.
+        assert!(applied.len() <= MESSAGES);
+        assert!(
+            MESSAGES - applied.len() <= errors.len(),
+            "{} payments never reported Applied, with {} errors: {errors:?}",
+            MESSAGES - applied.len(),
+            errors.len()
+        );
         assert!(
             errors.iter().any(|(node, _)| *node == KILLED),
             "the consumer on node {KILLED} saw its node die: {errors:?}"

@@ -83,9 +83,7 @@ pub fn open(url: &str) -> MysqlConnection {
 pub fn fresh(test: &str) -> Option<TestDb> {
     let url = prepare(test)?.url.clone();
     let name = crate::common::unique_identifier(test);
-    open_node(&url)
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .expect("create database");
+    let db = super::mysql::create_database(&url, &name, open_node);
     // The DDL replicates in total order, but a node may not have applied
     // it yet when the creating node returns; a read on each node waits
     // (wsrep_sync_wait) until it has.
@@ -97,14 +95,7 @@ pub fn fresh(test: &str) -> Option<TestDb> {
         .expect("the database on every node");
         assert_eq!(seen, 1, "database {name} on node {}", i + 1);
     }
-    let base = url.split('?').next().expect("split yields one part");
-    let server = &base[..base.rfind('/').expect("a database path in the URL")];
-    Some(TestDb::owned(format!("{server}/{name}"), discard))
-}
-
-fn discard(url: &str) {
-    let name = url.rsplit('/').next().expect("a fresh() URL");
-    let _ = open_node(url).batch_execute(&format!("DROP DATABASE {name}"));
+    Some(TestDb::owned(db, super::mysql::discard))
 }
 
 /// A Galera cluster, connections spread over its nodes.

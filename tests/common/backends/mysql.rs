@@ -23,15 +23,22 @@ pub fn open(url: &str) -> MysqlConnection {
 pub fn fresh(test: &str) -> Option<TestDb> {
     let url = prepare(test)?.url.clone();
     let name = crate::common::unique_identifier(test);
-    open(&url)
+    Some(TestDb::owned(create_database(&url, &name, open), discard))
+}
+
+/// Creates database `name` through `open(url)`; the URL of that database
+/// on the same server.
+pub(crate) fn create_database(url: &str, name: &str, open: fn(&str) -> MysqlConnection) -> String {
+    open(url)
         .batch_execute(&format!("CREATE DATABASE {name}"))
         .expect("create database");
     let base = url.split('?').next().expect("split yields one part");
     let server = &base[..base.rfind('/').expect("a database path in the URL")];
-    Some(TestDb::owned(format!("{server}/{name}"), discard))
+    format!("{server}/{name}")
 }
 
-fn discard(url: &str) {
+/// Drops the database a `fresh()` URL names.
+pub(crate) fn discard(url: &str) {
     let name = url.rsplit('/').next().expect("a fresh() URL");
     let _ = open(url).batch_execute(&format!("DROP DATABASE {name}"));
 }
