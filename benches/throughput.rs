@@ -216,45 +216,43 @@ struct Cell {
     samples: Vec<(&'static str, Vec<f64>)>,
 }
 
+/// The `q` quantile of `samples` (linear interpolation between the sorted
+/// samples; 0 when there are none): `q = 0.5` is the median.
+fn quantile(samples: &[f64], q: f64) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    let pos = (v.len() - 1) as f64 * q;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+}
+
+/// Writes `contents` to `file` under `target/inbox-bench`; that directory.
+fn write_output(file: &str, contents: &str) -> Result<std::path::PathBuf, String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join(file), contents).map_err(|e| e.to_string())?;
+    Ok(dir)
+}
+
 impl Cell {
-    fn median(&self, variant: &str) -> f64 {
-        let mut v = self
-            .samples
+    fn samples_of(&self, variant: &str) -> &[f64] {
+        self.samples
             .iter()
             .find(|(name, _)| *name == variant)
-            .map(|(_, s)| s.clone())
-            .unwrap_or_default();
-        if v.is_empty() {
-            return 0.0;
-        }
-        v.sort_by(f64::total_cmp);
-        let mid = v.len() / 2;
-        if v.len() % 2 == 0 {
-            (v[mid - 1] + v[mid]) / 2.0
-        } else {
-            v[mid]
-        }
+            .map_or(&[], |(_, s)| s.as_slice())
     }
 
-    /// The interquartile range of a variant's samples (q3 - q1, linear
-    /// interpolation).
+    fn median(&self, variant: &str) -> f64 {
+        quantile(self.samples_of(variant), 0.5)
+    }
+
+    /// The interquartile range of a variant's samples (q3 - q1).
     fn iqr(&self, variant: &str) -> f64 {
-        let mut v = self
-            .samples
-            .iter()
-            .find(|(name, _)| *name == variant)
-            .map(|(_, s)| s.clone())
-            .unwrap_or_default();
-        if v.len() < 2 {
-            return 0.0;
-        }
-        v.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            let pos = (v.len() - 1) as f64 * q;
-            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-            v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
-        };
-        at(0.75) - at(0.25)
+        let samples = self.samples_of(variant);
+        quantile(samples, 0.75) - quantile(samples, 0.25)
     }
 
     fn ratio(&self, a: &str, b: &str) -> f64 {
@@ -1331,13 +1329,10 @@ fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    std::fs::write(
-        dir.join("results.json"),
-        to_json(&cells, args, &provenance(&targets)),
-    )
-    .map_err(|e| e.to_string())?;
+    let dir = write_output(
+        "results.json",
+        &to_json(&cells, args, &provenance(&targets)),
+    )?;
     draw_svg(&dir.join("throughput.svg"), &cells).map_err(|e| format!("svg: {e}"))?;
     println!("wrote {}/results.json and throughput.svg", dir.display());
     Ok(())
@@ -1711,17 +1706,14 @@ mod memory {
                 );
             }
         }
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        std::fs::write(
-            dir.join("memory.json"),
-            format!(
+        let dir = write_output(
+            "memory.json",
+            &format!(
                 "{{\n{}  \"results\": [\n{}\n  ]\n}}\n",
                 provenance(targets),
                 rows.join(",\n")
             ),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         println!("wrote {}/memory.json", dir.display());
         Ok(())
     }
@@ -1788,13 +1780,10 @@ mod scale {
             cells.append(&mut c);
             sizes.append(&mut s);
         }
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        std::fs::write(
-            dir.join("scale.json"),
-            to_json(&cells, &sizes, args, &provenance(targets)),
-        )
-        .map_err(|e| e.to_string())?;
+        let dir = write_output(
+            "scale.json",
+            &to_json(&cells, &sizes, args, &provenance(targets)),
+        )?;
         draw_svg(&dir.join("scale.svg"), &cells).map_err(|e| format!("svg: {e}"))?;
         println!("wrote {}/scale.json and scale.svg", dir.display());
         Ok(())
@@ -1911,18 +1900,16 @@ mod scale {
 
     /// Median and quartiles of the per-round ratios `samples[r] / base[r]`.
     fn paired(base: &[f64], samples: &[f64]) -> (f64, f64, f64) {
-        let mut ratios: Vec<f64> = samples
+        let ratios: Vec<f64> = samples
             .iter()
             .zip(base)
             .map(|(s, b)| s / b.max(1e-9))
             .collect();
-        ratios.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            let pos = (ratios.len() - 1) as f64 * q;
-            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-            ratios[lo] + (ratios[hi] - ratios[lo]) * (pos - lo as f64)
-        };
-        (at(0.5), at(0.25), at(0.75))
+        (
+            quantile(&ratios, 0.5),
+            quantile(&ratios, 0.25),
+            quantile(&ratios, 0.75),
+        )
     }
 
     fn to_json(
@@ -2098,13 +2085,7 @@ mod purge_under_load {
                 ),
             }
         }
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inbox-bench");
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        std::fs::write(
-            dir.join("purge.json"),
-            format!("[{}]\n", results.join(",\n")),
-        )
-        .map_err(|e| e.to_string())?;
+        let dir = write_output("purge.json", &format!("[{}]\n", results.join(",\n")))?;
         println!("wrote {}/purge.json", dir.display());
         Ok(())
     }

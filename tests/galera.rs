@@ -44,7 +44,6 @@ mod suite {
     mod cluster {
         use super::{fresh, nodes, on_node, open_node};
         use crate::hot::{self, ErrorType};
-        use diesel::connection::SimpleConnection;
         use diesel::prelude::*;
         use std::sync::{Arc, Barrier};
 
@@ -92,11 +91,10 @@ mod suite {
                         .get_result(&mut conn)
                         .expect("catalog");
                     assert_eq!(tables, 1, "node {}", i + 1);
-                    let key = format!("m-{round}");
                     let first = diesel_inbox::run(
                         &mut conn,
                         "galera-migrate",
-                        &format!("{key}-{i}"),
+                        &format!("m-{round}-{i}"),
                         0,
                         |_| Ok::<_, diesel::result::Error>(()),
                         |_| diesel_inbox::ErrorClass::by_statements(),
@@ -111,10 +109,6 @@ mod suite {
                 .get_result(&mut last)
                 .expect("count");
                 assert_eq!(rows, nodes.len() as i64);
-                drop(last);
-                open_node(&db)
-                    .batch_execute("DROP TABLE IF EXISTS inbox_messages")
-                    .expect("drop");
             }
         }
 

@@ -600,16 +600,13 @@ pub(crate) trait AsyncMigration: AsyncConnection<Backend: InboxBackend> + Send {
 /// plan and checks (`backend::migration_sql`, `backend::verify_migrated`).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn migrate_in_steps<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxError> {
-    use crate::backend::migration_retryable;
-    // Inside the caller's transaction an error is the caller's to handle.
-    let retry = !transaction_open(conn);
-    let mut attempt = 1;
+    let mut attempts = crate::backend::MigrateAttempts::new(transaction_open(conn));
     loop {
         match migrate_once(conn).await {
-            Err(e) if retry && migration_retryable::<C::Backend>(&e, attempt) => {
-                tokio::time::sleep(crate::engine::backoff(attempt)).await;
-                attempt += 1;
-            }
+            Err(e) => match attempts.again::<C::Backend>(&e) {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => return Err(e),
+            },
             done => return done,
         }
     }

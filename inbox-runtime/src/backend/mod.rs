@@ -679,31 +679,54 @@ where
     C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
-    // Inside the caller's transaction an error is the caller's to handle.
-    let retry = !crate::transaction::transaction_open(conn);
-    let mut attempt = 1;
+    let mut attempts = MigrateAttempts::new(crate::transaction::transaction_open(conn));
     loop {
         match migrate_once(conn) {
-            Err(e) if retry && migration_retryable::<C::Backend>(&e, attempt) => {
-                std::thread::sleep(crate::engine::backoff(attempt));
-                attempt += 1;
-            }
+            Err(e) => match attempts.again::<C::Backend>(&e) {
+                Some(delay) => std::thread::sleep(delay),
+                None => return Err(e),
+            },
             done => return done,
         }
     }
 }
 
+/// `migrate`'s reruns, for the sync and the async driver: a transient
+/// error of its catalog read, its lock or its DDL runs it again, up to
+/// [`MIGRATE_ATTEMPTS`] runs in all, unless it runs inside the caller's
+/// transaction (whose error it is to handle). On a Galera cluster, DDL
+/// replicates in total order and aborts what conflicts with it on each
+/// node, so a `migrate` started on every node at once sees error 1213 on
+/// some of them; the next run finds the table.
+pub(crate) struct MigrateAttempts {
+    retry: bool,
+    made: u32,
+}
+
 /// How often `migrate` runs in all when it keeps failing transiently.
 pub(crate) const MIGRATE_ATTEMPTS: u32 = 10;
 
-/// Whether `migrate` runs again after `error` (its `attempt`-th): a
-/// transient error of its catalog read, its lock or its DDL. On a Galera
-/// cluster, DDL replicates in total order and aborts what conflicts with it
-/// on each node, so a `migrate` started on every node at once sees error
-/// 1213 on some of them; the next attempt finds the table.
-pub(crate) fn migration_retryable<B: InboxBackend>(error: &InboxError, attempt: u32) -> bool {
-    attempt < MIGRATE_ATTEMPTS
-        && matches!(error, InboxError::Database(e) | InboxError::MigrationFailed(e) if B::is_transient(e))
+impl MigrateAttempts {
+    pub(crate) fn new(in_transaction: bool) -> Self {
+        MigrateAttempts {
+            retry: !in_transaction,
+            made: 1,
+        }
+    }
+
+    /// The wait before the next run after `error`, or `None`: return it.
+    pub(crate) fn again<B: InboxBackend>(
+        &mut self,
+        error: &InboxError,
+    ) -> Option<std::time::Duration> {
+        let transient = matches!(error, InboxError::Database(e) | InboxError::MigrationFailed(e) if B::is_transient(e));
+        if !(self.retry && transient && self.made < MIGRATE_ATTEMPTS) {
+            return None;
+        }
+        let delay = crate::engine::backoff(self.made);
+        self.made += 1;
+        Some(delay)
+    }
 }
 
 fn migrate_once<C>(conn: &mut C) -> Result<(), InboxError>

@@ -78,7 +78,9 @@ macro_rules! claim_statement {
 /// text is the same for every batch size and diesel prepares it once per
 /// connection and caches it (a multi-row `VALUES` list is a new statement,
 /// parsed and planned again, for each batch). `WITH ORDINALITY ... ORDER BY`
-/// keeps the batch's lock order; RETURNING names the rows inserted.
+/// keeps the batch's lock order; RETURNING names the rows inserted. One
+/// bind parameter for all the keys: no chunks, whatever the batch's size.
+/// The sync and the async path send this one statement.
 #[derive(Debug, Clone, Copy)]
 struct ClaimBatch<'a> {
     consumer: &'a str,
@@ -117,24 +119,6 @@ impl diesel::query_builder::Query for ClaimBatch<'_> {
 
 impl<Conn> diesel::RunQueryDsl<Conn> for ClaimBatch<'_> {}
 
-/// The batch claim in chunks of `CLAIM_CHUNK` keys. `$run` is the sync or
-/// async `RunQueryDsl`, `await` follows each query on the async path.
-macro_rules! claim_batch {
-    ($conn:expr, $consumer:expr, $keys:expr, $run:path $(, $await:tt)?) => {{
-        use $run as run;
-        let mut claimed = Vec::with_capacity($keys.len());
-        for chunk in $keys.chunks(crate::backend::CLAIM_CHUNK) {
-            let inserted = ClaimBatch {
-                consumer: $consumer,
-                keys: chunk,
-            };
-            let inserted: Vec<String> = run::load(inserted, &mut *$conn)$(.$await)??;
-            claimed.extend(inserted);
-        }
-        Ok(claimed)
-    }};
-}
-
 /// The commit guard: PostgreSQL turns COMMIT of an aborted transaction (a
 /// statement failed and the body swallowed the error) into a silent
 /// ROLLBACK, which diesel reports as success. The guard fails in an aborted
@@ -163,7 +147,11 @@ impl InboxBackend for Pg {
     where
         C: LoadConnection<Backend = Self>,
     {
-        claim_batch!(conn, consumer_name, keys, diesel::RunQueryDsl)
+        ClaimBatch {
+            consumer: consumer_name,
+            keys,
+        }
+        .load(conn)
     }
 
     fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
@@ -384,7 +372,11 @@ mod asynchronous {
             consumer_name: &str,
             keys: &[&str],
         ) -> QueryResult<Vec<String>> {
-            claim_batch!(self, consumer_name, keys, diesel_async::RunQueryDsl, await)
+            let claim = ClaimBatch {
+                consumer: consumer_name,
+                keys,
+            };
+            diesel_async::RunQueryDsl::load(claim, self).await
         }
 
         async fn inbox_commit(&mut self, scope: Scope) -> QueryResult<()> {
