@@ -196,11 +196,12 @@
 pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
-    consumers, ddl, forget, inbox_messages, migrate, purge, run, run_batch, run_once,
-    schema_version, stats, status, validate_key, Batch, ConsumerName, ConsumerStats, ErrorClass,
-    ErrorObserver, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey,
-    Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, TableProblem, MAX_KEY_BYTES,
-    MAX_PURGE_BATCH, SCHEMA_VERSION,
+    consumers, ddl, forget, inbox_messages, migrate, purge, run, run_batch, run_batch_with,
+    run_once, run_once_with, run_with, schema_version, stats, status, validate_key, Batch,
+    BatchOptions, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver, Fingerprint,
+    InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey, Options, Outcome,
+    Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored, StoredResult,
+    TableProblem, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.

@@ -1,4 +1,4 @@
-//! Parsing `#[idempotent(key = "...", consumer = "...", shared, conn = "...", retries = N, batch = "...", crate = "...")]`.
+//! Parsing `#[idempotent(key = "...", consumer = "...", shared, conn = "...", retries = N, batch = "...", fingerprint = "...", store_result, crate = "...")]`.
 
 use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
@@ -11,9 +11,11 @@ mod kw {
     syn::custom_keyword!(retries);
     syn::custom_keyword!(batch);
     syn::custom_keyword!(shared);
+    syn::custom_keyword!(fingerprint);
+    syn::custom_keyword!(store_result);
 }
 
-const VALID: &str = "`key`, `consumer`, `shared`, `conn`, `retries`, `batch`, `crate`";
+const VALID: &str = "`key`, `consumer`, `shared`, `conn`, `retries`, `batch`, `fingerprint`, `store_result`, `crate`";
 
 /// The attribute's arguments, as written; [`crate::validate`] checks them
 /// against the function.
@@ -27,6 +29,10 @@ pub(crate) struct IdempotentArgs {
     pub(crate) krate: Option<LitStr>,
     /// `shared`: the consumer scope is deliberately shared with other handlers.
     pub(crate) shared: Option<kw::shared>,
+    /// `fingerprint = "..."`: the content whose fingerprint is stored.
+    pub(crate) fingerprint: Option<LitStr>,
+    /// `store_result`: the body's value is stored for duplicates.
+    pub(crate) store_result: Option<kw::store_result>,
 }
 
 impl Parse for IdempotentArgs {
@@ -54,15 +60,22 @@ impl Parse for IdempotentArgs {
             } else if lookahead.peek(kw::batch) {
                 let name = input.parse::<kw::batch>()?;
                 set(&mut args.batch, "batch", name.span, parse_value(input)?)?;
+            } else if lookahead.peek(kw::fingerprint) {
+                let name = input.parse::<kw::fingerprint>()?;
+                set(
+                    &mut args.fingerprint,
+                    "fingerprint",
+                    name.span,
+                    parse_value(input)?,
+                )?;
             } else if lookahead.peek(kw::shared) {
                 let flag = input.parse::<kw::shared>()?;
-                if input.peek(Token![=]) {
-                    return Err(syn::Error::new(
-                        flag.span,
-                        "`shared` is a flag and takes no value: write `shared`",
-                    ));
-                }
+                no_value(input, "shared", flag.span)?;
                 set(&mut args.shared, "shared", flag.span, flag)?;
+            } else if lookahead.peek(kw::store_result) {
+                let flag = input.parse::<kw::store_result>()?;
+                no_value(input, "store_result", flag.span)?;
+                set(&mut args.store_result, "store_result", flag.span, flag)?;
             } else if lookahead.peek(Token![crate]) {
                 let name = input.parse::<Token![crate]>()?;
                 set(&mut args.krate, "crate", name.span, parse_value(input)?)?;
@@ -82,6 +95,17 @@ impl Parse for IdempotentArgs {
         }
         Ok(args)
     }
+}
+
+/// A flag followed by `= ...` is refused.
+fn no_value(input: ParseStream<'_>, name: &str, span: Span) -> syn::Result<()> {
+    if input.peek(Token![=]) {
+        return Err(syn::Error::new(
+            span,
+            format!("`{name}` is a flag and takes no value: write `{name}`"),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_value<T: Parse>(input: ParseStream<'_>) -> syn::Result<T> {
@@ -113,6 +137,8 @@ mod tests {
             retries = 5,
             crate = "inbox",
             shared,
+            fingerprint = "msg.body",
+            store_result,
         );
         assert_eq!(args.key.map(|k| k.value()).as_deref(), Some("msg.id"));
         assert_eq!(args.consumer.map(|k| k.value()).as_deref(), Some("billing"));
@@ -120,6 +146,11 @@ mod tests {
         assert_eq!(args.retries.map(|r| r.to_string()).as_deref(), Some("5"));
         assert_eq!(args.krate.map(|k| k.value()).as_deref(), Some("inbox"));
         assert!(args.shared.is_some());
+        assert_eq!(
+            args.fingerprint.map(|f| f.value()).as_deref(),
+            Some("msg.body")
+        );
+        assert!(args.store_result.is_some());
     }
 
     #[test]
@@ -132,7 +163,7 @@ mod tests {
         let unknown = syn::parse_str::<IdempotentArgs>(r#"kee = "a""#);
         assert_eq!(
             unknown.err().map(|e| e.to_string()).as_deref(),
-            Some("unknown argument `kee`; expected one of `key`, `consumer`, `shared`, `conn`, `retries`, `batch`, `crate`")
+            Some("unknown argument `kee`; expected one of `key`, `consumer`, `shared`, `conn`, `retries`, `batch`, `fingerprint`, `store_result`, `crate`")
         );
     }
 }

@@ -29,6 +29,8 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
         batch,
         krate,
         shared,
+        fingerprint,
+        store_result,
     } = handler;
     let HandlerFn {
         attrs,
@@ -37,7 +39,8 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
         body,
     } = func;
 
-    let original_output = rewrite_output(&mut sig, &krate, batch.is_some())
+    let outcome = Outcome::of(batch.is_some(), store_result.is_some());
+    let original_output = rewrite_output(&mut sig, &krate, outcome)
         .expect("validate() requires a rewritable return type");
 
     let conn_ident = &conn.ident;
@@ -80,20 +83,51 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     } else {
         (quote!(), quote!(), "")
     };
-    let runtime_fn = |name: &str| Ident::new(&format!("{name}{suffix}"), output_span);
+    // With a fingerprint or a stored result, the `_with` variants take the
+    // options: `run_with(conn, site, key, &options, ..)`.
+    let with = fingerprint.is_some() || store_result.is_some();
+    let runtime_fn = |name: &str| {
+        let with = if with { "_with" } else { "" };
+        Ident::new(&format!("{name}{with}{suffix}"), output_span)
+    };
+    let options_ident = Ident::new("__inbox_options", Span::mixed_site());
+    // `&options, ` between the key and the rest of the arguments.
+    let options_arg = if with {
+        quote!(&#options_ident,)
+    } else {
+        quote!()
+    };
     let call = if let (Some(batch), Expr::Closure(key_closure)) = (&batch, &key) {
         // Input:  fn h(conn: &mut C, msgs: &[M]) -> Result<T, E>, key = "|msg| msg.id"
         // Output: run_batch(conn, site, msgs, |m| { let msg = m; owned_key(&(msg.id)) }, 3,
         //                   |conn, msgs| -> Result<T, E> { body }, classify)
         // The key closure is unpacked into one whose parameter type run_batch
         // infers. The body's `msgs` is a `Vec<&M>` of the first deliveries.
+        // With `fingerprint = "|msg| msg.body"`, a `BatchOptions` whose
+        // closure is unpacked the same way comes before the retries.
         let batch_ident = &batch.ident;
         let message = Ident::new("__inbox_message", Span::mixed_site());
         let key_pattern = &key_closure.inputs[0];
         let key_body = &key_closure.body;
         let key_of = quote_spanned!(key_body.span()=> &(#key_body));
+        let options = match &fingerprint {
+            Some(Expr::Closure(closure)) => {
+                let pattern = &closure.inputs[0];
+                let probe = fingerprint_probe(&closure.body, &krate);
+                quote_spanned! {output_span=>
+                    let #options_ident = #krate::__private::batch_options(#batch_ident).fingerprint_or_error(
+                        |#message| {
+                            let #pattern = #message;
+                            #probe
+                        },
+                    );
+                }
+            }
+            _ => quote!(),
+        };
         let run_batch = runtime_fn("run_batch");
         quote_spanned! {output_span=>
+            #options
             #krate::__private::#run_batch(
                 #conn_ident,
                 &&#site,
@@ -102,33 +136,56 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
                     let #key_pattern = #message;
                     #krate::__private::owned_key(#key_of)
                 },
+                #options_arg
                 #retries,
                 #closure |#conn, #batch| -> #original_output #body,
                 #classify,
             ) #awaited
         }
-    } else if retries == 0 {
-        // The key is type-checked against `InboxKey` where the user wrote it.
-        let key_ref = quote_spanned!(key.span()=> &(#key));
-        // The body may move a parameter the key borrows from: take the key first.
-        let owned_key = Ident::new("__inbox_key", Span::mixed_site());
-        let run_once = runtime_fn("run_once");
-        quote_spanned! {output_span=>
-            let #owned_key = #krate::__private::owned_key(#key_ref);
-            #krate::__private::#run_once(#conn_ident, &&#site, &#owned_key, #closure |#conn| -> #original_output #body) #awaited
-        }
     } else {
-        let key_ref = quote_spanned!(key.span()=> &(#key));
-        let run = runtime_fn("run");
-        quote_spanned! {output_span=>
-            #krate::__private::#run(
-                #conn_ident,
-                &&#site,
-                #key_ref,
-                #retries,
-                #closure |#conn| -> #original_output #body,
-                #classify,
-            ) #awaited
+        // Input:  key = "msg.id", fingerprint = "msg.body", store_result
+        // Output: let options = Options::new().fingerprint_or_error(fingerprint(probe(&(msg.body))));
+        //         run_with(conn, site, &(msg.id), &options, 3, |conn| .., classify)
+        // The fingerprint is taken before the body can move the message.
+        // `store_result` is the rewritten return type, `Stored<T>`, which
+        // `run_with` infers its outcome from.
+        let options = if with {
+            let fingerprint = fingerprint.as_ref().map(|expr| {
+                let probe = fingerprint_probe(expr, &krate);
+                quote_spanned!(expr.span()=> .fingerprint_or_error(#probe))
+            });
+            quote_spanned! {output_span=>
+                let #options_ident = #krate::__private::Options::new() #fingerprint;
+            }
+        } else {
+            quote!()
+        };
+        if retries == 0 {
+            // The key is type-checked against `InboxKey` where the user wrote it.
+            let key_ref = quote_spanned!(key.span()=> &(#key));
+            // The body may move a parameter the key borrows from: take the key first.
+            let owned_key = Ident::new("__inbox_key", Span::mixed_site());
+            let run_once = runtime_fn("run_once");
+            quote_spanned! {output_span=>
+                let #owned_key = #krate::__private::owned_key(#key_ref);
+                #options
+                #krate::__private::#run_once(#conn_ident, &&#site, &#owned_key, #options_arg #closure |#conn| -> #original_output #body) #awaited
+            }
+        } else {
+            let key_ref = quote_spanned!(key.span()=> &(#key));
+            let run = runtime_fn("run");
+            quote_spanned! {output_span=>
+                #options
+                #krate::__private::#run(
+                    #conn_ident,
+                    &&#site,
+                    #key_ref,
+                    #options_arg
+                    #retries,
+                    #closure |#conn| -> #original_output #body,
+                    #classify,
+                ) #awaited
+            }
         }
     };
 
@@ -141,20 +198,61 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     }
 }
 
+/// The fingerprint of `expr`'s value, as a `Result<Fingerprint, String>`:
+/// bytes (`AsRef<[u8]>`) first, else `Serialize` (autoref specialization).
+/// Spanned to the expression, so that a value that is neither is an error
+/// on the user's tokens.
+fn fingerprint_probe(expr: &Expr, krate: &TokenStream) -> TokenStream {
+    let span = expr.span();
+    let krate = respan(krate.clone(), span);
+    quote_spanned! {span=>
+        {
+            #[allow(unused_imports)]
+            use #krate::__private::{ViaBytes as _, ViaSerialize as _};
+            #krate::__private::fingerprint(
+                (&&#krate::__private::FingerprintProbe(&(#expr))).__diesel_inbox_fingerprint(),
+            )
+        }
+    }
+}
+
+/// What a handler returns in place of its success type `T`.
+#[derive(Clone, Copy)]
+pub(crate) enum Outcome {
+    /// `Processed<T>`.
+    Processed,
+    /// `Stored<T>` (`store_result`).
+    Stored,
+    /// `Batch<T>` (`batch = ".."`).
+    Batch,
+}
+
+impl Outcome {
+    pub(crate) fn of(batch: bool, store_result: bool) -> Self {
+        match (batch, store_result) {
+            (true, _) => Outcome::Batch,
+            (false, true) => Outcome::Stored,
+            (false, false) => Outcome::Processed,
+        }
+    }
+}
+
 /// Turns the success type `T` of the signature's `Result<T, E>` into
-/// `Processed<T>` (`Batch<T>` for a batch handler); returns the original
-/// return type, or `None` when it is not a `Result`.
-fn rewrite_output(sig: &mut Signature, krate: &syn::Path, batch: bool) -> Option<Type> {
+/// `Processed<T>` (`Stored<T>`, `Batch<T>`); returns the original return
+/// type, or `None` when it is not a `Result`.
+fn rewrite_output(sig: &mut Signature, krate: &syn::Path, outcome: Outcome) -> Option<Type> {
     let ReturnType::Type(_, output) = &mut sig.output else {
         return None;
     };
     let original = (**output).clone();
     let success = success_type_mut(output)?;
     let inner = success.clone();
-    *success = if batch {
-        syn::parse_quote_spanned!(inner.span()=> #krate::Batch<#inner>)
-    } else {
-        syn::parse_quote_spanned!(inner.span()=> #krate::Processed<#inner>)
+    *success = match outcome {
+        Outcome::Batch => syn::parse_quote_spanned!(inner.span()=> #krate::Batch<#inner>),
+        Outcome::Stored => syn::parse_quote_spanned!(inner.span()=> #krate::Stored<#inner>),
+        Outcome::Processed => {
+            syn::parse_quote_spanned!(inner.span()=> #krate::Processed<#inner>)
+        }
     };
     Some(original)
 }
@@ -163,7 +261,7 @@ fn rewrite_output(sig: &mut Signature, krate: &syn::Path, batch: bool) -> Option
 /// signature, so that callers type-check against `Processed<T>` and the
 /// attribute's error is the only one, and no body. A return type that
 /// cannot be rewritten keeps the function as written.
-pub(crate) fn placeholder(func: HandlerFn, krate: &syn::Path, batch: bool) -> TokenStream {
+pub(crate) fn placeholder(func: HandlerFn, krate: &syn::Path, outcome: Outcome) -> TokenStream {
     let HandlerFn {
         attrs,
         vis,
@@ -172,7 +270,7 @@ pub(crate) fn placeholder(func: HandlerFn, krate: &syn::Path, batch: bool) -> To
     } = func;
     let rewritable = matches!(&sig.output, ReturnType::Type(_, ty)
         if !quote::ToTokens::to_token_stream(ty).to_string().contains("impl "));
-    if !rewritable || rewrite_output(&mut sig, krate, batch).is_none() {
+    if !rewritable || rewrite_output(&mut sig, krate, outcome).is_none() {
         return quote!(#(#attrs)* #vis #sig #body);
     }
     // A `const fn` cannot panic with a message at run time; the attribute

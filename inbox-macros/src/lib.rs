@@ -58,12 +58,13 @@ pub(crate) fn idempotent_inner(args: TokenStream, item: TokenStream) -> TokenStr
     let args = match syn::parse2::<attr::IdempotentArgs>(args) {
         Ok(args) => args,
         Err(error) => {
-            let placeholder = expand::placeholder(func, &validate::runtime_path(), false);
+            let placeholder =
+                expand::placeholder(func, &validate::runtime_path(), expand::Outcome::Processed);
             let error = error.into_compile_error();
             return quote!(#placeholder #error);
         }
     };
-    let batch = args.batch.is_some();
+    let outcome = expand::Outcome::of(args.batch.is_some(), args.store_result.is_some());
     let krate = args
         .krate
         .as_ref()
@@ -72,7 +73,7 @@ pub(crate) fn idempotent_inner(args: TokenStream, item: TokenStream) -> TokenStr
     match validate::validate(args, func.clone()) {
         Ok(handler) => expand::expand(handler),
         Err(error) => {
-            let placeholder = expand::placeholder(func, &krate, batch);
+            let placeholder = expand::placeholder(func, &krate, outcome);
             let error = error.into_compile_error();
             quote!(#placeholder #error)
         }

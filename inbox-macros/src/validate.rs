@@ -31,6 +31,11 @@ pub(crate) struct Handler {
     pub(crate) krate: syn::Path,
     /// `shared`: the consumer scope is deliberately shared.
     pub(crate) shared: bool,
+    /// `fingerprint = "..."`: an expression (a closure over one message for
+    /// a batch) whose value is fingerprinted.
+    pub(crate) fingerprint: Option<Expr>,
+    /// `store_result`: where the flag was written.
+    pub(crate) store_result: Option<Span>,
 }
 
 /// Accumulates errors so that one compile reports all of them.
@@ -137,7 +142,8 @@ pub(crate) fn validate(args: IdempotentArgs, func: HandlerFn) -> syn::Result<Han
                 None
             }
             Ok(expr) => {
-                check_key_root(
+                check_root(
+                    "key",
                     &expr,
                     lit,
                     &func.sig.ident,
@@ -156,6 +162,55 @@ pub(crate) fn validate(args: IdempotentArgs, func: HandlerFn) -> syn::Result<Han
             }
         },
     };
+
+    let fingerprint = args.fingerprint.as_ref().and_then(|lit| {
+        let expr = match lit.parse::<Expr>() {
+            Ok(expr) => expr,
+            Err(e) => {
+                errors.push(
+                    lit.span(),
+                    format!("`fingerprint` is not a valid Rust expression: {e}"),
+                );
+                return None;
+            }
+        };
+        match (&expr, args.batch.is_some()) {
+            (Expr::Closure(closure), true) if closure.inputs.len() == 1 => Some(expr),
+            (_, true) => {
+                errors.push(
+                    lit.span(),
+                    "with `batch`, `fingerprint` is a closure over one message\nhelp: e.g. `fingerprint = \"|msg| msg.body\"`",
+                );
+                None
+            }
+            (Expr::Closure(_), false) => {
+                errors.push(
+                    lit.span(),
+                    "`fingerprint` is a closure, which is for batch handlers\nhelp: write the content as an expression such as `msg.body`",
+                );
+                None
+            }
+            (_, false) => {
+                check_root(
+                    "fingerprint",
+                    &expr,
+                    lit,
+                    &func.sig.ident,
+                    &params,
+                    conn.as_ref(),
+                    &mut errors,
+                );
+                Some(expr)
+            }
+        }
+    });
+    let store_result = args.store_result.as_ref().map(|flag| flag.span);
+    if let (Some(span), Some(_)) = (store_result, &args.batch) {
+        errors.push(
+            span,
+            "`store_result` is for single-message handlers: a batch's value belongs to no one message's row\nhelp: store what each message needs in your own table, or handle the messages one at a time",
+        );
+    }
 
     let consumer = args
         .consumer
@@ -218,6 +273,8 @@ pub(crate) fn validate(args: IdempotentArgs, func: HandlerFn) -> syn::Result<Han
             batch,
             krate,
             shared,
+            fingerprint,
+            store_result,
         }),
         // Every `None` above pushed an error.
         _ => Err(syn::Error::new(
@@ -499,7 +556,8 @@ fn key_root(expr: &Expr) -> &Expr {
     }
 }
 
-fn check_key_root(
+fn check_root(
+    what: &str,
     expr: &Expr,
     lit: &LitStr,
     handler: &Ident,
@@ -515,8 +573,16 @@ fn check_key_root(
     match key_root(expr) {
         Expr::Lit(_) => errors.push(
             lit.span(),
-            "`key` is a constant: every message would share one key\n\
-             help: read the key from the message, e.g. `key = \"msg.id\"`",
+            if what == "key" {
+                "`key` is a constant: every message would share one key\n\
+                 help: read the key from the message, e.g. `key = \"msg.id\"`"
+                    .to_string()
+            } else {
+                format!(
+                    "`{what}` is a constant: every message would have one fingerprint\n\
+                     help: read the content from the message, e.g. `{what} = \"msg.body\"`"
+                )
+            },
         ),
         Expr::Path(path) if path.qself.is_none() => {
             let Some(root) = path.path.get_ident() else {
@@ -524,7 +590,7 @@ fn check_key_root(
                 errors.push(
                     lit.span(),
                     format!(
-                        "`key` must be read from a parameter; `{}` is not one (parameters: {})",
+                        "`{what}` must be read from a parameter; `{}` is not one (parameters: {})",
                         quote::ToTokens::to_token_stream(&path.path)
                             .to_string()
                             .replace(' ', ""),
@@ -537,7 +603,7 @@ fn check_key_root(
                 errors.push(
                     lit.span(),
                     format!(
-                        "`key` cannot be read from the connection parameter `{root}`\n\
+                        "`{what}` cannot be read from the connection parameter `{root}`\n\
                      help: read it from the message, one of {}",
                         list(&others)
                     ),
@@ -546,7 +612,7 @@ fn check_key_root(
                 errors.push(
                     lit.span(),
                     format!(
-                    "`{root}` in `key` is not a parameter of `{handler}`; its parameters are {}",
+                    "`{root}` in `{what}` is not a parameter of `{handler}`; its parameters are {}",
                     list(&others)
                 ),
                 );

@@ -4,11 +4,12 @@
 //! statements next to its sync ones).
 
 use crate::backend::InboxBackend;
-use crate::claim::{single_key, BatchPlan};
-use crate::engine::{Engine, Event, Next, Scope, Step};
+use crate::claim::{single_key, BatchPlan, One, StoredRow};
+use crate::engine::{Claimed, Ended, Engine, Event, Next, Scope, Step};
 use crate::error::InboxError;
 use crate::key::InboxKey;
 use crate::observe;
+use crate::options::{encoder, BatchOptions, Options, Outcome};
 use crate::processed::{Batch, Processed};
 use crate::registry::ConsumerName;
 use crate::retry::ErrorClass;
@@ -53,12 +54,14 @@ pub trait AsyncInboxConnection:
     #[doc(hidden)]
     fn inbox_begin(&mut self) -> impl Future<Output = Result<Scope, (Scope, Error)>> + Send;
 
-    /// The single claim: `true` if the row was inserted.
+    /// The single claim, with the content's fingerprint if given: `true`
+    /// if the row was inserted.
     #[doc(hidden)]
     fn inbox_claim(
         &mut self,
         consumer: &str,
         key: &str,
+        fingerprint: Option<&[u8]>,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
     /// Opens the transaction and, if that worked, claims: where the backend
@@ -71,24 +74,45 @@ pub trait AsyncInboxConnection:
         &mut self,
         consumer: &str,
         key: &str,
+        fingerprint: Option<&[u8]>,
     ) -> impl Future<Output = BeginClaim> + Send {
         async move {
             let begun = self.inbox_begin().await;
             if begun.is_err() {
                 return (begun, None);
             }
-            let claimed = self.inbox_claim(consumer, key).await;
+            let claimed = self.inbox_claim(consumer, key, fingerprint).await;
             (begun, Some(claimed))
         }
     }
 
-    /// The batch claim: the keys inserted.
+    /// The batch claim, with each key's fingerprint if given: the keys
+    /// inserted.
     #[doc(hidden)]
     fn inbox_claim_batch(
         &mut self,
         consumer: &str,
         keys: &[&str],
+        fingerprints: Option<&[&[u8]]>,
     ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+
+    /// The fingerprints and stored results of those of `keys` that have a
+    /// row, in the claim's transaction.
+    #[doc(hidden)]
+    fn inbox_stored(
+        &mut self,
+        consumer: &str,
+        keys: &[&str],
+    ) -> impl Future<Output = QueryResult<Vec<StoredRow>>> + Send;
+
+    /// Writes the body's value into the row just claimed.
+    #[doc(hidden)]
+    fn inbox_store_result(
+        &mut self,
+        consumer: &str,
+        key: &str,
+        value: &[u8],
+    ) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Commits (through the backend's guarded commit at top level) or
     /// releases the savepoint; a failed top-level commit is rolled back.
@@ -244,14 +268,76 @@ where
     E: From<InboxError> + From<Error> + Send,
     R: Fn(&E) -> ErrorClass<E> + Send,
 {
+    run_with_async(
+        conn,
+        consumer,
+        key,
+        &Options::new(),
+        retries,
+        body,
+        classify,
+    )
+    .await
+}
+
+/// The async twin of [`run_with`](crate::run_with): [`run_async`] with a
+/// fingerprint and a stored result ([`Options`]).
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel::prelude::*;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+/// use diesel_async::AsyncConnection;
+/// use inbox_runtime::{run_with_async, ErrorClass, Fingerprint, InboxError, Options, Processed};
+///
+/// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+/// inbox_runtime::migrate_async(&mut conn).await?;
+/// let first = Options::new().fingerprint(Fingerprint::of_bytes(b"v1"));
+/// let outcome: Result<Processed<i32>, InboxError> = run_with_async(&mut conn, "mailer", "m-1", &first, 3,
+///     async |_conn| Ok(7), |_| ErrorClass::by_statements()).await;
+/// assert_eq!(outcome?, Processed::Applied(7));
+/// let changed = Options::new().fingerprint(Fingerprint::of_bytes(b"v2"));
+/// let outcome: Result<Processed<i32>, InboxError> = run_with_async(&mut conn, "mailer", "m-1", &changed, 3,
+///     async |_conn| Ok(7), |_| ErrorClass::by_statements()).await;
+/// assert!(matches!(outcome, Err(InboxError::KeyReused { .. })));
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+#[allow(clippy::too_many_arguments)] // run_async's arguments and the options
+pub async fn run_with_async<C, N, K, T, E, F, R, O>(
+    conn: &mut C,
+    consumer: &N,
+    key: &K,
+    options: &Options,
+    retries: u32,
+    body: F,
+    classify: R,
+) -> Result<O, E>
+where
+    O: Outcome<T>,
+    C: AsyncInboxConnection,
+    N: ConsumerName + ?Sized,
+    K: InboxKey + ?Sized,
+    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across an .await
+        + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
+        + Send,
+    T: Send,
+    E: From<InboxError> + From<Error> + Send,
+    R: Fn(&E) -> ErrorClass<E> + Send,
+{
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
-    let engine = Engine::new(consumer, &key, retries, classify);
+    let one = options.one::<T, O>(consumer, &key)?;
+    let engine = Engine::new(consumer, &key, retries, classify).storing(encoder::<T, O>());
     let span = engine.span().clone();
-    let value = drive_one(conn, engine, &Claim::One(consumer, &key), || body.clone())
+    let ended = drive_one(conn, engine, &one, || body.clone())
         .instrument(span)
         .await?;
-    Ok(value.map_or(Processed::Duplicate, Processed::Applied))
+    Ok(O::outcome(consumer, &key, ended)?)
 }
 
 /// The async twin of [`run_batch`](crate::run_batch): one transaction and
@@ -299,8 +385,39 @@ where
     E: From<InboxError> + From<Error> + Send,
     R: Fn(&E) -> ErrorClass<E> + Send,
 {
+    let options = BatchOptions::new();
+    run_batch_with_async(
+        conn, consumer, messages, key, &options, retries, body, classify,
+    )
+    .await
+}
+
+/// The async twin of [`run_batch_with`](crate::run_batch_with):
+/// [`run_batch_async`] with each message's fingerprint ([`BatchOptions`]).
+#[allow(clippy::too_many_arguments)] // run_batch_async's arguments and the options
+pub async fn run_batch_with_async<C, N, M, T, E, F, R>(
+    conn: &mut C,
+    consumer: &N,
+    messages: &[M],
+    key: impl Fn(&M) -> String,
+    options: &BatchOptions<'_, M>,
+    retries: u32,
+    body: F,
+    classify: R,
+) -> Result<Batch<T>, E>
+where
+    C: AsyncInboxConnection,
+    N: ConsumerName + ?Sized,
+    M: Sync,
+    for<'c, 'm> F: AsyncBatchBody<&'c mut C, Vec<&'m M>, Result<T, E>, Fut: Send> // no Rc across .await
+        + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
+        + Send,
+    T: Send,
+    E: From<InboxError> + From<Error> + Send,
+    R: Fn(&E) -> ErrorClass<E> + Send,
+{
     let consumer = consumer.consumer_name()?;
-    let plan = BatchPlan::new(messages, key)?;
+    let plan = BatchPlan::new(consumer, messages, key, options.fingerprints())?;
     let what = plan.describe();
     let mut engine: Engine<'_, C::Backend, T, E, R> =
         Engine::new(consumer, &what, retries, classify);
@@ -308,7 +425,7 @@ where
     let mut positions = Vec::new();
     let mut step = Step::Begin;
     let span = engine.span().clone();
-    let value = async {
+    let ended = async {
         loop {
             let event = match step {
                 Step::Body => {
@@ -326,7 +443,7 @@ where
     }
     .instrument(span)
     .await?;
-    Ok(plan.outcome(value, positions))
+    Ok(plan.outcome(ended, positions))
 }
 
 /// The async twin of [`run_once`](crate::run_once): a body that can run
@@ -346,20 +463,42 @@ where
     T: Send,
     E: From<InboxError> + From<Error> + Send,
 {
+    run_once_with_async(conn, consumer, key, &Options::new(), body).await
+}
+
+/// The async twin of [`run_once_with`](crate::run_once_with).
+pub async fn run_once_with_async<C, N, K, T, E, F, O>(
+    conn: &mut C,
+    consumer: &N,
+    key: &K,
+    options: &Options,
+    body: F,
+) -> Result<O, E>
+where
+    O: Outcome<T>,
+    C: AsyncInboxConnection,
+    N: ConsumerName + ?Sized,
+    K: InboxKey + ?Sized,
+    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across an .await
+        + Send,
+    T: Send,
+    E: From<InboxError> + From<Error> + Send,
+{
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
+    let one = options.one::<T, O>(consumer, &key)?;
     let permanent = |_: &E| ErrorClass::permanent();
-    let engine = Engine::new(consumer, &key, 0, permanent);
+    let engine = Engine::new(consumer, &key, 0, permanent).storing(encoder::<T, O>());
     let mut body = Some(body);
     let next_body = || match body.take() {
         Some(body) => body,
         None => unreachable!("with retries = 0 the body runs at most once"),
     };
     let span = engine.span().clone();
-    let value = drive_one(conn, engine, &Claim::One(consumer, &key), next_body)
+    let ended = drive_one(conn, engine, &one, next_body)
         .instrument(span)
         .await?;
-    Ok(value.map_or(Processed::Duplicate, Processed::Applied))
+    Ok(O::outcome(consumer, &key, ended)?)
 }
 
 /// The async twin of [`migrate`](crate::migrate): creates, verifies,
@@ -399,7 +538,7 @@ pub(crate) fn transaction_open<C: AsyncConnection>(conn: &mut C) -> bool {
 
 /// What one call claims.
 enum Claim<'a> {
-    One(&'a str, &'a str),
+    One(&'a One<'a>),
     Many(&'a str, &'a BatchPlan),
 }
 
@@ -409,35 +548,54 @@ enum Claim<'a> {
 async fn drive_one<C, T, E, F, R>(
     conn: &mut C,
     mut engine: Engine<'_, C::Backend, T, E, R>,
-    claim: &Claim<'_>,
+    one: &One<'_>,
     mut next_body: impl FnMut() -> F,
-) -> Result<Option<T>, E>
+) -> Result<Ended<T>, E>
 where
     C: AsyncInboxConnection,
     for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
     E: From<InboxError> + From<Error>,
     R: Fn(&E) -> ErrorClass<E>,
 {
+    let claim = Claim::One(one);
     let mut positions = Vec::new();
     // The claim done together with the begin, for the engine's next step.
     let mut claimed = None;
     let mut step = Step::Begin;
     loop {
-        let event = match (step, claim) {
-            (Step::Body, _) => run_body(conn, next_body()).await,
-            (Step::Begin, Claim::One(consumer, key)) => {
-                let (begun, claim) = conn.inbox_begin_claim(consumer, key).await;
-                claimed = claim.map(Event::Claimed);
+        let event = match step {
+            Step::Body => run_body(conn, next_body()).await,
+            Step::Begin => {
+                let (begun, inserted) = conn
+                    .inbox_begin_claim(one.consumer, one.key, one.fingerprint())
+                    .await;
+                claimed = inserted;
                 Event::Begun(begun)
             }
-            (Step::Claim, _) if claimed.is_some() => claimed.take().expect("checked"),
-            (other, _) => perform(conn, other, claim, &mut positions).await,
+            Step::Claim if claimed.is_some() => {
+                let inserted = claimed.take().expect("checked");
+                Event::Claimed(judge_one(conn, one, inserted).await)
+            }
+            other => perform(conn, other, &claim, &mut positions).await,
         };
         step = match engine.next(event) {
             Next::Do(step) => step,
             Next::Done(result) => return result,
         };
     }
+}
+
+/// The verdict of a single claim that `inserted` (or not): a duplicate's
+/// row is read when the call checks a fingerprint or wants a stored result.
+async fn judge_one<C: AsyncInboxConnection>(
+    conn: &mut C,
+    one: &One<'_>,
+    inserted: QueryResult<bool>,
+) -> Result<Claimed, Error> {
+    Ok(match one.without_reading(inserted?) {
+        Some(claimed) => claimed,
+        None => one.duplicate(conn.inbox_stored(one.consumer, &[one.key]).await?),
+    })
 }
 
 /// Performs a step other than the body; a batch's claim records the input
@@ -454,14 +612,17 @@ where
     match step {
         Step::Begin => Event::Begun(conn.inbox_begin().await),
         Step::Claim => Event::Claimed(match claim {
-            Claim::One(consumer, key) => conn.inbox_claim(consumer, key).await,
-            Claim::Many(consumer, plan) => conn
-                .inbox_claim_batch(consumer, &plan.distinct())
-                .await
-                .map(|keys| {
-                    *positions = plan.applied(&keys);
-                    !positions.is_empty()
-                }),
+            Claim::One(one) => {
+                let inserted = conn
+                    .inbox_claim(one.consumer, one.key, one.fingerprint())
+                    .await;
+                judge_one(conn, one, inserted).await
+            }
+            Claim::Many(consumer, plan) => claim_many(conn, consumer, plan, positions).await,
+        }),
+        Step::Store(value) => Event::Stored(match claim {
+            Claim::One(one) => conn.inbox_store_result(one.consumer, one.key, &value).await,
+            Claim::Many(..) => unreachable!("a batch stores no result"),
         }),
         Step::Commit(scope) => Event::Committed(conn.inbox_commit(scope).await),
         Step::Rollback => {
@@ -474,6 +635,27 @@ where
         }
         Step::Body => unreachable!("the driver runs the body itself"),
     }
+}
+
+/// The batch claim: the distinct keys (with their fingerprints), then the
+/// rows of the duplicates when the batch checks fingerprints.
+async fn claim_many<C: AsyncInboxConnection>(
+    conn: &mut C,
+    consumer: &str,
+    plan: &BatchPlan,
+    positions: &mut Vec<usize>,
+) -> Result<Claimed, Error> {
+    let fingerprints = plan.distinct_fingerprints();
+    let claimed = conn
+        .inbox_claim_batch(consumer, &plan.distinct(), fingerprints.as_deref())
+        .await?;
+    *positions = plan.applied(&claimed);
+    let check = plan.to_check(&claimed);
+    let rows = match check.is_empty() {
+        true => Vec::new(),
+        false => conn.inbox_stored(consumer, &check).await?,
+    };
+    Ok(plan.verdict(positions, &rows))
 }
 
 /// Runs one attempt's body, observing its failed statements; a panic rolls

@@ -1,15 +1,76 @@
 //! What a call claims, and what the claim's result means: one key, or the
 //! distinct keys of a batch. Shared by the sync and the async driver.
 
+use crate::engine::{Claimed, Ended};
 use crate::error::InboxError;
+use crate::fingerprint::Fingerprint;
 use crate::key::{validate_key, InboxKey};
+use crate::options::FingerprintOf;
 use crate::processed::Batch;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+
+/// A row's key, fingerprint and stored result, as the claim's transaction
+/// reads them for a duplicate.
+pub(crate) type StoredRow = (String, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Whether a stored fingerprint refuses this delivery: only when both exist
+/// and differ (a row written without one accepts any content).
+fn reused(expected: Option<&Fingerprint>, stored: Option<&[u8]>) -> bool {
+    matches!((expected, stored), (Some(expected), Some(stored)) if !expected.matches(stored))
+}
+
+/// What a single call claims: its key, the content's fingerprint, and
+/// whether it wants the stored result of a duplicate.
+pub(crate) struct One<'a> {
+    pub(crate) consumer: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) fingerprint: Option<Fingerprint>,
+    pub(crate) stored_result: bool,
+}
+
+impl One<'_> {
+    /// The fingerprint as the claim inserts it.
+    pub(crate) fn fingerprint(&self) -> Option<&[u8]> {
+        self.fingerprint.as_ref().map(Fingerprint::as_bytes)
+    }
+
+    /// Whether a duplicate's row must be read (its fingerprint checked, its
+    /// result returned). Never skipped for a duplicate when asked for: a
+    /// duplicate is exactly when a reused key shows.
+    pub(crate) fn reads_duplicates(&self) -> bool {
+        self.fingerprint.is_some() || self.stored_result
+    }
+
+    /// The verdict of a claim that `inserted` (or not), when it needs no
+    /// read of the row; `None`: read it and ask [`duplicate`](Self::duplicate).
+    pub(crate) fn without_reading(&self, inserted: bool) -> Option<Claimed> {
+        match (inserted, self.reads_duplicates()) {
+            (true, _) => Some(Claimed::New),
+            (false, false) => Some(Claimed::Duplicate(None)),
+            (false, true) => None,
+        }
+    }
+
+    /// The verdict on a duplicate whose row read as `rows` (none: the row
+    /// was purged or forgotten since the claim saw it, so there is nothing
+    /// to compare).
+    pub(crate) fn duplicate(&self, rows: Vec<StoredRow>) -> Claimed {
+        let Some((_, fingerprint, result)) = rows.into_iter().next() else {
+            return Claimed::Duplicate(None);
+        };
+        if reused(self.fingerprint.as_ref(), fingerprint.as_deref()) {
+            return Claimed::Reused(self.key.to_owned());
+        }
+        Claimed::Duplicate(result.filter(|_| self.stored_result))
+    }
+}
 
 /// The keys of a batch: validated, the first message of each distinct key,
 /// and the distinct keys in one lock order.
 pub(crate) struct BatchPlan {
     keys: Vec<String>,
+    /// The fingerprint of each message, when the handler has them.
+    fingerprints: Option<Vec<Fingerprint>>,
     /// Input positions of the first message of each distinct key.
     firsts: Vec<usize>,
     /// Positions (into `keys`) of the distinct keys, sorted by key: every
@@ -19,20 +80,62 @@ pub(crate) struct BatchPlan {
 }
 
 impl BatchPlan {
-    /// Refuses the whole batch if one key is invalid.
-    pub(crate) fn new<M>(messages: &[M], key: impl Fn(&M) -> String) -> Result<Self, InboxError> {
+    /// Refuses the whole batch if one key is invalid, if a fingerprint
+    /// cannot be computed, or if two messages of the batch share a key but
+    /// not their content.
+    pub(crate) fn new<M>(
+        consumer: &str,
+        messages: &[M],
+        key: impl Fn(&M) -> String,
+        fingerprint: Option<&FingerprintOf<'_, M>>,
+    ) -> Result<Self, InboxError> {
         let keys: Vec<String> = messages.iter().map(key).collect();
         for key in &keys {
             validate_key(key).map_err(InboxError::InvalidKey)?;
         }
-        let mut seen = HashSet::with_capacity(keys.len());
-        let firsts: Vec<usize> = (0..keys.len())
-            .filter(|&i| seen.insert(keys[i].as_str()))
-            .collect();
+        let fingerprints = match fingerprint {
+            None => None,
+            Some(fingerprint) => Some(
+                messages
+                    .iter()
+                    .zip(&keys)
+                    .map(|(message, key)| {
+                        fingerprint(message).map_err(|reason| InboxError::FingerprintFailed {
+                            consumer: consumer.into(),
+                            key: key.as_str().into(),
+                            reason: reason.into(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        let mut seen = HashMap::with_capacity(keys.len());
+        let mut firsts = Vec::with_capacity(keys.len());
+        for i in 0..keys.len() {
+            match seen.entry(keys[i].as_str()) {
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(i);
+                    firsts.push(i);
+                }
+                // A repeat within the batch is a duplicate of its first
+                // message, checked like one.
+                std::collections::hash_map::Entry::Occupied(first) => {
+                    if let Some(fingerprints) = &fingerprints {
+                        if fingerprints[i] != fingerprints[*first.get()] {
+                            return Err(InboxError::KeyReused {
+                                consumer: consumer.to_owned(),
+                                key: keys[i].clone(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
         let mut sorted = firsts.clone();
         sorted.sort_unstable_by(|&a, &b| keys[a].cmp(&keys[b]));
         Ok(BatchPlan {
             keys,
+            fingerprints,
             firsts,
             sorted,
         })
@@ -41,6 +144,54 @@ impl BatchPlan {
     /// The distinct keys, in claim order.
     pub(crate) fn distinct(&self) -> Vec<&str> {
         self.sorted.iter().map(|&i| self.keys[i].as_str()).collect()
+    }
+
+    /// The fingerprints of the distinct keys, in claim order.
+    pub(crate) fn distinct_fingerprints(&self) -> Option<Vec<&[u8]>> {
+        let fingerprints = self.fingerprints.as_ref()?;
+        Some(
+            self.sorted
+                .iter()
+                .map(|&i| fingerprints[i].as_bytes())
+                .collect(),
+        )
+    }
+
+    /// The keys to read after a claim that inserted `claimed`: the
+    /// duplicates, when the batch has fingerprints to check (none
+    /// otherwise: a plain batch's duplicates cost nothing more).
+    pub(crate) fn to_check(&self, claimed: &[String]) -> Vec<&str> {
+        if self.fingerprints.is_none() || claimed.len() == self.sorted.len() {
+            return Vec::new();
+        }
+        let claimed: HashSet<&str> = claimed.iter().map(String::as_str).collect();
+        self.distinct()
+            .into_iter()
+            .filter(|key| !claimed.contains(key))
+            .collect()
+    }
+
+    /// The verdict on a claim whose first deliveries are at `applied`,
+    /// given the rows read for [`to_check`](Self::to_check)'s keys.
+    pub(crate) fn verdict(&self, applied: &[usize], rows: &[StoredRow]) -> Claimed {
+        if let Some(fingerprints) = &self.fingerprints {
+            let first: HashMap<&str, usize> = self
+                .firsts
+                .iter()
+                .map(|&i| (self.keys[i].as_str(), i))
+                .collect();
+            for (key, stored, _) in rows {
+                let expected = first.get(key.as_str()).map(|&i| &fingerprints[i]);
+                if reused(expected, stored.as_deref()) {
+                    return Claimed::Reused(key.clone());
+                }
+            }
+        }
+        if applied.is_empty() {
+            Claimed::Duplicate(None)
+        } else {
+            Claimed::New
+        }
     }
 
     /// Input positions of the messages whose keys `claimed` holds (first
@@ -54,11 +205,14 @@ impl BatchPlan {
             .collect()
     }
 
-    /// The outcome of a batch whose body returned `value` (`None`: it did not
-    /// run) for the messages at `applied`.
-    pub(crate) fn outcome<T>(&self, value: Option<T>, applied: Vec<usize>) -> Batch<T> {
+    /// The outcome of a batch that ended as `ended` (a duplicate: the body
+    /// did not run) for the messages at `applied`.
+    pub(crate) fn outcome<T>(&self, ended: Ended<T>, applied: Vec<usize>) -> Batch<T> {
         Batch {
-            value,
+            value: match ended {
+                Ended::Applied(value) => Some(value),
+                Ended::Duplicate(_) => None,
+            },
             duplicates: self.keys.len() - applied.len(),
             applied,
         }
@@ -67,25 +221,6 @@ impl BatchPlan {
     /// A name for logs.
     pub(crate) fn describe(&self) -> String {
         format!("batch of {}", self.keys.len())
-    }
-}
-
-/// What a claim found new: for one key, whether its row was inserted; for a
-/// batch, the input positions of its first deliveries.
-pub(crate) trait Work: Default {
-    /// Whether the body has anything to run.
-    fn any(&self) -> bool;
-}
-
-impl Work for bool {
-    fn any(&self) -> bool {
-        *self
-    }
-}
-
-impl Work for Vec<usize> {
-    fn any(&self) -> bool {
-        !self.is_empty()
     }
 }
 

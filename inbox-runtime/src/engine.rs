@@ -53,6 +53,9 @@ pub(crate) enum Step {
     Claim,
     /// Run the body (observing its failed statements).
     Body,
+    /// Write the body's value, serialized, into the claimed row
+    /// (`store_result`).
+    Store(Vec<u8>),
     /// Commit what `Begin` opened.
     Commit(Scope),
     /// Roll back what `Begin` opened.
@@ -64,8 +67,8 @@ pub(crate) enum Step {
 /// What a step did.
 pub(crate) enum Event<T, E> {
     Begun(Result<Scope, (Scope, Error)>),
-    /// `Ok(true)`: something was claimed for the first time, run the body.
-    Claimed(Result<bool, Error>),
+    Claimed(Result<Claimed, Error>),
+    Stored(Result<(), Error>),
     Ran {
         result: Result<T, E>,
         /// The statements of the body that failed, oldest first.
@@ -76,13 +79,37 @@ pub(crate) enum Event<T, E> {
     Slept,
 }
 
+/// What a claim found (see `claim.rs`, which judges it).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Claimed {
+    /// Something was claimed for the first time: run the body.
+    New,
+    /// Nothing to run; the value the first delivery stored, if the call
+    /// asked for it and there is one.
+    Duplicate(Option<Vec<u8>>),
+    /// This key was applied before with a different fingerprint.
+    Reused(String),
+}
+
+/// How a call ended without an error.
+#[derive(Debug, PartialEq, Eq)]
+#[doc(hidden)]
+pub enum Ended<T> {
+    /// Applied and committed.
+    Applied(T),
+    /// Nothing to run, with the first delivery's stored value, if any.
+    Duplicate(Option<Vec<u8>>),
+}
+
 /// The engine's answer to an event.
 pub(crate) enum Next<T, E> {
     Do(Step),
-    /// `Ok(Some(value))`: applied and committed; `Ok(None)`: nothing to run
-    /// (a duplicate); `Err`: the handler's error.
-    Done(Result<Option<T>, E>),
+    /// The outcome, or the handler's error.
+    Done(Result<Ended<T>, E>),
 }
+
+/// Serializes a body's value for `store_result`.
+pub(crate) type Encode<T> = fn(&T) -> Result<Vec<u8>, String>;
 
 /// How one attempt ended short of success.
 enum Failure<E> {
@@ -97,6 +124,9 @@ enum Failure<E> {
     /// The body returned `Ok` over a statement failure that ended the
     /// transaction.
     Ignored(Error),
+    /// The inbox refuses the call (a reused key, a value it cannot store):
+    /// never retried.
+    Refused(InboxError),
 }
 
 impl<E: From<InboxError> + From<Error>> Failure<E> {
@@ -107,6 +137,7 @@ impl<E: From<InboxError> + From<Error>> Failure<E> {
             Failure::Ignored(e) => InboxError::BodyIgnoredError(e).into(),
             Failure::Commit(e) => e.into(),
             Failure::Body { error, .. } => error,
+            Failure::Refused(e) => e.into(),
         }
     }
 }
@@ -115,9 +146,10 @@ enum State<T, E> {
     Beginning,
     Claiming,
     Running,
+    Storing(T),
     Committing(T),
-    /// Rolling back, then: `None` a duplicate, `Some` a failure to judge.
-    RollingBack(Option<Failure<E>>),
+    /// Rolling back, then: a duplicate, or a failure to judge.
+    RollingBack(Result<Option<Vec<u8>>, Failure<E>>),
     Sleeping,
     Finished,
 }
@@ -133,6 +165,8 @@ pub(crate) struct Engine<'a, B, T, E, R> {
     classify: R,
     scope: Scope,
     state: State<T, E>,
+    /// `store_result`: how the body's value is stored.
+    encode: Option<Encode<T>>,
     backend: PhantomData<B>,
     telemetry: Telemetry,
 }
@@ -154,9 +188,16 @@ where
             classify,
             scope: Scope::TopLevel,
             state: State::Beginning,
+            encode: None,
             backend: PhantomData,
             telemetry: Telemetry::start(consumer, what),
         }
+    }
+
+    /// Stores the body's value with `encode` before the commit.
+    pub(crate) fn storing(mut self, encode: Option<Encode<T>>) -> Self {
+        self.encode = encode;
+        self
     }
 
     /// The call's span: drivers enter it while they drive the call.
@@ -168,8 +209,8 @@ where
         let next = self.advance(event);
         if let Next::Done(result) = &next {
             let outcome = match result {
-                Ok(Some(_)) => Outcome::Applied,
-                Ok(None) => Outcome::Duplicate,
+                Ok(Ended::Applied(_)) => Outcome::Applied,
+                Ok(Ended::Duplicate(_)) => Outcome::Duplicate,
                 Err(_) => Outcome::Error,
             };
             self.telemetry.finished(outcome, self.attempts);
@@ -192,10 +233,22 @@ where
                 }
             },
             (State::Claiming, Event::Claimed(claimed)) => match claimed {
-                Ok(true) => self.go(State::Running, Step::Body),
+                Ok(Claimed::New) => self.go(State::Running, Step::Body),
                 // Nothing was written; ending the transaction either way is the same.
-                Ok(false) => self.go(State::RollingBack(None), Step::Rollback),
-                Err(e) => self.go(State::RollingBack(Some(Failure::Inbox(e))), Step::Rollback),
+                Ok(Claimed::Duplicate(stored)) => {
+                    self.go(State::RollingBack(Ok(stored)), Step::Rollback)
+                }
+                Ok(Claimed::Reused(key)) => {
+                    let refused = InboxError::KeyReused {
+                        consumer: self.consumer.to_owned(),
+                        key,
+                    };
+                    self.go(
+                        State::RollingBack(Err(Failure::Refused(refused))),
+                        Step::Rollback,
+                    )
+                }
+                Err(e) => self.go(State::RollingBack(Err(Failure::Inbox(e))), Step::Rollback),
             },
             (State::Running, Event::Ran { result, failed }) => {
                 let mut failed = failed.iter().map(FailedStatement::to_error);
@@ -205,30 +258,48 @@ where
                         // the inbox row with it): committing would report a
                         // false Applied.
                         Some(ended) => self.go(
-                            State::RollingBack(Some(Failure::Ignored(ended))),
+                            State::RollingBack(Err(Failure::Ignored(ended))),
                             Step::Rollback,
                         ),
-                        None => self.go(State::Committing(value), Step::Commit(self.scope)),
+                        None => match self.encode.map(|encode| encode(&value)) {
+                            None => self.go(State::Committing(value), Step::Commit(self.scope)),
+                            Some(Ok(bytes)) => self.go(State::Storing(value), Step::Store(bytes)),
+                            Some(Err(reason)) => {
+                                let refused = InboxError::ResultNotStored {
+                                    consumer: self.consumer.into(),
+                                    key: self.what.into(),
+                                    reason: reason.into(),
+                                };
+                                self.go(
+                                    State::RollingBack(Err(Failure::Refused(refused))),
+                                    Step::Rollback,
+                                )
+                            }
+                        },
                     },
                     Err(error) => {
                         let transient = failed.find(B::is_transient);
                         self.go(
-                            State::RollingBack(Some(Failure::Body { error, transient })),
+                            State::RollingBack(Err(Failure::Body { error, transient })),
                             Step::Rollback,
                         )
                     }
                 }
             }
+            (State::Storing(value), Event::Stored(stored)) => match stored {
+                Ok(()) => self.go(State::Committing(value), Step::Commit(self.scope)),
+                Err(e) => self.go(State::RollingBack(Err(Failure::Inbox(e))), Step::Rollback),
+            },
             (State::Committing(value), Event::Committed(committed)) => match committed {
-                Ok(()) => Next::Done(Ok(Some(value))),
+                Ok(()) => Next::Done(Ok(Ended::Applied(value))),
                 // The failed commit rolled back (the backend's commit does).
                 Err(e) if B::is_aborted_commit(&e) => self.judge(Failure::Ignored(e)),
                 Err(e) if B::is_transient(&e) => self.judge(Failure::Inbox(e)),
                 Err(e) => self.judge(Failure::Commit(e)),
             },
             (State::RollingBack(ending), Event::RolledBack) => match ending {
-                None => Next::Done(Ok(None)),
-                Some(failure) => self.judge(failure),
+                Ok(stored) => Next::Done(Ok(Ended::Duplicate(stored))),
+                Err(failure) => self.judge(failure),
             },
             (State::Sleeping, Event::Slept) => {
                 self.attempts += 1;
@@ -247,7 +318,7 @@ where
     fn judge(&mut self, failure: Failure<E>) -> Next<T, E> {
         let (retryable, class) = match &failure {
             Failure::Inbox(e) => (B::is_transient(e), None),
-            Failure::Commit(_) | Failure::Ignored(_) => (false, None),
+            Failure::Commit(_) | Failure::Ignored(_) | Failure::Refused(_) => (false, None),
             Failure::Body { error, transient } => {
                 let class = (self.classify)(error);
                 let retryable = class.is_retryable().unwrap_or(transient.is_some());

@@ -91,6 +91,57 @@ pub enum InboxError {
     /// An argument is out of range; nothing was done.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
+    // (The variants with a reason hold boxed strings: `InboxError` stays
+    // as small as before them, 56 bytes.)
+    /// The key was applied before with different content: the stored
+    /// [`Fingerprint`](crate::Fingerprint) of its inbox row differs from
+    /// this delivery's. A producer reused the key for another message; the
+    /// body did not run and nothing was written. Never retried: redelivering
+    /// it gives the same error, so dead-letter it and alert.
+    #[error("message key {key:?} of consumer {consumer:?} was applied before with different content (its fingerprint differs): the producer reused the key; the body did not run")]
+    KeyReused {
+        /// The consumer (dedup scope).
+        consumer: String,
+        /// The reused key.
+        key: String,
+    },
+    /// The fingerprint of the message's content could not be computed (its
+    /// `Serialize` implementation failed, or a map has keys that are not
+    /// strings); nothing was written and the body did not run.
+    #[error("the fingerprint of message {key:?} of consumer {consumer:?} could not be computed: {reason}")]
+    FingerprintFailed {
+        /// The consumer (dedup scope).
+        consumer: Box<str>,
+        /// The message's key.
+        key: Box<str>,
+        /// The serializer's error.
+        reason: Box<str>,
+    },
+    /// `store_result`: the body's value could not be serialized; the
+    /// transaction was rolled back, so nothing of it was committed.
+    #[error("the result of message {key:?} of consumer {consumer:?} could not be stored: {reason}; the transaction was rolled back")]
+    ResultNotStored {
+        /// The consumer (dedup scope).
+        consumer: Box<str>,
+        /// The message's key.
+        key: Box<str>,
+        /// The serializer's error.
+        reason: Box<str>,
+    },
+    /// `store_result`: a duplicate's stored value does not deserialize as
+    /// the handler's success type (the type changed since the first
+    /// delivery stored it). The message was applied before; the body did
+    /// not run. Change the type compatibly (`#[serde(default)]` on new
+    /// fields), or acknowledge such duplicates.
+    #[error("the stored result of message {key:?} of consumer {consumer:?} cannot be read as the handler's type (did it change since the message was applied?): {reason}")]
+    StoredResultUnreadable {
+        /// The consumer (dedup scope).
+        consumer: Box<str>,
+        /// The message's key.
+        key: Box<str>,
+        /// The deserializer's error.
+        reason: Box<str>,
+    },
     /// The inbox schema in the database is newer than this release of the
     /// library knows: a newer release migrated it. Nothing was changed;
     /// run the newer release (rolling back to an older binary is refused

@@ -50,9 +50,11 @@ mod backend;
 mod claim;
 mod engine;
 mod error;
+mod fingerprint;
 mod key;
 mod observe;
 mod ops;
+mod options;
 mod processed;
 mod registry;
 mod retry;
@@ -62,11 +64,12 @@ mod transaction;
 
 #[cfg(feature = "async")]
 pub use asynchronous::{
-    migrate_async, run_async, run_batch_async, run_once_async, AsyncBatchBody, AsyncBody,
-    AsyncInboxConnection,
+    migrate_async, run_async, run_batch_async, run_batch_with_async, run_once_async,
+    run_once_with_async, run_with_async, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 pub use backend::{ddl, migrate, schema_version, InboxBackend, SCHEMA_VERSION};
 pub use error::{InboxError, TableProblem};
+pub use fingerprint::Fingerprint;
 pub use inbox_macros::idempotent;
 pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};
 pub use observe::ErrorObserver;
@@ -75,25 +78,38 @@ pub use ops::{
 };
 #[cfg(feature = "async")]
 pub use ops::{forget_async, purge_async, stats_async, status_async};
-pub use processed::{Batch, Processed};
+pub use options::{BatchOptions, Options, Outcome, StoredResult};
+pub use processed::{Batch, Processed, Stored};
 pub use registry::{consumers, ConsumerName, RegisteredHandler};
 pub use retry::{ErrorClass, RetryableError};
 pub use schema::inbox_messages;
-pub use transaction::{run, run_batch, run_once, InboxConnection};
+pub use transaction::{
+    run, run_batch, run_batch_with, run_once, run_once_with, run_with, InboxConnection,
+};
 
 /// Not a stable API: what `#[idempotent]` expands to calls these. Items here
 /// change without notice between patch releases.
 #[doc(hidden)]
 pub mod __private {
     #[cfg(feature = "async")]
-    pub use crate::asynchronous::{run_async, run_batch_async, run_once_async};
+    pub use crate::asynchronous::{
+        run_async, run_batch_async, run_batch_with_async, run_once_async, run_once_with_async,
+        run_with_async,
+    };
+    pub use crate::fingerprint::dispatch::{fingerprint, FingerprintProbe, ViaBytes, ViaSerialize};
+    pub use crate::options::{batch_options, BatchOptions, Options};
     pub use crate::registry::{RegisteredHandler, Registration};
     pub use crate::retry::{Probe, ViaRetryableError, ViaStatements};
-    pub use crate::transaction::{run, run_batch, run_once};
+    pub use crate::transaction::{
+        run, run_batch, run_batch_with, run_once, run_once_with, run_with,
+    };
     use crate::InboxKey;
     pub use inventory;
     #[cfg(not(feature = "async"))]
-    pub use without_async::{run_async, run_batch_async, run_once_async};
+    pub use without_async::{
+        run_async, run_batch_async, run_batch_with_async, run_once_async, run_once_with_async,
+        run_with_async,
+    };
 
     /// Stand-ins for the async runtime when the `async` feature is off: an
     /// `async fn` handler then fails to compile with one error that says so.
@@ -132,6 +148,55 @@ pub mod __private {
         where
             C: AsyncFeatureEnabled,
             F: AsyncFnOnce(&mut C) -> Result<T, E>,
+        {
+            unreachable!("never implemented")
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub async fn run_with_async<C, N: ?Sized, K: ?Sized, T, E, F, R, O>(
+            _: &mut C,
+            _: &N,
+            _: &K,
+            _: &crate::Options,
+            _: u32,
+            _: F,
+            _: R,
+        ) -> Result<O, E>
+        where
+            C: AsyncFeatureEnabled,
+            F: AsyncFnOnce(&mut C) -> Result<T, E>,
+        {
+            unreachable!("never implemented")
+        }
+
+        pub async fn run_once_with_async<C, N: ?Sized, K: ?Sized, T, E, F, O>(
+            _: &mut C,
+            _: &N,
+            _: &K,
+            _: &crate::Options,
+            _: F,
+        ) -> Result<O, E>
+        where
+            C: AsyncFeatureEnabled,
+            F: AsyncFnOnce(&mut C) -> Result<T, E>,
+        {
+            unreachable!("never implemented")
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub async fn run_batch_with_async<C, N: ?Sized, M, T, E, F, R>(
+            _: &mut C,
+            _: &N,
+            _: &[M],
+            _: impl Fn(&M) -> String,
+            _: &crate::BatchOptions<'_, M>,
+            _: u32,
+            _: F,
+            _: R,
+        ) -> Result<Batch<T>, E>
+        where
+            C: AsyncFeatureEnabled,
+            F: AsyncFnOnce(&mut C, Vec<&M>) -> Result<T, E>,
         {
             unreachable!("never implemented")
         }

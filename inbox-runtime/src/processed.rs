@@ -2,7 +2,8 @@
 
 /// The outcome of an `#[idempotent]` handler that did not fail.
 ///
-/// Both variants mean the message may be acknowledged to the broker.
+/// Both variants mean the message may be acknowledged to the broker. A
+/// handler with `store_result` returns [`Stored`] instead.
 ///
 /// ```
 /// use inbox_runtime::Processed;
@@ -62,6 +63,83 @@ impl<T> Processed<T> {
         match self {
             Processed::Applied(value) => Processed::Applied(f(value)),
             Processed::Duplicate => Processed::Duplicate,
+        }
+    }
+}
+
+/// The outcome of an `#[idempotent(store_result)]` handler that did not
+/// fail: [`Processed`], with the value the first delivery stored.
+///
+/// Both variants mean the message may be acknowledged to the broker. The
+/// value is stored as JSON in the inbox row's `result` column, in the
+/// transaction of the body (feature `serde`; the success type is
+/// `Serialize + DeserializeOwned`). A stored value that no longer
+/// deserializes (the type changed since) is
+/// [`InboxError::StoredResultUnreadable`](crate::InboxError::StoredResultUnreadable).
+///
+/// ```
+/// use inbox_runtime::Stored;
+///
+/// let first: Stored<u32> = Stored::Applied(7);
+/// let again: Stored<u32> = Stored::Duplicate(Some(7));
+/// assert_eq!(first.value(), again.value());
+/// assert!(again.is_duplicate());
+/// assert_eq!(Stored::<u32>::Duplicate(None).value(), None);
+/// ```
+#[must_use = "a handler's outcome says whether the body ran; acknowledge the message either way"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stored<T> {
+    /// First delivery: the body ran, and its value was committed with the
+    /// inbox row.
+    Applied(T),
+    /// The key was already in the inbox for this consumer: the body did not
+    /// run. `Some`: the value its first delivery stored; `None`: its row
+    /// holds none (written by a handler without `store_result`, or before
+    /// the schema upgrade).
+    Duplicate(Option<T>),
+}
+
+impl<T> Stored<T> {
+    /// `true` for [`Stored::Applied`].
+    ///
+    /// ```
+    /// assert!(inbox_runtime::Stored::Applied(()).is_applied());
+    /// ```
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Stored::Applied(_))
+    }
+
+    /// `true` for [`Stored::Duplicate`].
+    ///
+    /// ```
+    /// assert!(inbox_runtime::Stored::<()>::Duplicate(None).is_duplicate());
+    /// ```
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Stored::Duplicate(_))
+    }
+
+    /// The value: this delivery's, or the one the first delivery stored.
+    ///
+    /// ```
+    /// assert_eq!(inbox_runtime::Stored::Duplicate(Some(3)).value(), Some(3));
+    /// ```
+    pub fn value(self) -> Option<T> {
+        match self {
+            Stored::Applied(value) | Stored::Duplicate(Some(value)) => Some(value),
+            Stored::Duplicate(None) => None,
+        }
+    }
+
+    /// The [`Processed`] outcome, without the stored value.
+    ///
+    /// ```
+    /// use inbox_runtime::{Processed, Stored};
+    /// assert_eq!(Stored::Duplicate(Some(3)).processed(), Processed::Duplicate);
+    /// ```
+    pub fn processed(self) -> Processed<T> {
+        match self {
+            Stored::Applied(value) => Processed::Applied(value),
+            Stored::Duplicate(_) => Processed::Duplicate,
         }
     }
 }

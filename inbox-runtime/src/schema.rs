@@ -6,6 +6,8 @@ diesel::table! {
     /// The primary key `(consumer, message_id)` is what turns a redelivery
     /// into a duplicate: the claim insert of a second delivery finds the row.
     /// `received_at` is the UTC time of the claim, filled in by the database.
+    /// `fingerprint` and `result` (schema version 2) are `NULL` unless the
+    /// handler asked for them.
     ///
     /// On MySQL/MariaDB `consumer` and `message_id` are `VARBINARY(255)` so
     /// that keys compare byte for byte; diesel binds them as text either way.
@@ -32,5 +34,14 @@ diesel::table! {
         message_id -> Text,
         /// When the message was claimed (UTC).
         received_at -> Timestamp,
+        /// The content's [`Fingerprint`](crate::Fingerprint) (format byte
+        /// and SHA-256), written by a handler with `fingerprint = "..."`;
+        /// `NULL` otherwise (schema version 2).
+        fingerprint -> Nullable<Binary>,
+        /// The value the body returned, as JSON, written by a handler with
+        /// `store_result`; `NULL` otherwise (schema version 2). The SQL
+        /// column is `result`.
+        #[sql_name = "result"]
+        stored_result -> Nullable<Binary>,
     }
 }

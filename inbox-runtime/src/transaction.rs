@@ -2,11 +2,12 @@
 //! for on a diesel `Connection`.
 
 use crate::backend::InboxBackend;
-use crate::claim::{single_key, BatchPlan, Work};
-use crate::engine::{Engine, Event, Next, Step};
+use crate::claim::{single_key, BatchPlan, One};
+use crate::engine::{Claimed, Engine, Event, Next, Step};
 use crate::error::InboxError;
 use crate::key::InboxKey;
 use crate::observe;
+use crate::options::{encoder, BatchOptions, Options, Outcome};
 use crate::processed::{Batch, Processed};
 use crate::registry::ConsumerName;
 use crate::retry::ErrorClass;
@@ -36,13 +37,13 @@ pub(crate) use crate::engine::Scope;
     note = "a sync `fn` handler takes `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection` (for a pooled one, pass `&mut pooled`); an async connection (`AsyncPgConnection`, ...) goes with an `async fn` handler (feature `async`); a `#[derive(MultiConnection)]` enum is not supported"
 )]
 pub trait InboxConnection:
-    Connection<TransactionManager = AnsiTransactionManager, Backend: InboxBackend>
+    Connection<TransactionManager = AnsiTransactionManager, Backend: InboxBackend> + LoadConnection
 {
 }
 
 impl<C> InboxConnection for C
 where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C: Connection<TransactionManager = AnsiTransactionManager> + LoadConnection,
     C::Backend: InboxBackend,
 {
 }
@@ -189,7 +190,7 @@ pub fn run<C, N, K, T, E, F, R>(
     consumer: &N,
     key: &K,
     retries: u32,
-    mut body: F,
+    body: F,
     classify: R,
 ) -> Result<Processed<T>, E>
 where
@@ -200,12 +201,87 @@ where
     R: Fn(&E) -> ErrorClass<E>,
     E: From<InboxError> + From<Error>,
 {
+    run_with(
+        conn,
+        consumer,
+        key,
+        &Options::new(),
+        retries,
+        body,
+        classify,
+    )
+}
+
+/// [`run`] with [`Options`]: the content's fingerprint, checked against a
+/// redelivery's, and the body's value stored for duplicates
+/// (`#[idempotent(fingerprint = "...", store_result)]` calls this).
+///
+/// A duplicate's row is read in the claim's transaction whenever the call
+/// has a fingerprint or stores results, so a reused key is never reported
+/// as a plain duplicate.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::{run_with, migrate, ErrorClass, Fingerprint, InboxError, Options, Processed};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// migrate(&mut conn)?;
+/// let mut handle = |conn: &mut SqliteConnection, body: &[u8]| -> Result<Processed<()>, InboxError> {
+///     let options = Options::new().fingerprint(Fingerprint::of_bytes(body));
+///     run_with(conn, "mailer", "m-1", &options, 3, |_conn| Ok(()), |_| ErrorClass::by_statements())
+/// };
+/// assert_eq!(handle(&mut conn, b"hello")?, Processed::Applied(()));
+/// assert_eq!(handle(&mut conn, b"hello")?, Processed::Duplicate);
+/// assert!(matches!(handle(&mut conn, b"other"), Err(InboxError::KeyReused { .. })));
+/// # Ok(())
+/// # }
+/// ```
+pub fn run_with<C, N, K, T, E, F, R, O>(
+    conn: &mut C,
+    consumer: &N,
+    key: &K,
+    options: &Options,
+    retries: u32,
+    mut body: F,
+    classify: R,
+) -> Result<O, E>
+where
+    O: Outcome<T>,
+    C: InboxConnection,
+    N: ConsumerName + ?Sized,
+    K: InboxKey + ?Sized,
+    F: FnMut(&mut C) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
+    R: Fn(&E) -> ErrorClass<E>,
+    E: From<InboxError> + From<Error>,
+{
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
-    let engine = Engine::new(consumer, &key, retries, classify);
-    let claim = |conn: &mut C| <C::Backend as InboxBackend>::claim(conn, consumer, &key);
-    let (value, _) = drive(conn, engine, claim, |conn, _| body(conn))?;
-    Ok(value.map_or(Processed::Duplicate, Processed::Applied))
+    let one = options.one::<T, O>(consumer, &key)?;
+    let engine = Engine::new(consumer, &key, retries, classify).storing(encoder::<T, O>());
+    let ended = drive(
+        conn,
+        engine,
+        |conn| claim_one(conn, &one).map(|claimed| (claimed, ())),
+        |conn, value| <C::Backend as InboxBackend>::store_result(conn, consumer, &key, value),
+        |conn, ()| body(conn),
+    )?;
+    Ok(O::outcome(consumer, &key, ended.0)?)
+}
+
+/// The single claim: insert the row; for a duplicate, read its row when
+/// the call checks a fingerprint or wants a stored result.
+fn claim_one<C: InboxConnection>(conn: &mut C, one: &One<'_>) -> Result<Claimed, Error> {
+    type B<C> = <C as Connection>::Backend;
+    let inserted = <B<C> as InboxBackend>::claim(conn, one.consumer, one.key, one.fingerprint())?;
+    Ok(match one.without_reading(inserted) {
+        Some(claimed) => claimed,
+        None => one.duplicate(<B<C> as InboxBackend>::stored(
+            conn,
+            one.consumer,
+            &[one.key],
+        )?),
+    })
 }
 
 /// Claims the keys of a whole batch in one transaction with one multi-row
@@ -245,40 +321,109 @@ pub fn run_batch<C, N, M, T, E, F, R>(
     messages: &[M],
     key: impl Fn(&M) -> String,
     retries: u32,
+    body: F,
+    classify: R,
+) -> Result<Batch<T>, E>
+where
+    C: InboxConnection,
+    N: ConsumerName + ?Sized,
+    F: FnMut(&mut C, Vec<&M>) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
+    R: Fn(&E) -> ErrorClass<E>,
+    E: From<InboxError> + From<Error>,
+{
+    let options = BatchOptions::new();
+    run_batch_with(
+        conn, consumer, messages, key, &options, retries, body, classify,
+    )
+}
+
+/// [`run_batch`] with [`BatchOptions`]: each message's fingerprint is
+/// stored with its row and checked against earlier deliveries of its key
+/// (`#[idempotent(batch = "...", key = "...", fingerprint = "...")]` calls
+/// this). A reused key fails the whole batch with
+/// [`InboxError::KeyReused`], and nothing of it is written.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::{run_batch_with, migrate, BatchOptions, ErrorClass, Fingerprint, InboxError};
+///
+/// struct Order { id: u64, body: &'static str }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// migrate(&mut conn)?;
+/// let options = BatchOptions::new().fingerprint(|o: &Order| Fingerprint::of_bytes(o.body.as_bytes()));
+/// let mut ship = |conn: &mut SqliteConnection, orders: &[Order]| {
+///     run_batch_with(conn, "shipping", orders, |o| o.id.to_string(), &options, 3,
+///         |_conn, fresh: Vec<&Order>| -> Result<usize, InboxError> { Ok(fresh.len()) }, |_| ErrorClass::by_statements())
+/// };
+/// assert_eq!(ship(&mut conn, &[Order { id: 1, body: "a" }])?.value, Some(1));
+/// let reused = ship(&mut conn, &[Order { id: 2, body: "b" }, Order { id: 1, body: "changed" }]);
+/// assert!(matches!(reused, Err(InboxError::KeyReused { ref key, .. }) if key == "1"));
+/// # Ok(())
+/// # }
+/// ```
+#[allow(clippy::too_many_arguments)] // run_batch's arguments and the options
+pub fn run_batch_with<C, N, M, T, E, F, R>(
+    conn: &mut C,
+    consumer: &N,
+    messages: &[M],
+    key: impl Fn(&M) -> String,
+    options: &BatchOptions<'_, M>,
+    retries: u32,
     mut body: F,
     classify: R,
 ) -> Result<Batch<T>, E>
 where
-    C: InboxConnection + LoadConnection,
+    C: InboxConnection,
     N: ConsumerName + ?Sized,
     F: FnMut(&mut C, Vec<&M>) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
     R: Fn(&E) -> ErrorClass<E>,
     E: From<InboxError> + From<Error>,
 {
     let consumer = consumer.consumer_name()?;
-    let plan = BatchPlan::new(messages, key)?;
+    let plan = BatchPlan::new(consumer, messages, key, options.fingerprints())?;
     let what = plan.describe();
     let engine = Engine::new(consumer, &what, retries, classify);
     let distinct = plan.distinct();
+    let fingerprints = plan.distinct_fingerprints();
     let claim = |conn: &mut C| {
-        <C::Backend as InboxBackend>::claim_batch(conn, consumer, &distinct)
-            .map(|claimed| plan.applied(&claimed))
+        type B<C> = <C as Connection>::Backend;
+        let claimed = <B<C> as InboxBackend>::claim_batch(
+            conn,
+            consumer,
+            &distinct,
+            fingerprints.as_deref(),
+        )?;
+        let applied = plan.applied(&claimed);
+        let check = plan.to_check(&claimed);
+        let rows = match check.is_empty() {
+            true => Vec::new(),
+            false => <B<C> as InboxBackend>::stored(conn, consumer, &check)?,
+        };
+        Ok((plan.verdict(&applied, &rows), applied))
     };
-    let (value, applied) = drive(conn, engine, claim, |conn, applied| {
-        body(conn, applied.iter().map(|&i| &messages[i]).collect())
-    })?;
-    Ok(plan.outcome(value, applied))
+    let (ended, applied) = drive(
+        conn,
+        engine,
+        claim,
+        |_, _| unreachable!("a batch stores no result"),
+        |conn, applied: &Vec<usize>| body(conn, applied.iter().map(|&i| &messages[i]).collect()),
+    )?;
+    Ok(plan.outcome(ended, applied))
 }
 
 /// Performs the engine's steps until the call is done. `claim` inserts the
-/// inbox row(s) and returns what is new ([`Work`]); `body` runs with it.
-/// Returns the body's value (`None`: nothing to run) and that work.
-fn drive<C, T, E, W: Work>(
+/// inbox row(s) and returns the verdict and what is new (`W`); `store`
+/// writes a stored result; `body` runs with what is new. Returns how the
+/// call ended and that work.
+fn drive<C, T, E, W: Default>(
     conn: &mut C,
     mut engine: Engine<'_, C::Backend, T, E, impl Fn(&E) -> ErrorClass<E>>,
-    mut claim: impl FnMut(&mut C) -> Result<W, Error>,
+    mut claim: impl FnMut(&mut C) -> Result<(Claimed, W), Error>,
+    mut store: impl FnMut(&mut C, &[u8]) -> Result<(), Error>,
     mut body: impl FnMut(&mut C, &W) -> Result<T, E>,
-) -> Result<(Option<T>, W), E>
+) -> Result<(crate::engine::Ended<T>, W), E>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
@@ -291,9 +436,9 @@ where
     loop {
         let event = match step {
             Step::Begin => Event::Begun(begin(conn)),
-            Step::Claim => Event::Claimed(claim(conn).map(|claimed| {
-                work = claimed;
-                work.any()
+            Step::Claim => Event::Claimed(claim(conn).map(|(claimed, new)| {
+                work = new;
+                claimed
             })),
             Step::Body => {
                 let mark = observe::mark(conn);
@@ -311,6 +456,7 @@ where
                     failed: observe::failed_since(conn, mark),
                 }
             }
+            Step::Store(value) => Event::Stored(store(conn, &value)),
             Step::Commit(scope) => Event::Committed(commit(conn, scope)),
             Step::Rollback => {
                 rollback(conn);
@@ -323,7 +469,7 @@ where
         };
         step = match engine.next(event) {
             Next::Do(step) => step,
-            Next::Done(result) => return result.map(|value| (value, work)),
+            Next::Done(result) => return result.map(|ended| (ended, work)),
         };
     }
 }
@@ -370,11 +516,31 @@ where
     F: FnOnce(&mut C) -> Result<T, E>,
     E: From<InboxError> + From<Error>,
 {
+    run_once_with(conn, consumer, key, &Options::new(), body)
+}
+
+/// [`run_once`] with [`Options`] (see [`run_with`]).
+pub fn run_once_with<C, N, K, T, E, F, O>(
+    conn: &mut C,
+    consumer: &N,
+    key: &K,
+    options: &Options,
+    body: F,
+) -> Result<O, E>
+where
+    O: Outcome<T>,
+    C: InboxConnection,
+    N: ConsumerName + ?Sized,
+    K: InboxKey + ?Sized,
+    F: FnOnce(&mut C) -> Result<T, E>,
+    E: From<InboxError> + From<Error>,
+{
     let mut body = Some(body);
-    run(
+    run_with(
         conn,
         consumer,
         key,
+        options,
         0,
         |conn| match body.take() {
             Some(body) => body(conn),

@@ -89,6 +89,12 @@ pub trait TestBackend: Sized + Send + Sync + 'static {
     fn effects_of(conn: &mut Self::Conn, run: &str) -> Vec<(String, i64)>;
     /// The inbox rows of one key of one consumer.
     fn inbox_rows(conn: &mut Self::Conn, consumer: &str, key: &str) -> i64;
+    /// The `fingerprint` and `result` columns of one inbox row.
+    fn inbox_extras(
+        conn: &mut Self::Conn,
+        consumer: &str,
+        key: &str,
+    ) -> (Option<Vec<u8>>, Option<Vec<u8>>);
 }
 
 /// The business-table access of `TestBackend`, the same code for every
@@ -185,6 +191,21 @@ macro_rules! data_access {
                 .count()
                 .get_result(conn)
                 .expect("count inbox rows")
+        }
+
+        fn inbox_extras(
+            conn: &mut $Conn,
+            consumer: &str,
+            key: &str,
+        ) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+            use diesel::prelude::*;
+            use diesel_inbox::inbox_messages;
+            inbox_messages::table
+                .filter(inbox_messages::consumer.eq(consumer))
+                .filter(inbox_messages::message_id.eq(key))
+                .select((inbox_messages::fingerprint, inbox_messages::stored_result))
+                .get_result(conn)
+                .expect("read an inbox row")
         }
     };
 }

@@ -12,6 +12,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 // The operations' contract, stamped out with the rest.
 #[allow(unused_imports)] // not every test binary stamps the contract out
 pub use super::operations::*;
+// Fingerprints and stored results, stamped out with the rest too.
+#[allow(unused_imports)]
+pub use super::checks::*;
 
 /// The session, or `None` (said once) when the backend is not configured.
 fn session<M: Mode>(test: &str) -> Option<(M, super::TestDb)> {
@@ -503,6 +506,12 @@ macro_rules! contract_tests {
             purge_refuses_bad_arguments,
             operations_without_the_table_say_so,
             concurrent_purges_share_the_work_while_handlers_claim,
+            a_key_reused_for_other_content_is_refused_without_running_the_body,
+            rows_without_a_fingerprint_accept_any_content,
+            batch_fingerprints_refuse_a_reused_key_and_write_nothing,
+            a_stored_result_is_returned_for_duplicates,
+            a_stored_result_that_no_longer_reads_is_a_clear_error,
+            concurrent_redeliveries_with_other_content_are_refused,
         );
     };
     (@tests $Mode:ty, $runs_if:meta, $why:literal, $($test:ident,)*) => {

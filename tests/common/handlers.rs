@@ -6,6 +6,22 @@
 use super::backend::{Msg, TestBackend};
 use diesel_inbox::{idempotent, InboxError};
 
+/// What the `store_result` handlers return and the inbox stores.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Receipt {
+    pub key: String,
+    pub amount: i64,
+    pub note: String,
+}
+
+/// `Receipt` of a later release, with a field the stored JSON lacks.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReceiptV2 {
+    pub key: String,
+    pub amount: i64,
+    pub currency: String,
+}
+
 /// The README's kind of error type: only `Debug`, no `RetryableError`.
 #[derive(Debug)]
 pub enum AppError {
@@ -153,6 +169,81 @@ pub mod sync {
             B::fail_transiently(conn)?;
         }
         Ok(())
+    }
+
+    /// The content is the amount: a redelivery with another amount reuses
+    /// the key.
+    #[idempotent(
+        key = "msg.key",
+        consumer = "fingerprinted",
+        shared,
+        fingerprint = "msg.amount.to_be_bytes()"
+    )]
+    pub fn fingerprinted<B: TestBackend>(conn: &mut B::Conn, msg: &Msg) -> Result<i64, AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        Ok(msg.amount)
+    }
+
+    /// The same consumer without a fingerprint (as before the upgrade).
+    #[idempotent(key = "msg.key", consumer = "fingerprinted", shared)]
+    pub fn unfingerprinted<B: TestBackend>(conn: &mut B::Conn, msg: &Msg) -> Result<i64, AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        Ok(msg.amount)
+    }
+
+    /// Each message's content, `(key, amount)`, fingerprinted as JSON.
+    #[idempotent(
+        batch = "msgs",
+        key = "|m| m.key.as_str()",
+        fingerprint = "|m| (m.key.as_str(), m.amount)",
+        consumer = "fingerprinted-batch",
+        shared
+    )]
+    pub fn fingerprinted_batch<B: TestBackend>(
+        conn: &mut B::Conn,
+        msgs: &[Msg],
+    ) -> Result<usize, AppError> {
+        Ok(B::write_effects(conn, &msgs)?)
+    }
+
+    #[idempotent(
+        key = "msg.key",
+        consumer = "receipts",
+        shared,
+        store_result,
+        fingerprint = "msg.amount.to_string()"
+    )]
+    pub fn receipt<B: TestBackend>(conn: &mut B::Conn, msg: &Msg) -> Result<Receipt, AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        Ok(Receipt {
+            key: msg.key.clone(),
+            amount: msg.amount,
+            note: format!("paid {}", msg.amount),
+        })
+    }
+
+    /// `receipt` after its success type changed incompatibly.
+    #[idempotent(key = "msg.key", consumer = "receipts", shared, store_result)]
+    pub fn receipt_v2<B: TestBackend>(
+        conn: &mut B::Conn,
+        msg: &Msg,
+    ) -> Result<ReceiptV2, AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        Ok(ReceiptV2 {
+            key: msg.key.clone(),
+            amount: msg.amount,
+            currency: "EUR".into(),
+        })
+    }
+
+    /// The receipts' consumer without `store_result`.
+    #[idempotent(key = "msg.key", consumer = "receipts", shared)]
+    pub fn receipt_unstored<B: TestBackend>(
+        conn: &mut B::Conn,
+        msg: &Msg,
+    ) -> Result<i64, AppError> {
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        Ok(msg.amount)
     }
 }
 
@@ -340,5 +431,89 @@ pub mod asynchronous {
             B::fail_transiently_async(conn).await?;
         }
         Ok(())
+    }
+
+    /// The content is the amount: a redelivery with another amount reuses
+    /// the key.
+    #[idempotent(
+        key = "msg.key",
+        consumer = "fingerprinted",
+        shared,
+        fingerprint = "msg.amount.to_be_bytes()"
+    )]
+    pub async fn fingerprinted<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<i64, AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        Ok(msg.amount)
+    }
+
+    /// The same consumer without a fingerprint (as before the upgrade).
+    #[idempotent(key = "msg.key", consumer = "fingerprinted", shared)]
+    pub async fn unfingerprinted<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<i64, AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        Ok(msg.amount)
+    }
+
+    /// Each message's content, `(key, amount)`, fingerprinted as JSON.
+    #[idempotent(
+        batch = "msgs",
+        key = "|m| m.key.as_str()",
+        fingerprint = "|m| (m.key.as_str(), m.amount)",
+        consumer = "fingerprinted-batch",
+        shared
+    )]
+    pub async fn fingerprinted_batch<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msgs: &[Msg],
+    ) -> Result<usize, AppError> {
+        Ok(B::write_effects_async(conn, &msgs).await?)
+    }
+
+    #[idempotent(
+        key = "msg.key",
+        consumer = "receipts",
+        shared,
+        store_result,
+        fingerprint = "msg.amount.to_string()"
+    )]
+    pub async fn receipt<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<Receipt, AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        Ok(Receipt {
+            key: msg.key.clone(),
+            amount: msg.amount,
+            note: format!("paid {}", msg.amount),
+        })
+    }
+
+    /// `receipt` after its success type changed incompatibly.
+    #[idempotent(key = "msg.key", consumer = "receipts", shared, store_result)]
+    pub async fn receipt_v2<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<ReceiptV2, AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        Ok(ReceiptV2 {
+            key: msg.key.clone(),
+            amount: msg.amount,
+            currency: "EUR".into(),
+        })
+    }
+
+    /// The receipts' consumer without `store_result`.
+    #[idempotent(key = "msg.key", consumer = "receipts", shared)]
+    pub async fn receipt_unstored<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+    ) -> Result<i64, AppError> {
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        Ok(msg.amount)
     }
 }

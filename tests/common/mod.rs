@@ -9,6 +9,7 @@ pub use basics::*;
 pub mod async_suite;
 pub mod backend;
 pub mod backends;
+pub mod checks;
 pub mod contract;
 pub mod handlers;
 pub mod modes;

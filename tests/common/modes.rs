@@ -4,8 +4,10 @@
 //! tests are written once against [`Mode`].
 
 use super::backend::{Msg, TestBackend};
-use super::handlers::{self, AppError};
-use diesel_inbox::{Batch, ConsumerStats, InboxEntry, InboxError, Processed, Purge, PurgeReport};
+use super::handlers::{self, AppError, Receipt, ReceiptV2};
+use diesel_inbox::{
+    Batch, ConsumerStats, InboxEntry, InboxError, Processed, Purge, PurgeReport, Stored,
+};
 use std::sync::atomic::AtomicU32;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Barrier};
@@ -36,6 +38,13 @@ pub trait Mode: Sized {
     fn slow(&mut self, m: &Msg, claimed: &Sender<()>, fail: bool) -> Outcome<()>;
     fn apply_batch(&mut self, msgs: &[Msg]) -> Result<Batch<usize>, AppError>;
     fn apply_batch_then_reject(&mut self, msgs: &[Msg]) -> Result<Batch<()>, AppError>;
+    // Fingerprints and stored results (`handlers::sync::fingerprinted`, ...).
+    fn fingerprinted(&mut self, m: &Msg) -> Outcome<i64>;
+    fn unfingerprinted(&mut self, m: &Msg) -> Outcome<i64>;
+    fn fingerprinted_batch(&mut self, msgs: &[Msg]) -> Result<Batch<usize>, AppError>;
+    fn receipt(&mut self, m: &Msg) -> Result<Stored<Receipt>, AppError>;
+    fn receipt_v2(&mut self, m: &Msg) -> Result<Stored<ReceiptV2>, AppError>;
+    fn receipt_unstored(&mut self, m: &Msg) -> Outcome<i64>;
     fn transient_once(&mut self, m: &Msg, runs: &AtomicU32) -> Outcome<()>;
     /// Delivers `m` twice inside a transaction of the caller's, which then
     /// commits (`commit`) or rolls back.
@@ -68,6 +77,8 @@ pub trait Mode: Sized {
 
     /// Each worker delivers its messages in order through `apply_payment`.
     fn deliver_concurrently(db: &str, workers: Vec<Vec<Msg>>) -> Vec<Vec<Outcome<i64>>>;
+    /// Each worker delivers its messages in order through `fingerprinted`.
+    fn fingerprinted_concurrently(db: &str, workers: Vec<Vec<Msg>>) -> Vec<Vec<Outcome<i64>>>;
     /// Each worker delivers its batches in order through `apply_batch`.
     fn batches_concurrently(
         db: &str,
@@ -192,6 +203,30 @@ impl<B: TestBackend> Mode for Sync<B> {
         handlers::sync::apply_batch_then_reject::<B>(&mut self.conn, msgs)
     }
 
+    fn fingerprinted(&mut self, m: &Msg) -> Outcome<i64> {
+        handlers::sync::fingerprinted::<B>(&mut self.conn, m)
+    }
+
+    fn unfingerprinted(&mut self, m: &Msg) -> Outcome<i64> {
+        handlers::sync::unfingerprinted::<B>(&mut self.conn, m)
+    }
+
+    fn fingerprinted_batch(&mut self, msgs: &[Msg]) -> Result<Batch<usize>, AppError> {
+        handlers::sync::fingerprinted_batch::<B>(&mut self.conn, msgs)
+    }
+
+    fn receipt(&mut self, m: &Msg) -> Result<Stored<Receipt>, AppError> {
+        handlers::sync::receipt::<B>(&mut self.conn, m)
+    }
+
+    fn receipt_v2(&mut self, m: &Msg) -> Result<Stored<ReceiptV2>, AppError> {
+        handlers::sync::receipt_v2::<B>(&mut self.conn, m)
+    }
+
+    fn receipt_unstored(&mut self, m: &Msg) -> Outcome<i64> {
+        handlers::sync::receipt_unstored::<B>(&mut self.conn, m)
+    }
+
     fn transient_once(&mut self, m: &Msg, runs: &AtomicU32) -> Outcome<()> {
         handlers::sync::transient_once::<B>(&mut self.conn, m, runs)
     }
@@ -280,6 +315,12 @@ impl<B: TestBackend> Mode for Sync<B> {
     fn deliver_concurrently(db: &str, workers: Vec<Vec<Msg>>) -> Vec<Vec<Outcome<i64>>> {
         on_threads(db, workers, |session: &mut Self, msgs: Vec<Msg>| {
             msgs.iter().map(|m| session.apply_payment(m)).collect()
+        })
+    }
+
+    fn fingerprinted_concurrently(db: &str, workers: Vec<Vec<Msg>>) -> Vec<Vec<Outcome<i64>>> {
+        on_threads(db, workers, |session: &mut Self, msgs: Vec<Msg>| {
+            msgs.iter().map(|m| session.fingerprinted(m)).collect()
         })
     }
 
@@ -436,6 +477,42 @@ mod asynchronous {
             ))
         }
 
+        fn fingerprinted(&mut self, m: &Msg) -> Outcome<i64> {
+            runtime().block_on(handlers::asynchronous::fingerprinted::<B>(
+                &mut self.conn,
+                m,
+            ))
+        }
+
+        fn unfingerprinted(&mut self, m: &Msg) -> Outcome<i64> {
+            runtime().block_on(handlers::asynchronous::unfingerprinted::<B>(
+                &mut self.conn,
+                m,
+            ))
+        }
+
+        fn fingerprinted_batch(&mut self, msgs: &[Msg]) -> Result<Batch<usize>, AppError> {
+            runtime().block_on(handlers::asynchronous::fingerprinted_batch::<B>(
+                &mut self.conn,
+                msgs,
+            ))
+        }
+
+        fn receipt(&mut self, m: &Msg) -> Result<Stored<Receipt>, AppError> {
+            runtime().block_on(handlers::asynchronous::receipt::<B>(&mut self.conn, m))
+        }
+
+        fn receipt_v2(&mut self, m: &Msg) -> Result<Stored<ReceiptV2>, AppError> {
+            runtime().block_on(handlers::asynchronous::receipt_v2::<B>(&mut self.conn, m))
+        }
+
+        fn receipt_unstored(&mut self, m: &Msg) -> Outcome<i64> {
+            runtime().block_on(handlers::asynchronous::receipt_unstored::<B>(
+                &mut self.conn,
+                m,
+            ))
+        }
+
         fn transient_once(&mut self, m: &Msg, runs: &AtomicU32) -> Outcome<()> {
             runtime().block_on(handlers::asynchronous::transient_once::<B>(
                 &mut self.conn,
@@ -560,6 +637,23 @@ mod asynchronous {
                     let mut out = Vec::with_capacity(msgs.len());
                     for m in &msgs {
                         out.push(handlers::asynchronous::apply_payment::<B>(&mut conn, m).await);
+                    }
+                    out
+                }
+            }))
+        }
+
+        fn fingerprinted_concurrently(db: &str, workers: Vec<Vec<Msg>>) -> Vec<Vec<Outcome<i64>>> {
+            let pool = B::pool(db);
+            let barrier = Arc::new(tokio::sync::Barrier::new(workers.len()));
+            run_tasks(workers.into_iter().map(|msgs| {
+                let (pool, barrier) = (pool.clone(), barrier.clone());
+                async move {
+                    let mut conn = B::pooled(&pool).await;
+                    barrier.wait().await;
+                    let mut out = Vec::with_capacity(msgs.len());
+                    for m in &msgs {
+                        out.push(handlers::asynchronous::fingerprinted::<B>(&mut conn, m).await);
                     }
                     out
                 }

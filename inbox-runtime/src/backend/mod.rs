@@ -38,32 +38,49 @@ pub(crate) fn concurrent_claim(error: diesel::result::Error) -> diesel::result::
 /// and `await` follows each query on the async path.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! claim_batch_by_lookup {
-    ($conn:expr, $consumer:expr, $keys:expr, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_messages::dsl::*;
+    ($conn:expr, $consumer:expr, $keys:expr, $fingerprints:expr, $run:path $(, $await:tt)?) => {{
+        use crate::schema::inbox_messages::dsl as inbox;
         use $run as run;
+        let keys: &[&str] = $keys;
+        let fingerprints: Option<&[&[u8]]> = $fingerprints;
         let mut claimed = Vec::new();
-        for chunk in $keys.chunks(crate::backend::CLAIM_CHUNK) {
-            let lookup = inbox_messages
-                .filter(consumer.eq($consumer))
-                .filter(message_id.eq_any(chunk))
-                .select(message_id);
+        for (start, chunk) in (0..).step_by(crate::backend::CLAIM_CHUNK).zip(keys.chunks(crate::backend::CLAIM_CHUNK)) {
+            let lookup = inbox::inbox_messages
+                .filter(inbox::consumer.eq($consumer))
+                .filter(inbox::message_id.eq_any(chunk))
+                .select(inbox::message_id);
             let present: Vec<String> = run::load(lookup, &mut *$conn)$(.$await)??;
             let present: std::collections::HashSet<String> = present.into_iter().collect();
-            let missing: Vec<&str> = chunk
-                .iter()
-                .copied()
-                .filter(|k| !present.contains(*k))
+            let missing: Vec<usize> = (0..chunk.len())
+                .filter(|&i| !present.contains(chunk[i]))
                 .collect();
             if missing.is_empty() {
                 continue;
             }
-            let rows: Vec<_> = missing
-                .iter()
-                .map(|k| (consumer.eq($consumer), message_id.eq(*k)))
-                .collect();
-            run::execute(diesel::insert_into(inbox_messages).values(&rows), &mut *$conn)$(.$await)?
-                .map_err(crate::backend::concurrent_claim)?;
-            claimed.extend(missing.into_iter().map(str::to_owned));
+            let inserted = match fingerprints {
+                None => {
+                    let rows: Vec<_> = missing
+                        .iter()
+                        .map(|&i| (inbox::consumer.eq($consumer), inbox::message_id.eq(chunk[i])))
+                        .collect();
+                    run::execute(diesel::insert_into(inbox::inbox_messages).values(&rows), &mut *$conn)$(.$await)?
+                }
+                Some(fingerprints) => {
+                    let rows: Vec<_> = missing
+                        .iter()
+                        .map(|&i| {
+                            (
+                                inbox::consumer.eq($consumer),
+                                inbox::message_id.eq(chunk[i]),
+                                inbox::fingerprint.eq(fingerprints[start + i]),
+                            )
+                        })
+                        .collect();
+                    run::execute(diesel::insert_into(inbox::inbox_messages).values(&rows), &mut *$conn)$(.$await)?
+                }
+            };
+            inserted.map_err(crate::backend::concurrent_claim)?;
+            claimed.extend(missing.into_iter().map(|i| chunk[i].to_owned()));
         }
         Ok(claimed)
     }};
@@ -147,6 +164,39 @@ macro_rules! ops_statement {
         use $run as run;
         let delete = diesel::delete(inbox_messages.filter(consumer.eq($consumer)).filter(message_id.eq($key)));
         run::execute(delete, &mut *$conn)$(.$await)?.map(|deleted| deleted == 1)
+    }};
+    (stored, $conn:expr, $B:ty, $consumer:expr, $keys:expr, $run:path $(, $await:tt)?) => {{
+        use crate::schema::inbox_messages::dsl as inbox;
+        use diesel::{ExpressionMethods, QueryDsl};
+        use $run as run;
+        let keys: &[&str] = $keys;
+        let mut rows: Vec<crate::claim::StoredRow> = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(crate::backend::CLAIM_CHUNK) {
+            let lookup = inbox::inbox_messages
+                .filter(inbox::consumer.eq($consumer))
+                .filter(inbox::message_id.eq_any(chunk))
+                .select((inbox::message_id, inbox::fingerprint, inbox::stored_result));
+            rows.extend(run::load::<crate::claim::StoredRow>(lookup, &mut *$conn)$(.$await)??);
+        }
+        Ok(rows)
+    }};
+    (store_result, $conn:expr, $B:ty, $consumer:expr, $key:expr, $value:expr, $run:path $(, $await:tt)?) => {{
+        use crate::schema::inbox_messages::dsl as inbox;
+        use diesel::{ExpressionMethods, QueryDsl};
+        use $run as run;
+        let value: &[u8] = $value;
+        let update = diesel::update(
+            inbox::inbox_messages
+                .filter(inbox::consumer.eq($consumer))
+                .filter(inbox::message_id.eq($key)),
+        )
+        .set(inbox::stored_result.eq(value));
+        run::execute(update, &mut *$conn)$(.$await)?.and_then(|updated| match updated {
+            1 => Ok(()),
+            n => Err(diesel::result::Error::QueryBuilderError(
+                format!("storing the result updated {n} inbox rows, not the 1 just claimed").into(),
+            )),
+        })
     }};
     (stats, $conn:expr, $B:ty, $run:path $(, $await:tt)?) => {{
         use crate::schema::inbox_messages::dsl::*;
@@ -259,6 +309,37 @@ macro_rules! sync_ops {
         {
             ops_statement!(stats, conn, $B, diesel::RunQueryDsl)
         }
+
+        fn stored<C>(
+            conn: &mut C,
+            consumer_name: &str,
+            keys: &[&str],
+        ) -> QueryResult<Vec<crate::claim::StoredRow>>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            ops_statement!(stored, conn, $B, consumer_name, keys, diesel::RunQueryDsl)
+        }
+
+        fn store_result<C>(
+            conn: &mut C,
+            consumer_name: &str,
+            key: &str,
+            value: &[u8],
+        ) -> QueryResult<()>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            ops_statement!(
+                store_result,
+                conn,
+                $B,
+                consumer_name,
+                key,
+                value,
+                diesel::RunQueryDsl
+            )
+        }
     };
 }
 
@@ -324,6 +405,40 @@ macro_rules! async_ops {
         async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::ConsumerStats>> {
             ops_statement!(stats, self, $B, diesel_async::RunQueryDsl, await)
         }
+
+        async fn inbox_stored(
+            &mut self,
+            consumer_name: &str,
+            keys: &[&str],
+        ) -> QueryResult<Vec<crate::claim::StoredRow>> {
+            ops_statement!(
+                stored,
+                self,
+                $B,
+                consumer_name,
+                keys,
+                diesel_async::RunQueryDsl,
+                await
+            )
+        }
+
+        async fn inbox_store_result(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+            value: &[u8],
+        ) -> QueryResult<()> {
+            ops_statement!(
+                store_result,
+                self,
+                $B,
+                consumer_name,
+                key,
+                value,
+                diesel_async::RunQueryDsl,
+                await
+            )
+        }
     };
 }
 
@@ -346,14 +461,18 @@ pub(crate) use sealed::Sealed;
 /// records it with the table, upgrades older tables in place and refuses a
 /// newer one ([`InboxError::SchemaTooNew`]).
 ///
-/// Version 1 is the table of diesel-inbox 0.1: `(consumer, message_id)`
-/// primary key and `received_at`; tables created by 0.1 carry no record and
-/// are recorded as version 1 by the first `migrate`.
+/// - Version 1 is the table of diesel-inbox 0.1: `(consumer, message_id)`
+///   primary key and `received_at`; tables created by 0.1 carry no record
+///   and are treated as version 1.
+/// - Version 2 adds two nullable columns: `fingerprint` (the content's
+///   [`Fingerprint`](crate::Fingerprint)) and `result` (a stored result).
+///   The upgrade adds them in place without rewriting rows; rows written
+///   before it have neither, and accept any content.
 ///
 /// ```
-/// assert_eq!(inbox_runtime::SCHEMA_VERSION, 1);
+/// assert_eq!(inbox_runtime::SCHEMA_VERSION, 2);
 /// ```
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// A diesel backend the inbox supports: `Pg`, `Mysql` (MySQL and MariaDB)
 /// and `Sqlite`, each behind the feature of the same name. Everything that
@@ -400,20 +519,48 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     #[doc(hidden)]
     const UPGRADES: &'static [&'static str];
 
-    /// Inserts `(consumer, key)` unless it is there already; `true` if the
-    /// row was inserted (the caller owns the message), `false` for a
-    /// duplicate. Never fails on the conflict itself.
+    /// Inserts `(consumer, key)` (with its fingerprint, if given) unless it
+    /// is there already; `true` if the row was inserted (the caller owns
+    /// the message), `false` for a duplicate. Never fails on the conflict
+    /// itself. Without a fingerprint the statement is that of schema 1.
     #[doc(hidden)]
-    fn claim<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<bool>
+    fn claim<C>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+        fingerprint: Option<&[u8]>,
+    ) -> QueryResult<bool>
     where
         C: Connection<Backend = Self>;
 
-    /// Inserts every `(consumer, key)` that is not there yet, in one
-    /// statement where the backend can tell which rows it inserted, and
-    /// returns the keys inserted: the ones the caller now owns. Keys are
-    /// distinct.
+    /// Inserts every `(consumer, key)` that is not there yet (with
+    /// `fingerprints[i]` for `keys[i]`, if given), in one statement where
+    /// the backend can tell which rows it inserted, and returns the keys
+    /// inserted: the ones the caller now owns. Keys are distinct.
     #[doc(hidden)]
-    fn claim_batch<C>(conn: &mut C, consumer: &str, keys: &[&str]) -> QueryResult<Vec<String>>
+    fn claim_batch<C>(
+        conn: &mut C,
+        consumer: &str,
+        keys: &[&str],
+        fingerprints: Option<&[&[u8]]>,
+    ) -> QueryResult<Vec<String>>
+    where
+        C: LoadConnection<Backend = Self>;
+
+    /// The fingerprints and stored results of those of `keys` that have a
+    /// row, read in the claim's transaction.
+    #[doc(hidden)]
+    fn stored<C>(
+        conn: &mut C,
+        consumer: &str,
+        keys: &[&str],
+    ) -> QueryResult<Vec<crate::claim::StoredRow>>
+    where
+        C: LoadConnection<Backend = Self>;
+
+    /// Writes the body's value into the row just claimed.
+    #[doc(hidden)]
+    fn store_result<C>(conn: &mut C, consumer: &str, key: &str, value: &[u8]) -> QueryResult<()>
     where
         C: LoadConnection<Backend = Self>;
 
@@ -824,7 +971,7 @@ fn plan<B: InboxBackend>(catalog: &Catalog) -> Result<Plan, InboxError> {
     let Some(table) = &catalog.table else {
         return Ok(Plan::Create);
     };
-    let problems = shape::problems(table, B::KEY_TYPE);
+    let problems = shape::problems(table, B::KEY_TYPE, catalog.version);
     if !problems.is_empty() {
         return Err(InboxError::IncompatibleTable(problems));
     }

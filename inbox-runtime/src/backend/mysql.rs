@@ -66,6 +66,26 @@ macro_rules! claim_statement {
         diesel::insert_or_ignore_into(inbox_messages)
             .values((consumer.eq($consumer), message_id.eq($key)))
     };
+    ($consumer:expr, $key:expr, $fingerprint:expr) => {
+        diesel::insert_or_ignore_into(inbox_messages).values((
+            consumer.eq($consumer),
+            message_id.eq($key),
+            fingerprint.eq($fingerprint),
+        ))
+    };
+}
+
+/// The single claim, with or without a fingerprint: whether the row was
+/// inserted. One body for the sync and the async connection.
+macro_rules! claim_single {
+    ($conn:expr, $consumer:expr, $key:expr, $fingerprint:expr, $run:path $(, $await:tt)?) => {{
+        use $run as run;
+        let inserted = match $fingerprint {
+            None => run::execute(claim_statement!($consumer, $key), $conn)$(.$await)?,
+            Some(bytes) => run::execute(claim_statement!($consumer, $key, bytes), $conn)$(.$await)?,
+        };
+        inserted.map(|inserted| inserted == 1)
+    }};
 }
 
 /// `migrate`'s lock: `GET_LOCK` (node-local on Galera), and its release.
@@ -156,22 +176,40 @@ impl InboxBackend for Mysql {
     const BEGIN: &'static str = "BEGIN";
     const KEY_TYPE: &'static str = "VARBINARY(255) NOT NULL";
     const DDL_COMMITS: bool = true;
-    const UPGRADES: &'static [&'static str] = &[];
+    // Nullable columns at the end: an instant ALTER on MySQL 8.0.12+ and
+    // MariaDB 10.3+ (no table rebuild).
+    const UPGRADES: &'static [&'static str] = &[
+        "ALTER TABLE inbox_messages ADD COLUMN fingerprint VARBINARY(64) NULL, ADD COLUMN result LONGBLOB NULL;",
+    ];
 
-    fn claim<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>
+    fn claim<C>(
+        conn: &mut C,
+        consumer_name: &str,
+        key: &str,
+        fingerprint_bytes: Option<&[u8]>,
+    ) -> QueryResult<bool>
     where
         C: Connection<Backend = Self>,
     {
-        claim_statement!(consumer_name, key)
-            .execute(conn)
-            .map(|inserted| inserted == 1)
+        claim_single!(
+            conn,
+            consumer_name,
+            key,
+            fingerprint_bytes,
+            diesel::RunQueryDsl
+        )
     }
 
-    fn claim_batch<C>(conn: &mut C, consumer_name: &str, keys: &[&str]) -> QueryResult<Vec<String>>
+    fn claim_batch<C>(
+        conn: &mut C,
+        consumer_name: &str,
+        keys: &[&str],
+        fingerprints: Option<&[&[u8]]>,
+    ) -> QueryResult<Vec<String>>
     where
         C: LoadConnection<Backend = Self>,
     {
-        claim_batch_by_lookup!(conn, consumer_name, keys, diesel::RunQueryDsl)
+        claim_batch_by_lookup!(conn, consumer_name, keys, fingerprints, diesel::RunQueryDsl)
     }
 
     fn begin_top_level<C>(conn: &mut C) -> QueryResult<()>
@@ -442,18 +480,36 @@ mod asynchronous {
             ansi::begin(self).await
         }
 
-        async fn inbox_claim(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
-            diesel_async::RunQueryDsl::execute(claim_statement!(consumer_name, key), self)
-                .await
-                .map(|inserted| inserted == 1)
+        async fn inbox_claim(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+            fingerprint_bytes: Option<&[u8]>,
+        ) -> QueryResult<bool> {
+            claim_single!(
+                self,
+                consumer_name,
+                key,
+                fingerprint_bytes,
+                diesel_async::RunQueryDsl,
+                await
+            )
         }
 
         async fn inbox_claim_batch(
             &mut self,
             consumer_name: &str,
             keys: &[&str],
+            fingerprints: Option<&[&[u8]]>,
         ) -> QueryResult<Vec<String>> {
-            claim_batch_by_lookup!(self, consumer_name, keys, diesel_async::RunQueryDsl, await)
+            claim_batch_by_lookup!(
+                self,
+                consumer_name,
+                keys,
+                fingerprints,
+                diesel_async::RunQueryDsl,
+                await
+            )
         }
 
         async fn inbox_commit(&mut self, _scope: Scope) -> QueryResult<()> {

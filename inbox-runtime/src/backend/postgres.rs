@@ -72,6 +72,30 @@ macro_rules! claim_statement {
             .on_conflict((consumer, message_id))
             .do_nothing()
     };
+    ($consumer:expr, $key:expr, $fingerprint:expr) => {
+        diesel::insert_into(inbox_messages)
+            .values((
+                consumer.eq($consumer),
+                message_id.eq($key),
+                fingerprint.eq($fingerprint),
+            ))
+            .on_conflict((consumer, message_id))
+            .do_nothing()
+    };
+}
+
+/// The single claim, with or without a fingerprint: the number of rows
+/// inserted. One body for the sync and the async connection (`$run` and
+/// its `await`, as in `ops_statement!`).
+macro_rules! claim_single {
+    ($conn:expr, $consumer:expr, $key:expr, $fingerprint:expr, $run:path $(, $await:tt)?) => {{
+        use $run as run;
+        let inserted = match $fingerprint {
+            None => run::execute(claim_statement!($consumer, $key), $conn)$(.$await)?,
+            Some(bytes) => run::execute(claim_statement!($consumer, $key, bytes), $conn)$(.$await)?,
+        };
+        inserted.map(|inserted| inserted == 1)
+    }};
 }
 
 /// The batch claim: the keys go as one array parameter, so the statement's
@@ -81,43 +105,106 @@ macro_rules! claim_statement {
 /// keeps the batch's lock order; RETURNING names the rows inserted. One
 /// bind parameter for all the keys: no chunks, whatever the batch's size.
 /// The sync and the async path send this one statement.
+/// With fingerprints, a second array parameter goes with the keys (`unnest`
+/// of two arrays pairs them up): a statement of its own, with its own query
+/// id ([`Fingerprinted`]).
 #[derive(Debug, Clone, Copy)]
-struct ClaimBatch<'a> {
+struct ClaimBatch<'a, Id> {
     consumer: &'a str,
     keys: &'a [&'a str],
+    fingerprints: Option<&'a [&'a [u8]]>,
+    id: std::marker::PhantomData<Id>,
 }
 
-/// [`ClaimBatch`]'s query id: one cached statement whatever the lifetimes.
-struct ClaimBatchId;
+/// The query id of a batch claim without fingerprints: one cached
+/// statement whatever the lifetimes.
+struct Plain;
+/// The query id of a batch claim with fingerprints.
+struct Fingerprinted;
 
-impl diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_> {
+impl<'a> ClaimBatch<'a, Plain> {
+    fn plain(consumer_name: &'a str, keys: &'a [&'a str]) -> Self {
+        ClaimBatch {
+            consumer: consumer_name,
+            keys,
+            fingerprints: None,
+            id: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'a> ClaimBatch<'a, Fingerprinted> {
+    fn fingerprinted(
+        consumer_name: &'a str,
+        keys: &'a [&'a str],
+        fingerprints: &'a [&'a [u8]],
+    ) -> Self {
+        ClaimBatch {
+            consumer: consumer_name,
+            keys,
+            fingerprints: Some(fingerprints),
+            id: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<Id> diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_, Id> {
     fn walk_ast<'b>(
         &'b self,
         mut out: diesel::query_builder::AstPass<'_, 'b, Pg>,
     ) -> QueryResult<()> {
-        use diesel::sql_types::{Array, Text};
-        out.push_sql("INSERT INTO inbox_messages (consumer, message_id) SELECT ");
-        out.push_bind_param::<Text, _>(self.consumer)?;
-        out.push_sql(", k.key FROM unnest(");
-        out.push_bind_param::<Array<Text>, _>(self.keys)?;
+        use diesel::sql_types::{Array, Binary, Text};
+        match self.fingerprints {
+            None => {
+                out.push_sql("INSERT INTO inbox_messages (consumer, message_id) SELECT ");
+                out.push_bind_param::<Text, _>(self.consumer)?;
+                out.push_sql(", k.key FROM unnest(");
+                out.push_bind_param::<Array<Text>, _>(self.keys)?;
+                out.push_sql(") WITH ORDINALITY AS k(key, n)");
+            }
+            Some(fingerprints) => {
+                out.push_sql(
+                    "INSERT INTO inbox_messages (consumer, message_id, fingerprint) SELECT ",
+                );
+                out.push_bind_param::<Text, _>(self.consumer)?;
+                out.push_sql(", k.key, k.fingerprint FROM unnest(");
+                out.push_bind_param::<Array<Text>, _>(self.keys)?;
+                out.push_sql(", ");
+                out.push_bind_param::<Array<Binary>, _>(fingerprints)?;
+                out.push_sql(") WITH ORDINALITY AS k(key, fingerprint, n)");
+            }
+        }
         out.push_sql(
-            ") WITH ORDINALITY AS k(key, n) ORDER BY k.n \
-             ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id",
+            " ORDER BY k.n ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id",
         );
         Ok(())
     }
 }
 
-impl diesel::query_builder::QueryId for ClaimBatch<'_> {
-    type QueryId = ClaimBatchId;
+impl<Id: 'static> diesel::query_builder::QueryId for ClaimBatch<'_, Id> {
+    type QueryId = Id;
     const HAS_STATIC_QUERY_ID: bool = true;
 }
 
-impl diesel::query_builder::Query for ClaimBatch<'_> {
+impl<Id> diesel::query_builder::Query for ClaimBatch<'_, Id> {
     type SqlType = diesel::sql_types::Text;
 }
 
-impl<Conn> diesel::RunQueryDsl<Conn> for ClaimBatch<'_> {}
+impl<Conn, Id> diesel::RunQueryDsl<Conn> for ClaimBatch<'_, Id> {}
+
+/// The batch claim, with or without fingerprints: the keys inserted. One
+/// body for the sync and the async connection.
+macro_rules! claim_batch {
+    ($conn:expr, $consumer:expr, $keys:expr, $fingerprints:expr, $run:path $(, $await:tt)?) => {{
+        use $run as run;
+        match $fingerprints {
+            None => run::load(ClaimBatch::plain($consumer, $keys), $conn)$(.$await)?,
+            Some(fingerprints) => {
+                run::load(ClaimBatch::fingerprinted($consumer, $keys, fingerprints), $conn)$(.$await)?
+            }
+        }
+    }};
+}
 
 /// The commit guard: PostgreSQL turns COMMIT of an aborted transaction (a
 /// statement failed and the body swallowed the error) into a silent
@@ -132,26 +219,38 @@ impl InboxBackend for Pg {
     const BEGIN: &'static str = "BEGIN";
     const KEY_TYPE: &'static str =
         "VARCHAR(255) NOT NULL (or TEXT) with a deterministic collation (the default)";
-    const UPGRADES: &'static [&'static str] = &[];
+    // Nullable columns without a default: a catalog change, no table rewrite.
+    const UPGRADES: &'static [&'static str] =
+        &["ALTER TABLE inbox_messages ADD COLUMN fingerprint BYTEA, ADD COLUMN result BYTEA;"];
 
-    fn claim<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>
+    fn claim<C>(
+        conn: &mut C,
+        consumer_name: &str,
+        key: &str,
+        fingerprint_bytes: Option<&[u8]>,
+    ) -> QueryResult<bool>
     where
         C: Connection<Backend = Self>,
     {
-        claim_statement!(consumer_name, key)
-            .execute(conn)
-            .map(|inserted| inserted == 1)
+        claim_single!(
+            conn,
+            consumer_name,
+            key,
+            fingerprint_bytes,
+            diesel::RunQueryDsl
+        )
     }
 
-    fn claim_batch<C>(conn: &mut C, consumer_name: &str, keys: &[&str]) -> QueryResult<Vec<String>>
+    fn claim_batch<C>(
+        conn: &mut C,
+        consumer_name: &str,
+        keys: &[&str],
+        fingerprints: Option<&[&[u8]]>,
+    ) -> QueryResult<Vec<String>>
     where
         C: LoadConnection<Backend = Self>,
     {
-        ClaimBatch {
-            consumer: consumer_name,
-            keys,
-        }
-        .load(conn)
+        claim_batch!(conn, consumer_name, keys, fingerprints, diesel::RunQueryDsl)
     }
 
     fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
@@ -361,22 +460,36 @@ mod asynchronous {
             ansi::begin(self).await
         }
 
-        async fn inbox_claim(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
-            diesel_async::RunQueryDsl::execute(claim_statement!(consumer_name, key), self)
-                .await
-                .map(|inserted| inserted == 1)
+        async fn inbox_claim(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+            fingerprint_bytes: Option<&[u8]>,
+        ) -> QueryResult<bool> {
+            claim_single!(
+                self,
+                consumer_name,
+                key,
+                fingerprint_bytes,
+                diesel_async::RunQueryDsl,
+                await
+            )
         }
 
         async fn inbox_claim_batch(
             &mut self,
             consumer_name: &str,
             keys: &[&str],
+            fingerprints: Option<&[&[u8]]>,
         ) -> QueryResult<Vec<String>> {
-            let claim = ClaimBatch {
-                consumer: consumer_name,
+            claim_batch!(
+                self,
+                consumer_name,
                 keys,
-            };
-            diesel_async::RunQueryDsl::load(claim, self).await
+                fingerprints,
+                diesel_async::RunQueryDsl,
+                await
+            )
         }
 
         async fn inbox_commit(&mut self, scope: Scope) -> QueryResult<()> {

@@ -150,10 +150,27 @@ const KEY_COLUMNS: [&str; 2] = ["consumer", "message_id"];
 
 /// Every problem of `table`; empty when the runtime can use it. `key_type`
 /// is the backend's column type for keys, named in fixes.
-pub(crate) fn problems(table: &Table, key_type: &str) -> Vec<TableProblem> {
+pub(crate) fn problems(table: &Table, key_type: &str, version: Option<u32>) -> Vec<TableProblem> {
     let mut found = table.problems.clone();
     let column = |name: &str| table.columns.iter().find(|c| c.name == name);
     let recreate = "recreate the table from diesel_inbox::ddl and copy its rows";
+
+    // Schema 2's columns, on a table recorded as schema 2 or later (an
+    // older table gets them from the upgrade).
+    if version.is_some_and(|v| v >= 2) {
+        for added in ["fingerprint", "result"] {
+            if column(added).is_none() {
+                found.push(TableProblem::new(
+                    format!(
+                        "column `{added}` is missing, though the table is recorded as schema \
+                         version {}: fingerprinted or result-storing handlers would fail",
+                        version.unwrap_or_default()
+                    ),
+                    format!("add the nullable column `{added}` as diesel_inbox::ddl declares it"),
+                ));
+            }
+        }
+    }
 
     for key in KEY_COLUMNS {
         match column(key) {
@@ -317,7 +334,7 @@ mod tests {
 
     #[test]
     fn the_table_of_the_ddl_has_no_problems() {
-        assert_eq!(problems(&good(), "TEXT"), vec![]);
+        assert_eq!(problems(&good(), "TEXT", Some(1)), vec![]);
     }
 
     #[test]
@@ -328,7 +345,7 @@ mod tests {
         table
             .constraints
             .push(("foreign key", "fk_consumer".into()));
-        let found = problems(&table, "VARBINARY(255) NOT NULL");
+        let found = problems(&table, "VARBINARY(255) NOT NULL", Some(1));
         assert_eq!(found.len(), 3, "{found:#?}");
         assert!(found[0]
             .problem

@@ -62,25 +62,49 @@ impl InboxBackend for Sqlite {
     // locked", whatever the busy timeout: take the write lock up front.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const KEY_TYPE: &'static str = "VARCHAR(255) NOT NULL with the BINARY collation (the default)";
-    const UPGRADES: &'static [&'static str] = &[];
+    // Nullable columns without a default: a change of the schema text only.
+    const UPGRADES: &'static [&'static str] =
+        &["ALTER TABLE inbox_messages ADD COLUMN fingerprint BLOB;\n\
+         ALTER TABLE inbox_messages ADD COLUMN result BLOB;"];
 
-    fn claim<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>
+    fn claim<C>(
+        conn: &mut C,
+        consumer_name: &str,
+        key: &str,
+        fingerprint_bytes: Option<&[u8]>,
+    ) -> QueryResult<bool>
     where
         C: Connection<Backend = Self>,
     {
-        diesel::insert_into(inbox_messages)
-            .values((consumer.eq(consumer_name), message_id.eq(key)))
-            .on_conflict((consumer, message_id))
-            .do_nothing()
-            .execute(conn)
-            .map(|inserted| inserted == 1)
+        let inserted = match fingerprint_bytes {
+            None => diesel::insert_into(inbox_messages)
+                .values((consumer.eq(consumer_name), message_id.eq(key)))
+                .on_conflict((consumer, message_id))
+                .do_nothing()
+                .execute(conn),
+            Some(bytes) => diesel::insert_into(inbox_messages)
+                .values((
+                    consumer.eq(consumer_name),
+                    message_id.eq(key),
+                    fingerprint.eq(bytes),
+                ))
+                .on_conflict((consumer, message_id))
+                .do_nothing()
+                .execute(conn),
+        };
+        inserted.map(|inserted| inserted == 1)
     }
 
-    fn claim_batch<C>(conn: &mut C, consumer_name: &str, keys: &[&str]) -> QueryResult<Vec<String>>
+    fn claim_batch<C>(
+        conn: &mut C,
+        consumer_name: &str,
+        keys: &[&str],
+        fingerprints: Option<&[&[u8]]>,
+    ) -> QueryResult<Vec<String>>
     where
         C: LoadConnection<Backend = Self>,
     {
-        claim_batch_by_lookup!(conn, consumer_name, keys, diesel::RunQueryDsl)
+        claim_batch_by_lookup!(conn, consumer_name, keys, fingerprints, diesel::RunQueryDsl)
     }
 
     fn is_transient(error: &Error) -> bool {
@@ -279,35 +303,79 @@ mod asynchronous {
             &mut self,
             consumer_name: &str,
             key: &str,
+            fingerprint_bytes: Option<&[u8]>,
         ) -> crate::asynchronous::BeginClaim {
             let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            let fingerprint_bytes = fingerprint_bytes.map(<[u8]>::to_vec);
             self.spawn_blocking(move |conn| {
                 let begun = transaction::begin(conn);
-                let claimed = begun
-                    .is_ok()
-                    .then(|| Sqlite::claim(conn, &consumer_name, &key));
+                let claimed = begun.is_ok().then(|| {
+                    Sqlite::claim(conn, &consumer_name, &key, fingerprint_bytes.as_deref())
+                });
                 Ok((begun, claimed))
             })
             .await
             .unwrap_or_else(|e| (Err((Scope::TopLevel, e)), None))
         }
 
-        async fn inbox_claim(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
+        async fn inbox_claim(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+            fingerprint_bytes: Option<&[u8]>,
+        ) -> QueryResult<bool> {
             let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
-            self.spawn_blocking(move |conn| Sqlite::claim(conn, &consumer_name, &key))
-                .await
+            let fingerprint_bytes = fingerprint_bytes.map(<[u8]>::to_vec);
+            self.spawn_blocking(move |conn| {
+                Sqlite::claim(conn, &consumer_name, &key, fingerprint_bytes.as_deref())
+            })
+            .await
         }
 
         async fn inbox_claim_batch(
             &mut self,
             consumer_name: &str,
             keys: &[&str],
+            fingerprints: Option<&[&[u8]]>,
         ) -> QueryResult<Vec<String>> {
+            let consumer_name = consumer_name.to_owned();
+            let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+            let fingerprints: Option<Vec<Vec<u8>>> =
+                fingerprints.map(|all| all.iter().map(|f| f.to_vec()).collect());
+            self.spawn_blocking(move |conn| {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let fingerprints: Option<Vec<&[u8]>> = fingerprints
+                    .as_ref()
+                    .map(|all| all.iter().map(Vec::as_slice).collect());
+                Sqlite::claim_batch(conn, &consumer_name, &keys, fingerprints.as_deref())
+            })
+            .await
+        }
+
+        async fn inbox_stored(
+            &mut self,
+            consumer_name: &str,
+            keys: &[&str],
+        ) -> QueryResult<Vec<crate::claim::StoredRow>> {
             let consumer_name = consumer_name.to_owned();
             let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
             self.spawn_blocking(move |conn| {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                Sqlite::claim_batch(conn, &consumer_name, &keys)
+                Sqlite::stored(conn, &consumer_name, &keys)
+            })
+            .await
+        }
+
+        async fn inbox_store_result(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+            value: &[u8],
+        ) -> QueryResult<()> {
+            let (consumer_name, key, value) =
+                (consumer_name.to_owned(), key.to_owned(), value.to_vec());
+            self.spawn_blocking(move |conn| {
+                Sqlite::store_result(conn, &consumer_name, &key, &value)
             })
             .await
         }
