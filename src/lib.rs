@@ -196,12 +196,12 @@
 pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
-    consumers, ddl, forget, inbox_messages, migrate, purge, run, run_batch, run_batch_with,
-    run_once, run_once_with, run_with, schema_version, stats, status, validate_key, Batch,
-    BatchOptions, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver, Fingerprint,
-    InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey, Options, Outcome,
-    Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored, StoredResult,
-    TableProblem, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
+    attempts, consumers, ddl, forget, inbox_messages, migrate, purge, run, run_batch,
+    run_batch_with, run_once, run_once_with, run_with, schema_version, stats, status, validate_key,
+    Attempts, Batch, BatchOptions, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver,
+    Fingerprint, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey,
+    Options, Outcome, Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored,
+    StoredResult, TableProblem, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.
@@ -209,8 +209,8 @@ extern crate self as diesel_inbox;
 
 #[cfg(feature = "async")]
 pub use inbox_runtime::{
-    forget_async, migrate_async, purge_async, run_async, run_batch_async, run_once_async,
-    stats_async, status_async, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+    attempts_async, forget_async, migrate_async, purge_async, run_async, run_batch_async,
+    run_once_async, stats_async, status_async, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[doc(hidden)]

@@ -55,7 +55,7 @@ fn cli_contract<B: TestBackend>() {
     let (code, out, err) = run(cli(url).arg("migrate"));
     assert_eq!(
         (code, out.trim()),
-        (0, "inbox table ready (schema version 1)"),
+        (0, "inbox table ready (schema version 2)"),
         "{err}"
     );
     // Idempotent.
@@ -111,6 +111,28 @@ fn cli_contract<B: TestBackend>() {
     let (code, out, _) = run(cli(url).args(["status", "billing", "order-99"]));
     assert_eq!(code, 1);
     assert!(out.starts_with("not applied"), "{out}");
+    // A key whose deliveries failed (`max_attempts`): status shows the count.
+    for _ in 0..2 {
+        let options = diesel_inbox::Options::new().max_attempts(5);
+        let failed: diesel::QueryResult<Processed<()>> = diesel_inbox::run_with(
+            &mut conn,
+            "importer",
+            "file-7",
+            &options,
+            0,
+            |_| Err(diesel::result::Error::NotFound),
+            ErrorClass::of,
+        );
+        assert!(failed.is_err());
+    }
+    let (code, out, _) = run(cli(url).args(["status", "importer", "file-7"]));
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("not applied")
+            && out.contains("2 failed attempts (max_attempts)")
+            && out.contains("last error: NotFound"),
+        "{out}"
+    );
 
     // purge: refused under an hour, a dry run, then in batches.
     let (code, _, err) = run(cli(url).args(["purge", "--older-than", "30m"]));

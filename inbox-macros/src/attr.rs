@@ -13,9 +13,10 @@ mod kw {
     syn::custom_keyword!(shared);
     syn::custom_keyword!(fingerprint);
     syn::custom_keyword!(store_result);
+    syn::custom_keyword!(max_attempts);
 }
 
-const VALID: &str = "`key`, `consumer`, `shared`, `conn`, `retries`, `batch`, `fingerprint`, `store_result`, `crate`";
+const VALID: &str = "`key`, `consumer`, `shared`, `conn`, `retries`, `batch`, `fingerprint`, `store_result`, `max_attempts`, `crate`";
 
 /// The attribute's arguments, as written; [`crate::validate`] checks them
 /// against the function.
@@ -33,6 +34,8 @@ pub(crate) struct IdempotentArgs {
     pub(crate) fingerprint: Option<LitStr>,
     /// `store_result`: the body's value is stored for duplicates.
     pub(crate) store_result: Option<kw::store_result>,
+    /// `max_attempts = N`: failures after which the body no longer runs.
+    pub(crate) max_attempts: Option<LitInt>,
 }
 
 impl Parse for IdempotentArgs {
@@ -60,6 +63,14 @@ impl Parse for IdempotentArgs {
             } else if lookahead.peek(kw::batch) {
                 let name = input.parse::<kw::batch>()?;
                 set(&mut args.batch, "batch", name.span, parse_value(input)?)?;
+            } else if lookahead.peek(kw::max_attempts) {
+                let name = input.parse::<kw::max_attempts>()?;
+                set(
+                    &mut args.max_attempts,
+                    "max_attempts",
+                    name.span,
+                    parse_value(input)?,
+                )?;
             } else if lookahead.peek(kw::fingerprint) {
                 let name = input.parse::<kw::fingerprint>()?;
                 set(
@@ -139,6 +150,7 @@ mod tests {
             shared,
             fingerprint = "msg.body",
             store_result,
+            max_attempts = 5,
         );
         assert_eq!(args.key.map(|k| k.value()).as_deref(), Some("msg.id"));
         assert_eq!(args.consumer.map(|k| k.value()).as_deref(), Some("billing"));
@@ -151,6 +163,10 @@ mod tests {
             Some("msg.body")
         );
         assert!(args.store_result.is_some());
+        assert_eq!(
+            args.max_attempts.map(|n| n.to_string()).as_deref(),
+            Some("5")
+        );
     }
 
     #[test]
@@ -163,7 +179,7 @@ mod tests {
         let unknown = syn::parse_str::<IdempotentArgs>(r#"kee = "a""#);
         assert_eq!(
             unknown.err().map(|e| e.to_string()).as_deref(),
-            Some("unknown argument `kee`; expected one of `key`, `consumer`, `shared`, `conn`, `retries`, `batch`, `fingerprint`, `store_result`, `crate`")
+            Some("unknown argument `kee`; expected one of `key`, `consumer`, `shared`, `conn`, `retries`, `batch`, `fingerprint`, `store_result`, `max_attempts`, `crate`")
         );
     }
 }

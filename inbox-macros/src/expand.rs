@@ -31,6 +31,7 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
         shared,
         fingerprint,
         store_result,
+        max_attempts,
     } = handler;
     let HandlerFn {
         attrs,
@@ -85,7 +86,7 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     };
     // With a fingerprint or a stored result, the `_with` variants take the
     // options: `run_with(conn, site, key, &options, ..)`.
-    let with = fingerprint.is_some() || store_result.is_some();
+    let with = fingerprint.is_some() || store_result.is_some() || max_attempts.is_some();
     let runtime_fn = |name: &str| {
         let with = if with { "_with" } else { "" };
         Ident::new(&format!("{name}{with}{suffix}"), output_span)
@@ -143,8 +144,8 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
             ) #awaited
         }
     } else {
-        // Input:  key = "msg.id", fingerprint = "msg.body", store_result
-        // Output: let options = Options::new().fingerprint_or_error(fingerprint(probe(&(msg.body))));
+        // Input:  key = "msg.id", fingerprint = "msg.body", store_result, max_attempts = 5
+        // Output: let options = Options::new().fingerprint_or_error(fingerprint(probe(&(msg.body)))).max_attempts(5);
         //         run_with(conn, site, &(msg.id), &options, 3, |conn| .., classify)
         // The fingerprint is taken before the body can move the message.
         // `store_result` is the rewritten return type, `Stored<T>`, which
@@ -154,8 +155,11 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
                 let probe = fingerprint_probe(expr, &krate);
                 quote_spanned!(expr.span()=> .fingerprint_or_error(#probe))
             });
+            let max_attempts = max_attempts
+                .as_ref()
+                .map(|n| quote_spanned!(n.span()=> .max_attempts(#n)));
             quote_spanned! {output_span=>
-                let #options_ident = #krate::__private::Options::new() #fingerprint;
+                let #options_ident = #krate::__private::Options::new() #fingerprint #max_attempts;
             }
         } else {
             quote!()

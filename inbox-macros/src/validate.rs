@@ -9,7 +9,8 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit::Visit;
 use syn::{
-    Expr, FnArg, GenericArgument, Ident, LitStr, Pat, PatIdent, PathArguments, ReturnType, Type,
+    Expr, FnArg, GenericArgument, Ident, LitInt, LitStr, Pat, PatIdent, PathArguments, ReturnType,
+    Type,
 };
 
 /// Longest consumer name the inbox stores, in bytes (the runtime's `MAX_KEY_BYTES`).
@@ -36,6 +37,8 @@ pub(crate) struct Handler {
     pub(crate) fingerprint: Option<Expr>,
     /// `store_result`: where the flag was written.
     pub(crate) store_result: Option<Span>,
+    /// `max_attempts = N` (at least 1).
+    pub(crate) max_attempts: Option<LitInt>,
 }
 
 /// Accumulates errors so that one compile reports all of them.
@@ -212,6 +215,23 @@ pub(crate) fn validate(args: IdempotentArgs, func: HandlerFn) -> syn::Result<Han
         );
     }
 
+    let max_attempts = args.max_attempts.clone().filter(|lit| {
+        let valid = matches!(lit.base10_parse::<u32>(), Ok(n) if n >= 1);
+        if !valid {
+            errors.push(
+                lit.span(),
+                "`max_attempts` must be a whole number from 1 to 4294967295: the failures after which the body no longer runs",
+            );
+        }
+        valid
+    });
+    if let (Some(lit), Some(_)) = (&args.max_attempts, &args.batch) {
+        errors.push(
+            lit.span(),
+            "`max_attempts` is for single-message handlers: a batch's failure belongs to no one message, and counting it against every key would give up on the good ones too\nhelp: handle the messages one at a time to find the poison message",
+        );
+    }
+
     let consumer = args
         .consumer
         .unwrap_or_else(|| LitStr::new(&func.sig.ident.unraw().to_string(), func.sig.ident.span()));
@@ -275,6 +295,7 @@ pub(crate) fn validate(args: IdempotentArgs, func: HandlerFn) -> syn::Result<Han
             shared,
             fingerprint,
             store_result,
+            max_attempts,
         }),
         // Every `None` above pushed an error.
         _ => Err(syn::Error::new(

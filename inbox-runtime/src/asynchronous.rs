@@ -4,12 +4,12 @@
 //! statements next to its sync ones).
 
 use crate::backend::InboxBackend;
-use crate::claim::{single_key, BatchPlan, One, StoredRow};
+use crate::claim::{single_key, BatchPlan, One, Read, StoredRow};
 use crate::engine::{Claimed, Ended, Engine, Event, Next, Scope, Step};
 use crate::error::InboxError;
 use crate::key::InboxKey;
 use crate::observe;
-use crate::options::{encoder, BatchOptions, Options, Outcome};
+use crate::options::{describe, describe_panic, encoder, BatchOptions, Options, Outcome};
 use crate::processed::{Batch, Processed};
 use crate::registry::ConsumerName;
 use crate::retry::ErrorClass;
@@ -104,6 +104,33 @@ pub trait AsyncInboxConnection:
         consumer: &str,
         keys: &[&str],
     ) -> impl Future<Output = QueryResult<Vec<StoredRow>>> + Send;
+
+    /// The failure count of `(consumer, key)`.
+    #[doc(hidden)]
+    fn inbox_attempts(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<Option<crate::claim::AttemptsRow>>> + Send;
+
+    /// Deletes the failure count of `(consumer, key)`.
+    #[doc(hidden)]
+    fn inbox_clear_attempts(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Adds one failure to the count of `(consumer, key)`: in a short
+    /// transaction of its own at top level, in the caller's inside one.
+    #[doc(hidden)]
+    fn inbox_count_failure(
+        &mut self,
+        scope: Scope,
+        consumer: &str,
+        key: &str,
+        error: &str,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Writes the body's value into the row just claimed.
     #[doc(hidden)]
@@ -268,14 +295,10 @@ where
     E: From<InboxError> + From<Error> + Send,
     R: Fn(&E) -> ErrorClass<E> + Send,
 {
-    run_with_async(
-        conn,
-        consumer,
-        key,
-        &Options::new(),
-        retries,
-        body,
-        classify,
+    let next_body = move || body.clone();
+    let options = Options::new();
+    run_one_async::<C, N, K, T, E, F, R, Processed<T>>(
+        conn, consumer, key, &options, retries, next_body, classify, None,
     )
     .await
 }
@@ -326,15 +349,56 @@ where
         + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
         + Send,
     T: Send,
+    E: From<InboxError> + From<Error> + Send + std::fmt::Debug,
+    R: Fn(&E) -> ErrorClass<E> + Send,
+{
+    let describe: fn(&E) -> String = describe::<E>;
+    let next_body = move || body.clone();
+    run_one_async(
+        conn,
+        consumer,
+        key,
+        options,
+        retries,
+        next_body,
+        classify,
+        Some(describe),
+    )
+    .await
+}
+
+/// [`run_with_async`] and [`run_once_with_async`], and the plain variants
+/// without a way to describe the body's errors (`describe`: `None`), which
+/// then cannot count failures.
+#[allow(clippy::too_many_arguments)]
+async fn run_one_async<C, N, K, T, E, F, R, O>(
+    conn: &mut C,
+    consumer: &N,
+    key: &K,
+    options: &Options,
+    retries: u32,
+    next_body: impl FnMut() -> F + Send,
+    classify: R,
+    describe: Option<fn(&E) -> String>,
+) -> Result<O, E>
+where
+    O: Outcome<T>,
+    C: AsyncInboxConnection,
+    N: ConsumerName + ?Sized,
+    K: InboxKey + ?Sized,
+    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> + Send,
+    T: Send,
     E: From<InboxError> + From<Error> + Send,
     R: Fn(&E) -> ErrorClass<E> + Send,
 {
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
     let one = options.one::<T, O>(consumer, &key)?;
-    let engine = Engine::new(consumer, &key, retries, classify).storing(encoder::<T, O>());
+    let engine = Engine::new(consumer, &key, retries, classify)
+        .storing(encoder::<T, O>())
+        .counting(one.max_attempts.and(describe));
     let span = engine.span().clone();
-    let ended = drive_one(conn, engine, &one, || body.clone())
+    let ended = drive_one(conn, engine, &one, next_body)
         .instrument(span)
         .await?;
     Ok(O::outcome(consumer, &key, ended)?)
@@ -431,7 +495,7 @@ where
                 Step::Body => {
                     let fresh: Vec<&M> = positions.iter().map(|&i| &messages[i]).collect();
                     let body = body.clone();
-                    run_body(conn, async move |conn| body(conn, fresh).await).await
+                    run_body(conn, async move |conn| body(conn, fresh).await, None).await
                 }
                 other => perform(conn, other, &claim, &mut positions).await,
             };
@@ -463,7 +527,15 @@ where
     T: Send,
     E: From<InboxError> + From<Error> + Send,
 {
-    run_once_with_async(conn, consumer, key, &Options::new(), body).await
+    run_once_inner::<C, N, K, T, E, F, Processed<T>>(
+        conn,
+        consumer,
+        key,
+        &Options::new(),
+        body,
+        None,
+    )
+    .await
 }
 
 /// The async twin of [`run_once_with`](crate::run_once_with).
@@ -482,23 +554,41 @@ where
     for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across an .await
         + Send,
     T: Send,
+    E: From<InboxError> + From<Error> + Send + std::fmt::Debug,
+{
+    let describe: fn(&E) -> String = describe::<E>;
+    run_once_inner(conn, consumer, key, options, body, Some(describe)).await
+}
+
+/// [`run_once_with_async`] with an optional `describe` (see
+/// [`run_one_async`]).
+async fn run_once_inner<C, N, K, T, E, F, O>(
+    conn: &mut C,
+    consumer: &N,
+    key: &K,
+    options: &Options,
+    body: F,
+    describe: Option<fn(&E) -> String>,
+) -> Result<O, E>
+where
+    O: Outcome<T>,
+    C: AsyncInboxConnection,
+    N: ConsumerName + ?Sized,
+    K: InboxKey + ?Sized,
+    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> + Send,
+    T: Send,
     E: From<InboxError> + From<Error> + Send,
 {
-    let consumer = consumer.consumer_name()?;
-    let key = single_key(key)?;
-    let one = options.one::<T, O>(consumer, &key)?;
     let permanent = |_: &E| ErrorClass::permanent();
-    let engine = Engine::new(consumer, &key, 0, permanent).storing(encoder::<T, O>());
     let mut body = Some(body);
-    let next_body = || match body.take() {
+    let next_body = move || match body.take() {
         Some(body) => body,
         None => unreachable!("with retries = 0 the body runs at most once"),
     };
-    let span = engine.span().clone();
-    let ended = drive_one(conn, engine, &one, next_body)
-        .instrument(span)
-        .await?;
-    Ok(O::outcome(consumer, &key, ended)?)
+    run_one_async(
+        conn, consumer, key, options, 0, next_body, permanent, describe,
+    )
+    .await
 }
 
 /// The async twin of [`migrate`](crate::migrate): creates, verifies,
@@ -564,7 +654,10 @@ where
     let mut step = Step::Begin;
     loop {
         let event = match step {
-            Step::Body => run_body(conn, next_body()).await,
+            Step::Body => {
+                let counted = engine.counted_scope().map(|scope| (scope, one));
+                run_body(conn, next_body(), counted).await
+            }
             Step::Begin => {
                 let (begun, inserted) = conn
                     .inbox_begin_claim(one.consumer, one.key, one.fingerprint())
@@ -592,9 +685,17 @@ async fn judge_one<C: AsyncInboxConnection>(
     one: &One<'_>,
     inserted: QueryResult<bool>,
 ) -> Result<Claimed, Error> {
-    Ok(match one.without_reading(inserted?) {
-        Some(claimed) => claimed,
-        None => one.duplicate(conn.inbox_stored(one.consumer, &[one.key]).await?),
+    Ok(match one.next_read(inserted?) {
+        Read::Done(claimed) => claimed,
+        Read::Stored => one.duplicate(conn.inbox_stored(one.consumer, &[one.key]).await?),
+        Read::Attempts => {
+            let row = conn.inbox_attempts(one.consumer, one.key).await?;
+            let (claimed, clear) = one.attempted(row);
+            if clear {
+                conn.inbox_clear_attempts(one.consumer, one.key).await?;
+            }
+            claimed
+        }
     })
 }
 
@@ -624,6 +725,16 @@ where
             Claim::One(one) => conn.inbox_store_result(one.consumer, one.key, &value).await,
             Claim::Many(..) => unreachable!("a batch stores no result"),
         }),
+        Step::Count(scope, error) => {
+            match claim {
+                Claim::One(one) => crate::transaction::counted(
+                    conn.inbox_count_failure(scope, one.consumer, one.key, &error)
+                        .await,
+                ),
+                Claim::Many(..) => unreachable!("a batch counts no failures"),
+            }
+            Event::Counted
+        }
         Step::Commit(scope) => Event::Committed(conn.inbox_commit(scope).await),
         Step::Rollback => {
             conn.inbox_rollback().await;
@@ -660,7 +771,13 @@ async fn claim_many<C: AsyncInboxConnection>(
 
 /// Runs one attempt's body, observing its failed statements; a panic rolls
 /// back and then keeps unwinding.
-async fn run_body<C, T, E, F>(conn: &mut C, body: F) -> Event<T, E>
+/// `counted`: the scope and the claim whose failure a panic counts
+/// (`max_attempts`).
+async fn run_body<C, T, E, F>(
+    conn: &mut C,
+    body: F,
+    counted: Option<(Scope, &One<'_>)>,
+) -> Event<T, E>
 where
     C: AsyncInboxConnection,
     for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
@@ -685,6 +802,13 @@ where
         // diesel-async does not roll back on unwind either.
         Err(panic) => {
             conn.inbox_rollback().await;
+            if let Some((scope, one)) = counted {
+                let text = describe_panic(&*panic);
+                crate::transaction::counted(
+                    conn.inbox_count_failure(scope, one.consumer, one.key, &text)
+                        .await,
+                );
+            }
             panic::resume_unwind(panic)
         }
     }

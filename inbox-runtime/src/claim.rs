@@ -13,6 +13,35 @@ use std::collections::{HashMap, HashSet};
 /// reads them for a duplicate.
 pub(crate) type StoredRow = (String, Option<Vec<u8>>, Option<Vec<u8>>);
 
+/// A key's failure count: failures, the last error, when it was counted
+/// (microseconds since the epoch).
+pub(crate) type AttemptsRow = (i32, String, i64);
+
+/// Longest error text the failure count keeps, in bytes.
+const MAX_ERROR_TEXT: usize = 1_000;
+
+/// `error`, cut to [`MAX_ERROR_TEXT`] bytes at a character boundary.
+pub(crate) fn error_text(error: &str) -> &str {
+    if error.len() <= MAX_ERROR_TEXT {
+        return error;
+    }
+    let mut end = MAX_ERROR_TEXT;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    &error[..end]
+}
+
+/// What a single claim reads next, if anything.
+pub(crate) enum Read {
+    /// Nothing: the verdict is known.
+    Done(Claimed),
+    /// The duplicate's row ([`One::duplicate`]).
+    Stored,
+    /// The new claim's failure count ([`One::attempted`]).
+    Attempts,
+}
+
 /// Whether a stored fingerprint refuses this delivery: only when both exist
 /// and differ (a row written without one accepts any content).
 fn reused(expected: Option<&Fingerprint>, stored: Option<&[u8]>) -> bool {
@@ -26,6 +55,8 @@ pub(crate) struct One<'a> {
     pub(crate) key: &'a str,
     pub(crate) fingerprint: Option<Fingerprint>,
     pub(crate) stored_result: bool,
+    /// `max_attempts`: the failures after which the body no longer runs.
+    pub(crate) max_attempts: Option<u32>,
 }
 
 impl One<'_> {
@@ -41,13 +72,35 @@ impl One<'_> {
         self.fingerprint.is_some() || self.stored_result
     }
 
-    /// The verdict of a claim that `inserted` (or not), when it needs no
-    /// read of the row; `None`: read it and ask [`duplicate`](Self::duplicate).
-    pub(crate) fn without_reading(&self, inserted: bool) -> Option<Claimed> {
-        match (inserted, self.reads_duplicates()) {
-            (true, _) => Some(Claimed::New),
-            (false, false) => Some(Claimed::Duplicate(None)),
-            (false, true) => None,
+    /// What to read after a claim that `inserted` its row (or not): a
+    /// duplicate's row when it is checked, a new claim's failure count with
+    /// `max_attempts`, else nothing.
+    pub(crate) fn next_read(&self, inserted: bool) -> Read {
+        match (inserted, self.max_attempts, self.reads_duplicates()) {
+            (true, Some(_), _) => Read::Attempts,
+            (true, None, _) => Read::Done(Claimed::New),
+            (false, _, true) => Read::Stored,
+            (false, _, false) => Read::Done(Claimed::Duplicate(None)),
+        }
+    }
+
+    /// The verdict on a new claim whose failure count is `row`, and whether
+    /// to delete that count in the claim's transaction (a success then
+    /// clears it; a failure rolls the delete back and counts one more).
+    pub(crate) fn attempted(&self, row: Option<AttemptsRow>) -> (Claimed, bool) {
+        let Some((failures, last_error, _)) = row else {
+            return (Claimed::New, false);
+        };
+        let failures = u32::try_from(failures).unwrap_or(0);
+        match self.max_attempts {
+            Some(max) if failures >= max => (
+                Claimed::GaveUp {
+                    failures,
+                    last_error,
+                },
+                false,
+            ),
+            _ => (Claimed::New, true),
         }
     }
 

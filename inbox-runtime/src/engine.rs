@@ -56,6 +56,10 @@ pub(crate) enum Step {
     /// Write the body's value, serialized, into the claimed row
     /// (`store_result`).
     Store(Vec<u8>),
+    /// Count a failure of the body (`max_attempts`), after the rollback:
+    /// in a short transaction of its own at top level, in the caller's
+    /// transaction inside one. The text is the failure's.
+    Count(Scope, String),
     /// Commit what `Begin` opened.
     Commit(Scope),
     /// Roll back what `Begin` opened.
@@ -69,6 +73,9 @@ pub(crate) enum Event<T, E> {
     Begun(Result<Scope, (Scope, Error)>),
     Claimed(Result<Claimed, Error>),
     Stored(Result<(), Error>),
+    /// The failure was counted (a failed count is logged, not returned:
+    /// the body's error is what the caller gets).
+    Counted,
     Ran {
         result: Result<T, E>,
         /// The statements of the body that failed, oldest first.
@@ -89,6 +96,9 @@ pub(crate) enum Claimed {
     Duplicate(Option<Vec<u8>>),
     /// This key was applied before with a different fingerprint.
     Reused(String),
+    /// This key's deliveries failed `failures` times, as many as
+    /// `max_attempts` allows: the body does not run again.
+    GaveUp { failures: u32, last_error: String },
 }
 
 /// How a call ended without an error.
@@ -151,6 +161,8 @@ enum State<T, E> {
     /// Rolling back, then: a duplicate, or a failure to judge.
     RollingBack(Result<Option<Vec<u8>>, Failure<E>>),
     Sleeping,
+    /// Counting a failure, then returning its error.
+    Counting(E),
     Finished,
 }
 
@@ -167,6 +179,8 @@ pub(crate) struct Engine<'a, B, T, E, R> {
     state: State<T, E>,
     /// `store_result`: how the body's value is stored.
     encode: Option<Encode<T>>,
+    /// `max_attempts`: failures are counted, described with this.
+    count: Option<fn(&E) -> String>,
     backend: PhantomData<B>,
     telemetry: Telemetry,
 }
@@ -189,6 +203,7 @@ where
             scope: Scope::TopLevel,
             state: State::Beginning,
             encode: None,
+            count: None,
             backend: PhantomData,
             telemetry: Telemetry::start(consumer, what),
         }
@@ -198,6 +213,19 @@ where
     pub(crate) fn storing(mut self, encode: Option<Encode<T>>) -> Self {
         self.encode = encode;
         self
+    }
+
+    /// Counts the body's failures (`max_attempts`), describing each with
+    /// `describe`.
+    pub(crate) fn counting(mut self, describe: Option<fn(&E) -> String>) -> Self {
+        self.count = describe;
+        self
+    }
+
+    /// Whether the call's failures are counted, and in which scope: what a
+    /// driver needs to count a panic of the body.
+    pub(crate) fn counted_scope(&self) -> Option<Scope> {
+        self.count.map(|_| self.scope)
     }
 
     /// The call's span: drivers enter it while they drive the call.
@@ -237,6 +265,21 @@ where
                 // Nothing was written; ending the transaction either way is the same.
                 Ok(Claimed::Duplicate(stored)) => {
                     self.go(State::RollingBack(Ok(stored)), Step::Rollback)
+                }
+                Ok(Claimed::GaveUp {
+                    failures,
+                    last_error,
+                }) => {
+                    let refused = InboxError::AttemptsExhausted {
+                        consumer: self.consumer.into(),
+                        key: self.what.into(),
+                        failures,
+                        last_error: last_error.into(),
+                    };
+                    self.go(
+                        State::RollingBack(Err(Failure::Refused(refused))),
+                        Step::Rollback,
+                    )
                 }
                 Ok(Claimed::Reused(key)) => {
                     let refused = InboxError::KeyReused {
@@ -301,6 +344,7 @@ where
                 Ok(stored) => Next::Done(Ok(Ended::Duplicate(stored))),
                 Err(failure) => self.judge(failure),
             },
+            (State::Counting(error), Event::Counted) => Next::Done(Err(error)),
             (State::Sleeping, Event::Slept) => {
                 self.attempts += 1;
                 self.go(State::Beginning, Step::Begin)
@@ -328,7 +372,8 @@ where
         // Inside the caller's transaction a rerun cannot help: the caller's
         // work is lost too.
         if !retryable || self.scope == Scope::Savepoint {
-            return Next::Done(Err(failure.into_error()));
+            let counted = self.count_text(&failure);
+            return self.give_up(failure.into_error(), counted);
         }
         let cause = match &failure {
             Failure::Inbox(e)
@@ -340,17 +385,46 @@ where
         let (consumer, key, attempts) = (self.consumer, self.what, self.attempts);
         if attempts > self.retries {
             tracing::warn!(consumer, key, attempts, error = %cause, "diesel-inbox: giving up on a transient error");
-            return Next::Done(Err(match (failure, class) {
+            let counted = self.count_text(&failure);
+            let error = match (failure, class) {
                 (Failure::Inbox(source), _) => {
                     InboxError::RetriesExhausted { attempts, source }.into()
                 }
                 (Failure::Body { error, .. }, Some(class)) => class.exhausted(error, attempts),
                 (other, _) => other.into_error(),
-            }));
+            };
+            return self.give_up(error, counted);
         }
         tracing::debug!(consumer, key, attempt = attempts, error = %cause, "diesel-inbox: transient error, retrying");
         self.telemetry.retried();
         self.go(State::Sleeping, Step::Sleep(backoff(attempts)))
+    }
+}
+
+impl<B, T, E, R> Engine<'_, B, T, E, R> {
+    /// What a failure the body caused counts as (`max_attempts`), if it
+    /// counts: not the inbox's own failures, nor its refusals.
+    fn count_text(&self, failure: &Failure<E>) -> Option<String> {
+        let describe = self.count?;
+        match failure {
+            Failure::Body { error, .. } => Some(describe(error)),
+            Failure::Commit(e) => Some(format!("the commit failed: {e}")),
+            Failure::Ignored(e) => {
+                Some(format!("the body returned Ok over a failed statement: {e}"))
+            }
+            Failure::Inbox(_) | Failure::Refused(_) => None,
+        }
+    }
+
+    /// Return `error`, after counting the failure when it counts.
+    fn give_up(&mut self, error: E, counted: Option<String>) -> Next<T, E> {
+        match counted {
+            None => Next::Done(Err(error)),
+            Some(text) => {
+                self.state = State::Counting(error);
+                Next::Do(Step::Count(self.scope, text))
+            }
+        }
     }
 }
 

@@ -105,6 +105,22 @@ pub enum InboxError {
         /// The reused key.
         key: String,
     },
+    /// `max_attempts`: this key's deliveries failed `failures` times, as
+    /// many as the handler allows, so the body did not run again and
+    /// nothing was written. Never retried: dead-letter the message and
+    /// acknowledge it. `diesel_inbox::attempts` shows the count;
+    /// `diesel_inbox::forget` resets it (a deliberate retry).
+    #[error("message {key:?} of consumer {consumer:?} failed {failures} times, as many as max_attempts allows; the body did not run (dead-letter it and acknowledge; `forget` resets the count). Last error: {last_error}")]
+    AttemptsExhausted {
+        /// The consumer (dedup scope).
+        consumer: Box<str>,
+        /// The message's key.
+        key: Box<str>,
+        /// The failures counted.
+        failures: u32,
+        /// The last failure's error.
+        last_error: Box<str>,
+    },
     /// The fingerprint of the message's content could not be computed (its
     /// `Serialize` implementation failed, or a map has keys that are not
     /// strings); nothing was written and the body did not run.

@@ -74,10 +74,11 @@ pub use inbox_macros::idempotent;
 pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};
 pub use observe::ErrorObserver;
 pub use ops::{
-    forget, purge, stats, status, ConsumerStats, InboxEntry, Purge, PurgeReport, MAX_PURGE_BATCH,
+    attempts, forget, purge, stats, status, Attempts, ConsumerStats, InboxEntry, Purge,
+    PurgeReport, MAX_PURGE_BATCH,
 };
 #[cfg(feature = "async")]
-pub use ops::{forget_async, purge_async, stats_async, status_async};
+pub use ops::{attempts_async, forget_async, purge_async, stats_async, status_async};
 pub use options::{BatchOptions, Options, Outcome, StoredResult};
 pub use processed::{Batch, Processed, Stored};
 pub use registry::{consumers, ConsumerName, RegisteredHandler};

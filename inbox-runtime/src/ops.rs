@@ -49,6 +49,24 @@ pub struct InboxEntry {
     pub received_at: SystemTime,
 }
 
+/// The failure count of a key of a handler with `max_attempts`: see
+/// [`attempts`] (which has an example).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Attempts {
+    /// The consumer.
+    pub consumer: String,
+    /// The message's key.
+    pub key: String,
+    /// Failed deliveries counted (body errors and panics) since the last
+    /// success or `forget`.
+    pub failures: u32,
+    /// The last failure's error (its `Debug` form, cut to 1,000 bytes).
+    pub last_error: String,
+    /// When the last failure was counted, by the database's clock.
+    pub updated_at: SystemTime,
+}
+
 /// What the inbox holds for one consumer: see [`stats`] (which has an
 /// example).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -409,9 +427,52 @@ where
     C::Backend::entry(conn, consumer, key).map_err(ops_error::<C::Backend>)
 }
 
+/// The failure count of `key` for `consumer` (handlers with
+/// `max_attempts`), or `None` when its deliveries have not failed since the
+/// last success or [`forget`]. Once `failures` reaches the handler's
+/// `max_attempts`, its deliveries fail with
+/// [`InboxError::AttemptsExhausted`].
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_runtime::{attempts, forget, idempotent, InboxError};
+///
+/// #[derive(Debug)]
+/// struct Rejected;
+/// # impl From<InboxError> for Rejected { fn from(_: InboxError) -> Self { Rejected } }
+/// # impl From<diesel::result::Error> for Rejected { fn from(_: diesel::result::Error) -> Self { Rejected } }
+///
+/// #[idempotent(key = "id", max_attempts = 2)]
+/// fn import(conn: &mut SqliteConnection, id: i64) -> Result<(), Rejected> {
+///     Err(Rejected)
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// inbox_runtime::migrate(&mut conn)?;
+/// assert!(import(&mut conn, 1).is_err());
+/// assert!(import(&mut conn, 1).is_err());
+/// let count = attempts(&mut conn, "import", "1")?.expect("counted");
+/// assert_eq!((count.failures, count.last_error.as_str()), (2, "Rejected"));
+/// assert!(forget(&mut conn, "import", "1")?); // a deliberate retry
+/// assert!(attempts(&mut conn, "import", "1")?.is_none());
+/// # Ok(())
+/// # }
+/// ```
+pub fn attempts<C>(conn: &mut C, consumer: &str, key: &str) -> Result<Option<Attempts>, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    checked_ids(consumer, key)?;
+    C::Backend::attempts(conn, consumer, key)
+        .map(|row| row.map(|row| attempts_of(consumer, key, row)))
+        .map_err(ops_error::<C::Backend>)
+}
+
 /// Removes the inbox row of `key` for `consumer`, so that the next delivery
-/// of that message is applied again: a deliberate replay. `true` if there
-/// was a row. The message's earlier effects stay; replay only what is safe
+/// of that message is applied again: a deliberate replay. It also removes
+/// the key's failure count (`max_attempts`), so that a message given up on
+/// runs again. `true` if there was a row or a count. The message's earlier effects stay; replay only what is safe
 /// to apply twice, or undo it first.
 ///
 /// ```
@@ -531,6 +592,23 @@ where
         .map_err(ops_error::<C::Backend>)
 }
 
+/// The async twin of [`attempts`].
+#[cfg(feature = "async")]
+pub async fn attempts_async<C>(
+    conn: &mut C,
+    consumer: &str,
+    key: &str,
+) -> Result<Option<Attempts>, InboxError>
+where
+    C: crate::AsyncInboxConnection,
+{
+    checked_ids(consumer, key)?;
+    conn.inbox_attempts(consumer, key)
+        .await
+        .map(|row| row.map(|row| attempts_of(consumer, key, row)))
+        .map_err(ops_error::<C::Backend>)
+}
+
 /// The async twin of [`forget`] (example: [`purge_async`]).
 #[cfg(feature = "async")]
 pub async fn forget_async<C>(conn: &mut C, consumer: &str, key: &str) -> Result<bool, InboxError>
@@ -555,6 +633,20 @@ where
 /// Microseconds since the Unix epoch, as the backends' statements read
 /// `received_at`, to a time.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn attempts_of(
+    consumer: &str,
+    key: &str,
+    (failures, last_error, micros): crate::claim::AttemptsRow,
+) -> Attempts {
+    Attempts {
+        consumer: consumer.to_owned(),
+        key: key.to_owned(),
+        failures: u32::try_from(failures).unwrap_or(0),
+        last_error,
+        updated_at: from_micros(micros),
+    }
+}
+
 pub(crate) fn from_micros(micros: i64) -> SystemTime {
     let offset = Duration::from_micros(micros.unsigned_abs());
     if micros >= 0 {

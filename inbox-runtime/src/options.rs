@@ -35,6 +35,7 @@ impl<T> Copy for Codec<T> {}
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     fingerprint: Option<Result<Fingerprint, String>>,
+    max_attempts: Option<u32>,
 }
 
 impl Options {
@@ -59,6 +60,17 @@ impl Options {
         self
     }
 
+    /// Counts the body's failures (errors and panics) per key, each in a
+    /// short transaction of its own after the rollback; once a key has
+    /// failed `max` times, its deliveries fail with
+    /// [`InboxError::AttemptsExhausted`] without running the body. A
+    /// success deletes the count in its own transaction. `max` is at least
+    /// 1 (0 is refused when the call runs).
+    pub fn max_attempts(mut self, max: u32) -> Self {
+        self.max_attempts = Some(max);
+        self
+    }
+
     /// The claim of `key` for an outcome `O`, or the fingerprint's error.
     pub(crate) fn one<'a, T, O: Outcome<T>>(
         &self,
@@ -76,11 +88,17 @@ impl Options {
                 })
             }
         };
+        if self.max_attempts == Some(0) {
+            return Err(InboxError::InvalidArgument(
+                "max_attempts must be at least 1",
+            ));
+        }
         Ok(One {
             consumer,
             key,
             fingerprint,
             stored_result: O::CODEC.is_some(),
+            max_attempts: self.max_attempts,
         })
     }
 }
@@ -236,4 +254,19 @@ impl<'f, M> BatchOptions<'f, M> {
 pub fn batch_options<'f, M>(messages: &[M]) -> BatchOptions<'f, M> {
     let _ = messages;
     BatchOptions::new()
+}
+
+/// How a counted failure of the body reads: its `Debug` form.
+pub(crate) fn describe<E: std::fmt::Debug>(error: &E) -> String {
+    format!("{error:?}")
+}
+
+/// How a panic of the body reads in the failure count.
+pub(crate) fn describe_panic(payload: &(dyn std::any::Any + Send)) -> String {
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-string payload");
+    format!("the body panicked: {message}")
 }

@@ -45,3 +45,22 @@ diesel::table! {
         stored_result -> Nullable<Binary>,
     }
 }
+
+diesel::table! {
+    /// The failure counts of handlers with `max_attempts` (schema version
+    /// 2): one row per key whose deliveries failed, written in a short
+    /// transaction of its own after each failure, deleted by the first
+    /// success (in the success's transaction) and by `forget`.
+    inbox_attempts (consumer, message_id) {
+        /// The consumer (dedup scope).
+        consumer -> Text,
+        /// The message's key.
+        message_id -> Text,
+        /// Failed deliveries so far (body errors and panics).
+        failures -> Integer,
+        /// The last failure's error, cut to 1,000 bytes.
+        last_error -> Text,
+        /// When the last failure was counted (UTC).
+        updated_at -> Timestamp,
+    }
+}

@@ -2,12 +2,12 @@
 //! for on a diesel `Connection`.
 
 use crate::backend::InboxBackend;
-use crate::claim::{single_key, BatchPlan, One};
+use crate::claim::{single_key, BatchPlan, One, Read};
 use crate::engine::{Claimed, Engine, Event, Next, Step};
 use crate::error::InboxError;
 use crate::key::InboxKey;
 use crate::observe;
-use crate::options::{encoder, BatchOptions, Options, Outcome};
+use crate::options::{describe, describe_panic, encoder, BatchOptions, Options, Outcome};
 use crate::processed::{Batch, Processed};
 use crate::registry::ConsumerName;
 use crate::retry::ErrorClass;
@@ -201,14 +201,9 @@ where
     R: Fn(&E) -> ErrorClass<E>,
     E: From<InboxError> + From<Error>,
 {
-    run_with(
-        conn,
-        consumer,
-        key,
-        &Options::new(),
-        retries,
-        body,
-        classify,
+    let options = Options::new();
+    run_one::<C, N, K, T, E, F, R, Processed<T>>(
+        conn, consumer, key, &options, retries, body, classify, None,
     )
 }
 
@@ -243,7 +238,7 @@ pub fn run_with<C, N, K, T, E, F, R, O>(
     key: &K,
     options: &Options,
     retries: u32,
-    mut body: F,
+    body: F,
     classify: R,
 ) -> Result<O, E>
 where
@@ -253,17 +248,54 @@ where
     K: InboxKey + ?Sized,
     F: FnMut(&mut C) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
     R: Fn(&E) -> ErrorClass<E>,
+    E: From<InboxError> + From<Error> + std::fmt::Debug,
+{
+    run_one(
+        conn,
+        consumer,
+        key,
+        options,
+        retries,
+        body,
+        classify,
+        Some(describe::<E>),
+    )
+}
+
+/// [`run_with`], and [`run`] without a way to describe the body's errors
+/// (`describe`: `None`), which then cannot count failures.
+#[allow(clippy::too_many_arguments)]
+fn run_one<C, N, K, T, E, F, R, O>(
+    conn: &mut C,
+    consumer: &N,
+    key: &K,
+    options: &Options,
+    retries: u32,
+    mut body: F,
+    classify: R,
+    describe: Option<fn(&E) -> String>,
+) -> Result<O, E>
+where
+    O: Outcome<T>,
+    C: InboxConnection,
+    N: ConsumerName + ?Sized,
+    K: InboxKey + ?Sized,
+    F: FnMut(&mut C) -> Result<T, E>,
+    R: Fn(&E) -> ErrorClass<E>,
     E: From<InboxError> + From<Error>,
 {
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
     let one = options.one::<T, O>(consumer, &key)?;
-    let engine = Engine::new(consumer, &key, retries, classify).storing(encoder::<T, O>());
+    let engine = Engine::new(consumer, &key, retries, classify)
+        .storing(encoder::<T, O>())
+        .counting(one.max_attempts.and(describe));
     let ended = drive(
         conn,
         engine,
         |conn| claim_one(conn, &one).map(|claimed| (claimed, ())),
         |conn, value| <C::Backend as InboxBackend>::store_result(conn, consumer, &key, value),
+        |conn, scope, error| count_failure(conn, scope, consumer, &key, error),
         |conn, ()| body(conn),
     )?;
     Ok(O::outcome(consumer, &key, ended.0)?)
@@ -274,14 +306,65 @@ where
 fn claim_one<C: InboxConnection>(conn: &mut C, one: &One<'_>) -> Result<Claimed, Error> {
     type B<C> = <C as Connection>::Backend;
     let inserted = <B<C> as InboxBackend>::claim(conn, one.consumer, one.key, one.fingerprint())?;
-    Ok(match one.without_reading(inserted) {
-        Some(claimed) => claimed,
-        None => one.duplicate(<B<C> as InboxBackend>::stored(
+    Ok(match one.next_read(inserted) {
+        Read::Done(claimed) => claimed,
+        Read::Stored => one.duplicate(<B<C> as InboxBackend>::stored(
             conn,
             one.consumer,
             &[one.key],
         )?),
+        Read::Attempts => {
+            let row = <B<C> as InboxBackend>::attempts(conn, one.consumer, one.key)?;
+            let (claimed, clear) = one.attempted(row);
+            if clear {
+                <B<C> as InboxBackend>::clear_attempts(conn, one.consumer, one.key)?;
+            }
+            claimed
+        }
     })
+}
+
+/// How often a failure's count runs in all when it keeps failing
+/// transiently.
+pub(crate) const COUNT_ATTEMPTS: u32 = 10;
+
+/// Counts a failure of `(consumer, key)`: in a short transaction of its
+/// own at top level (rerun on a transient error, [`COUNT_ATTEMPTS`] runs in
+/// all: concurrent failures of one key can deadlock on its row), in the
+/// caller's transaction inside one.
+pub(crate) fn count_failure<C>(
+    conn: &mut C,
+    scope: Scope,
+    consumer: &str,
+    key: &str,
+    error: &str,
+) -> Result<(), Error>
+where
+    C: InboxConnection,
+{
+    type B<C> = <C as Connection>::Backend;
+    if scope == Scope::Savepoint {
+        return <B<C> as InboxBackend>::count_failure(conn, consumer, key, error);
+    }
+    let mut attempt = 1;
+    loop {
+        let counted = <B<C> as InboxBackend>::begin_top_level(conn).and_then(|()| {
+            match <B<C> as InboxBackend>::count_failure(conn, consumer, key, error) {
+                Ok(()) => <B<C> as InboxBackend>::commit_top_level(conn),
+                Err(e) => {
+                    rollback(conn);
+                    Err(e)
+                }
+            }
+        });
+        match counted {
+            Err(e) if attempt < COUNT_ATTEMPTS && <B<C> as InboxBackend>::is_transient(&e) => {
+                std::thread::sleep(crate::engine::backoff(attempt));
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Claims the keys of a whole batch in one transaction with one multi-row
@@ -408,6 +491,7 @@ where
         engine,
         claim,
         |_, _| unreachable!("a batch stores no result"),
+        |_, _, _| unreachable!("a batch counts no failures"),
         |conn, applied: &Vec<usize>| body(conn, applied.iter().map(|&i| &messages[i]).collect()),
     )?;
     Ok(plan.outcome(ended, applied))
@@ -422,6 +506,7 @@ fn drive<C, T, E, W: Default>(
     mut engine: Engine<'_, C::Backend, T, E, impl Fn(&E) -> ErrorClass<E>>,
     mut claim: impl FnMut(&mut C) -> Result<(Claimed, W), Error>,
     mut store: impl FnMut(&mut C, &[u8]) -> Result<(), Error>,
+    mut count: impl FnMut(&mut C, Scope, &str) -> Result<(), Error>,
     mut body: impl FnMut(&mut C, &W) -> Result<T, E>,
 ) -> Result<(crate::engine::Ended<T>, W), E>
 where
@@ -448,6 +533,9 @@ where
                     Ok(result) => result,
                     Err(panic) => {
                         rollback(conn);
+                        if let Some(scope) = engine.counted_scope() {
+                            counted(count(conn, scope, &describe_panic(&*panic)));
+                        }
                         panic::resume_unwind(panic)
                     }
                 };
@@ -457,6 +545,10 @@ where
                 }
             }
             Step::Store(value) => Event::Stored(store(conn, &value)),
+            Step::Count(scope, error) => {
+                counted(count(conn, scope, &error));
+                Event::Counted
+            }
             Step::Commit(scope) => Event::Committed(commit(conn, scope)),
             Step::Rollback => {
                 rollback(conn);
@@ -471,6 +563,13 @@ where
             Next::Do(step) => step,
             Next::Done(result) => return result.map(|ended| (ended, work)),
         };
+    }
+}
+
+/// A failed count is logged: the caller gets the body's failure either way.
+pub(crate) fn counted(result: Result<(), Error>) {
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "diesel-inbox: the failure could not be counted");
     }
 }
 
@@ -516,7 +615,20 @@ where
     F: FnOnce(&mut C) -> Result<T, E>,
     E: From<InboxError> + From<Error>,
 {
-    run_once_with(conn, consumer, key, &Options::new(), body)
+    let mut body = Some(body);
+    run_one::<C, N, K, T, E, _, _, Processed<T>>(
+        conn,
+        consumer,
+        key,
+        &Options::new(),
+        0,
+        |conn| match body.take() {
+            Some(body) => body(conn),
+            None => unreachable!("with retries = 0 the body runs at most once"),
+        },
+        |_| ErrorClass::permanent(),
+        None,
+    )
 }
 
 /// [`run_once`] with [`Options`] (see [`run_with`]).
@@ -533,10 +645,10 @@ where
     N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
     F: FnOnce(&mut C) -> Result<T, E>,
-    E: From<InboxError> + From<Error>,
+    E: From<InboxError> + From<Error> + std::fmt::Debug,
 {
     let mut body = Some(body);
-    run_with(
+    run_one(
         conn,
         consumer,
         key,
@@ -547,5 +659,6 @@ where
             None => unreachable!("with retries = 0 the body runs at most once"),
         },
         |_| ErrorClass::permanent(),
+        Some(describe::<E>),
     )
 }

@@ -236,6 +236,15 @@ where
             ),
             None => {
                 println!("not applied: no inbox row for consumer {consumer} and key {key}");
+                if let Some(count) = diesel_inbox::attempts(conn, consumer, key)? {
+                    println!(
+                        "{} failed attempt{} (max_attempts), the last at {}; last error: {}",
+                        count.failures,
+                        if count.failures == 1 { "" } else { "s" },
+                        rfc3339(count.updated_at),
+                        count.last_error
+                    );
+                }
                 return Ok(ExitCode::from(1));
             }
         },

@@ -3,10 +3,12 @@
 //! `contract_tests!` with the rest of the contract.
 
 use super::backend::{msg, Msg, TestBackend};
-use super::handlers::{AppError, Receipt};
+use super::handlers::{AppError, Fail, Receipt};
 use super::modes::Mode;
 use super::unique_run_id;
 use diesel_inbox::{Fingerprint, InboxError, Processed, Stored};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 fn session<M: Mode>(test: &str) -> Option<(M, super::TestDb)> {
     let db = M::B::prepare(test)?;
@@ -262,4 +264,159 @@ pub fn concurrent_redeliveries_with_other_content_are_refused<M: Mode>() {
     let refused = flat.iter().filter(|o| o.is_err()).count();
     assert_eq!(refused, 2, "{flat:?}");
     assert_eq!(effects(&mut s, &run), vec![(key, winner)]);
+}
+
+/// Whether `outcome` is `AttemptsExhausted` after `failures` failures.
+fn is_given_up<T: std::fmt::Debug>(outcome: &Result<T, AppError>, failures: u32) -> bool {
+    matches!(outcome, Err(AppError::Inbox(InboxError::AttemptsExhausted { failures: f, .. })) if *f == failures)
+}
+
+pub fn failures_are_counted_until_max_attempts_then_the_body_stops<M: Mode>() {
+    let Some((mut s, _db)) = session::<M>("max_attempts") else {
+        return;
+    };
+    let run = unique_run_id("poison");
+    let m = msg(&run, format!("{run}:1"), 3);
+    let runs = AtomicU32::new(0);
+
+    // Two errors and a panic: each rolled back, each counted.
+    for (n, fail) in [Fail::Error, Fail::Error, Fail::Panic]
+        .into_iter()
+        .enumerate()
+    {
+        let outcome = s.flaky(&m, &runs, fail);
+        match fail {
+            Fail::Panic => assert!(outcome.is_none(), "the panic reaches the caller"),
+            _ => assert!(
+                matches!(outcome, Some(Err(AppError::Rejected))),
+                "{outcome:?}"
+            ),
+        }
+        let count = s
+            .attempts("flaky", &m.key)
+            .expect("attempts")
+            .expect("a count");
+        assert_eq!(count.failures, n as u32 + 1, "{}", M::NAME);
+    }
+    let count = s
+        .attempts("flaky", &m.key)
+        .expect("attempts")
+        .expect("a count");
+    assert_eq!(count.last_error, "the body panicked: poison message");
+    assert_eq!(effects(&mut s, &run), vec![], "every failure rolled back");
+    assert_eq!(M::B::inbox_rows(s.check(), "flaky", &m.key), 0);
+
+    // The third failure reached max_attempts = 3: the body no longer runs,
+    // even for a delivery that would succeed.
+    for _ in 0..2 {
+        let outcome = s.flaky(&m, &runs, Fail::No).expect("no panic");
+        assert!(is_given_up(&outcome, 3), "{}: {outcome:?}", M::NAME);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let Some(Err(AppError::Inbox(error))) = s.flaky(&m, &runs, Fail::No) else {
+        panic!("expected AttemptsExhausted")
+    };
+    assert!(error.to_string().contains("dead-letter"), "{error}");
+    assert_eq!(M::B::inbox_rows(s.check(), "flaky", &m.key), 0);
+
+    // `forget` resets the count: a deliberate retry runs the body again.
+    assert!(s.forget("flaky", &m.key).expect("forget"));
+    assert_eq!(s.attempts("flaky", &m.key).expect("attempts"), None);
+    assert!(matches!(
+        s.flaky(&m, &runs, Fail::No),
+        Some(Ok(Processed::Applied(3)))
+    ));
+    assert_eq!(effects(&mut s, &run), vec![(m.key.clone(), 3)]);
+}
+
+pub fn a_success_clears_the_failure_count<M: Mode>() {
+    let Some((mut s, _db)) = session::<M>("attempts_cleared") else {
+        return;
+    };
+    let run = unique_run_id("recover");
+    let m = msg(&run, format!("{run}:1"), 4);
+    let runs = AtomicU32::new(0);
+    for _ in 0..2 {
+        assert!(matches!(
+            s.flaky(&m, &runs, Fail::Error),
+            Some(Err(AppError::Rejected))
+        ));
+    }
+    assert_eq!(
+        s.attempts("flaky", &m.key)
+            .expect("attempts")
+            .map(|a| a.failures),
+        Some(2)
+    );
+    assert!(matches!(
+        s.flaky(&m, &runs, Fail::No),
+        Some(Ok(Processed::Applied(4)))
+    ));
+    assert_eq!(
+        s.attempts("flaky", &m.key).expect("attempts"),
+        None,
+        "{}",
+        M::NAME
+    );
+    assert!(matches!(
+        s.flaky(&m, &runs, Fail::Error),
+        Some(Ok(Processed::Duplicate))
+    ));
+    // A key that never failed has no count, and costs no row.
+    let n = msg(&run, format!("{run}:2"), 5);
+    assert!(matches!(
+        s.flaky(&n, &runs, Fail::No),
+        Some(Ok(Processed::Applied(5)))
+    ));
+    assert_eq!(s.attempts("flaky", &n.key).expect("attempts"), None);
+    assert_eq!(
+        effects(&mut s, &run),
+        vec![(m.key.clone(), 4), (n.key.clone(), 5)]
+    );
+}
+
+/// 4 sessions redeliver one failing key at once until each is told it was
+/// given up on: no failure is lost from the count, every run of the body is
+/// one counted failure, and the body stops near `max_attempts` (a delivery
+/// that claimed after a rollback and before that failure's count
+/// committed still runs: at most `max_attempts` + 3 runs with 4 sessions).
+pub fn concurrent_failures_of_one_key_are_each_counted<M: Mode>() {
+    let Some((mut s, db)) = session::<M>("attempts_concurrent") else {
+        return;
+    };
+    let run = unique_run_id("herd");
+    let m = msg(&run, format!("{run}:1"), 6);
+    let runs = Arc::new(AtomicU32::new(0));
+    let outcomes = M::flaky_concurrently(&db, 4, m.clone(), 20, runs.clone());
+    let flat: Vec<_> = outcomes.iter().flatten().collect();
+    let rejected = flat
+        .iter()
+        .filter(|o| matches!(o, Err(AppError::Rejected)))
+        .count() as u32;
+    for worker in &outcomes {
+        let last = worker.last().expect("a delivery");
+        assert!(
+            matches!(
+                last,
+                Err(AppError::Inbox(InboxError::AttemptsExhausted { .. }))
+            ),
+            "{}: every worker ends given up on: {worker:?}",
+            M::NAME
+        );
+    }
+    let ran = runs.load(Ordering::SeqCst);
+    assert_eq!(ran, rejected, "each run failed once: {flat:?}");
+    let counted = s
+        .attempts("flaky", &m.key)
+        .expect("attempts")
+        .expect("a count")
+        .failures;
+    assert_eq!(
+        counted,
+        rejected,
+        "{}: no failure lost from the count",
+        M::NAME
+    );
+    assert!((3..=6).contains(&counted), "{counted} runs: {flat:?}");
+    assert_eq!(effects(&mut s, &run), vec![]);
 }

@@ -512,6 +512,9 @@ macro_rules! contract_tests {
             a_stored_result_is_returned_for_duplicates,
             a_stored_result_that_no_longer_reads_is_a_clear_error,
             concurrent_redeliveries_with_other_content_are_refused,
+            failures_are_counted_until_max_attempts_then_the_body_stops,
+            a_success_clears_the_failure_count,
+            concurrent_failures_of_one_key_are_each_counted,
         );
     };
     (@tests $Mode:ty, $runs_if:meta, $why:literal, $($test:ident,)*) => {

@@ -14,6 +14,14 @@ pub struct Receipt {
     pub note: String,
 }
 
+/// How a `flaky` delivery ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fail {
+    No,
+    Error,
+    Panic,
+}
+
 /// `Receipt` of a later release, with a field the stored JSON lacks.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReceiptV2 {
@@ -244,6 +252,23 @@ pub mod sync {
     ) -> Result<i64, AppError> {
         B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
         Ok(msg.amount)
+    }
+
+    /// Writes, then succeeds, fails or panics as told; counts its runs.
+    #[idempotent(key = "msg.key", consumer = "flaky", shared, max_attempts = 3)]
+    pub fn flaky<B: TestBackend>(
+        conn: &mut B::Conn,
+        msg: &Msg,
+        runs: &std::sync::atomic::AtomicU32,
+        fail: Fail,
+    ) -> Result<i64, AppError> {
+        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        B::write_effect(conn, &msg.run, &msg.key, msg.amount)?;
+        match fail {
+            Fail::No => Ok(msg.amount),
+            Fail::Error => Err(AppError::Rejected),
+            Fail::Panic => panic!("poison message"),
+        }
     }
 }
 
@@ -515,5 +540,22 @@ pub mod asynchronous {
     ) -> Result<i64, AppError> {
         B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
         Ok(msg.amount)
+    }
+
+    /// Writes, then succeeds, fails or panics as told; counts its runs.
+    #[idempotent(key = "msg.key", consumer = "flaky", shared, max_attempts = 3)]
+    pub async fn flaky<B: TestBackend>(
+        conn: &mut B::AsyncConn,
+        msg: &Msg,
+        runs: &std::sync::atomic::AtomicU32,
+        fail: Fail,
+    ) -> Result<i64, AppError> {
+        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        B::write_effect_async(conn, &msg.run, &msg.key, msg.amount).await?;
+        match fail {
+            Fail::No => Ok(msg.amount),
+            Fail::Error => Err(AppError::Rejected),
+            Fail::Panic => panic!("poison message"),
+        }
     }
 }

@@ -4,9 +4,9 @@
 //! tests are written once against [`Mode`].
 
 use super::backend::{Msg, TestBackend};
-use super::handlers::{self, AppError, Receipt, ReceiptV2};
+use super::handlers::{self, AppError, Fail, Receipt, ReceiptV2};
 use diesel_inbox::{
-    Batch, ConsumerStats, InboxEntry, InboxError, Processed, Purge, PurgeReport, Stored,
+    Attempts, Batch, ConsumerStats, InboxEntry, InboxError, Processed, Purge, PurgeReport, Stored,
 };
 use std::sync::atomic::AtomicU32;
 use std::sync::mpsc::Sender;
@@ -45,6 +45,9 @@ pub trait Mode: Sized {
     fn receipt(&mut self, m: &Msg) -> Result<Stored<Receipt>, AppError>;
     fn receipt_v2(&mut self, m: &Msg) -> Result<Stored<ReceiptV2>, AppError>;
     fn receipt_unstored(&mut self, m: &Msg) -> Outcome<i64>;
+    /// `max_attempts = 3`; a panic is caught here and reported as `None`.
+    fn flaky(&mut self, m: &Msg, runs: &AtomicU32, fail: Fail) -> Option<Outcome<i64>>;
+    fn attempts(&mut self, consumer: &str, key: &str) -> Result<Option<Attempts>, InboxError>;
     fn transient_once(&mut self, m: &Msg, runs: &AtomicU32) -> Outcome<()>;
     /// Delivers `m` twice inside a transaction of the caller's, which then
     /// commits (`commit`) or rolls back.
@@ -79,6 +82,16 @@ pub trait Mode: Sized {
     fn deliver_concurrently(db: &str, workers: Vec<Vec<Msg>>) -> Vec<Vec<Outcome<i64>>>;
     /// Each worker delivers its messages in order through `fingerprinted`.
     fn fingerprinted_concurrently(db: &str, workers: Vec<Vec<Msg>>) -> Vec<Vec<Outcome<i64>>>;
+    /// `workers` sessions at once each deliver `m` through a failing
+    /// `flaky` until it is given up on (at most `rounds` times); the
+    /// outcomes.
+    fn flaky_concurrently(
+        db: &str,
+        workers: usize,
+        m: Msg,
+        rounds: usize,
+        runs: Arc<AtomicU32>,
+    ) -> Vec<Vec<Outcome<i64>>>;
     /// Each worker delivers its batches in order through `apply_batch`.
     fn batches_concurrently(
         db: &str,
@@ -227,6 +240,18 @@ impl<B: TestBackend> Mode for Sync<B> {
         handlers::sync::receipt_unstored::<B>(&mut self.conn, m)
     }
 
+    fn flaky(&mut self, m: &Msg, runs: &AtomicU32, fail: Fail) -> Option<Outcome<i64>> {
+        let conn = &mut self.conn;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            handlers::sync::flaky::<B>(conn, m, runs, fail)
+        }))
+        .ok()
+    }
+
+    fn attempts(&mut self, consumer: &str, key: &str) -> Result<Option<Attempts>, InboxError> {
+        diesel_inbox::attempts(&mut self.conn, consumer, key)
+    }
+
     fn transient_once(&mut self, m: &Msg, runs: &AtomicU32) -> Outcome<()> {
         handlers::sync::transient_once::<B>(&mut self.conn, m, runs)
     }
@@ -322,6 +347,36 @@ impl<B: TestBackend> Mode for Sync<B> {
         on_threads(db, workers, |session: &mut Self, msgs: Vec<Msg>| {
             msgs.iter().map(|m| session.fingerprinted(m)).collect()
         })
+    }
+
+    fn flaky_concurrently(
+        db: &str,
+        workers: usize,
+        m: Msg,
+        rounds: usize,
+        runs: Arc<AtomicU32>,
+    ) -> Vec<Vec<Outcome<i64>>> {
+        let inputs = (0..workers).map(|_| (m.clone(), runs.clone())).collect();
+        on_threads(
+            db,
+            inputs,
+            move |session: &mut Self, (m, runs): (Msg, Arc<AtomicU32>)| {
+                let mut out = Vec::new();
+                for _ in 0..rounds {
+                    let outcome =
+                        handlers::sync::flaky::<B>(&mut session.conn, &m, &runs, Fail::Error);
+                    let given_up = matches!(
+                        outcome,
+                        Err(AppError::Inbox(InboxError::AttemptsExhausted { .. }))
+                    );
+                    out.push(outcome);
+                    if given_up {
+                        break;
+                    }
+                }
+                out
+            },
+        )
     }
 
     fn batches_concurrently(
@@ -513,6 +568,22 @@ mod asynchronous {
             ))
         }
 
+        fn flaky(&mut self, m: &Msg, runs: &AtomicU32, fail: Fail) -> Option<Outcome<i64>> {
+            let conn = &mut self.conn;
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                runtime().block_on(handlers::asynchronous::flaky::<B>(conn, m, runs, fail))
+            }))
+            .ok()
+        }
+
+        fn attempts(&mut self, consumer: &str, key: &str) -> Result<Option<Attempts>, InboxError> {
+            runtime().block_on(diesel_inbox::attempts_async::<B::AsyncConn>(
+                &mut self.conn,
+                consumer,
+                key,
+            ))
+        }
+
         fn transient_once(&mut self, m: &Msg, runs: &AtomicU32) -> Outcome<()> {
             runtime().block_on(handlers::asynchronous::transient_once::<B>(
                 &mut self.conn,
@@ -637,6 +708,40 @@ mod asynchronous {
                     let mut out = Vec::with_capacity(msgs.len());
                     for m in &msgs {
                         out.push(handlers::asynchronous::apply_payment::<B>(&mut conn, m).await);
+                    }
+                    out
+                }
+            }))
+        }
+
+        fn flaky_concurrently(
+            db: &str,
+            workers: usize,
+            m: Msg,
+            rounds: usize,
+            runs: Arc<AtomicU32>,
+        ) -> Vec<Vec<Outcome<i64>>> {
+            let pool = B::pool(db);
+            let barrier = Arc::new(tokio::sync::Barrier::new(workers));
+            run_tasks((0..workers).map(|_| {
+                let (pool, barrier, m, runs) =
+                    (pool.clone(), barrier.clone(), m.clone(), runs.clone());
+                async move {
+                    let mut conn = B::pooled(&pool).await;
+                    barrier.wait().await;
+                    let mut out = Vec::new();
+                    for _ in 0..rounds {
+                        let outcome =
+                            handlers::asynchronous::flaky::<B>(&mut conn, &m, &runs, Fail::Error)
+                                .await;
+                        let given_up = matches!(
+                            outcome,
+                            Err(AppError::Inbox(InboxError::AttemptsExhausted { .. }))
+                        );
+                        out.push(outcome);
+                        if given_up {
+                            break;
+                        }
                     }
                     out
                 }

@@ -163,7 +163,10 @@ macro_rules! ops_statement {
         use diesel::{ExpressionMethods, QueryDsl};
         use $run as run;
         let delete = diesel::delete(inbox_messages.filter(consumer.eq($consumer)).filter(message_id.eq($key)));
-        run::execute(delete, &mut *$conn)$(.$await)?.map(|deleted| deleted == 1)
+        let applied = run::execute(delete, &mut *$conn)$(.$await)??;
+        // A forgotten key starts over: its failure count goes too.
+        let counted = ops_statement!(clear_attempts, $conn, $B, $consumer, $key, $run $(, $await)?)?;
+        Ok(applied + counted > 0)
     }};
     (stored, $conn:expr, $B:ty, $consumer:expr, $keys:expr, $run:path $(, $await:tt)?) => {{
         use crate::schema::inbox_messages::dsl as inbox;
@@ -197,6 +200,34 @@ macro_rules! ops_statement {
                 format!("storing the result updated {n} inbox rows, not the 1 just claimed").into(),
             )),
         })
+    }};
+    (attempts, $conn:expr, $B:ty, $consumer:expr, $key:expr, $run:path $(, $await:tt)?) => {{
+        use crate::schema::inbox_attempts::dsl as att;
+        use diesel::{ExpressionMethods, OptionalExtension, QueryDsl};
+        use $run as run;
+        // The backend's expression for `received_at`, on `updated_at`.
+        let micros = <$B as crate::InboxBackend>::RECEIVED_AT_MICROS.replace("received_at", "updated_at");
+        let row = att::inbox_attempts
+            .filter(att::consumer.eq($consumer))
+            .filter(att::message_id.eq($key))
+            .select((att::failures, att::last_error, diesel::dsl::sql::<diesel::sql_types::BigInt>(&micros)));
+        run::get_result::<crate::claim::AttemptsRow>(row, &mut *$conn)$(.$await)?.optional()
+    }};
+    (clear_attempts, $conn:expr, $B:ty, $consumer:expr, $key:expr, $run:path $(, $await:tt)?) => {{
+        use crate::schema::inbox_attempts::dsl as att;
+        use diesel::{ExpressionMethods, QueryDsl};
+        use $run as run;
+        let delete = diesel::delete(att::inbox_attempts.filter(att::consumer.eq($consumer)).filter(att::message_id.eq($key)));
+        run::execute(delete, &mut *$conn)$(.$await)?
+    }};
+    (count_failure, $conn:expr, $B:ty, $consumer:expr, $key:expr, $error:expr, $run:path $(, $await:tt)?) => {{
+        use diesel::sql_types::Text;
+        use $run as run;
+        let count = diesel::sql_query(<$B as crate::InboxBackend>::COUNT_FAILURE)
+            .bind::<Text, _>($consumer)
+            .bind::<Text, _>($key)
+            .bind::<Text, _>(crate::claim::error_text($error));
+        run::execute(count, &mut *$conn)$(.$await)?.map(|_| ())
     }};
     (stats, $conn:expr, $B:ty, $run:path $(, $await:tt)?) => {{
         use crate::schema::inbox_messages::dsl::*;
@@ -340,6 +371,51 @@ macro_rules! sync_ops {
                 diesel::RunQueryDsl
             )
         }
+
+        fn attempts<C>(
+            conn: &mut C,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<Option<crate::claim::AttemptsRow>>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            ops_statement!(attempts, conn, $B, consumer_name, key, diesel::RunQueryDsl)
+        }
+
+        fn clear_attempts<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<usize>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            ops_statement!(
+                clear_attempts,
+                conn,
+                $B,
+                consumer_name,
+                key,
+                diesel::RunQueryDsl
+            )
+        }
+
+        fn count_failure<C>(
+            conn: &mut C,
+            consumer_name: &str,
+            key: &str,
+            error: &str,
+        ) -> QueryResult<()>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            ops_statement!(
+                count_failure,
+                conn,
+                $B,
+                consumer_name,
+                key,
+                error,
+                diesel::RunQueryDsl
+            )
+        }
     };
 }
 
@@ -438,6 +514,86 @@ macro_rules! async_ops {
                 diesel_async::RunQueryDsl,
                 await
             )
+        }
+
+        async fn inbox_attempts(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<Option<crate::claim::AttemptsRow>> {
+            ops_statement!(
+                attempts,
+                self,
+                $B,
+                consumer_name,
+                key,
+                diesel_async::RunQueryDsl,
+                await
+            )
+        }
+
+        async fn inbox_clear_attempts(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<usize> {
+            ops_statement!(
+                clear_attempts,
+                self,
+                $B,
+                consumer_name,
+                key,
+                diesel_async::RunQueryDsl,
+                await
+            )
+        }
+
+        async fn inbox_count_failure(
+            &mut self,
+            scope: crate::engine::Scope,
+            consumer_name: &str,
+            key: &str,
+            error: &str,
+        ) -> QueryResult<()> {
+            use diesel_async::{AnsiTransactionManager, TransactionManager};
+            let count = async |conn: &mut Self| {
+                ops_statement!(
+                    count_failure,
+                    conn,
+                    $B,
+                    consumer_name,
+                    key,
+                    error,
+                    diesel_async::RunQueryDsl,
+                    await
+                )
+            };
+            if scope == crate::engine::Scope::Savepoint {
+                return count(self).await;
+            }
+            // As the sync `count_failure`: a short transaction of its own,
+            // rerun on a transient error.
+            let mut attempt = 1;
+            loop {
+                AnsiTransactionManager::begin_transaction(&mut *self).await?;
+                let counted = match count(self).await {
+                    Ok(()) => AnsiTransactionManager::commit_transaction(&mut *self).await,
+                    Err(e) => {
+                        crate::asynchronous::ansi::rollback(&mut *self).await;
+                        Err(e)
+                    }
+                };
+                match counted {
+                    Err(e)
+                        if attempt < crate::transaction::COUNT_ATTEMPTS
+                            && <$B as crate::InboxBackend>::is_transient(&e) =>
+                    {
+                        tokio::time::sleep(crate::engine::backoff(attempt)).await;
+                        attempt += 1;
+                    }
+                    other => return other,
+                }
+            }
         }
     };
 }
@@ -563,6 +719,35 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     fn store_result<C>(conn: &mut C, consumer: &str, key: &str, value: &[u8]) -> QueryResult<()>
     where
         C: LoadConnection<Backend = Self>;
+
+    /// The failure count of `(consumer, key)`: failures, last error,
+    /// `updated_at` in microseconds since the epoch.
+    #[doc(hidden)]
+    fn attempts<C>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<Option<crate::claim::AttemptsRow>>
+    where
+        C: LoadConnection<Backend = Self>;
+
+    /// Deletes the failure count of `(consumer, key)`.
+    #[doc(hidden)]
+    fn clear_attempts<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<usize>
+    where
+        C: LoadConnection<Backend = Self>;
+
+    /// Adds one failure to the count of `(consumer, key)`, in the caller's
+    /// transaction.
+    #[doc(hidden)]
+    fn count_failure<C>(conn: &mut C, consumer: &str, key: &str, error: &str) -> QueryResult<()>
+    where
+        C: LoadConnection<Backend = Self>;
+
+    /// The upsert of [`count_failure`](Self::count_failure), binds:
+    /// consumer, key, error text.
+    #[doc(hidden)]
+    const COUNT_FAILURE: &'static str;
 
     /// Opens a top-level transaction with the backend's `BEGIN`; fails with
     /// `AlreadyInTransaction` inside one (the caller then takes a
@@ -971,7 +1156,8 @@ fn plan<B: InboxBackend>(catalog: &Catalog) -> Result<Plan, InboxError> {
     let Some(table) = &catalog.table else {
         return Ok(Plan::Create);
     };
-    let problems = shape::problems(table, B::KEY_TYPE, catalog.version);
+    let mut problems = shape::problems(table, B::KEY_TYPE, catalog.version);
+    problems.extend(shape::attempts_problems(catalog));
     if !problems.is_empty() {
         return Err(InboxError::IncompatibleTable(problems));
     }
@@ -1003,11 +1189,22 @@ fn upgrade_sql<B: InboxBackend>(from: Option<u32>) -> String {
 /// ```
 pub mod ddl {
     /// PostgreSQL.
-    pub const POSTGRES: &str = include_str!("postgres.sql");
+    pub const POSTGRES: &str = concat!(
+        include_str!("postgres.sql"),
+        include_str!("postgres_attempts.sql")
+    );
     /// MySQL 8 and MariaDB 10.5+. Keys are `VARBINARY` so that they compare
     /// byte for byte (the default collations ignore case, accents and
-    /// trailing spaces).
-    pub const MYSQL: &str = include_str!("mysql.sql");
+    /// trailing spaces). The attempts' table comes first: DDL is not
+    /// transactional here, and the version recorded with `inbox_messages`
+    /// must not precede it.
+    pub const MYSQL: &str = concat!(
+        include_str!("mysql_attempts.sql"),
+        include_str!("mysql.sql")
+    );
     /// SQLite.
-    pub const SQLITE: &str = include_str!("sqlite.sql");
+    pub const SQLITE: &str = concat!(
+        include_str!("sqlite.sql"),
+        include_str!("sqlite_attempts.sql")
+    );
 }

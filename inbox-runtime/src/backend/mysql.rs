@@ -52,6 +52,10 @@ SELECT CAST('trigger' AS CHAR), CAST(TRIGGER_NAME AS CHAR), NULL, NULL, NULL, NU
 FROM information_schema.TRIGGERS
 WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = 'inbox_messages'
   AND EVENT_MANIPULATION = 'INSERT'
+UNION ALL
+SELECT CAST('attempts' AS CHAR), CAST(COLUMN_NAME AS CHAR), NULL, NULL, NULL, NULL
+FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_attempts'
 "#;
 
 /// The claim. Not `ON DUPLICATE KEY UPDATE`: diesel connects with
@@ -178,9 +182,10 @@ impl InboxBackend for Mysql {
     const DDL_COMMITS: bool = true;
     // Nullable columns at the end: an instant ALTER on MySQL 8.0.12+ and
     // MariaDB 10.3+ (no table rebuild).
-    const UPGRADES: &'static [&'static str] = &[
-        "ALTER TABLE inbox_messages ADD COLUMN fingerprint VARBINARY(64) NULL, ADD COLUMN result LONGBLOB NULL;",
-    ];
+    const UPGRADES: &'static [&'static str] = &[concat!(
+        "ALTER TABLE inbox_messages ADD COLUMN fingerprint VARBINARY(64) NULL, ADD COLUMN result LONGBLOB NULL;\n",
+        include_str!("mysql_attempts.sql")
+    )];
 
     fn claim<C>(
         conn: &mut C,
@@ -291,6 +296,10 @@ impl InboxBackend for Mysql {
 
     // TIMESTAMP converts from the session's time zone: the epoch is UTC
     // whatever the session's zone.
+    const COUNT_FAILURE: &'static str = "INSERT INTO inbox_attempts (consumer, message_id, failures, last_error) VALUES (?, ?, 1, ?) \
+         ON DUPLICATE KEY UPDATE failures = failures + 1, last_error = VALUES(last_error), \
+         updated_at = CURRENT_TIMESTAMP(6)";
+
     const RECEIVED_AT_MICROS: &'static str =
         "CAST(UNIX_TIMESTAMP(received_at) * 1000000 AS SIGNED)";
 

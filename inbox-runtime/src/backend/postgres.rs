@@ -19,7 +19,8 @@ const MIGRATE_LOCK: i64 = 0x6469_6573_656c_5f69; // "diesel_i"
 /// - `table`: a = relkind, b = relpersistence, c = the table comment;
 /// - `column`: a = type name, b = declared length, c = `deterministic` or
 ///   the name of a non-deterministic collation;
-/// - indexes: b = `partial` or `expression`.
+/// - indexes: b = `partial` or `expression`;
+/// - `attempts`: a column of `inbox_attempts`.
 const CATALOG: &str = r#"
 WITH t AS (SELECT to_regclass('inbox_messages') AS oid)
 SELECT 'table' AS kind, c.relname::text AS name, c.relkind::text AS a,
@@ -60,6 +61,10 @@ WHERE NOT tg.tgisinternal AND (tg.tgtype & 4) <> 0
 UNION ALL
 SELECT 'rule', r.rulename::text, NULL, NULL, NULL, NULL
 FROM pg_rewrite r JOIN t ON r.ev_class = t.oid WHERE r.ev_type = '3'
+UNION ALL
+SELECT 'attempts', att.attname::text, NULL, NULL, NULL, NULL
+FROM pg_attribute att
+WHERE att.attrelid = to_regclass('inbox_attempts') AND att.attnum > 0 AND NOT att.attisdropped
 "#;
 
 /// The claim: a conflict-ignoring insert with the conflict target named (any
@@ -220,8 +225,12 @@ impl InboxBackend for Pg {
     const KEY_TYPE: &'static str =
         "VARCHAR(255) NOT NULL (or TEXT) with a deterministic collation (the default)";
     // Nullable columns without a default: a catalog change, no table rewrite.
-    const UPGRADES: &'static [&'static str] =
-        &["ALTER TABLE inbox_messages ADD COLUMN fingerprint BYTEA, ADD COLUMN result BYTEA;"];
+    // Nullable columns without a default: a catalog change, no table
+    // rewrite; and the attempt counts' table.
+    const UPGRADES: &'static [&'static str] = &[concat!(
+        "ALTER TABLE inbox_messages ADD COLUMN fingerprint BYTEA, ADD COLUMN result BYTEA;\n",
+        include_str!("postgres_attempts.sql")
+    )];
 
     fn claim<C>(
         conn: &mut C,
@@ -295,6 +304,10 @@ impl InboxBackend for Pg {
     }
 
     // `received_at` holds UTC wall time without a zone: its epoch is UTC.
+    const COUNT_FAILURE: &'static str = "INSERT INTO inbox_attempts (consumer, message_id, failures, last_error) VALUES ($1, $2, 1, $3) \
+         ON CONFLICT (consumer, message_id) DO UPDATE SET failures = inbox_attempts.failures + 1, \
+         last_error = EXCLUDED.last_error, updated_at = now() AT TIME ZONE 'UTC'";
+
     const RECEIVED_AT_MICROS: &'static str =
         "CAST(EXTRACT(EPOCH FROM received_at) * 1000000 AS BIGINT)";
 

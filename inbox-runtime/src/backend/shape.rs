@@ -91,6 +91,7 @@ pub(crate) fn read<D: Dialect>(rows: Vec<CatalogRow>) -> Catalog {
             }),
             "foreign key" => table.constraints.push(("foreign key", row.name)),
             "check constraint" => table.constraints.push(("check constraint", row.name)),
+            "attempts" => catalog.attempts_columns.push(row.name),
             "trigger" => table.insert_hooks.push(("trigger", row.name)),
             "rule" => table.insert_hooks.push(("rule", row.name)),
             _ => {}
@@ -107,6 +108,41 @@ pub struct Catalog {
     pub(crate) version: Option<u32>,
     /// `None` when there is no `inbox_messages` table.
     pub(crate) table: Option<Table>,
+    /// The columns of `inbox_attempts` (schema 2), empty without it.
+    pub(crate) attempts_columns: Vec<String>,
+}
+
+/// The columns of `inbox_attempts` the runtime reads and writes.
+const ATTEMPTS_COLUMNS: [&str; 5] = [
+    "consumer",
+    "message_id",
+    "failures",
+    "last_error",
+    "updated_at",
+];
+
+/// Problems of the attempt counts' table, on a table recorded as schema 2
+/// or later (an older one gets it from the upgrade).
+pub(crate) fn attempts_problems(catalog: &Catalog) -> Vec<TableProblem> {
+    if catalog.version.is_none_or(|v| v < 2) {
+        return Vec::new();
+    }
+    if catalog.attempts_columns.is_empty() {
+        return vec![TableProblem::new(
+            "table `inbox_attempts` is missing, though the inbox is recorded as schema version 2 or later: handlers with `max_attempts` would fail",
+            "create it as diesel_inbox::ddl declares it",
+        )];
+    }
+    ATTEMPTS_COLUMNS
+        .iter()
+        .filter(|c| !catalog.attempts_columns.iter().any(|have| have == *c))
+        .map(|c| {
+            TableProblem::new(
+                format!("column `{c}` of `inbox_attempts` is missing"),
+                "recreate `inbox_attempts` as diesel_inbox::ddl declares it (it holds only failure counts)",
+            )
+        })
+        .collect()
 }
 
 #[derive(Debug, Default)]

@@ -54,6 +54,8 @@ SELECT 'trigger', name, NULL, NULL, NULL, NULL
 FROM sqlite_master
 WHERE type = 'trigger' AND tbl_name = 'inbox_messages'
   AND instr(upper(substr(sql, 1, instr(upper(sql), ' ON '))), 'INSERT') > 0
+UNION ALL
+SELECT 'attempts', name, NULL, NULL, NULL, NULL FROM pragma_table_xinfo('inbox_attempts')
 "#;
 
 impl InboxBackend for Sqlite {
@@ -63,9 +65,11 @@ impl InboxBackend for Sqlite {
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const KEY_TYPE: &'static str = "VARCHAR(255) NOT NULL with the BINARY collation (the default)";
     // Nullable columns without a default: a change of the schema text only.
-    const UPGRADES: &'static [&'static str] =
-        &["ALTER TABLE inbox_messages ADD COLUMN fingerprint BLOB;\n\
-         ALTER TABLE inbox_messages ADD COLUMN result BLOB;"];
+    const UPGRADES: &'static [&'static str] = &[concat!(
+        "ALTER TABLE inbox_messages ADD COLUMN fingerprint BLOB;\n",
+        "ALTER TABLE inbox_messages ADD COLUMN result BLOB;\n",
+        include_str!("sqlite_attempts.sql")
+    )];
 
     fn claim<C>(
         conn: &mut C,
@@ -124,6 +128,10 @@ impl InboxBackend for Sqlite {
     }
 
     // `received_at` is CURRENT_TIMESTAMP's text, UTC, to the second.
+    const COUNT_FAILURE: &'static str = "INSERT INTO inbox_attempts (consumer, message_id, failures, last_error) VALUES (?, ?, 1, ?) \
+         ON CONFLICT (consumer, message_id) DO UPDATE SET failures = failures + 1, \
+         last_error = excluded.last_error, updated_at = CURRENT_TIMESTAMP";
+
     const RECEIVED_AT_MICROS: &'static str =
         "CAST(ROUND((julianday(received_at) - 2440587.5) * 86400000000.0) AS INTEGER)";
 
@@ -362,6 +370,41 @@ mod asynchronous {
             self.spawn_blocking(move |conn| {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 Sqlite::stored(conn, &consumer_name, &keys)
+            })
+            .await
+        }
+
+        async fn inbox_attempts(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<Option<crate::claim::AttemptsRow>> {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| Sqlite::attempts(conn, &consumer_name, &key))
+                .await
+        }
+
+        async fn inbox_clear_attempts(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<usize> {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| Sqlite::clear_attempts(conn, &consumer_name, &key))
+                .await
+        }
+
+        async fn inbox_count_failure(
+            &mut self,
+            scope: Scope,
+            consumer_name: &str,
+            key: &str,
+            error: &str,
+        ) -> QueryResult<()> {
+            let (consumer_name, key, error) =
+                (consumer_name.to_owned(), key.to_owned(), error.to_owned());
+            self.spawn_blocking(move |conn| {
+                transaction::count_failure(conn, scope, &consumer_name, &key, &error)
             })
             .await
         }
