@@ -37,13 +37,13 @@ pub(crate) use crate::engine::Scope;
     note = "a sync `fn` handler takes `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection` (for a pooled one, pass `&mut pooled`); an async connection (`AsyncPgConnection`, ...) goes with an `async fn` handler (feature `async`); a `#[derive(MultiConnection)]` enum is not supported"
 )]
 pub trait InboxConnection:
-    Connection<TransactionManager = AnsiTransactionManager, Backend: InboxBackend> + LoadConnection
+    Connection<TransactionManager = AnsiTransactionManager, Backend: InboxBackend>
 {
 }
 
 impl<C> InboxConnection for C
 where
-    C: Connection<TransactionManager = AnsiTransactionManager> + LoadConnection,
+    C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
 }
@@ -203,7 +203,14 @@ where
 {
     let options = Options::new();
     run_one::<C, N, K, T, E, F, R, Processed<T>>(
-        conn, consumer, key, &options, retries, body, classify, None,
+        conn,
+        consumer,
+        key,
+        &options,
+        retries,
+        body,
+        classify,
+        Steps::plain(),
     )
 }
 
@@ -243,7 +250,7 @@ pub fn run_with<C, N, K, T, E, F, R, O>(
 ) -> Result<O, E>
 where
     O: Outcome<T>,
-    C: InboxConnection,
+    C: InboxConnection + LoadConnection,
     N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
     F: FnMut(&mut C) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
@@ -258,7 +265,7 @@ where
         retries,
         body,
         classify,
-        Some(describe::<E>),
+        Steps::with_options(),
     )
 }
 
@@ -273,7 +280,7 @@ fn run_one<C, N, K, T, E, F, R, O>(
     retries: u32,
     mut body: F,
     classify: R,
-    describe: Option<fn(&E) -> String>,
+    steps: Steps<C, E>,
 ) -> Result<O, E>
 where
     O: Outcome<T>,
@@ -289,21 +296,67 @@ where
     let one = options.one::<T, O>(consumer, &key)?;
     let engine = Engine::new(consumer, &key, retries, classify)
         .storing(encoder::<T, O>())
-        .counting(one.max_attempts.and(describe));
+        .counting(one.max_attempts.and(steps.describe));
     let ended = drive(
         conn,
         engine,
-        |conn| claim_one(conn, &one).map(|claimed| (claimed, ())),
-        |conn, value| <C::Backend as InboxBackend>::store_result(conn, consumer, &key, value),
-        |conn, scope, error| count_failure(conn, scope, consumer, &key, error),
+        |conn| (steps.claim)(conn, &one).map(|claimed| (claimed, ())),
+        |conn, value| (steps.store)(conn, consumer, &key, value),
+        |conn, scope, error| (steps.count)(conn, scope, consumer, &key, error),
         |conn, ()| body(conn),
     )?;
     Ok(O::outcome(consumer, &key, ended.0)?)
 }
 
+/// The statements of a single call beyond the body: the plain claim of
+/// [`run`] (any diesel connection), or the claim that reads rows, stores
+/// results and counts failures of [`run_with`] (a `LoadConnection`).
+struct Steps<C, E> {
+    claim: fn(&mut C, &One<'_>) -> Result<Claimed, Error>,
+    store: fn(&mut C, &str, &str, &[u8]) -> Result<(), Error>,
+    count: fn(&mut C, Scope, &str, &str, &str) -> Result<(), Error>,
+    /// How a counted failure reads (`None`: failures are not counted).
+    describe: Option<fn(&E) -> String>,
+}
+
+impl<C: InboxConnection, E> Steps<C, E> {
+    /// [`run`]'s: no options, so the claim reads nothing and nothing is
+    /// stored or counted.
+    fn plain() -> Self {
+        Steps {
+            claim: |conn, one| {
+                let inserted =
+                    <C::Backend as InboxBackend>::claim(conn, one.consumer, one.key, None)?;
+                match one.next_read(inserted) {
+                    Read::Done(claimed) => Ok(claimed),
+                    _ => unreachable!("a call without options reads nothing after its claim"),
+                }
+            },
+            store: |_, _, _, _| unreachable!("a call without options stores nothing"),
+            count: |_, _, _, _, _| unreachable!("a call without options counts nothing"),
+            describe: None,
+        }
+    }
+}
+
+impl<C: InboxConnection + LoadConnection, E: std::fmt::Debug> Steps<C, E> {
+    /// [`run_with`]'s.
+    fn with_options() -> Self {
+        Steps {
+            claim: claim_one,
+            store: <C::Backend as InboxBackend>::store_result,
+            count: count_failure,
+            describe: Some(describe::<E>),
+        }
+    }
+}
+
 /// The single claim: insert the row; for a duplicate, read its row when
 /// the call checks a fingerprint or wants a stored result.
-fn claim_one<C: InboxConnection>(conn: &mut C, one: &One<'_>) -> Result<Claimed, Error> {
+fn claim_one<C: InboxConnection + LoadConnection>(
+    conn: &mut C,
+    one: &One<'_>,
+) -> Result<Claimed, Error> {
     type B<C> = <C as Connection>::Backend;
     let inserted = <B<C> as InboxBackend>::claim(conn, one.consumer, one.key, one.fingerprint())?;
     Ok(match one.next_read(inserted) {
@@ -340,7 +393,7 @@ pub(crate) fn count_failure<C>(
     error: &str,
 ) -> Result<(), Error>
 where
-    C: InboxConnection,
+    C: InboxConnection + LoadConnection,
 {
     type B<C> = <C as Connection>::Backend;
     if scope == Scope::Savepoint {
@@ -408,7 +461,7 @@ pub fn run_batch<C, N, M, T, E, F, R>(
     classify: R,
 ) -> Result<Batch<T>, E>
 where
-    C: InboxConnection,
+    C: InboxConnection + LoadConnection,
     N: ConsumerName + ?Sized,
     F: FnMut(&mut C, Vec<&M>) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
     R: Fn(&E) -> ErrorClass<E>,
@@ -458,7 +511,7 @@ pub fn run_batch_with<C, N, M, T, E, F, R>(
     classify: R,
 ) -> Result<Batch<T>, E>
 where
-    C: InboxConnection,
+    C: InboxConnection + LoadConnection,
     N: ConsumerName + ?Sized,
     F: FnMut(&mut C, Vec<&M>) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
     R: Fn(&E) -> ErrorClass<E>,
@@ -627,7 +680,7 @@ where
             None => unreachable!("with retries = 0 the body runs at most once"),
         },
         |_| ErrorClass::permanent(),
-        None,
+        Steps::plain(),
     )
 }
 
@@ -641,7 +694,7 @@ pub fn run_once_with<C, N, K, T, E, F, O>(
 ) -> Result<O, E>
 where
     O: Outcome<T>,
-    C: InboxConnection,
+    C: InboxConnection + LoadConnection,
     N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
     F: FnOnce(&mut C) -> Result<T, E>,
@@ -659,6 +712,6 @@ where
             None => unreachable!("with retries = 0 the body runs at most once"),
         },
         |_| ErrorClass::permanent(),
-        Some(describe::<E>),
+        Steps::with_options(),
     )
 }

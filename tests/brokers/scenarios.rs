@@ -286,12 +286,15 @@ fn three_consumers<B: Broker>(url: &str) -> Result<String, String> {
         total.add(counts);
     }
     check_exact(&run, N)?;
-    ensure!(total.applied == N && total.duplicates == N / 5, "{total:?}");
+    // N / 5 are published twice; a loaded machine can add the broker's own
+    // redeliveries (an ack wait that expired), which are duplicates too.
+    ensure!(total.applied == N && total.duplicates >= N / 5, "{total:?}");
     Ok(format!(
-        "{} deliveries over 3 processes ({busy} of them applied messages): {} applied, {} duplicates; state exact",
+        "{} deliveries over 3 processes ({busy} of them applied messages): {} applied, {} duplicates ({} published twice); state exact",
         stream.len(),
         total.applied,
-        total.duplicates
+        total.duplicates,
+        N / 5
     ))
 }
 
