@@ -51,7 +51,7 @@ pub struct Order {
     pub amount: i64,
 }
 
-const VARIANTS: [&str; 8] = [
+const VARIANTS: [&str; 12] = [
     "bare",
     "idempotent",
     "raw_sql",
@@ -60,7 +60,20 @@ const VARIANTS: [&str; 8] = [
     "batch",
     "batch_loop",
     "bare_batch",
+    "fingerprinted",
+    "fingerprinted_duplicate",
+    "stored",
+    "attempts",
 ];
+
+/// The variant whose applied keys a redelivery variant delivers again.
+fn redelivers(variant: &str) -> Option<&'static str> {
+    match variant {
+        "duplicate" => Some("idempotent"),
+        "fingerprinted_duplicate" => Some("fingerprinted"),
+        _ => None,
+    }
+}
 
 #[derive(Clone)]
 struct Args {
@@ -151,8 +164,10 @@ fn parse_args() -> Result<Args, String> {
                     return Err(format!("--variants: no variant {bad} ({})", VARIANTS.join(", ")));
                 }
                 let has = |v: &str| args.variants.iter().any(|w| w == v);
-                if has("duplicate") && !has("idempotent") {
-                    return Err("--variants: duplicate redelivers idempotent's keys; list both".into());
+                for v in &args.variants {
+                    if let Some(first) = redelivers(v).filter(|first| !has(first)) {
+                        return Err(format!("--variants: {v} redelivers {first}'s keys; list both"));
+                    }
                 }
             }
             "--purge" => args.purge = true,
@@ -278,7 +293,7 @@ impl Cell {
     }
 }
 
-const RATIOS: [(&str, &str); 7] = [
+const RATIOS: [(&str, &str); 11] = [
     ("idempotent", "bare"),
     ("idempotent", "raw_sql"),
     ("idempotent", "naive"),
@@ -286,6 +301,10 @@ const RATIOS: [(&str, &str); 7] = [
     ("batch", "idempotent"),
     ("batch_loop", "idempotent"),
     ("batch", "bare_batch"),
+    ("fingerprinted", "idempotent"),
+    ("fingerprinted_duplicate", "duplicate"),
+    ("stored", "idempotent"),
+    ("attempts", "idempotent"),
 ];
 
 const ASYNC_RATIOS: [(&str, &str); 5] = [
@@ -348,7 +367,7 @@ macro_rules! bench_backend {
             use super::$specific::{claim_by_hand, open, tx, VERSION_SQL};
             use super::*;
             use diesel::connection::SimpleConnection;
-            use diesel_inbox::{idempotent, inbox_messages, Processed};
+            use diesel_inbox::{idempotent, inbox_messages, Processed, Stored};
 
             pub type Conn = $Conn;
             pub const LABEL: &str = $label;
@@ -370,6 +389,39 @@ macro_rules! bench_backend {
             /// `idempotent`: the same write in an `#[idempotent]` handler.
             #[idempotent(key = "order.id", consumer = "bench", shared)]
             pub fn idempotent(conn: &mut Conn, order: &Order) -> QueryResult<()> {
+                insert_order(conn, order).map(drop)
+            }
+
+            /// `fingerprinted`: `idempotent` with a fingerprint of the
+            /// message's content (its amount); `fingerprinted_duplicate`
+            /// redelivers its keys (the duplicate's row is read and checked).
+            #[idempotent(
+                key = "order.id",
+                consumer = "bench-fingerprinted",
+                shared,
+                fingerprint = "order.amount.to_be_bytes()"
+            )]
+            pub fn fingerprinted(conn: &mut Conn, order: &Order) -> QueryResult<()> {
+                insert_order(conn, order).map(drop)
+            }
+
+            /// `stored`: `idempotent` whose small value (an `i64`) is
+            /// stored with the inbox row (`store_result`).
+            #[idempotent(key = "order.id", consumer = "bench-stored", shared, store_result)]
+            pub fn stored(conn: &mut Conn, order: &Order) -> QueryResult<i64> {
+                insert_order(conn, order)?;
+                Ok(order.amount)
+            }
+
+            /// `attempts`: `idempotent` with `max_attempts` (the claim reads
+            /// the key's failure count; none fail here).
+            #[idempotent(
+                key = "order.id",
+                consumer = "bench-attempts",
+                shared,
+                max_attempts = 5
+            )]
+            pub fn attempts(conn: &mut Conn, order: &Order) -> QueryResult<()> {
                 insert_order(conn, order).map(drop)
             }
 
@@ -497,11 +549,7 @@ macro_rules! bench_backend {
                     threads,
                     || open(&url2),
                     move |t, conn| {
-                        let key_variant = if variant == "duplicate" {
-                            "idempotent"
-                        } else {
-                            variant
-                        };
+                        let key_variant = redelivers(variant).unwrap_or(variant);
                         let orders = orders(&prefix, key_variant, t, per_thread);
                         let err = |e: diesel::result::Error| format!("{variant}: {e}");
                         match variant {
@@ -520,6 +568,33 @@ macro_rules! bench_backend {
                                     Processed::Applied(()) => {
                                         Err(format!("{} was not a duplicate", o.id))
                                     }
+                                }
+                            }),
+                            "fingerprinted" | "attempts" => orders.iter().try_for_each(|o| {
+                                let out = if variant == "attempts" {
+                                    attempts(conn, o)
+                                } else {
+                                    fingerprinted(conn, o)
+                                };
+                                match out.map_err(err)? {
+                                    Processed::Applied(()) => Ok(()),
+                                    Processed::Duplicate => {
+                                        Err(format!("{} was a duplicate", o.id))
+                                    }
+                                }
+                            }),
+                            "fingerprinted_duplicate" => orders.iter().try_for_each(|o| {
+                                match fingerprinted(conn, o).map_err(err)? {
+                                    Processed::Duplicate => Ok(()),
+                                    Processed::Applied(()) => {
+                                        Err(format!("{} was not a duplicate", o.id))
+                                    }
+                                }
+                            }),
+                            "stored" => orders.iter().try_for_each(|o| {
+                                match stored(conn, o).map_err(err)? {
+                                    Stored::Applied(amount) if amount == o.amount => Ok(()),
+                                    other => Err(format!("{}: {other:?}", o.id)),
                                 }
                             }),
                             "raw_sql" => orders
@@ -1238,12 +1313,17 @@ fn run(args: &Args) -> Result<(), String> {
                 samples: variants.iter().map(|v| (*v, Vec::new())).collect(),
             };
             let counts = calibrate(target, threads, &variants, args)?;
-            // `duplicate` redelivers keys applied once, untimed, here.
+            // `duplicate` (and `fingerprinted_duplicate`) redeliver keys
+            // applied once, untimed, here.
             let duplicates = format!("{}d{threads}", run_id());
-            if let Some(d) = variants.iter().position(|v| *v == "duplicate") {
+            for (d, first) in variants
+                .iter()
+                .enumerate()
+                .filter_map(|(d, v)| Some((d, redelivers(v)?)))
+            {
                 (target.measure)(
                     &target.url,
-                    "idempotent",
+                    first,
                     threads,
                     counts[d],
                     args.batch,
@@ -1256,7 +1336,7 @@ fn run(args: &Args) -> Result<(), String> {
                 for k in 0..variants.len() {
                     let i = (k + round) % variants.len();
                     let variant = variants[i];
-                    let keys = if variant == "duplicate" {
+                    let keys = if redelivers(variant).is_some() {
                         &duplicates
                     } else {
                         &prefix
@@ -1383,14 +1463,14 @@ fn print_cell(label: &str, cell: &Cell, args: &Args) {
         cell.threads, args.rounds, args.batch
     );
     println!(
-        "  {:<18}{:>14}{:>14}{:>14}{:>14}",
+        "  {:<24}{:>14}{:>14}{:>14}{:>14}",
         "variant", "median msg/s", "iqr", "min", "max"
     );
     for (variant, samples) in &cell.samples {
         let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
         let max = samples.iter().copied().fold(0.0, f64::max);
         println!(
-            "  {variant:<18}{:>14.0}{:>14.0}{min:>14.0}{max:>14.0}",
+            "  {variant:<24}{:>14.0}{:>14.0}{min:>14.0}{max:>14.0}",
             cell.median(variant),
             cell.iqr(variant)
         );
