@@ -105,6 +105,18 @@
 ///   All keys are claimed with one multi-row insert in one transaction, the
 ///   body receives only the first deliveries (as `Vec<&M>`, under the same
 ///   name), and the handler returns [`Batch<T>`] instead of `Processed<T>`.
+/// - `fingerprint`: the message's content (bytes, or any `Serialize` value
+///   with feature `serde`; a closure over one message with `batch`). Its
+///   [`Fingerprint`] is stored with the inbox row; a redelivery of the key
+///   with other content fails with [`InboxError::KeyReused`] without
+///   running the body.
+/// - `store_result` (feature `serde`): the body's value is stored with the
+///   inbox row, and the handler returns [`Stored<T>`]: a duplicate carries
+///   the first delivery's value.
+/// - `max_attempts = N`: each failed delivery of a key is counted after
+///   its rollback; from the N-th on, deliveries fail with
+///   [`InboxError::AttemptsExhausted`] without running the body. A success
+///   clears the count ([`attempts`] reads it, [`forget`] resets it).
 /// - `crate`: the path of `diesel-inbox` if you renamed the dependency
 ///   (found from Cargo.toml otherwise, also when you depend on
 ///   `inbox-runtime` directly).
@@ -160,6 +172,34 @@
 /// let audit = Audit { prefix: "audit: ".into() };
 /// assert_eq!(audit.record(&mut db, 7, "hello".into())?, Processed::Applied("audit: hello".into()));
 /// assert_eq!(audit.record(&mut db, 7, "hello".into())?, Processed::Duplicate);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Fingerprints, stored results, attempt limits
+///
+/// ```
+/// use diesel::prelude::*;
+/// use diesel_inbox::{idempotent, InboxError, Stored};
+///
+/// struct Payment { id: String, amount: i64 }
+///
+/// #[idempotent(key = "msg.id", fingerprint = "msg.amount.to_be_bytes()", store_result, max_attempts = 3)]
+/// fn charge(conn: &mut SqliteConnection, msg: &Payment) -> QueryResult<i64> {
+///     Ok(msg.amount * 100) // e.g. the amount charged, in cents
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// diesel_inbox::migrate(&mut conn)?;
+/// let pay = Payment { id: "p-1".into(), amount: 5 };
+/// assert_eq!(charge(&mut conn, &pay)?, Stored::Applied(500));
+/// // The redelivery returns the stored value; the body does not run.
+/// assert_eq!(charge(&mut conn, &pay)?, Stored::Duplicate(Some(500)));
+/// // The same key with other content is a producer bug, not a duplicate.
+/// let reused = charge(&mut conn, &Payment { id: "p-1".into(), amount: 6 });
+/// let Err(diesel::result::Error::QueryBuilderError(e)) = reused else { panic!() };
+/// assert!(matches!(e.downcast_ref::<InboxError>(), Some(InboxError::KeyReused { .. })));
 /// # Ok(())
 /// # }
 /// ```

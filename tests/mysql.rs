@@ -208,6 +208,15 @@ mod suite {
             not(inbox_test_mysql),
             ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
         )]
+        fn migrate_upgrades_a_version_1_table_in_place() {
+            check::version_1_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_mysql),
+            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+        )]
         fn migrate_refuses_a_newer_schema() {
             check::newer_schema_is_refused(fresh, open, |version| {
                 format!("ALTER TABLE inbox_messages COMMENT = 'diesel-inbox schema {version}'")

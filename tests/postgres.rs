@@ -252,6 +252,15 @@ mod suite {
             not(inbox_test_postgres),
             ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
         )]
+        fn migrate_upgrades_a_version_1_table_in_place() {
+            check::version_1_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
         fn migrate_refuses_a_newer_schema() {
             check::newer_schema_is_refused(fresh, open, |version| {
                 format!("COMMENT ON TABLE inbox_messages IS 'diesel-inbox schema {version}'")

@@ -164,6 +164,11 @@ mod schema {
     }
 
     #[test]
+    fn migrate_upgrades_a_version_1_table_in_place() {
+        check::version_1_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
+    }
+
+    #[test]
     fn migrate_refuses_a_newer_schema() {
         check::newer_schema_is_refused(fresh, open, |version| {
             format!(

@@ -132,6 +132,124 @@ pub fn unversioned_table_is_upgraded_in_place<C>(
         Processed::Applied(())
     );
     diesel_inbox::migrate(&mut conn).expect("migrate again");
+    schema_2_works_on_upgraded_rows(&mut conn);
+}
+
+/// After an upgrade from version 1 (the consumer `legacy` holds `m-1`,
+/// written before it): the row written before accepts any content and holds
+/// no stored result, and fingerprints, stored results and attempt counts
+/// work for new keys.
+fn schema_2_works_on_upgraded_rows<C>(conn: &mut C)
+where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    use diesel_inbox::{Fingerprint, Options, Stored};
+    let with = |conn: &mut C, key: &str, content: &[u8]| -> QueryResult<Stored<i64>> {
+        let options = Options::new()
+            .fingerprint(Fingerprint::of_bytes(content))
+            .max_attempts(2);
+        diesel_inbox::run_with(
+            conn,
+            "legacy",
+            key,
+            &options,
+            0,
+            |_| Ok(7),
+            diesel_inbox::ErrorClass::of,
+        )
+    };
+    // Applied before the upgrade: any content is a duplicate, with no value.
+    assert_eq!(
+        with(conn, "m-1", b"a").expect("old row"),
+        Stored::Duplicate(None)
+    );
+    assert_eq!(
+        with(conn, "m-1", b"b").expect("old row"),
+        Stored::Duplicate(None)
+    );
+    // New keys get all of schema 2.
+    assert_eq!(with(conn, "m-3", b"a").expect("new"), Stored::Applied(7));
+    assert_eq!(
+        with(conn, "m-3", b"a").expect("again"),
+        Stored::Duplicate(Some(7))
+    );
+    let reused = with(conn, "m-3", b"b");
+    assert!(
+        matches!(&reused, Err(diesel::result::Error::QueryBuilderError(e))
+            if matches!(e.downcast_ref::<InboxError>(), Some(InboxError::KeyReused { .. }))),
+        "{reused:?}"
+    );
+    let failing = |conn: &mut C| -> QueryResult<Processed<()>> {
+        let options = Options::new().max_attempts(1);
+        diesel_inbox::run_with(
+            conn,
+            "legacy",
+            "m-4",
+            &options,
+            0,
+            |_| Err(diesel::result::Error::NotFound),
+            diesel_inbox::ErrorClass::of,
+        )
+    };
+    assert!(matches!(
+        failing(conn),
+        Err(diesel::result::Error::NotFound)
+    ));
+    let count = diesel_inbox::attempts(conn, "legacy", "m-4").expect("attempts");
+    assert_eq!(count.map(|c| c.failures), Some(1));
+    assert!(matches!(
+        failing(conn),
+        Err(diesel::result::Error::QueryBuilderError(_))
+    ));
+}
+
+/// A table recorded as version 1 (`legacy_ddl` and version 1's record, as
+/// a release with versioning and schema 1 left it) is upgraded to the
+/// current version in place, and schema 2 works on it.
+pub fn version_1_table_is_upgraded_in_place<C>(
+    fresh: fn(&str) -> Option<TestDb>,
+    open: fn(&str) -> C,
+    legacy_ddl: &'static str,
+) where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    let Some(db) = fresh("upgrade_v1") else {
+        return;
+    };
+    let mut conn = open(&db);
+    conn.batch_execute(legacy_ddl).expect("the version 1 table");
+    conn.batch_execute(&<C::Backend as InboxBackend>::record_version(1))
+        .expect("record version 1");
+    assert_eq!(
+        diesel_inbox::schema_version(&mut conn).expect("version"),
+        Some(1)
+    );
+    let plain = |conn: &mut C, key: &str| -> QueryResult<Processed<()>> {
+        diesel_inbox::run(
+            conn,
+            "legacy",
+            key,
+            0,
+            |_| Ok(()),
+            diesel_inbox::ErrorClass::of,
+        )
+    };
+    assert_eq!(
+        plain(&mut conn, "m-1").expect("version 1 claim"),
+        Processed::Applied(())
+    );
+    diesel_inbox::migrate(&mut conn).expect("upgrade");
+    assert_eq!(
+        diesel_inbox::schema_version(&mut conn).expect("version"),
+        Some(SCHEMA_VERSION)
+    );
+    assert_eq!(
+        plain(&mut conn, "m-1").expect("redelivery"),
+        Processed::Duplicate
+    );
+    schema_2_works_on_upgraded_rows(&mut conn);
 }
 
 /// A schema newer than this release (`record(v)` is the SQL with which

@@ -86,6 +86,23 @@ macro_rules! claim_batch_by_lookup {
     }};
 }
 
+/// The single claim of a server backend, with or without a fingerprint:
+/// whether the row was inserted. The backend's module defines
+/// `claim_statement!` (the conflict-ignoring insert, with two or three
+/// values); one body for the sync and the async connection (`$run` and its
+/// `await`, as in `ops_statement!`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! claim_single {
+    ($conn:expr, $consumer:expr, $key:expr, $fingerprint:expr, $run:path $(, $await:tt)?) => {{
+        use $run as run;
+        let inserted = match $fingerprint {
+            None => run::execute(claim_statement!($consumer, $key), $conn)$(.$await)?,
+            Some(bytes) => run::execute(claim_statement!($consumer, $key, bytes), $conn)$(.$await)?,
+        };
+        inserted.map(|inserted| inserted == 1)
+    }};
+}
+
 /// The statements of the operations (`purge`, `status`, `forget`, `stats`),
 /// once for every backend and for the sync and the async connection: `$run`
 /// is `diesel::RunQueryDsl` or `diesel_async::RunQueryDsl`, and `await`

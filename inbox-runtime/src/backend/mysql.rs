@@ -79,19 +79,6 @@ macro_rules! claim_statement {
     };
 }
 
-/// The single claim, with or without a fingerprint: whether the row was
-/// inserted. One body for the sync and the async connection.
-macro_rules! claim_single {
-    ($conn:expr, $consumer:expr, $key:expr, $fingerprint:expr, $run:path $(, $await:tt)?) => {{
-        use $run as run;
-        let inserted = match $fingerprint {
-            None => run::execute(claim_statement!($consumer, $key), $conn)$(.$await)?,
-            Some(bytes) => run::execute(claim_statement!($consumer, $key, bytes), $conn)$(.$await)?,
-        };
-        inserted.map(|inserted| inserted == 1)
-    }};
-}
-
 /// `migrate`'s lock: `GET_LOCK` (node-local on Galera), and its release.
 const MIGRATE_LOCK: &str = "GET_LOCK('diesel_inbox_migrate', 60)";
 const MIGRATE_UNLOCK: &str = "DO RELEASE_LOCK('diesel_inbox_migrate')";

@@ -89,20 +89,6 @@ macro_rules! claim_statement {
     };
 }
 
-/// The single claim, with or without a fingerprint: the number of rows
-/// inserted. One body for the sync and the async connection (`$run` and
-/// its `await`, as in `ops_statement!`).
-macro_rules! claim_single {
-    ($conn:expr, $consumer:expr, $key:expr, $fingerprint:expr, $run:path $(, $await:tt)?) => {{
-        use $run as run;
-        let inserted = match $fingerprint {
-            None => run::execute(claim_statement!($consumer, $key), $conn)$(.$await)?,
-            Some(bytes) => run::execute(claim_statement!($consumer, $key, bytes), $conn)$(.$await)?,
-        };
-        inserted.map(|inserted| inserted == 1)
-    }};
-}
-
 /// The batch claim: the keys go as one array parameter, so the statement's
 /// text is the same for every batch size and diesel prepares it once per
 /// connection and caches it (a multi-row `VALUES` list is a new statement,
