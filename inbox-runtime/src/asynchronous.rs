@@ -852,10 +852,26 @@ pub(crate) mod ansi {
     where
         C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
     {
-        if !matches!(depth(conn), Ok(Some(_))) {
-            return;
-        }
+        rollback_unless_ended(conn, |_| false).await
+    }
+
+    /// [`rollback`], where a failed top-level `ROLLBACK` whose error says
+    /// the server ended the transaction already (`ended`, the backend's
+    /// judgement) leaves the connection outside any transaction rather than
+    /// marked broken.
+    pub(crate) async fn rollback_unless_ended<C>(conn: &mut C, ended: fn(&Error) -> bool)
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        let top_level = match depth(conn) {
+            Ok(Some(depth)) => depth.get() == 1,
+            _ => return,
+        };
         if let Err(e) = AnsiTransactionManager::rollback_transaction(conn).await {
+            if top_level && ended(&e) {
+                *AnsiTransactionManager::transaction_manager_status_mut(conn) = Default::default();
+                return;
+            }
             tracing::warn!(error = %e, "diesel-inbox: rollback failed");
         }
     }

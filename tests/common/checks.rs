@@ -376,8 +376,8 @@ pub fn a_success_clears_the_failure_count<M: Mode>() {
 }
 
 /// 4 sessions redeliver one failing key at once until each is told it was
-/// given up on: no failure is lost from the count, every run of the body is
-/// one counted failure, and the body stops near `max_attempts` (a delivery
+/// given up on: no failure is lost from the count (every failure returned
+/// is one counted), and the body stops near `max_attempts` (a delivery
 /// that claimed after a rollback and before that failure's count
 /// committed still runs: at most `max_attempts` + 3 runs with 4 sessions).
 pub fn concurrent_failures_of_one_key_are_each_counted<M: Mode>() {
@@ -404,8 +404,11 @@ pub fn concurrent_failures_of_one_key_are_each_counted<M: Mode>() {
             M::NAME
         );
     }
+    // A run can also end in a transient conflict and be rerun by the
+    // engine (a multi-master cluster aborts one of two concurrent writers of
+    // the count's row): not a failure of the message, not counted.
     let ran = runs.load(Ordering::SeqCst);
-    assert_eq!(ran, rejected, "each run failed once: {flat:?}");
+    assert!(ran >= rejected, "{ran} runs, {rejected} failures: {flat:?}");
     let counted = s
         .attempts("flaky", &m.key)
         .expect("attempts")

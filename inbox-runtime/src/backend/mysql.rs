@@ -155,11 +155,24 @@ where
     match control::Rollback.execute(conn) {
         Ok(_) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
         Err(e) if not_preparable(&e) => AnsiTransactionManager::rollback_transaction(conn),
+        Err(e) if ended_by_server(&e) => {
+            *AnsiTransactionManager::transaction_manager_status_mut(conn) = Default::default();
+            Ok(())
+        }
         Err(e) => {
             AnsiTransactionManager::transaction_manager_status_mut(conn).set_in_error();
             Err(e)
         }
     }
+}
+
+/// Whether a failed `ROLLBACK` says the server had rolled the transaction
+/// back already: Galera reports a brute-force abort (another node's write
+/// won certification) at the next statement, which can be the `ROLLBACK`
+/// itself, as error 1213. Nothing is left to undo, so the connection is
+/// outside any transaction, not broken.
+pub(crate) fn ended_by_server(error: &Error) -> bool {
+    Mysql::ends_transaction(error)
 }
 
 impl InboxBackend for Mysql {
@@ -513,7 +526,7 @@ mod asynchronous {
         }
 
         async fn inbox_rollback(&mut self) {
-            ansi::rollback(self).await
+            ansi::rollback_unless_ended(self, super::ended_by_server).await
         }
 
         async fn inbox_migrate(&mut self) -> Result<(), InboxError> {
