@@ -18,9 +18,11 @@ pub(crate) type StoredRow = (String, Option<Vec<u8>>, Option<Vec<u8>>);
 pub(crate) type AttemptsRow = (i32, String, i64);
 
 /// Longest error text the failure count keeps, in bytes.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 const MAX_ERROR_TEXT: usize = 1_000;
 
 /// `error`, cut to [`MAX_ERROR_TEXT`] bytes at a character boundary.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn error_text(error: &str) -> &str {
     if error.len() <= MAX_ERROR_TEXT {
         return error;

@@ -630,9 +630,7 @@ where
     conn.inbox_stats().await.map_err(ops_error::<C::Backend>)
 }
 
-/// Microseconds since the Unix epoch, as the backends' statements read
-/// `received_at`, to a time.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+/// A failure count's row, to [`Attempts`].
 fn attempts_of(
     consumer: &str,
     key: &str,
@@ -647,6 +645,8 @@ fn attempts_of(
     }
 }
 
+/// Microseconds since the Unix epoch, as the backends' statements read
+/// `received_at`, to a time.
 pub(crate) fn from_micros(micros: i64) -> SystemTime {
     let offset = Duration::from_micros(micros.unsigned_abs());
     if micros >= 0 {
