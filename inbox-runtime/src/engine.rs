@@ -1,11 +1,13 @@
 //! The decisions of a handler call, without any I/O.
 //!
 //! A call is a sequence of steps: open a transaction (or a savepoint), claim
-//! the key(s), run the body, commit, or roll back; and, when a transient
+//! the key(s), run the body, store its value (`store_result`), commit, or
+//! roll back and count the failure (`max_attempts`); and, when a transient
 //! error ends an attempt, sleep and start again. [`Engine`] says which step
 //! comes next and what each result means: which failures are retried, what
-//! the caller gets when they are not, when a body's `Ok` must not be
-//! reported as applied. A driver performs each step on its connection and
+//! the caller gets when they are not (a reused key and a key given up on
+//! are refusals, never retried), when a body's `Ok` must not be reported as
+//! applied. A driver performs each step on its connection and
 //! feeds the result back:
 //!
 //! ```text
@@ -438,4 +440,130 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
         .unwrap_or(0)
         % base_ms;
     Duration::from_millis(base_ms + jitter_ms)
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+    use diesel::sqlite::Sqlite;
+
+    type Outcome = Result<Ended<i32>, InboxError>;
+    type Classify = fn(&InboxError) -> ErrorClass<InboxError>;
+    type TestEngine<'a> = Engine<'a, Sqlite, i32, InboxError, Classify>;
+
+    fn engine<'a>() -> TestEngine<'a> {
+        Engine::new("consumer", "key", 3, |_| ErrorClass::permanent())
+    }
+
+    /// Feeds `events` and returns the steps asked for and the outcome.
+    fn run(
+        mut engine: TestEngine<'_>,
+        events: Vec<Event<i32, InboxError>>,
+    ) -> (Vec<Step>, Option<Outcome>) {
+        let mut steps = Vec::new();
+        for event in events {
+            match engine.next(event) {
+                Next::Do(step) => steps.push(step),
+                Next::Done(result) => return (steps, Some(result)),
+            }
+        }
+        (steps, None)
+    }
+
+    fn ran(result: Result<i32, InboxError>) -> Event<i32, InboxError> {
+        Event::Ran {
+            result,
+            failed: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_reused_key_rolls_back_and_is_refused_once() {
+        let (steps, outcome) = run(
+            engine(),
+            vec![
+                Event::Begun(Ok(Scope::TopLevel)),
+                Event::Claimed(Ok(Claimed::Reused("key".into()))),
+                Event::RolledBack,
+            ],
+        );
+        assert_eq!(steps, vec![Step::Claim, Step::Rollback]);
+        assert!(
+            matches!(outcome, Some(Err(InboxError::KeyReused { ref key, .. })) if key == "key")
+        );
+    }
+
+    #[test]
+    fn a_stored_value_is_written_before_the_commit() {
+        let engine = engine().storing(Some(|v: &i32| Ok(v.to_string().into_bytes())));
+        let (steps, outcome) = run(
+            engine,
+            vec![
+                Event::Begun(Ok(Scope::TopLevel)),
+                Event::Claimed(Ok(Claimed::New)),
+                ran(Ok(7)),
+                Event::Stored(Ok(())),
+                Event::Committed(Ok(())),
+            ],
+        );
+        assert_eq!(
+            steps,
+            vec![
+                Step::Claim,
+                Step::Body,
+                Step::Store(b"7".to_vec()),
+                Step::Commit(Scope::TopLevel)
+            ]
+        );
+        assert_eq!(outcome.map(|o| o.ok()), Some(Some(Ended::Applied(7))));
+    }
+
+    #[test]
+    fn a_counted_failure_is_counted_after_the_rollback() {
+        let engine = engine().counting(Some(|e: &InboxError| e.to_string()));
+        let (steps, outcome) = run(
+            engine,
+            vec![
+                Event::Begun(Ok(Scope::TopLevel)),
+                Event::Claimed(Ok(Claimed::New)),
+                ran(Err(InboxError::InvalidArgument("rejected"))),
+                Event::RolledBack,
+                Event::Counted,
+            ],
+        );
+        assert_eq!(
+            steps,
+            vec![
+                Step::Claim,
+                Step::Body,
+                Step::Rollback,
+                Step::Count(Scope::TopLevel, "invalid argument: rejected".into())
+            ]
+        );
+        assert!(matches!(
+            outcome,
+            Some(Err(InboxError::InvalidArgument("rejected")))
+        ));
+    }
+
+    #[test]
+    fn a_key_given_up_on_is_not_counted_again() {
+        let engine = engine().counting(Some(|e: &InboxError| e.to_string()));
+        let (steps, outcome) = run(
+            engine,
+            vec![
+                Event::Begun(Ok(Scope::TopLevel)),
+                Event::Claimed(Ok(Claimed::GaveUp {
+                    failures: 3,
+                    last_error: "boom".into(),
+                })),
+                Event::RolledBack,
+            ],
+        );
+        assert_eq!(steps, vec![Step::Claim, Step::Rollback]);
+        assert!(matches!(
+            outcome,
+            Some(Err(InboxError::AttemptsExhausted { failures: 3, .. }))
+        ));
+    }
 }

@@ -75,13 +75,13 @@ fn credit_row(conn: &mut MysqlConnection, payment: &Payment) -> QueryResult<usiz
         .execute(conn)
 }
 
-#[idempotent(key = "payment.id", consumer = "galera.hot.app")]
+#[idempotent(key = "payment.id", consumer = "galera.hot.app", retries = 10)]
 pub fn credit_app(conn: &mut MysqlConnection, payment: &Payment) -> Result<(), HotError> {
     credit_row(conn, payment)?;
     Ok(())
 }
 
-#[idempotent(key = "payment.id", consumer = "galera.hot.diesel")]
+#[idempotent(key = "payment.id", consumer = "galera.hot.diesel", retries = 10)]
 pub fn credit_diesel(conn: &mut MysqlConnection, payment: &Payment) -> QueryResult<()> {
     credit_row(conn, payment).map(drop)
 }
