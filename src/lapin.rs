@@ -49,7 +49,7 @@
 //! one, RabbitMQ drops it).
 
 use crate::brokers::{usable_id, BrokerError, Handled, Inbound, Policy, Settlement};
-use crate::Processed;
+use crate::Outcome;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::AMQPValue;
@@ -98,13 +98,14 @@ pub fn deliveries(delivery: &Delivery) -> u32 {
 /// transaction committed: this function owns the delivery, so nothing can
 /// ack it earlier. A message without a usable id is rejected without
 /// requeue, and [`BrokerError::NoMessageId`] says so.
-pub async fn handle<T, E, F>(
+pub async fn handle<O, E, F>(
     delivery: Delivery,
     policy: &Policy<E>,
     handler: F,
-) -> Result<Handled<T, E>, BrokerError>
+) -> Result<Handled<O, E>, BrokerError>
 where
-    F: AsyncFnOnce(&str, &[u8]) -> Result<Processed<T>, E>,
+    O: Outcome,
+    F: AsyncFnOnce(&str, &[u8]) -> Result<O, E>,
 {
     crate::brokers::handle(delivery, policy, handler).await
 }

@@ -58,11 +58,24 @@
 //! narrower than 255 bytes, triggers, foreign keys, ...) or a schema newer
 //! than this release knows.
 //!
+//! Without the attribute, [`Inbox`] makes the same calls (one builder,
+//! options as data). The reference is the [`guide`]: the attribute, the
+//! options, async handlers, brokers, operations, the schema, clusters and
+//! the guarantees, each page with examples that run as tests.
+//!
 //! ## Features
-//! - `sqlite` (default): embedded, bundled SQLite; nothing to install.
+//! - `sqlite-bundled` (the default): SQLite compiled from source; nothing
+//!   to install. Implies `sqlite`.
+//! - `sqlite`: SQLite through the system's libsqlite3.
 //! - `postgres`: PostgreSQL through libpq.
 //! - `mysql`: MySQL 8 and MariaDB through libmysqlclient.
 //! - `uuid`: [`InboxKey`] for `uuid::Uuid`.
+//! - `async`: `async fn` handlers on diesel-async 0.9.
+//! - `serde`: `fingerprint` of any `Serialize` value, and `store_result`.
+//! - `metrics`: counters and a histogram through the `metrics` facade.
+//! - `cli`: the `diesel-inbox` ops binary.
+//! - `lapin`: RabbitMQ consumers (`diesel_inbox::lapin`, implies `async`).
+//! - `nats`: NATS JetStream consumers (`diesel_inbox::nats`, implies `async`).
 //!
 //! [Diesel]: https://diesel.rs
 // docs.rs (nightly) marks the items of each backend feature with it.
@@ -71,8 +84,14 @@
 /// Makes a Diesel handler idempotent: its message key is claimed in the inbox
 /// table in the same transaction as its body.
 ///
+/// This is where the attribute's arguments are documented; the guide's
+/// [attribute page](crate::guide::attribute) says what a call does, and
+/// [the options page](crate::guide::options) covers `fingerprint`,
+/// `store_result` and `max_attempts` in depth.
+///
 /// ```text
-/// #[idempotent(key = "<expr>", consumer = "<name>", shared, conn = "<param>", retries = N, batch = "<param>", crate = "<path>")]
+/// #[idempotent(key = "<expr>", consumer = "<name>", shared, conn = "<param>", retries = N,
+///              batch = "<param>", fingerprint = "<expr>", store_result, max_attempts = N, crate = "<path>")]
 /// ```
 ///
 /// - `key` (required): a Rust expression over the parameters whose type
@@ -137,13 +156,18 @@
 /// {
 ///     // Registered before main: consumer name, `module::on_order_placed`, file, line.
 ///     static HANDLER: RegisteredHandler = RegisteredHandler::new("on_order_placed", ..);
-///     diesel_inbox::__private::run(conn, &&HANDLER, &(msg.id), 3,
-///         |conn| -> Result<i64, AppError> { BODY },
-///         |error| /* ErrorClass::of(error) if AppError: RetryableError, else ErrorClass::by_statements() */)
+///     diesel_inbox::Inbox::consumer(&&HANDLER)
+///         .retries(3)
+///         .classify(|error| /* ErrorClass::of(error) if AppError: RetryableError, else ErrorClass::by_statements() */)
+///         .run(conn, &(msg.id), |conn| -> Result<i64, AppError> { BODY })
 /// }
 /// ```
 ///
-/// [`run`] checks the consumer against the other handlers, validates the
+/// The options become the builder's ([`Inbox`]: `.fingerprint(..)`,
+/// `.store_result()`, `.max_attempts(n)`; `retries = 0` calls
+/// [`run_once`](Inbox::run_once), a batch
+/// [`run_batch`](Inbox::run_batch), an `async fn` the `_async` terminals).
+/// [`Inbox::run`] checks the consumer against the other handlers, validates the
 /// key (not empty, at most 255 bytes, no NUL: else
 /// [`InboxError::InvalidKey`] and nothing runs), opens a transaction (a
 /// savepoint inside the caller's; `BEGIN IMMEDIATE` on SQLite), inserts the
@@ -236,12 +260,11 @@
 pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
-    attempts, consumers, ddl, forget, inbox_messages, migrate, purge, run, run_batch,
-    run_batch_with, run_once, run_once_with, run_with, schema_version, stats, status, validate_key,
-    Attempts, Batch, BatchOptions, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver,
-    Fingerprint, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey,
-    Options, Outcome, Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored,
-    StoredResult, TableProblem, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
+    attempts, consumers, ddl, forget, inbox, inbox_messages, migrate, purge, schema_version, stats,
+    status, validate_key, Attempts, Batch, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver,
+    Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey,
+    InvalidKey, Outcome, Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored,
+    StoredResult, TableProblem, DEFAULT_RETRIES, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.
@@ -249,12 +272,14 @@ extern crate self as diesel_inbox;
 
 #[cfg(feature = "async")]
 pub use inbox_runtime::{
-    attempts_async, forget_async, migrate_async, purge_async, run_async, run_batch_async,
-    run_once_async, stats_async, status_async, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+    attempts_async, forget_async, migrate_async, purge_async, stats_async, status_async,
+    AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[doc(hidden)]
 pub use inbox_runtime::__private;
+
+pub mod guide;
 
 #[cfg(any(feature = "lapin", feature = "nats"))]
 pub mod brokers;

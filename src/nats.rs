@@ -45,7 +45,7 @@
 //! ```
 
 use crate::brokers::{usable_id, BrokerError, Handled, Inbound, Policy, Settlement};
-use crate::Processed;
+use crate::Outcome;
 use async_nats::jetstream::message::{AckKind, Message};
 use std::time::Duration;
 
@@ -91,13 +91,14 @@ pub fn deliveries(message: &Message) -> u32 {
 /// transaction committed: this function owns the message, so nothing can
 /// ack it earlier. A message without a usable id is terminated, and
 /// [`BrokerError::NoMessageId`] says so.
-pub async fn handle<T, E, F>(
+pub async fn handle<O, E, F>(
     message: Message,
     policy: &Policy<E>,
     handler: F,
-) -> Result<Handled<T, E>, BrokerError>
+) -> Result<Handled<O, E>, BrokerError>
 where
-    F: AsyncFnOnce(&str, &[u8]) -> Result<Processed<T>, E>,
+    O: Outcome,
+    F: AsyncFnOnce(&str, &[u8]) -> Result<O, E>,
 {
     crate::brokers::handle(message, policy, handler).await
 }

@@ -31,8 +31,10 @@ fn run(cmd: &mut Command) -> (i32, String, String) {
 }
 
 fn claim<C: diesel_inbox::InboxConnection>(conn: &mut C, consumer: &str, key: &str) {
-    let out: diesel::QueryResult<Processed<()>> =
-        diesel_inbox::run(conn, consumer, key, 0, |_| Ok(()), ErrorClass::of);
+    let out: diesel::QueryResult<Processed<()>> = diesel_inbox::Inbox::consumer(consumer)
+        .retries(0)
+        .classify(ErrorClass::of)
+        .run(conn, key, |_| Ok(()));
     assert!(out.expect("claim").is_applied());
 }
 
@@ -113,16 +115,13 @@ fn cli_contract<B: TestBackend>() {
     assert!(out.starts_with("not applied"), "{out}");
     // A key whose deliveries failed (`max_attempts`): status shows the count.
     for _ in 0..2 {
-        let options = diesel_inbox::Options::new().max_attempts(5);
-        let failed: diesel::QueryResult<Processed<()>> = diesel_inbox::run_with(
-            &mut conn,
-            "importer",
-            "file-7",
-            &options,
-            0,
-            |_| Err(diesel::result::Error::NotFound),
-            ErrorClass::of,
-        );
+        let failed: diesel::QueryResult<Processed<()>> = diesel_inbox::Inbox::consumer("importer")
+            .retries(0)
+            .classify(ErrorClass::of)
+            .max_attempts(5)
+            .run(&mut conn, "file-7", |_| {
+                Err(diesel::result::Error::NotFound)
+            });
         assert!(failed.is_err());
     }
     let (code, out, _) = run(cli(url).args(["status", "importer", "file-7"]));

@@ -91,14 +91,11 @@ mod suite {
                         .get_result(&mut conn)
                         .expect("catalog");
                     assert_eq!(tables, 1, "node {}", i + 1);
-                    let first = diesel_inbox::run(
-                        &mut conn,
-                        "galera-migrate",
-                        &format!("m-{round}-{i}"),
-                        0,
-                        |_| Ok::<_, diesel::result::Error>(()),
-                        |_| diesel_inbox::ErrorClass::by_statements(),
-                    );
+                    let first = diesel_inbox::Inbox::consumer("galera-migrate")
+                        .retries(0)
+                        .run(&mut conn, &format!("m-{round}-{i}"), |_| {
+                            Ok::<_, diesel::result::Error>(())
+                        });
                     assert_eq!(first.expect("claim"), diesel_inbox::Processed::Applied(()));
                 }
                 // Every node sees the claims made on the others.

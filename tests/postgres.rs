@@ -65,16 +65,16 @@ mod suite {
             diesel_inbox::migrate(&mut conn).expect("migrate");
             for (round, size) in [3u32, 7, 1].into_iter().enumerate() {
                 let keys: Vec<String> = (0..size).map(|k| format!("r{round}-{k}")).collect();
-                let out = diesel_inbox::run_batch(
-                    &mut conn,
-                    "prepared",
-                    &keys,
-                    |k| k.clone(),
-                    0,
-                    |_, fresh: Vec<&String>| -> QueryResult<usize> { Ok(fresh.len()) },
-                    |_| diesel_inbox::ErrorClass::permanent(),
-                )
-                .expect("batch");
+                let out = diesel_inbox::Inbox::consumer("prepared")
+                    .retries(0)
+                    .classify(|_: &diesel::result::Error| diesel_inbox::ErrorClass::permanent())
+                    .run_batch(
+                        &mut conn,
+                        &keys,
+                        |k| k.clone(),
+                        |_, fresh: Vec<&String>| -> QueryResult<usize> { Ok(fresh.len()) },
+                    )
+                    .expect("batch");
                 assert_eq!(out.value, Some(size as usize));
             }
             let prepared: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(

@@ -1,4 +1,5 @@
-//! Compile-time behaviour of `#[idempotent]`: what compiles (`ui/pass`) and
+//! Compile-time behaviour of `#[idempotent]`: what compiles (`ui/pass`,
+//! `ui/pass-all-features`) and
 //! the error each mistake gets (`ui/fail`, pinned by `.stderr` files; after a
 //! deliberate change, regenerate with `TRYBUILD=overwrite cargo test --test ui`
 //! and review the diff).
@@ -19,7 +20,9 @@ fn ui() {
     ignore = "tests/ui/fail-all-features pins errors that depend on every feature: cargo test --all-features"
 )]
 fn ui_with_every_feature() {
-    trybuild::TestCases::new().compile_fail("tests/ui/fail-all-features/*.rs");
+    let cases = trybuild::TestCases::new();
+    cases.pass("tests/ui/pass-all-features/*.rs");
+    cases.compile_fail("tests/ui/fail-all-features/*.rs");
 }
 
 /// An `async fn` handler without the `async` feature.

@@ -13,7 +13,8 @@ use syn::{Expr, ReturnType, Signature, Type};
 //     fn handle(conn: &mut PgConnection, msg: &Msg) -> Result<Processed<T>, E> {
 //         static __INBOX_HANDLER: RegisteredHandler = RegisteredHandler::new("handle", path, file, line, shared);
 //         inventory::submit!(Registration(&__INBOX_HANDLER));
-//         run(conn, &&__INBOX_HANDLER, &(msg.id), 3, |conn| -> Result<T, E> { body }, classify)
+//         Inbox::consumer(&&__INBOX_HANDLER).retries(3).classify(..)
+//             .run(conn, &(msg.id), |conn| -> Result<T, E> { body })
 //     }
 // The body stays verbatim in its own closure, so `?` and `return` leave the
 // transaction, and the closure's parameter is the user's own `conn`. The
@@ -50,12 +51,15 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     let output_span = original_output.span();
     let krate = respan(quote!(#krate), output_span);
     let error = Ident::new("__inbox_error", Span::mixed_site());
+    // The classifier names its parameter's type, the error of the user's
+    // `Result` however it is spelled, so that the autoref probe resolves
+    // before the terminal call fixes `E`.
     let classify = quote_spanned! {output_span=>
-        |#error| {
+        .classify(|#error: &<#original_output as #krate::__private::ResultParts>::Error| {
             #[allow(unused_imports)]
             use #krate::__private::{ViaRetryableError as _, ViaStatements as _};
             (&&#krate::__private::Probe(#error)).__diesel_inbox_error_class()
-        }
+        })
     };
     let site = Ident::new("__INBOX_HANDLER", Span::mixed_site());
     let function_name = sig.ident.to_string();
@@ -72,7 +76,7 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
         #krate::__private::inventory::submit!(#krate::__private::Registration(&#site));
     };
     // Input:  async fn h(conn: &mut AsyncPgConnection, ..) -> Result<T, E> { body }
-    // Output: the same calls to the `_async` twins, with `async` closures
+    // Output: the same builder, its `_async` terminal, an `async` closure
     //         and `.await`.
     let asyncness = sig.asyncness.is_some();
     let (closure, awaited, suffix) = if asyncness {
@@ -84,111 +88,95 @@ pub(crate) fn expand(handler: Handler) -> TokenStream {
     } else {
         (quote!(), quote!(), "")
     };
-    // With a fingerprint or a stored result, the `_with` variants take the
-    // options: `run_with(conn, site, key, &options, ..)`.
-    let with = fingerprint.is_some() || store_result.is_some() || max_attempts.is_some();
-    let runtime_fn = |name: &str| {
-        let with = if with { "_with" } else { "" };
-        Ident::new(&format!("{name}{with}{suffix}"), output_span)
-    };
-    let options_ident = Ident::new("__inbox_options", Span::mixed_site());
-    // `&options, ` between the key and the rest of the arguments.
-    let options_arg = if with {
-        quote!(&#options_ident,)
-    } else {
-        quote!()
+    let terminal = |name: &str| Ident::new(&format!("{name}{suffix}"), output_span);
+    // `.max_attempts(5)` and `.store_result()`, as the arguments say.
+    let max_attempts = max_attempts
+        .as_ref()
+        .map(|n| quote_spanned!(n.span()=> .max_attempts(#n)));
+    let store_result = store_result.map(|span| quote_spanned!(span=> .store_result()));
+    let inbox = quote_spanned! {output_span=>
+        #krate::__private::Inbox::consumer(&&#site)
     };
     let call = if let (Some(batch), Expr::Closure(key_closure)) = (&batch, &key) {
         // Input:  fn h(conn: &mut C, msgs: &[M]) -> Result<T, E>, key = "|msg| msg.id"
-        // Output: run_batch(conn, site, msgs, |m| { let msg = m; owned_key(&(msg.id)) }, 3,
-        //                   |conn, msgs| -> Result<T, E> { body }, classify)
-        // The key closure is unpacked into one whose parameter type run_batch
-        // infers. The body's `msgs` is a `Vec<&M>` of the first deliveries.
-        // With `fingerprint = "|msg| msg.body"`, a `BatchOptions` whose
-        // closure is unpacked the same way comes before the retries.
+        // Output: Inbox::consumer(site).retries(3).classify(..)
+        //             .run_batch(conn, msgs, |m| { let msg = m; owned_key(&(msg.id)) },
+        //                        |conn, msgs| -> Result<T, E> { body })
+        // The key closure is unpacked into one whose parameter type
+        // run_batch infers. The body's `msgs` is a `Vec<&M>` of the first
+        // deliveries. With `fingerprint = "|msg| msg.body"`, a fingerprint
+        // closure unpacked the same way, its messages named so that its
+        // parameter's type is known.
         let batch_ident = &batch.ident;
         let message = Ident::new("__inbox_message", Span::mixed_site());
         let key_pattern = &key_closure.inputs[0];
         let key_body = &key_closure.body;
         let key_of = quote_spanned!(key_body.span()=> &(#key_body));
-        let options = match &fingerprint {
+        let fingerprint = match &fingerprint {
             Some(Expr::Closure(closure)) => {
                 let pattern = &closure.inputs[0];
                 let probe = fingerprint_probe(&closure.body, &krate);
                 quote_spanned! {output_span=>
-                    let #options_ident = #krate::__private::batch_options(#batch_ident).fingerprint_or_error(
-                        |#message| {
-                            let #pattern = #message;
-                            #probe
-                        },
-                    );
+                    .batch_fingerprint_or_error(#batch_ident, |#message| {
+                        let #pattern = #message;
+                        #probe
+                    })
                 }
             }
             _ => quote!(),
         };
-        let run_batch = runtime_fn("run_batch");
+        let run_batch = terminal("run_batch");
         quote_spanned! {output_span=>
-            #options
-            #krate::__private::#run_batch(
-                #conn_ident,
-                &&#site,
-                #batch_ident,
-                |#message| {
-                    let #key_pattern = #message;
-                    #krate::__private::owned_key(#key_of)
-                },
-                #options_arg
-                #retries,
-                #closure |#conn, #batch| -> #original_output #body,
-                #classify,
-            ) #awaited
+            #inbox
+                .retries(#retries)
+                #classify
+                #fingerprint
+                .#run_batch(
+                    #conn_ident,
+                    #batch_ident,
+                    |#message| {
+                        let #key_pattern = #message;
+                        #krate::__private::owned_key(#key_of)
+                    },
+                    #closure |#conn, #batch| -> #original_output #body,
+                ) #awaited
         }
     } else {
         // Input:  key = "msg.id", fingerprint = "msg.body", store_result, max_attempts = 5
-        // Output: let options = Options::new().fingerprint_or_error(fingerprint(probe(&(msg.body)))).max_attempts(5);
-        //         run_with(conn, site, &(msg.id), &options, 3, |conn| .., classify)
+        // Output: Inbox::consumer(site).retries(3).classify(..)
+        //             .fingerprint_or_error(fingerprint(probe(&(msg.body)))).max_attempts(5).store_result()
+        //             .run(conn, &(msg.id), |conn| -> Result<T, E> { body })
         // The fingerprint is taken before the body can move the message.
-        // `store_result` is the rewritten return type, `Stored<T>`, which
-        // `run_with` infers its outcome from.
-        let options = if with {
-            let fingerprint = fingerprint.as_ref().map(|expr| {
-                let probe = fingerprint_probe(expr, &krate);
-                quote_spanned!(expr.span()=> .fingerprint_or_error(#probe))
-            });
-            let max_attempts = max_attempts
-                .as_ref()
-                .map(|n| quote_spanned!(n.span()=> .max_attempts(#n)));
-            quote_spanned! {output_span=>
-                let #options_ident = #krate::__private::Options::new() #fingerprint #max_attempts;
-            }
-        } else {
-            quote!()
-        };
+        let fingerprint = fingerprint.as_ref().map(|expr| {
+            let probe = fingerprint_probe(expr, &krate);
+            quote_spanned!(expr.span()=> .fingerprint_or_error(#probe))
+        });
+        // The key is type-checked against `InboxKey` where the user wrote it.
+        let key_ref = quote_spanned!(key.span()=> &(#key));
         if retries == 0 {
-            // The key is type-checked against `InboxKey` where the user wrote it.
-            let key_ref = quote_spanned!(key.span()=> &(#key));
-            // The body may move a parameter the key borrows from: take the key first.
+            // The body may move a parameter the key borrows from: take the
+            // key first. A body that runs once is never retried, so it
+            // needs no classifier.
             let owned_key = Ident::new("__inbox_key", Span::mixed_site());
-            let run_once = runtime_fn("run_once");
+            let run_once = terminal("run_once");
             quote_spanned! {output_span=>
                 let #owned_key = #krate::__private::owned_key(#key_ref);
-                #options
-                #krate::__private::#run_once(#conn_ident, &&#site, &#owned_key, #options_arg #closure |#conn| -> #original_output #body) #awaited
+                #inbox
+                    #fingerprint
+                    #max_attempts
+                    #store_result
+                    .#run_once(#conn_ident, &#owned_key, #closure |#conn| -> #original_output #body) #awaited
             }
         } else {
-            let key_ref = quote_spanned!(key.span()=> &(#key));
-            let run = runtime_fn("run");
+            let run = terminal("run");
             quote_spanned! {output_span=>
-                #options
-                #krate::__private::#run(
-                    #conn_ident,
-                    &&#site,
-                    #key_ref,
-                    #options_arg
-                    #retries,
-                    #closure |#conn| -> #original_output #body,
-                    #classify,
-                ) #awaited
+                #inbox
+                    .retries(#retries)
+                    #classify
+                    #fingerprint
+                    #max_attempts
+                    #store_result
+                    .#run(#conn_ident, #key_ref, #closure |#conn| -> #original_output #body) #awaited
             }
         }
     };
@@ -351,6 +339,108 @@ mod tests {
             quote! {
                 fn on_orders(conn: &mut PgConnection, orders: &[Order]) -> QueryResult<usize> {
                     diesel::insert_into(orders::table).values(rows(&orders)).execute(conn)
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn async_handler() {
+        check(
+            "async_handler",
+            quote!(key = "msg.id"),
+            quote! {
+                async fn on_order_placed(conn: &mut AsyncPgConnection, msg: &OrderPlaced) -> QueryResult<i64> {
+                    diesel::insert_into(orders::table).values(&msg.row).execute(conn).await?;
+                    Ok(msg.total)
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn fingerprint_option() {
+        check(
+            "fingerprint",
+            quote!(key = "msg.id", fingerprint = "msg.body"),
+            quote! {
+                fn on_payment(conn: &mut PgConnection, msg: &Payment) -> QueryResult<()> {
+                    Ok(())
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn store_result_option() {
+        check(
+            "store_result",
+            quote!(key = "msg.id", store_result),
+            quote! {
+                fn charge(conn: &mut PgConnection, msg: &Payment) -> QueryResult<i64> {
+                    Ok(msg.amount)
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn max_attempts_option() {
+        check(
+            "max_attempts",
+            quote!(key = "msg.id", max_attempts = 5),
+            quote! {
+                fn import(conn: &mut PgConnection, msg: &File) -> QueryResult<()> {
+                    Ok(())
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn batch_with_fingerprints() {
+        check(
+            "batch_fingerprint",
+            quote!(
+                batch = "orders",
+                key = "|o| o.id.as_str()",
+                fingerprint = "|o| o.body.as_slice()"
+            ),
+            quote! {
+                async fn on_orders(conn: &mut AsyncPgConnection, orders: &[Order]) -> QueryResult<usize> {
+                    Ok(orders.len())
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn inner_attributes_stay_at_function_level() {
+        check(
+            "inner_attributes",
+            quote!(key = "msg.id"),
+            quote! {
+                fn handle(conn: &mut PgConnection, msg: &Msg) -> QueryResult<()> {
+                    #![allow(unused_variables)]
+                    #![deny(unsafe_code)]
+                    let unused = 1;
+                    Ok(())
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn error_stand_in() {
+        // A key that names no parameter: the error, and a stand-in with the
+        // rewritten signature so that callers see no second error.
+        check(
+            "error_stand_in",
+            quote!(key = "message.id"),
+            quote! {
+                /// Docs stay.
+                pub fn handle(conn: &mut PgConnection, msg: &Msg) -> QueryResult<u32> {
+                    Ok(1)
                 }
             },
         );

@@ -12,23 +12,9 @@ use quote::quote;
 /// Makes a Diesel handler idempotent: its message key is recorded in the
 /// inbox table in the same transaction as its body.
 ///
-/// The full documentation, with runnable examples, is on
-/// `diesel_inbox::idempotent`. In short:
-///
-/// ```ignore
-/// #[idempotent(key = "msg.id")]
-/// fn on_order_placed(conn: &mut PgConnection, msg: &OrderPlaced) -> Result<i64, AppError> {
-///     /* business writes on `conn` */
-/// }
-/// // is now `-> Result<Processed<i64>, AppError>`, and expands to
-/// // run(conn, "on_order_placed", &(msg.id), 3, |conn| -> Result<i64, AppError> { /* body */ }, ..)
-/// ```
-///
-/// Arguments: `key = "<expr>"` (required), `consumer = "<name>"` (default: the
-/// function's name), `shared` (the consumer is deliberately shared with other
-/// handlers), `conn = "<param>"` (default: the only `&mut` parameter),
-/// `retries = N` (default 3), `batch = "<param>"`, `crate = "<path>"`
-/// (default: found from Cargo.toml).
+/// The arguments, what the attribute expands to and runnable examples are
+/// documented once, on `diesel_inbox::idempotent`
+/// (<https://docs.rs/diesel-inbox/latest/diesel_inbox/attr.idempotent.html>).
 #[proc_macro_attribute]
 pub fn idempotent(
     args: proc_macro::TokenStream,

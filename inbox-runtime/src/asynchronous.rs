@@ -9,8 +9,8 @@ use crate::engine::{Claimed, Ended, Engine, Event, Next, Scope, Step};
 use crate::error::InboxError;
 use crate::key::InboxKey;
 use crate::observe;
-use crate::options::{describe, describe_panic, encoder, BatchOptions, Options, Outcome};
-use crate::processed::{Batch, Processed};
+use crate::options::{describe_panic, encoder, Options, SingleOutcome};
+use crate::processed::Batch;
 use crate::registry::ConsumerName;
 use crate::retry::ErrorClass;
 use diesel::result::{Error, QueryResult};
@@ -38,7 +38,7 @@ use tracing::Instrument;
 /// use diesel::SqliteConnection;
 /// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 ///
-/// fn assert_supported<C: inbox_runtime::AsyncInboxConnection>() {}
+/// fn assert_supported<C: diesel_inbox::AsyncInboxConnection>() {}
 /// assert_supported::<SyncConnectionWrapper<SqliteConnection>>();
 /// # }
 /// ```
@@ -237,141 +237,12 @@ where
     type Fut = Fut;
 }
 
-/// The async twin of [`run`](crate::run): claims `key` for `consumer` and
-/// runs `body` in the same transaction, with the same guarantees and
-/// errors. Transient failures rerun the transaction after an async sleep
-/// (tokio's timer); the executor thread is never blocked.
-///
-/// The body is an async closure, `async |conn| -> Result<T, E> { .. }`; its
-/// future must be `Send` (as for diesel-async's own `transaction`), so that
-/// the handler can be spawned on a multi-thread runtime.
-///
-/// Dropping the returned future (a timeout, a cancelled task) before the
-/// commit is sent commits nothing. Dropped while the `COMMIT` is in flight,
-/// the transaction may have committed, exactly as when the connection drops
-/// at that moment: treat a cancelled delivery as not acked, and its
-/// redelivery reports [`Processed::Duplicate`] if it had. Either way the
-/// connection is left inside its transaction as diesel-async's transaction
-/// manager sees it, which diesel-async's pools treat as broken and discard;
-/// a connection of your own must be dropped.
-///
-/// ```
-/// # #[cfg(feature = "sqlite")]
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use diesel::prelude::*;
-/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-/// use diesel_async::{AsyncConnection, TransactionManager};
-/// use inbox_runtime::{run_async, ErrorClass, Processed};
-///
-/// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
-/// inbox_runtime::migrate_async(&mut conn).await?;
-/// for expected in [Processed::Applied(7), Processed::Duplicate] {
-///     let outcome: QueryResult<_> = run_async(&mut conn, "mailer", "m-1", 3,
-///         async |_conn| Ok(7), |_| ErrorClass::by_statements()).await;
-///     assert_eq!(outcome?, expected);
-/// }
-/// # Ok(())
-/// # }
-/// # #[cfg(not(feature = "sqlite"))]
-/// # fn main() {}
-/// ```
-pub async fn run_async<C, N, K, T, E, F, R>(
-    conn: &mut C,
-    consumer: &N,
-    key: &K,
-    retries: u32,
-    body: F,
-    classify: R,
-) -> Result<Processed<T>, E>
-where
-    C: AsyncInboxConnection,
-    N: ConsumerName + ?Sized,
-    K: InboxKey + ?Sized,
-    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across an .await
-        + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
-        + Send,
-    T: Send,
-    E: From<InboxError> + From<Error> + Send,
-    R: Fn(&E) -> ErrorClass<E> + Send,
-{
-    let next_body = move || body.clone();
-    let options = Options::new();
-    run_one_async::<C, N, K, T, E, F, R, Processed<T>>(
-        conn, consumer, key, &options, retries, next_body, classify, None,
-    )
-    .await
-}
-
-/// The async twin of [`run_with`](crate::run_with): [`run_async`] with a
-/// fingerprint and a stored result ([`Options`]).
-///
-/// ```
-/// # #[cfg(feature = "sqlite")]
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use diesel::prelude::*;
-/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-/// use diesel_async::AsyncConnection;
-/// use inbox_runtime::{run_with_async, ErrorClass, Fingerprint, InboxError, Options, Processed};
-///
-/// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
-/// inbox_runtime::migrate_async(&mut conn).await?;
-/// let first = Options::new().fingerprint(Fingerprint::of_bytes(b"v1"));
-/// let outcome: Result<Processed<i32>, InboxError> = run_with_async(&mut conn, "mailer", "m-1", &first, 3,
-///     async |_conn| Ok(7), |_| ErrorClass::by_statements()).await;
-/// assert_eq!(outcome?, Processed::Applied(7));
-/// let changed = Options::new().fingerprint(Fingerprint::of_bytes(b"v2"));
-/// let outcome: Result<Processed<i32>, InboxError> = run_with_async(&mut conn, "mailer", "m-1", &changed, 3,
-///     async |_conn| Ok(7), |_| ErrorClass::by_statements()).await;
-/// assert!(matches!(outcome, Err(InboxError::KeyReused { .. })));
-/// # Ok(())
-/// # }
-/// # #[cfg(not(feature = "sqlite"))]
-/// # fn main() {}
-/// ```
-#[allow(clippy::too_many_arguments)] // run_async's arguments and the options
-pub async fn run_with_async<C, N, K, T, E, F, R, O>(
-    conn: &mut C,
-    consumer: &N,
-    key: &K,
-    options: &Options,
-    retries: u32,
-    body: F,
-    classify: R,
-) -> Result<O, E>
-where
-    O: Outcome<T>,
-    C: AsyncInboxConnection,
-    N: ConsumerName + ?Sized,
-    K: InboxKey + ?Sized,
-    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across an .await
-        + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
-        + Send,
-    T: Send,
-    E: From<InboxError> + From<Error> + Send + std::fmt::Debug,
-    R: Fn(&E) -> ErrorClass<E> + Send,
-{
-    let describe: fn(&E) -> String = describe::<E>;
-    let next_body = move || body.clone();
-    run_one_async(
-        conn,
-        consumer,
-        key,
-        options,
-        retries,
-        next_body,
-        classify,
-        Some(describe),
-    )
-    .await
-}
-
-/// [`run_with_async`] and [`run_once_with_async`], and the plain variants
-/// without a way to describe the body's errors (`describe`: `None`), which
-/// then cannot count failures.
+/// A single call (what [`Inbox::run_async`](crate::Inbox::run_async) and
+/// `run_once_async` run); `next_body` gives the body of each attempt (a
+/// copy, or the one body of a call without retries), `describe` how a
+/// counted failure reads (`None`: failures are not counted).
 #[allow(clippy::too_many_arguments)]
-async fn run_one_async<C, N, K, T, E, F, R, O>(
+pub(crate) async fn run_one<C, N, K, T, E, F, R, O>(
     conn: &mut C,
     consumer: &N,
     key: &K,
@@ -382,7 +253,7 @@ async fn run_one_async<C, N, K, T, E, F, R, O>(
     describe: Option<fn(&E) -> String>,
 ) -> Result<O, E>
 where
-    O: Outcome<T>,
+    O: SingleOutcome<T>,
     C: AsyncInboxConnection,
     N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
@@ -404,88 +275,30 @@ where
     Ok(O::outcome(consumer, &key, ended)?)
 }
 
-/// The async twin of [`run_batch`](crate::run_batch): one transaction and
-/// one multi-row claim for a whole batch; the body gets the messages claimed
-/// for the first time.
-///
-/// ```
-/// # #[cfg(feature = "sqlite")]
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use diesel::prelude::*;
-/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-/// use diesel_async::{AsyncConnection, TransactionManager};
-/// use inbox_runtime::{run_batch_async, ErrorClass};
-///
-/// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
-/// inbox_runtime::migrate_async(&mut conn).await?;
-/// let ids = [1_u64, 2, 2];
-/// let batch: QueryResult<_> = run_batch_async(&mut conn, "shipping", &ids, |id| id.to_string(), 3,
-///     async |_conn, fresh: Vec<&u64>| Ok(fresh.len()), |_| ErrorClass::by_statements()).await;
-/// let batch = batch?;
-/// assert_eq!((batch.value, batch.applied, batch.duplicates), (Some(2), vec![0, 1], 1));
-/// # Ok(())
-/// # }
-/// # #[cfg(not(feature = "sqlite"))]
-/// # fn main() {}
-/// ```
-pub async fn run_batch_async<C, N, M, T, E, F, R>(
+/// A batch call (what [`Inbox::run_batch_async`](crate::Inbox::run_batch_async)
+/// runs): one transaction and one multi-row claim for the plan's keys; the
+/// body gets the messages claimed for the first time.
+pub(crate) async fn run_batch<C, M, T, E, F, R>(
     conn: &mut C,
-    consumer: &N,
+    consumer: &str,
     messages: &[M],
-    key: impl Fn(&M) -> String,
+    plan: &BatchPlan,
     retries: u32,
     body: F,
     classify: R,
 ) -> Result<Batch<T>, E>
 where
     C: AsyncInboxConnection,
-    N: ConsumerName + ?Sized,
     M: Sync,
-    for<'c, 'm> F: AsyncBatchBody<&'c mut C, Vec<&'m M>, Result<T, E>, Fut: Send> // no Rc across .await
-        + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
-        + Send,
+    for<'c, 'm> F: AsyncBatchBody<&'c mut C, Vec<&'m M>, Result<T, E>, Fut: Send> + Clone + Send,
     T: Send,
     E: From<InboxError> + From<Error> + Send,
     R: Fn(&E) -> ErrorClass<E> + Send,
 {
-    let options = BatchOptions::new();
-    run_batch_with_async(
-        conn, consumer, messages, key, &options, retries, body, classify,
-    )
-    .await
-}
-
-/// The async twin of [`run_batch_with`](crate::run_batch_with):
-/// [`run_batch_async`] with each message's fingerprint ([`BatchOptions`]).
-#[allow(clippy::too_many_arguments)] // run_batch_async's arguments and the options
-pub async fn run_batch_with_async<C, N, M, T, E, F, R>(
-    conn: &mut C,
-    consumer: &N,
-    messages: &[M],
-    key: impl Fn(&M) -> String,
-    options: &BatchOptions<'_, M>,
-    retries: u32,
-    body: F,
-    classify: R,
-) -> Result<Batch<T>, E>
-where
-    C: AsyncInboxConnection,
-    N: ConsumerName + ?Sized,
-    M: Sync,
-    for<'c, 'm> F: AsyncBatchBody<&'c mut C, Vec<&'m M>, Result<T, E>, Fut: Send> // no Rc across .await
-        + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
-        + Send,
-    T: Send,
-    E: From<InboxError> + From<Error> + Send,
-    R: Fn(&E) -> ErrorClass<E> + Send,
-{
-    let consumer = consumer.consumer_name()?;
-    let plan = BatchPlan::new(consumer, messages, key, options.fingerprints())?;
     let what = plan.describe();
     let mut engine: Engine<'_, C::Backend, T, E, R> =
         Engine::new(consumer, &what, retries, classify);
-    let claim = Claim::Many(consumer, &plan);
+    let claim = Claim::Many(consumer, plan);
     let mut positions = Vec::new();
     let mut step = Step::Begin;
     let span = engine.span().clone();
@@ -510,87 +323,6 @@ where
     Ok(plan.outcome(ended, positions))
 }
 
-/// The async twin of [`run_once`](crate::run_once): a body that can run
-/// only once (it moves a captured value), so no retries.
-pub async fn run_once_async<C, N, K, T, E, F>(
-    conn: &mut C,
-    consumer: &N,
-    key: &K,
-    body: F,
-) -> Result<Processed<T>, E>
-where
-    C: AsyncInboxConnection,
-    N: ConsumerName + ?Sized,
-    K: InboxKey + ?Sized,
-    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across an .await
-        + Send,
-    T: Send,
-    E: From<InboxError> + From<Error> + Send,
-{
-    run_once_inner::<C, N, K, T, E, F, Processed<T>>(
-        conn,
-        consumer,
-        key,
-        &Options::new(),
-        body,
-        None,
-    )
-    .await
-}
-
-/// The async twin of [`run_once_with`](crate::run_once_with).
-pub async fn run_once_with_async<C, N, K, T, E, F, O>(
-    conn: &mut C,
-    consumer: &N,
-    key: &K,
-    options: &Options,
-    body: F,
-) -> Result<O, E>
-where
-    O: Outcome<T>,
-    C: AsyncInboxConnection,
-    N: ConsumerName + ?Sized,
-    K: InboxKey + ?Sized,
-    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across an .await
-        + Send,
-    T: Send,
-    E: From<InboxError> + From<Error> + Send + std::fmt::Debug,
-{
-    let describe: fn(&E) -> String = describe::<E>;
-    run_once_inner(conn, consumer, key, options, body, Some(describe)).await
-}
-
-/// [`run_once_with_async`] with an optional `describe` (see
-/// [`run_one_async`]).
-async fn run_once_inner<C, N, K, T, E, F, O>(
-    conn: &mut C,
-    consumer: &N,
-    key: &K,
-    options: &Options,
-    body: F,
-    describe: Option<fn(&E) -> String>,
-) -> Result<O, E>
-where
-    O: Outcome<T>,
-    C: AsyncInboxConnection,
-    N: ConsumerName + ?Sized,
-    K: InboxKey + ?Sized,
-    for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> + Send,
-    T: Send,
-    E: From<InboxError> + From<Error> + Send,
-{
-    let permanent = |_: &E| ErrorClass::permanent();
-    let mut body = Some(body);
-    let next_body = move || match body.take() {
-        Some(body) => body,
-        None => unreachable!("with retries = 0 the body runs at most once"),
-    };
-    run_one_async(
-        conn, consumer, key, options, 0, next_body, permanent, describe,
-    )
-    .await
-}
-
 /// The async twin of [`migrate`](crate::migrate): creates, verifies,
 /// versions and upgrades the inbox table, with the same errors.
 ///
@@ -603,8 +335,8 @@ where
 /// use diesel_async::{AsyncConnection, TransactionManager};
 ///
 /// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
-/// inbox_runtime::migrate_async(&mut conn).await?;
-/// inbox_runtime::migrate_async(&mut conn).await?; // idempotent
+/// diesel_inbox::migrate_async(&mut conn).await?;
+/// diesel_inbox::migrate_async(&mut conn).await?; // idempotent
 /// # Ok(())
 /// # }
 /// # #[cfg(not(feature = "sqlite"))]

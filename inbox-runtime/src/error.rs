@@ -11,7 +11,7 @@ use std::fmt;
 /// `diesel::result::Error`, so handlers returning `QueryResult<T>` work.
 ///
 /// ```
-/// use inbox_runtime::{InboxError, InvalidKey};
+/// use diesel_inbox::{InboxError, InvalidKey};
 ///
 /// let err = InboxError::InvalidKey(InvalidKey::Empty);
 /// assert_eq!(err.to_string(), "invalid inbox key: it is empty");
@@ -174,7 +174,7 @@ pub enum InboxError {
 /// One reason an existing inbox table cannot be used, and how to fix it.
 ///
 /// ```
-/// use inbox_runtime::TableProblem;
+/// use diesel_inbox::TableProblem;
 ///
 /// let problem = TableProblem::new("the primary key is (message_id)", "make it (consumer, message_id)");
 /// assert_eq!(problem.to_string(), "the primary key is (message_id); fix: make it (consumer, message_id)");

@@ -30,7 +30,7 @@ pub(crate) const LEN: usize = 33;
 /// accepts any content.
 ///
 /// ```
-/// use inbox_runtime::Fingerprint;
+/// use diesel_inbox::Fingerprint;
 ///
 /// let a = Fingerprint::of_bytes(b"{\"amount\":10}");
 /// assert_eq!(a, Fingerprint::of_bytes(b"{\"amount\":10}"));
@@ -57,7 +57,7 @@ impl Fingerprint {
     ///
     /// ```
     /// use std::collections::HashMap;
-    /// use inbox_runtime::Fingerprint;
+    /// use diesel_inbox::Fingerprint;
     ///
     /// let one: HashMap<&str, i32> = [("a", 1), ("b", 2)].into();
     /// let other: HashMap<&str, i32> = [("b", 2), ("a", 1)].into();

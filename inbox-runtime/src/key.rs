@@ -19,7 +19,7 @@ pub const MAX_KEY_BYTES: usize = 255;
 ///
 /// ```
 /// use std::borrow::Cow;
-/// use inbox_runtime::InboxKey;
+/// use diesel_inbox::InboxKey;
 ///
 /// struct OrderId(u64);
 ///
@@ -126,7 +126,7 @@ impl InboxKey for uuid::Uuid {
 /// Why a key or consumer name was refused.
 ///
 /// ```
-/// use inbox_runtime::{validate_key, InvalidKey};
+/// use diesel_inbox::{validate_key, InvalidKey};
 ///
 /// assert_eq!(validate_key(""), Err(InvalidKey::Empty));
 /// assert_eq!(validate_key("a\0b"), Err(InvalidKey::ContainsNul));
@@ -170,8 +170,8 @@ impl std::error::Error for InvalidKey {}
 /// The handler runtime calls this before touching the database.
 ///
 /// ```
-/// assert!(inbox_runtime::validate_key("évènement-1").is_ok());
-/// assert!(inbox_runtime::validate_key("").is_err());
+/// assert!(diesel_inbox::validate_key("évènement-1").is_ok());
+/// assert!(diesel_inbox::validate_key("").is_err());
 /// ```
 pub fn validate_key(key: &str) -> Result<(), InvalidKey> {
     if key.is_empty() {

@@ -51,7 +51,7 @@ impl FailedStatement {
 /// ```
 /// use diesel::connection::{Instrumentation, InstrumentationEvent};
 /// use diesel::prelude::*;
-/// use inbox_runtime::ErrorObserver;
+/// use diesel_inbox::ErrorObserver;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
@@ -60,7 +60,7 @@ impl FailedStatement {
 ///         eprintln!("query failed: {query}: {error}");
 ///     }
 /// }));
-/// inbox_runtime::migrate(&mut conn)?;
+/// diesel_inbox::migrate(&mut conn)?;
 /// # Ok(())
 /// # }
 /// ```

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 ///
 /// ```
 /// use diesel::prelude::*;
-/// use inbox_runtime::{idempotent, status};
+/// use diesel_inbox::{idempotent, status};
 ///
 /// #[idempotent(key = "id")]
 /// fn ship(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> {
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
-/// inbox_runtime::migrate(&mut conn)?;
+/// diesel_inbox::migrate(&mut conn)?;
 /// ship(&mut conn, 7)?;
 /// let entry = status(&mut conn, "ship", "7")?.expect("applied");
 /// assert_eq!((entry.consumer.as_str(), entry.key.as_str()), ("ship", "7"));
@@ -104,8 +104,8 @@ const PURGE_BATCH_RETRIES: u32 = 10;
 /// The largest purge batch: one batch is one short transaction.
 ///
 /// ```
-/// assert!(inbox_runtime::Purge::new(std::time::Duration::from_secs(3600))
-///     .batch_size(inbox_runtime::MAX_PURGE_BATCH + 1)
+/// assert!(diesel_inbox::Purge::new(std::time::Duration::from_secs(3600))
+///     .batch_size(diesel_inbox::MAX_PURGE_BATCH + 1)
 ///     .count(&mut <diesel::SqliteConnection as diesel::Connection>::establish(":memory:").unwrap())
 ///     .is_err());
 /// ```
@@ -132,12 +132,12 @@ pub const MAX_PURGE_BATCH: usize = 100_000;
 ///
 /// ```
 /// use diesel::prelude::*;
-/// use inbox_runtime::Purge;
+/// use diesel_inbox::Purge;
 /// use std::time::Duration;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
-/// inbox_runtime::migrate(&mut conn)?;
+/// diesel_inbox::migrate(&mut conn)?;
 /// let thirty_days = Duration::from_secs(30 * 24 * 3600);
 /// let would = Purge::new(thirty_days).consumer("billing").count(&mut conn)?;
 /// let report = Purge::new(thirty_days)
@@ -398,8 +398,8 @@ fn checked_ids(consumer: &str, key: &str) -> Result<(), InboxError> {
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
-/// inbox_runtime::migrate(&mut conn)?;
-/// let report = inbox_runtime::purge(&mut conn, Duration::from_secs(7 * 24 * 3600), 10_000)?;
+/// diesel_inbox::migrate(&mut conn)?;
+/// let report = diesel_inbox::purge(&mut conn, Duration::from_secs(7 * 24 * 3600), 10_000)?;
 /// assert_eq!((report.rows, report.batches), (0, 1));
 /// # Ok(())
 /// # }
@@ -435,7 +435,7 @@ where
 ///
 /// ```
 /// use diesel::prelude::*;
-/// use inbox_runtime::{attempts, forget, idempotent, InboxError};
+/// use diesel_inbox::{attempts, forget, idempotent, InboxError};
 ///
 /// #[derive(Debug)]
 /// struct Rejected;
@@ -449,7 +449,7 @@ where
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
-/// inbox_runtime::migrate(&mut conn)?;
+/// diesel_inbox::migrate(&mut conn)?;
 /// assert!(import(&mut conn, 1).is_err());
 /// assert!(import(&mut conn, 1).is_err());
 /// let count = attempts(&mut conn, "import", "1")?.expect("counted");
@@ -477,7 +477,7 @@ where
 ///
 /// ```
 /// use diesel::prelude::*;
-/// use inbox_runtime::{forget, idempotent, Processed};
+/// use diesel_inbox::{forget, idempotent, Processed};
 ///
 /// #[idempotent(key = "id")]
 /// fn resend(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> {
@@ -486,7 +486,7 @@ where
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
-/// inbox_runtime::migrate(&mut conn)?;
+/// diesel_inbox::migrate(&mut conn)?;
 /// resend(&mut conn, 1)?;
 /// assert!(forget(&mut conn, "resend", "1")?);
 /// assert_eq!(resend(&mut conn, 1)?, Processed::Applied(()));
@@ -508,7 +508,7 @@ where
 ///
 /// ```
 /// use diesel::prelude::*;
-/// use inbox_runtime::{idempotent, stats};
+/// use diesel_inbox::{idempotent, stats};
 ///
 /// #[idempotent(key = "id")]
 /// fn bill(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> {
@@ -517,7 +517,7 @@ where
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
-/// inbox_runtime::migrate(&mut conn)?;
+/// diesel_inbox::migrate(&mut conn)?;
 /// for id in 0..3 {
 ///     bill(&mut conn, id)?;
 /// }
@@ -536,7 +536,8 @@ where
 
 /// The async twin of [`purge`]; on every async connection
 /// ([`AsyncInboxConnection`](crate::AsyncInboxConnection)), like the other
-/// async twins:///
+/// async twins:
+///
 /// ```
 /// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")]
@@ -544,13 +545,13 @@ where
 /// use diesel::SqliteConnection;
 /// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 /// use diesel_async::AsyncConnection;
-/// use inbox_runtime::{forget_async, migrate_async, purge_async, run_async, stats_async, status_async, ErrorClass};
+/// use diesel_inbox::{forget_async, migrate_async, purge_async, stats_async, status_async, Inbox};
 /// use std::time::Duration;
 ///
 /// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
 /// migrate_async(&mut conn).await?;
 /// let applied: diesel::QueryResult<_> =
-///     run_async(&mut conn, "mailer", "m-1", 0, async |_| Ok(()), |_| ErrorClass::permanent()).await;
+///     Inbox::consumer("mailer").run_async(&mut conn, "m-1", async |_| Ok(())).await;
 /// assert!(applied?.is_applied());
 /// assert!(status_async(&mut conn, "mailer", "m-1").await?.is_some());
 /// assert_eq!(stats_async(&mut conn).await?[0].rows, 1);

@@ -6,7 +6,7 @@
 /// handler with `store_result` returns [`Stored`] instead.
 ///
 /// ```
-/// use inbox_runtime::Processed;
+/// use diesel_inbox::Processed;
 ///
 /// let first: Processed<i64> = Processed::Applied(40);
 /// let again: Processed<i64> = Processed::Duplicate;
@@ -26,7 +26,7 @@ impl<T> Processed<T> {
     /// `true` for [`Processed::Applied`].
     ///
     /// ```
-    /// assert!(inbox_runtime::Processed::Applied(()).is_applied());
+    /// assert!(diesel_inbox::Processed::Applied(()).is_applied());
     /// ```
     pub fn is_applied(&self) -> bool {
         matches!(self, Processed::Applied(_))
@@ -35,7 +35,7 @@ impl<T> Processed<T> {
     /// `true` for [`Processed::Duplicate`].
     ///
     /// ```
-    /// assert!(inbox_runtime::Processed::<()>::Duplicate.is_duplicate());
+    /// assert!(diesel_inbox::Processed::<()>::Duplicate.is_duplicate());
     /// ```
     pub fn is_duplicate(&self) -> bool {
         matches!(self, Processed::Duplicate)
@@ -44,7 +44,7 @@ impl<T> Processed<T> {
     /// The body's value, if it ran.
     ///
     /// ```
-    /// assert_eq!(inbox_runtime::Processed::Applied(3).applied(), Some(3));
+    /// assert_eq!(diesel_inbox::Processed::Applied(3).applied(), Some(3));
     /// ```
     pub fn applied(self) -> Option<T> {
         match self {
@@ -56,7 +56,7 @@ impl<T> Processed<T> {
     /// Maps the applied value.
     ///
     /// ```
-    /// use inbox_runtime::Processed;
+    /// use diesel_inbox::Processed;
     /// assert_eq!(Processed::Applied(2).map(|v| v * 2), Processed::Applied(4));
     /// ```
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Processed<U> {
@@ -78,7 +78,7 @@ impl<T> Processed<T> {
 /// [`InboxError::StoredResultUnreadable`](crate::InboxError::StoredResultUnreadable).
 ///
 /// ```
-/// use inbox_runtime::Stored;
+/// use diesel_inbox::Stored;
 ///
 /// let first: Stored<u32> = Stored::Applied(7);
 /// let again: Stored<u32> = Stored::Duplicate(Some(7));
@@ -103,7 +103,7 @@ impl<T> Stored<T> {
     /// `true` for [`Stored::Applied`].
     ///
     /// ```
-    /// assert!(inbox_runtime::Stored::Applied(()).is_applied());
+    /// assert!(diesel_inbox::Stored::Applied(()).is_applied());
     /// ```
     pub fn is_applied(&self) -> bool {
         matches!(self, Stored::Applied(_))
@@ -112,7 +112,7 @@ impl<T> Stored<T> {
     /// `true` for [`Stored::Duplicate`].
     ///
     /// ```
-    /// assert!(inbox_runtime::Stored::<()>::Duplicate(None).is_duplicate());
+    /// assert!(diesel_inbox::Stored::<()>::Duplicate(None).is_duplicate());
     /// ```
     pub fn is_duplicate(&self) -> bool {
         matches!(self, Stored::Duplicate(_))
@@ -121,7 +121,7 @@ impl<T> Stored<T> {
     /// The value: this delivery's, or the one the first delivery stored.
     ///
     /// ```
-    /// assert_eq!(inbox_runtime::Stored::Duplicate(Some(3)).value(), Some(3));
+    /// assert_eq!(diesel_inbox::Stored::Duplicate(Some(3)).value(), Some(3));
     /// ```
     pub fn value(self) -> Option<T> {
         match self {
@@ -133,7 +133,7 @@ impl<T> Stored<T> {
     /// The [`Processed`] outcome, without the stored value.
     ///
     /// ```
-    /// use inbox_runtime::{Processed, Stored};
+    /// use diesel_inbox::{Processed, Stored};
     /// assert_eq!(Stored::Duplicate(Some(3)).processed(), Processed::Duplicate);
     /// ```
     pub fn processed(self) -> Processed<T> {
@@ -148,7 +148,7 @@ impl<T> Stored<T> {
 /// batch may be acknowledged.
 ///
 /// ```
-/// use inbox_runtime::Batch;
+/// use diesel_inbox::Batch;
 ///
 /// let batch = Batch { value: Some(2), applied: vec![0, 2], duplicates: 1 };
 /// assert_eq!(batch.applied.len() + batch.duplicates, 3);
@@ -165,4 +165,56 @@ pub struct Batch<T> {
     /// How many messages were not passed to the body: already in the inbox,
     /// or a repeat of an earlier key in the same batch.
     pub duplicates: usize,
+}
+
+mod sealed {
+    /// The seal of [`Outcome`](super::Outcome).
+    pub trait Sealed {}
+}
+
+impl<T> sealed::Sealed for Processed<T> {}
+impl<T> sealed::Sealed for Stored<T> {}
+impl<T> sealed::Sealed for Batch<T> {}
+
+/// What every handler returns on success, [`Processed<T>`], [`Stored<T>`]
+/// or [`Batch<T>`], as code that consumes outcomes (the broker glue,
+/// metrics of your own) reads it: whether the body ran.
+///
+/// ```
+/// use diesel_inbox::{Batch, Outcome, Processed, Stored};
+///
+/// fn label(outcome: &impl Outcome) -> &'static str {
+///     if outcome.is_applied() { "applied" } else { "duplicate" }
+/// }
+/// assert_eq!(label(&Processed::Applied(1)), "applied");
+/// assert_eq!(label(&Stored::Duplicate(Some(1))), "duplicate");
+/// assert_eq!(label(&Batch::<()> { value: None, applied: vec![], duplicates: 2 }), "duplicate");
+/// ```
+pub trait Outcome: sealed::Sealed {
+    /// Whether the body ran and committed (for a batch: for at least one
+    /// of its messages).
+    fn is_applied(&self) -> bool;
+
+    /// Whether the body did not run: everything was done before.
+    fn is_duplicate(&self) -> bool {
+        !self.is_applied()
+    }
+}
+
+impl<T> Outcome for Processed<T> {
+    fn is_applied(&self) -> bool {
+        matches!(self, Processed::Applied(_))
+    }
+}
+
+impl<T> Outcome for Stored<T> {
+    fn is_applied(&self) -> bool {
+        matches!(self, Stored::Applied(_))
+    }
+}
+
+impl<T> Outcome for Batch<T> {
+    fn is_applied(&self) -> bool {
+        self.value.is_some()
+    }
 }

@@ -17,14 +17,14 @@ use std::sync::OnceLock;
 ///
 /// ```
 /// use diesel::prelude::*;
-/// use inbox_runtime::idempotent;
+/// use diesel_inbox::idempotent;
 ///
 /// #[idempotent(key = "id")]
 /// fn on_refund(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> {
 ///     Ok(())
 /// }
 ///
-/// let handler = inbox_runtime::consumers()
+/// let handler = diesel_inbox::consumers()
 ///     .into_iter()
 ///     .find(|h| h.consumer() == "on_refund")
 ///     .expect("registered before main");
@@ -139,13 +139,13 @@ inventory::collect!(Registration);
 /// ```
 /// mod billing {
 ///     use diesel::prelude::*;
-///     use inbox_runtime::idempotent;
+///     use diesel_inbox::idempotent;
 ///
 ///     #[idempotent(key = "id", consumer = "billing.invoice-paid")]
 ///     pub fn handle(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> { Ok(()) }
 /// }
 ///
-/// let names: Vec<&str> = inbox_runtime::consumers().iter().map(|h| h.consumer()).collect();
+/// let names: Vec<&str> = diesel_inbox::consumers().iter().map(|h| h.consumer()).collect();
 /// assert!(names.contains(&"billing.invoice-paid"));
 /// ```
 pub fn consumers() -> Vec<&'static RegisteredHandler> {
@@ -158,12 +158,12 @@ pub fn consumers() -> Vec<&'static RegisteredHandler> {
 }
 
 /// Where a claim's consumer name comes from: a plain name given to
-/// [`run`](crate::run) and its siblings (`&str`, `String`), or a registered
+/// [`Inbox::consumer`](crate::Inbox::consumer) (`&str`, `String`), or a registered
 /// `#[idempotent]` handler (checked against the others first). A plain name
-/// is not registered: code that calls `run` directly owns its names.
+/// is not registered: code that calls `Inbox` directly owns its names.
 ///
 /// ```
-/// use inbox_runtime::{ConsumerName, InboxError};
+/// use diesel_inbox::{ConsumerName, InboxError};
 ///
 /// assert_eq!("billing".consumer_name().unwrap(), "billing");
 /// assert!(matches!("".consumer_name(), Err(InboxError::InvalidConsumer(_))));

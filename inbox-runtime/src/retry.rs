@@ -22,7 +22,7 @@ use diesel::result::Error;
 /// connection whose instrumentation is your own.
 ///
 /// ```
-/// use inbox_runtime::{InboxError, RetryableError};
+/// use diesel_inbox::{InboxError, RetryableError};
 ///
 /// #[derive(Debug)]
 /// enum AppError { Db(diesel::result::Error), Inbox(InboxError), RateLimited }
@@ -98,7 +98,7 @@ impl RetryableError for InboxError {
 /// transaction, and what to return when the retries run out.
 ///
 /// ```
-/// use inbox_runtime::ErrorClass;
+/// use diesel_inbox::ErrorClass;
 ///
 /// let busy = diesel::result::Error::DatabaseError(
 ///     diesel::result::DatabaseErrorKind::Unknown,

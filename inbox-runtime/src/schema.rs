@@ -14,11 +14,11 @@ diesel::table! {
     ///
     /// ```
     /// use diesel::prelude::*;
-    /// use inbox_runtime::inbox_messages;
+    /// use diesel_inbox::inbox_messages;
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let mut conn = SqliteConnection::establish(":memory:")?;
-    /// inbox_runtime::migrate(&mut conn)?;
+    /// diesel_inbox::migrate(&mut conn)?;
     /// let applied: i64 = inbox_messages::table
     ///     .filter(inbox_messages::consumer.eq("billing"))
     ///     .count()

@@ -7,8 +7,8 @@ use crate::engine::{Claimed, Engine, Event, Next, Step};
 use crate::error::InboxError;
 use crate::key::InboxKey;
 use crate::observe;
-use crate::options::{describe, describe_panic, encoder, BatchOptions, Options, Outcome};
-use crate::processed::{Batch, Processed};
+use crate::options::{describe, describe_panic, encoder, Options, SingleOutcome};
+use crate::processed::Batch;
 use crate::registry::ConsumerName;
 use crate::retry::ErrorClass;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection, TransactionManager};
@@ -24,7 +24,7 @@ pub(crate) use crate::engine::Scope;
 ///
 /// ```
 /// use diesel::prelude::*;
-/// use inbox_runtime::{idempotent, InboxConnection};
+/// use diesel_inbox::{idempotent, InboxConnection};
 ///
 /// #[idempotent(key = "id")]
 /// fn handle<C: InboxConnection>(conn: &mut C, id: i64) -> QueryResult<i64> {
@@ -153,126 +153,12 @@ where
     }
 }
 
-/// Claims `key` for `consumer` and runs `body` in the same transaction.
-///
-/// This is what `#[idempotent]` expands to; call it directly when a macro does
-/// not fit. `consumer` is the scope of deduplication (a `&str`). `retries`
-/// bounds how often a transient failure (a deadlock, a serialization
-/// failure, a lock timeout, SQLite busy) reruns the whole transaction, claim
-/// and commit included; `classify` says how the body's own errors are
-/// treated: [`ErrorClass::by_statements`] retries them when a statement of
-/// the body failed with a transient error (whatever `E` is),
-/// [`ErrorClass::of`] asks `E`'s [`RetryableError`](crate::RetryableError)
-/// implementation, [`ErrorClass::permanent`] never retries. Retries happen
-/// only when this call owns the transaction: inside the caller's transaction
-/// a transient error is returned at once, since the caller's work is lost too.
-///
-/// A commit that fails for a reason the body caused (a deferred foreign key,
-/// say) returns the database error as the body's own `E`.
-///
-/// ```
-/// use diesel::prelude::*;
-/// use inbox_runtime::{run, migrate, ErrorClass, Processed};
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut conn = SqliteConnection::establish(":memory:")?;
-/// migrate(&mut conn)?;
-/// let handle = |conn: &mut SqliteConnection| -> QueryResult<Processed<()>> {
-///     run(conn, "mailer", "m-1", 3, |_conn| Ok(()), |_| ErrorClass::by_statements())
-/// };
-/// assert_eq!(handle(&mut conn)?, Processed::Applied(()));
-/// assert_eq!(handle(&mut conn)?, Processed::Duplicate);
-/// # Ok(())
-/// # }
-/// ```
-pub fn run<C, N, K, T, E, F, R>(
-    conn: &mut C,
-    consumer: &N,
-    key: &K,
-    retries: u32,
-    body: F,
-    classify: R,
-) -> Result<Processed<T>, E>
-where
-    C: InboxConnection,
-    N: ConsumerName + ?Sized,
-    K: InboxKey + ?Sized,
-    F: FnMut(&mut C) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
-    R: Fn(&E) -> ErrorClass<E>,
-    E: From<InboxError> + From<Error>,
-{
-    let options = Options::new();
-    run_one::<C, N, K, T, E, F, R, Processed<T>>(
-        conn,
-        consumer,
-        key,
-        &options,
-        retries,
-        body,
-        classify,
-        Steps::plain(),
-    )
-}
-
-/// [`run`] with [`Options`]: the content's fingerprint, checked against a
-/// redelivery's, and the body's value stored for duplicates
-/// (`#[idempotent(fingerprint = "...", store_result)]` calls this).
-///
-/// A duplicate's row is read in the claim's transaction whenever the call
-/// has a fingerprint or stores results, so a reused key is never reported
-/// as a plain duplicate.
-///
-/// ```
-/// use diesel::prelude::*;
-/// use inbox_runtime::{run_with, migrate, ErrorClass, Fingerprint, InboxError, Options, Processed};
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut conn = SqliteConnection::establish(":memory:")?;
-/// migrate(&mut conn)?;
-/// let mut handle = |conn: &mut SqliteConnection, body: &[u8]| -> Result<Processed<()>, InboxError> {
-///     let options = Options::new().fingerprint(Fingerprint::of_bytes(body));
-///     run_with(conn, "mailer", "m-1", &options, 3, |_conn| Ok(()), |_| ErrorClass::by_statements())
-/// };
-/// assert_eq!(handle(&mut conn, b"hello")?, Processed::Applied(()));
-/// assert_eq!(handle(&mut conn, b"hello")?, Processed::Duplicate);
-/// assert!(matches!(handle(&mut conn, b"other"), Err(InboxError::KeyReused { .. })));
-/// # Ok(())
-/// # }
-/// ```
-pub fn run_with<C, N, K, T, E, F, R, O>(
-    conn: &mut C,
-    consumer: &N,
-    key: &K,
-    options: &Options,
-    retries: u32,
-    body: F,
-    classify: R,
-) -> Result<O, E>
-where
-    O: Outcome<T>,
-    C: InboxConnection + LoadConnection,
-    N: ConsumerName + ?Sized,
-    K: InboxKey + ?Sized,
-    F: FnMut(&mut C) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
-    R: Fn(&E) -> ErrorClass<E>,
-    E: From<InboxError> + From<Error> + std::fmt::Debug,
-{
-    run_one(
-        conn,
-        consumer,
-        key,
-        options,
-        retries,
-        body,
-        classify,
-        Steps::with_options(),
-    )
-}
-
-/// [`run_with`], and [`run`] without a way to describe the body's errors
-/// (`describe`: `None`), which then cannot count failures.
+/// A single call (what [`Inbox::run`](crate::Inbox::run) and
+/// [`run_once`](crate::Inbox::run_once) run): `steps` are the plain claim of
+/// a call without options, or the claim that reads rows, stores results and
+/// counts failures.
 #[allow(clippy::too_many_arguments)]
-fn run_one<C, N, K, T, E, F, R, O>(
+pub(crate) fn run_one<C, N, K, T, E, F, R, O>(
     conn: &mut C,
     consumer: &N,
     key: &K,
@@ -283,7 +169,7 @@ fn run_one<C, N, K, T, E, F, R, O>(
     steps: Steps<C, E>,
 ) -> Result<O, E>
 where
-    O: Outcome<T>,
+    O: SingleOutcome<T>,
     C: InboxConnection,
     N: ConsumerName + ?Sized,
     K: InboxKey + ?Sized,
@@ -308,10 +194,11 @@ where
     Ok(O::outcome(consumer, &key, ended.0)?)
 }
 
-/// The statements of a single call beyond the body: the plain claim of
-/// [`run`] (any diesel connection), or the claim that reads rows, stores
-/// results and counts failures of [`run_with`] (a `LoadConnection`).
-struct Steps<C, E> {
+/// The statements of a single call beyond the body: the plain claim of a
+/// call without options (any diesel connection), or the claim that reads
+/// rows, stores results and counts failures (a `LoadConnection`).
+#[doc(hidden)]
+pub struct Steps<C, E> {
     claim: fn(&mut C, &One<'_>) -> Result<Claimed, Error>,
     store: fn(&mut C, &str, &str, &[u8]) -> Result<(), Error>,
     count: fn(&mut C, Scope, &str, &str, &str) -> Result<(), Error>,
@@ -320,9 +207,9 @@ struct Steps<C, E> {
 }
 
 impl<C: InboxConnection, E> Steps<C, E> {
-    /// [`run`]'s: no options, so the claim reads nothing and nothing is
-    /// stored or counted.
-    fn plain() -> Self {
+    /// No options, so the claim reads nothing and nothing is stored or
+    /// counted.
+    pub(crate) fn plain() -> Self {
         Steps {
             claim: |conn, one| {
                 let inserted =
@@ -340,8 +227,8 @@ impl<C: InboxConnection, E> Steps<C, E> {
 }
 
 impl<C: InboxConnection + LoadConnection, E: std::fmt::Debug> Steps<C, E> {
-    /// [`run_with`]'s.
-    fn with_options() -> Self {
+    /// With options.
+    pub(crate) fn with_options() -> Self {
         Steps {
             claim: claim_one,
             store: <C::Backend as InboxBackend>::store_result,
@@ -420,105 +307,24 @@ where
     }
 }
 
-/// Claims the keys of a whole batch in one transaction with one multi-row
-/// insert, runs `body` once with only the messages claimed for the first
-/// time, and commits once: the guarantees of [`run`], for many messages at
-/// the cost of one transaction.
-///
-/// `key` gives each message's key (a key repeated within the batch counts
-/// once: its first message is the one applied). Invalid keys refuse the
-/// whole batch before anything runs. When every message is a duplicate the
-/// body does not run and `value` is `None`.
-///
-/// ```
-/// use diesel::prelude::*;
-/// use inbox_runtime::{run_batch, migrate, ErrorClass};
-///
-/// struct Order { id: u64 }
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut conn = SqliteConnection::establish(":memory:")?;
-/// migrate(&mut conn)?;
-/// let orders = [Order { id: 1 }, Order { id: 2 }];
-/// let first = run_batch(&mut conn, "shipping", &orders, |o| o.id.to_string(), 3,
-///     |_conn, fresh: Vec<&Order>| -> QueryResult<usize> { Ok(fresh.len()) }, |_| ErrorClass::by_statements())?;
-/// assert_eq!((first.value, first.applied, first.duplicates), (Some(2), vec![0, 1], 0));
-///
-/// let again = [Order { id: 2 }, Order { id: 3 }, Order { id: 3 }];
-/// let second = run_batch(&mut conn, "shipping", &again, |o| o.id.to_string(), 3,
-///     |_conn, fresh: Vec<&Order>| -> QueryResult<usize> { Ok(fresh.len()) }, ErrorClass::of)?;
-/// assert_eq!((second.value, second.applied, second.duplicates), (Some(1), vec![1], 2));
-/// # Ok(())
-/// # }
-/// ```
-pub fn run_batch<C, N, M, T, E, F, R>(
+/// A batch call (what [`Inbox::run_batch`](crate::Inbox::run_batch)
+/// runs): one transaction, one multi-row claim of the plan's distinct keys,
+/// the body once with the messages claimed for the first time.
+pub(crate) fn run_batch<C, M, T, E, F, R>(
     conn: &mut C,
-    consumer: &N,
+    consumer: &str,
     messages: &[M],
-    key: impl Fn(&M) -> String,
-    retries: u32,
-    body: F,
-    classify: R,
-) -> Result<Batch<T>, E>
-where
-    C: InboxConnection + LoadConnection,
-    N: ConsumerName + ?Sized,
-    F: FnMut(&mut C, Vec<&M>) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
-    R: Fn(&E) -> ErrorClass<E>,
-    E: From<InboxError> + From<Error>,
-{
-    let options = BatchOptions::new();
-    run_batch_with(
-        conn, consumer, messages, key, &options, retries, body, classify,
-    )
-}
-
-/// [`run_batch`] with [`BatchOptions`]: each message's fingerprint is
-/// stored with its row and checked against earlier deliveries of its key
-/// (`#[idempotent(batch = "...", key = "...", fingerprint = "...")]` calls
-/// this). A reused key fails the whole batch with
-/// [`InboxError::KeyReused`], and nothing of it is written.
-///
-/// ```
-/// use diesel::prelude::*;
-/// use inbox_runtime::{run_batch_with, migrate, BatchOptions, ErrorClass, Fingerprint, InboxError};
-///
-/// struct Order { id: u64, body: &'static str }
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut conn = SqliteConnection::establish(":memory:")?;
-/// migrate(&mut conn)?;
-/// let options = BatchOptions::new().fingerprint(|o: &Order| Fingerprint::of_bytes(o.body.as_bytes()));
-/// let mut ship = |conn: &mut SqliteConnection, orders: &[Order]| {
-///     run_batch_with(conn, "shipping", orders, |o| o.id.to_string(), &options, 3,
-///         |_conn, fresh: Vec<&Order>| -> Result<usize, InboxError> { Ok(fresh.len()) }, |_| ErrorClass::by_statements())
-/// };
-/// assert_eq!(ship(&mut conn, &[Order { id: 1, body: "a" }])?.value, Some(1));
-/// let reused = ship(&mut conn, &[Order { id: 2, body: "b" }, Order { id: 1, body: "changed" }]);
-/// assert!(matches!(reused, Err(InboxError::KeyReused { ref key, .. }) if key == "1"));
-/// # Ok(())
-/// # }
-/// ```
-#[allow(clippy::too_many_arguments)] // run_batch's arguments and the options
-pub fn run_batch_with<C, N, M, T, E, F, R>(
-    conn: &mut C,
-    consumer: &N,
-    messages: &[M],
-    key: impl Fn(&M) -> String,
-    options: &BatchOptions<'_, M>,
+    plan: &BatchPlan,
     retries: u32,
     mut body: F,
     classify: R,
 ) -> Result<Batch<T>, E>
 where
     C: InboxConnection + LoadConnection,
-    N: ConsumerName + ?Sized,
-    F: FnMut(&mut C, Vec<&M>) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
+    F: FnMut(&mut C, Vec<&M>) -> Result<T, E>,
     R: Fn(&E) -> ErrorClass<E>,
     E: From<InboxError> + From<Error>,
 {
-    let consumer = consumer.consumer_name()?;
-    let plan = BatchPlan::new(consumer, messages, key, options.fingerprints())?;
     let what = plan.describe();
     let engine = Engine::new(consumer, &what, retries, classify);
     let distinct = plan.distinct();
@@ -637,81 +443,4 @@ where
         Scope::TopLevel => <C::Backend as InboxBackend>::commit_top_level(conn),
         Scope::Savepoint => AnsiTransactionManager::commit_transaction(conn),
     }
-}
-
-/// [`run`] for a body that can run only once (it moves a captured value):
-/// no retries.
-///
-/// ```
-/// use diesel::prelude::*;
-/// use inbox_runtime::{run_once, migrate, Processed};
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut conn = SqliteConnection::establish(":memory:")?;
-/// migrate(&mut conn)?;
-/// let payload = String::from("owned");
-/// let out: QueryResult<_> = run_once(&mut conn, "archiver", "m-1", move |_conn| Ok(payload));
-/// assert_eq!(out?, Processed::Applied("owned".to_string()));
-/// # Ok(())
-/// # }
-/// ```
-pub fn run_once<C, N, K, T, E, F>(
-    conn: &mut C,
-    consumer: &N,
-    key: &K,
-    body: F,
-) -> Result<Processed<T>, E>
-where
-    C: InboxConnection,
-    N: ConsumerName + ?Sized,
-    K: InboxKey + ?Sized,
-    F: FnOnce(&mut C) -> Result<T, E>,
-    E: From<InboxError> + From<Error>,
-{
-    let mut body = Some(body);
-    run_one::<C, N, K, T, E, _, _, Processed<T>>(
-        conn,
-        consumer,
-        key,
-        &Options::new(),
-        0,
-        |conn| match body.take() {
-            Some(body) => body(conn),
-            None => unreachable!("with retries = 0 the body runs at most once"),
-        },
-        |_| ErrorClass::permanent(),
-        Steps::plain(),
-    )
-}
-
-/// [`run_once`] with [`Options`] (see [`run_with`]).
-pub fn run_once_with<C, N, K, T, E, F, O>(
-    conn: &mut C,
-    consumer: &N,
-    key: &K,
-    options: &Options,
-    body: F,
-) -> Result<O, E>
-where
-    O: Outcome<T>,
-    C: InboxConnection + LoadConnection,
-    N: ConsumerName + ?Sized,
-    K: InboxKey + ?Sized,
-    F: FnOnce(&mut C) -> Result<T, E>,
-    E: From<InboxError> + From<Error> + std::fmt::Debug,
-{
-    let mut body = Some(body);
-    run_one(
-        conn,
-        consumer,
-        key,
-        options,
-        0,
-        |conn| match body.take() {
-            Some(body) => body(conn),
-            None => unreachable!("with retries = 0 the body runs at most once"),
-        },
-        |_| ErrorClass::permanent(),
-        Steps::with_options(),
-    )
 }

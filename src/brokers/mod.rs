@@ -2,11 +2,11 @@
 //! broker: ack a message once its handler's transaction has committed
 //! (`Applied`) or found it done before (`Duplicate`), redeliver it after a
 //! transient error, dead-letter it after a permanent one or once the
-//! broker has delivered it too often. The broker modules ([`lapin`](crate::lapin),
-//! [`nats`](crate::nats)) read the message id and the delivery count from
+//! broker has delivered it too often. The broker modules (`diesel_inbox::lapin`,
+//! `diesel_inbox::nats`) read the message id and the delivery count from
 //! their client's message and carry out the [`Settlement`].
 
-use crate::{validate_key, InvalidKey, Processed};
+use crate::{validate_key, InvalidKey, Outcome};
 use std::time::Duration;
 
 /// What to tell the broker about a message.
@@ -83,8 +83,9 @@ impl<E> Policy<E> {
     }
 
     /// What to do with a message delivered `deliveries` times (this one
-    /// included) whose handler returned `outcome`.
-    pub fn settlement<T>(&self, outcome: &Result<Processed<T>, E>, deliveries: u32) -> Settlement {
+    /// included) whose handler returned `outcome` (any handler's:
+    /// [`Processed`](crate::Processed), [`Stored`](crate::Stored)).
+    pub fn settlement<O: Outcome>(&self, outcome: &Result<O, E>, deliveries: u32) -> Settlement {
         match outcome {
             Ok(_) => Settlement::Ack,
             Err(e) if (self.permanent)(e) => Settlement::DeadLetter,
@@ -96,14 +97,16 @@ impl<E> Policy<E> {
     }
 }
 
-/// A handled message: the handler's outcome and what the broker was told.
+/// A handled message: the handler's outcome (`O`: its
+/// [`Processed<T>`](crate::Processed) or [`Stored<T>`](crate::Stored)) and
+/// what the broker was told.
 #[derive(Debug)]
 #[non_exhaustive]
-pub struct Handled<T, E> {
+pub struct Handled<O, E> {
     /// The message id the handler was given.
     pub message_id: String,
     /// What the handler returned.
-    pub outcome: Result<Processed<T>, E>,
+    pub outcome: Result<O, E>,
     /// How the message was settled with the broker, after the handler's
     /// transaction had ended.
     pub settlement: Settlement,
@@ -148,14 +151,15 @@ pub(crate) trait Inbound {
 /// The one consume step of every broker: the id (a message without one is
 /// dead-lettered and reported), the handler, the policy's settlement, and
 /// only then the broker's ack, requeue or dead-letter.
-pub(crate) async fn handle<M, T, E, F>(
+pub(crate) async fn handle<M, O, E, F>(
     message: M,
     policy: &Policy<E>,
     handler: F,
-) -> Result<Handled<T, E>, BrokerError>
+) -> Result<Handled<O, E>, BrokerError>
 where
     M: Inbound,
-    F: AsyncFnOnce(&str, &[u8]) -> Result<Processed<T>, E>,
+    O: Outcome,
+    F: AsyncFnOnce(&str, &[u8]) -> Result<O, E>,
 {
     let id = match message.message_id() {
         Ok(id) => id,

@@ -105,7 +105,7 @@ pub struct Counts {
 }
 
 impl Counts {
-    pub fn record<T>(&mut self, handled: &Handled<T, AppError>) {
+    pub fn record<T>(&mut self, handled: &Handled<Processed<T>, AppError>) {
         match (&handled.outcome, handled.settlement) {
             (Ok(Processed::Applied(_)), _) => self.applied += 1,
             (Ok(Processed::Duplicate), _) => {

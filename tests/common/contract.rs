@@ -267,14 +267,9 @@ pub fn migrate_creates_the_table_from_several_connections_at_once<M: Mode>() {
     s.migrate().expect("migrate again");
     let mut check = M::B::open(&db);
     let claim = |conn: &mut <M::B as TestBackend>::Conn| -> diesel::QueryResult<Processed<()>> {
-        diesel_inbox::run(
-            conn,
-            "fresh",
-            "m-1",
-            0,
-            |_| Ok(()),
-            |_| diesel_inbox::ErrorClass::by_statements(),
-        )
+        diesel_inbox::Inbox::consumer("fresh")
+            .retries(0)
+            .run(conn, "m-1", |_| Ok(()))
     };
     assert_eq!(claim(&mut check).expect("first"), Processed::Applied(()));
     assert_eq!(claim(&mut check).expect("second"), Processed::Duplicate);

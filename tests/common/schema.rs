@@ -83,14 +83,9 @@ pub fn unversioned_table_is_upgraded_in_place<C>(
     let mut conn = open(&db);
     conn.batch_execute(legacy_ddl).expect("the 0.1 table");
     let claim = |conn: &mut C, key: &str| -> QueryResult<Processed<()>> {
-        diesel_inbox::run(
-            conn,
-            "legacy",
-            key,
-            0,
-            |_| Ok(()),
-            |_| diesel_inbox::ErrorClass::by_statements(),
-        )
+        diesel_inbox::Inbox::consumer("legacy")
+            .retries(0)
+            .run(conn, key, |_| Ok(()))
     };
     // Written before the upgrade, as 0.1 wrote it.
     assert_eq!(
@@ -144,20 +139,15 @@ where
     C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
-    use diesel_inbox::{Fingerprint, Options, Stored};
+    use diesel_inbox::{Fingerprint, Inbox, Stored};
     let with = |conn: &mut C, key: &str, content: &[u8]| -> QueryResult<Stored<i64>> {
-        let options = Options::new()
+        Inbox::consumer("legacy")
+            .retries(0)
+            .classify(diesel_inbox::ErrorClass::of)
             .fingerprint(Fingerprint::of_bytes(content))
-            .max_attempts(2);
-        diesel_inbox::run_with(
-            conn,
-            "legacy",
-            key,
-            &options,
-            0,
-            |_| Ok(7),
-            diesel_inbox::ErrorClass::of,
-        )
+            .max_attempts(2)
+            .store_result()
+            .run(conn, key, |_| Ok(7))
     };
     // Applied before the upgrade: any content is a duplicate, with no value.
     assert_eq!(
@@ -181,16 +171,11 @@ where
         "{reused:?}"
     );
     let failing = |conn: &mut C| -> QueryResult<Processed<()>> {
-        let options = Options::new().max_attempts(1);
-        diesel_inbox::run_with(
-            conn,
-            "legacy",
-            "m-4",
-            &options,
-            0,
-            |_| Err(diesel::result::Error::NotFound),
-            diesel_inbox::ErrorClass::of,
-        )
+        Inbox::consumer("legacy")
+            .retries(0)
+            .classify(diesel_inbox::ErrorClass::of)
+            .max_attempts(1)
+            .run(conn, "m-4", |_| Err(diesel::result::Error::NotFound))
     };
     assert!(matches!(
         failing(conn),
@@ -227,14 +212,10 @@ pub fn version_1_table_is_upgraded_in_place<C>(
         Some(1)
     );
     let plain = |conn: &mut C, key: &str| -> QueryResult<Processed<()>> {
-        diesel_inbox::run(
-            conn,
-            "legacy",
-            key,
-            0,
-            |_| Ok(()),
-            diesel_inbox::ErrorClass::of,
-        )
+        diesel_inbox::Inbox::consumer("legacy")
+            .retries(0)
+            .classify(diesel_inbox::ErrorClass::of)
+            .run(conn, key, |_| Ok(()))
     };
     assert_eq!(
         plain(&mut conn, "m-1").expect("version 1 claim"),

@@ -13,14 +13,12 @@ pub fn bad_input<B: FaultBackend>() -> ScenarioResult {
     let (_db, mut conn) = setup::<B>("bad_input")?;
     let run = fault_run_id();
     let claim = |conn: &mut B::Conn, consumer: &str, key: &str| -> QueryResult<Processed<()>> {
-        diesel_inbox::run(
-            conn,
-            consumer,
-            key,
-            0,
-            |conn| B::write_effect(conn, &run, key, 1).map(drop),
-            ErrorClass::of,
-        )
+        diesel_inbox::Inbox::consumer(consumer)
+            .retries(0)
+            .classify(ErrorClass::of)
+            .run(conn, key, |conn| {
+                B::write_effect(conn, &run, key, 1).map(drop)
+            })
     };
     let long = |n: usize| format!("{run}:{}", "k".repeat(n));
     let multibyte = format!("{run}:{}", "é".repeat((256 - run.len()) / 2));

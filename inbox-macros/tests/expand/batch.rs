@@ -12,23 +12,27 @@ fn on_orders(
     ::diesel_inbox::__private::inventory::submit!(
         ::diesel_inbox::__private::Registration(& __INBOX_HANDLER)
     );
-    ::diesel_inbox::__private::run_batch(
-        conn,
-        &&__INBOX_HANDLER,
-        orders,
-        |__inbox_message| {
-            let order = __inbox_message;
-            ::diesel_inbox::__private::owned_key(&(order.id.as_str()))
-        },
-        3u32,
-        |conn, orders| -> QueryResult<usize> {
-            diesel::insert_into(orders::table).values(rows(&orders)).execute(conn)
-        },
-        |__inbox_error| {
+    ::diesel_inbox::__private::Inbox::consumer(&&__INBOX_HANDLER)
+        .retries(3u32)
+        .classify(|
+            __inbox_error: &<QueryResult<
+                usize,
+            > as ::diesel_inbox::__private::ResultParts>::Error|
+        {
             #[allow(unused_imports)]
             use ::diesel_inbox::__private::{ViaRetryableError as _, ViaStatements as _};
             (&&::diesel_inbox::__private::Probe(__inbox_error))
                 .__diesel_inbox_error_class()
-        },
-    )
+        })
+        .run_batch(
+            conn,
+            orders,
+            |__inbox_message| {
+                let order = __inbox_message;
+                ::diesel_inbox::__private::owned_key(&(order.id.as_str()))
+            },
+            |conn, orders| -> QueryResult<usize> {
+                diesel::insert_into(orders::table).values(rows(&orders)).execute(conn)
+            },
+        )
 }

@@ -13,13 +13,13 @@ where
         ::inbox::__private::Registration(& __INBOX_HANDLER)
     );
     let __inbox_key = ::inbox::__private::owned_key(&(event.id));
-    ::inbox::__private::run_once(
-        db,
-        &&__INBOX_HANDLER,
-        &__inbox_key,
-        |db| -> QueryResult<()> {
-            self.sink.push(event);
-            Ok(())
-        },
-    )
+    ::inbox::__private::Inbox::consumer(&&__INBOX_HANDLER)
+        .run_once(
+            db,
+            &__inbox_key,
+            |db| -> QueryResult<()> {
+                self.sink.push(event);
+                Ok(())
+            },
+        )
 }

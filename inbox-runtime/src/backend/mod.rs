@@ -643,7 +643,7 @@ pub(crate) use sealed::Sealed;
 ///   before it have neither, and accept any content.
 ///
 /// ```
-/// assert_eq!(inbox_runtime::SCHEMA_VERSION, 2);
+/// assert_eq!(diesel_inbox::SCHEMA_VERSION, 2);
 /// ```
 pub const SCHEMA_VERSION: u32 = 2;
 
@@ -659,9 +659,9 @@ pub const SCHEMA_VERSION: u32 = 2;
 /// r2d2 `PooledConnection`, pass `&mut *pooled`.
 ///
 /// ```
-/// fn assert_supported<B: inbox_runtime::InboxBackend>() {}
+/// fn assert_supported<B: diesel_inbox::InboxBackend>() {}
 /// assert_supported::<diesel::sqlite::Sqlite>();
-/// assert!(<diesel::sqlite::Sqlite as inbox_runtime::InboxBackend>::DDL
+/// assert!(<diesel::sqlite::Sqlite as diesel_inbox::InboxBackend>::DDL
 ///     .contains("CREATE TABLE IF NOT EXISTS inbox_messages"));
 /// ```
 #[diagnostic::on_unimplemented(
@@ -788,7 +788,7 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         )
     }
 
-    /// Commits the transaction that [`run`](crate::run) opened at top level.
+    /// Commits the transaction that a handler call opened at top level.
     /// On failure the transaction is rolled back before returning.
     #[doc(hidden)]
     fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
@@ -1009,8 +1009,8 @@ pub(crate) fn is_privilege_error(error: &Error) -> bool {
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
-/// inbox_runtime::migrate(&mut conn)?;
-/// inbox_runtime::migrate(&mut conn)?; // idempotent
+/// diesel_inbox::migrate(&mut conn)?;
+/// diesel_inbox::migrate(&mut conn)?; // idempotent
 ///
 /// // A table whose keys compare case-insensitively is refused.
 /// let mut other = SqliteConnection::establish(":memory:")?;
@@ -1018,7 +1018,7 @@ pub(crate) fn is_privilege_error(error: &Error) -> bool {
 ///     "CREATE TABLE inbox_messages (consumer TEXT COLLATE NOCASE, message_id TEXT COLLATE NOCASE, \
 ///      received_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP, PRIMARY KEY (consumer, message_id))",
 /// ).execute(&mut other)?;
-/// let refused = inbox_runtime::migrate(&mut other).unwrap_err();
+/// let refused = diesel_inbox::migrate(&mut other).unwrap_err();
 /// assert!(refused.to_string().contains("NOCASE"), "{refused}");
 /// # Ok(())
 /// # }
@@ -1138,9 +1138,9 @@ pub(crate) fn verify_migrated<B: InboxBackend>(catalog: &Catalog) -> Result<(), 
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
-/// assert_eq!(inbox_runtime::schema_version(&mut conn)?, None);
-/// inbox_runtime::migrate(&mut conn)?;
-/// assert_eq!(inbox_runtime::schema_version(&mut conn)?, Some(inbox_runtime::SCHEMA_VERSION));
+/// assert_eq!(diesel_inbox::schema_version(&mut conn)?, None);
+/// diesel_inbox::migrate(&mut conn)?;
+/// assert_eq!(diesel_inbox::schema_version(&mut conn)?, Some(diesel_inbox::SCHEMA_VERSION));
 /// # Ok(())
 /// # }
 /// ```
@@ -1202,7 +1202,7 @@ fn upgrade_sql<B: InboxBackend>(from: Option<u32>) -> String {
 /// call [`migrate`] at start-up anyway to verify the table.
 ///
 /// ```
-/// assert!(inbox_runtime::ddl::SQLITE.contains("PRIMARY KEY (consumer, message_id)"));
+/// assert!(diesel_inbox::ddl::SQLITE.contains("PRIMARY KEY (consumer, message_id)"));
 /// ```
 pub mod ddl {
     /// PostgreSQL.

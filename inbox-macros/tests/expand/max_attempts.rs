@@ -1,0 +1,29 @@
+fn import(
+    conn: &mut PgConnection,
+    msg: &File,
+) -> QueryResult<::diesel_inbox::Processed<()>> {
+    static __INBOX_HANDLER: ::diesel_inbox::__private::RegisteredHandler = ::diesel_inbox::__private::RegisteredHandler::new(
+        "import",
+        ::core::concat!(::core::module_path!(), "::", "import"),
+        ::core::file!(),
+        ::core::line!(),
+        false,
+    );
+    ::diesel_inbox::__private::inventory::submit!(
+        ::diesel_inbox::__private::Registration(& __INBOX_HANDLER)
+    );
+    ::diesel_inbox::__private::Inbox::consumer(&&__INBOX_HANDLER)
+        .retries(3u32)
+        .classify(|
+            __inbox_error: &<QueryResult<
+                (),
+            > as ::diesel_inbox::__private::ResultParts>::Error|
+        {
+            #[allow(unused_imports)]
+            use ::diesel_inbox::__private::{ViaRetryableError as _, ViaStatements as _};
+            (&&::diesel_inbox::__private::Probe(__inbox_error))
+                .__diesel_inbox_error_class()
+        })
+        .max_attempts(5)
+        .run(conn, &(msg.id), |conn| -> QueryResult<()> { Ok(()) })
+}

@@ -1,0 +1,959 @@
+//! The one call surface: [`Inbox`], a builder that holds a call's options
+//! as data, with a terminal method per kind of call (sync or async, one
+//! message or a batch, a body that may rerun or one that runs once).
+//! `#[idempotent]` expands to the same builder.
+
+#[cfg(feature = "async")]
+use crate::asynchronous::{self, AsyncBatchBody, AsyncBody, AsyncInboxConnection};
+use crate::claim::BatchPlan;
+use crate::error::InboxError;
+use crate::fingerprint::Fingerprint;
+use crate::key::InboxKey;
+use crate::options::{FingerprintOf, Options, SingleOutcome};
+use crate::processed::{Batch, Processed, Stored};
+use crate::registry::ConsumerName;
+use crate::retry::ErrorClass;
+use crate::transaction::{self, InboxConnection, Steps};
+use diesel::connection::LoadConnection;
+use diesel::result::Error;
+
+/// How often a transient failure reruns the transaction by default (the
+/// attribute's default too).
+pub const DEFAULT_RETRIES: u32 = 3;
+
+/// A handler call without the attribute: claims a message's key for a
+/// consumer and runs a body in the same transaction, with the options the
+/// builder holds.
+///
+/// Build it once per consumer (or per message, for a fingerprint of the
+/// message's content), then call a terminal method per delivery:
+///
+/// | terminal | body | returns |
+/// |---|---|---|
+/// | [`run`](Inbox::run) | `FnMut(&mut C) -> Result<T, E>`, rerun on a transient error | `Processed<T>` (`Stored<T>` with [`store_result`](Inbox::store_result)) |
+/// | [`run_once`](Inbox::run_once) | `FnOnce`: may move what it captures; never rerun | the same |
+/// | [`run_batch`](Inbox::run_batch) | `FnMut(&mut C, Vec<&M>)`: the messages delivered for the first time | [`Batch<T>`] |
+/// | `run_async`, `run_once_async`, `run_batch_async` (feature `async`) | `async` closures on a diesel-async connection | the same |
+///
+/// The options, each set once here:
+/// - [`retries`](Inbox::retries): how often a transient failure (a
+///   deadlock, a serialization failure, a lock timeout, SQLite busy)
+///   reruns the whole transaction, claim and commit included (default
+///   [`DEFAULT_RETRIES`]);
+/// - [`classify`](Inbox::classify): which errors of the body are transient
+///   (default: [`ErrorClass::by_statements`], a failed statement of the
+///   body says so, whatever `E` is);
+/// - [`fingerprint`](Inbox::fingerprint): the content's [`Fingerprint`],
+///   checked against a redelivery's ([`InboxError::KeyReused`]); for a
+///   batch, a closure giving each message's;
+/// - [`store_result`](Inbox::store_result): the body's value is stored and
+///   returned to duplicates ([`Stored::Duplicate`]);
+/// - [`max_attempts`](Inbox::max_attempts): failures of the body are
+///   counted per key, and a key that failed that often is given up on
+///   ([`InboxError::AttemptsExhausted`]).
+///
+/// The consumer is the scope of deduplication: a `&str` or `String` (a
+/// plain name is not registered: code that calls this directly owns its
+/// names). Retries happen only when the call owns the transaction: inside
+/// the caller's transaction the call takes a savepoint, and a transient
+/// error is returned at once, since the caller's work is lost too. A commit
+/// that fails for a reason the body caused (a deferred foreign key) returns
+/// the database error as the body's own `E`.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use diesel_inbox::{migrate, Inbox, Processed};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// migrate(&mut conn)?;
+/// let mailer = Inbox::consumer("mailer").retries(5);
+/// let send = |conn: &mut SqliteConnection| -> QueryResult<Processed<()>> {
+///     mailer.run(conn, "m-1", |_conn| Ok(()))
+/// };
+/// assert_eq!(send(&mut conn)?, Processed::Applied(()));
+/// assert_eq!(send(&mut conn)?, Processed::Duplicate);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Inbox<'n, N: ?Sized = str, M = Plain, R = ByStatements> {
+    consumer: &'n N,
+    retries: Option<u32>,
+    classify: R,
+    mode: M,
+}
+
+impl<N: ?Sized, M, R> std::fmt::Debug for Inbox<'_, N, M, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("retries", &self.retries.unwrap_or(DEFAULT_RETRIES))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'n, N: ConsumerName + ?Sized> Inbox<'n, N> {
+    /// The calls of `consumer`, with the defaults: [`DEFAULT_RETRIES`]
+    /// retries, errors classified by the body's statements, no
+    /// fingerprint, nothing stored or counted.
+    pub fn consumer(consumer: &'n N) -> Self {
+        Inbox {
+            consumer,
+            retries: None,
+            classify: ByStatements,
+            mode: Plain,
+        }
+    }
+}
+
+impl<'n, N: ?Sized, M, R> Inbox<'n, N, M, R> {
+    /// How often a transient failure reruns the transaction (0: never).
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.retries = Some(retries);
+        self
+    }
+
+    /// How the body's errors are classified: [`ErrorClass::of`] asks `E`'s
+    /// [`RetryableError`](crate::RetryableError) implementation,
+    /// [`ErrorClass::permanent`] never retries, or a closure of your own.
+    ///
+    /// ```
+    /// use diesel::prelude::*;
+    /// use diesel_inbox::{migrate, ErrorClass, Inbox, Processed};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut conn = SqliteConnection::establish(":memory:")?;
+    /// migrate(&mut conn)?;
+    /// let inbox = Inbox::consumer("mailer").classify(ErrorClass::of);
+    /// let out: QueryResult<_> = inbox.run(&mut conn, "m-1", |_conn| Ok(1));
+    /// assert_eq!(out?, Processed::Applied(1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn classify<R2>(self, classify: R2) -> Inbox<'n, N, M, R2> {
+        Inbox {
+            consumer: self.consumer,
+            retries: self.retries,
+            classify,
+            mode: self.mode,
+        }
+    }
+}
+
+impl<'n, N: ?Sized, M: Mode, R> Inbox<'n, N, M, R> {
+    /// Stores `fingerprint` with the inbox row; a redelivery of the same
+    /// key with another fingerprint fails with [`InboxError::KeyReused`]
+    /// without running the body. For [`run`](Inbox::run): a
+    /// [`Fingerprint`]; for [`run_batch`](Inbox::run_batch): a closure
+    /// `Fn(&M) -> Fingerprint` giving each message's (a batch that reuses a
+    /// key with other content is refused whole, and nothing is written).
+    ///
+    /// ```
+    /// use diesel::prelude::*;
+    /// use diesel_inbox::{migrate, Fingerprint, Inbox, InboxError, Processed};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut conn = SqliteConnection::establish(":memory:")?;
+    /// migrate(&mut conn)?;
+    /// let mut handle = |conn: &mut SqliteConnection, body: &[u8]| -> Result<Processed<()>, InboxError> {
+    ///     Inbox::consumer("mailer").fingerprint(Fingerprint::of_bytes(body)).run(conn, "m-1", |_conn| Ok(()))
+    /// };
+    /// assert_eq!(handle(&mut conn, b"hello")?, Processed::Applied(()));
+    /// assert_eq!(handle(&mut conn, b"hello")?, Processed::Duplicate);
+    /// assert!(matches!(handle(&mut conn, b"other"), Err(InboxError::KeyReused { .. })));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fingerprint<P>(self, fingerprint: P) -> Inbox<'n, N, Checked<M::Stores, P>, R> {
+        let max_attempts = self.mode.max_attempts();
+        Inbox {
+            consumer: self.consumer,
+            retries: self.retries,
+            classify: self.classify,
+            mode: Checked {
+                fingerprint,
+                max_attempts,
+                stores: std::marker::PhantomData,
+            },
+        }
+    }
+
+    /// A fingerprint that may have failed to compute (what the attribute
+    /// passes): the call then fails with [`InboxError::FingerprintFailed`].
+    #[doc(hidden)]
+    pub fn fingerprint_or_error(
+        self,
+        fingerprint: Result<Fingerprint, String>,
+    ) -> Inbox<'n, N, Checked<M::Stores, Result<Fingerprint, String>>, R> {
+        self.fingerprint(fingerprint)
+    }
+
+    /// A batch's fingerprints that may fail to compute (what the attribute
+    /// passes): `messages` fixes the closure's parameter type.
+    #[doc(hidden)]
+    pub fn batch_fingerprint_or_error<Msg, F>(
+        self,
+        messages: &[Msg],
+        fingerprint: F,
+    ) -> Inbox<'n, N, Checked<M::Stores, Fallible<F>>, R>
+    where
+        F: Fn(&Msg) -> Result<Fingerprint, String>,
+    {
+        let _ = messages;
+        self.fingerprint(Fallible(fingerprint))
+    }
+
+    /// Counts the body's failures (errors and panics) per key, each in a
+    /// short transaction of its own after the rollback; once a key has
+    /// failed `max` times, its deliveries fail with
+    /// [`InboxError::AttemptsExhausted`] without running the body. A
+    /// success deletes the count. `max` is at least 1 (0 is refused when
+    /// the call runs). Not for batches (refused when the call runs).
+    pub fn max_attempts(self, max: u32) -> Inbox<'n, N, Checked<M::Stores, M::Fingerprint>, R> {
+        let (fingerprint, stores) = self.mode.into_parts();
+        Inbox {
+            consumer: self.consumer,
+            retries: self.retries,
+            classify: self.classify,
+            mode: Checked {
+                fingerprint,
+                max_attempts: Some(max),
+                stores,
+            },
+        }
+    }
+
+    /// Stores the body's value as JSON in the claimed row, in the body's
+    /// transaction; a duplicate returns it as `Stored::Duplicate(Some(v))`
+    /// (feature `serde`; `T: Serialize + DeserializeOwned`). The call then
+    /// returns [`Stored<T>`]. Not for batches: a batch's value belongs to
+    /// none of its rows.
+    pub fn store_result(self) -> Inbox<'n, N, Checked<StoreResult, M::Fingerprint>, R> {
+        let max_attempts = self.mode.max_attempts();
+        let (fingerprint, _) = self.mode.into_parts();
+        Inbox {
+            consumer: self.consumer,
+            retries: self.retries,
+            classify: self.classify,
+            mode: Checked {
+                fingerprint,
+                max_attempts,
+                stores: std::marker::PhantomData,
+            },
+        }
+    }
+}
+
+impl<N, M, R> Inbox<'_, N, M, R>
+where
+    N: ConsumerName + ?Sized,
+{
+    /// Claims `key` and runs `body` in the same transaction; commits both
+    /// or neither. A transient failure reruns the whole transaction, up to
+    /// [`retries`](Inbox::retries) times, so `body` may run more than once.
+    ///
+    /// ```
+    /// use diesel::prelude::*;
+    /// use diesel_inbox::{migrate, Inbox, Processed};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut conn = SqliteConnection::establish(":memory:")?;
+    /// migrate(&mut conn)?;
+    /// let billing = Inbox::consumer("billing");
+    /// let out: QueryResult<_> = billing.run(&mut conn, "invoice-7", |_conn| Ok(7));
+    /// assert_eq!(out?, Processed::Applied(7));
+    /// let again: QueryResult<Processed<i32>> = billing.run(&mut conn, "invoice-7", |_conn| Ok(7));
+    /// assert_eq!(again?, Processed::Duplicate);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn run<C, K, T, E, F>(&self, conn: &mut C, key: &K, body: F) -> Result<M::Output<T>, E>
+    where
+        C: InboxConnection,
+        M: SyncSteps<C, E>,
+        M::Output<T>: SingleOutcome<T>,
+        K: InboxKey + ?Sized,
+        F: FnMut(&mut C) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
+        R: Classify<E>,
+        E: From<InboxError> + From<Error>,
+    {
+        transaction::run_one(
+            conn,
+            self.consumer,
+            key,
+            &self.mode.options(),
+            self.retries.unwrap_or(DEFAULT_RETRIES),
+            body,
+            |e: &E| self.classify.class(e),
+            M::steps(),
+        )
+    }
+
+    /// [`run`](Inbox::run) for a body that can run only once (it moves a
+    /// captured value): never rerun, its errors never retried. Refused
+    /// ([`InboxError::InvalidArgument`]) when [`retries`](Inbox::retries)
+    /// asked for more than 0.
+    ///
+    /// ```
+    /// use diesel::prelude::*;
+    /// use diesel_inbox::{migrate, Inbox, Processed};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut conn = SqliteConnection::establish(":memory:")?;
+    /// migrate(&mut conn)?;
+    /// let payload = String::from("owned");
+    /// let out: QueryResult<_> = Inbox::consumer("archiver").run_once(&mut conn, "m-1", move |_conn| Ok(payload));
+    /// assert_eq!(out?, Processed::Applied("owned".to_string()));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn run_once<C, K, T, E, F>(&self, conn: &mut C, key: &K, body: F) -> Result<M::Output<T>, E>
+    where
+        C: InboxConnection,
+        M: SyncSteps<C, E>,
+        M::Output<T>: SingleOutcome<T>,
+        K: InboxKey + ?Sized,
+        F: FnOnce(&mut C) -> Result<T, E>,
+        E: From<InboxError> + From<Error>,
+    {
+        self.once()?;
+        let mut body = Some(body);
+        transaction::run_one(
+            conn,
+            self.consumer,
+            key,
+            &self.mode.options(),
+            0,
+            |conn| match body.take() {
+                Some(body) => body(conn),
+                None => unreachable!("with retries = 0 the body runs at most once"),
+            },
+            |_: &E| ErrorClass::permanent(),
+            M::steps(),
+        )
+    }
+
+    /// Claims the keys of a whole batch in one transaction with one
+    /// multi-row insert, runs `body` once with only the messages claimed
+    /// for the first time, and commits once: the guarantees of
+    /// [`run`](Inbox::run), for many messages at the cost of one
+    /// transaction.
+    ///
+    /// `key` gives each message's key (a key repeated within the batch
+    /// counts once: its first message is the one applied). Invalid keys
+    /// refuse the whole batch before anything runs. When every message is
+    /// a duplicate the body does not run and `value` is `None`.
+    ///
+    /// ```
+    /// use diesel::prelude::*;
+    /// use diesel_inbox::{migrate, Inbox};
+    ///
+    /// struct Order { id: u64 }
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut conn = SqliteConnection::establish(":memory:")?;
+    /// migrate(&mut conn)?;
+    /// let shipping = Inbox::consumer("shipping");
+    /// let orders = [Order { id: 1 }, Order { id: 2 }];
+    /// let first = shipping.run_batch(&mut conn, &orders, |o| o.id.to_string(),
+    ///     |_conn, fresh: Vec<&Order>| -> QueryResult<usize> { Ok(fresh.len()) })?;
+    /// assert_eq!((first.value, first.applied, first.duplicates), (Some(2), vec![0, 1], 0));
+    ///
+    /// let again = [Order { id: 2 }, Order { id: 3 }, Order { id: 3 }];
+    /// let second = shipping.run_batch(&mut conn, &again, |o| o.id.to_string(),
+    ///     |_conn, fresh: Vec<&Order>| -> QueryResult<usize> { Ok(fresh.len()) })?;
+    /// assert_eq!((second.value, second.applied, second.duplicates), (Some(1), vec![1], 2));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn run_batch<C, Msg, T, E, F>(
+        &self,
+        conn: &mut C,
+        messages: &[Msg],
+        key: impl Fn(&Msg) -> String,
+        body: F,
+    ) -> Result<Batch<T>, E>
+    where
+        C: InboxConnection + LoadConnection,
+        M: BatchMode<Msg>,
+        F: FnMut(&mut C, Vec<&Msg>) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
+        R: Classify<E>,
+        E: From<InboxError> + From<Error>,
+    {
+        let (consumer, plan) = self.plan(messages, key)?;
+        transaction::run_batch(
+            conn,
+            consumer,
+            messages,
+            &plan,
+            self.retries.unwrap_or(DEFAULT_RETRIES),
+            body,
+            |e: &E| self.classify.class(e),
+        )
+    }
+
+    /// The checks of [`run_once`](Inbox::run_once): it cannot retry.
+    fn once(&self) -> Result<(), InboxError> {
+        match self.retries {
+            Some(n) if n > 0 => Err(InboxError::InvalidArgument(
+                "run_once runs the body at most once and cannot retry: drop `retries(n)`, or use `run` with a body that can rerun",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The consumer's name and the batch's plan: its keys validated, its
+    /// fingerprints computed.
+    fn plan<Msg>(
+        &self,
+        messages: &[Msg],
+        key: impl Fn(&Msg) -> String,
+    ) -> Result<(&str, BatchPlan), InboxError>
+    where
+        M: BatchMode<Msg>,
+    {
+        if self.mode.batch_max_attempts() {
+            return Err(InboxError::InvalidArgument(
+                "max_attempts counts the failures of one message's key: a batch cannot use it",
+            ));
+        }
+        let consumer = self.consumer.consumer_name()?;
+        let fingerprint = |m: &Msg| self.mode.fingerprint_of(m);
+        let fingerprint: Option<&FingerprintOf<'_, Msg>> =
+            M::HAS_FINGERPRINTS.then_some(&fingerprint);
+        let plan = BatchPlan::new(consumer, messages, key, fingerprint)?;
+        Ok((consumer, plan))
+    }
+}
+
+#[cfg(feature = "async")]
+impl<N, M, R> Inbox<'_, N, M, R>
+where
+    N: ConsumerName + Sync + ?Sized,
+    M: Sync,
+    R: Sync,
+{
+    /// [`run`](Inbox::run) on a diesel-async connection: the body is an
+    /// async closure, `async |conn| -> Result<T, E> { .. }`, whose
+    /// future must be `Send` (as for diesel-async's own `transaction`),
+    /// so that the handler can be spawned on a multi-thread runtime. A
+    /// retry runs a copy of the body (a closure that borrows its
+    /// captures, the default for `async |..|`, is `Clone`), after an
+    /// async sleep: the executor thread is never blocked.
+    ///
+    /// Dropping the returned future (a timeout, a cancelled task)
+    /// before the commit is sent commits nothing. Dropped while the
+    /// `COMMIT` is in flight, the transaction may have committed,
+    /// exactly as when the connection drops at that moment: treat a
+    /// cancelled delivery as not acked, and its redelivery reports
+    /// [`Processed::Duplicate`] if it had. Either way the connection is
+    /// left inside its transaction as diesel-async's transaction
+    /// manager sees it, which diesel-async's pools treat as broken and
+    /// discard; a connection of your own must be dropped.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use diesel::prelude::*;
+    /// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    /// use diesel_async::AsyncConnection;
+    /// use diesel_inbox::{Inbox, Processed};
+    ///
+    /// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+    /// diesel_inbox::migrate_async(&mut conn).await?;
+    /// let mailer = Inbox::consumer("mailer");
+    /// for expected in [Processed::Applied(7), Processed::Duplicate] {
+    ///     let outcome: QueryResult<_> = mailer.run_async(&mut conn, "m-1", async |_conn| Ok(7)).await;
+    ///     assert_eq!(outcome?, expected);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "sqlite"))]
+    /// # fn main() {}
+    /// ```
+    // rustfmt moves the comments off their bounds, and they are what
+    // rustc quotes when a bound fails.
+    #[rustfmt::skip]
+    pub async fn run_async<C, K, T, E, F>(
+        &self,
+        conn: &mut C,
+        key: &K,
+        body: F,
+    ) -> Result<M::Output<T>, E>
+    where
+        C: AsyncInboxConnection,
+        M: AsyncSteps<E>,
+        M::Output<T>: SingleOutcome<T>,
+        K: InboxKey + ?Sized,
+        for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across .await
+            + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
+            + Send,
+        T: Send,
+        E: From<InboxError> + From<Error> + Send,
+        R: Classify<E>,
+    {
+        let next_body = move || body.clone();
+        asynchronous::run_one(
+            conn,
+            self.consumer,
+            key,
+            &self.mode.options(),
+            self.retries.unwrap_or(DEFAULT_RETRIES),
+            next_body,
+            |e: &E| self.classify.class(e),
+            M::describe(),
+        )
+        .await
+    }
+
+    /// [`run_once`](Inbox::run_once) on a diesel-async connection: a
+    /// body that can run only once, never rerun.
+    pub async fn run_once_async<C, K, T, E, F>(
+        &self,
+        conn: &mut C,
+        key: &K,
+        body: F,
+    ) -> Result<M::Output<T>, E>
+    where
+        C: AsyncInboxConnection,
+        M: AsyncSteps<E>,
+        M::Output<T>: SingleOutcome<T>,
+        K: InboxKey + ?Sized,
+        for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across .await
+            + Send,
+        T: Send,
+        E: From<InboxError> + From<Error> + Send,
+    {
+        self.once()?;
+        let mut body = Some(body);
+        let next_body = move || match body.take() {
+            Some(body) => body,
+            None => unreachable!("with retries = 0 the body runs at most once"),
+        };
+        asynchronous::run_one(
+            conn,
+            self.consumer,
+            key,
+            &self.mode.options(),
+            0,
+            next_body,
+            |_: &E| ErrorClass::permanent(),
+            M::describe(),
+        )
+        .await
+    }
+
+    /// [`run_batch`](Inbox::run_batch) on a diesel-async connection:
+    /// one transaction and one multi-row claim for a whole batch; the
+    /// body, `async |conn, fresh: Vec<&M>| ..`, gets the messages
+    /// claimed for the first time.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use diesel::prelude::*;
+    /// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    /// use diesel_async::AsyncConnection;
+    /// use diesel_inbox::Inbox;
+    ///
+    /// let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(":memory:").await?;
+    /// diesel_inbox::migrate_async(&mut conn).await?;
+    /// let ids = [1_u64, 2, 2];
+    /// let batch: QueryResult<_> = Inbox::consumer("shipping")
+    ///     .run_batch_async(&mut conn, &ids, |id| id.to_string(), async |_conn, fresh: Vec<&u64>| Ok(fresh.len()))
+    ///     .await;
+    /// let batch = batch?;
+    /// assert_eq!((batch.value, batch.applied, batch.duplicates), (Some(2), vec![0, 1], 1));
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "sqlite"))]
+    /// # fn main() {}
+    /// ```
+    // rustfmt moves the comments off their bounds, and they are what
+    // rustc quotes when a bound fails.
+    #[rustfmt::skip]
+    pub async fn run_batch_async<C, Msg, T, E, F>(
+        &self,
+        conn: &mut C,
+        messages: &[Msg],
+        key: impl Fn(&Msg) -> String,
+        body: F,
+    ) -> Result<Batch<T>, E>
+    where
+        C: AsyncInboxConnection,
+        M: BatchMode<Msg>,
+        Msg: Sync,
+        for<'c, 'm> F: AsyncBatchBody<&'c mut C, Vec<&'m Msg>, Result<T, E>, Fut: Send>
+            + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
+            + Send,
+        T: Send,
+        E: From<InboxError> + From<Error> + Send,
+        R: Classify<E>,
+    {
+        let (consumer, plan) = self.plan(messages, key)?;
+        asynchronous::run_batch(
+            conn,
+            consumer,
+            messages,
+            &plan,
+            self.retries.unwrap_or(DEFAULT_RETRIES),
+            body,
+            |e: &E| self.classify.class(e),
+        )
+        .await
+    }
+}
+
+/// Stand-ins for the async terminals when the `async` feature is off: an
+/// `async fn` handler then fails to compile with one error that says so.
+#[cfg(not(feature = "async"))]
+mod without_async {
+    use super::*;
+
+    #[diagnostic::on_unimplemented(
+        message = "`async fn` handlers need the `async` feature of diesel-inbox",
+        label = "this handler is an `async fn`",
+        note = "enable it: diesel-inbox = {{ version = \"0.1\", features = [\"async\", \"postgres\"] }} (with your backend), or make the handler a sync `fn` on a sync diesel connection"
+    )]
+    #[doc(hidden)]
+    pub trait AsyncFeatureEnabled {}
+
+    #[doc(hidden)]
+    impl<N: ?Sized, M: Mode, R> Inbox<'_, N, M, R> {
+        pub async fn run_async<C, K: ?Sized, T, E, F>(
+            &self,
+            _: &mut C,
+            _: &K,
+            _: F,
+        ) -> Result<M::Output<T>, E>
+        where
+            C: AsyncFeatureEnabled,
+            F: AsyncFnOnce(&mut C) -> Result<T, E>,
+        {
+            unreachable!("never implemented")
+        }
+
+        pub async fn run_once_async<C, K: ?Sized, T, E, F>(
+            &self,
+            _: &mut C,
+            _: &K,
+            _: F,
+        ) -> Result<M::Output<T>, E>
+        where
+            C: AsyncFeatureEnabled,
+            F: AsyncFnOnce(&mut C) -> Result<T, E>,
+        {
+            unreachable!("never implemented")
+        }
+
+        pub async fn run_batch_async<C, Msg, T, E, F>(
+            &self,
+            _: &mut C,
+            _: &[Msg],
+            _: impl Fn(&Msg) -> String,
+            _: F,
+        ) -> Result<Batch<T>, E>
+        where
+            C: AsyncFeatureEnabled,
+            F: AsyncFnOnce(&mut C, Vec<&Msg>) -> Result<T, E>,
+        {
+            unreachable!("never implemented")
+        }
+    }
+}
+
+mod sealed {
+    /// The seal of [`Mode`](super::Mode) and its companions.
+    pub trait Sealed {}
+}
+
+/// Which errors of the body are transient: [`ByStatements`] (the default),
+/// or any `Fn(&E) -> ErrorClass<E>`, such as [`ErrorClass::of`] or
+/// [`ErrorClass::permanent`].
+pub trait Classify<E> {
+    /// The class of `error`.
+    fn class(&self, error: &E) -> ErrorClass<E>;
+}
+
+/// The default classification: a body's error is transient when a
+/// statement of the body failed with a transient error
+/// ([`ErrorClass::by_statements`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByStatements;
+
+impl<E> Classify<E> for ByStatements {
+    fn class(&self, _: &E) -> ErrorClass<E> {
+        ErrorClass::by_statements()
+    }
+}
+
+impl<E, F: Fn(&E) -> ErrorClass<E>> Classify<E> for F {
+    fn class(&self, error: &E) -> ErrorClass<E> {
+        self(error)
+    }
+}
+
+/// A call with no option beyond its key: any diesel connection will do.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Plain;
+
+/// A call that checks a fingerprint, stores its result or counts its
+/// failures: it reads rows, so its connection is a `LoadConnection`, and
+/// counted failures are described by the error's `Debug` form.
+#[derive(Debug, Clone, Copy)]
+pub struct Checked<S = NotStored, P = NoFingerprint> {
+    fingerprint: P,
+    max_attempts: Option<u32>,
+    stores: std::marker::PhantomData<S>,
+}
+
+/// No fingerprint.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoFingerprint;
+
+/// The body's value is not stored: the call returns [`Processed<T>`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NotStored;
+
+/// The body's value is stored: the call returns [`Stored<T>`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreResult;
+
+/// A batch fingerprint that may fail to compute (what the attribute
+/// passes).
+#[doc(hidden)]
+pub struct Fallible<F>(F);
+
+/// What a call of this builder checks and returns; sealed.
+pub trait Mode: sealed::Sealed {
+    /// What a single call returns for a success `T`: [`Processed<T>`], or
+    /// [`Stored<T>`] with `store_result`.
+    type Output<T>;
+    #[doc(hidden)]
+    type Stores;
+    #[doc(hidden)]
+    type Fingerprint;
+    #[doc(hidden)]
+    fn max_attempts(&self) -> Option<u32>;
+    #[doc(hidden)]
+    fn into_parts(self) -> (Self::Fingerprint, std::marker::PhantomData<Self::Stores>);
+}
+
+impl sealed::Sealed for Plain {}
+impl<S, P> sealed::Sealed for Checked<S, P> {}
+
+impl Mode for Plain {
+    type Output<T> = Processed<T>;
+    type Stores = NotStored;
+    type Fingerprint = NoFingerprint;
+    fn max_attempts(&self) -> Option<u32> {
+        None
+    }
+    fn into_parts(self) -> (NoFingerprint, std::marker::PhantomData<NotStored>) {
+        (NoFingerprint, std::marker::PhantomData)
+    }
+}
+
+impl<S: Stores, P> Mode for Checked<S, P> {
+    type Output<T> = S::Output<T>;
+    type Stores = S;
+    type Fingerprint = P;
+    fn max_attempts(&self) -> Option<u32> {
+        self.max_attempts
+    }
+    fn into_parts(self) -> (P, std::marker::PhantomData<S>) {
+        (self.fingerprint, self.stores)
+    }
+}
+
+/// Whether the body's value is stored: [`NotStored`] or [`StoreResult`].
+pub trait Stores: sealed::Sealed {
+    /// What a single call returns for a success `T`.
+    type Output<T>;
+}
+
+impl sealed::Sealed for NotStored {}
+impl sealed::Sealed for StoreResult {}
+
+impl Stores for NotStored {
+    type Output<T> = Processed<T>;
+}
+
+impl Stores for StoreResult {
+    type Output<T> = Stored<T>;
+}
+
+/// The options of a single-message call.
+#[doc(hidden)]
+pub trait Single: Mode {
+    fn options(&self) -> Options;
+}
+
+impl Single for Plain {
+    fn options(&self) -> Options {
+        Options::new()
+    }
+}
+
+impl<S: Stores, P: SingleFingerprint> Single for Checked<S, P> {
+    fn options(&self) -> Options {
+        let options = match self.fingerprint.fingerprint() {
+            Some(fingerprint) => Options::new().fingerprint_or_error(fingerprint),
+            None => Options::new(),
+        };
+        match self.max_attempts {
+            Some(max) => options.max_attempts(max),
+            None => options,
+        }
+    }
+}
+
+/// A fingerprint of one message: a [`Fingerprint`], or none.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not the fingerprint of one message",
+    label = "a single call's fingerprint is a `Fingerprint`",
+    note = "`Inbox::run` takes `.fingerprint(Fingerprint::of_bytes(..))`; a closure `|m| ..` is for `run_batch`"
+)]
+pub trait SingleFingerprint: sealed::Sealed {
+    #[doc(hidden)]
+    fn fingerprint(&self) -> Option<Result<Fingerprint, String>>;
+}
+
+impl sealed::Sealed for NoFingerprint {}
+impl sealed::Sealed for Fingerprint {}
+impl sealed::Sealed for Result<Fingerprint, String> {}
+
+impl SingleFingerprint for NoFingerprint {
+    fn fingerprint(&self) -> Option<Result<Fingerprint, String>> {
+        None
+    }
+}
+
+impl SingleFingerprint for Fingerprint {
+    fn fingerprint(&self) -> Option<Result<Fingerprint, String>> {
+        Some(Ok(*self))
+    }
+}
+
+impl SingleFingerprint for Result<Fingerprint, String> {
+    fn fingerprint(&self) -> Option<Result<Fingerprint, String>> {
+        Some(self.clone())
+    }
+}
+
+/// What a sync single call runs beyond its body, on connection `C` with
+/// error `E`.
+#[diagnostic::on_unimplemented(
+    message = "a call with a fingerprint, a stored result or `max_attempts` needs a connection that loads rows and an error type that implements `Debug`",
+    label = "`{C}` must implement `LoadConnection` and `{E}` must implement `Debug`",
+    note = "every diesel connection loads rows (`PgConnection`, `MysqlConnection`, `SqliteConnection`, r2d2's `PooledConnection`); derive `Debug` for the error type"
+)]
+#[doc(hidden)]
+pub trait SyncSteps<C, E>: Single {
+    fn steps() -> Steps<C, E>;
+}
+
+impl<C: InboxConnection, E> SyncSteps<C, E> for Plain {
+    fn steps() -> Steps<C, E> {
+        Steps::plain()
+    }
+}
+
+impl<C, E, S, P> SyncSteps<C, E> for Checked<S, P>
+where
+    C: InboxConnection + LoadConnection,
+    E: std::fmt::Debug,
+    S: Stores,
+    P: SingleFingerprint,
+{
+    fn steps() -> Steps<C, E> {
+        Steps::with_options()
+    }
+}
+
+/// How an async single call describes the body's counted failures.
+#[diagnostic::on_unimplemented(
+    message = "a call with a fingerprint, a stored result or `max_attempts` needs an error type that implements `Debug`",
+    label = "`{E}` must implement `Debug`",
+    note = "derive `Debug` for the error type"
+)]
+#[doc(hidden)]
+pub trait AsyncSteps<E>: Single {
+    fn describe() -> Option<fn(&E) -> String>;
+}
+
+impl<E> AsyncSteps<E> for Plain {
+    fn describe() -> Option<fn(&E) -> String> {
+        None
+    }
+}
+
+impl<E: std::fmt::Debug, S: Stores, P: SingleFingerprint> AsyncSteps<E> for Checked<S, P> {
+    fn describe() -> Option<fn(&E) -> String> {
+        Some(crate::options::describe::<E>)
+    }
+}
+
+/// What a batch call checks beyond its keys: its messages' fingerprints.
+/// A batch has no `store_result`.
+#[diagnostic::on_unimplemented(
+    message = "this call cannot run a batch of `{Msg}`",
+    label = "a batch has no `store_result`, and its fingerprint is a closure `Fn(&{Msg}) -> Fingerprint`",
+    note = "a batch's body returns one value for all its messages, which belongs to none of their rows: drop `store_result()`; give `.fingerprint(|m: &{Msg}| Fingerprint::of_bytes(..))`"
+)]
+#[doc(hidden)]
+pub trait BatchMode<Msg>: Mode {
+    const HAS_FINGERPRINTS: bool;
+    fn fingerprint_of(&self, message: &Msg) -> Result<Fingerprint, String>;
+    fn batch_max_attempts(&self) -> bool;
+}
+
+impl<Msg> BatchMode<Msg> for Plain {
+    const HAS_FINGERPRINTS: bool = false;
+    fn fingerprint_of(&self, _: &Msg) -> Result<Fingerprint, String> {
+        unreachable!("a batch without fingerprints computes none")
+    }
+    fn batch_max_attempts(&self) -> bool {
+        false
+    }
+}
+
+impl<Msg, P: BatchFingerprint<Msg>> BatchMode<Msg> for Checked<NotStored, P> {
+    const HAS_FINGERPRINTS: bool = P::PRESENT;
+    fn fingerprint_of(&self, message: &Msg) -> Result<Fingerprint, String> {
+        self.fingerprint.of(message)
+    }
+    fn batch_max_attempts(&self) -> bool {
+        self.max_attempts.is_some()
+    }
+}
+
+/// The fingerprints of a batch's messages: a closure
+/// `Fn(&M) -> Fingerprint`, or none.
+#[doc(hidden)]
+pub trait BatchFingerprint<Msg> {
+    const PRESENT: bool;
+    fn of(&self, message: &Msg) -> Result<Fingerprint, String>;
+}
+
+impl<Msg> BatchFingerprint<Msg> for NoFingerprint {
+    const PRESENT: bool = false;
+    fn of(&self, _: &Msg) -> Result<Fingerprint, String> {
+        unreachable!("a batch without fingerprints computes none")
+    }
+}
+
+impl<Msg, F: Fn(&Msg) -> Fingerprint> BatchFingerprint<Msg> for F {
+    const PRESENT: bool = true;
+    fn of(&self, message: &Msg) -> Result<Fingerprint, String> {
+        Ok(self(message))
+    }
+}
+
+impl<Msg, F: Fn(&Msg) -> Result<Fingerprint, String>> BatchFingerprint<Msg> for Fallible<F> {
+    const PRESENT: bool = true;
+    fn of(&self, message: &Msg) -> Result<Fingerprint, String> {
+        (self.0)(message)
+    }
+}

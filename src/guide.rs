@@ -1,0 +1,40 @@
+//! The reference, page by page. Each page's examples are doctests: `cargo
+//! test` runs them (the ones that need a server are compiled only).
+//!
+//! - [`attribute`]: what a handler call does; consumer names, batches,
+//!   retries, tracing.
+//! - [`options`]: fingerprints, stored results, attempt limits.
+//! - [`manual_api`]: the same calls without the attribute ([`Inbox`](crate::Inbox)).
+//! - [`async_handlers`]: `async fn` handlers on diesel-async, pools, cancellation.
+//! - [`brokers`]: RabbitMQ and NATS consumers that ack after the commit.
+//! - [`operations`]: retention, inspection, replays, the CLI, observability.
+//! - [`schema`]: the tables, `migrate`, upgrades, your own migration tool.
+//! - [`cluster`]: MariaDB Galera.
+//! - [`guarantees`]: what is promised, and the fault suite that shows it.
+
+#[doc = include_str!("../docs/guide/attribute.md")]
+pub mod attribute {}
+
+#[doc = include_str!("../docs/guide/options.md")]
+pub mod options {}
+
+#[doc = include_str!("../docs/guide/manual_api.md")]
+pub mod manual_api {}
+
+#[doc = include_str!("../docs/guide/async_handlers.md")]
+pub mod async_handlers {}
+
+#[doc = include_str!("../docs/guide/brokers.md")]
+pub mod brokers {}
+
+#[doc = include_str!("../docs/guide/operations.md")]
+pub mod operations {}
+
+#[doc = include_str!("../docs/guide/schema.md")]
+pub mod schema {}
+
+#[doc = include_str!("../docs/guide/cluster.md")]
+pub mod cluster {}
+
+#[doc = include_str!("../docs/guide/guarantees.md")]
+pub mod guarantees {}
