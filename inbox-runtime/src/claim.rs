@@ -5,34 +5,12 @@ use crate::engine::{Claimed, Ended};
 use crate::error::InboxError;
 use crate::fingerprint::Fingerprint;
 use crate::key::{validate_key, InboxKey};
-use crate::options::FingerprintOf;
 use crate::processed::Batch;
+use crate::rows::{AttemptsRow, StoredRow};
 use std::collections::{HashMap, HashSet};
 
-/// A row's key, fingerprint and stored result, as the claim's transaction
-/// reads them for a duplicate.
-pub(crate) type StoredRow = (String, Option<Vec<u8>>, Option<Vec<u8>>);
-
-/// A key's failure count: failures, the last error, when it was counted
-/// (microseconds since the epoch).
-pub(crate) type AttemptsRow = (i32, String, i64);
-
-/// Longest error text the failure count keeps, in bytes.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-const MAX_ERROR_TEXT: usize = 1_000;
-
-/// `error`, cut to [`MAX_ERROR_TEXT`] bytes at a character boundary.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub(crate) fn error_text(error: &str) -> &str {
-    if error.len() <= MAX_ERROR_TEXT {
-        return error;
-    }
-    let mut end = MAX_ERROR_TEXT;
-    while !error.is_char_boundary(end) {
-        end -= 1;
-    }
-    &error[..end]
-}
+/// The fingerprint of a batch's message, or why it has none.
+pub(crate) type FingerprintOf<'f, M> = dyn Fn(&M) -> Result<Fingerprint, String> + 'f;
 
 /// What a single claim reads next, if anything.
 pub(crate) enum Read {

@@ -27,6 +27,7 @@
 //! So sync and async, single and batch, and every backend share this one
 //! engine.
 
+use crate::backend::transaction::Scope;
 use crate::backend::InboxBackend;
 use crate::error::InboxError;
 use crate::observe::FailedStatement;
@@ -35,16 +36,6 @@ use crate::telemetry::{Outcome, Telemetry};
 use diesel::result::Error;
 use std::marker::PhantomData;
 use std::time::Duration;
-
-/// Whether the transaction is the call's own or a savepoint inside the
-/// caller's.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Scope {
-    #[doc(hidden)]
-    TopLevel,
-    #[doc(hidden)]
-    Savepoint,
-}
 
 /// What the driver does next.
 #[derive(Debug, PartialEq, Eq)]

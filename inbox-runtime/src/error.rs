@@ -1,7 +1,7 @@
 //! Errors of the inbox itself (the body's own errors stay the handler's `E`).
 
+use crate::handler::RegisteredHandler;
 use crate::key::InvalidKey;
-use crate::registry::RegisteredHandler;
 use std::fmt;
 
 /// An error raised by the inbox rather than by the handler's body.
@@ -256,7 +256,7 @@ impl fmt::Display for ConsumerConflictMessage<'_> {
 }
 
 fn privilege_hint(error: &diesel::result::Error) -> &'static str {
-    if crate::backend::is_privilege_error(error) {
+    if crate::backend::errors::is_privilege_error(error) {
         "; the role running migrate() needs to create and alter tables in the schema, \
          or run migrate() (or the DDL in diesel_inbox::ddl) once as a role that can"
     } else {

@@ -4,12 +4,14 @@
 //! `#[idempotent]` expands to the same builder.
 
 #[cfg(feature = "async")]
-use crate::asynchronous::{self, AsyncBatchBody, AsyncBody, AsyncInboxConnection};
-use crate::claim::BatchPlan;
+use crate::asynchronous::{self, AsyncBatchBody, AsyncBody};
+#[cfg(feature = "async")]
+use crate::backend::asynchronous::AsyncInboxConnection;
+use crate::claim::{BatchPlan, FingerprintOf};
 use crate::error::InboxError;
 use crate::fingerprint::Fingerprint;
 use crate::key::InboxKey;
-use crate::options::{FingerprintOf, Options, SingleOutcome};
+use crate::options::{Options, SingleOutcome};
 use crate::processed::{Batch, Processed, Stored};
 use crate::registry::ConsumerName;
 use crate::retry::ErrorClass;

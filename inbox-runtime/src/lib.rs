@@ -51,37 +51,44 @@ mod claim;
 mod engine;
 mod error;
 mod fingerprint;
+mod handler;
 pub mod inbox;
 mod key;
+mod migrate;
 mod observe;
 mod ops;
 mod options;
 mod processed;
 mod registry;
 mod retry;
+mod rows;
 mod schema;
 mod telemetry;
 mod transaction;
 
 #[cfg(feature = "async")]
-pub use asynchronous::{migrate_async, AsyncBatchBody, AsyncBody, AsyncInboxConnection};
-pub use backend::{ddl, migrate, schema_version, InboxBackend, SCHEMA_VERSION};
+pub use asynchronous::{AsyncBatchBody, AsyncBody};
+#[cfg(feature = "async")]
+pub use backend::asynchronous::AsyncInboxConnection;
+pub use backend::{ddl, InboxBackend, SCHEMA_VERSION};
 pub use error::{InboxError, TableProblem};
 pub use fingerprint::Fingerprint;
+pub use handler::{consumers, RegisteredHandler};
 pub use inbox::{Inbox, DEFAULT_RETRIES};
 pub use inbox_macros::idempotent;
 pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};
+#[cfg(feature = "async")]
+pub use migrate::migrate_async;
+pub use migrate::{migrate, schema_version};
 pub use observe::ErrorObserver;
-pub use ops::{
-    attempts, forget, purge, stats, status, Attempts, ConsumerStats, InboxEntry, Purge,
-    PurgeReport, MAX_PURGE_BATCH,
-};
+pub use ops::{attempts, forget, purge, stats, status, Purge, PurgeReport, MAX_PURGE_BATCH};
 #[cfg(feature = "async")]
 pub use ops::{attempts_async, forget_async, purge_async, stats_async, status_async};
 pub use options::StoredResult;
 pub use processed::{Batch, Outcome, Processed, Stored};
-pub use registry::{consumers, ConsumerName, RegisteredHandler};
+pub use registry::ConsumerName;
 pub use retry::{ErrorClass, RetryableError};
+pub use rows::{Attempts, ConsumerStats, InboxEntry};
 pub use schema::inbox_messages;
 pub use transaction::InboxConnection;
 

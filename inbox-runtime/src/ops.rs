@@ -8,79 +8,17 @@
 //! live once in [`PurgeLoop`], driven by a sync and an async loop of a few
 //! lines.
 
+use crate::backend::transaction;
+#[cfg(feature = "async")]
+use crate::backend::transaction::Scope;
 use crate::backend::InboxBackend;
 use crate::error::InboxError;
 use crate::key::validate_key;
+use crate::rows::{attempts_of, Attempts, ConsumerStats, InboxEntry};
 use crate::transaction::InboxConnection;
 use diesel::connection::LoadConnection;
 use diesel::result::Error;
-use std::time::{Duration, Instant, SystemTime};
-
-/// One row of the inbox: a message a consumer has applied.
-///
-/// ```
-/// use diesel::prelude::*;
-/// use diesel_inbox::{idempotent, status};
-///
-/// #[idempotent(key = "id")]
-/// fn ship(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> {
-///     Ok(())
-/// }
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut conn = SqliteConnection::establish(":memory:")?;
-/// diesel_inbox::migrate(&mut conn)?;
-/// ship(&mut conn, 7)?;
-/// let entry = status(&mut conn, "ship", "7")?.expect("applied");
-/// assert_eq!((entry.consumer.as_str(), entry.key.as_str()), ("ship", "7"));
-/// assert!(entry.received_at <= std::time::SystemTime::now());
-/// assert!(status(&mut conn, "ship", "8")?.is_none());
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct InboxEntry {
-    /// The consumer that applied the message.
-    pub consumer: String,
-    /// The message's key.
-    pub key: String,
-    /// When the message was claimed, by the database's clock.
-    pub received_at: SystemTime,
-}
-
-/// The failure count of a key of a handler with `max_attempts`: see
-/// [`attempts`] (which has an example).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Attempts {
-    /// The consumer.
-    pub consumer: String,
-    /// The message's key.
-    pub key: String,
-    /// Failed deliveries counted (body errors and panics) since the last
-    /// success or `forget`.
-    pub failures: u32,
-    /// The last failure's error (its `Debug` form, cut to 1,000 bytes).
-    pub last_error: String,
-    /// When the last failure was counted, by the database's clock.
-    pub updated_at: SystemTime,
-}
-
-/// What the inbox holds for one consumer: see [`stats`] (which has an
-/// example).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConsumerStats {
-    /// The consumer.
-    pub consumer: String,
-    /// How many messages it has applied that are still recorded.
-    pub rows: u64,
-    /// When its oldest recorded message was claimed.
-    pub oldest: SystemTime,
-    /// When its newest recorded message was claimed.
-    pub newest: SystemTime,
-}
+use std::time::{Duration, Instant};
 
 /// What a purge did: see [`purge`] (which has an example).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -239,12 +177,12 @@ impl<'a> Purge<'a> {
         C: InboxConnection + LoadConnection,
     {
         let (cutoff, consumer, limit) = self.checked::<C::Backend>()?;
-        if crate::transaction::transaction_open(conn) {
+        if transaction::transaction_open(conn) {
             return Err(InboxError::InTransaction { operation: "purge" });
         }
         let mut purge = PurgeLoop::new(consumer.clone(), limit, self.pause, self.on_batch.take());
         loop {
-            let batch = crate::transaction::purge_batch(conn, &cutoff, consumer.as_deref(), limit);
+            let batch = purge_batch(conn, &cutoff, consumer.as_deref(), limit);
             match purge.next(batch, C::Backend::is_transient) {
                 PurgeStep::Again => {}
                 PurgeStep::Sleep(delay) => std::thread::sleep(delay),
@@ -271,14 +209,12 @@ impl<'a> Purge<'a> {
         C: crate::AsyncInboxConnection,
     {
         let (cutoff, consumer, limit) = self.checked::<C::Backend>()?;
-        if crate::asynchronous::transaction_open(conn) {
+        if transaction::transaction_open_async(conn) {
             return Err(InboxError::InTransaction { operation: "purge" });
         }
         let mut purge = PurgeLoop::new(consumer.clone(), limit, self.pause, self.on_batch.take());
         loop {
-            let batch = conn
-                .inbox_purge_batch(cutoff.clone(), consumer.clone(), limit)
-                .await;
+            let batch = purge_batch_async(conn, &cutoff, consumer.as_deref(), limit).await;
             match purge.next(batch, <C::Backend as InboxBackend>::is_transient) {
                 PurgeStep::Again => {}
                 PurgeStep::Sleep(delay) => tokio::time::sleep(delay).await,
@@ -374,6 +310,58 @@ impl<'a> PurgeLoop<'a> {
 }
 
 /// A database error of an operation, named for what it is.
+/// One purge batch in a short transaction of its own: the backend's
+/// isolation for purges, its `BEGIN`, the batch, `COMMIT` (a failure rolls
+/// back): the rows deleted.
+fn purge_batch<C>(
+    conn: &mut C,
+    cutoff: &str,
+    consumer: Option<&str>,
+    limit: i64,
+) -> diesel::QueryResult<usize>
+where
+    C: InboxConnection + LoadConnection,
+{
+    if let Some(isolation) = <C::Backend as InboxBackend>::PURGE_ISOLATION {
+        conn.batch_execute(isolation)?;
+    }
+    <C::Backend as InboxBackend>::begin_top_level(conn)?;
+    match <C::Backend as InboxBackend>::purge_batch(conn, cutoff, consumer, limit) {
+        Ok(deleted) => <C::Backend as InboxBackend>::commit_top_level(conn).map(|()| deleted),
+        Err(e) => {
+            transaction::rollback(conn);
+            Err(e)
+        }
+    }
+}
+
+/// [`purge_batch`] on an async connection.
+#[cfg(feature = "async")]
+async fn purge_batch_async<C>(
+    conn: &mut C,
+    cutoff: &str,
+    consumer: Option<&str>,
+    limit: i64,
+) -> diesel::QueryResult<usize>
+where
+    C: crate::AsyncInboxConnection,
+{
+    if let Some(isolation) = <C::Backend as InboxBackend>::PURGE_ISOLATION {
+        diesel_async::SimpleAsyncConnection::batch_execute(conn, isolation).await?;
+    }
+    conn.inbox_begin().await.map_err(|(_, e)| e)?;
+    let batch = conn
+        .inbox_purge_batch(cutoff.to_owned(), consumer.map(str::to_owned), limit)
+        .await;
+    match batch {
+        Ok(deleted) => conn.inbox_commit(Scope::TopLevel).await.map(|()| deleted),
+        Err(e) => {
+            conn.inbox_rollback().await;
+            Err(e)
+        }
+    }
+}
+
 fn ops_error<B: InboxBackend>(error: Error) -> InboxError {
     if B::is_missing_table(&error) {
         InboxError::NoTable(error)
@@ -629,53 +617,4 @@ where
     C: crate::AsyncInboxConnection,
 {
     conn.inbox_stats().await.map_err(ops_error::<C::Backend>)
-}
-
-/// A failure count's row, to [`Attempts`].
-fn attempts_of(
-    consumer: &str,
-    key: &str,
-    (failures, last_error, micros): crate::claim::AttemptsRow,
-) -> Attempts {
-    Attempts {
-        consumer: consumer.to_owned(),
-        key: key.to_owned(),
-        failures: u32::try_from(failures).unwrap_or(0),
-        last_error,
-        updated_at: from_micros(micros),
-    }
-}
-
-/// Microseconds since the Unix epoch, as the backends' statements read
-/// `received_at`, to a time.
-pub(crate) fn from_micros(micros: i64) -> SystemTime {
-    let offset = Duration::from_micros(micros.unsigned_abs());
-    if micros >= 0 {
-        SystemTime::UNIX_EPOCH + offset
-    } else {
-        SystemTime::UNIX_EPOCH - offset
-    }
-}
-
-/// A row of the statements, to an entry.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub(crate) fn entry((consumer, key, micros): (String, String, i64)) -> InboxEntry {
-    InboxEntry {
-        consumer,
-        key,
-        received_at: from_micros(micros),
-    }
-}
-
-/// A row of the statements, to a consumer's stats.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub(crate) fn consumer_stats(
-    (consumer, rows, oldest, newest): (String, i64, i64, i64),
-) -> ConsumerStats {
-    ConsumerStats {
-        consumer,
-        rows: rows as u64,
-        oldest: from_micros(oldest),
-        newest: from_micros(newest),
-    }
 }

@@ -171,8 +171,6 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> StoredResult for T {
     };
 }
 
-/// The fingerprint of a batch's message, or why it has none.
-pub(crate) type FingerprintOf<'f, M> = dyn Fn(&M) -> Result<Fingerprint, String> + 'f;
 /// How a counted failure of the body reads: its `Debug` form.
 pub(crate) fn describe<E: std::fmt::Debug>(error: &E) -> String {
     format!("{error:?}")

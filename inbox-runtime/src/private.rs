@@ -2,8 +2,8 @@
 //! here change without notice between patch releases.
 
 pub use crate::fingerprint::dispatch::{fingerprint, FingerprintProbe, ViaBytes, ViaSerialize};
+pub use crate::handler::{RegisteredHandler, Registration};
 pub use crate::inbox::Inbox;
-pub use crate::registry::{RegisteredHandler, Registration};
 pub use crate::retry::{Probe, ViaRetryableError, ViaStatements};
 use crate::InboxKey;
 pub use inventory;

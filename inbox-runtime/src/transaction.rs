@@ -11,11 +11,11 @@ use crate::options::{describe, describe_panic, encoder, Options, SingleOutcome};
 use crate::processed::Batch;
 use crate::registry::ConsumerName;
 use crate::retry::ErrorClass;
-use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection, TransactionManager};
+use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::result::Error;
 use std::panic::{self, AssertUnwindSafe};
 
-pub(crate) use crate::engine::Scope;
+pub(crate) use crate::backend::transaction::{begin, commit, rollback, Scope};
 
 /// A sync diesel connection the inbox runs on: `PgConnection`,
 /// `MysqlConnection`, `SqliteConnection`, or any connection with diesel's
@@ -46,111 +46,6 @@ where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
-}
-
-/// Opens a transaction with the backend's `BEGIN` (SQLite: `BEGIN IMMEDIATE`,
-/// so a writer takes the lock up front instead of failing at its first write),
-/// or a savepoint when the caller already has a transaction open.
-pub(crate) fn begin<C>(conn: &mut C) -> Result<Scope, (Scope, Error)>
-where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
-{
-    // diesel keeps the depth private; begin_transaction_sql refuses inside a
-    // transaction, which is exactly the test we need.
-    match <C::Backend as InboxBackend>::begin_top_level(conn) {
-        Ok(()) => Ok(Scope::TopLevel),
-        Err(Error::AlreadyInTransaction) => AnsiTransactionManager::begin_transaction(conn)
-            .map(|()| Scope::Savepoint)
-            .map_err(|e| (Scope::Savepoint, e)),
-        Err(e) => Err((Scope::TopLevel, e)),
-    }
-}
-
-/// One purge batch in a short transaction of its own (the backend's
-/// isolation for purges, its `BEGIN`, the batch, `COMMIT`): the rows
-/// deleted.
-pub(crate) fn purge_batch<C>(
-    conn: &mut C,
-    cutoff: &str,
-    consumer: Option<&str>,
-    limit: i64,
-) -> diesel::QueryResult<usize>
-where
-    C: InboxConnection + diesel::connection::LoadConnection,
-{
-    if let Some(isolation) = <C::Backend as InboxBackend>::PURGE_ISOLATION {
-        conn.batch_execute(isolation)?;
-    }
-    <C::Backend as InboxBackend>::begin_top_level(conn)?;
-    match <C::Backend as InboxBackend>::purge_batch(conn, cutoff, consumer, limit) {
-        Ok(deleted) => <C::Backend as InboxBackend>::commit_top_level(conn).map(|()| deleted),
-        Err(e) => {
-            rollback(conn);
-            Err(e)
-        }
-    }
-}
-
-/// Whether diesel has a transaction open on `conn` (a broken transaction
-/// manager counts as none: nothing can be done with it).
-pub(crate) fn transaction_open<C>(conn: &mut C) -> bool
-where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
-{
-    matches!(
-        AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-        Ok(Some(_))
-    )
-}
-
-/// Rolls back the innermost transaction or savepoint, if one is open.
-pub(crate) fn rollback<C>(conn: &mut C)
-where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
-{
-    let depth = AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth();
-    let rolled_back = match depth {
-        // Nothing to undo when the transaction already ended: PostgreSQL
-        // leaves it after a failed COMMIT, and diesel resyncs its depth
-        // from libpq.
-        Ok(None) | Err(_) => return,
-        Ok(Some(depth)) if depth.get() == 1 => {
-            <C::Backend as InboxBackend>::rollback_top_level(conn)
-        }
-        Ok(Some(_)) => AnsiTransactionManager::rollback_transaction(conn),
-    };
-    // A failed rollback leaves diesel's manager marked broken (pools discard
-    // such connections) and the server rolls back when the session ends.
-    if let Err(e) = rolled_back {
-        tracing::warn!(error = %e, "diesel-inbox: rollback failed");
-    }
-}
-
-/// Runs `f` in [`begin`]'s transaction: commit on `Ok`, rollback on `Err`.
-/// (MySQL's `migrate` cannot use it: its DDL commits implicitly.)
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) fn in_transaction<C, T, E>(
-    conn: &mut C,
-    f: impl FnOnce(&mut C) -> Result<T, E>,
-) -> Result<T, E>
-where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
-    E: From<Error>,
-{
-    begin(conn).map_err(|(_, e)| e)?;
-    match f(conn) {
-        Ok(value) => {
-            AnsiTransactionManager::commit_transaction(conn)?;
-            Ok(value)
-        }
-        Err(e) => {
-            rollback(conn);
-            Err(e)
-        }
-    }
 }
 
 /// A single call (what [`Inbox::run`](crate::Inbox::run) and
@@ -266,12 +161,22 @@ fn claim_one<C: InboxConnection + LoadConnection>(
 
 /// How often a failure's count runs in all when it keeps failing
 /// transiently.
-pub(crate) const COUNT_ATTEMPTS: u32 = 10;
+const COUNT_ATTEMPTS: u32 = 10;
+
+/// The wait before counting a failure again after `error` ended attempt
+/// `attempt` of its short transaction, or `None`: give up. Concurrent
+/// failures of one key can deadlock on its row; [`COUNT_ATTEMPTS`] runs in
+/// all. The sync and the async driver both ask this.
+pub(crate) fn count_again<B: InboxBackend>(
+    attempt: u32,
+    error: &Error,
+) -> Option<std::time::Duration> {
+    (attempt < COUNT_ATTEMPTS && B::is_transient(error)).then(|| crate::engine::backoff(attempt))
+}
 
 /// Counts a failure of `(consumer, key)`: in a short transaction of its
-/// own at top level (rerun on a transient error, [`COUNT_ATTEMPTS`] runs in
-/// all: concurrent failures of one key can deadlock on its row), in the
-/// caller's transaction inside one.
+/// own at top level (rerun while [`count_again`] says so), in the caller's
+/// transaction inside one.
 pub(crate) fn count_failure<C>(
     conn: &mut C,
     scope: Scope,
@@ -298,11 +203,14 @@ where
             }
         });
         match counted {
-            Err(e) if attempt < COUNT_ATTEMPTS && <B<C> as InboxBackend>::is_transient(&e) => {
-                std::thread::sleep(crate::engine::backoff(attempt));
-                attempt += 1;
-            }
-            other => return other,
+            Err(e) => match count_again::<B<C>>(attempt, &e) {
+                Some(delay) => {
+                    std::thread::sleep(delay);
+                    attempt += 1;
+                }
+                None => return Err(e),
+            },
+            Ok(()) => return Ok(()),
         }
     }
 }
@@ -429,18 +337,5 @@ where
 pub(crate) fn counted(result: Result<(), Error>) {
     if let Err(e) = result {
         tracing::warn!(error = %e, "diesel-inbox: the failure could not be counted");
-    }
-}
-
-/// Commits the call's transaction (through the backend's guarded commit at
-/// top level) or releases its savepoint.
-pub(crate) fn commit<C>(conn: &mut C, scope: Scope) -> Result<(), Error>
-where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
-{
-    match scope {
-        Scope::TopLevel => <C::Backend as InboxBackend>::commit_top_level(conn),
-        Scope::Savepoint => AnsiTransactionManager::commit_transaction(conn),
     }
 }

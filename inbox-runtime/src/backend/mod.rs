@@ -173,7 +173,7 @@ macro_rules! ops_statement {
             .filter(message_id.eq($key))
             .select((consumer, message_id, micros));
         let row: Option<(String, String, i64)> = run::get_result(row, &mut *$conn)$(.$await)?.optional()?;
-        Ok(row.map(crate::ops::entry))
+        Ok(row.map(crate::rows::entry))
     }};
     (forget, $conn:expr, $B:ty, $consumer:expr, $key:expr, $run:path $(, $await:tt)?) => {{
         use crate::schema::inbox_messages::dsl::*;
@@ -190,13 +190,13 @@ macro_rules! ops_statement {
         use diesel::{ExpressionMethods, QueryDsl};
         use $run as run;
         let keys: &[&str] = $keys;
-        let mut rows: Vec<crate::claim::StoredRow> = Vec::with_capacity(keys.len());
+        let mut rows: Vec<crate::rows::StoredRow> = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(crate::backend::CLAIM_CHUNK) {
             let lookup = inbox::inbox_messages
                 .filter(inbox::consumer.eq($consumer))
                 .filter(inbox::message_id.eq_any(chunk))
                 .select((inbox::message_id, inbox::fingerprint, inbox::stored_result));
-            rows.extend(run::load::<crate::claim::StoredRow>(lookup, &mut *$conn)$(.$await)??);
+            rows.extend(run::load::<crate::rows::StoredRow>(lookup, &mut *$conn)$(.$await)??);
         }
         Ok(rows)
     }};
@@ -228,7 +228,7 @@ macro_rules! ops_statement {
             .filter(att::consumer.eq($consumer))
             .filter(att::message_id.eq($key))
             .select((att::failures, att::last_error, diesel::dsl::sql::<diesel::sql_types::BigInt>(&micros)));
-        run::get_result::<crate::claim::AttemptsRow>(row, &mut *$conn)$(.$await)?.optional()
+        run::get_result::<crate::rows::AttemptsRow>(row, &mut *$conn)$(.$await)?.optional()
     }};
     (clear_attempts, $conn:expr, $B:ty, $consumer:expr, $key:expr, $run:path $(, $await:tt)?) => {{
         use crate::schema::inbox_attempts::dsl as att;
@@ -243,7 +243,7 @@ macro_rules! ops_statement {
         let count = diesel::sql_query(<$B as crate::InboxBackend>::COUNT_FAILURE)
             .bind::<Text, _>($consumer)
             .bind::<Text, _>($key)
-            .bind::<Text, _>(crate::claim::error_text($error));
+            .bind::<Text, _>(crate::rows::error_text($error));
         run::execute(count, &mut *$conn)$(.$await)?.map(|_| ())
     }};
     (stats, $conn:expr, $B:ty, $run:path $(, $await:tt)?) => {{
@@ -261,43 +261,7 @@ macro_rules! ops_statement {
             ))
             .order(consumer);
         let rows: Vec<(String, i64, i64, i64)> = run::load(per_consumer, &mut *$conn)$(.$await)??;
-        Ok(rows.into_iter().map(crate::ops::consumer_stats).collect())
-    }};
-}
-
-/// A purge batch in a short transaction of its own on a diesel-async
-/// connection with `AnsiTransactionManager` (PostgreSQL, MySQL/MariaDB):
-/// the backend's isolation for purges, `BEGIN`, the batch, `COMMIT`.
-#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
-macro_rules! async_purge_batch {
-    ($conn:expr, $B:ty, $cutoff:expr, $scope:expr, $limit:expr) => {{
-        use diesel_async::{AnsiTransactionManager, SimpleAsyncConnection, TransactionManager};
-        if let Some(isolation) = <$B as crate::InboxBackend>::PURGE_ISOLATION {
-            $conn.batch_execute(isolation).await?;
-        }
-        AnsiTransactionManager::begin_transaction(&mut *$conn).await?;
-        let batch: diesel::QueryResult<usize> = async {
-            ops_statement!(
-                purge_batch,
-                $conn,
-                $B,
-                $cutoff,
-                $scope,
-                $limit,
-                diesel_async::RunQueryDsl,
-                await
-            )
-        }
-        .await;
-        match batch {
-            Ok(deleted) => AnsiTransactionManager::commit_transaction(&mut *$conn)
-                .await
-                .map(|()| deleted),
-            Err(e) => {
-                crate::asynchronous::ansi::rollback(&mut *$conn).await;
-                Err(e)
-            }
-        }
+        Ok(rows.into_iter().map(crate::rows::consumer_stats).collect())
     }};
 }
 
@@ -337,7 +301,7 @@ macro_rules! sync_ops {
             conn: &mut C,
             consumer_name: &str,
             key: &str,
-        ) -> QueryResult<Option<crate::InboxEntry>>
+        ) -> QueryResult<Option<crate::rows::InboxEntry>>
         where
             C: LoadConnection<Backend = Self>,
         {
@@ -351,7 +315,7 @@ macro_rules! sync_ops {
             ops_statement!(forget, conn, $B, consumer_name, key, diesel::RunQueryDsl)
         }
 
-        fn stats<C>(conn: &mut C) -> QueryResult<Vec<crate::ConsumerStats>>
+        fn stats<C>(conn: &mut C) -> QueryResult<Vec<crate::rows::ConsumerStats>>
         where
             C: LoadConnection<Backend = Self>,
         {
@@ -362,7 +326,7 @@ macro_rules! sync_ops {
             conn: &mut C,
             consumer_name: &str,
             keys: &[&str],
-        ) -> QueryResult<Vec<crate::claim::StoredRow>>
+        ) -> QueryResult<Vec<crate::rows::StoredRow>>
         where
             C: LoadConnection<Backend = Self>,
         {
@@ -393,7 +357,7 @@ macro_rules! sync_ops {
             conn: &mut C,
             consumer_name: &str,
             key: &str,
-        ) -> QueryResult<Option<crate::claim::AttemptsRow>>
+        ) -> QueryResult<Option<crate::rows::AttemptsRow>>
         where
             C: LoadConnection<Backend = Self>,
         {
@@ -448,7 +412,16 @@ macro_rules! async_ops {
             scope: Option<String>,
             limit: i64,
         ) -> QueryResult<usize> {
-            async_purge_batch!(self, $B, &cutoff, scope.as_deref(), limit)
+            ops_statement!(
+                purge_batch,
+                self,
+                $B,
+                &cutoff,
+                scope.as_deref(),
+                limit,
+                diesel_async::RunQueryDsl,
+                await
+            )
         }
 
         async fn inbox_count_older(
@@ -471,7 +444,7 @@ macro_rules! async_ops {
             &mut self,
             consumer_name: &str,
             key: &str,
-        ) -> QueryResult<Option<crate::InboxEntry>> {
+        ) -> QueryResult<Option<crate::rows::InboxEntry>> {
             ops_statement!(
                 entry,
                 self,
@@ -495,7 +468,7 @@ macro_rules! async_ops {
             )
         }
 
-        async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::ConsumerStats>> {
+        async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::rows::ConsumerStats>> {
             ops_statement!(stats, self, $B, diesel_async::RunQueryDsl, await)
         }
 
@@ -503,7 +476,7 @@ macro_rules! async_ops {
             &mut self,
             consumer_name: &str,
             keys: &[&str],
-        ) -> QueryResult<Vec<crate::claim::StoredRow>> {
+        ) -> QueryResult<Vec<crate::rows::StoredRow>> {
             ops_statement!(
                 stored,
                 self,
@@ -537,7 +510,7 @@ macro_rules! async_ops {
             &mut self,
             consumer_name: &str,
             key: &str,
-        ) -> QueryResult<Option<crate::claim::AttemptsRow>> {
+        ) -> QueryResult<Option<crate::rows::AttemptsRow>> {
             ops_statement!(
                 attempts,
                 self,
@@ -567,61 +540,35 @@ macro_rules! async_ops {
 
         async fn inbox_count_failure(
             &mut self,
-            scope: crate::engine::Scope,
             consumer_name: &str,
             key: &str,
             error: &str,
         ) -> QueryResult<()> {
-            use diesel_async::{AnsiTransactionManager, TransactionManager};
-            let count = async |conn: &mut Self| {
-                ops_statement!(
-                    count_failure,
-                    conn,
-                    $B,
-                    consumer_name,
-                    key,
-                    error,
-                    diesel_async::RunQueryDsl,
-                    await
-                )
-            };
-            if scope == crate::engine::Scope::Savepoint {
-                return count(self).await;
-            }
-            // As the sync `count_failure`: a short transaction of its own,
-            // rerun on a transient error.
-            let mut attempt = 1;
-            loop {
-                AnsiTransactionManager::begin_transaction(&mut *self).await?;
-                let counted = match count(self).await {
-                    Ok(()) => AnsiTransactionManager::commit_transaction(&mut *self).await,
-                    Err(e) => {
-                        crate::asynchronous::ansi::rollback(&mut *self).await;
-                        Err(e)
-                    }
-                };
-                match counted {
-                    Err(e)
-                        if attempt < crate::transaction::COUNT_ATTEMPTS
-                            && <$B as crate::InboxBackend>::is_transient(&e) =>
-                    {
-                        tokio::time::sleep(crate::engine::backoff(attempt)).await;
-                        attempt += 1;
-                    }
-                    other => return other,
-                }
-            }
+            ops_statement!(
+                count_failure,
+                self,
+                $B,
+                consumer_name,
+                key,
+                error,
+                diesel_async::RunQueryDsl,
+                await
+            )
         }
     };
 }
 
+#[cfg(feature = "async")]
+pub(crate) mod asynchronous;
+pub(crate) mod errors;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
-mod shape;
+pub(crate) mod shape;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+pub(crate) mod transaction;
 
 pub(crate) use shape::Catalog;
 
@@ -727,7 +674,7 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         conn: &mut C,
         consumer: &str,
         keys: &[&str],
-    ) -> QueryResult<Vec<crate::claim::StoredRow>>
+    ) -> QueryResult<Vec<crate::rows::StoredRow>>
     where
         C: LoadConnection<Backend = Self>;
 
@@ -744,7 +691,7 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         conn: &mut C,
         consumer: &str,
         key: &str,
-    ) -> QueryResult<Option<crate::claim::AttemptsRow>>
+    ) -> QueryResult<Option<crate::rows::AttemptsRow>>
     where
         C: LoadConnection<Backend = Self>;
 
@@ -866,7 +813,11 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
 
     /// The row of `(consumer, key)`.
     #[doc(hidden)]
-    fn entry<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<Option<crate::InboxEntry>>
+    fn entry<C>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<Option<crate::rows::InboxEntry>>
     where
         C: LoadConnection<Backend = Self>;
 
@@ -878,7 +829,7 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
 
     /// Rows, oldest and newest per consumer.
     #[doc(hidden)]
-    fn stats<C>(conn: &mut C) -> QueryResult<Vec<crate::ConsumerStats>>
+    fn stats<C>(conn: &mut C) -> QueryResult<Vec<crate::rows::ConsumerStats>>
     where
         C: LoadConnection<Backend = Self>;
 
@@ -902,16 +853,8 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>;
 }
 
-/// The kind and message of a database error, also when it is the commit
-/// error of a failed commit's rollback.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub(crate) fn database_error(error: &Error) -> Option<(diesel::result::DatabaseErrorKind, &str)> {
-    match error {
-        Error::DatabaseError(kind, info) => Some((*kind, info.message())),
-        Error::RollbackErrorOnCommit { commit_error, .. } => database_error(commit_error),
-        _ => None,
-    }
-}
+pub(crate) use errors::database_error;
 
 /// Records in diesel's transaction manager a transaction boundary the
 /// runtime sent itself (MySQL's cached `BEGIN`/`COMMIT`/`ROLLBACK`,
@@ -959,241 +902,6 @@ macro_rules! on_any_backend {
 /// (`RetryableError for diesel::result::Error`).
 pub(crate) fn is_transient(error: &Error) -> bool {
     on_any_backend!(is_transient, error)
-}
-
-/// A privilege error on any enabled backend (the hint of
-/// [`InboxError::MigrationFailed`]).
-pub(crate) fn is_privilege_error(error: &Error) -> bool {
-    on_any_backend!(is_privilege_error, error)
-}
-
-/// Creates the `inbox_messages` table and its index if they do not exist,
-/// verifies an existing table and upgrades it to [`SCHEMA_VERSION`].
-///
-/// - **Creates** the table, its `received_at` index and the record of the
-///   schema version when there is no table.
-/// - **Verifies** an existing table against what the runtime relies on:
-///   primary key exactly `(consumer, message_id)`, keys compared byte for
-///   byte and at least 255 bytes wide, no foreign key, check constraint,
-///   trigger or extra unique index that could skip or refuse a claim, and
-///   the `received_at` index. Any mismatch is refused with
-///   [`InboxError::IncompatibleTable`], listing each problem and its fix;
-///   nothing is changed. This costs one catalog query, once per `migrate`,
-///   and nothing on the message path.
-/// - **Upgrades** a table of an older schema version in place (a table of
-///   diesel-inbox 0.1 is recorded as version 1), and refuses one newer than
-///   this release knows ([`InboxError::SchemaTooNew`]), so an older binary
-///   never misreads a newer table.
-///
-/// The version is recorded in the catalog: the table comment on PostgreSQL
-/// and MySQL/MariaDB (`diesel-inbox schema 1`), a view
-/// `inbox_schema_version` on SQLite. A current, correct table needs no
-/// privilege beyond reading the catalog.
-///
-/// Safe to call at every start and from several processes at once:
-/// creation and upgrades run under a lock (an advisory lock on PostgreSQL,
-/// `GET_LOCK` on MySQL/MariaDB, an immediate transaction on SQLite). It
-/// does not touch diesel's `__diesel_schema_migrations`, so the
-/// application's own `diesel migration revert` is unaffected. On
-/// MySQL/MariaDB, where DDL commits implicitly, it refuses to run inside an
-/// open transaction ([`InboxError::MigrationInTransaction`]); on PostgreSQL
-/// and SQLite it joins the caller's transaction as a savepoint. Outside a
-/// transaction, a transient error (a deadlock, a busy database; on a
-/// Galera cluster, the abort by another node's DDL when every node
-/// migrates at once) reruns it, up to 10 times in all.
-///
-/// The DDL is also available as [`InboxBackend::DDL`] (and the `ddl` module).
-///
-/// ```
-/// use diesel::prelude::*;
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut conn = SqliteConnection::establish(":memory:")?;
-/// diesel_inbox::migrate(&mut conn)?;
-/// diesel_inbox::migrate(&mut conn)?; // idempotent
-///
-/// // A table whose keys compare case-insensitively is refused.
-/// let mut other = SqliteConnection::establish(":memory:")?;
-/// diesel::sql_query(
-///     "CREATE TABLE inbox_messages (consumer TEXT COLLATE NOCASE, message_id TEXT COLLATE NOCASE, \
-///      received_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP, PRIMARY KEY (consumer, message_id))",
-/// ).execute(&mut other)?;
-/// let refused = diesel_inbox::migrate(&mut other).unwrap_err();
-/// assert!(refused.to_string().contains("NOCASE"), "{refused}");
-/// # Ok(())
-/// # }
-/// ```
-pub fn migrate<C>(conn: &mut C) -> Result<(), InboxError>
-where
-    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
-{
-    let mut attempts = MigrateAttempts::new(crate::transaction::transaction_open(conn));
-    loop {
-        match migrate_once(conn) {
-            Err(e) => match attempts.again::<C::Backend>(&e) {
-                Some(delay) => std::thread::sleep(delay),
-                None => return Err(e),
-            },
-            done => return done,
-        }
-    }
-}
-
-/// `migrate`'s reruns, for the sync and the async driver: a transient
-/// error of its catalog read, its lock or its DDL runs it again, up to
-/// [`MIGRATE_ATTEMPTS`] runs in all, unless it runs inside the caller's
-/// transaction (whose error it is to handle). On a Galera cluster, DDL
-/// replicates in total order and aborts what conflicts with it on each
-/// node, so a `migrate` started on every node at once sees error 1213 on
-/// some of them; the next run finds the table.
-pub(crate) struct MigrateAttempts {
-    retry: bool,
-    made: u32,
-}
-
-/// How often `migrate` runs in all when it keeps failing transiently.
-pub(crate) const MIGRATE_ATTEMPTS: u32 = 10;
-
-impl MigrateAttempts {
-    pub(crate) fn new(in_transaction: bool) -> Self {
-        MigrateAttempts {
-            retry: !in_transaction,
-            made: 1,
-        }
-    }
-
-    /// The wait before the next run after `error`, or `None`: return it.
-    pub(crate) fn again<B: InboxBackend>(
-        &mut self,
-        error: &InboxError,
-    ) -> Option<std::time::Duration> {
-        let transient = matches!(error, InboxError::Database(e) | InboxError::MigrationFailed(e) if B::is_transient(e));
-        if !(self.retry && transient && self.made < MIGRATE_ATTEMPTS) {
-            return None;
-        }
-        let delay = crate::engine::backoff(self.made);
-        self.made += 1;
-        Some(delay)
-    }
-}
-
-fn migrate_once<C>(conn: &mut C) -> Result<(), InboxError>
-where
-    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
-{
-    // Refused whatever the table's state, so that it does not pass in
-    // development (table current) and fail on the first deploy.
-    if <C::Backend as InboxBackend>::DDL_COMMITS && crate::transaction::transaction_open(conn) {
-        return Err(InboxError::MigrationInTransaction);
-    }
-    // A first look without the lock: a current, correct table needs nothing
-    // (and no privilege beyond reading the catalog).
-    if migration_sql::<C::Backend>(&<C::Backend as InboxBackend>::catalog(conn)?)?.is_none() {
-        return Ok(());
-    }
-    <C::Backend as InboxBackend>::exclusively(conn, |conn| {
-        let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
-        if let Some(sql) = migration_sql::<C::Backend>(&catalog)? {
-            conn.batch_execute(&sql)
-                .map_err(InboxError::MigrationFailed)?;
-            verify_migrated::<C::Backend>(&<C::Backend as InboxBackend>::catalog(conn)?)?;
-        }
-        Ok(())
-    })
-}
-
-/// What `migrate` runs for this catalog: `None` when the table is current
-/// and correct, else the statements that create or upgrade it; an error for
-/// a table it must not touch.
-pub(crate) fn migration_sql<B: InboxBackend>(
-    catalog: &Catalog,
-) -> Result<Option<String>, InboxError> {
-    Ok(match plan::<B>(catalog)? {
-        Plan::Nothing => None,
-        Plan::Create => Some(B::DDL.to_string()),
-        Plan::Upgrade { from } => Some(upgrade_sql::<B>(from)),
-    })
-}
-
-/// After creating or upgrading: the table must now be current and correct
-/// (an existing object under the same name may have made `IF NOT EXISTS` a
-/// no-op).
-pub(crate) fn verify_migrated<B: InboxBackend>(catalog: &Catalog) -> Result<(), InboxError> {
-    match plan::<B>(catalog)? {
-        Plan::Nothing => Ok(()),
-        _ => Err(InboxError::MigrationFailed(Error::QueryBuilderError(
-            "the inbox table is still not at the current schema version after migrating".into(),
-        ))),
-    }
-}
-
-/// The inbox schema version recorded in the database: `None` when there is
-/// no inbox table, or a table of diesel-inbox 0.1 that no `migrate` of a
-/// later release has recorded yet. Reads the catalog only.
-///
-/// ```
-/// use diesel::prelude::*;
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut conn = SqliteConnection::establish(":memory:")?;
-/// assert_eq!(diesel_inbox::schema_version(&mut conn)?, None);
-/// diesel_inbox::migrate(&mut conn)?;
-/// assert_eq!(diesel_inbox::schema_version(&mut conn)?, Some(diesel_inbox::SCHEMA_VERSION));
-/// # Ok(())
-/// # }
-/// ```
-pub fn schema_version<C>(conn: &mut C) -> Result<Option<u32>, InboxError>
-where
-    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
-{
-    let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
-    Ok(catalog.table.and(catalog.version))
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Plan {
-    Nothing,
-    Create,
-    /// Run the upgrades after `from` (`None`: a table of 0.1, unrecorded).
-    Upgrade {
-        from: Option<u32>,
-    },
-}
-
-fn plan<B: InboxBackend>(catalog: &Catalog) -> Result<Plan, InboxError> {
-    if let Some(found) = catalog.version.filter(|v| *v > SCHEMA_VERSION) {
-        return Err(InboxError::SchemaTooNew {
-            found,
-            supported: SCHEMA_VERSION,
-        });
-    }
-    let Some(table) = &catalog.table else {
-        return Ok(Plan::Create);
-    };
-    let mut problems = shape::problems(table, B::KEY_TYPE, catalog.version);
-    problems.extend(shape::attempts_problems(catalog));
-    if !problems.is_empty() {
-        return Err(InboxError::IncompatibleTable(problems));
-    }
-    Ok(match catalog.version {
-        Some(SCHEMA_VERSION) => Plan::Nothing,
-        from => Plan::Upgrade { from },
-    })
-}
-
-/// The statements that take a verified table from version `from` to
-/// [`SCHEMA_VERSION`] and record it.
-fn upgrade_sql<B: InboxBackend>(from: Option<u32>) -> String {
-    // A table without a record has the shape of version 1 (it passed the
-    // checks); the upgrades after it follow.
-    let done = from.unwrap_or(1) as usize;
-    let mut sql: Vec<&str> = B::UPGRADES.iter().skip(done - 1).copied().collect();
-    let record = B::record_version(SCHEMA_VERSION);
-    sql.push(&record);
-    sql.join("\n")
 }
 
 /// The inbox DDL of each backend, as [`InboxBackend::DDL`] gives it, for a

@@ -319,10 +319,7 @@ impl InboxBackend for Mysql {
     sync_ops!(Mysql);
 
     fn is_privilege_error(error: &Error) -> bool {
-        // 1142 "... command denied to user ...", 1044 "Access denied for user ...".
-        database_error(error).is_some_and(|(_, message)| {
-            message.contains("command denied to user") || message.contains("Access denied for user")
-        })
+        super::errors::mysql_privilege(error)
     }
 
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
@@ -478,8 +475,8 @@ mod tests {
 #[cfg(feature = "async")]
 mod asynchronous {
     use super::*;
-    use crate::asynchronous::{ansi, migrate_in_steps, AsyncInboxConnection, AsyncMigration};
-    use crate::engine::Scope;
+    use crate::backend::asynchronous::{AsyncInboxConnection, AsyncMigration, Sealed};
+    use crate::backend::transaction::{ansi, Scope};
     use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
 
     impl Sealed for AsyncMysqlConnection {}
@@ -527,10 +524,6 @@ mod asynchronous {
 
         async fn inbox_rollback(&mut self) {
             ansi::rollback_unless_ended(self, super::ended_by_server).await
-        }
-
-        async fn inbox_migrate(&mut self) -> Result<(), InboxError> {
-            migrate_in_steps(self).await
         }
 
         async_ops!(Mysql);

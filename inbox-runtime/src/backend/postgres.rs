@@ -1,8 +1,8 @@
 use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
+use super::transaction::in_transaction;
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
 use crate::schema::inbox_messages::dsl::*;
-use crate::transaction::in_transaction;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::pg::Pg;
 use diesel::prelude::*;
@@ -256,7 +256,7 @@ impl InboxBackend for Pg {
         // COMMIT, also a failed one).
         let committed = conn.batch_execute(GUARDED_COMMIT);
         if committed.is_err() {
-            crate::transaction::rollback(conn);
+            super::transaction::rollback(conn);
         }
         committed
     }
@@ -307,11 +307,7 @@ impl InboxBackend for Pg {
     sync_ops!(Pg);
 
     fn is_privilege_error(error: &Error) -> bool {
-        // 42501, by its message text: "permission denied for …", "must be
-        // owner of table …".
-        database_error(error).is_some_and(|(_, message)| {
-            message.starts_with("permission denied") || message.starts_with("must be owner")
-        })
+        super::errors::postgres_privilege(error)
     }
 
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
@@ -448,8 +444,8 @@ mod tests {
 #[cfg(feature = "async")]
 mod asynchronous {
     use super::*;
-    use crate::asynchronous::{ansi, migrate_in_steps, AsyncInboxConnection, AsyncMigration};
-    use crate::engine::Scope;
+    use crate::backend::asynchronous::{AsyncInboxConnection, AsyncMigration, Sealed};
+    use crate::backend::transaction::{ansi, Scope};
     use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 
     impl Sealed for AsyncPgConnection {}
@@ -510,10 +506,6 @@ mod asynchronous {
 
         async fn inbox_rollback(&mut self) {
             ansi::rollback(self).await
-        }
-
-        async fn inbox_migrate(&mut self) -> Result<(), InboxError> {
-            migrate_in_steps(self).await
         }
 
         async_ops!(Pg);

@@ -1,8 +1,8 @@
 use super::shape::{read, CatalogRow, Dialect};
+use super::transaction::in_transaction;
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
 use crate::schema::inbox_messages::dsl::*;
-use crate::transaction::in_transaction;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::prelude::*;
 use diesel::result::Error;
@@ -288,9 +288,8 @@ mod asynchronous {
     //! step handed to the blocking thread finishes even when the handler's
     //! future is dropped, so the transaction state stays consistent.
     use super::*;
-    use crate::asynchronous::AsyncInboxConnection;
-    use crate::engine::Scope;
-    use crate::transaction;
+    use crate::backend::asynchronous::{AsyncInboxConnection, AsyncMigration, BeginClaim, Sealed};
+    use crate::backend::transaction::{self, Scope};
     use diesel::SqliteConnection;
     use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
@@ -312,7 +311,7 @@ mod asynchronous {
             consumer_name: &str,
             key: &str,
             fingerprint_bytes: Option<&[u8]>,
-        ) -> crate::asynchronous::BeginClaim {
+        ) -> BeginClaim {
             let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
             let fingerprint_bytes = fingerprint_bytes.map(<[u8]>::to_vec);
             self.spawn_blocking(move |conn| {
@@ -364,7 +363,7 @@ mod asynchronous {
             &mut self,
             consumer_name: &str,
             keys: &[&str],
-        ) -> QueryResult<Vec<crate::claim::StoredRow>> {
+        ) -> QueryResult<Vec<crate::rows::StoredRow>> {
             let consumer_name = consumer_name.to_owned();
             let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
             self.spawn_blocking(move |conn| {
@@ -378,7 +377,7 @@ mod asynchronous {
             &mut self,
             consumer_name: &str,
             key: &str,
-        ) -> QueryResult<Option<crate::claim::AttemptsRow>> {
+        ) -> QueryResult<Option<crate::rows::AttemptsRow>> {
             let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
             self.spawn_blocking(move |conn| Sqlite::attempts(conn, &consumer_name, &key))
                 .await
@@ -396,7 +395,6 @@ mod asynchronous {
 
         async fn inbox_count_failure(
             &mut self,
-            scope: Scope,
             consumer_name: &str,
             key: &str,
             error: &str,
@@ -404,7 +402,7 @@ mod asynchronous {
             let (consumer_name, key, error) =
                 (consumer_name.to_owned(), key.to_owned(), error.to_owned());
             self.spawn_blocking(move |conn| {
-                transaction::count_failure(conn, scope, &consumer_name, &key, &error)
+                Sqlite::count_failure(conn, &consumer_name, &key, &error)
             })
             .await
         }
@@ -447,7 +445,7 @@ mod asynchronous {
             limit: i64,
         ) -> QueryResult<usize> {
             self.spawn_blocking(move |conn| {
-                transaction::purge_batch(conn, &cutoff, scope.as_deref(), limit)
+                Sqlite::purge_batch(conn, &cutoff, scope.as_deref(), limit)
             })
             .await
         }
@@ -465,7 +463,7 @@ mod asynchronous {
             &mut self,
             consumer_name: &str,
             key: &str,
-        ) -> QueryResult<Option<crate::InboxEntry>> {
+        ) -> QueryResult<Option<crate::rows::InboxEntry>> {
             let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
             self.spawn_blocking(move |conn| Sqlite::entry(conn, &consumer_name, &key))
                 .await
@@ -477,14 +475,34 @@ mod asynchronous {
                 .await
         }
 
-        async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::ConsumerStats>> {
+        async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::rows::ConsumerStats>> {
             self.spawn_blocking(Sqlite::stats).await
         }
+    }
 
-        async fn inbox_migrate(&mut self) -> Result<(), InboxError> {
-            self.spawn_blocking(|conn| Ok(crate::migrate(conn)))
-                .await
-                .unwrap_or_else(|e| Err(InboxError::Database(e)))
+    impl AsyncMigration for Wrapper {
+        async fn catalog(&mut self) -> QueryResult<Catalog> {
+            self.spawn_blocking(Sqlite::catalog).await
+        }
+
+        async fn lock(&mut self) -> Result<Scope, InboxError> {
+            // The immediate transaction serializes concurrent runs; SQLite
+            // DDL is transactional.
+            self.spawn_blocking(|conn| Ok(transaction::begin(conn)))
+                .await?
+                .map_err(|(_, e)| InboxError::Database(e))
+        }
+
+        async fn unlock(&mut self, scope: Scope, keep: bool) -> Result<(), InboxError> {
+            self.spawn_blocking(move |conn| match keep {
+                true => transaction::commit(conn, scope),
+                false => {
+                    transaction::rollback(conn);
+                    Ok(())
+                }
+            })
+            .await
+            .map_err(InboxError::Database)
         }
     }
 }

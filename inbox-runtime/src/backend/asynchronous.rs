@@ -1,0 +1,207 @@
+//! The async connections the inbox runs on: what each backend does on its
+//! diesel-async connection, step by step (the statements of a call, of the
+//! operations and of `migrate`'s lock). The sequences that use them live
+//! once, above: the async driver and the operations.
+
+use super::transaction::Scope;
+use super::{Catalog, InboxBackend};
+use crate::error::InboxError;
+use crate::rows::{AttemptsRow, ConsumerStats, InboxEntry, StoredRow};
+use diesel::result::{Error, QueryResult};
+use diesel_async::AsyncConnection;
+use std::future::Future;
+
+mod seal {
+    /// The seal of [`AsyncInboxConnection`](super::AsyncInboxConnection).
+    pub trait Sealed {}
+}
+pub(crate) use seal::Sealed;
+
+/// A diesel-async connection the inbox runs on: `AsyncPgConnection`
+/// (feature `postgres`), `AsyncMysqlConnection` (feature `mysql`) and
+/// `SyncConnectionWrapper<SqliteConnection>` (feature `sqlite`; it takes
+/// SQLite's write lock up front with `BEGIN IMMEDIATE`).
+///
+/// From a pool (deadpool, bb8, mobc through diesel-async's
+/// `AsyncDieselConnectionManager`), declare the handler's connection as the
+/// connection type and pass `&mut pooled` (deref coercion) or
+/// `&mut *pooled`.
+///
+/// The methods are the backend's steps of a handler call; they are not a
+/// stable API.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use diesel::SqliteConnection;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+///
+/// fn assert_supported<C: diesel_inbox::AsyncInboxConnection>() {}
+/// assert_supported::<SyncConnectionWrapper<SqliteConnection>>();
+/// # }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an async connection diesel-inbox can run an `async fn` handler on",
+    label = "not a diesel-async connection of a supported backend",
+    note = "an `async fn` handler takes `&mut AsyncPgConnection`, `&mut AsyncMysqlConnection` or `&mut SyncConnectionWrapper<SqliteConnection>` (diesel-async, feature `async`); a sync diesel connection (`PgConnection`, ...) goes with a sync `fn` handler"
+)]
+pub trait AsyncInboxConnection:
+    AsyncConnection<Backend: InboxBackend> + AsyncMigration + Send + seal::Sealed
+{
+    /// Opens a transaction, or a savepoint inside the caller's.
+    #[doc(hidden)]
+    fn inbox_begin(&mut self) -> impl Future<Output = Result<Scope, (Scope, Error)>> + Send;
+
+    /// The single claim, with the content's fingerprint if given: `true`
+    /// if the row was inserted.
+    #[doc(hidden)]
+    fn inbox_claim(
+        &mut self,
+        consumer: &str,
+        key: &str,
+        fingerprint: Option<&[u8]>,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Opens the transaction and, if that worked, claims: where the backend
+    /// can do both in one trip (SQLite: one hop to the blocking thread,
+    /// during which the write lock is held), it does; by default one step
+    /// after the other. The engine always claims right after a successful
+    /// begin, so the driver hands it this claim's result.
+    #[doc(hidden)]
+    fn inbox_begin_claim(
+        &mut self,
+        consumer: &str,
+        key: &str,
+        fingerprint: Option<&[u8]>,
+    ) -> impl Future<Output = BeginClaim> + Send {
+        async move {
+            let begun = self.inbox_begin().await;
+            if begun.is_err() {
+                return (begun, None);
+            }
+            let claimed = self.inbox_claim(consumer, key, fingerprint).await;
+            (begun, Some(claimed))
+        }
+    }
+
+    /// The batch claim, with each key's fingerprint if given: the keys
+    /// inserted.
+    #[doc(hidden)]
+    fn inbox_claim_batch(
+        &mut self,
+        consumer: &str,
+        keys: &[&str],
+        fingerprints: Option<&[&[u8]]>,
+    ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+
+    /// The fingerprints and stored results of those of `keys` that have a
+    /// row, in the claim's transaction.
+    #[doc(hidden)]
+    fn inbox_stored(
+        &mut self,
+        consumer: &str,
+        keys: &[&str],
+    ) -> impl Future<Output = QueryResult<Vec<StoredRow>>> + Send;
+
+    /// The failure count of `(consumer, key)`.
+    #[doc(hidden)]
+    fn inbox_attempts(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<Option<AttemptsRow>>> + Send;
+
+    /// Deletes the failure count of `(consumer, key)`.
+    #[doc(hidden)]
+    fn inbox_clear_attempts(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Adds one failure to the count of `(consumer, key)`, in the caller's
+    /// transaction.
+    #[doc(hidden)]
+    fn inbox_count_failure(
+        &mut self,
+        consumer: &str,
+        key: &str,
+        error: &str,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Writes the body's value into the row just claimed.
+    #[doc(hidden)]
+    fn inbox_store_result(
+        &mut self,
+        consumer: &str,
+        key: &str,
+        value: &[u8],
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Commits (through the backend's guarded commit at top level) or
+    /// releases the savepoint; a failed top-level commit is rolled back.
+    #[doc(hidden)]
+    fn inbox_commit(&mut self, scope: Scope) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Rolls back the innermost transaction or savepoint, if one is open.
+    #[doc(hidden)]
+    fn inbox_rollback(&mut self) -> impl Future<Output = ()> + Send;
+
+    /// One purge batch's statements, in the caller's transaction: the rows
+    /// deleted.
+    #[doc(hidden)]
+    fn inbox_purge_batch(
+        &mut self,
+        cutoff: String,
+        consumer: Option<String>,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// How many rows are older than `cutoff`.
+    #[doc(hidden)]
+    fn inbox_count_older(
+        &mut self,
+        cutoff: String,
+        consumer: Option<String>,
+    ) -> impl Future<Output = QueryResult<i64>> + Send;
+
+    /// The row of `(consumer, key)`.
+    #[doc(hidden)]
+    fn inbox_entry(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<Option<InboxEntry>>> + Send;
+
+    /// Deletes the row of `(consumer, key)`; whether there was one.
+    #[doc(hidden)]
+    fn inbox_forget(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Rows, oldest and newest per consumer.
+    #[doc(hidden)]
+    fn inbox_stats(&mut self) -> impl Future<Output = QueryResult<Vec<ConsumerStats>>> + Send;
+}
+
+/// What [`AsyncInboxConnection::inbox_begin_claim`] did: the begin's
+/// result, and the claim's if the begin worked.
+#[doc(hidden)]
+pub type BeginClaim = (Result<Scope, (Scope, Error)>, Option<QueryResult<bool>>);
+
+/// The steps of `migrate` a backend runs on its own async connection.
+#[doc(hidden)]
+pub trait AsyncMigration: AsyncConnection<Backend: InboxBackend> + Send {
+    /// What the catalog says about the table (the backend's catalog query).
+    fn catalog(&mut self) -> impl Future<Output = QueryResult<Catalog>> + Send;
+    /// Keeps other `migrate`s out until `unlock`.
+    fn lock(&mut self) -> impl Future<Output = Result<Scope, InboxError>> + Send;
+    /// Ends what `lock` began: keeps the changes when `keep`, else undoes
+    /// what it can.
+    fn unlock(
+        &mut self,
+        scope: Scope,
+        keep: bool,
+    ) -> impl Future<Output = Result<(), InboxError>> + Send;
+}

@@ -1,0 +1,208 @@
+//! The transaction primitives of the inbox's connections, sync and async:
+//! open a transaction at top level with the backend's `BEGIN` (or a
+//! savepoint inside the caller's), commit, roll back, and the depth
+//! diesel's transaction manager records. Below the engine and the drivers,
+//! so that a backend can open a transaction for its own `migrate` lock.
+
+use super::InboxBackend;
+use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
+use diesel::result::Error;
+
+/// Whether the transaction is the call's own or a savepoint inside the
+/// caller's.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[doc(hidden)]
+pub enum Scope {
+    #[doc(hidden)]
+    TopLevel,
+    #[doc(hidden)]
+    Savepoint,
+}
+
+/// Opens a transaction with the backend's `BEGIN` (SQLite: `BEGIN IMMEDIATE`,
+/// so a writer takes the lock up front instead of failing at its first write),
+/// or a savepoint when the caller already has a transaction open.
+pub(crate) fn begin<C>(conn: &mut C) -> Result<Scope, (Scope, Error)>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    // diesel keeps the depth private; begin_transaction_sql refuses inside a
+    // transaction, which is exactly the test we need.
+    match <C::Backend as InboxBackend>::begin_top_level(conn) {
+        Ok(()) => Ok(Scope::TopLevel),
+        Err(Error::AlreadyInTransaction) => AnsiTransactionManager::begin_transaction(conn)
+            .map(|()| Scope::Savepoint)
+            .map_err(|e| (Scope::Savepoint, e)),
+        Err(e) => Err((Scope::TopLevel, e)),
+    }
+}
+
+/// Commits the call's transaction (through the backend's guarded commit at
+/// top level) or releases its savepoint.
+pub(crate) fn commit<C>(conn: &mut C, scope: Scope) -> Result<(), Error>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    match scope {
+        Scope::TopLevel => <C::Backend as InboxBackend>::commit_top_level(conn),
+        Scope::Savepoint => AnsiTransactionManager::commit_transaction(conn),
+    }
+}
+
+/// Whether diesel has a transaction open on `conn` (a broken transaction
+/// manager counts as none: nothing can be done with it).
+pub(crate) fn transaction_open<C>(conn: &mut C) -> bool
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    matches!(
+        AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    )
+}
+
+/// Rolls back the innermost transaction or savepoint, if one is open.
+pub(crate) fn rollback<C>(conn: &mut C)
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    let depth = AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth();
+    let rolled_back = match depth {
+        // Nothing to undo when the transaction already ended: PostgreSQL
+        // leaves it after a failed COMMIT, and diesel resyncs its depth
+        // from libpq.
+        Ok(None) | Err(_) => return,
+        Ok(Some(depth)) if depth.get() == 1 => {
+            <C::Backend as InboxBackend>::rollback_top_level(conn)
+        }
+        Ok(Some(_)) => AnsiTransactionManager::rollback_transaction(conn),
+    };
+    // A failed rollback leaves diesel's manager marked broken (pools discard
+    // such connections) and the server rolls back when the session ends.
+    if let Err(e) = rolled_back {
+        tracing::warn!(error = %e, "diesel-inbox: rollback failed");
+    }
+}
+
+/// Runs `f` in [`begin`]'s transaction: commit on `Ok`, rollback on `Err`.
+/// (MySQL's `migrate` cannot use it: its DDL commits implicitly.)
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn in_transaction<C, T, E>(
+    conn: &mut C,
+    f: impl FnOnce(&mut C) -> Result<T, E>,
+) -> Result<T, E>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+    E: From<Error>,
+{
+    begin(conn).map_err(|(_, e)| e)?;
+    match f(conn) {
+        Ok(value) => {
+            AnsiTransactionManager::commit_transaction(conn)?;
+            Ok(value)
+        }
+        Err(e) => {
+            rollback(conn);
+            Err(e)
+        }
+    }
+}
+
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+pub(crate) mod ansi {
+    //! The transaction steps of connections with diesel-async's
+    //! `AnsiTransactionManager` (PostgreSQL, MySQL/MariaDB).
+
+    use super::Scope;
+    use diesel::result::Error;
+    use diesel_async::{AnsiTransactionManager, AsyncConnection, TransactionManager};
+
+    fn depth<C>(conn: &mut C) -> Result<Option<std::num::NonZeroU32>, Error>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth()
+    }
+
+    /// `BEGIN` at top level, a savepoint inside the caller's transaction.
+    pub(crate) async fn begin<C>(conn: &mut C) -> Result<Scope, (Scope, Error)>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        let scope = match depth(conn) {
+            Ok(None) => Scope::TopLevel,
+            Ok(Some(_)) => Scope::Savepoint,
+            Err(e) => return Err((Scope::TopLevel, e)),
+        };
+        AnsiTransactionManager::begin_transaction(conn)
+            .await
+            .map(|()| scope)
+            .map_err(|e| (scope, e))
+    }
+
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn rollback<C>(conn: &mut C)
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        rollback_unless_ended(conn, |_| false).await
+    }
+
+    /// [`rollback`], where a failed top-level `ROLLBACK` whose error says
+    /// the server ended the transaction already (`ended`, the backend's
+    /// judgement) leaves the connection outside any transaction rather than
+    /// marked broken.
+    pub(crate) async fn rollback_unless_ended<C>(conn: &mut C, ended: fn(&Error) -> bool)
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        let top_level = match depth(conn) {
+            Ok(Some(depth)) => depth.get() == 1,
+            _ => return,
+        };
+        if let Err(e) = AnsiTransactionManager::rollback_transaction(conn).await {
+            if top_level && ended(&e) {
+                *AnsiTransactionManager::transaction_manager_status_mut(conn) = Default::default();
+                return;
+            }
+            tracing::warn!(error = %e, "diesel-inbox: rollback failed");
+        }
+    }
+
+    /// Commits at top level, releases the savepoint inside the caller's
+    /// transaction (a failed top-level commit is rolled back by diesel-async).
+    pub(crate) async fn commit<C>(conn: &mut C) -> Result<(), Error>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        AnsiTransactionManager::commit_transaction(conn).await
+    }
+
+    /// Records that a top-level transaction ended by a statement the
+    /// connection's transaction manager did not send (the commit guard's
+    /// `COMMIT` on PostgreSQL).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn ended<C>(conn: &mut C) -> Result<(), Error>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        crate::backend::record_boundary(
+            AnsiTransactionManager::transaction_manager_status_mut(conn),
+            diesel::connection::TransactionDepthChange::DecreaseDepth,
+        )
+    }
+}
+
+/// Whether diesel-async has a transaction open on `conn`.
+#[cfg(feature = "async")]
+pub(crate) fn transaction_open_async<C: diesel_async::AsyncConnection>(conn: &mut C) -> bool {
+    use diesel_async::TransactionManager;
+    matches!(
+        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    )
+}
