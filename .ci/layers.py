@@ -25,7 +25,8 @@ LAYERS = [
     ("engine", ("options", "claim", "engine", "retry", "registry", "observe", "telemetry")),
     ("backends", (
         "backend::postgres", "backend::mysql", "backend::sqlite",
-        "backend::asynchronous", "backend::transaction", "backend", "backend::shape",
+        "backend::asynchronous", "backend::transaction", "backend::execute",
+        "backend::statements", "backend", "backend::shape",
     )),
     ("ground", (
         "error", "handler", "key", "fingerprint", "processed", "schema", "rows",

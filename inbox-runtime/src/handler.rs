@@ -103,7 +103,7 @@ inventory::collect!(Registration);
 /// consumer name, then file and line.
 ///
 /// Two handlers share a consumer name only when each declares `shared`;
-/// otherwise their first call fails with [`InboxError::ConsumerConflict`],
+/// otherwise their first call fails with [`InboxError::ConsumerConflict`](crate::InboxError::ConsumerConflict),
 /// naming both. Use this list at start-up to log what the process consumes,
 /// or in a test to pin the consumer names (a rename changes the scope, and
 /// redeliveries after the deploy would apply again).

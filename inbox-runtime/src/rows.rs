@@ -38,7 +38,7 @@ pub struct InboxEntry {
 }
 
 /// The failure count of a key of a handler with `max_attempts`: see
-/// [`attempts`] (which has an example).
+/// [`attempts`](crate::attempts) (which has an example).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Attempts {
@@ -55,7 +55,7 @@ pub struct Attempts {
     pub updated_at: SystemTime,
 }
 
-/// What the inbox holds for one consumer: see [`stats`] (which has an
+/// What the inbox holds for one consumer: see [`stats`](crate::stats) (which has an
 /// example).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

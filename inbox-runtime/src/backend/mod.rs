@@ -7,560 +7,12 @@ use crate::error::InboxError;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::result::{Error, QueryResult};
 
-/// Most keys one claim statement carries (bind-parameter limits: PostgreSQL
-/// 65535, SQLite 32766; two per row).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub(crate) const CLAIM_CHUNK: usize = 5_000;
-
-/// A unique violation of a batch claim means another transaction claimed one
-/// of the keys between the lookup and the insert: rerun the whole batch,
-/// which then sees that key as a duplicate.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) fn concurrent_claim(error: diesel::result::Error) -> diesel::result::Error {
-    use diesel::result::{DatabaseErrorKind, Error};
-    match error {
-        Error::DatabaseError(DatabaseErrorKind::UniqueViolation, info) => Error::DatabaseError(
-            DatabaseErrorKind::SerializationFailure,
-            Box::new(format!(
-                "a concurrent batch claimed the same key: {}",
-                info.message()
-            )),
-        ),
-        other => other,
-    }
-}
-
-/// Batch claim for backends without `RETURNING` on a conflict-ignoring
-/// insert (MySQL) or whose writers are serialized anyway (SQLite): look the
-/// keys up, insert the missing ones with a plain `INSERT` (see
-/// [`concurrent_claim`] for the race). One body for the sync and the async
-/// connection: `$run` is `diesel::RunQueryDsl` or `diesel_async::RunQueryDsl`,
-/// and `await` follows each query on the async path.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-macro_rules! claim_batch_by_lookup {
-    ($conn:expr, $consumer:expr, $keys:expr, $fingerprints:expr, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_messages::dsl as inbox;
-        use $run as run;
-        let keys: &[&str] = $keys;
-        let fingerprints: Option<&[&[u8]]> = $fingerprints;
-        let mut claimed = Vec::new();
-        for (start, chunk) in (0..).step_by(crate::backend::CLAIM_CHUNK).zip(keys.chunks(crate::backend::CLAIM_CHUNK)) {
-            let lookup = inbox::inbox_messages
-                .filter(inbox::consumer.eq($consumer))
-                .filter(inbox::message_id.eq_any(chunk))
-                .select(inbox::message_id);
-            let present: Vec<String> = run::load(lookup, &mut *$conn)$(.$await)??;
-            let present: std::collections::HashSet<String> = present.into_iter().collect();
-            let missing: Vec<usize> = (0..chunk.len())
-                .filter(|&i| !present.contains(chunk[i]))
-                .collect();
-            if missing.is_empty() {
-                continue;
-            }
-            let inserted = match fingerprints {
-                None => {
-                    let rows: Vec<_> = missing
-                        .iter()
-                        .map(|&i| (inbox::consumer.eq($consumer), inbox::message_id.eq(chunk[i])))
-                        .collect();
-                    run::execute(diesel::insert_into(inbox::inbox_messages).values(&rows), &mut *$conn)$(.$await)?
-                }
-                Some(fingerprints) => {
-                    let rows: Vec<_> = missing
-                        .iter()
-                        .map(|&i| {
-                            (
-                                inbox::consumer.eq($consumer),
-                                inbox::message_id.eq(chunk[i]),
-                                inbox::fingerprint.eq(fingerprints[start + i]),
-                            )
-                        })
-                        .collect();
-                    run::execute(diesel::insert_into(inbox::inbox_messages).values(&rows), &mut *$conn)$(.$await)?
-                }
-            };
-            inserted.map_err(crate::backend::concurrent_claim)?;
-            claimed.extend(missing.into_iter().map(|i| chunk[i].to_owned()));
-        }
-        Ok(claimed)
-    }};
-}
-
-/// The single claim of a server backend, with or without a fingerprint:
-/// whether the row was inserted. The backend's module defines
-/// `claim_statement!` (the conflict-ignoring insert, with two or three
-/// values); one body for the sync and the async connection (`$run` and its
-/// `await`, as in `ops_statement!`).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-macro_rules! claim_single {
-    ($conn:expr, $consumer:expr, $key:expr, $fingerprint:expr, $run:path $(, $await:tt)?) => {{
-        use $run as run;
-        let inserted = match $fingerprint {
-            None => run::execute(claim_statement!($consumer, $key), $conn)$(.$await)?,
-            Some(bytes) => run::execute(claim_statement!($consumer, $key, bytes), $conn)$(.$await)?,
-        };
-        inserted.map(|inserted| inserted == 1)
-    }};
-}
-
-/// The statements of the operations (`purge`, `status`, `forget`, `stats`),
-/// once for every backend and for the sync and the async connection: `$run`
-/// is `diesel::RunQueryDsl` or `diesel_async::RunQueryDsl`, and `await`
-/// follows each query on the async path. `$B` is the backend, for its
-/// `received_at` expression.
-///
-/// A purge batch selects up to `$limit` keys through the `received_at`
-/// index (a plain read: no locks) and deletes them by primary key with the
-/// cutoff checked again, so only those rows are locked; a row another purge
-/// deleted meanwhile is skipped.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-macro_rules! ops_statement {
-    (purge_batch, $conn:expr, $B:ty, $cutoff:expr, $scope:expr, $limit:expr, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_messages::dsl::*;
-        use diesel::{ExpressionMethods, QueryDsl};
-        use $run as run;
-        let cutoff: &str = $cutoff;
-        let older = || received_at.lt(diesel::dsl::sql::<diesel::sql_types::Timestamp>(cutoff));
-        let oldest = inbox_messages
-            .filter(older())
-            .order(received_at)
-            .limit($limit)
-            .select((consumer, message_id));
-        let scope: Option<&str> = $scope;
-        let mut rows: Vec<(String, String)> = match scope {
-            Some(name) => run::load(oldest.filter(consumer.eq(name)), &mut *$conn)$(.$await)??,
-            None => run::load(oldest, &mut *$conn)$(.$await)??,
-        };
-        // One order for every purge: concurrent ones lock rows in the same
-        // order.
-        rows.sort_unstable();
-        let mut deleted = 0;
-        for group in rows.chunk_by(|a, b| a.0 == b.0) {
-            for chunk in group.chunks(crate::backend::CLAIM_CHUNK) {
-                let keys: Vec<&str> = chunk.iter().map(|(_, k)| k.as_str()).collect();
-                let delete = diesel::delete(
-                    inbox_messages
-                        .filter(consumer.eq(&chunk[0].0))
-                        .filter(message_id.eq_any(keys))
-                        .filter(older()),
-                );
-                deleted += run::execute(delete, &mut *$conn)$(.$await)??;
-            }
-        }
-        Ok(deleted)
-    }};
-    (count_older, $conn:expr, $B:ty, $cutoff:expr, $scope:expr, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_messages::dsl::*;
-        use diesel::{ExpressionMethods, QueryDsl};
-        use $run as run;
-        let older = received_at.lt(diesel::dsl::sql::<diesel::sql_types::Timestamp>($cutoff));
-        let scope: Option<&str> = $scope;
-        match scope {
-            Some(name) => {
-                let count = inbox_messages.filter(older).filter(consumer.eq(name)).count();
-                run::get_result::<i64>(count, &mut *$conn)$(.$await)?
-            }
-            None => run::get_result::<i64>(inbox_messages.filter(older).count(), &mut *$conn)$(.$await)?,
-        }
-    }};
-    (entry, $conn:expr, $B:ty, $consumer:expr, $key:expr, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_messages::dsl::*;
-        use diesel::{ExpressionMethods, OptionalExtension, QueryDsl};
-        use $run as run;
-        let micros = diesel::dsl::sql::<diesel::sql_types::BigInt>(<$B as crate::InboxBackend>::RECEIVED_AT_MICROS);
-        let row = inbox_messages
-            .filter(consumer.eq($consumer))
-            .filter(message_id.eq($key))
-            .select((consumer, message_id, micros));
-        let row: Option<(String, String, i64)> = run::get_result(row, &mut *$conn)$(.$await)?.optional()?;
-        Ok(row.map(crate::rows::entry))
-    }};
-    (forget, $conn:expr, $B:ty, $consumer:expr, $key:expr, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_messages::dsl::*;
-        use diesel::{ExpressionMethods, QueryDsl};
-        use $run as run;
-        let delete = diesel::delete(inbox_messages.filter(consumer.eq($consumer)).filter(message_id.eq($key)));
-        let applied = run::execute(delete, &mut *$conn)$(.$await)??;
-        // A forgotten key starts over: its failure count goes too.
-        let counted = ops_statement!(clear_attempts, $conn, $B, $consumer, $key, $run $(, $await)?)?;
-        Ok(applied + counted > 0)
-    }};
-    (stored, $conn:expr, $B:ty, $consumer:expr, $keys:expr, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_messages::dsl as inbox;
-        use diesel::{ExpressionMethods, QueryDsl};
-        use $run as run;
-        let keys: &[&str] = $keys;
-        let mut rows: Vec<crate::rows::StoredRow> = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(crate::backend::CLAIM_CHUNK) {
-            let lookup = inbox::inbox_messages
-                .filter(inbox::consumer.eq($consumer))
-                .filter(inbox::message_id.eq_any(chunk))
-                .select((inbox::message_id, inbox::fingerprint, inbox::stored_result));
-            rows.extend(run::load::<crate::rows::StoredRow>(lookup, &mut *$conn)$(.$await)??);
-        }
-        Ok(rows)
-    }};
-    (store_result, $conn:expr, $B:ty, $consumer:expr, $key:expr, $value:expr, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_messages::dsl as inbox;
-        use diesel::{ExpressionMethods, QueryDsl};
-        use $run as run;
-        let value: &[u8] = $value;
-        let update = diesel::update(
-            inbox::inbox_messages
-                .filter(inbox::consumer.eq($consumer))
-                .filter(inbox::message_id.eq($key)),
-        )
-        .set(inbox::stored_result.eq(value));
-        run::execute(update, &mut *$conn)$(.$await)?.and_then(|updated| match updated {
-            1 => Ok(()),
-            n => Err(diesel::result::Error::QueryBuilderError(
-                format!("storing the result updated {n} inbox rows, not the 1 just claimed").into(),
-            )),
-        })
-    }};
-    (attempts, $conn:expr, $B:ty, $consumer:expr, $key:expr, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_attempts::dsl as att;
-        use diesel::{ExpressionMethods, OptionalExtension, QueryDsl};
-        use $run as run;
-        // The backend's expression for `received_at`, on `updated_at`.
-        let micros = <$B as crate::InboxBackend>::RECEIVED_AT_MICROS.replace("received_at", "updated_at");
-        let row = att::inbox_attempts
-            .filter(att::consumer.eq($consumer))
-            .filter(att::message_id.eq($key))
-            .select((att::failures, att::last_error, diesel::dsl::sql::<diesel::sql_types::BigInt>(&micros)));
-        run::get_result::<crate::rows::AttemptsRow>(row, &mut *$conn)$(.$await)?.optional()
-    }};
-    (clear_attempts, $conn:expr, $B:ty, $consumer:expr, $key:expr, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_attempts::dsl as att;
-        use diesel::{ExpressionMethods, QueryDsl};
-        use $run as run;
-        let delete = diesel::delete(att::inbox_attempts.filter(att::consumer.eq($consumer)).filter(att::message_id.eq($key)));
-        run::execute(delete, &mut *$conn)$(.$await)?
-    }};
-    (count_failure, $conn:expr, $B:ty, $consumer:expr, $key:expr, $error:expr, $run:path $(, $await:tt)?) => {{
-        use diesel::sql_types::Text;
-        use $run as run;
-        let count = diesel::sql_query(<$B as crate::InboxBackend>::COUNT_FAILURE)
-            .bind::<Text, _>($consumer)
-            .bind::<Text, _>($key)
-            .bind::<Text, _>(crate::rows::error_text($error));
-        run::execute(count, &mut *$conn)$(.$await)?.map(|_| ())
-    }};
-    (stats, $conn:expr, $B:ty, $run:path $(, $await:tt)?) => {{
-        use crate::schema::inbox_messages::dsl::*;
-        use diesel::QueryDsl;
-        use $run as run;
-        let micros = <$B as crate::InboxBackend>::RECEIVED_AT_MICROS;
-        let per_consumer = inbox_messages
-            .group_by(consumer)
-            .select((
-                consumer,
-                diesel::dsl::count_star(),
-                diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!("MIN({micros})")),
-                diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!("MAX({micros})")),
-            ))
-            .order(consumer);
-        let rows: Vec<(String, i64, i64, i64)> = run::load(per_consumer, &mut *$conn)$(.$await)??;
-        Ok(rows.into_iter().map(crate::rows::consumer_stats).collect())
-    }};
-}
-
-/// The sync implementations of the operations' `InboxBackend` methods, for
-/// backend `$B` (inside its `impl InboxBackend`).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-macro_rules! sync_ops {
-    ($B:ty) => {
-        fn purge_batch<C>(
-            conn: &mut C,
-            cutoff: &str,
-            scope: Option<&str>,
-            limit: i64,
-        ) -> QueryResult<usize>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            ops_statement!(
-                purge_batch,
-                conn,
-                $B,
-                cutoff,
-                scope,
-                limit,
-                diesel::RunQueryDsl
-            )
-        }
-
-        fn count_older<C>(conn: &mut C, cutoff: &str, scope: Option<&str>) -> QueryResult<i64>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            ops_statement!(count_older, conn, $B, cutoff, scope, diesel::RunQueryDsl)
-        }
-
-        fn entry<C>(
-            conn: &mut C,
-            consumer_name: &str,
-            key: &str,
-        ) -> QueryResult<Option<crate::rows::InboxEntry>>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            ops_statement!(entry, conn, $B, consumer_name, key, diesel::RunQueryDsl)
-        }
-
-        fn forget<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            ops_statement!(forget, conn, $B, consumer_name, key, diesel::RunQueryDsl)
-        }
-
-        fn stats<C>(conn: &mut C) -> QueryResult<Vec<crate::rows::ConsumerStats>>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            ops_statement!(stats, conn, $B, diesel::RunQueryDsl)
-        }
-
-        fn stored<C>(
-            conn: &mut C,
-            consumer_name: &str,
-            keys: &[&str],
-        ) -> QueryResult<Vec<crate::rows::StoredRow>>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            ops_statement!(stored, conn, $B, consumer_name, keys, diesel::RunQueryDsl)
-        }
-
-        fn store_result<C>(
-            conn: &mut C,
-            consumer_name: &str,
-            key: &str,
-            value: &[u8],
-        ) -> QueryResult<()>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            ops_statement!(
-                store_result,
-                conn,
-                $B,
-                consumer_name,
-                key,
-                value,
-                diesel::RunQueryDsl
-            )
-        }
-
-        fn attempts<C>(
-            conn: &mut C,
-            consumer_name: &str,
-            key: &str,
-        ) -> QueryResult<Option<crate::rows::AttemptsRow>>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            ops_statement!(attempts, conn, $B, consumer_name, key, diesel::RunQueryDsl)
-        }
-
-        fn clear_attempts<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<usize>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            ops_statement!(
-                clear_attempts,
-                conn,
-                $B,
-                consumer_name,
-                key,
-                diesel::RunQueryDsl
-            )
-        }
-
-        fn count_failure<C>(
-            conn: &mut C,
-            consumer_name: &str,
-            key: &str,
-            error: &str,
-        ) -> QueryResult<()>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            ops_statement!(
-                count_failure,
-                conn,
-                $B,
-                consumer_name,
-                key,
-                error,
-                diesel::RunQueryDsl
-            )
-        }
-    };
-}
-
-/// The async implementations of the operations' `AsyncInboxConnection`
-/// methods on a diesel-async connection of backend `$B` with
-/// `AnsiTransactionManager` (inside its `impl AsyncInboxConnection`).
-#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
-macro_rules! async_ops {
-    ($B:ty) => {
-        async fn inbox_purge_batch(
-            &mut self,
-            cutoff: String,
-            scope: Option<String>,
-            limit: i64,
-        ) -> QueryResult<usize> {
-            ops_statement!(
-                purge_batch,
-                self,
-                $B,
-                &cutoff,
-                scope.as_deref(),
-                limit,
-                diesel_async::RunQueryDsl,
-                await
-            )
-        }
-
-        async fn inbox_count_older(
-            &mut self,
-            cutoff: String,
-            scope: Option<String>,
-        ) -> QueryResult<i64> {
-            ops_statement!(
-                count_older,
-                self,
-                $B,
-                &cutoff,
-                scope.as_deref(),
-                diesel_async::RunQueryDsl,
-                await
-            )
-        }
-
-        async fn inbox_entry(
-            &mut self,
-            consumer_name: &str,
-            key: &str,
-        ) -> QueryResult<Option<crate::rows::InboxEntry>> {
-            ops_statement!(
-                entry,
-                self,
-                $B,
-                consumer_name,
-                key,
-                diesel_async::RunQueryDsl,
-                await
-            )
-        }
-
-        async fn inbox_forget(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
-            ops_statement!(
-                forget,
-                self,
-                $B,
-                consumer_name,
-                key,
-                diesel_async::RunQueryDsl,
-                await
-            )
-        }
-
-        async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::rows::ConsumerStats>> {
-            ops_statement!(stats, self, $B, diesel_async::RunQueryDsl, await)
-        }
-
-        async fn inbox_stored(
-            &mut self,
-            consumer_name: &str,
-            keys: &[&str],
-        ) -> QueryResult<Vec<crate::rows::StoredRow>> {
-            ops_statement!(
-                stored,
-                self,
-                $B,
-                consumer_name,
-                keys,
-                diesel_async::RunQueryDsl,
-                await
-            )
-        }
-
-        async fn inbox_store_result(
-            &mut self,
-            consumer_name: &str,
-            key: &str,
-            value: &[u8],
-        ) -> QueryResult<()> {
-            ops_statement!(
-                store_result,
-                self,
-                $B,
-                consumer_name,
-                key,
-                value,
-                diesel_async::RunQueryDsl,
-                await
-            )
-        }
-
-        async fn inbox_attempts(
-            &mut self,
-            consumer_name: &str,
-            key: &str,
-        ) -> QueryResult<Option<crate::rows::AttemptsRow>> {
-            ops_statement!(
-                attempts,
-                self,
-                $B,
-                consumer_name,
-                key,
-                diesel_async::RunQueryDsl,
-                await
-            )
-        }
-
-        async fn inbox_clear_attempts(
-            &mut self,
-            consumer_name: &str,
-            key: &str,
-        ) -> QueryResult<usize> {
-            ops_statement!(
-                clear_attempts,
-                self,
-                $B,
-                consumer_name,
-                key,
-                diesel_async::RunQueryDsl,
-                await
-            )
-        }
-
-        async fn inbox_count_failure(
-            &mut self,
-            consumer_name: &str,
-            key: &str,
-            error: &str,
-        ) -> QueryResult<()> {
-            ops_statement!(
-                count_failure,
-                self,
-                $B,
-                consumer_name,
-                key,
-                error,
-                diesel_async::RunQueryDsl,
-                await
-            )
-        }
-    };
-}
-
 #[cfg(feature = "async")]
 pub(crate) mod asynchronous;
 pub(crate) mod errors;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[macro_use]
+pub(crate) mod execute;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -568,6 +20,8 @@ mod postgres;
 pub(crate) mod shape;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) mod statements;
 pub(crate) mod transaction;
 
 pub(crate) use shape::Catalog;
@@ -629,6 +83,17 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     /// The column type of `consumer` and `message_id`, named in fixes.
     #[doc(hidden)]
     const KEY_TYPE: &'static str;
+
+    /// The claim's insert: `INSERT INTO`, or MySQL's `INSERT IGNORE INTO`.
+    /// Not `ON DUPLICATE KEY UPDATE` on MySQL: diesel connects with
+    /// CLIENT_FOUND_ROWS, so that form reports 1 for a duplicate too.
+    #[doc(hidden)]
+    const CLAIM_INSERT: &'static str;
+
+    /// What follows the claim's `VALUES`: the conflict clause with its
+    /// target named (any other unique violation must fail), or nothing.
+    #[doc(hidden)]
+    const CLAIM_CONFLICT: &'static str;
 
     /// Whether DDL commits an open transaction implicitly (MySQL), so that
     /// `migrate` must refuse to run inside one.
@@ -875,39 +340,29 @@ pub(crate) fn record_boundary(
     }
 }
 
-/// Whether `InboxBackend::$check(error)` holds on any enabled backend.
-macro_rules! on_any_backend {
-    ($check:ident, $error:expr) => {{
-        let error: &Error = $error;
-        #[allow(unused_mut)]
-        let mut holds = false;
-        #[cfg(feature = "postgres")]
-        {
-            holds = holds || <diesel::pg::Pg as InboxBackend>::$check(error);
-        }
-        #[cfg(feature = "mysql")]
-        {
-            holds = holds || <diesel::mysql::Mysql as InboxBackend>::$check(error);
-        }
-        #[cfg(feature = "sqlite")]
-        {
-            holds = holds || <diesel::sqlite::Sqlite as InboxBackend>::$check(error);
-        }
-        let _ = error;
-        holds
-    }};
-}
-
 /// Transient on any enabled backend, for errors whose backend is not known
 /// (`RetryableError for diesel::result::Error`).
 pub(crate) fn is_transient(error: &Error) -> bool {
-    on_any_backend!(is_transient, error)
+    #[cfg(feature = "postgres")]
+    if <diesel::pg::Pg as InboxBackend>::is_transient(error) {
+        return true;
+    }
+    #[cfg(feature = "mysql")]
+    if <diesel::mysql::Mysql as InboxBackend>::is_transient(error) {
+        return true;
+    }
+    #[cfg(feature = "sqlite")]
+    if <diesel::sqlite::Sqlite as InboxBackend>::is_transient(error) {
+        return true;
+    }
+    let _ = error;
+    false
 }
 
 /// The inbox DDL of each backend, as [`InboxBackend::DDL`] gives it, for a
 /// migration tool of your own (for example a diesel migration's `up.sql`).
 /// It creates the table, its index and the record of the schema version;
-/// call [`migrate`] at start-up anyway to verify the table.
+/// call [`migrate`](crate::migrate) at start-up anyway to verify the table.
 ///
 /// ```
 /// assert!(diesel_inbox::ddl::SQLITE.contains("PRIMARY KEY (consumer, message_id)"));

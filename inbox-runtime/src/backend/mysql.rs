@@ -1,7 +1,6 @@
 use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
-use crate::schema::inbox_messages::dsl::*;
 use diesel::connection::{
     AnsiTransactionManager, Connection, LoadConnection, TransactionDepthChange, TransactionManager,
 };
@@ -58,27 +57,6 @@ FROM information_schema.COLUMNS
 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_attempts'
 "#;
 
-/// The claim. Not `ON DUPLICATE KEY UPDATE`: diesel connects with
-/// CLIENT_FOUND_ROWS, so that form reports 1 for a duplicate too. INSERT
-/// IGNORE would truncate an over-long key, which the runtime has refused
-/// before we get here, and turns any other refusal of the row into a skip,
-/// which `migrate` rules out by checking the table (no foreign keys, checks,
-/// triggers or extra unique keys). One statement for the sync and the async
-/// path.
-macro_rules! claim_statement {
-    ($consumer:expr, $key:expr) => {
-        diesel::insert_or_ignore_into(inbox_messages)
-            .values((consumer.eq($consumer), message_id.eq($key)))
-    };
-    ($consumer:expr, $key:expr, $fingerprint:expr) => {
-        diesel::insert_or_ignore_into(inbox_messages).values((
-            consumer.eq($consumer),
-            message_id.eq($key),
-            fingerprint.eq($fingerprint),
-        ))
-    };
-}
-
 /// `migrate`'s lock: `GET_LOCK` (node-local on Galera), and its release.
 const MIGRATE_LOCK: &str = "GET_LOCK('diesel_inbox_migrate', 60)";
 const MIGRATE_UNLOCK: &str = "DO RELEASE_LOCK('diesel_inbox_migrate')";
@@ -100,31 +78,52 @@ mod control {
     use diesel::mysql::Mysql;
     use diesel::query_builder::{AstPass, QueryFragment, QueryId};
     use diesel::QueryResult;
+    use std::marker::PhantomData;
 
-    macro_rules! control_statement {
-        ($name:ident, $sql:literal) => {
-            #[derive(Debug, Clone, Copy)]
-            pub(super) struct $name;
-
-            impl QueryFragment<Mysql> for $name {
-                fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
-                    out.push_sql($sql);
-                    Ok(())
-                }
-            }
-
-            impl QueryId for $name {
-                type QueryId = Self;
-                const HAS_STATIC_QUERY_ID: bool = true;
-            }
-
-            impl<Conn> diesel::RunQueryDsl<Conn> for $name {}
-        };
+    /// What a [`Control`] statement says.
+    pub(super) trait Kind: 'static {
+        const SQL: &'static str;
     }
 
-    control_statement!(Begin, "BEGIN");
-    control_statement!(Commit, "COMMIT");
-    control_statement!(Rollback, "ROLLBACK");
+    /// `BEGIN`.
+    pub(super) struct Begin;
+    /// `COMMIT`.
+    pub(super) struct Commit;
+    /// `ROLLBACK`.
+    pub(super) struct Rollback;
+
+    impl Kind for Begin {
+        const SQL: &'static str = "BEGIN";
+    }
+    impl Kind for Commit {
+        const SQL: &'static str = "COMMIT";
+    }
+    impl Kind for Rollback {
+        const SQL: &'static str = "ROLLBACK";
+    }
+
+    /// A transaction boundary as a statement of its own, with a static
+    /// query id: prepared once per connection and cached.
+    pub(super) struct Control<K>(PhantomData<K>);
+
+    /// The statement of kind `K`.
+    pub(super) fn statement<K: Kind>() -> Control<K> {
+        Control(PhantomData)
+    }
+
+    impl<K: Kind> QueryFragment<Mysql> for Control<K> {
+        fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+            out.push_sql(K::SQL);
+            Ok(())
+        }
+    }
+
+    impl<K: Kind> QueryId for Control<K> {
+        type QueryId = K;
+        const HAS_STATIC_QUERY_ID: bool = true;
+    }
+
+    impl<K, Conn> diesel::RunQueryDsl<Conn> for Control<K> {}
 }
 
 /// Whether the server refused a statement as a prepared statement
@@ -152,7 +151,7 @@ fn rollback_cached<C>(conn: &mut C) -> QueryResult<()>
 where
     C: Connection<Backend = Mysql, TransactionManager = AnsiTransactionManager>,
 {
-    match control::Rollback.execute(conn) {
+    match control::statement::<control::Rollback>().execute(conn) {
         Ok(_) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
         Err(e) if not_preparable(&e) => AnsiTransactionManager::rollback_transaction(conn),
         Err(e) if ended_by_server(&e) => {
@@ -178,6 +177,8 @@ pub(crate) fn ended_by_server(error: &Error) -> bool {
 impl InboxBackend for Mysql {
     const DDL: &'static str = super::ddl::MYSQL;
     const BEGIN: &'static str = "BEGIN";
+    const CLAIM_INSERT: &'static str = "INSERT IGNORE INTO";
+    const CLAIM_CONFLICT: &'static str = "";
     const KEY_TYPE: &'static str = "VARBINARY(255) NOT NULL";
     const DDL_COMMITS: bool = true;
     // Nullable columns at the end: an instant ALTER on MySQL 8.0.12+ and
@@ -196,13 +197,7 @@ impl InboxBackend for Mysql {
     where
         C: Connection<Backend = Self>,
     {
-        claim_single!(
-            conn,
-            consumer_name,
-            key,
-            fingerprint_bytes,
-            diesel::RunQueryDsl
-        )
+        super::execute::claim(conn, consumer_name, key, fingerprint_bytes)
     }
 
     fn claim_batch<C>(
@@ -214,7 +209,7 @@ impl InboxBackend for Mysql {
     where
         C: LoadConnection<Backend = Self>,
     {
-        claim_batch_by_lookup!(conn, consumer_name, keys, fingerprints, diesel::RunQueryDsl)
+        super::execute::claim_batch_by_lookup(conn, consumer_name, keys, fingerprints)
     }
 
     fn begin_top_level<C>(conn: &mut C) -> QueryResult<()>
@@ -227,7 +222,7 @@ impl InboxBackend for Mysql {
         {
             return Err(Error::AlreadyInTransaction);
         }
-        match control::Begin.execute(conn) {
+        match control::statement::<control::Begin>().execute(conn) {
             Ok(_) => change_depth(conn, TransactionDepthChange::IncreaseDepth),
             Err(e) if not_preparable(&e) => {
                 AnsiTransactionManager::begin_transaction_sql(conn, Self::BEGIN)
@@ -249,7 +244,7 @@ impl InboxBackend for Mysql {
     where
         C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
-        match control::Commit.execute(conn) {
+        match control::statement::<control::Commit>().execute(conn) {
             Ok(_) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
             Err(e) if not_preparable(&e) => AnsiTransactionManager::commit_transaction(conn),
             Err(commit_error) => match rollback_cached(conn) {
@@ -316,7 +311,7 @@ impl InboxBackend for Mysql {
     const PURGE_ISOLATION: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
 
-    sync_ops!(Mysql);
+    sync_ops!();
 
     fn is_privilege_error(error: &Error) -> bool {
         super::errors::mysql_privilege(error)
@@ -492,14 +487,13 @@ mod asynchronous {
             key: &str,
             fingerprint_bytes: Option<&[u8]>,
         ) -> QueryResult<bool> {
-            claim_single!(
+            crate::backend::execute::asynchronous::claim(
                 self,
                 consumer_name,
                 key,
                 fingerprint_bytes,
-                diesel_async::RunQueryDsl,
-                await
             )
+            .await
         }
 
         async fn inbox_claim_batch(
@@ -508,14 +502,13 @@ mod asynchronous {
             keys: &[&str],
             fingerprints: Option<&[&[u8]]>,
         ) -> QueryResult<Vec<String>> {
-            claim_batch_by_lookup!(
+            crate::backend::execute::asynchronous::claim_batch_by_lookup(
                 self,
                 consumer_name,
                 keys,
                 fingerprints,
-                diesel_async::RunQueryDsl,
-                await
             )
+            .await
         }
 
         async fn inbox_commit(&mut self, _scope: Scope) -> QueryResult<()> {
@@ -526,7 +519,7 @@ mod asynchronous {
             ansi::rollback_unless_ended(self, super::ended_by_server).await
         }
 
-        async_ops!(Mysql);
+        async_ops!();
     }
 
     impl AsyncMigration for AsyncMysqlConnection {

@@ -2,7 +2,6 @@ use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Diale
 use super::transaction::in_transaction;
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
-use crate::schema::inbox_messages::dsl::*;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::pg::Pg;
 use diesel::prelude::*;
@@ -66,28 +65,6 @@ SELECT 'attempts', att.attname::text, NULL, NULL, NULL, NULL
 FROM pg_attribute att
 WHERE att.attrelid = to_regclass('inbox_attempts') AND att.attnum > 0 AND NOT att.attisdropped
 "#;
-
-/// The claim: a conflict-ignoring insert with the conflict target named (any
-/// other unique violation must fail). One statement for the sync and the
-/// async path.
-macro_rules! claim_statement {
-    ($consumer:expr, $key:expr) => {
-        diesel::insert_into(inbox_messages)
-            .values((consumer.eq($consumer), message_id.eq($key)))
-            .on_conflict((consumer, message_id))
-            .do_nothing()
-    };
-    ($consumer:expr, $key:expr, $fingerprint:expr) => {
-        diesel::insert_into(inbox_messages)
-            .values((
-                consumer.eq($consumer),
-                message_id.eq($key),
-                fingerprint.eq($fingerprint),
-            ))
-            .on_conflict((consumer, message_id))
-            .do_nothing()
-    };
-}
 
 /// The batch claim: the keys go as one array parameter, so the statement's
 /// text is the same for every batch size and diesel prepares it once per
@@ -183,20 +160,6 @@ impl<Id> diesel::query_builder::Query for ClaimBatch<'_, Id> {
 
 impl<Conn, Id> diesel::RunQueryDsl<Conn> for ClaimBatch<'_, Id> {}
 
-/// The batch claim, with or without fingerprints: the keys inserted. One
-/// body for the sync and the async connection.
-macro_rules! claim_batch {
-    ($conn:expr, $consumer:expr, $keys:expr, $fingerprints:expr, $run:path $(, $await:tt)?) => {{
-        use $run as run;
-        match $fingerprints {
-            None => run::load(ClaimBatch::plain($consumer, $keys), $conn)$(.$await)?,
-            Some(fingerprints) => {
-                run::load(ClaimBatch::fingerprinted($consumer, $keys, fingerprints), $conn)$(.$await)?
-            }
-        }
-    }};
-}
-
 /// The commit guard: PostgreSQL turns COMMIT of an aborted transaction (a
 /// statement failed and the body swallowed the error) into a silent
 /// ROLLBACK, which diesel reports as success. The guard fails in an aborted
@@ -208,6 +171,8 @@ const GUARDED_COMMIT: &str = "SAVEPOINT diesel_inbox_guard; COMMIT";
 impl InboxBackend for Pg {
     const DDL: &'static str = super::ddl::POSTGRES;
     const BEGIN: &'static str = "BEGIN";
+    const CLAIM_INSERT: &'static str = "INSERT INTO";
+    const CLAIM_CONFLICT: &'static str = " ON CONFLICT (consumer, message_id) DO NOTHING";
     const KEY_TYPE: &'static str =
         "VARCHAR(255) NOT NULL (or TEXT) with a deterministic collation (the default)";
     // Nullable columns without a default: a catalog change, no table rewrite.
@@ -227,13 +192,7 @@ impl InboxBackend for Pg {
     where
         C: Connection<Backend = Self>,
     {
-        claim_single!(
-            conn,
-            consumer_name,
-            key,
-            fingerprint_bytes,
-            diesel::RunQueryDsl
-        )
+        super::execute::claim(conn, consumer_name, key, fingerprint_bytes)
     }
 
     fn claim_batch<C>(
@@ -245,7 +204,12 @@ impl InboxBackend for Pg {
     where
         C: LoadConnection<Backend = Self>,
     {
-        claim_batch!(conn, consumer_name, keys, fingerprints, diesel::RunQueryDsl)
+        match fingerprints {
+            None => ClaimBatch::plain(consumer_name, keys).load(conn),
+            Some(fingerprints) => {
+                ClaimBatch::fingerprinted(consumer_name, keys, fingerprints).load(conn)
+            }
+        }
     }
 
     fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
@@ -304,7 +268,7 @@ impl InboxBackend for Pg {
         )
     }
 
-    sync_ops!(Pg);
+    sync_ops!();
 
     fn is_privilege_error(error: &Error) -> bool {
         super::errors::postgres_privilege(error)
@@ -461,14 +425,13 @@ mod asynchronous {
             key: &str,
             fingerprint_bytes: Option<&[u8]>,
         ) -> QueryResult<bool> {
-            claim_single!(
+            crate::backend::execute::asynchronous::claim(
                 self,
                 consumer_name,
                 key,
                 fingerprint_bytes,
-                diesel_async::RunQueryDsl,
-                await
             )
+            .await
         }
 
         async fn inbox_claim_batch(
@@ -477,14 +440,16 @@ mod asynchronous {
             keys: &[&str],
             fingerprints: Option<&[&[u8]]>,
         ) -> QueryResult<Vec<String>> {
-            claim_batch!(
-                self,
-                consumer_name,
-                keys,
-                fingerprints,
-                diesel_async::RunQueryDsl,
-                await
-            )
+            match fingerprints {
+                None => {
+                    diesel_async::RunQueryDsl::load(ClaimBatch::plain(consumer_name, keys), self)
+                        .await
+                }
+                Some(fingerprints) => {
+                    let claim = ClaimBatch::fingerprinted(consumer_name, keys, fingerprints);
+                    diesel_async::RunQueryDsl::load(claim, self).await
+                }
+            }
         }
 
         async fn inbox_commit(&mut self, scope: Scope) -> QueryResult<()> {
@@ -508,7 +473,7 @@ mod asynchronous {
             ansi::rollback(self).await
         }
 
-        async_ops!(Pg);
+        async_ops!();
     }
 
     impl AsyncMigration for AsyncPgConnection {

@@ -2,7 +2,6 @@ use super::shape::{read, CatalogRow, Dialect};
 use super::transaction::in_transaction;
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
-use crate::schema::inbox_messages::dsl::*;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::prelude::*;
 use diesel::result::Error;
@@ -63,6 +62,8 @@ impl InboxBackend for Sqlite {
     // A deferred BEGIN that later writes fails at once with "database is
     // locked", whatever the busy timeout: take the write lock up front.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
+    const CLAIM_INSERT: &'static str = "INSERT INTO";
+    const CLAIM_CONFLICT: &'static str = " ON CONFLICT (consumer, message_id) DO NOTHING";
     const KEY_TYPE: &'static str = "VARCHAR(255) NOT NULL with the BINARY collation (the default)";
     // Nullable columns without a default: a change of the schema text only.
     const UPGRADES: &'static [&'static str] = &[concat!(
@@ -80,23 +81,7 @@ impl InboxBackend for Sqlite {
     where
         C: Connection<Backend = Self>,
     {
-        let inserted = match fingerprint_bytes {
-            None => diesel::insert_into(inbox_messages)
-                .values((consumer.eq(consumer_name), message_id.eq(key)))
-                .on_conflict((consumer, message_id))
-                .do_nothing()
-                .execute(conn),
-            Some(bytes) => diesel::insert_into(inbox_messages)
-                .values((
-                    consumer.eq(consumer_name),
-                    message_id.eq(key),
-                    fingerprint.eq(bytes),
-                ))
-                .on_conflict((consumer, message_id))
-                .do_nothing()
-                .execute(conn),
-        };
-        inserted.map(|inserted| inserted == 1)
+        super::execute::claim(conn, consumer_name, key, fingerprint_bytes)
     }
 
     fn claim_batch<C>(
@@ -108,7 +93,7 @@ impl InboxBackend for Sqlite {
     where
         C: LoadConnection<Backend = Self>,
     {
-        claim_batch_by_lookup!(conn, consumer_name, keys, fingerprints, diesel::RunQueryDsl)
+        super::execute::claim_batch_by_lookup(conn, consumer_name, keys, fingerprints)
     }
 
     fn is_transient(error: &Error) -> bool {
@@ -144,7 +129,7 @@ impl InboxBackend for Sqlite {
         )
     }
 
-    sync_ops!(Sqlite);
+    sync_ops!();
 
     fn is_privilege_error(_error: &Error) -> bool {
         // No roles: a read-only file is not a grant to ask for.

@@ -1,0 +1,374 @@
+//! Every statement of the inbox, written once as a value: diesel query
+//! builders (`#[auto_type]` names their types) or a `QueryFragment` type
+//! with a static query id. `backend::execute` runs them on a sync or an
+//! async connection; what differs between databases comes in as the
+//! backend's constants (the claim's insert and conflict clause, the
+//! `received_at` expression). The decisions between statements (which keys
+//! a lookup found missing, how a purge batch's rows group into deletes) are
+//! plain functions here too, so that both executors share them.
+
+use super::InboxBackend;
+use crate::schema::{inbox_attempts as counts, inbox_messages as inbox};
+use diesel::dsl::{count_star, delete, sql, update};
+use diesel::expression::SqlLiteral;
+use diesel::prelude::*;
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, Binary, HasSqlType, Text, Timestamp};
+use std::marker::PhantomData;
+
+/// Most keys one statement carries (bind-parameter limits: PostgreSQL
+/// 65535, SQLite 32766; two per row).
+pub(crate) const CLAIM_CHUNK: usize = 5_000;
+
+/// The query id of a statement without fingerprints: one cached statement
+/// whatever the lifetimes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plain;
+/// The query id of the same statement with fingerprints.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fingerprinted;
+
+/// The single claim: the backend's conflict-ignoring insert of one row
+/// (`B::CLAIM_INSERT` ... `B::CLAIM_CONFLICT`), with the fingerprint when
+/// the call has one (a statement of its own, [`Fingerprinted`]); without
+/// one it is the statement of schema 1.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim<'a, Id> {
+    consumer: &'a str,
+    key: &'a str,
+    fingerprint: Option<&'a [u8]>,
+    id: PhantomData<Id>,
+}
+
+impl<'a> Claim<'a, Plain> {
+    pub(crate) fn plain(consumer: &'a str, key: &'a str) -> Self {
+        Claim {
+            consumer,
+            key,
+            fingerprint: None,
+            id: PhantomData,
+        }
+    }
+}
+
+impl<'a> Claim<'a, Fingerprinted> {
+    pub(crate) fn fingerprinted(consumer: &'a str, key: &'a str, fingerprint: &'a [u8]) -> Self {
+        Claim {
+            consumer,
+            key,
+            fingerprint: Some(fingerprint),
+            id: PhantomData,
+        }
+    }
+}
+
+impl<B, Id> QueryFragment<B> for Claim<'_, Id>
+where
+    B: InboxBackend + HasSqlType<Text> + HasSqlType<Binary>,
+    str: ToSql<Text, B>,
+    [u8]: ToSql<Binary, B>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
+        out.push_sql(B::CLAIM_INSERT);
+        match self.fingerprint {
+            None => out.push_sql(" inbox_messages (consumer, message_id) VALUES ("),
+            Some(_) => out.push_sql(" inbox_messages (consumer, message_id, fingerprint) VALUES ("),
+        }
+        out.push_bind_param::<Text, str>(self.consumer)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, str>(self.key)?;
+        if let Some(fingerprint) = self.fingerprint {
+            out.push_sql(", ");
+            out.push_bind_param::<Binary, [u8]>(fingerprint)?;
+        }
+        out.push_sql(")");
+        out.push_sql(B::CLAIM_CONFLICT);
+        Ok(())
+    }
+}
+
+impl<Id: 'static> QueryId for Claim<'_, Id> {
+    type QueryId = Id;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl<Conn, Id> RunQueryDsl<Conn> for Claim<'_, Id> {}
+
+/// Which of `keys` are in the inbox for `consumer` (a batch claim's
+/// lookup, on backends without `RETURNING` on a conflict-ignoring insert).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[diesel::dsl::auto_type]
+pub(crate) fn present<'a>(consumer: &'a str, keys: Vec<String>) -> _ {
+    inbox::table
+        .filter(inbox::consumer.eq(consumer))
+        .filter(inbox::message_id.eq_any(keys))
+        .select(inbox::message_id)
+}
+
+/// The positions of `chunk` that a lookup did not find: the keys to insert.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn missing(chunk: &[&str], present: Vec<String>) -> Vec<usize> {
+    let present: std::collections::HashSet<String> = present.into_iter().collect();
+    (0..chunk.len())
+        .filter(|&i| !present.contains(chunk[i]))
+        .collect()
+}
+
+/// The rows of a batch claim's plain `INSERT` (a key claimed meanwhile by
+/// another batch is a unique violation: the batch reruns). Owned, as the
+/// lookup's keys are: a statement that borrows from the executor's locals
+/// trips rustc's higher-ranked checks on the async path.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) type ClaimRow = (
+    diesel::dsl::Eq<inbox::consumer, String>,
+    diesel::dsl::Eq<inbox::message_id, String>,
+);
+
+/// [`ClaimRow`] with the fingerprint.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) type FingerprintedClaimRow = (
+    diesel::dsl::Eq<inbox::consumer, String>,
+    diesel::dsl::Eq<inbox::message_id, String>,
+    diesel::dsl::Eq<inbox::fingerprint, Vec<u8>>,
+);
+
+/// The insert of the missing keys of a batch.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[diesel::dsl::auto_type]
+pub(crate) fn insert_claims(rows: Vec<ClaimRow>) -> _ {
+    diesel::dsl::insert_into(inbox::table).values(rows)
+}
+
+/// [`insert_claims`] with fingerprints.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[diesel::dsl::auto_type]
+pub(crate) fn insert_fingerprinted_claims(rows: Vec<FingerprintedClaimRow>) -> _ {
+    diesel::dsl::insert_into(inbox::table).values(rows)
+}
+
+/// The rows to insert for the keys of `chunk` at `missing`.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn claim_rows(consumer: &str, chunk: &[&str], missing: &[usize]) -> Vec<ClaimRow> {
+    missing
+        .iter()
+        .map(|&i| {
+            (
+                inbox::consumer.eq(consumer.to_owned()),
+                inbox::message_id.eq(chunk[i].to_owned()),
+            )
+        })
+        .collect()
+}
+
+/// [`claim_rows`] with each key's fingerprint (`fingerprints` lines up with
+/// `chunk`).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn fingerprinted_claim_rows(
+    consumer: &str,
+    chunk: &[&str],
+    fingerprints: &[&[u8]],
+    missing: &[usize],
+) -> Vec<FingerprintedClaimRow> {
+    missing
+        .iter()
+        .map(|&i| {
+            (
+                inbox::consumer.eq(consumer.to_owned()),
+                inbox::message_id.eq(chunk[i].to_owned()),
+                inbox::fingerprint.eq(fingerprints[i].to_vec()),
+            )
+        })
+        .collect()
+}
+
+/// `keys`, owned (the lookups' `IN` lists).
+pub(crate) fn owned(keys: &[&str]) -> Vec<String> {
+    keys.iter().map(|k| (*k).to_owned()).collect()
+}
+
+/// The fingerprints and stored results of those of `keys` that have a row.
+#[diesel::dsl::auto_type]
+pub(crate) fn stored<'a>(consumer: &'a str, keys: Vec<String>) -> _ {
+    inbox::table
+        .filter(inbox::consumer.eq(consumer))
+        .filter(inbox::message_id.eq_any(keys))
+        .select((inbox::message_id, inbox::fingerprint, inbox::stored_result))
+}
+
+/// Writes the body's value into the row just claimed.
+#[diesel::dsl::auto_type]
+pub(crate) fn store_result<'a>(consumer: &'a str, key: &'a str, value: &'a [u8]) -> _ {
+    update(
+        inbox::table
+            .filter(inbox::consumer.eq(consumer))
+            .filter(inbox::message_id.eq(key)),
+    )
+    .set(inbox::stored_result.eq(value))
+}
+
+/// `store_result` must have updated exactly the row just claimed.
+pub(crate) fn stored_one(updated: usize) -> QueryResult<()> {
+    match updated {
+        1 => Ok(()),
+        n => Err(diesel::result::Error::QueryBuilderError(
+            format!("storing the result updated {n} inbox rows, not the 1 just claimed").into(),
+        )),
+    }
+}
+
+/// The failure count of `(consumer, key)`: failures, last error, and
+/// `updated_at` in microseconds (`micros`: the backend's expression).
+#[diesel::dsl::auto_type]
+pub(crate) fn attempts<'a>(consumer: &'a str, key: &'a str, micros: &str) -> _ {
+    let updated: SqlLiteral<BigInt> = sql::<BigInt>(micros);
+    counts::table
+        .filter(counts::consumer.eq(consumer))
+        .filter(counts::message_id.eq(key))
+        .select((counts::failures, counts::last_error, updated))
+}
+
+/// `B::RECEIVED_AT_MICROS` on `updated_at`.
+pub(crate) fn updated_at_micros<B: InboxBackend>() -> String {
+    B::RECEIVED_AT_MICROS.replace("received_at", "updated_at")
+}
+
+/// Deletes the failure count of `(consumer, key)`.
+#[diesel::dsl::auto_type]
+pub(crate) fn clear_attempts<'a>(consumer: &'a str, key: &'a str) -> _ {
+    delete(
+        counts::table
+            .filter(counts::consumer.eq(consumer))
+            .filter(counts::message_id.eq(key)),
+    )
+}
+
+/// Adds one failure to the count of `(consumer, key)`: the backend's upsert
+/// (`B::COUNT_FAILURE`), with the error cut to the kept length.
+pub(crate) fn count_failure<'a, B>(
+    consumer: &'a str,
+    key: &'a str,
+    error: &'a str,
+) -> CountFailure<'a, B>
+where
+    B: InboxBackend + HasSqlType<Text>,
+    &'a str: ToSql<Text, B>,
+{
+    diesel::sql_query(B::COUNT_FAILURE)
+        .into_boxed()
+        .bind::<Text, _>(consumer)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(crate::rows::error_text(error))
+}
+
+/// The type of [`count_failure`].
+pub(crate) type CountFailure<'a, B> =
+    diesel::query_builder::BoxedSqlQuery<'a, B, diesel::query_builder::SqlQuery>;
+
+/// The oldest `limit` keys claimed before `cutoff` (the backend's SQL for
+/// a time), by the `received_at` index: a plain read, no locks.
+#[diesel::dsl::auto_type]
+pub(crate) fn oldest(cutoff: &str, limit: i64) -> _ {
+    let older: SqlLiteral<Timestamp> = sql::<Timestamp>(cutoff);
+    inbox::table
+        .filter(inbox::received_at.lt(older))
+        .order(inbox::received_at)
+        .limit(limit)
+        .select((inbox::consumer, inbox::message_id))
+}
+
+/// [`oldest`], of one consumer.
+#[diesel::dsl::auto_type]
+pub(crate) fn oldest_of<'a>(cutoff: &str, consumer: &'a str, limit: i64) -> _ {
+    let older: SqlLiteral<Timestamp> = sql::<Timestamp>(cutoff);
+    inbox::table
+        .filter(inbox::received_at.lt(older))
+        .filter(inbox::consumer.eq(consumer))
+        .order(inbox::received_at)
+        .limit(limit)
+        .select((inbox::consumer, inbox::message_id))
+}
+
+/// The deletes of a purge batch, from the keys [`oldest`] read: one per
+/// consumer and chunk, every purge in one order (sorted), so that
+/// concurrent purges lock rows in the same order. Each delete checks the
+/// cutoff again: a row claimed again meanwhile stays.
+pub(crate) fn purge_plan(mut rows: Vec<(String, String)>) -> Vec<(String, Vec<String>)> {
+    rows.sort_unstable();
+    let mut plan = Vec::new();
+    for group in rows.chunk_by(|a, b| a.0 == b.0) {
+        for chunk in group.chunks(CLAIM_CHUNK) {
+            let keys = chunk.iter().map(|(_, key)| key.clone()).collect();
+            plan.push((chunk[0].0.clone(), keys));
+        }
+    }
+    plan
+}
+
+/// One delete of a [`purge_plan`].
+#[diesel::dsl::auto_type]
+pub(crate) fn delete_older(cutoff: &str, consumer: String, keys: Vec<String>) -> _ {
+    let older: SqlLiteral<Timestamp> = sql::<Timestamp>(cutoff);
+    delete(
+        inbox::table
+            .filter(inbox::consumer.eq(consumer))
+            .filter(inbox::message_id.eq_any(keys))
+            .filter(inbox::received_at.lt(older)),
+    )
+}
+
+/// How many rows were claimed before `cutoff`.
+#[diesel::dsl::auto_type]
+pub(crate) fn count_older(cutoff: &str) -> _ {
+    let older: SqlLiteral<Timestamp> = sql::<Timestamp>(cutoff);
+    inbox::table.filter(inbox::received_at.lt(older)).count()
+}
+
+/// [`count_older`], of one consumer.
+#[diesel::dsl::auto_type]
+pub(crate) fn count_older_of<'a>(cutoff: &str, consumer: &'a str) -> _ {
+    let older: SqlLiteral<Timestamp> = sql::<Timestamp>(cutoff);
+    inbox::table
+        .filter(inbox::received_at.lt(older))
+        .filter(inbox::consumer.eq(consumer))
+        .count()
+}
+
+/// The row of `(consumer, key)`, `received_at` in microseconds (`micros`:
+/// the backend's expression).
+#[diesel::dsl::auto_type]
+pub(crate) fn entry<'a>(consumer: &'a str, key: &'a str, micros: &str) -> _ {
+    let received: SqlLiteral<BigInt> = sql::<BigInt>(micros);
+    inbox::table
+        .filter(inbox::consumer.eq(consumer))
+        .filter(inbox::message_id.eq(key))
+        .select((inbox::consumer, inbox::message_id, received))
+}
+
+/// Deletes the row of `(consumer, key)`.
+#[diesel::dsl::auto_type]
+pub(crate) fn forget<'a>(consumer: &'a str, key: &'a str) -> _ {
+    delete(
+        inbox::table
+            .filter(inbox::consumer.eq(consumer))
+            .filter(inbox::message_id.eq(key)),
+    )
+}
+
+/// Rows, oldest and newest per consumer (`oldest` and `newest`: the
+/// backend's `MIN(..)` and `MAX(..)` of its microseconds expression).
+#[diesel::dsl::auto_type]
+pub(crate) fn stats(oldest: &str, newest: &str) -> _ {
+    let first: SqlLiteral<BigInt> = sql::<BigInt>(oldest);
+    let last: SqlLiteral<BigInt> = sql::<BigInt>(newest);
+    inbox::table
+        .group_by(inbox::consumer)
+        .select((inbox::consumer, count_star(), first, last))
+        .order(inbox::consumer)
+}
+
+/// `MIN(..)` and `MAX(..)` of `B::RECEIVED_AT_MICROS`, for [`stats`].
+pub(crate) fn stats_bounds<B: InboxBackend>() -> (String, String) {
+    let micros = B::RECEIVED_AT_MICROS;
+    (format!("MIN({micros})"), format!("MAX({micros})"))
+}
