@@ -9,10 +9,13 @@ use crate::backend::shape;
 use crate::backend::transaction::transaction_open;
 #[cfg(feature = "async")]
 use crate::backend::transaction::transaction_open_async;
+use crate::backend::transaction::Scope;
 use crate::backend::{Catalog, InboxBackend, SCHEMA_VERSION};
 use crate::error::InboxError;
 use diesel::connection::{AnsiTransactionManager, LoadConnection};
-use diesel::result::Error;
+use diesel::result::{Error, QueryResult};
+use std::future::Future;
+use std::time::Duration;
 
 /// Creates the `inbox_messages` table and its index if they do not exist,
 /// verifies an existing table and upgrades it to [`SCHEMA_VERSION`].
@@ -75,16 +78,7 @@ where
     C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
-    let mut attempts = MigrateAttempts::new(transaction_open(conn));
-    loop {
-        match migrate_once(conn) {
-            Err(e) => match attempts.again::<C::Backend>(&e) {
-                Some(delay) => std::thread::sleep(delay),
-                None => return Err(e),
-            },
-            done => return done,
-        }
-    }
+    ready_now(sequence(&mut SyncSteps(conn)))
 }
 
 /// `migrate`'s reruns, for the sync and the async driver: a transient
@@ -123,32 +117,6 @@ impl MigrateAttempts {
         self.made += 1;
         Some(delay)
     }
-}
-
-fn migrate_once<C>(conn: &mut C) -> Result<(), InboxError>
-where
-    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
-    C::Backend: InboxBackend,
-{
-    // Refused whatever the table's state, so that it does not pass in
-    // development (table current) and fail on the first deploy.
-    if <C::Backend as InboxBackend>::DDL_COMMITS && transaction_open(conn) {
-        return Err(InboxError::MigrationInTransaction);
-    }
-    // A first look without the lock: a current, correct table needs nothing
-    // (and no privilege beyond reading the catalog).
-    if migration_sql::<C::Backend>(&<C::Backend as InboxBackend>::catalog(conn)?)?.is_none() {
-        return Ok(());
-    }
-    <C::Backend as InboxBackend>::exclusively(conn, |conn| {
-        let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
-        if let Some(sql) = migration_sql::<C::Backend>(&catalog)? {
-            conn.batch_execute(&sql)
-                .map_err(InboxError::MigrationFailed)?;
-            verify_migrated::<C::Backend>(&<C::Backend as InboxBackend>::catalog(conn)?)?;
-        }
-        Ok(())
-    })
 }
 
 /// What `migrate` runs for this catalog: `None` when the table is current
@@ -267,18 +235,43 @@ pub async fn migrate_async<C>(conn: &mut C) -> Result<(), InboxError>
 where
     C: AsyncInboxConnection,
 {
-    migrate_in_steps(conn).await
+    sequence(&mut AsyncSteps(conn)).await
 }
 
-/// [`migrate`](crate::migrate)'s sequence on an async connection: the same
-/// plan and checks (`backend::migration_sql`, `backend::verify_migrated`).
-#[cfg(feature = "async")]
-async fn migrate_in_steps<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxError> {
-    let mut attempts = MigrateAttempts::new(transaction_open_async(conn));
+/// What `migrate`'s sequence does on a connection, step by step: on a sync
+/// connection each step is done when it returns ([`SyncSteps`], driven by
+/// [`ready_now`]), on an async one it is awaited ([`AsyncSteps`]).
+trait Steps {
+    type Backend: InboxBackend;
+    /// Whether the caller has a transaction open.
+    fn in_transaction(&mut self) -> bool;
+    /// What the catalog says about the tables.
+    fn catalog(&mut self) -> impl Future<Output = QueryResult<Catalog>> + Send;
+    /// Keeps other `migrate`s out until `unlock`.
+    fn lock(&mut self) -> impl Future<Output = Result<Scope, InboxError>> + Send;
+    /// Ends what `lock` began: keeps the changes when `keep`.
+    fn unlock(
+        &mut self,
+        scope: Scope,
+        keep: bool,
+    ) -> impl Future<Output = Result<(), InboxError>> + Send;
+    /// Runs the DDL.
+    fn apply(&mut self, sql: &str) -> impl Future<Output = QueryResult<()>> + Send;
+    /// Waits before the next run.
+    fn sleep(&mut self, delay: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// `migrate`'s sequence, once for sync and async: refuse inside a
+/// transaction where DDL commits; a first look without the lock (a current,
+/// correct table needs nothing, and no privilege beyond reading the
+/// catalog); then, under the lock, look again, create or upgrade, verify;
+/// rerun after a transient error ([`MigrateAttempts`]).
+async fn sequence<S: Steps>(steps: &mut S) -> Result<(), InboxError> {
+    let mut attempts = MigrateAttempts::new(steps.in_transaction());
     loop {
-        match migrate_once_async(conn).await {
-            Err(e) => match attempts.again::<C::Backend>(&e) {
-                Some(delay) => tokio::time::sleep(delay).await,
+        match once(steps).await {
+            Err(e) => match attempts.again::<S::Backend>(&e) {
+                Some(delay) => steps.sleep(delay).await,
                 None => return Err(e),
             },
             done => return done,
@@ -286,29 +279,121 @@ async fn migrate_in_steps<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxEr
     }
 }
 
-/// One run of `migrate`'s sequence (`migrate_in_steps` reruns it after a
-/// transient error, as the sync `migrate` does).
-#[cfg(feature = "async")]
-async fn migrate_once_async<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxError> {
-    if <C::Backend as InboxBackend>::DDL_COMMITS && transaction_open_async(conn) {
+/// One run of [`sequence`].
+async fn once<S: Steps>(steps: &mut S) -> Result<(), InboxError> {
+    // Refused whatever the table's state, so that it does not pass in
+    // development (table current) and fail on the first deploy.
+    if <S::Backend as InboxBackend>::DDL_COMMITS && steps.in_transaction() {
         return Err(InboxError::MigrationInTransaction);
     }
-    if migration_sql::<C::Backend>(&conn.catalog().await?)?.is_none() {
+    if migration_sql::<S::Backend>(&steps.catalog().await?)?.is_none() {
         return Ok(());
     }
-    let scope = conn.lock().await?;
-    let applied = apply_migration(conn).await;
-    let unlocked = conn.unlock(scope, applied.is_ok()).await;
+    let scope = steps.lock().await?;
+    let applied = apply(steps).await;
+    let unlocked = steps.unlock(scope, applied.is_ok()).await;
     applied.and(unlocked)
 }
 
-#[cfg(feature = "async")]
-async fn apply_migration<C: AsyncMigration>(conn: &mut C) -> Result<(), InboxError> {
-    if let Some(sql) = migration_sql::<C::Backend>(&conn.catalog().await?)? {
-        conn.batch_execute(&sql)
+/// Under the lock: the plan again, the DDL, the check that it took.
+async fn apply<S: Steps>(steps: &mut S) -> Result<(), InboxError> {
+    if let Some(sql) = migration_sql::<S::Backend>(&steps.catalog().await?)? {
+        steps
+            .apply(&sql)
             .await
             .map_err(InboxError::MigrationFailed)?;
-        verify_migrated::<C::Backend>(&conn.catalog().await?)?;
+        verify_migrated::<S::Backend>(&steps.catalog().await?)?;
     }
     Ok(())
+}
+
+/// The sync connection's steps: each is done when it returns, as a ready
+/// future.
+struct SyncSteps<'c, C>(&'c mut C);
+
+impl<C> Steps for SyncSteps<'_, C>
+where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    type Backend = C::Backend;
+
+    fn in_transaction(&mut self) -> bool {
+        transaction_open(self.0)
+    }
+
+    fn catalog(&mut self) -> impl Future<Output = QueryResult<Catalog>> + Send {
+        std::future::ready(<C::Backend as InboxBackend>::catalog(self.0))
+    }
+
+    fn lock(&mut self) -> impl Future<Output = Result<Scope, InboxError>> + Send {
+        std::future::ready(<C::Backend as InboxBackend>::lock_migrations(self.0))
+    }
+
+    fn unlock(
+        &mut self,
+        scope: Scope,
+        keep: bool,
+    ) -> impl Future<Output = Result<(), InboxError>> + Send {
+        std::future::ready(<C::Backend as InboxBackend>::unlock_migrations(
+            self.0, scope, keep,
+        ))
+    }
+
+    fn apply(&mut self, sql: &str) -> impl Future<Output = QueryResult<()>> + Send {
+        std::future::ready(self.0.batch_execute(sql))
+    }
+
+    fn sleep(&mut self, delay: Duration) -> impl Future<Output = ()> + Send {
+        std::thread::sleep(delay);
+        std::future::ready(())
+    }
+}
+
+/// The value of a future that is ready at its first poll: the sync steps'
+/// sequence, whose every step is done when it returns.
+fn ready_now<T>(future: impl Future<Output = T>) -> T {
+    let mut future = std::pin::pin!(future);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(value) => value,
+        std::task::Poll::Pending => unreachable!("a sync step of migrate is done when it returns"),
+    }
+}
+
+/// The async connection's steps.
+#[cfg(feature = "async")]
+struct AsyncSteps<'c, C>(&'c mut C);
+
+#[cfg(feature = "async")]
+impl<C: AsyncMigration> Steps for AsyncSteps<'_, C> {
+    type Backend = C::Backend;
+
+    fn in_transaction(&mut self) -> bool {
+        transaction_open_async(self.0)
+    }
+
+    fn catalog(&mut self) -> impl Future<Output = QueryResult<Catalog>> + Send {
+        self.0.catalog()
+    }
+
+    fn lock(&mut self) -> impl Future<Output = Result<Scope, InboxError>> + Send {
+        self.0.lock()
+    }
+
+    fn unlock(
+        &mut self,
+        scope: Scope,
+        keep: bool,
+    ) -> impl Future<Output = Result<(), InboxError>> + Send {
+        self.0.unlock(scope, keep)
+    }
+
+    fn apply(&mut self, sql: &str) -> impl Future<Output = QueryResult<()>> + Send {
+        diesel_async::SimpleAsyncConnection::batch_execute(self.0, sql)
+    }
+
+    fn sleep(&mut self, delay: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(delay)
+    }
 }

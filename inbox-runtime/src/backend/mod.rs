@@ -6,6 +6,7 @@
 use crate::error::InboxError;
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::result::{Error, QueryResult};
+use transaction::Scope;
 
 #[cfg(feature = "async")]
 pub(crate) mod asynchronous;
@@ -308,12 +309,19 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     #[doc(hidden)]
     fn record_version(version: u32) -> String;
 
-    /// Runs `f` while no other `migrate` runs against the same database.
+    /// Keeps every other `migrate` of the same database out until
+    /// [`unlock_migrations`](Self::unlock_migrations): PostgreSQL's advisory
+    /// lock in a transaction of its own (or a savepoint), MySQL's
+    /// `GET_LOCK`, SQLite's immediate transaction.
     #[doc(hidden)]
-    fn exclusively<C, T>(
-        conn: &mut C,
-        f: impl FnOnce(&mut C) -> Result<T, InboxError>,
-    ) -> Result<T, InboxError>
+    fn lock_migrations<C>(conn: &mut C) -> Result<Scope, InboxError>
+    where
+        C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>;
+
+    /// Ends what [`lock_migrations`](Self::lock_migrations) began: keeps
+    /// the changes when `keep`, else undoes what it can.
+    #[doc(hidden)]
+    fn unlock_migrations<C>(conn: &mut C, scope: Scope, keep: bool) -> Result<(), InboxError>
     where
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>;
 }

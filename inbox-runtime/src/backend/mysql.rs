@@ -1,4 +1,5 @@
 use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
+use super::transaction::Scope;
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
 use diesel::connection::{
@@ -331,10 +332,7 @@ impl InboxBackend for Mysql {
         )
     }
 
-    fn exclusively<C, T>(
-        conn: &mut C,
-        f: impl FnOnce(&mut C) -> Result<T, InboxError>,
-    ) -> Result<T, InboxError>
+    fn lock_migrations<C>(conn: &mut C) -> Result<Scope, InboxError>
     where
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
@@ -344,11 +342,16 @@ impl InboxBackend for Mysql {
         if locked != Some(1) {
             return Err(lock_refused());
         }
-        let result = f(conn);
-        let released = conn.batch_execute(MIGRATE_UNLOCK);
-        let value = result?;
-        released?;
-        Ok(value)
+        // DDL commits implicitly: there is no transaction to keep.
+        Ok(Scope::TopLevel)
+    }
+
+    fn unlock_migrations<C>(conn: &mut C, _scope: Scope, _keep: bool) -> Result<(), InboxError>
+    where
+        C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        conn.batch_execute(MIGRATE_UNLOCK)?;
+        Ok(())
     }
 }
 

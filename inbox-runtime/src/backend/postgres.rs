@@ -1,5 +1,5 @@
 use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
-use super::transaction::in_transaction;
+use super::transaction::{begin, end_migrations, rollback, Scope};
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
@@ -288,19 +288,25 @@ impl InboxBackend for Pg {
         )
     }
 
-    fn exclusively<C, T>(
-        conn: &mut C,
-        f: impl FnOnce(&mut C) -> Result<T, InboxError>,
-    ) -> Result<T, InboxError>
+    fn lock_migrations<C>(conn: &mut C) -> Result<Scope, InboxError>
     where
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
         // DDL is transactional: the lock and every change end together.
-        in_transaction(conn, |conn| {
-            conn.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATE_LOCK})"))
-                .map_err(InboxError::MigrationFailed)?;
-            f(conn)
-        })
+        let scope = begin(conn).map_err(|(_, e)| InboxError::Database(e))?;
+        if let Err(e) = conn.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATE_LOCK})"))
+        {
+            rollback(conn);
+            return Err(InboxError::MigrationFailed(e));
+        }
+        Ok(scope)
+    }
+
+    fn unlock_migrations<C>(conn: &mut C, scope: Scope, keep: bool) -> Result<(), InboxError>
+    where
+        C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        end_migrations(conn, scope, keep)
     }
 }
 

@@ -1,5 +1,5 @@
 use super::shape::{read, CatalogRow, Dialect};
-use super::transaction::in_transaction;
+use super::transaction::{begin, end_migrations, Scope};
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
@@ -150,16 +150,20 @@ impl InboxBackend for Sqlite {
         )
     }
 
-    fn exclusively<C, T>(
-        conn: &mut C,
-        f: impl FnOnce(&mut C) -> Result<T, InboxError>,
-    ) -> Result<T, InboxError>
+    fn lock_migrations<C>(conn: &mut C) -> Result<Scope, InboxError>
     where
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
     {
         // The immediate transaction serializes concurrent runs; SQLite DDL
         // is transactional.
-        in_transaction(conn, f)
+        begin(conn).map_err(|(_, e)| InboxError::Database(e))
+    }
+
+    fn unlock_migrations<C>(conn: &mut C, scope: Scope, keep: bool) -> Result<(), InboxError>
+    where
+        C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>,
+    {
+        end_migrations(conn, scope, keep)
     }
 }
 
@@ -471,23 +475,13 @@ mod asynchronous {
         }
 
         async fn lock(&mut self) -> Result<Scope, InboxError> {
-            // The immediate transaction serializes concurrent runs; SQLite
-            // DDL is transactional.
-            self.spawn_blocking(|conn| Ok(transaction::begin(conn)))
+            self.spawn_blocking(|conn| Ok(Sqlite::lock_migrations(conn)))
                 .await?
-                .map_err(|(_, e)| InboxError::Database(e))
         }
 
         async fn unlock(&mut self, scope: Scope, keep: bool) -> Result<(), InboxError> {
-            self.spawn_blocking(move |conn| match keep {
-                true => transaction::commit(conn, scope),
-                false => {
-                    transaction::rollback(conn);
-                    Ok(())
-                }
-            })
-            .await
-            .map_err(InboxError::Database)
+            self.spawn_blocking(move |conn| Ok(Sqlite::unlock_migrations(conn, scope, keep)))
+                .await?
         }
     }
 }

@@ -87,29 +87,23 @@ where
     }
 }
 
-/// Runs `f` in [`begin`]'s transaction: commit on `Ok`, rollback on `Err`.
-/// (MySQL's `migrate` cannot use it: its DDL commits implicitly.)
+/// Ends the transaction (or savepoint) a `migrate` lock opened with
+/// [`begin`]: commit when `keep`, else roll back.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) fn in_transaction<C, T, E>(
+pub(crate) fn end_migrations<C>(
     conn: &mut C,
-    f: impl FnOnce(&mut C) -> Result<T, E>,
-) -> Result<T, E>
+    scope: Scope,
+    keep: bool,
+) -> Result<(), crate::error::InboxError>
 where
     C: Connection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
-    E: From<Error>,
 {
-    begin(conn).map_err(|(_, e)| e)?;
-    match f(conn) {
-        Ok(value) => {
-            AnsiTransactionManager::commit_transaction(conn)?;
-            Ok(value)
-        }
-        Err(e) => {
-            rollback(conn);
-            Err(e)
-        }
+    if keep {
+        return commit(conn, scope).map_err(crate::error::InboxError::MigrationFailed);
     }
+    rollback(conn);
+    Ok(())
 }
 
 #[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
