@@ -326,8 +326,8 @@ where
     C: Connection<Backend: InboxBackend>,
     for<'a> st::attempts<'a>: LoadQuery<'a, C, AttemptsRow>,
 {
-    let micros = st::updated_at_micros::<C::Backend>();
-    st::attempts(consumer, key, &micros)
+    let micros = <C::Backend as InboxBackend>::UPDATED_AT_MICROS;
+    st::attempts(consumer, key, micros)
         .get_result(conn)
         .optional()
 }
@@ -447,35 +447,36 @@ pub(crate) mod asynchronous {
     use std::future::Future;
     use std::pin::Pin;
 
-    /// A statement's run on an async connection. Boxed: the backends'
-    /// `AsyncInboxConnection` futures must be `Send`, and rustc cannot
-    /// prove that through these functions' lifetime-bound where-clauses
-    /// (it erases the lifetimes when it checks auto traits); a boxed
-    /// `dyn Future + Send` is checked here, where the bounds hold.
+    /// A statement's run on an async connection, boxed where it loads
+    /// rows: the backends' `AsyncInboxConnection` futures must be `Send`,
+    /// and rustc cannot prove that through a load's lifetime-bound
+    /// where-clauses (it erases the lifetimes when it checks auto traits);
+    /// a boxed `dyn Future + Send` is checked here, where the bounds hold.
+    /// The statements that only execute (the claim, the stored result's
+    /// update, deletes) are plain `async fn`s: no allocation on the
+    /// message path.
     pub(crate) type Io<'q, T> = Pin<Box<dyn Future<Output = QueryResult<T>> + Send + 'q>>;
 
-    pub(crate) fn claim<'q, C>(
-        conn: &'q mut C,
+    pub(crate) async fn claim<'q, C>(
+        conn: &mut C,
         consumer: &'q str,
         key: &'q str,
         fingerprint: Option<&'q [u8]>,
-    ) -> Io<'q, bool>
+    ) -> QueryResult<bool>
     where
         C: AsyncConnection + Send,
         st::Claim<'q, Plain>: ExecuteDsl<C>,
         st::Claim<'q, Fingerprinted>: ExecuteDsl<C>,
     {
-        Box::pin(async move {
-            let inserted = match fingerprint {
-                None => st::Claim::plain(consumer, key).execute(conn).await?,
-                Some(bytes) => {
-                    st::Claim::fingerprinted(consumer, key, bytes)
-                        .execute(conn)
-                        .await?
-                }
-            };
-            Ok(inserted == 1)
-        })
+        let inserted = match fingerprint {
+            None => st::Claim::plain(consumer, key).execute(conn).await?,
+            Some(bytes) => {
+                st::Claim::fingerprinted(consumer, key, bytes)
+                    .execute(conn)
+                    .await?
+            }
+        };
+        Ok(inserted == 1)
     }
 
     #[cfg(feature = "mysql")]
@@ -540,22 +541,20 @@ pub(crate) mod asynchronous {
         })
     }
 
-    pub(crate) fn store_result<'q, C>(
-        conn: &'q mut C,
+    pub(crate) async fn store_result<'q, C>(
+        conn: &mut C,
         consumer: &'q str,
         key: &'q str,
         value: &'q [u8],
-    ) -> Io<'q, ()>
+    ) -> QueryResult<()>
     where
         C: AsyncConnection + Send,
         st::store_result<'q>: ExecuteDsl<C>,
     {
-        Box::pin(async move {
-            st::store_result(consumer, key, value)
-                .execute(conn)
-                .await
-                .and_then(st::stored_one)
-        })
+        st::store_result(consumer, key, value)
+            .execute(conn)
+            .await
+            .and_then(st::stored_one)
     }
 
     pub(crate) fn attempts<'q, C>(
@@ -568,24 +567,24 @@ pub(crate) mod asynchronous {
         st::attempts<'q>: LoadQuery<'q, C, AttemptsRow>,
     {
         Box::pin(async move {
-            let micros = st::updated_at_micros::<C::Backend>();
-            st::attempts(consumer, key, &micros)
+            let micros = <C::Backend as InboxBackend>::UPDATED_AT_MICROS;
+            st::attempts(consumer, key, micros)
                 .get_result(conn)
                 .await
                 .optional()
         })
     }
 
-    pub(crate) fn clear_attempts<'q, C>(
-        conn: &'q mut C,
+    pub(crate) async fn clear_attempts<'q, C>(
+        conn: &mut C,
         consumer: &'q str,
         key: &'q str,
-    ) -> Io<'q, usize>
+    ) -> QueryResult<usize>
     where
         C: AsyncConnection + Send,
         st::clear_attempts<'q>: ExecuteDsl<C>,
     {
-        Box::pin(async move { st::clear_attempts(consumer, key).execute(conn).await })
+        st::clear_attempts(consumer, key).execute(conn).await
     }
 
     pub(crate) fn count_failure<'q, C>(

@@ -250,6 +250,10 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     #[doc(hidden)]
     const RECEIVED_AT_MICROS: &'static str;
 
+    /// The same expression on `inbox_attempts.updated_at`.
+    #[doc(hidden)]
+    const UPDATED_AT_MICROS: &'static str;
+
     /// The time `older_than` before now, comparable with `received_at` (the
     /// database's clock, as the column's default reads it).
     #[doc(hidden)]

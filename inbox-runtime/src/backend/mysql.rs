@@ -120,7 +120,7 @@ mod control {
     }
 
     impl<K: Kind> QueryId for Control<K> {
-        type QueryId = K;
+        type QueryId = Self;
         const HAS_STATIC_QUERY_ID: bool = true;
     }
 
@@ -298,6 +298,7 @@ impl InboxBackend for Mysql {
 
     const RECEIVED_AT_MICROS: &'static str =
         "CAST(UNIX_TIMESTAMP(received_at) * 1000000 AS SIGNED)";
+    const UPDATED_AT_MICROS: &'static str = "CAST(UNIX_TIMESTAMP(updated_at) * 1000000 AS SIGNED)";
 
     // Both sides in the session's time zone, as the column's default.
     fn cutoff_sql(older_than: std::time::Duration) -> String {

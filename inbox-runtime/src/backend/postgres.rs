@@ -150,7 +150,7 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_, Id> {
 }
 
 impl<Id: 'static> diesel::query_builder::QueryId for ClaimBatch<'_, Id> {
-    type QueryId = Id;
+    type QueryId = ClaimBatch<'static, Id>;
     const HAS_STATIC_QUERY_ID: bool = true;
 }
 
@@ -260,6 +260,8 @@ impl InboxBackend for Pg {
 
     const RECEIVED_AT_MICROS: &'static str =
         "CAST(EXTRACT(EPOCH FROM received_at) * 1000000 AS BIGINT)";
+    const UPDATED_AT_MICROS: &'static str =
+        "CAST(EXTRACT(EPOCH FROM updated_at) * 1000000 AS BIGINT)";
 
     fn cutoff_sql(older_than: std::time::Duration) -> String {
         format!(

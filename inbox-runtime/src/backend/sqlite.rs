@@ -119,6 +119,8 @@ impl InboxBackend for Sqlite {
 
     const RECEIVED_AT_MICROS: &'static str =
         "CAST(ROUND((julianday(received_at) - 2440587.5) * 86400000000.0) AS INTEGER)";
+    const UPDATED_AT_MICROS: &'static str =
+        "CAST(ROUND((julianday(updated_at) - 2440587.5) * 86400000000.0) AS INTEGER)";
 
     // The same text form as CURRENT_TIMESTAMP, so the two compare as text.
     fn cutoff_sql(older_than: std::time::Duration) -> String {

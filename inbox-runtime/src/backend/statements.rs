@@ -88,8 +88,11 @@ where
     }
 }
 
+// The id is the statement's own type (as diesel's are), never a bare
+// marker another statement could share: diesel caches prepared statements
+// by it, and two statements under one id would run each other's SQL.
 impl<Id: 'static> QueryId for Claim<'_, Id> {
-    type QueryId = Id;
+    type QueryId = Claim<'static, Id>;
     const HAS_STATIC_QUERY_ID: bool = true;
 }
 
@@ -226,11 +229,6 @@ pub(crate) fn attempts<'a>(consumer: &'a str, key: &'a str, micros: &str) -> _ {
         .filter(counts::consumer.eq(consumer))
         .filter(counts::message_id.eq(key))
         .select((counts::failures, counts::last_error, updated))
-}
-
-/// `B::RECEIVED_AT_MICROS` on `updated_at`.
-pub(crate) fn updated_at_micros<B: InboxBackend>() -> String {
-    B::RECEIVED_AT_MICROS.replace("received_at", "updated_at")
 }
 
 /// Deletes the failure count of `(consumer, key)`.
