@@ -1,4 +1,13 @@
-use super::*;
+//! `--memory`: does the examples' peak memory stay flat with 10× the
+//! messages? Each run starts by resetting the peak (`5` into
+//! `/proc/self/clear_refs`), reads `VmRSS`, runs, and reads `VmHWM`.
+
+use crate::args::Args;
+#[cfg(feature = "async")]
+use crate::async_consumer;
+use crate::backends::Target;
+use crate::output::{provenance, write_output};
+use crate::quickstart;
 
 /// (example, its own message count, a run of it over N messages)
 type Workload<'u> = (

@@ -1,49 +1,45 @@
-use super::*;
+//! `--scale`: `idempotent` messages/s with the inbox already holding each
+//! of `--scale-rows` rows, on PostgreSQL and MySQL/MariaDB.
+//!
+//! Each size has a schema (PostgreSQL) or database (MySQL/MariaDB) of its
+//! own, filled with random UUIDv4 text keys under the measured consumer
+//! (`bench`), and the measured messages carry random UUIDv4 keys too: new
+//! claims land all over the primary key's B-tree, as real message ids do.
+//! Rounds alternate between the sizes (the order rotates each round); a
+//! sample runs at least `--min-secs`. A size's ratio is the median of its
+//! per-round ratios to the first size, with their interquartile range.
 
-type Fresh = fn(&str, &str) -> Result<(String, String), String>;
+use crate::args::Args;
+use crate::backends::{execute, Server, Target};
+use crate::output::{print_cell, provenance, quantile, write_output, Cell};
+use crate::run_id;
+use std::fmt::Write as _;
+use std::time::Instant;
+
 /// (backend, inbox rows, primary-key bytes) of each size.
-type KeySizes = Vec<(&'static str, i64, i64)>;
+pub type KeySizes = Vec<(&'static str, i64, i64)>;
 
-/// What a backend supplies besides its [`Target`].
-struct Server {
-    /// (url of a fresh schema or database named so, statement that drops it)
-    fresh: Fresh,
-    /// Runs SQL on a URL.
-    execute: fn(&str, &str) -> Result<(), String>,
-    /// INSERT of `rows` random UUIDv4 keys under consumer `bench`. Each
-    /// chunk is inserted in key order: it sweeps the whole B-tree once,
-    /// splitting pages as random inserts do (the tree is not packed as
-    /// a sorted bulk load would leave it), without a random read per
-    /// row. On MariaDB with its default 128 MiB buffer pool, unsorted
-    /// chunks took 3 minutes per million rows at 4M; sorted ones 30 s.
-    fill: fn(usize) -> String,
-    analyze: &'static str,
-    /// Bytes of the primary key (the clustered index on InnoDB).
-    key_bytes: fn(&str) -> Result<i64, String>,
-}
-
-/// Rows per fill statement (a transaction each).
+/// Rows per fill statement (a transaction each). Each chunk is inserted in
+/// key order: it sweeps the whole B-tree once, splitting pages as random
+/// inserts do (the tree is not packed as a sorted bulk load would leave
+/// it), without a random read per row. On MariaDB with its default 128 MiB
+/// buffer pool, unsorted chunks took 3 minutes per million rows at 4M;
+/// sorted ones 30 s.
 const FILL_CHUNK: usize = 1_000_000;
 
 pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
-    UUID_KEYS.store(true, std::sync::atomic::Ordering::SeqCst);
+    crate::variants::UUID_KEYS.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut cells = Vec::new();
     let mut sizes = Vec::new();
     for target in targets {
-        let server = match target.name {
-            #[cfg(feature = "postgres")]
-            "postgres" => postgres_server(),
-            #[cfg(feature = "mysql")]
-            "mysql" => mysql_server(),
-            _ => {
-                println!(
-                    "SKIPPED: --scale on {}: measured on PostgreSQL and MySQL/MariaDB",
-                    target.label
-                );
-                continue;
-            }
+        let Some((measure, _)) = target.server else {
+            println!(
+                "SKIPPED: --scale on {}: measured on PostgreSQL and MySQL/MariaDB",
+                target.label
+            );
+            continue;
         };
-        let (mut c, mut s) = measure(target, &server, args)?;
+        let (mut c, mut s) = measure(target, args)?;
         cells.append(&mut c);
         sizes.append(&mut s);
     }
@@ -51,7 +47,7 @@ pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
         "scale.json",
         &to_json(&cells, &sizes, args, &provenance(targets)),
     )?;
-    draw_svg(&dir.join("scale.svg"), &cells).map_err(|e| format!("svg: {e}"))?;
+    crate::output::draw_svg(&dir.join("scale.svg"), &cells).map_err(|e| format!("svg: {e}"))?;
     println!("wrote {}/scale.json and scale.svg", dir.display());
     Ok(())
 }
@@ -59,19 +55,19 @@ pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
 /// One database per size, filled; then the interleaved rounds at each
 /// thread count. Returns the cells (a sample list per size) and each
 /// size's primary-key bytes.
-fn measure(target: &Target, server: &Server, args: &Args) -> Result<(Vec<Cell>, KeySizes), String> {
+pub fn measure<B: Server>(target: &Target, args: &Args) -> Result<(Vec<Cell>, KeySizes), String> {
     let mut databases: Vec<(i64, String, String)> = Vec::new();
     let result = (|| {
         for (i, &rows) in args.scale_rows.iter().enumerate() {
             let name = format!("inbox_bench_scale{i}_{}", run_id());
-            let (url, drop_sql) = (server.fresh)(&target.url, &name)?;
+            let (url, drop_sql) = B::fresh(&target.url, &name)?;
             databases.push((rows, url.clone(), drop_sql));
             (target.setup)(&url)?;
             let began = Instant::now();
             let mut loaded = 0;
             while loaded < rows as usize {
                 let chunk = FILL_CHUNK.min(rows as usize - loaded);
-                (server.execute)(&url, &(server.fill)(chunk)).map_err(|e| format!("fill: {e}"))?;
+                execute::<B>(&url, &B::scale_fill(chunk)).map_err(|e| format!("fill: {e}"))?;
                 loaded += chunk;
                 if rows as usize > FILL_CHUNK {
                     println!(
@@ -81,7 +77,7 @@ fn measure(target: &Target, server: &Server, args: &Args) -> Result<(Vec<Cell>, 
                     );
                 }
             }
-            (server.execute)(&url, server.analyze)?;
+            execute::<B>(&url, B::ANALYZE)?;
             println!(
                 "{}: {rows} random-key inbox rows loaded in {:.1}s",
                 target.label,
@@ -144,7 +140,7 @@ fn measure(target: &Target, server: &Server, args: &Args) -> Result<(Vec<Cell>, 
         }
         let mut sizes = Vec::new();
         for (rows, url, _) in &databases {
-            let bytes = (server.key_bytes)(url)?;
+            let bytes = B::key_bytes(url)?;
             println!(
                 "{}: {rows} rows: primary key {:.1} MiB",
                 target.label,
@@ -155,7 +151,7 @@ fn measure(target: &Target, server: &Server, args: &Args) -> Result<(Vec<Cell>, 
         Ok((cells, sizes))
     })();
     for (_, _, drop_sql) in &databases {
-        let _ = (server.execute)(&target.url, drop_sql);
+        let _ = execute::<B>(&target.url, drop_sql);
     }
     result
 }
@@ -214,67 +210,4 @@ fn to_json(cells: &[Cell], sizes: &[(&str, i64, i64)], args: &Args, provenance: 
     }
     out.push_str("\n  ]\n}\n");
     out
-}
-
-#[cfg(feature = "postgres")]
-fn postgres_server() -> Server {
-    Server {
-        fresh: postgres_specific::fresh,
-        execute: |url, sql| {
-            use diesel::connection::SimpleConnection;
-            postgres_specific::open(url)
-                .batch_execute(sql)
-                .map_err(|e| e.to_string())
-        },
-        fill: |rows| {
-            format!(
-                "INSERT INTO inbox_messages (consumer, message_id) \
-                 SELECT 'bench', k FROM (SELECT gen_random_uuid()::text AS k \
-                 FROM generate_series(1, {rows})) fresh_keys ORDER BY k"
-            )
-        },
-        // VACUUM refuses to run inside a multi-statement batch.
-        analyze: "VACUUM ANALYZE inbox_messages",
-        key_bytes: |url| {
-            diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
-                "pg_relation_size('inbox_messages_pkey')",
-            ))
-            .get_result(&mut postgres_specific::open(url))
-            .map_err(|e| e.to_string())
-        },
-    }
-}
-
-#[cfg(feature = "mysql")]
-fn mysql_server() -> Server {
-    Server {
-        fresh: mysql_specific::fresh,
-        execute: |url, sql| {
-            use diesel::connection::SimpleConnection;
-            mysql_specific::open(url)
-                .batch_execute(sql)
-                .map_err(|e| e.to_string())
-        },
-        // UUIDv4 text from RANDOM_BYTES (MariaDB 10.10+); UUID() would
-        // give time-ordered v1 keys. The rows come from the SEQUENCE
-        // engine's seq_1_to_N.
-        fill: |rows| {
-            format!(
-                "INSERT INTO inbox_messages (consumer, message_id) \
-                 SELECT 'bench', k FROM (SELECT LOWER(CONCAT(HEX(RANDOM_BYTES(4)), '-', \
-                 HEX(RANDOM_BYTES(2)), '-4', SUBSTR(HEX(RANDOM_BYTES(2)), 2), '-', \
-                 SUBSTR('89ab', 1 + FLOOR(RAND() * 4), 1), SUBSTR(HEX(RANDOM_BYTES(2)), 2), '-', \
-                 HEX(RANDOM_BYTES(6)))) AS k FROM seq_1_to_{rows}) fresh_keys ORDER BY k"
-            )
-        },
-        analyze: "ANALYZE TABLE inbox_messages",
-        key_bytes: |url| {
-            diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
-                "(SELECT CAST(DATA_LENGTH AS SIGNED) FROM information_schema.TABLES \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_messages')",
-            ))
-            .get_result(&mut mysql_specific::open(url))
-            .map_err(|e| e.to_string())
-        },
-    }
 }

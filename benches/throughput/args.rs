@@ -1,0 +1,168 @@
+//! The command line: `cargo bench --bench throughput -- --help`.
+
+use crate::variants::{redelivers, VARIANTS};
+use clap::Parser;
+
+/// What `--smoke` sets unless given: tiny counts, so that CI keeps each
+/// mode working; real figures come from a full run.
+#[derive(Parser)]
+#[command(
+    name = "throughput",
+    about = "Messages per second of the inbox against plain diesel, hand-written SQL and SELECT-then-INSERT"
+)]
+struct Cli {
+    /// sqlite, postgres, mysql or all (comma-separated).
+    #[arg(long = "backend", value_delimiter = ',', default_value = "all",
+          value_parser = ["sqlite", "postgres", "mysql", "all"])]
+    backends: Vec<String>,
+    /// Threads of the sync variants, a connection each [default: 1,4; smoke 1,2].
+    #[arg(long, value_delimiter = ',')]
+    threads: Option<Vec<usize>>,
+    /// Concurrent tasks of the async variants, over a pool [default: 4,16; smoke 4].
+    #[arg(long, value_delimiter = ',')]
+    tasks: Option<Vec<usize>>,
+    /// Which handlers to measure.
+    #[arg(long, default_value = "all", value_parser = ["sync", "async", "all"])]
+    mode: String,
+    /// Messages of the calibration run, and of each async sample [default: 2000; smoke 40].
+    #[arg(long)]
+    messages: Option<usize>,
+    /// The shortest sync sample, in seconds [default: 2; smoke 0].
+    #[arg(long)]
+    min_secs: Option<f64>,
+    /// Interleaved rounds; each variant's median is over them [default: 9; smoke 1].
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Messages per batch of the batch variants [default: 100; smoke 10].
+    #[arg(long)]
+    batch: Option<usize>,
+    /// The sync variants to run (all when not given).
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
+    /// Tiny counts: checks that each mode works, not how fast.
+    #[arg(long)]
+    smoke: bool,
+    /// `idempotent` with the inbox already holding --scale-rows rows (PostgreSQL, MySQL/MariaDB).
+    #[arg(long)]
+    scale: bool,
+    /// The inbox sizes of --scale [default: 0,1000000,10000000; smoke 0,1000].
+    #[arg(long, value_delimiter = ',')]
+    scale_rows: Option<Vec<i64>>,
+    /// Peak RSS of the quickstart and async_consumer examples at 1× and 10× their messages.
+    #[arg(long)]
+    memory: bool,
+    /// Handler latency while a purge deletes old rows, against windows without one.
+    #[arg(long)]
+    purge: bool,
+    /// Old rows the purge benchmark fills the inbox with [default: 1000000; smoke 2000].
+    #[arg(long)]
+    purge_rows: Option<usize>,
+    /// Rows per purge batch.
+    #[arg(long, default_value_t = 10_000)]
+    purge_batch: usize,
+    /// Pause after each purge batch, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    purge_pause_ms: usize,
+    /// Passed by `cargo bench` to harness = false targets.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// The arguments, defaults and `--smoke` resolved.
+#[derive(Clone)]
+pub struct Args {
+    pub backends: Vec<String>,
+    pub threads: Vec<usize>,
+    /// Concurrent tasks of the async variants.
+    pub tasks: Vec<usize>,
+    /// `sync`, `async` or `all`: which handlers to measure.
+    pub mode: String,
+    pub messages: usize,
+    /// The shortest sample, in seconds (sync variants).
+    pub min_secs: f64,
+    pub rounds: usize,
+    pub batch: usize,
+    pub scale: bool,
+    /// `--variants`: the sync variants to run (all when empty).
+    pub variants: Vec<String>,
+    /// `--memory`: peak RSS of the examples at 1× and 10× their messages.
+    pub memory: bool,
+    /// `--purge`: handler latency while a purge runs, instead of the rest.
+    pub purge: bool,
+    /// Old rows the purge benchmark fills the inbox with.
+    pub purge_rows: usize,
+    /// Rows per purge batch.
+    pub purge_batch: usize,
+    /// Pause after each purge batch, in milliseconds.
+    pub purge_pause_ms: usize,
+    pub scale_rows: Vec<i64>,
+}
+
+/// The process's arguments; clap's error (exit 2) or help (exit 0) on a
+/// bad or `--help` command line, an error string on bad values.
+pub fn parse() -> Result<Args, String> {
+    resolve(Cli::parse())
+}
+
+fn resolve(cli: Cli) -> Result<Args, String> {
+    let smoke = cli.smoke;
+    let pick = |given: Option<usize>, full: usize, tiny: usize| {
+        given.unwrap_or(if smoke { tiny } else { full })
+    };
+    let args = Args {
+        backends: cli.backends,
+        threads: cli
+            .threads
+            .unwrap_or(if smoke { vec![1, 2] } else { vec![1, 4] }),
+        tasks: cli
+            .tasks
+            .unwrap_or(if smoke { vec![4] } else { vec![4, 16] }),
+        mode: cli.mode,
+        messages: pick(cli.messages, 2_000, 40),
+        min_secs: cli.min_secs.unwrap_or(if smoke { 0.0 } else { 2.0 }),
+        rounds: pick(cli.rounds, 9, 1),
+        batch: pick(cli.batch, 100, 10),
+        scale: cli.scale,
+        variants: cli.variants,
+        memory: cli.memory,
+        purge: cli.purge,
+        purge_rows: pick(cli.purge_rows, 1_000_000, 2_000),
+        purge_batch: cli.purge_batch,
+        purge_pause_ms: cli.purge_pause_ms,
+        scale_rows: cli.scale_rows.unwrap_or(if smoke {
+            vec![0, 1_000]
+        } else {
+            vec![0, 1_000_000, 10_000_000]
+        }),
+    };
+    if let Some(bad) = args
+        .variants
+        .iter()
+        .find(|v| !VARIANTS.contains(&v.as_str()))
+    {
+        return Err(format!(
+            "--variants: no variant {bad} ({})",
+            VARIANTS.join(", ")
+        ));
+    }
+    let has = |v: &str| args.variants.iter().any(|w| w == v);
+    for v in &args.variants {
+        if let Some(first) = redelivers(v).filter(|first| !has(first)) {
+            return Err(format!(
+                "--variants: {v} redelivers {first}'s keys; list both"
+            ));
+        }
+    }
+    if args.threads.contains(&0)
+        || args.tasks.contains(&0)
+        || args.messages == 0
+        || args.rounds == 0
+        || args.batch == 0
+    {
+        return Err("threads, messages, rounds and batch must be positive".into());
+    }
+    if args.min_secs.is_nan() || args.min_secs < 0.0 {
+        return Err("--min-secs must be a number of seconds, 0 or more".into());
+    }
+    Ok(args)
+}

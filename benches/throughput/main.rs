@@ -1,0 +1,276 @@
+//! Messages per second: the inbox against the same business write without
+//! it, against the same inbox logic hand-written, and against the usual
+//! "SELECT, then INSERT" approach.
+//!
+//! ```text
+//! cargo bench --bench throughput --all-features -- [--backend sqlite|postgres|mysql|all]
+//!     [--threads 1,4] [--tasks 4,16] [--mode all] [--messages 2000] [--min-secs 2]
+//!     [--rounds 9] [--batch 100] [--variants idempotent,batch,...] [--smoke]
+//!     [--scale [--scale-rows 0,1000000,10000000]]
+//!     [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]
+//!     [--memory]
+//! ```
+//!
+//! Variants run interleaved, and the sync variants' order rotates each
+//! round (A B C, B C A, C A B, …); each reports its median and interquartile
+//! range over the rounds. A sync sample runs at least `--min-secs` (an
+//! untimed calibration run of `--messages` sets each variant's count). Server URLs come from `INBOX_TEST_POSTGRES_URL` and
+//! `INBOX_TEST_MYSQL_URL`; SQLite uses a temporary file (WAL,
+//! `synchronous = NORMAL`). Results go to `target/inbox-bench/results.json`
+//! and `target/inbox-bench/throughput.svg`. `--smoke` runs tiny counts so CI
+//! keeps the program working; real figures come from a full run.
+//! `--scale` (PostgreSQL, MySQL/MariaDB; instead of the variants) measures
+//! `idempotent` with the inbox already holding each of `--scale-rows` rows
+//! of random UUIDv4 keys, one schema or database per size, the sizes
+//! interleaved; it writes `scale.json` and `scale.svg`.
+//! `--memory` runs `examples/quickstart.rs` and `examples/async_consumer.rs`
+//! in this process at their own message counts and at ten times them, and
+//! reports the peak RSS (`VmHWM`, reset before each run) against the RSS
+//! before it; it writes `memory.json`.
+//! `--purge` (PostgreSQL, MySQL/MariaDB) measures handler latency while
+//! `purge` deletes `--purge-rows` old rows, against windows without a purge,
+//! interleaved, and the purge's rows/s.
+//!
+//! The program's modules: [`args`] (the command line), [`backends`] (each
+//! database behind the `Bench` trait), [`variants`] (the handlers and one
+//! sample), [`output`] (print, JSON, SVG), and the modes [`scale`],
+//! [`purge`] and [`memory`].
+
+// Without a server backend, `--scale` and `--purge` (generic over
+// `backends::Server`) have no target to run on: their code is unused.
+#![cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+
+mod args;
+mod backends;
+mod memory;
+mod output;
+mod purge;
+mod scale;
+mod variants;
+
+use args::Args;
+use backends::Target;
+use output::{draw_svg, print_cell, provenance, to_json, write_output, Cell};
+use variants::redelivers;
+#[cfg(feature = "async")]
+use variants::ASYNC_VARIANTS;
+use variants::VARIANTS;
+
+diesel::table! {
+    bench_orders (id) {
+        id -> Text,
+        amount -> BigInt,
+    }
+}
+
+const ORDERS_DDL: &str =
+    "CREATE TABLE IF NOT EXISTS bench_orders (id VARCHAR(255) NOT NULL PRIMARY KEY, amount BIGINT NOT NULL)";
+
+#[derive(Clone)]
+pub struct Order {
+    pub id: String,
+    pub amount: i64,
+}
+
+/// A name unique to this process and moment, for keys and databases.
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("b{}x{nanos:x}", std::process::id())
+}
+
+fn main() {
+    let args = match args::parse() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&args) {
+        eprintln!("benchmark failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let targets = backends::targets(args);
+    if targets.is_empty() {
+        return Err("no backend to measure (features and URLs)".into());
+    }
+    if args.purge {
+        return purge::run(&targets, args);
+    }
+    if args.scale {
+        return scale::run(&targets, args);
+    }
+    if args.memory {
+        return memory::run(&targets, args);
+    }
+    let mut cells = Vec::new();
+    for target in &targets {
+        (target.setup)(&target.url)?;
+        let sync_threads: &[usize] = if args.mode == "async" {
+            &[]
+        } else {
+            &args.threads
+        };
+        for &threads in sync_threads {
+            let variants: Vec<&'static str> = VARIANTS
+                .iter()
+                .copied()
+                .filter(|v| args.variants.is_empty() || args.variants.iter().any(|w| w == v))
+                .collect();
+            let mut cell = Cell {
+                backend: target.name,
+                label: target.label,
+                mode: "sync",
+                threads,
+                samples: variants.iter().map(|v| (*v, Vec::new())).collect(),
+            };
+            let counts = calibrate(target, threads, &variants, args)?;
+            // `duplicate` (and `fingerprinted_duplicate`) redeliver keys
+            // applied once, untimed, here.
+            let duplicates = format!("{}d{threads}", run_id());
+            for (d, first) in variants
+                .iter()
+                .enumerate()
+                .filter_map(|(d, v)| Some((d, redelivers(v)?)))
+            {
+                (target.measure)(
+                    &target.url,
+                    first,
+                    threads,
+                    counts[d],
+                    args.batch,
+                    &duplicates,
+                )?;
+            }
+            for round in 0..args.rounds {
+                let prefix = format!("{}r{round}t{threads}", run_id());
+                // The order rotates: each variant runs first in some round.
+                for k in 0..variants.len() {
+                    let i = (k + round) % variants.len();
+                    let variant = variants[i];
+                    let keys = if redelivers(variant).is_some() {
+                        &duplicates
+                    } else {
+                        &prefix
+                    };
+                    let mps = (target.measure)(
+                        &target.url,
+                        variant,
+                        threads,
+                        counts[i],
+                        args.batch,
+                        keys,
+                    )?;
+                    cell.samples[i].1.push(mps);
+                }
+            }
+            print_cell(target.label, &cell, args);
+            cells.push(cell);
+        }
+        #[cfg(feature = "async")]
+        let async_tasks: &[usize] = if args.mode == "sync" {
+            &[]
+        } else {
+            &args.tasks
+        };
+        #[cfg(feature = "async")]
+        for &tasks in async_tasks {
+            let (measure, has) = target.measure_async;
+            let variants: Vec<&'static str> =
+                ASYNC_VARIANTS.iter().copied().filter(|v| has(v)).collect();
+            let mut cell = Cell {
+                backend: target.name,
+                label: target.label,
+                mode: "async",
+                threads: tasks,
+                samples: variants.iter().map(|v| (*v, Vec::new())).collect(),
+            };
+            for round in 0..args.rounds {
+                let prefix = format!("{}r{round}a{tasks}", run_id());
+                // The order rotates as the sync variants' does; `duplicate`
+                // redelivers this round's `idempotent` keys, so it runs
+                // right after it.
+                for k in 0..variants.len() {
+                    let i = (k + round) % variants.len();
+                    let variant = variants[i];
+                    if variant == "async_duplicate" {
+                        continue;
+                    }
+                    let mps = measure(&target.url, variant, tasks, args.messages, &prefix)?;
+                    cell.samples[i].1.push(mps);
+                    if variant == "async_idempotent" {
+                        if let Some(d) = variants.iter().position(|v| *v == "async_duplicate") {
+                            let mps = measure(
+                                &target.url,
+                                "async_duplicate",
+                                tasks,
+                                args.messages,
+                                &prefix,
+                            )?;
+                            cell.samples[d].1.push(mps);
+                        }
+                    }
+                }
+            }
+            print_cell(target.label, &cell, args);
+            cells.push(cell);
+        }
+        if target.name == "sqlite" {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", target.url));
+            }
+        }
+    }
+    let dir = write_output(
+        "results.json",
+        &to_json(&cells, args, &provenance(&targets)),
+    )?;
+    draw_svg(&dir.join("throughput.svg"), &cells).map_err(|e| format!("svg: {e}"))?;
+    println!("wrote {}/results.json and throughput.svg", dir.display());
+    Ok(())
+}
+
+/// Messages per sample of each variant, so that a sample runs at least
+/// `--min-secs`: one untimed run of `--messages` gives each variant's rate
+/// (it also warms the statement caches).
+fn calibrate(
+    target: &Target,
+    threads: usize,
+    variants: &[&'static str],
+    args: &Args,
+) -> Result<Vec<usize>, String> {
+    let prefix = format!("{}c{threads}", run_id());
+    let unit = threads * args.batch;
+    let mut counts = Vec::with_capacity(variants.len());
+    for &variant in variants {
+        // `duplicate` redelivers the keys `idempotent` applied just before.
+        let rate = (target.measure)(
+            &target.url,
+            variant,
+            threads,
+            args.messages,
+            args.batch,
+            &prefix,
+        )?;
+        let wanted = (rate * args.min_secs * 1.1).ceil() as usize;
+        // Whole batches on every thread.
+        counts.push(wanted.max(args.messages).div_ceil(unit) * unit);
+    }
+    Ok(counts)
+}
+
+// The examples themselves, run by `--memory` (their `main`s stay unused).
+#[allow(dead_code)]
+#[path = "../../examples/quickstart.rs"]
+mod quickstart;
+
+#[cfg(feature = "async")]
+#[allow(dead_code)]
+#[path = "../../examples/async_consumer.rs"]
+mod async_consumer;
