@@ -98,6 +98,7 @@ pub async fn handle<O, E, F>(
 ) -> Result<Handled<O, E>, BrokerError>
 where
     O: Outcome,
+    E: std::fmt::Debug,
     F: AsyncFnOnce(&str, &[u8]) -> Result<O, E>,
 {
     crate::brokers::handle(message, policy, handler).await

@@ -199,6 +199,24 @@ mod suite {
             not(inbox_test_mysql),
             ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
         )]
+        fn the_first_claim_refuses_each_wrong_table_shape_without_migrate() {
+            check::wrong_shapes_are_refused_at_the_first_claim::<crate::suite::Mysql>(SHAPES);
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_mysql),
+            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+        )]
+        fn the_table_shape_is_checked_once_per_connection() {
+            check::the_shape_is_checked_once_per_connection::<crate::suite::Mysql>();
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_mysql),
+            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+        )]
         fn migrate_upgrades_a_table_of_release_0_1_in_place() {
             check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
         }

@@ -354,3 +354,168 @@ fn metrics_count_outcomes_retries_durations_and_purged_rows() {
     }
     assert_eq!(seen.len(), 8, "{seen:#?}");
 }
+
+/// One event: its target, level, message and fields.
+#[derive(Debug, Clone)]
+struct Logged {
+    target: String,
+    level: tracing::Level,
+    message: String,
+    fields: BTreeMap<String, String>,
+}
+
+/// Every event, and the target of every span.
+#[derive(Clone, Default)]
+struct Log {
+    events: Arc<Mutex<Vec<Logged>>>,
+    span_targets: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Log {
+    fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
+        let meta = attrs.metadata();
+        self.span_targets
+            .lock()
+            .expect("log")
+            .push((meta.name().to_string(), meta.target().to_string()));
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let mut fields = Fields(BTreeMap::new());
+        event.record(&mut fields);
+        self.events.lock().expect("log").push(Logged {
+            target: event.metadata().target().to_string(),
+            level: *event.metadata().level(),
+            message: fields.0.remove("message").unwrap_or_default(),
+            fields: fields.0,
+        });
+    }
+}
+
+/// Fails with `Rejected` for "bad"; fails retryably every time for
+/// "busy"; counts failures (`max_attempts = 1`) and checks a fingerprint.
+#[idempotent(
+    key = "key",
+    consumer = "logged",
+    fingerprint = "amount.to_be_bytes()",
+    max_attempts = 1,
+    retries = 1
+)]
+fn logged(conn: &mut SqliteConnection, key: &str, amount: i64) -> Result<(), AppError> {
+    let _ = (conn, amount);
+    match key {
+        "bad" => Err(AppError::Rejected),
+        "busy" => Err(AppError::Busy),
+        _ => Ok(()),
+    }
+}
+
+/// The library logs under the target `diesel_inbox` only: DEBUG for an
+/// applied and a duplicate delivery, WARN with the error's text for a
+/// body's failure, a retried-out transient failure, `KeyReused` and
+/// `AttemptsExhausted`; the span of a failed call records the error.
+#[test]
+fn events_use_the_target_diesel_inbox_with_their_levels() {
+    let log = Log::default();
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry()
+        .with(log.clone())
+        .with(capture.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let mut conn = connection();
+        assert!(matches!(
+            logged(&mut conn, "k1", 1),
+            Ok(Processed::Applied(()))
+        ));
+        assert!(matches!(
+            logged(&mut conn, "k1", 1),
+            Ok(Processed::Duplicate)
+        ));
+        assert!(logged(&mut conn, "k1", 2).is_err(), "the key reused");
+        assert!(logged(&mut conn, "bad", 1).is_err(), "the body fails");
+        assert!(logged(&mut conn, "bad", 1).is_err(), "attempts exhausted");
+        assert!(logged(&mut conn, "busy", 1).is_err(), "retries exhausted");
+    });
+
+    let events = log.events.lock().expect("log").clone();
+    let ours: Vec<&Logged> = events
+        .iter()
+        .filter(|e| e.message.starts_with("diesel-inbox"))
+        .collect();
+    for event in &ours {
+        assert_eq!(event.target, "diesel_inbox", "{event:?}");
+    }
+    for (name, target) in log.span_targets.lock().expect("log").iter() {
+        assert_eq!(target, "diesel_inbox", "span {name}");
+    }
+    let ends: Vec<(tracing::Level, &str, &str, &str)> = ours
+        .iter()
+        .filter(|e| e.level != tracing::Level::DEBUG || !e.message.contains("transient"))
+        .map(|e| {
+            (
+                e.level,
+                e.message.as_str(),
+                e.fields["key"].as_str(),
+                e.fields.get("error").map_or("", String::as_str),
+            )
+        })
+        .collect();
+    let expected: [(tracing::Level, &str, &str, &str); 6] = [
+        (tracing::Level::DEBUG, "diesel-inbox: applied", "k1", ""),
+        (tracing::Level::DEBUG, "diesel-inbox: duplicate", "k1", ""),
+        (
+            tracing::Level::WARN,
+            "diesel-inbox: the call failed",
+            "k1",
+            "KeyReused",
+        ),
+        (
+            tracing::Level::WARN,
+            "diesel-inbox: the call failed",
+            "bad",
+            "Rejected",
+        ),
+        (
+            tracing::Level::WARN,
+            "diesel-inbox: the call failed",
+            "bad",
+            "AttemptsExhausted",
+        ),
+        (
+            tracing::Level::WARN,
+            "diesel-inbox: the call failed",
+            "busy",
+            "Busy",
+        ),
+    ];
+    assert_eq!(ends.len(), expected.len(), "{ends:#?}");
+    for (got, want) in ends.iter().zip(expected) {
+        assert_eq!((got.0, got.1, got.2), (want.0, want.1, want.2), "{got:?}");
+        assert!(got.3.contains(want.3), "{got:?} lacks {:?}", want.3);
+    }
+    // The busy call was retried once (DEBUG), then gave up.
+    assert!(
+        ours.iter()
+            .any(|e| e.level == tracing::Level::DEBUG
+                && e.message.contains("transient error, retrying")),
+        "{ours:#?}"
+    );
+    // The span of each failed call carries the error; of the others, none.
+    let spans = capture.handles();
+    let errors: Vec<(&str, bool)> = spans
+        .iter()
+        .filter(|f| f["consumer"] == "logged")
+        .map(|f| (f["outcome"].as_str(), f.contains_key("error")))
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            ("applied", false),
+            ("duplicate", false),
+            ("error", true),
+            ("error", true),
+            ("error", true),
+            ("error", true),
+        ]
+    );
+}

@@ -159,6 +159,16 @@ mod schema {
     }
 
     #[test]
+    fn the_first_claim_refuses_each_wrong_table_shape_without_migrate() {
+        check::wrong_shapes_are_refused_at_the_first_claim::<crate::Sqlite>(SHAPES);
+    }
+
+    #[test]
+    fn the_table_shape_is_checked_once_per_connection() {
+        check::the_shape_is_checked_once_per_connection::<crate::Sqlite>();
+    }
+
+    #[test]
     fn migrate_upgrades_a_table_of_release_0_1_in_place() {
         check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
     }

@@ -258,11 +258,18 @@ fn calibrate(
             args.batch,
             &prefix,
         )?;
-        let wanted = (rate * args.min_secs * 1.1).ceil() as usize;
         // Whole batches on every thread.
-        counts.push(wanted.max(args.messages).div_ceil(unit) * unit);
+        counts.push(sample_size(rate, args, unit));
     }
     Ok(counts)
+}
+
+/// Messages per sample at `rate` messages/s so that a sample lasts at
+/// least `--min-secs` (10% to spare), no fewer than `--messages`, rounded
+/// up to a multiple of `unit`.
+fn sample_size(rate: f64, args: &Args, unit: usize) -> usize {
+    let wanted = (rate * args.min_secs * 1.1).ceil() as usize;
+    wanted.max(args.messages).div_ceil(unit) * unit
 }
 
 // The examples themselves, run by `--memory` (their `main`s stay unused).

@@ -103,8 +103,7 @@ pub fn measure<B: Server>(target: &Target, args: &Args) -> Result<(Vec<Cell>, Ke
                     args.batch,
                     &prefix,
                 )?;
-                let wanted = (rate * args.min_secs * 1.1).ceil() as usize;
-                counts.push(wanted.max(args.messages).div_ceil(threads) * threads);
+                counts.push(crate::sample_size(rate, args, threads));
             }
             let mut cell = Cell {
                 backend: target.name,

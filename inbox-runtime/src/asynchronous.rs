@@ -5,6 +5,7 @@
 
 use crate::backend::asynchronous::AsyncInboxConnection;
 use crate::backend::transaction::Scope;
+use crate::backend::{shape, InboxBackend};
 use crate::claim::{single_key, BatchPlan, One, Read};
 use crate::engine::{Claimed, Ended, Engine, Event, Next, Step};
 use crate::error::InboxError;
@@ -80,7 +81,7 @@ where
     K: InboxKey + ?Sized,
     for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> + Send,
     T: Send,
-    E: From<InboxError> + From<Error> + Send,
+    E: From<InboxError> + From<Error> + std::fmt::Debug + Send,
     R: Fn(&E) -> ErrorClass<E> + Send,
 {
     let consumer = consumer.consumer_name()?;
@@ -113,7 +114,7 @@ where
     M: Sync,
     for<'c, 'm> F: AsyncBatchBody<&'c mut C, Vec<&'m M>, Result<T, E>, Fut: Send> + Clone + Send,
     T: Send,
-    E: From<InboxError> + From<Error> + Send,
+    E: From<InboxError> + From<Error> + std::fmt::Debug + Send,
     R: Fn(&E) -> ErrorClass<E> + Send,
 {
     let what = plan.describe();
@@ -124,6 +125,7 @@ where
     let mut step = Step::Begin;
     let span = engine.span().clone();
     let ended = async {
+        check_shape(conn).await?;
         loop {
             let event = match step {
                 Step::Body => {
@@ -144,6 +146,17 @@ where
     Ok(plan.outcome(ended, positions))
 }
 
+/// The sync driver's shape check before the first claim on a connection,
+/// on an async one.
+async fn check_shape<C: AsyncInboxConnection>(conn: &mut C) -> Result<(), InboxError> {
+    if observe::shape_unchecked(conn.instrumentation()) {
+        let catalog = conn.catalog().await?;
+        shape::refuse(&catalog, <C::Backend as InboxBackend>::KEY_TYPE)?;
+        observe::shape_checked_async(conn);
+    }
+    Ok(())
+}
+
 /// What one call claims.
 enum Claim<'a> {
     One(&'a One<'a>),
@@ -162,9 +175,10 @@ async fn drive_one<C, T, E, F, R>(
 where
     C: AsyncInboxConnection,
     for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
-    E: From<InboxError> + From<Error>,
+    E: From<InboxError> + From<Error> + std::fmt::Debug,
     R: Fn(&E) -> ErrorClass<E>,
 {
+    check_shape(conn).await?;
     let claim = Claim::One(one);
     let mut positions = Vec::new();
     // The claim done together with the begin, for the engine's next step.

@@ -181,7 +181,7 @@ pub(crate) struct Engine<'a, B, T, E, R> {
 impl<'a, B, T, E, R> Engine<'a, B, T, E, R>
 where
     B: InboxBackend,
-    E: From<InboxError> + From<Error>,
+    E: From<InboxError> + From<Error> + std::fmt::Debug,
     R: Fn(&E) -> ErrorClass<E>,
 {
     /// A call that may rerun its transaction `retries` times; the first
@@ -232,9 +232,10 @@ where
             let outcome = match result {
                 Ok(Ended::Applied(_)) => Outcome::Applied,
                 Ok(Ended::Duplicate(_)) => Outcome::Duplicate,
-                Err(_) => Outcome::Error,
+                Err(e) => Outcome::Error(format!("{e:?}")),
             };
-            self.telemetry.finished(outcome, self.attempts);
+            self.telemetry
+                .finished(self.consumer, self.what, outcome, self.attempts);
         }
         next
     }
@@ -377,7 +378,7 @@ where
         };
         let (consumer, key, attempts) = (self.consumer, self.what, self.attempts);
         if attempts > self.retries {
-            tracing::warn!(consumer, key, attempts, error = %cause, "diesel-inbox: giving up on a transient error");
+            tracing::debug!(target: "diesel_inbox", consumer, key, attempts, error = %cause, "diesel-inbox: giving up on a transient error");
             let counted = self.count_text(&failure);
             let error = match (failure, class) {
                 (Failure::Inbox(source), _) => {
@@ -388,7 +389,7 @@ where
             };
             return self.give_up(error, counted);
         }
-        tracing::debug!(consumer, key, attempt = attempts, error = %cause, "diesel-inbox: transient error, retrying");
+        tracing::debug!(target: "diesel_inbox", consumer, key, attempt = attempts, error = %cause, "diesel-inbox: transient error, retrying");
         self.telemetry.retried();
         self.go(State::Sleeping, Step::Sleep(backoff(attempts)))
     }

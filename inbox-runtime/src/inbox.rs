@@ -276,7 +276,7 @@ where
         K: InboxKey + ?Sized,
         F: FnMut(&mut C) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
         R: Classify<E>,
-        E: From<InboxError> + From<Error>,
+        E: From<InboxError> + From<Error> + std::fmt::Debug,
     {
         transaction::run_one(
             conn,
@@ -315,7 +315,7 @@ where
         M::Output<T>: SingleOutcome<T>,
         K: InboxKey + ?Sized,
         F: FnOnce(&mut C) -> Result<T, E>,
-        E: From<InboxError> + From<Error>,
+        E: From<InboxError> + From<Error> + std::fmt::Debug,
     {
         self.once()?;
         let mut body = Some(body);
@@ -379,7 +379,7 @@ where
         M: BatchMode<Msg>,
         F: FnMut(&mut C, Vec<&Msg>) -> Result<T, E>, // reruns on a retry: clone what the body moves, or set `retries = 0`
         R: Classify<E>,
-        E: From<InboxError> + From<Error>,
+        E: From<InboxError> + From<Error> + std::fmt::Debug,
     {
         let (consumer, plan) = self.plan(messages, key)?;
         transaction::run_batch(
@@ -491,7 +491,7 @@ where
             + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
             + Send,
         T: Send,
-        E: From<InboxError> + From<Error> + Send,
+        E: From<InboxError> + From<Error> + std::fmt::Debug + Send,
         R: Classify<E>,
     {
         let next_body = move || body.clone();
@@ -524,7 +524,7 @@ where
         for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send> // no Rc or guard across .await
             + Send,
         T: Send,
-        E: From<InboxError> + From<Error> + Send,
+        E: From<InboxError> + From<Error> + std::fmt::Debug + Send,
     {
         self.once()?;
         let mut body = Some(body);
@@ -590,7 +590,7 @@ where
             + Clone // a retry runs a copy: clone what the body moves, or set `retries = 0`
             + Send,
         T: Send,
-        E: From<InboxError> + From<Error> + Send,
+        E: From<InboxError> + From<Error> + std::fmt::Debug + Send,
         R: Classify<E>,
     {
         let (consumer, plan) = self.plan(messages, key)?;
@@ -696,7 +696,7 @@ impl<E, F: Fn(&E) -> ErrorClass<E>> Classify<E> for F {
     }
 }
 
-/// A call with no option beyond its key: any diesel connection will do.
+/// A call with no option beyond its key.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Plain;
 

@@ -28,8 +28,10 @@ use std::time::Duration;
 ///   trigger or extra unique index that could skip or refuse a claim, and
 ///   the `received_at` index. Any mismatch is refused with
 ///   [`InboxError::IncompatibleTable`], listing each problem and its fix;
-///   nothing is changed. This costs one catalog query, once per `migrate`,
-///   and nothing on the message path.
+///   nothing is changed. This costs one catalog query, once per `migrate`.
+///   The first claim on each connection runs the same check, so a table
+///   made by the application's own migrations is refused too (guide:
+///   schema).
 /// - **Upgrades** a table of an older schema version in place (a table of
 ///   diesel-inbox 0.1 is recorded as version 1), and refuses one newer than
 ///   this release knows ([`InboxError::SchemaTooNew`]), so an older binary
@@ -185,14 +187,10 @@ fn plan<B: InboxBackend>(catalog: &Catalog) -> Result<Plan, InboxError> {
             supported: SCHEMA_VERSION,
         });
     }
-    let Some(table) = &catalog.table else {
+    if catalog.table.is_none() {
         return Ok(Plan::Create);
-    };
-    let mut problems = shape::problems(table, B::KEY_TYPE, catalog.version);
-    problems.extend(shape::attempts_problems(catalog));
-    if !problems.is_empty() {
-        return Err(InboxError::IncompatibleTable(problems));
     }
+    shape::refuse(catalog, B::KEY_TYPE)?;
     Ok(match catalog.version {
         Some(SCHEMA_VERSION) => Plan::Nothing,
         from => Plan::Upgrade { from },

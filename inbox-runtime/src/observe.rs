@@ -46,7 +46,10 @@ impl FailedStatement {
 /// handler's body whatever the body's error type.
 ///
 /// The runtime installs one by itself on connections that have no
-/// instrumentation. If you set your own, wrap it so that both work:
+/// instrumentation. It also keeps that the connection's inbox tables passed
+/// the shape check of its first claim, so that later claims skip it. If you
+/// set your own instrumentation, wrap it so that both work (unwrapped, the
+/// check's catalog query runs on every delivery):
 ///
 /// ```
 /// use diesel::connection::{Instrumentation, InstrumentationEvent};
@@ -68,6 +71,9 @@ pub struct ErrorObserver {
     inner: Option<Box<dyn Instrumentation>>,
     sequence: u64,
     failed: Vec<FailedStatement>,
+    /// Whether the inbox tables' shape was checked on this connection
+    /// (before its first claim).
+    shape_checked: bool,
 }
 
 impl ErrorObserver {
@@ -77,6 +83,7 @@ impl ErrorObserver {
             inner: None,
             sequence: 0,
             failed: Vec::new(),
+            shape_checked: false,
         }
     }
 
@@ -196,6 +203,48 @@ pub(crate) fn mark<C: Connection>(conn: &mut C) -> Mark {
         conn.set_instrumentation(ErrorObserver::new());
         Mark(Some(0))
     })
+}
+
+/// Whether the inbox tables' shape still needs checking on the connection
+/// whose instrumentation is `current`: until an observer on it has recorded
+/// a check. A connection with an instrumentation of its own that does not
+/// wrap an [`ErrorObserver`] has nowhere to keep that, so each claim on it
+/// checks again.
+pub(crate) fn shape_unchecked(current: &mut dyn Instrumentation) -> bool {
+    current
+        .downcast_ref::<ErrorObserver>()
+        .is_none_or(|observer| !observer.shape_checked)
+}
+
+/// Records that the shape was checked on the connection whose
+/// instrumentation is `current`; `false` when it has no instrumentation,
+/// and an observer must be installed first.
+fn record_shape_check(current: &mut dyn Instrumentation) -> bool {
+    match current.downcast_mut::<ErrorObserver>() {
+        Some(observer) => observer.shape_checked = true,
+        None => return !matches!(installed(current), Installed::Nothing),
+    }
+    true
+}
+
+/// Records on the connection that its inbox tables' shape was checked,
+/// installing an [`ErrorObserver`] first if it has no instrumentation.
+pub(crate) fn shape_checked<C: Connection>(conn: &mut C) {
+    if !record_shape_check(conn.instrumentation()) {
+        let mut observer = ErrorObserver::new();
+        observer.shape_checked = true;
+        conn.set_instrumentation(observer);
+    }
+}
+
+/// [`shape_checked`] for a diesel-async connection.
+#[cfg(feature = "async")]
+pub(crate) fn shape_checked_async<C: diesel_async::AsyncConnection>(conn: &mut C) {
+    if !record_shape_check(conn.instrumentation()) {
+        let mut observer = ErrorObserver::new();
+        observer.shape_checked = true;
+        conn.set_instrumentation(observer);
+    }
 }
 
 /// The failed statements since `mark`, oldest first (empty when nothing

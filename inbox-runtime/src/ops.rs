@@ -301,7 +301,7 @@ impl<'a> PurgeLoop<'a> {
             Err(e) if transient(&e) && self.failures < PURGE_BATCH_RETRIES => {
                 self.failures += 1;
                 self.report.retries += 1;
-                tracing::debug!(error = %e, attempt = self.failures, "diesel-inbox: purge batch failed transiently, retrying");
+                tracing::debug!(target: "diesel_inbox", error = %e, attempt = self.failures, "diesel-inbox: purge batch failed transiently, retrying");
                 PurgeStep::Sleep(crate::engine::backoff(self.failures))
             }
             Err(e) => PurgeStep::Done(Err(e)),

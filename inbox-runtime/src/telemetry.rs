@@ -1,6 +1,8 @@
 //! What a handled message tells the outside: a `tracing` span per handler
-//! call, and with the `metrics` feature, counters and a histogram through
-//! the `metrics` facade. The engine reports here (once, for the sync and
+//! call and an event when it ends, all under the target `diesel_inbox`
+//! (DEBUG for applied and duplicate, WARN with the error's text for a
+//! failure), and with the `metrics` feature, counters and a histogram
+//! through the `metrics` facade. The engine reports here (once, for the sync and
 //! the async drivers); the drivers only enter the span.
 //!
 //! Names follow OpenTelemetry's messaging conventions where one fits:
@@ -14,20 +16,24 @@
 
 use std::time::Instant;
 
-/// How a handler call ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The target of every span and event of the library: filter on it
+/// (`RUST_LOG=info,diesel_inbox=warn`).
+pub(crate) const TARGET: &str = "diesel_inbox";
+
+/// How a handler call ended; a failure with the error's `Debug` text.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Applied,
     Duplicate,
-    Error,
+    Error(String),
 }
 
 impl Outcome {
-    pub(crate) fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Outcome::Applied => "applied",
             Outcome::Duplicate => "duplicate",
-            Outcome::Error => "error",
+            Outcome::Error(_) => "error",
         }
     }
 }
@@ -46,12 +52,14 @@ impl Telemetry {
     /// when the call ends.
     pub(crate) fn start(consumer: &str, key: &str) -> Self {
         let span = tracing::info_span!(
+            target: TARGET,
             "diesel_inbox.handle",
             consumer,
             key,
             outcome = tracing::field::Empty,
             attempts = tracing::field::Empty,
             duration_ms = tracing::field::Empty,
+            error = tracing::field::Empty,
         );
         Telemetry {
             span,
@@ -73,13 +81,26 @@ impl Telemetry {
             .increment(1);
     }
 
-    /// The call ended.
-    pub(crate) fn finished(&self, outcome: Outcome, attempts: u32) {
+    /// The call on `key` (or a batch's description) of `consumer` ended:
+    /// the span's fields, and the event (inside the span).
+    pub(crate) fn finished(&self, consumer: &str, key: &str, outcome: Outcome, attempts: u32) {
         let elapsed = self.started.elapsed();
         self.span.record("outcome", outcome.as_str());
         self.span.record("attempts", attempts);
         self.span
             .record("duration_ms", elapsed.as_secs_f64() * 1000.0);
+        match &outcome {
+            Outcome::Applied => {
+                tracing::debug!(target: TARGET, consumer, key, attempts, "diesel-inbox: applied")
+            }
+            Outcome::Duplicate => {
+                tracing::debug!(target: TARGET, consumer, key, attempts, "diesel-inbox: duplicate")
+            }
+            Outcome::Error(error) => {
+                self.span.record("error", error.as_str());
+                tracing::warn!(target: TARGET, consumer, key, attempts, error = %error, "diesel-inbox: the call failed");
+            }
+        }
         #[cfg(feature = "metrics")]
         {
             let labels = [

@@ -1,7 +1,7 @@
 //! The sync driver: performs the steps the [engine](crate::engine) asks
 //! for on a diesel `Connection`.
 
-use crate::backend::InboxBackend;
+use crate::backend::{shape, InboxBackend};
 use crate::claim::{single_key, BatchPlan, One, Read};
 use crate::engine::{Claimed, Engine, Event, Next, Step};
 use crate::error::InboxError;
@@ -18,9 +18,11 @@ use std::panic::{self, AssertUnwindSafe};
 pub(crate) use crate::backend::transaction::{begin, commit, rollback, Scope};
 
 /// A sync diesel connection the inbox runs on: `PgConnection`,
-/// `MysqlConnection`, `SqliteConnection`, or any connection with diesel's
-/// `AnsiTransactionManager` on one of those backends. Implemented for every
-/// such connection; a generic handler can bound its connection with it.
+/// `MysqlConnection`, `SqliteConnection`, or any connection that loads rows
+/// (`LoadConnection`) with diesel's `AnsiTransactionManager` on one of
+/// those backends (an r2d2 `PooledConnection` of one, say). Implemented for
+/// every such connection; a generic handler can bound its connection with
+/// it.
 ///
 /// ```
 /// use diesel::prelude::*;
@@ -37,13 +39,13 @@ pub(crate) use crate::backend::transaction::{begin, commit, rollback, Scope};
     note = "a sync `fn` handler takes `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection` (for a pooled one, pass `&mut pooled`); an async connection (`AsyncPgConnection`, ...) goes with an `async fn` handler (feature `async`); a `#[derive(MultiConnection)]` enum is not supported"
 )]
 pub trait InboxConnection:
-    Connection<TransactionManager = AnsiTransactionManager, Backend: InboxBackend>
+    LoadConnection<TransactionManager = AnsiTransactionManager, Backend: InboxBackend>
 {
 }
 
 impl<C> InboxConnection for C
 where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
 }
@@ -70,7 +72,7 @@ where
     K: InboxKey + ?Sized,
     F: FnMut(&mut C) -> Result<T, E>,
     R: Fn(&E) -> ErrorClass<E>,
-    E: From<InboxError> + From<Error>,
+    E: From<InboxError> + From<Error> + std::fmt::Debug,
 {
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
@@ -90,8 +92,8 @@ where
 }
 
 /// The statements of a single call beyond the body: the plain claim of a
-/// call without options (any diesel connection), or the claim that reads
-/// rows, stores results and counts failures (a `LoadConnection`).
+/// call without options, or the claim that reads rows, stores results and
+/// counts failures.
 #[doc(hidden)]
 pub struct Steps<C, E> {
     claim: fn(&mut C, &One<'_>) -> Result<Claimed, Error>,
@@ -231,7 +233,7 @@ where
     C: InboxConnection + LoadConnection,
     F: FnMut(&mut C, Vec<&M>) -> Result<T, E>,
     R: Fn(&E) -> ErrorClass<E>,
-    E: From<InboxError> + From<Error>,
+    E: From<InboxError> + From<Error> + std::fmt::Debug,
 {
     let what = plan.describe();
     let engine = Engine::new(consumer, &what, retries, classify);
@@ -277,12 +279,13 @@ fn drive<C, T, E, W: Default>(
     mut body: impl FnMut(&mut C, &W) -> Result<T, E>,
 ) -> Result<(crate::engine::Ended<T>, W), E>
 where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
-    E: From<InboxError> + From<Error>,
+    E: From<InboxError> + From<Error> + std::fmt::Debug,
 {
     let span = engine.span().clone();
     let _entered = span.enter();
+    check_shape(conn)?;
     let mut work = W::default();
     let mut step = Step::Begin;
     loop {
@@ -333,9 +336,26 @@ where
     }
 }
 
+/// Before the first claim on a connection: its inbox tables' shape, in one
+/// catalog query, refused as `migrate` refuses it (tables made by the
+/// application's own migrations never meet `migrate`). The connection's
+/// [`ErrorObserver`](crate::ErrorObserver) keeps that it was done.
+fn check_shape<C>(conn: &mut C) -> Result<(), InboxError>
+where
+    C: LoadConnection,
+    C::Backend: InboxBackend,
+{
+    if observe::shape_unchecked(conn.instrumentation()) {
+        let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
+        shape::refuse(&catalog, <C::Backend as InboxBackend>::KEY_TYPE)?;
+        observe::shape_checked(conn);
+    }
+    Ok(())
+}
+
 /// A failed count is logged: the caller gets the body's failure either way.
 pub(crate) fn counted(result: Result<(), Error>) {
     if let Err(e) = result {
-        tracing::warn!(error = %e, "diesel-inbox: the failure could not be counted");
+        tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: the failure could not be counted");
     }
 }

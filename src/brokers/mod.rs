@@ -159,6 +159,7 @@ pub(crate) async fn handle<M, O, E, F>(
 where
     M: Inbound,
     O: Outcome,
+    E: std::fmt::Debug,
     F: AsyncFnOnce(&str, &[u8]) -> Result<O, E>,
 {
     let id = match message.message_id() {
@@ -167,6 +168,7 @@ where
             message
                 .settle(Settlement::DeadLetter, policy.retry_delay)
                 .await?;
+            tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: dead-lettered a message without a usable id");
             return Err(e);
         }
     };
@@ -174,6 +176,9 @@ where
     let outcome = handler(&id, message.body()).await;
     let settlement = policy.settlement(&outcome, deliveries);
     message.settle(settlement, policy.retry_delay).await?;
+    if let (Settlement::DeadLetter, Err(e)) = (settlement, &outcome) {
+        tracing::warn!(target: "diesel_inbox", message_id = %id, deliveries, error = ?e, "diesel-inbox: dead-lettered a message");
+    }
     Ok(Handled {
         message_id: id,
         outcome,

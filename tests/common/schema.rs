@@ -3,7 +3,7 @@
 //! the backend; each backend file supplies its DDL and runs these.
 
 use super::TestDb;
-use diesel::connection::{AnsiTransactionManager, LoadConnection};
+use diesel::connection::{AnsiTransactionManager, LoadConnection, SimpleConnection};
 use diesel::prelude::*;
 use diesel_inbox::{InboxBackend, InboxError, Processed, SCHEMA_VERSION};
 
@@ -259,5 +259,144 @@ pub fn newer_schema_is_refused<C>(
     assert_eq!(
         diesel_inbox::schema_version(&mut conn).expect("version"),
         Some(newer)
+    );
+}
+
+/// How a delivery on a wrong-shaped table must end: refused with
+/// `IncompatibleTable` whose one problem mentions the shape's.
+fn assert_refused<T: std::fmt::Debug>(shape: &WrongShape, how: &str, got: Result<T, InboxError>) {
+    match got {
+        Err(InboxError::IncompatibleTable(problems)) => {
+            assert_eq!(problems.len(), 1, "{} ({how}): {problems:#?}", shape.name);
+            assert!(
+                problems[0].problem.contains(shape.problem),
+                "{} ({how}): {:?} does not mention {:?}",
+                shape.name,
+                problems[0].problem,
+                shape.problem
+            );
+        }
+        other => panic!(
+            "{} ({how}): expected IncompatibleTable, got {other:?}",
+            shape.name
+        ),
+    }
+}
+
+/// Each wrong shape, made without `migrate` (as an application's own
+/// migrations make its tables): the first delivery on a connection, sync
+/// and async, is refused with `IncompatibleTable` before its body runs
+/// and before any inbox row is written; so is the next one on the same
+/// connection, and one on a new connection.
+pub fn wrong_shapes_are_refused_at_the_first_claim<B: super::backend::TestBackend>(
+    shapes: &[WrongShape],
+) {
+    for shape in shapes {
+        let Some(db) = B::fresh(&format!("cs_{}", shape.name)) else {
+            return;
+        };
+        let mut conn = B::open(&db);
+        conn.batch_execute(shape.ddl)
+            .unwrap_or_else(|e| panic!("{}: create the wrong table: {e}", shape.name));
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let deliver = |conn: &mut B::Conn, key: &str| {
+            diesel_inbox::Inbox::consumer("shapes").run(conn, key, |_| {
+                ran.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, InboxError>(())
+            })
+        };
+        assert_refused(shape, "first claim", deliver(&mut conn, "m-1"));
+        assert_refused(shape, "second claim", deliver(&mut conn, "m-1"));
+        assert_refused(shape, "new connection", deliver(&mut B::open(&db), "m-2"));
+        #[cfg(feature = "async")]
+        {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let pool = B::pool(&db);
+                let mut pooled = B::pooled(&pool).await;
+                for how in ["first async claim", "second async claim"] {
+                    let got = diesel_inbox::Inbox::consumer("shapes")
+                        .run_async(&mut *pooled, "m-3", async |_| Ok::<_, InboxError>(()))
+                        .await;
+                    assert_refused(shape, how, got);
+                }
+            });
+        }
+        assert!(
+            !ran.load(std::sync::atomic::Ordering::SeqCst),
+            "{}: a body ran on a refused table",
+            shape.name
+        );
+        for key in ["m-1", "m-2", "m-3"] {
+            assert_eq!(
+                B::inbox_rows(&mut conn, "shapes", key),
+                0,
+                "{}: a refused claim wrote an inbox row",
+                shape.name
+            );
+        }
+    }
+}
+
+/// Counts the statements a connection starts.
+#[derive(Clone, Default)]
+struct Statements(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl diesel::connection::Instrumentation for Statements {
+    fn on_connection_event(&mut self, event: diesel::connection::InstrumentationEvent<'_>) {
+        if let diesel::connection::InstrumentationEvent::StartQuery { .. } = event {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// The shape check costs one catalog query per connection and nothing per
+/// message: on a migrated table, the first delivery on a connection runs
+/// exactly one statement more than each later one, whose counts are equal.
+/// A connection with an instrumentation of its own wrapped in
+/// `ErrorObserver` keeps that; one with its own unwrapped has nowhere to
+/// record the check and pays the query on every delivery.
+pub fn the_shape_is_checked_once_per_connection<B: super::backend::TestBackend>() {
+    let Some(db) = B::fresh("shape_once") else {
+        return;
+    };
+    diesel_inbox::migrate(&mut B::open(&db)).expect("migrate");
+    let statements_of = |conn: &mut B::Conn, counter: &Statements, keys: &[&str]| {
+        keys.iter()
+            .map(|key| {
+                let before = counter.0.load(std::sync::atomic::Ordering::SeqCst);
+                let out = diesel_inbox::Inbox::consumer("once")
+                    .run(conn, *key, |_| Ok::<_, InboxError>(()))
+                    .expect("delivery");
+                assert_eq!(out, Processed::Applied(()));
+                counter.0.load(std::sync::atomic::Ordering::SeqCst) - before
+            })
+            .collect::<Vec<_>>()
+    };
+    let counter = Statements::default();
+    let mut conn = B::open(&db);
+    conn.set_instrumentation(diesel_inbox::ErrorObserver::wrapping(counter.clone()));
+    let wrapped = statements_of(&mut conn, &counter, &["w-1", "w-2", "w-3"]);
+    assert_eq!(
+        wrapped[0],
+        wrapped[1] + 1,
+        "statements per delivery: {wrapped:?}"
+    );
+    assert_eq!(
+        wrapped[1], wrapped[2],
+        "statements per delivery: {wrapped:?}"
+    );
+
+    let counter = Statements::default();
+    let mut conn = B::open(&db);
+    conn.set_instrumentation(counter.clone());
+    let own = statements_of(&mut conn, &counter, &["o-1", "o-2"]);
+    assert_eq!(
+        own,
+        vec![wrapped[0], wrapped[0]],
+        "own instrumentation: {own:?}"
     );
 }

@@ -2,7 +2,7 @@
 //! against the catalog by `migrate`. Each backend reads its catalog and
 //! judges its own types and collations; the rules here are common.
 
-use crate::error::TableProblem;
+use crate::error::{InboxError, TableProblem};
 
 /// The inbox table as the catalog describes it.
 /// One row of a backend's catalog query: what `kind` of thing, its `name`,
@@ -110,6 +110,25 @@ pub struct Catalog {
     pub(crate) table: Option<Table>,
     /// The columns of `inbox_attempts` (schema 2), empty without it.
     pub(crate) attempts_columns: Vec<String>,
+}
+
+/// The verdict on the catalog's tables: every problem of an existing
+/// `inbox_messages` (and of `inbox_attempts`) as
+/// [`InboxError::IncompatibleTable`]; `Ok` when there is none, or no table
+/// (the claim's own error says so). `migrate` refuses a table on it, and so
+/// does the first claim on each connection, for tables that `migrate`
+/// never saw. `key_type` is the backend's column type for keys, named in
+/// fixes.
+pub(crate) fn refuse(catalog: &Catalog, key_type: &str) -> Result<(), InboxError> {
+    let Some(table) = &catalog.table else {
+        return Ok(());
+    };
+    let mut found = problems(table, key_type, catalog.version);
+    found.extend(attempts_problems(catalog));
+    match found.is_empty() {
+        true => Ok(()),
+        false => Err(InboxError::IncompatibleTable(found)),
+    }
 }
 
 /// The columns of `inbox_attempts` the runtime reads and writes.

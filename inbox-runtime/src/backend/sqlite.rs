@@ -425,7 +425,7 @@ mod asynchronous {
                 })
                 .await;
             if let Err(e) = rolled_back {
-                tracing::warn!(error = %e, "diesel-inbox: rollback failed");
+                tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: rollback failed");
             }
         }
 

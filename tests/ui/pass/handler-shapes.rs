@@ -70,7 +70,7 @@ fn computed_key(conn: &mut SqliteConnection, tenant: &str, msg: &Msg) -> QueryRe
 #[idempotent(key = "id")]
 fn generic_connection<C>(conn: &mut C, id: i64) -> QueryResult<i64>
 where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
+    C: diesel::connection::LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
     let _ = conn;
