@@ -132,6 +132,21 @@ fn cli_contract<B: TestBackend>() {
             && out.contains("last error: NotFound"),
         "{out}"
     );
+    // status --json: the same answers for scripts, with the same exit codes.
+    let (code, out, _) = run(cli(url).args(["status", "billing", "order-25", "--json"]));
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("status --json");
+    assert_eq!(json["applied"], true);
+    assert_eq!(json["key"], "order-25");
+    assert!(json["received_at"].as_str().expect("a time").ends_with('Z'));
+    assert!(json["attempts"].is_null());
+    let (code, out, _) = run(cli(url).args(["status", "importer", "file-7", "--json"]));
+    assert_eq!(code, 1);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("status --json");
+    assert_eq!(json["applied"], false);
+    assert!(json["received_at"].is_null());
+    assert_eq!(json["attempts"]["failures"], 2);
+    assert_eq!(json["attempts"]["last_error"], "NotFound");
 
     // purge: refused under an hour, a dry run, then in batches.
     let (code, _, err) = run(cli(url).args(["purge", "--older-than", "30m"]));

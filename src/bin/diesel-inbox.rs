@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! diesel-inbox [--database-url URL] migrate
-//! diesel-inbox status <CONSUMER> <KEY>
+//! diesel-inbox status <CONSUMER> <KEY> [--json]
 //! diesel-inbox stats [--json]
 //! diesel-inbox purge --older-than 30d [--consumer C] [--batch 10000] [--pause 10ms] [--dry-run] [--force]
 //! diesel-inbox forget <CONSUMER> <KEY>
@@ -41,8 +41,16 @@ struct Cli {
 enum Command {
     /// Create, verify or upgrade the inbox table.
     Migrate,
-    /// Whether CONSUMER has applied the message KEY, and when.
-    Status { consumer: String, key: String },
+    /// Whether CONSUMER has applied the message KEY, and when; if not, its
+    /// failed attempts (max_attempts).
+    Status {
+        consumer: String,
+        key: String,
+        /// JSON for scripts: {"consumer", "key", "applied", "received_at",
+        /// "attempts": null or {"failures", "last_error", "updated_at"}}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Rows, oldest and newest claim per consumer.
     Stats {
         /// JSON for scripts instead of a table.
@@ -227,16 +235,41 @@ where
                 diesel_inbox::SCHEMA_VERSION
             );
         }
-        Command::Status { consumer, key } => match diesel_inbox::status(conn, consumer, key)? {
-            Some(entry) => println!(
-                "applied: consumer {} key {} received_at {}",
-                entry.consumer,
-                entry.key,
-                rfc3339(entry.received_at)
-            ),
-            None => {
+        Command::Status {
+            consumer,
+            key,
+            json,
+        } => {
+            let entry = diesel_inbox::status(conn, consumer, key)?;
+            let attempts = match entry {
+                Some(_) => None,
+                None => diesel_inbox::attempts(conn, consumer, key)?,
+            };
+            if *json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "consumer": consumer,
+                        "key": key,
+                        "applied": entry.is_some(),
+                        "received_at": entry.as_ref().map(|e| rfc3339(e.received_at)),
+                        "attempts": attempts.as_ref().map(|a| serde_json::json!({
+                            "failures": a.failures,
+                            "last_error": a.last_error,
+                            "updated_at": rfc3339(a.updated_at),
+                        })),
+                    })
+                );
+            } else if let Some(entry) = &entry {
+                println!(
+                    "applied: consumer {} key {} received_at {}",
+                    entry.consumer,
+                    entry.key,
+                    rfc3339(entry.received_at)
+                );
+            } else {
                 println!("not applied: no inbox row for consumer {consumer} and key {key}");
-                if let Some(count) = diesel_inbox::attempts(conn, consumer, key)? {
+                if let Some(count) = &attempts {
                     println!(
                         "{} failed attempt{} (max_attempts), the last at {}; last error: {}",
                         count.failures,
@@ -245,9 +278,11 @@ where
                         count.last_error
                     );
                 }
+            }
+            if entry.is_none() {
                 return Ok(ExitCode::from(1));
             }
-        },
+        }
         Command::Stats { json } => {
             let stats = diesel_inbox::stats(conn)?;
             if *json {
