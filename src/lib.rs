@@ -273,7 +273,7 @@ extern crate self as diesel_inbox;
 #[cfg(feature = "async")]
 pub use inbox_runtime::{
     attempts_async, forget_async, migrate_async, purge_async, stats_async, status_async,
-    AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+    AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[doc(hidden)]

@@ -23,7 +23,7 @@ use diesel_inbox::inbox::{
 #[allow(unused_imports)]
 use diesel_inbox::{
     attempts_async, forget_async, migrate_async, purge_async, stats_async, status_async,
-    AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+    AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[cfg(any(feature = "lapin", feature = "nats"))]

@@ -69,7 +69,7 @@ mod transaction;
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncBatchBody, AsyncBody};
 #[cfg(feature = "async")]
-pub use backend::asynchronous::AsyncInboxConnection;
+pub use backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
 pub use backend::{ddl, InboxBackend, SCHEMA_VERSION};
 pub use error::{InboxError, TableProblem};
 pub use fingerprint::Fingerprint;

@@ -4,7 +4,7 @@
 //! and its lock).
 
 #[cfg(feature = "async")]
-use crate::backend::asynchronous::{AsyncInboxConnection, AsyncMigration};
+use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection, AsyncMigration};
 use crate::backend::shape;
 use crate::backend::transaction::transaction_open;
 #[cfg(feature = "async")]
@@ -229,11 +229,12 @@ fn upgrade_sql<B: InboxBackend>(from: Option<u32>) -> String {
 /// # fn main() {}
 /// ```
 #[cfg(feature = "async")]
-pub async fn migrate_async<C>(conn: &mut C) -> Result<(), InboxError>
+pub async fn migrate_async<P, C, Via>(conn: &mut P) -> Result<(), InboxError>
 where
+    P: AsAsyncConnection<C, Via>,
     C: AsyncInboxConnection,
 {
-    sequence(&mut AsyncSteps(conn)).await
+    sequence(&mut AsyncSteps(conn.connection())).await
 }
 
 /// What `migrate`'s sequence does on a connection, step by step: on a sync

@@ -8,6 +8,8 @@
 //! live once in [`PurgeLoop`], driven by a sync and an async loop of a few
 //! lines.
 
+#[cfg(feature = "async")]
+use crate::backend::asynchronous::AsAsyncConnection;
 use crate::backend::transaction;
 #[cfg(feature = "async")]
 use crate::backend::transaction::Scope;
@@ -204,10 +206,12 @@ impl<'a> Purge<'a> {
 
     /// The async twin of [`run`](Self::run).
     #[cfg(feature = "async")]
-    pub async fn run_async<C>(mut self, conn: &mut C) -> Result<PurgeReport, InboxError>
+    pub async fn run_async<P, C, Via>(mut self, conn: &mut P) -> Result<PurgeReport, InboxError>
     where
+        P: AsAsyncConnection<C, Via>,
         C: crate::AsyncInboxConnection,
     {
+        let conn = conn.connection();
         let (cutoff, consumer, limit) = self.checked::<C::Backend>()?;
         if transaction::transaction_open_async(conn) {
             return Err(InboxError::InTransaction { operation: "purge" });
@@ -225,12 +229,14 @@ impl<'a> Purge<'a> {
 
     /// The async twin of [`count`](Self::count).
     #[cfg(feature = "async")]
-    pub async fn count_async<C>(self, conn: &mut C) -> Result<u64, InboxError>
+    pub async fn count_async<P, C, Via>(self, conn: &mut P) -> Result<u64, InboxError>
     where
+        P: AsAsyncConnection<C, Via>,
         C: crate::AsyncInboxConnection,
     {
         let (cutoff, consumer, _) = self.checked::<C::Backend>()?;
-        conn.inbox_count_older(cutoff, consumer)
+        conn.connection()
+            .inbox_count_older(cutoff, consumer)
             .await
             .map(|n| n as u64)
             .map_err(ops_error::<C::Backend>)
@@ -551,12 +557,13 @@ where
 /// # fn main() {}
 /// ```
 #[cfg(feature = "async")]
-pub async fn purge_async<C>(
-    conn: &mut C,
+pub async fn purge_async<P, C, Via>(
+    conn: &mut P,
     older_than: Duration,
     batch_size: usize,
 ) -> Result<PurgeReport, InboxError>
 where
+    P: AsAsyncConnection<C, Via>,
     C: crate::AsyncInboxConnection,
 {
     Purge::new(older_than)
@@ -567,32 +574,36 @@ where
 
 /// The async twin of [`status`] (example: [`purge_async`]).
 #[cfg(feature = "async")]
-pub async fn status_async<C>(
-    conn: &mut C,
+pub async fn status_async<P, C, Via>(
+    conn: &mut P,
     consumer: &str,
     key: &str,
 ) -> Result<Option<InboxEntry>, InboxError>
 where
+    P: AsAsyncConnection<C, Via>,
     C: crate::AsyncInboxConnection,
 {
     checked_ids(consumer, key)?;
-    conn.inbox_entry(consumer, key)
+    conn.connection()
+        .inbox_entry(consumer, key)
         .await
         .map_err(ops_error::<C::Backend>)
 }
 
 /// The async twin of [`attempts`].
 #[cfg(feature = "async")]
-pub async fn attempts_async<C>(
-    conn: &mut C,
+pub async fn attempts_async<P, C, Via>(
+    conn: &mut P,
     consumer: &str,
     key: &str,
 ) -> Result<Option<Attempts>, InboxError>
 where
+    P: AsAsyncConnection<C, Via>,
     C: crate::AsyncInboxConnection,
 {
     checked_ids(consumer, key)?;
-    conn.inbox_attempts(consumer, key)
+    conn.connection()
+        .inbox_attempts(consumer, key)
         .await
         .map(|row| row.map(|row| attempts_of(consumer, key, row)))
         .map_err(ops_error::<C::Backend>)
@@ -600,21 +611,31 @@ where
 
 /// The async twin of [`forget`] (example: [`purge_async`]).
 #[cfg(feature = "async")]
-pub async fn forget_async<C>(conn: &mut C, consumer: &str, key: &str) -> Result<bool, InboxError>
+pub async fn forget_async<P, C, Via>(
+    conn: &mut P,
+    consumer: &str,
+    key: &str,
+) -> Result<bool, InboxError>
 where
+    P: AsAsyncConnection<C, Via>,
     C: crate::AsyncInboxConnection,
 {
     checked_ids(consumer, key)?;
-    conn.inbox_forget(consumer, key)
+    conn.connection()
+        .inbox_forget(consumer, key)
         .await
         .map_err(ops_error::<C::Backend>)
 }
 
 /// The async twin of [`stats`] (example: [`purge_async`]).
 #[cfg(feature = "async")]
-pub async fn stats_async<C>(conn: &mut C) -> Result<Vec<ConsumerStats>, InboxError>
+pub async fn stats_async<P, C, Via>(conn: &mut P) -> Result<Vec<ConsumerStats>, InboxError>
 where
+    P: AsAsyncConnection<C, Via>,
     C: crate::AsyncInboxConnection,
 {
-    conn.inbox_stats().await.map_err(ops_error::<C::Backend>)
+    conn.connection()
+        .inbox_stats()
+        .await
+        .map_err(ops_error::<C::Backend>)
 }

@@ -577,11 +577,7 @@ mod asynchronous {
         }
 
         fn attempts(&mut self, consumer: &str, key: &str) -> Result<Option<Attempts>, InboxError> {
-            runtime().block_on(diesel_inbox::attempts_async::<B::AsyncConn>(
-                &mut self.conn,
-                consumer,
-                key,
-            ))
+            runtime().block_on(diesel_inbox::attempts_async(&mut self.conn, consumer, key))
         }
 
         fn transient_once(&mut self, m: &Msg, runs: &AtomicU32) -> Outcome<()> {
@@ -613,43 +609,31 @@ mod asynchronous {
         }
 
         fn migrate(&mut self) -> Result<(), InboxError> {
-            runtime().block_on(diesel_inbox::migrate_async::<B::AsyncConn>(&mut self.conn))
+            runtime().block_on(diesel_inbox::migrate_async(&mut self.conn))
         }
 
         fn status(&mut self, consumer: &str, key: &str) -> Result<Option<InboxEntry>, InboxError> {
-            runtime().block_on(diesel_inbox::status_async::<B::AsyncConn>(
-                &mut self.conn,
-                consumer,
-                key,
-            ))
+            runtime().block_on(diesel_inbox::status_async(&mut self.conn, consumer, key))
         }
 
         fn forget(&mut self, consumer: &str, key: &str) -> Result<bool, InboxError> {
-            runtime().block_on(diesel_inbox::forget_async::<B::AsyncConn>(
-                &mut self.conn,
-                consumer,
-                key,
-            ))
+            runtime().block_on(diesel_inbox::forget_async(&mut self.conn, consumer, key))
         }
 
         fn stats(&mut self) -> Result<Vec<ConsumerStats>, InboxError> {
-            runtime().block_on(diesel_inbox::stats_async::<B::AsyncConn>(&mut self.conn))
+            runtime().block_on(diesel_inbox::stats_async(&mut self.conn))
         }
 
         fn purge(&mut self, older_than: Duration, batch: usize) -> Result<PurgeReport, InboxError> {
-            runtime().block_on(diesel_inbox::purge_async::<B::AsyncConn>(
-                &mut self.conn,
-                older_than,
-                batch,
-            ))
+            runtime().block_on(diesel_inbox::purge_async(&mut self.conn, older_than, batch))
         }
 
         fn run_purge(&mut self, purge: Purge<'_>) -> Result<PurgeReport, InboxError> {
-            runtime().block_on(purge.run_async::<B::AsyncConn>(&mut self.conn))
+            runtime().block_on(purge.run_async(&mut self.conn))
         }
 
         fn count_purge(&mut self, purge: Purge<'_>) -> Result<u64, InboxError> {
-            runtime().block_on(purge.count_async::<B::AsyncConn>(&mut self.conn))
+            runtime().block_on(purge.count_async(&mut self.conn))
         }
 
         fn purge_during_deliveries(
@@ -793,7 +777,7 @@ mod asynchronous {
                 async move {
                     let mut conn = B::pooled(&pool).await;
                     barrier.wait().await;
-                    diesel_inbox::migrate_async::<B::AsyncConn>(&mut conn).await
+                    diesel_inbox::migrate_async(&mut conn).await
                 }
             }))
         }

@@ -186,6 +186,70 @@ pub trait AsyncInboxConnection:
     fn inbox_stats(&mut self) -> impl Future<Output = QueryResult<Vec<ConsumerStats>>> + Send;
 }
 
+/// What the async operations take ([`migrate_async`](crate::migrate_async),
+/// [`status_async`](crate::status_async), [`attempts_async`](crate::attempts_async),
+/// [`forget_async`](crate::forget_async), [`stats_async`](crate::stats_async),
+/// [`purge_async`](crate::purge_async), [`Purge::run_async`](crate::Purge::run_async)):
+/// an [`AsyncInboxConnection`] itself, `&mut conn`, or a pooled one that
+/// dereferences to it, `&mut pooled` (deadpool's `Object`, bb8's
+/// `PooledConnection`, mobc's `Connection`), as handlers take both.
+/// `Via` is inferred: you never name it.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel::SqliteConnection;
+/// use diesel_async::pooled_connection::deadpool::Pool;
+/// use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+///
+/// type Conn = SyncConnectionWrapper<SqliteConnection>;
+/// let manager = AsyncDieselConnectionManager::<Conn>::new(":memory:");
+/// let pool = Pool::builder(manager).max_size(1).build()?;
+/// let mut pooled = pool.get().await?;
+/// diesel_inbox::migrate_async(&mut pooled).await?; // the pooled connection
+/// diesel_inbox::migrate_async(&mut *pooled).await?; // the connection itself
+/// assert!(diesel_inbox::status_async(&mut pooled, "billing", "m-1").await?.is_none());
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is neither an async connection diesel-inbox runs on nor a pooled one that dereferences to one",
+    label = "not an async connection of a supported backend",
+    note = "pass `&mut conn` for an `AsyncPgConnection`, `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>`, or `&mut pooled` for one from a pool (deadpool, bb8, mobc); a sync connection goes with the sync operations (`migrate`, `status`, ...)"
+)]
+pub trait AsAsyncConnection<C, Via>: Send {
+    #[doc(hidden)]
+    fn connection(&mut self) -> &mut C;
+}
+
+/// [`AsAsyncConnection`] for the connection itself.
+#[doc(hidden)]
+pub struct Itself;
+
+/// [`AsAsyncConnection`] for what dereferences to a connection.
+#[doc(hidden)]
+pub struct ThroughDeref;
+
+impl<C: AsyncInboxConnection> AsAsyncConnection<C, Itself> for C {
+    fn connection(&mut self) -> &mut C {
+        self
+    }
+}
+
+impl<P, C> AsAsyncConnection<C, ThroughDeref> for P
+where
+    P: std::ops::DerefMut<Target = C> + Send,
+    C: AsyncInboxConnection,
+{
+    fn connection(&mut self) -> &mut C {
+        self
+    }
+}
+
 /// What [`AsyncInboxConnection::inbox_begin_claim`] did: the begin's
 /// result, and the claim's if the begin worked.
 #[doc(hidden)]
