@@ -260,11 +260,12 @@
 pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
-    attempts, consumers, ddl, forget, inbox, inbox_messages, migrate, purge, schema_version, stats,
-    status, validate_key, Attempts, Batch, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver,
-    Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey,
-    InvalidKey, Outcome, Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored,
-    StoredResult, TableProblem, DEFAULT_RETRIES, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
+    attempts, attempts_list, consumers, ddl, forget, inbox, inbox_messages, migrate, purge,
+    schema_version, stats, status, validate_key, Attempts, Batch, ConsumerName, ConsumerStats,
+    ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry,
+    InboxError, InboxKey, InvalidKey, Outcome, Processed, Purge, PurgeReport, RegisteredHandler,
+    RetryableError, Stored, StoredResult, TableProblem, DEFAULT_RETRIES, MAX_KEY_BYTES,
+    MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.
@@ -272,8 +273,8 @@ extern crate self as diesel_inbox;
 
 #[cfg(feature = "async")]
 pub use inbox_runtime::{
-    attempts_async, forget_async, migrate_async, purge_async, stats_async, status_async,
-    AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+    attempts_async, attempts_list_async, forget_async, migrate_async, purge_async, stats_async,
+    status_async, AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[doc(hidden)]

@@ -147,6 +147,31 @@ fn cli_contract<B: TestBackend>() {
     assert!(json["received_at"].is_null());
     assert_eq!(json["attempts"]["failures"], 2);
     assert_eq!(json["attempts"]["last_error"], "NotFound");
+    // attempts: the failing keys, all or the exhausted ones.
+    let (code, out, _) = run(cli(url).args(["attempts", "--consumer", "importer", "--json"]));
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("attempts --json");
+    assert_eq!(json.as_array().map(Vec::len), Some(1), "{out}");
+    assert_eq!(json[0]["key"], "file-7");
+    assert_eq!(json[0]["failures"], 2);
+    assert_eq!(json[0]["last_error"], "NotFound");
+    let (code, out, _) = run(cli(url).args(["attempts"]));
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("consumer") && out.contains("file-7") && out.contains("NotFound"),
+        "{out}"
+    );
+    let exhausted = |max: &str| {
+        let (code, out, _) =
+            run(cli(url).args(["attempts", "--exhausted", "--max-attempts", max, "--json"]));
+        assert_eq!(code, 0);
+        serde_json::from_str::<serde_json::Value>(&out).expect("json")
+    };
+    assert_eq!(exhausted("2")[0]["key"], "file-7");
+    assert_eq!(exhausted("3").as_array().map(Vec::len), Some(0));
+    let (code, _, err) = run(cli(url).args(["attempts", "--exhausted"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("--max-attempts"), "{err}");
 
     // purge: refused under an hour, a dry run, then in batches.
     let (code, _, err) = run(cli(url).args(["purge", "--older-than", "30m"]));

@@ -5,12 +5,12 @@
 
 #[allow(unused_imports)]
 use diesel_inbox::{
-    attempts, consumers, ddl, forget, guide, idempotent, inbox, inbox_messages, migrate, purge,
-    schema_version, stats, status, validate_key, Attempts, Batch, ConsumerName, ConsumerStats,
-    ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry,
-    InboxError, InboxKey, InvalidKey, Outcome, Processed, Purge, PurgeReport, RegisteredHandler,
-    RetryableError, Stored, StoredResult, TableProblem, DEFAULT_RETRIES, MAX_KEY_BYTES,
-    MAX_PURGE_BATCH, SCHEMA_VERSION,
+    attempts, attempts_list, consumers, ddl, forget, guide, idempotent, inbox, inbox_messages,
+    migrate, purge, schema_version, stats, status, validate_key, Attempts, Batch, ConsumerName,
+    ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection,
+    InboxEntry, InboxError, InboxKey, InvalidKey, Outcome, Processed, Purge, PurgeReport,
+    RegisteredHandler, RetryableError, Stored, StoredResult, TableProblem, DEFAULT_RETRIES,
+    MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 #[allow(unused_imports)]
@@ -22,8 +22,8 @@ use diesel_inbox::inbox::{
 #[cfg(feature = "async")]
 #[allow(unused_imports)]
 use diesel_inbox::{
-    attempts_async, forget_async, migrate_async, purge_async, stats_async, status_async,
-    AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+    attempts_async, attempts_list_async, forget_async, migrate_async, purge_async, stats_async,
+    status_async, AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[cfg(any(feature = "lapin", feature = "nats"))]

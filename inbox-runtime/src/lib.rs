@@ -81,9 +81,13 @@ pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};
 pub use migrate::migrate_async;
 pub use migrate::{migrate, schema_version};
 pub use observe::ErrorObserver;
-pub use ops::{attempts, forget, purge, stats, status, Purge, PurgeReport, MAX_PURGE_BATCH};
+pub use ops::{
+    attempts, attempts_list, forget, purge, stats, status, Purge, PurgeReport, MAX_PURGE_BATCH,
+};
 #[cfg(feature = "async")]
-pub use ops::{attempts_async, forget_async, purge_async, stats_async, status_async};
+pub use ops::{
+    attempts_async, attempts_list_async, forget_async, purge_async, stats_async, status_async,
+};
 pub use options::StoredResult;
 pub use processed::{Batch, Outcome, Processed, Stored};
 pub use registry::ConsumerName;

@@ -16,7 +16,7 @@ use crate::backend::transaction::Scope;
 use crate::backend::InboxBackend;
 use crate::error::InboxError;
 use crate::key::validate_key;
-use crate::rows::{attempts_of, Attempts, ConsumerStats, InboxEntry};
+use crate::rows::{attempts_of, failing_of, Attempts, ConsumerStats, InboxEntry};
 use crate::transaction::InboxConnection;
 use diesel::connection::LoadConnection;
 use diesel::result::Error;
@@ -463,6 +463,76 @@ where
         .map_err(ops_error::<C::Backend>)
 }
 
+/// The failing keys: each failure count (`max_attempts`) of at least
+/// `min_failures` failures, of `consumer` or of every consumer (`None`), the
+/// latest failure first, at most `limit` of them. A key is listed from its
+/// first counted failure until a delivery of it succeeds or it is
+/// [`forget`]-ed; with `min_failures` set to the handler's `max_attempts`
+/// the list is the keys given up on ([`InboxError::AttemptsExhausted`]).
+/// `limit` is 1 to [`MAX_PURGE_BATCH`].
+///
+/// ```
+/// use diesel::prelude::*;
+/// use diesel_inbox::{attempts_list, idempotent, InboxError};
+///
+/// #[derive(Debug)]
+/// struct Rejected;
+/// # impl From<InboxError> for Rejected { fn from(_: InboxError) -> Self { Rejected } }
+/// # impl From<diesel::result::Error> for Rejected { fn from(_: diesel::result::Error) -> Self { Rejected } }
+///
+/// #[idempotent(key = "id", max_attempts = 2)]
+/// fn import(conn: &mut SqliteConnection, id: i64) -> Result<(), Rejected> {
+///     Err(Rejected)
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// diesel_inbox::migrate(&mut conn)?;
+/// for id in [1, 1, 2] {
+///     assert!(import(&mut conn, id).is_err());
+/// }
+/// let failing = attempts_list(&mut conn, Some("import"), 1, 100)?;
+/// assert_eq!(failing.len(), 2);
+/// let exhausted = attempts_list(&mut conn, Some("import"), 2, 100)?;
+/// assert_eq!((exhausted[0].key.as_str(), exhausted[0].failures), ("1", 2));
+/// # Ok(())
+/// # }
+/// ```
+pub fn attempts_list<C>(
+    conn: &mut C,
+    consumer: Option<&str>,
+    min_failures: u32,
+    limit: usize,
+) -> Result<Vec<Attempts>, InboxError>
+where
+    C: InboxConnection,
+{
+    let (min_failures, limit) = checked_list(consumer, min_failures, limit)?;
+    C::Backend::failing(conn, consumer, min_failures, limit)
+        .map(|rows| rows.into_iter().map(failing_of).collect())
+        .map_err(ops_error::<C::Backend>)
+}
+
+/// `attempts_list`'s arguments as its statement takes them.
+fn checked_list(
+    consumer: Option<&str>,
+    min_failures: u32,
+    limit: usize,
+) -> Result<(i32, i64), InboxError> {
+    if let Some(consumer) = consumer {
+        validate_key(consumer).map_err(InboxError::InvalidConsumer)?;
+    }
+    if limit == 0 || limit > MAX_PURGE_BATCH {
+        return Err(InboxError::InvalidArgument(
+            "attempts_list: limit must be 1 to MAX_PURGE_BATCH",
+        ));
+    }
+    Ok((
+        i32::try_from(min_failures).unwrap_or(i32::MAX),
+        limit as i64,
+    ))
+}
+
 /// Removes the inbox row of `key` for `consumer`, so that the next delivery
 /// of that message is applied again: a deliberate replay. It also removes
 /// the key's failure count (`max_attempts`), so that a message given up on
@@ -606,6 +676,26 @@ where
         .inbox_attempts(consumer, key)
         .await
         .map(|row| row.map(|row| attempts_of(consumer, key, row)))
+        .map_err(ops_error::<C::Backend>)
+}
+
+/// The async twin of [`attempts_list`].
+#[cfg(feature = "async")]
+pub async fn attempts_list_async<P, C, Via>(
+    conn: &mut P,
+    consumer: Option<&str>,
+    min_failures: u32,
+    limit: usize,
+) -> Result<Vec<Attempts>, InboxError>
+where
+    P: AsAsyncConnection<C, Via>,
+    C: crate::AsyncInboxConnection,
+{
+    let (min_failures, limit) = checked_list(consumer, min_failures, limit)?;
+    conn.connection()
+        .inbox_failing(consumer, min_failures, limit)
+        .await
+        .map(|rows| rows.into_iter().map(failing_of).collect())
         .map_err(ops_error::<C::Backend>)
 }
 

@@ -78,6 +78,14 @@ pub(crate) type StoredRow = (String, Option<Vec<u8>>, Option<Vec<u8>>);
 /// (microseconds since the epoch).
 pub(crate) type AttemptsRow = (i32, String, i64);
 
+/// A row of the failing keys' list: consumer, key, and an [`AttemptsRow`].
+pub(crate) type FailingRow = (String, String, i32, String, i64);
+
+/// A failing key's row as an [`Attempts`].
+pub(crate) fn failing_of((consumer, key, failures, last_error, micros): FailingRow) -> Attempts {
+    attempts_of(&consumer, &key, (failures, last_error, micros))
+}
+
 /// Longest error text the failure count keeps, in bytes.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 const MAX_ERROR_TEXT: usize = 1_000;

@@ -6,6 +6,7 @@
 //! diesel-inbox stats [--json]
 //! diesel-inbox purge --older-than 30d [--consumer C] [--batch 10000] [--pause 10ms] [--dry-run] [--force]
 //! diesel-inbox forget <CONSUMER> <KEY>
+//! diesel-inbox attempts [--consumer C] [--exhausted --max-attempts N] [--limit 100] [--json]
 //! ```
 //!
 //! The URL comes from `--database-url` or `DATABASE_URL`; its scheme picks
@@ -88,6 +89,26 @@ enum Command {
     /// Remove the row of KEY for CONSUMER, so that its next delivery is
     /// applied again (a deliberate replay).
     Forget { consumer: String, key: String },
+    /// The failing keys (max_attempts): failures, last error and time, the
+    /// latest failure first.
+    Attempts {
+        /// Only this consumer's keys.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// Only the keys given up on: at least --max-attempts failures
+        /// (the handlers' max_attempts, which the table does not record).
+        #[arg(long, requires = "max_attempts")]
+        exhausted: bool,
+        /// The handlers' max_attempts, for --exhausted.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        max_attempts: Option<u32>,
+        /// At most this many keys.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// JSON for scripts: [{"consumer", "key", "failures", "last_error", "updated_at"}].
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// A failure: its one-line message.
@@ -316,6 +337,36 @@ where
             (*batch, *pause),
             *dry_run,
         )?,
+        Command::Attempts {
+            consumer,
+            exhausted,
+            max_attempts,
+            limit,
+            json,
+        } => {
+            let at_least = match (exhausted, max_attempts) {
+                (true, Some(max)) => *max,
+                _ => 1,
+            };
+            let failing = diesel_inbox::attempts_list(conn, consumer.as_deref(), at_least, *limit)?;
+            if *json {
+                let rows: Vec<_> = failing
+                    .iter()
+                    .map(|a| {
+                        serde_json::json!({
+                            "consumer": a.consumer,
+                            "key": a.key,
+                            "failures": a.failures,
+                            "last_error": a.last_error,
+                            "updated_at": rfc3339(a.updated_at),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(rows));
+            } else {
+                print_attempts(&failing);
+            }
+        }
         Command::Forget { consumer, key } => {
             if diesel_inbox::forget(conn, consumer, key)? {
                 println!("forgotten: the next delivery of {key} to {consumer} will be applied");
@@ -410,6 +461,30 @@ fn print_table(stats: &[diesel_inbox::ConsumerStats]) {
             s.rows,
             rfc3339(s.oldest),
             rfc3339(s.newest)
+        );
+    }
+}
+
+fn print_attempts(failing: &[diesel_inbox::Attempts]) {
+    let width = |f: fn(&diesel_inbox::Attempts) -> usize, title: &str| {
+        failing.iter().map(f).max().unwrap_or(0).max(title.len())
+    };
+    let (cw, kw) = (
+        width(|a| a.consumer.len(), "consumer"),
+        width(|a| a.key.len(), "key"),
+    );
+    println!(
+        "{:<cw$}  {:<kw$}  {:>8}  {:<27}  last error",
+        "consumer", "key", "failures", "last failure"
+    );
+    for a in failing {
+        println!(
+            "{:<cw$}  {:<kw$}  {:>8}  {:<27}  {}",
+            a.consumer,
+            a.key,
+            a.failures,
+            rfc3339(a.updated_at),
+            a.last_error.replace('\n', " ")
         );
     }
 }

@@ -375,6 +375,78 @@ pub fn a_success_clears_the_failure_count<M: Mode>() {
     );
 }
 
+/// `attempts_list`: the failing keys with their count and last error, the
+/// latest failure first; `min_failures` = `max_attempts` lists the keys
+/// given up on; a success or `forget` takes a key off; bad arguments are
+/// refused. Other tests of the binary share the consumer, so only this
+/// test's keys are compared.
+pub fn the_failing_keys_are_listed_latest_first<M: Mode>() {
+    let Some((mut s, _db)) = session::<M>("attempts_list") else {
+        return;
+    };
+    let run = unique_run_id("listed");
+    let (a, b, c) = (
+        msg(&run, format!("{run}:a"), 1),
+        msg(&run, format!("{run}:b"), 2),
+        msg(&run, format!("{run}:c"), 3),
+    );
+    let runs = AtomicU32::new(0);
+    // a: given up on (3 failures); b: 1 failure; c: failed, then applied.
+    for (m, pause) in [(&a, 0), (&a, 0), (&a, 1_100), (&c, 0), (&b, 0)] {
+        assert!(matches!(
+            s.flaky(m, &runs, Fail::Error),
+            Some(Err(AppError::Rejected))
+        ));
+        // SQLite's CURRENT_TIMESTAMP has whole seconds: b fails later.
+        std::thread::sleep(std::time::Duration::from_millis(pause));
+    }
+    assert!(matches!(
+        s.flaky(&c, &runs, Fail::No),
+        Some(Ok(Processed::Applied(3)))
+    ));
+    let ours = |list: Vec<diesel_inbox::Attempts>| -> Vec<(String, u32)> {
+        list.into_iter()
+            .filter(|x| x.key.starts_with(&run))
+            .map(|x| (x.key, x.failures))
+            .collect()
+    };
+    let all = s
+        .attempts_list(Some("flaky"), 1, diesel_inbox::MAX_PURGE_BATCH)
+        .expect("attempts_list");
+    assert_eq!(
+        ours(all.clone()),
+        vec![(b.key.clone(), 1), (a.key.clone(), 3)],
+        "{}: the latest failure first, an applied key off the list",
+        M::NAME
+    );
+    let listed = all.iter().find(|x| x.key == a.key).expect("a is listed");
+    assert_eq!(
+        (listed.consumer.as_str(), listed.last_error.as_str()),
+        ("flaky", "Rejected")
+    );
+    let exhausted = s
+        .attempts_list(Some("flaky"), 3, diesel_inbox::MAX_PURGE_BATCH)
+        .expect("attempts_list");
+    assert_eq!(ours(exhausted), vec![(a.key.clone(), 3)]);
+    let everyone = s
+        .attempts_list(None, 1, diesel_inbox::MAX_PURGE_BATCH)
+        .expect("attempts_list");
+    assert_eq!(ours(everyone).len(), 2);
+    assert!(s.forget("flaky", &a.key).expect("forget"));
+    let after = s
+        .attempts_list(Some("flaky"), 1, diesel_inbox::MAX_PURGE_BATCH)
+        .expect("attempts_list");
+    assert_eq!(ours(after), vec![(b.key.clone(), 1)]);
+    assert!(matches!(
+        s.attempts_list(Some("flaky"), 1, 0),
+        Err(InboxError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.attempts_list(Some(""), 1, 10),
+        Err(InboxError::InvalidConsumer(_))
+    ));
+}
+
 /// 4 sessions redeliver one failing key at once until each is told it was
 /// given up on: no failure is lost from the count (every failure returned
 /// is one counted), and the body stops near `max_attempts` (a delivery

@@ -510,6 +510,7 @@ macro_rules! contract_tests {
             failures_are_counted_until_max_attempts_then_the_body_stops,
             a_success_clears_the_failure_count,
             concurrent_failures_of_one_key_are_each_counted,
+            the_failing_keys_are_listed_latest_first,
         );
     };
     (@tests $Mode:ty, $runs_if:meta, $why:literal, $($test:ident,)*) => {

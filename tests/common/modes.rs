@@ -48,6 +48,13 @@ pub trait Mode: Sized {
     /// `max_attempts = 3`; a panic is caught here and reported as `None`.
     fn flaky(&mut self, m: &Msg, runs: &AtomicU32, fail: Fail) -> Option<Outcome<i64>>;
     fn attempts(&mut self, consumer: &str, key: &str) -> Result<Option<Attempts>, InboxError>;
+    /// `attempts_list` (or `attempts_list_async`).
+    fn attempts_list(
+        &mut self,
+        consumer: Option<&str>,
+        min_failures: u32,
+        limit: usize,
+    ) -> Result<Vec<Attempts>, InboxError>;
     fn transient_once(&mut self, m: &Msg, runs: &AtomicU32) -> Outcome<()>;
     /// Delivers `m` twice inside a transaction of the caller's, which then
     /// commits (`commit`) or rolls back.
@@ -250,6 +257,15 @@ impl<B: TestBackend> Mode for Sync<B> {
 
     fn attempts(&mut self, consumer: &str, key: &str) -> Result<Option<Attempts>, InboxError> {
         diesel_inbox::attempts(&mut self.conn, consumer, key)
+    }
+
+    fn attempts_list(
+        &mut self,
+        consumer: Option<&str>,
+        min_failures: u32,
+        limit: usize,
+    ) -> Result<Vec<Attempts>, InboxError> {
+        diesel_inbox::attempts_list(&mut self.conn, consumer, min_failures, limit)
     }
 
     fn transient_once(&mut self, m: &Msg, runs: &AtomicU32) -> Outcome<()> {
@@ -578,6 +594,20 @@ mod asynchronous {
 
         fn attempts(&mut self, consumer: &str, key: &str) -> Result<Option<Attempts>, InboxError> {
             runtime().block_on(diesel_inbox::attempts_async(&mut self.conn, consumer, key))
+        }
+
+        fn attempts_list(
+            &mut self,
+            consumer: Option<&str>,
+            min_failures: u32,
+            limit: usize,
+        ) -> Result<Vec<Attempts>, InboxError> {
+            runtime().block_on(diesel_inbox::attempts_list_async(
+                &mut self.conn,
+                consumer,
+                min_failures,
+                limit,
+            ))
         }
 
         fn transient_once(&mut self, m: &Msg, runs: &AtomicU32) -> Outcome<()> {

@@ -6,7 +6,7 @@
 use super::transaction::Scope;
 use super::{Catalog, InboxBackend};
 use crate::error::InboxError;
-use crate::rows::{AttemptsRow, ConsumerStats, InboxEntry, StoredRow};
+use crate::rows::{AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
 use diesel::result::{Error, QueryResult};
 use diesel_async::AsyncConnection;
 use std::future::Future;
@@ -184,6 +184,16 @@ pub trait AsyncInboxConnection:
     /// Rows, oldest and newest per consumer.
     #[doc(hidden)]
     fn inbox_stats(&mut self) -> impl Future<Output = QueryResult<Vec<ConsumerStats>>> + Send;
+
+    /// The failure counts of at least `min_failures` (of `consumer`, or of
+    /// all), the latest first, at most `limit`.
+    #[doc(hidden)]
+    fn inbox_failing(
+        &mut self,
+        consumer: Option<&str>,
+        min_failures: i32,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<FailingRow>>> + Send;
 }
 
 /// What the async operations take ([`migrate_async`](crate::migrate_async),

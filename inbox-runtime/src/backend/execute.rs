@@ -7,7 +7,7 @@
 
 use super::statements::{self as st, Fingerprinted, Plain, CLAIM_CHUNK};
 use super::InboxBackend;
-use crate::rows::{self, AttemptsRow, ConsumerStats, InboxEntry, StoredRow};
+use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
 use diesel::connection::Connection;
 use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
 use diesel::result::QueryResult;
@@ -61,6 +61,18 @@ macro_rules! sync_ops {
             C: LoadConnection<Backend = Self>,
         {
             crate::backend::execute::stats(conn)
+        }
+
+        fn failing<C>(
+            conn: &mut C,
+            consumer_name: Option<&str>,
+            min_failures: i32,
+            limit: i64,
+        ) -> QueryResult<Vec<crate::rows::FailingRow>>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            crate::backend::execute::failing(conn, consumer_name, min_failures, limit)
         }
 
         fn stored<C>(
@@ -163,6 +175,16 @@ macro_rules! async_ops {
 
         async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::rows::ConsumerStats>> {
             crate::backend::execute::asynchronous::stats(self).await
+        }
+
+        async fn inbox_failing(
+            &mut self,
+            consumer_name: Option<&str>,
+            min_failures: i32,
+            limit: i64,
+        ) -> QueryResult<Vec<crate::rows::FailingRow>> {
+            crate::backend::execute::asynchronous::failing(self, consumer_name, min_failures, limit)
+                .await
         }
 
         async fn inbox_stored(
@@ -434,12 +456,32 @@ where
     Ok(rows.into_iter().map(rows::consumer_stats).collect())
 }
 
+/// The failure counts of at least `min_failures` (of `consumer`, or of
+/// all), the latest first, at most `limit`.
+pub(crate) fn failing<C>(
+    conn: &mut C,
+    consumer: Option<&str>,
+    min_failures: i32,
+    limit: i64,
+) -> QueryResult<Vec<FailingRow>>
+where
+    C: Connection<Backend: InboxBackend>,
+    for<'a> st::failing: LoadQuery<'a, C, FailingRow>,
+    for<'a> st::failing_of<'a>: LoadQuery<'a, C, FailingRow>,
+{
+    let micros = <C::Backend as InboxBackend>::UPDATED_AT_MICROS;
+    match consumer {
+        Some(consumer) => st::failing_of(consumer, min_failures, micros, limit).load(conn),
+        None => st::failing(min_failures, micros, limit).load(conn),
+    }
+}
+
 /// The same steps on a diesel-async connection.
 #[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
 pub(crate) mod asynchronous {
     use super::st::{self, Fingerprinted, Plain, CLAIM_CHUNK};
     use super::InboxBackend;
-    use crate::rows::{self, AttemptsRow, ConsumerStats, InboxEntry, StoredRow};
+    use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
     use diesel::result::QueryResult;
     use diesel::OptionalExtension;
     use diesel_async::methods::{ExecuteDsl, LoadQuery};
@@ -679,6 +721,30 @@ pub(crate) mod asynchronous {
             let applied = st::forget(consumer, key).execute(conn).await?;
             let counted = st::clear_attempts(consumer, key).execute(conn).await?;
             Ok(applied + counted > 0)
+        })
+    }
+
+    pub(crate) fn failing<'q, C>(
+        conn: &'q mut C,
+        consumer: Option<&'q str>,
+        min_failures: i32,
+        limit: i64,
+    ) -> Io<'q, Vec<FailingRow>>
+    where
+        C: AsyncConnection<Backend: InboxBackend> + Send,
+        st::failing: LoadQuery<'q, C, FailingRow>,
+        st::failing_of<'q>: LoadQuery<'q, C, FailingRow>,
+    {
+        Box::pin(async move {
+            let micros = <C::Backend as InboxBackend>::UPDATED_AT_MICROS;
+            match consumer {
+                Some(consumer) => {
+                    st::failing_of(consumer, min_failures, micros, limit)
+                        .load(conn)
+                        .await
+                }
+                None => st::failing(min_failures, micros, limit).load(conn).await,
+            }
         })
     }
 

@@ -303,6 +303,18 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     where
         C: LoadConnection<Backend = Self>;
 
+    /// The failure counts of at least `min_failures` (of `consumer`, or of
+    /// all), the latest first, at most `limit`.
+    #[doc(hidden)]
+    fn failing<C>(
+        conn: &mut C,
+        consumer: Option<&str>,
+        min_failures: i32,
+        limit: i64,
+    ) -> QueryResult<Vec<crate::rows::FailingRow>>
+    where
+        C: LoadConnection<Backend = Self>;
+
     /// What the catalog says about `inbox_messages`, in one query.
     #[doc(hidden)]
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>

@@ -469,6 +469,19 @@ mod asynchronous {
         async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::rows::ConsumerStats>> {
             self.spawn_blocking(Sqlite::stats).await
         }
+
+        async fn inbox_failing(
+            &mut self,
+            consumer_name: Option<&str>,
+            min_failures: i32,
+            limit: i64,
+        ) -> QueryResult<Vec<crate::rows::FailingRow>> {
+            let consumer_name = consumer_name.map(str::to_owned);
+            self.spawn_blocking(move |conn| {
+                Sqlite::failing(conn, consumer_name.as_deref(), min_failures, limit)
+            })
+            .await
+        }
     }
 
     impl AsyncMigration for Wrapper {

@@ -231,6 +231,36 @@ pub(crate) fn attempts<'a>(consumer: &'a str, key: &'a str, micros: &str) -> _ {
         .select((counts::failures, counts::last_error, updated))
 }
 
+/// The failure counts of at least `min_failures`, the latest first, at
+/// most `limit`: consumer, key, failures, last error, `updated_at` in
+/// microseconds (`micros`: the backend's expression).
+#[diesel::dsl::auto_type]
+pub(crate) fn failing(min_failures: i32, micros: &str, limit: i64) -> _ {
+    let updated: SqlLiteral<BigInt> = sql::<BigInt>(micros);
+    counts::table
+        .filter(counts::failures.ge(min_failures))
+        .select((
+            counts::consumer,
+            counts::message_id,
+            counts::failures,
+            counts::last_error,
+            updated,
+        ))
+        .order_by((
+            counts::updated_at.desc(),
+            counts::consumer,
+            counts::message_id,
+        ))
+        .limit(limit)
+}
+
+/// [`failing`] of one consumer.
+#[diesel::dsl::auto_type]
+pub(crate) fn failing_of<'a>(consumer: &'a str, min_failures: i32, micros: &str, limit: i64) -> _ {
+    let all: failing = failing(min_failures, micros, limit);
+    all.filter(counts::consumer.eq(consumer))
+}
+
 /// Deletes the failure count of `(consumer, key)`.
 #[diesel::dsl::auto_type]
 pub(crate) fn clear_attempts<'a>(consumer: &'a str, key: &'a str) -> _ {
