@@ -36,6 +36,10 @@ pub struct PurgeReport {
     pub retries: u64,
     /// Time taken.
     pub elapsed: Duration,
+    /// Failure counts (`inbox_attempts` rows, `max_attempts`) last updated
+    /// before the same cutoff, deleted after the rows in one statement; 0
+    /// without that table.
+    pub attempts: u64,
 }
 
 /// The most a purge retries one batch that keeps failing transiently.
@@ -63,7 +67,10 @@ pub const MAX_PURGE_BATCH: usize = 100_000;
 /// a key the current batch is deleting, for that batch's duration. Several
 /// purges may run at once: one that finds a row another is deleting waits
 /// for that batch and then skips it. A deadlock or lock timeout reruns the
-/// batch.
+/// batch. After the batches, one statement deletes the failure counts
+/// (`inbox_attempts`, `max_attempts`) of the same scope last updated
+/// before the cutoff ([`PurgeReport::attempts`]): a key that has not failed
+/// for the retention period starts its count afresh.
 ///
 /// **Retention must exceed the longest redelivery horizon**: the broker's
 /// redelivery delays, replays from a dead-letter queue, a consumer that was
@@ -188,12 +195,18 @@ impl<'a> Purge<'a> {
             match purge.next(batch, C::Backend::is_transient) {
                 PurgeStep::Again => {}
                 PurgeStep::Sleep(delay) => std::thread::sleep(delay),
-                PurgeStep::Done(report) => return report.map_err(ops_error::<C::Backend>),
+                PurgeStep::Done(report) => {
+                    let mut report = report.map_err(ops_error::<C::Backend>)?;
+                    let deleted = C::Backend::purge_attempts(conn, &cutoff, consumer.as_deref());
+                    report.attempts = attempts_purged::<C::Backend>(deleted)?;
+                    return Ok(report);
+                }
             }
         }
     }
 
-    /// How many rows [`run`](Self::run) would delete now (a dry run).
+    /// How many rows [`run`](Self::run) would delete now (a dry run; the
+    /// failure counts are not counted).
     pub fn count<C>(self, conn: &mut C) -> Result<u64, InboxError>
     where
         C: InboxConnection + LoadConnection,
@@ -222,7 +235,14 @@ impl<'a> Purge<'a> {
             match purge.next(batch, <C::Backend as InboxBackend>::is_transient) {
                 PurgeStep::Again => {}
                 PurgeStep::Sleep(delay) => tokio::time::sleep(delay).await,
-                PurgeStep::Done(report) => return report.map_err(ops_error::<C::Backend>),
+                PurgeStep::Done(report) => {
+                    let mut report = report.map_err(ops_error::<C::Backend>)?;
+                    let deleted = conn
+                        .inbox_purge_attempts(&cutoff, consumer.as_deref())
+                        .await;
+                    report.attempts = attempts_purged::<C::Backend>(deleted)?;
+                    return Ok(report);
+                }
             }
         }
     }
@@ -365,6 +385,16 @@ where
             conn.inbox_rollback().await;
             Err(e)
         }
+    }
+}
+
+/// What the failure counts' delete after a purge's batches deleted: 0
+/// without the table (a schema-1 table that `migrate` has not upgraded).
+fn attempts_purged<B: InboxBackend>(deleted: Result<usize, Error>) -> Result<u64, InboxError> {
+    match deleted {
+        Ok(rows) => Ok(rows as u64),
+        Err(e) if B::is_missing_table(&e) => Ok(0),
+        Err(e) => Err(ops_error::<B>(e)),
     }
 }
 

@@ -432,13 +432,14 @@ where
             .run(conn)?
     };
     println!(
-        "purged {} rows older than {} ({scope}) in {} batches, {:.1}s ({:.0} rows/s, {} retried)",
+        "purged {} rows older than {} ({scope}) in {} batches, {:.1}s ({:.0} rows/s, {} retried), and {} failure counts",
         report.rows,
         human(older_than),
         report.batches,
         report.elapsed.as_secs_f64(),
         report.rows as f64 / report.elapsed.as_secs_f64().max(1e-9),
-        report.retries
+        report.retries,
+        report.attempts
     );
     Ok(())
 }

@@ -499,6 +499,7 @@ macro_rules! contract_tests {
             stats_count_rows_per_consumer,
             purge_deletes_old_rows_in_batches_and_keeps_new_ones,
             purge_refuses_bad_arguments,
+            purge_also_deletes_old_failure_counts,
             operations_without_the_table_say_so,
             concurrent_purges_share_the_work_while_handlers_claim,
             a_key_reused_for_other_content_is_refused_without_running_the_body,

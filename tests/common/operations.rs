@@ -3,6 +3,7 @@
 //! [`Mode`], stamped out by `contract_tests!` with the rest of the contract.
 
 use super::backend::{msg, TestBackend};
+use super::handlers::Fail;
 use super::modes::Mode;
 use super::unique_run_id;
 use diesel::connection::SimpleConnection;
@@ -211,6 +212,46 @@ pub fn purge_deletes_old_rows_in_batches_and_keeps_new_ones<M: Mode>() {
         .apply_payment(&msg(&run, format!("{old}00"), 1))
         .expect("apply")
         .is_applied());
+}
+
+/// A purge also deletes the failure counts (`max_attempts`) last updated
+/// before its cutoff, of its consumer only, and says how many; newer
+/// counts stay.
+pub fn purge_also_deletes_old_failure_counts<M: Mode>() {
+    let Some((mut s, _db)) = fresh_session::<M>("purge_attempts") else {
+        return;
+    };
+    let run = unique_run_id("counts");
+    let (old, new) = (
+        msg(&run, format!("{run}:old"), 1),
+        msg(&run, format!("{run}:new"), 2),
+    );
+    let runs = std::sync::atomic::AtomicU32::new(0);
+    for m in [&old, &new] {
+        assert!(s.flaky(m, &runs, Fail::Error).is_some_and(|o| o.is_err()));
+    }
+    type Backend<M> = <<<M as Mode>::B as TestBackend>::Conn as Connection>::Backend;
+    let when = <Backend<M> as InboxBackend>::cutoff_sql(2 * DAY);
+    s.check()
+        .batch_execute(&format!(
+            "UPDATE inbox_attempts SET updated_at = {when} WHERE message_id = '{}'",
+            old.key
+        ))
+        .expect("backdate the count");
+    // Another consumer's purge leaves them.
+    let report = s
+        .run_purge(Purge::new(DAY).consumer("payments"))
+        .expect("purge");
+    assert_eq!(report.attempts, 0, "{}", M::NAME);
+    let report = s.purge(DAY, 100).expect("purge");
+    assert_eq!((report.rows, report.attempts), (0, 1), "{}", M::NAME);
+    assert_eq!(s.attempts("flaky", &old.key).expect("attempts"), None);
+    assert_eq!(
+        s.attempts("flaky", &new.key)
+            .expect("attempts")
+            .map(|a| a.failures),
+        Some(1)
+    );
 }
 
 pub fn purge_refuses_bad_arguments<M: Mode>() {

@@ -185,6 +185,15 @@ pub trait AsyncInboxConnection:
     #[doc(hidden)]
     fn inbox_stats(&mut self) -> impl Future<Output = QueryResult<Vec<ConsumerStats>>> + Send;
 
+    /// Deletes the failure counts (of `consumer`, or of all) last updated
+    /// before `cutoff`.
+    #[doc(hidden)]
+    fn inbox_purge_attempts(
+        &mut self,
+        cutoff: &str,
+        consumer: Option<&str>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
     /// The failure counts of at least `min_failures` (of `consumer`, or of
     /// all), the latest first, at most `limit`.
     #[doc(hidden)]

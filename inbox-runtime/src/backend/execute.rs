@@ -63,6 +63,17 @@ macro_rules! sync_ops {
             crate::backend::execute::stats(conn)
         }
 
+        fn purge_attempts<C>(
+            conn: &mut C,
+            cutoff: &str,
+            consumer_name: Option<&str>,
+        ) -> QueryResult<usize>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            crate::backend::execute::purge_attempts(conn, cutoff, consumer_name)
+        }
+
         fn failing<C>(
             conn: &mut C,
             consumer_name: Option<&str>,
@@ -175,6 +186,14 @@ macro_rules! async_ops {
 
         async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::rows::ConsumerStats>> {
             crate::backend::execute::asynchronous::stats(self).await
+        }
+
+        async fn inbox_purge_attempts(
+            &mut self,
+            cutoff: &str,
+            consumer_name: Option<&str>,
+        ) -> QueryResult<usize> {
+            crate::backend::execute::asynchronous::purge_attempts(self, cutoff, consumer_name).await
         }
 
         async fn inbox_failing(
@@ -456,6 +475,24 @@ where
     Ok(rows.into_iter().map(rows::consumer_stats).collect())
 }
 
+/// Deletes the failure counts (of `consumer`, or of all) last updated
+/// before `cutoff`.
+pub(crate) fn purge_attempts<C>(
+    conn: &mut C,
+    cutoff: &str,
+    consumer: Option<&str>,
+) -> QueryResult<usize>
+where
+    C: Connection<Backend: InboxBackend>,
+    for<'a> st::delete_attempts_older: ExecuteDsl<C>,
+    for<'a> st::delete_attempts_older_of<'a>: ExecuteDsl<C>,
+{
+    match consumer {
+        Some(consumer) => st::delete_attempts_older_of(cutoff, consumer).execute(conn),
+        None => st::delete_attempts_older(cutoff).execute(conn),
+    }
+}
+
 /// The failure counts of at least `min_failures` (of `consumer`, or of
 /// all), the latest first, at most `limit`.
 pub(crate) fn failing<C>(
@@ -721,6 +758,28 @@ pub(crate) mod asynchronous {
             let applied = st::forget(consumer, key).execute(conn).await?;
             let counted = st::clear_attempts(consumer, key).execute(conn).await?;
             Ok(applied + counted > 0)
+        })
+    }
+
+    pub(crate) fn purge_attempts<'q, C>(
+        conn: &'q mut C,
+        cutoff: &'q str,
+        consumer: Option<&'q str>,
+    ) -> Io<'q, usize>
+    where
+        C: AsyncConnection<Backend: InboxBackend> + Send,
+        st::delete_attempts_older: ExecuteDsl<C>,
+        st::delete_attempts_older_of<'q>: ExecuteDsl<C>,
+    {
+        Box::pin(async move {
+            match consumer {
+                Some(consumer) => {
+                    st::delete_attempts_older_of(cutoff, consumer)
+                        .execute(conn)
+                        .await
+                }
+                None => st::delete_attempts_older(cutoff).execute(conn).await,
+            }
         })
     }
 

@@ -303,6 +303,13 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     where
         C: LoadConnection<Backend = Self>;
 
+    /// Deletes the failure counts (of `consumer`, or of all) last updated
+    /// before `cutoff`.
+    #[doc(hidden)]
+    fn purge_attempts<C>(conn: &mut C, cutoff: &str, consumer: Option<&str>) -> QueryResult<usize>
+    where
+        C: LoadConnection<Backend = Self>;
+
     /// The failure counts of at least `min_failures` (of `consumer`, or of
     /// all), the latest first, at most `limit`.
     #[doc(hidden)]

@@ -470,6 +470,18 @@ mod asynchronous {
             self.spawn_blocking(Sqlite::stats).await
         }
 
+        async fn inbox_purge_attempts(
+            &mut self,
+            cutoff: &str,
+            consumer_name: Option<&str>,
+        ) -> QueryResult<usize> {
+            let (cutoff, consumer_name) = (cutoff.to_owned(), consumer_name.map(str::to_owned));
+            self.spawn_blocking(move |conn| {
+                Sqlite::purge_attempts(conn, &cutoff, consumer_name.as_deref())
+            })
+            .await
+        }
+
         async fn inbox_failing(
             &mut self,
             consumer_name: Option<&str>,

@@ -345,6 +345,24 @@ pub(crate) fn delete_older(cutoff: &str, consumer: String, keys: Vec<String>) ->
     )
 }
 
+/// Deletes the failure counts last updated before `cutoff`.
+#[diesel::dsl::auto_type]
+pub(crate) fn delete_attempts_older(cutoff: &str) -> _ {
+    let older: SqlLiteral<Timestamp> = sql::<Timestamp>(cutoff);
+    delete(counts::table.filter(counts::updated_at.lt(older)))
+}
+
+/// [`delete_attempts_older`], of one consumer.
+#[diesel::dsl::auto_type]
+pub(crate) fn delete_attempts_older_of<'a>(cutoff: &str, consumer: &'a str) -> _ {
+    let older: SqlLiteral<Timestamp> = sql::<Timestamp>(cutoff);
+    delete(
+        counts::table
+            .filter(counts::updated_at.lt(older))
+            .filter(counts::consumer.eq(consumer)),
+    )
+}
+
 /// How many rows were claimed before `cutoff`.
 #[diesel::dsl::auto_type]
 pub(crate) fn count_older(cutoff: &str) -> _ {
