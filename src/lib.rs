@@ -264,8 +264,8 @@ pub use inbox_runtime::{
     schema_version, stats, status, validate_key, Attempts, Batch, ConsumerName, ConsumerStats,
     ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry,
     InboxError, InboxKey, InvalidKey, Outcome, Processed, Purge, PurgeReport, RegisteredHandler,
-    RetryableError, Stored, StoredResult, TableProblem, DEFAULT_RETRIES, MAX_KEY_BYTES,
-    MAX_PURGE_BATCH, SCHEMA_VERSION,
+    RetryableError, Stored, StoredResult, TableProblem, DEFAULT_RETRIES, DEFAULT_SLEEP_COEF,
+    MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.

@@ -10,7 +10,7 @@ use diesel_inbox::{
     ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection,
     InboxEntry, InboxError, InboxKey, InvalidKey, Outcome, Processed, Purge, PurgeReport,
     RegisteredHandler, RetryableError, Stored, StoredResult, TableProblem, DEFAULT_RETRIES,
-    MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
+    DEFAULT_SLEEP_COEF, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 #[allow(unused_imports)]

@@ -63,6 +63,10 @@ struct Cli {
     /// Pause after each purge batch, in milliseconds.
     #[arg(long, default_value_t = 0)]
     purge_pause_ms: usize,
+    /// The purge's duty cycle: a pause of this many times each batch's
+    /// duration [default: the library's DEFAULT_SLEEP_COEF].
+    #[arg(long, default_value_t = diesel_inbox::DEFAULT_SLEEP_COEF)]
+    purge_sleep_coef: f64,
     /// Passed by `cargo bench` to harness = false targets.
     #[arg(long, hide = true)]
     bench: bool,
@@ -95,6 +99,8 @@ pub struct Args {
     pub purge_batch: usize,
     /// Pause after each purge batch, in milliseconds.
     pub purge_pause_ms: usize,
+    /// The purge's duty cycle ([`diesel_inbox::Purge::sleep_coef`]).
+    pub purge_sleep_coef: f64,
     pub scale_rows: Vec<i64>,
 }
 
@@ -129,6 +135,7 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         purge_rows: pick(cli.purge_rows, 1_000_000, 2_000),
         purge_batch: cli.purge_batch,
         purge_pause_ms: cli.purge_pause_ms,
+        purge_sleep_coef: cli.purge_sleep_coef,
         scale_rows: cli.scale_rows.unwrap_or(if smoke {
             vec![0, 1_000]
         } else {

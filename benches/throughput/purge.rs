@@ -86,6 +86,7 @@ pub fn measure<B: Server>(admin_url: &str, args: &Args) -> Result<String, String
                 let report = diesel_inbox::Purge::new(older_than)
                     .batch_size(args.purge_batch)
                     .pause(Duration::from_millis(args.purge_pause_ms as u64))
+                    .sleep_coef(args.purge_sleep_coef)
                     .run(&mut purger);
                 stop.store(true, Ordering::SeqCst);
                 (collect(handlers), report)
@@ -112,7 +113,7 @@ pub fn measure<B: Server>(admin_url: &str, args: &Args) -> Result<String, String
             B::LABEL, p50a, p99a, without.len(), p50b, p99b, with.len(), p99b / p99a, purged, purge_secs, rate
         );
         Ok(format!(
-            "  {{\"backend\": \"{}\", \"old_rows\": {}, \"threads\": {THREADS}, \"batch\": {}, \"pause_ms\": {}, \"rounds\": {SLICES}, \
+            "  {{\"backend\": \"{}\", \"old_rows\": {}, \"threads\": {THREADS}, \"batch\": {}, \"pause_ms\": {}, \"sleep_coef\": {}, \"rounds\": {SLICES}, \
              \"without_purge\": {{\"messages\": {}, \"p50_ms\": {p50a:.3}, \"p99_ms\": {p99a:.3}}}, \
              \"during_purge\": {{\"messages\": {}, \"p50_ms\": {p50b:.3}, \"p99_ms\": {p99b:.3}}}, \
              \"p99_ratio\": {:.3}, \"purge_rows_per_sec\": {rate:.0}}}",
@@ -120,6 +121,7 @@ pub fn measure<B: Server>(admin_url: &str, args: &Args) -> Result<String, String
             purged,
             args.purge_batch,
             args.purge_pause_ms,
+            args.purge_sleep_coef,
             without.len(),
             with.len(),
             p99b / p99a

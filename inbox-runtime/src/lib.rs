@@ -82,7 +82,8 @@ pub use migrate::migrate_async;
 pub use migrate::{migrate, schema_version};
 pub use observe::ErrorObserver;
 pub use ops::{
-    attempts, attempts_list, forget, purge, stats, status, Purge, PurgeReport, MAX_PURGE_BATCH,
+    attempts, attempts_list, forget, purge, stats, status, Purge, PurgeReport, DEFAULT_SLEEP_COEF,
+    MAX_PURGE_BATCH,
 };
 #[cfg(feature = "async")]
 pub use ops::{

@@ -4,7 +4,7 @@
 //! diesel-inbox [--database-url URL] migrate
 //! diesel-inbox status <CONSUMER> <KEY> [--json]
 //! diesel-inbox stats [--json]
-//! diesel-inbox purge --older-than 30d [--consumer C] [--batch 10000] [--pause 10ms] [--dry-run] [--force]
+//! diesel-inbox purge --older-than 30d [--consumer C] [--batch 10000] [--pause 10ms] [--sleep-coef 1] [--dry-run] [--force]
 //! diesel-inbox forget <CONSUMER> <KEY>
 //! diesel-inbox attempts [--consumer C] [--exhausted --max-attempts N] [--limit 100] [--json]
 //! ```
@@ -74,11 +74,14 @@ enum Command {
         /// Rows per batch; each batch is one short transaction.
         #[arg(long, default_value_t = 10_000)]
         batch: usize,
-        /// A pause after each batch (e.g. 10ms), to leave the database to
-        /// the handlers; `--batch 200 --pause 10ms` kept handler p99 within
-        /// 1.5x of its value without a purge in the benchmark.
+        /// A fixed pause after each batch (e.g. 10ms), on top of
+        /// --sleep-coef's.
         #[arg(long, value_parser = parse_pause, default_value = "0ms")]
         pause: Duration,
+        /// The duty cycle: after each batch, pause this many times as long
+        /// as the batch took (0: back to back; the library's default).
+        #[arg(long, default_value_t = diesel_inbox::DEFAULT_SLEEP_COEF)]
+        sleep_coef: f64,
         /// Count what would be deleted; delete nothing.
         #[arg(long)]
         dry_run: bool,
@@ -328,13 +331,14 @@ where
             consumer,
             batch,
             pause,
+            sleep_coef,
             dry_run,
             ..
         } => purge(
             conn,
             *older_than,
             consumer.as_deref(),
-            (*batch, *pause),
+            (*batch, *pause, *sleep_coef),
             *dry_run,
         )?,
         Command::Attempts {
@@ -383,14 +387,17 @@ fn purge<C>(
     conn: &mut C,
     older_than: Duration,
     consumer: Option<&str>,
-    (batch, pause): (usize, Duration),
+    (batch, pause, sleep_coef): (usize, Duration, f64),
     dry_run: bool,
 ) -> Result<(), Failure>
 where
     C: InboxConnection + LoadConnection,
 {
     let options = || {
-        let purge = Purge::new(older_than).batch_size(batch).pause(pause);
+        let purge = Purge::new(older_than)
+            .batch_size(batch)
+            .pause(pause)
+            .sleep_coef(sleep_coef);
         match consumer {
             Some(c) => purge.consumer(c),
             None => purge,

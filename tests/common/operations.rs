@@ -268,6 +268,12 @@ pub fn purge_refuses_bad_arguments<M: Mode>() {
         s.run_purge(Purge::new(DAY).consumer("")),
         Err(InboxError::InvalidConsumer(InvalidKey::Empty))
     ));
+    for coef in [-1.0, f64::NAN, 101.0] {
+        assert!(matches!(
+            s.run_purge(Purge::new(DAY).sleep_coef(coef)),
+            Err(InboxError::InvalidArgument(_))
+        ));
+    }
     assert!(matches!(
         s.purge(Duration::from_secs(200 * 366 * 24 * 3600), 10),
         Err(InboxError::InvalidArgument(_))
