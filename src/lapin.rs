@@ -91,7 +91,8 @@ pub fn deliveries(delivery: &Delivery) -> u32 {
 
 /// Runs `handler` on the message's id and body, then settles the message
 /// as `policy` says: ack after `Applied` or `Duplicate`, `nack` with requeue
-/// after a transient error, reject without requeue (to the dead-letter
+/// after a transient error (held for the policy's backoff first,
+/// [`Policy::retry_delay_for`](crate::brokers::Policy::retry_delay_for)), reject without requeue (to the dead-letter
 /// exchange) after a permanent one or at the delivery limit.
 ///
 /// The ack is sent only after the handler has returned, that is after its
@@ -124,11 +125,14 @@ impl Inbound for Delivery {
         &self.data
     }
 
-    async fn settle(&self, settlement: Settlement, _: Duration) -> Result<(), BrokerError> {
+    async fn settle(&self, settlement: Settlement, delay: Duration) -> Result<(), BrokerError> {
         let acker = &self.acker;
         let done = match settlement {
             Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
             Settlement::Retry => {
+                // AMQP has no delayed requeue: hold the delivery (the
+                // channel's prefetch bounds how many), then requeue it.
+                tokio::time::sleep(delay).await;
                 acker
                     .nack(BasicNackOptions {
                         requeue: true,

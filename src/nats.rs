@@ -84,7 +84,7 @@ pub fn deliveries(message: &Message) -> u32 {
 
 /// Runs `handler` on the message's id and payload, then settles the
 /// message as `policy` says: `Ack` after `Applied` or `Duplicate`, `Nak`
-/// with [`Policy::retry_delay`] after a transient error, `Term` after a
+/// with the policy's backoff ([`Policy::retry_delay_for`]) after a transient error, `Term` after a
 /// permanent one or at the delivery limit.
 ///
 /// The ack is sent only after the handler has returned, that is after its

@@ -14,8 +14,10 @@ use std::time::Duration;
 pub enum Settlement {
     /// Done (applied now or before): acknowledge.
     Ack,
-    /// Failed transiently: deliver it again (AMQP `nack` with requeue,
-    /// JetStream `Nak` after [`Policy::retry_delay`]).
+    /// Failed transiently: deliver it again after the policy's backoff
+    /// ([`Policy::retry_delay_for`]): JetStream `Nak` with that delay; on
+    /// AMQP the delivery is held for the delay, then `nack`ed with requeue
+    /// (the channel's prefetch bounds how many are held at once).
     Retry,
     /// Failed for good, or delivered [`Policy::max_deliveries`] times:
     /// reject to the dead-letter exchange (AMQP) or terminate (JetStream).
@@ -44,6 +46,7 @@ pub struct Policy<E> {
     permanent: Box<dyn Fn(&E) -> bool + Send + Sync>,
     max_deliveries: Option<u32>,
     retry_delay: Duration,
+    max_retry_delay: Duration,
 }
 
 impl<E> std::fmt::Debug for Policy<E> {
@@ -51,6 +54,7 @@ impl<E> std::fmt::Debug for Policy<E> {
         f.debug_struct("Policy")
             .field("max_deliveries", &self.max_deliveries)
             .field("retry_delay", &self.retry_delay)
+            .field("max_retry_delay", &self.max_retry_delay)
             .finish_non_exhaustive()
     }
 }
@@ -64,6 +68,7 @@ impl<E> Policy<E> {
             permanent: Box::new(permanent),
             max_deliveries: None,
             retry_delay: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(60),
         }
     }
 
@@ -75,11 +80,53 @@ impl<E> Policy<E> {
         self
     }
 
-    /// How long JetStream waits before redelivering after a transient
-    /// error (`Nak` with a delay). AMQP requeues at once.
+    /// The backoff's first delay before a failed message is delivered
+    /// again (default 1 s); each further delivery doubles it, up to
+    /// [`max_retry_delay`](Self::max_retry_delay), with jitter
+    /// ([`retry_delay_for`](Self::retry_delay_for)).
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
         self
+    }
+
+    /// The backoff's cap (default 60 s): a database outage of minutes
+    /// redelivers each held message about once a minute instead of
+    /// spinning it through the broker.
+    pub fn max_retry_delay(mut self, cap: Duration) -> Self {
+        self.max_retry_delay = cap;
+        self
+    }
+
+    /// The delay before the next delivery of a message that failed
+    /// transiently on delivery `deliveries` (1 for the first): the first
+    /// delay doubled per earlier delivery, capped, then jittered to between
+    /// half and all of it, so that messages failed by one outage do not
+    /// come back in lockstep.
+    ///
+    /// ```
+    /// use diesel_inbox::brokers::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let policy = Policy::new(|_: &()| false)
+    ///     .retry_delay(Duration::from_millis(100))
+    ///     .max_retry_delay(Duration::from_secs(2));
+    /// let first = policy.retry_delay_for(1);
+    /// assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+    /// let fourth = policy.retry_delay_for(4);
+    /// assert!(fourth >= Duration::from_millis(400) && fourth <= Duration::from_millis(800));
+    /// assert!(policy.retry_delay_for(50) <= Duration::from_secs(2));
+    /// ```
+    pub fn retry_delay_for(&self, deliveries: u32) -> Duration {
+        let doublings = deliveries.saturating_sub(1).min(31);
+        let delay = self
+            .retry_delay
+            .saturating_mul(1u32 << doublings)
+            .min(self.max_retry_delay);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        // Between half and all of the delay.
+        delay / 2 + delay.mul_f64(f64::from(nanos % 1_000_000) / 2_000_000.0)
     }
 
     /// What to do with a message delivered `deliveries` times (this one
@@ -140,7 +187,7 @@ pub(crate) trait Inbound {
     /// How often the broker has delivered it, this time included.
     fn deliveries(&self) -> u32;
     fn body(&self) -> &[u8];
-    /// Tells the broker; `retry_delay` is the policy's delay of a retry.
+    /// Tells the broker; `retry_delay` is the backoff's delay of a retry.
     fn settle(
         &self,
         settlement: Settlement,
@@ -166,7 +213,7 @@ where
         Ok(id) => id,
         Err(e) => {
             message
-                .settle(Settlement::DeadLetter, policy.retry_delay)
+                .settle(Settlement::DeadLetter, Duration::ZERO)
                 .await?;
             tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: dead-lettered a message without a usable id");
             return Err(e);
@@ -175,7 +222,9 @@ where
     let deliveries = message.deliveries();
     let outcome = handler(&id, message.body()).await;
     let settlement = policy.settlement(&outcome, deliveries);
-    message.settle(settlement, policy.retry_delay).await?;
+    message
+        .settle(settlement, policy.retry_delay_for(deliveries))
+        .await?;
     if let (Settlement::DeadLetter, Err(e)) = (settlement, &outcome) {
         tracing::warn!(target: "diesel_inbox", message_id = %id, deliveries, error = ?e, "diesel-inbox: dead-lettered a message");
     }

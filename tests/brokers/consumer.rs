@@ -113,7 +113,14 @@ impl Counts {
                 // Line by line: a process killed later has told it already.
                 println!("duplicate {}", handled.message_id);
             }
-            (Err(_), Settlement::Retry) => self.retried += 1,
+            (Err(_), Settlement::Retry) => {
+                self.retried += 1;
+                // When the retry was settled (after RabbitMQ's hold).
+                let ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis());
+                println!("retry {} {ms}", handled.message_id);
+            }
             (Err(_), _) => self.dead_lettered += 1,
         }
     }

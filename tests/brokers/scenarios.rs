@@ -107,12 +107,14 @@ fn spawn_consumer<B: Broker>(run: &Run, prefetch: u16, crash_every: u64) -> Resu
 
 /// Waits for a consumer: its counts, or `None` if it was SIGKILLed.
 fn finish(child: Child) -> Result<Option<Counts>, String> {
-    finish_with_output(child).map(|(counts, _)| counts)
+    finish_with_output(child).map(|(counts, _, _)| counts)
 }
 
-/// [`finish`], and the ids the consumer reported `Duplicate` for (also
-/// when it was killed later).
-fn finish_with_output(child: Child) -> Result<(Option<Counts>, Vec<String>), String> {
+/// [`finish`], the ids the consumer reported `Duplicate` for (also when it
+/// was killed later), and when it settled each retry (ms since the epoch).
+type Output = (Option<Counts>, Vec<String>, Vec<u64>);
+
+fn finish_with_output(child: Child) -> Result<Output, String> {
     use std::os::unix::process::ExitStatusExt;
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -121,8 +123,12 @@ fn finish_with_output(child: Child) -> Result<(Option<Counts>, Vec<String>), Str
         .filter_map(|l| l.strip_prefix("duplicate "))
         .map(str::to_owned)
         .collect();
+    let retries = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("retry ")?.rsplit(' ').next()?.parse().ok())
+        .collect();
     if out.status.signal() == Some(9) {
-        return Ok((None, duplicates));
+        return Ok((None, duplicates, retries));
     }
     ensure!(
         out.status.success(),
@@ -132,7 +138,7 @@ fn finish_with_output(child: Child) -> Result<(Option<Counts>, Vec<String>), Str
     );
     let counts =
         Counts::parse(&stdout).ok_or_else(|| format!("consumer printed no counts: {stdout}"))?;
-    Ok((Some(counts), duplicates))
+    Ok((Some(counts), duplicates, retries))
 }
 
 /// Business rows and inbox rows equal one application of `1..=n`.
@@ -224,7 +230,7 @@ fn killed_between_commit_and_ack<B: Broker>(url: &str) -> Result<String, String>
             kills <= N / EVERY,
             "{kills} kills: the consumer keeps dying"
         );
-        let (counts, reported) = finish_with_output(spawn_consumer::<B>(&run, 10, EVERY)?)?;
+        let (counts, reported, _) = finish_with_output(spawn_consumer::<B>(&run, 10, EVERY)?)?;
         duplicates.extend(reported);
         match counts {
             None => kills += 1,
@@ -254,9 +260,26 @@ fn poison_is_dead_lettered<B: Broker>(url: &str) -> Result<String, String> {
     let mut stream = vec![(format!("{}-poison", run.queue), b"poison".to_vec())];
     stream.extend(orders(&run, N));
     B::publish(url, &run.queue, &stream)?;
-    let counts = finish(spawn_consumer::<B>(&run, 10, 0)?)?.ok_or("the consumer was killed")?;
+    let (counts, _, retried_at) = finish_with_output(spawn_consumer::<B>(&run, 10, 0)?)?;
+    let counts = counts.ok_or("the consumer was killed")?;
     check_exact(&run, N)?;
     ensure!(counts.applied == N, "{counts:?}");
+    // The backoff (50 ms doubled per delivery, jittered to half or more):
+    // the 3 gaps between the 4 retries are at least 25, 50 and 100 ms
+    // whatever the broker (JetStream waits out the Nak's delay, the AMQP
+    // glue holds the delivery before its nack).
+    let gaps: Vec<u64> = retried_at
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]))
+        .collect();
+    ensure!(
+        gaps.len() == 3
+            && gaps
+                .iter()
+                .zip([25, 50, 100])
+                .all(|(gap, floor)| *gap >= floor),
+        "the retries came back without the backoff: gaps {gaps:?} ms"
+    );
     ensure!(
         counts.retried == 4 && counts.dead_lettered == 1,
         "the poison was retried {} times and dead-lettered {} times (expected 4 and 1)",
@@ -265,7 +288,7 @@ fn poison_is_dead_lettered<B: Broker>(url: &str) -> Result<String, String> {
     );
     let where_ = B::dead_lettered(url, &run.queue)?;
     Ok(format!(
-        "poison delivered 5 times then dead-lettered ({where_}); {N} others applied; state exact"
+        "poison delivered 5 times, {gaps:?} ms apart (backoff), then dead-lettered ({where_}); {N} others applied; state exact"
     ))
 }
 
