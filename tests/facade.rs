@@ -28,7 +28,7 @@ use diesel_inbox::{
 
 #[cfg(any(feature = "lapin", feature = "nats"))]
 #[allow(unused_imports)]
-use diesel_inbox::brokers::{BrokerError, Handled, Policy, Settlement};
+use diesel_inbox::brokers::{BrokerError, Handled, Policy, Settlement, DEFAULT_MAX_DELIVERIES};
 
 #[cfg(feature = "lapin")]
 #[allow(unused_imports)]

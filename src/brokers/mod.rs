@@ -24,6 +24,11 @@ pub enum Settlement {
     DeadLetter,
 }
 
+/// The safety-net delivery limit of a new [`Policy`]: with the default
+/// backoff, 20 deliveries of a failing message span 7 to 14 minutes, so a
+/// database outage shorter than that dead-letters nothing.
+pub const DEFAULT_MAX_DELIVERIES: u32 = 20;
+
 /// Which of the handler's errors are permanent, and how often a failing
 /// message may be delivered. The user decides what is permanent; nothing
 /// is guessed from the error's text.
@@ -61,12 +66,13 @@ impl<E> std::fmt::Debug for Policy<E> {
 
 impl<E> Policy<E> {
     /// `permanent(e)` says whether an error is permanent (dead-letter at
-    /// once) rather than transient (redeliver). No delivery limit; a retry
-    /// delay of 1 s where the broker takes one.
+    /// once) rather than transient (redeliver). A safety-net delivery limit
+    /// of [`DEFAULT_MAX_DELIVERIES`]; a first retry delay of 1 s, doubled
+    /// per delivery up to 60 s.
     pub fn new(permanent: impl Fn(&E) -> bool + Send + Sync + 'static) -> Self {
         Policy {
             permanent: Box::new(permanent),
-            max_deliveries: None,
+            max_deliveries: Some(DEFAULT_MAX_DELIVERIES),
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),
         }
@@ -75,8 +81,19 @@ impl<E> Policy<E> {
     /// Dead-letter a failing message once the broker has delivered it
     /// `n` times (the count comes from the broker: RabbitMQ's
     /// `x-delivery-count` on quorum queues, JetStream's `delivered`).
+    /// Every delivery counts, whatever failed, a database outage's too: it
+    /// is a safety net, not the poison limit, which is the handler's
+    /// `max_attempts` (body failures only, guide: brokers). Keep it well
+    /// above `max_attempts`; the default is [`DEFAULT_MAX_DELIVERIES`].
     pub fn max_deliveries(mut self, n: u32) -> Self {
         self.max_deliveries = Some(n);
+        self
+    }
+
+    /// No delivery limit: a message is dead-lettered only for a permanent
+    /// error (such as `AttemptsExhausted`, if the policy says so).
+    pub fn unlimited_deliveries(mut self) -> Self {
+        self.max_deliveries = None;
         self
     }
 
