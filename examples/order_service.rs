@@ -97,7 +97,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Prefetch no more deliveries than the pool has connections.
     channel.basic_qos(8, BasicQosOptions::default()).await?;
-    let policy = Arc::new(Policy::new(AppError::is_permanent).max_deliveries(5));
+    // The poison limit is the handler's max_attempts (AttemptsExhausted is
+    // permanent); the policy's delivery limit (20) is only a safety net.
+    let policy = Arc::new(Policy::new(AppError::is_permanent));
     let mut deliveries = channel
         .basic_consume(
             queue.as_str().into(),
