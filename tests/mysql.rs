@@ -217,6 +217,15 @@ mod suite {
             not(inbox_test_mysql),
             ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
         )]
+        fn a_table_made_after_a_failed_claim_is_checked() {
+            check::a_table_made_after_a_failed_claim_is_checked::<crate::suite::Mysql>(&SHAPES[0]);
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_mysql),
+            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+        )]
         fn migrate_upgrades_a_table_of_release_0_1_in_place() {
             check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
         }

@@ -519,3 +519,56 @@ fn events_use_the_target_diesel_inbox_with_their_levels() {
         ]
     );
 }
+
+/// A call refused before its first step (a wrong table, without
+/// `migrate`) is reported as any failed call: the WARN with the error,
+/// and the span's outcome and error.
+#[test]
+fn a_refused_table_is_logged_as_a_failed_call() {
+    let log = Log::default();
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry()
+        .with(log.clone())
+        .with(capture.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let mut conn = SqliteConnection::establish(":memory:").expect("sqlite");
+        diesel::connection::SimpleConnection::batch_execute(
+            &mut conn,
+            "CREATE TABLE inbox_messages (consumer TEXT NOT NULL, message_id TEXT NOT NULL, \
+             received_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+        )
+        .expect("a table without a primary key");
+        let attempts = Mutex::new(0);
+        let refused = observed(&mut conn, "k1", &attempts);
+        assert!(
+            matches!(
+                refused,
+                Err(AppError::Inbox(InboxError::IncompatibleTable(_)))
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(
+            *attempts.lock().expect("attempts"),
+            0,
+            "the body did not run"
+        );
+    });
+    let events = log.events.lock().expect("log").clone();
+    let warned: Vec<&Logged> = events
+        .iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .collect();
+    assert_eq!(warned.len(), 1, "{events:#?}");
+    assert_eq!(
+        (warned[0].target.as_str(), warned[0].message.as_str()),
+        ("diesel_inbox", "diesel-inbox: the call failed")
+    );
+    assert!(
+        warned[0].fields["error"].contains("IncompatibleTable"),
+        "{warned:?}"
+    );
+    let spans = capture.handles();
+    assert_eq!(spans.len(), 1);
+    assert_eq!(spans[0]["outcome"], "error");
+    assert!(spans[0]["error"].contains("IncompatibleTable"));
+}

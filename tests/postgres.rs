@@ -261,6 +261,17 @@ mod suite {
             not(inbox_test_postgres),
             ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
         )]
+        fn a_table_made_after_a_failed_claim_is_checked() {
+            check::a_table_made_after_a_failed_claim_is_checked::<crate::suite::Postgres>(
+                &SHAPES[0],
+            );
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
         fn migrate_upgrades_a_table_of_release_0_1_in_place() {
             check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
         }

@@ -169,6 +169,11 @@ mod schema {
     }
 
     #[test]
+    fn a_table_made_after_a_failed_claim_is_checked() {
+        check::a_table_made_after_a_failed_claim_is_checked::<crate::Sqlite>(&SHAPES[0]);
+    }
+
+    #[test]
     fn migrate_upgrades_a_table_of_release_0_1_in_place() {
         check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
     }

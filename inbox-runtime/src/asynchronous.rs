@@ -125,7 +125,9 @@ where
     let mut step = Step::Begin;
     let span = engine.span().clone();
     let ended = async {
-        check_shape(conn).await?;
+        if let Err(refused) = check_shape(conn).await {
+            return Err(engine.refused(refused));
+        }
         loop {
             let event = match step {
                 Step::Body => {
@@ -152,7 +154,9 @@ async fn check_shape<C: AsyncInboxConnection>(conn: &mut C) -> Result<(), InboxE
     if observe::shape_unchecked(conn.instrumentation()) {
         let catalog = conn.catalog().await?;
         shape::refuse(&catalog, <C::Backend as InboxBackend>::KEY_TYPE)?;
-        observe::shape_checked_async(conn);
+        if catalog.table.is_some() {
+            observe::shape_checked_async(conn);
+        }
     }
     Ok(())
 }
@@ -178,7 +182,9 @@ where
     E: From<InboxError> + From<Error> + std::fmt::Debug,
     R: Fn(&E) -> ErrorClass<E>,
 {
-    check_shape(conn).await?;
+    if let Err(refused) = check_shape(conn).await {
+        return Err(engine.refused(refused));
+    }
     let claim = Claim::One(one);
     let mut positions = Vec::new();
     // The claim done together with the begin, for the engine's next step.

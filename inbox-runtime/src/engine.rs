@@ -229,15 +229,33 @@ where
     pub(crate) fn next(&mut self, event: Event<T, E>) -> Next<T, E> {
         let next = self.advance(event);
         if let Next::Done(result) = &next {
-            let outcome = match result {
-                Ok(Ended::Applied(_)) => Outcome::Applied,
-                Ok(Ended::Duplicate(_)) => Outcome::Duplicate,
-                Err(e) => Outcome::Error(format!("{e:?}")),
-            };
-            self.telemetry
-                .finished(self.consumer, self.what, outcome, self.attempts);
+            self.report(result);
         }
         next
+    }
+
+    /// The call ends before its first step: the connection's tables were
+    /// refused (or could not be read). Reported as any failed call is.
+    pub(crate) fn refused(&mut self, error: InboxError) -> E {
+        let error = E::from(error);
+        self.telemetry.finished(
+            self.consumer,
+            self.what,
+            Outcome::Error(format!("{error:?}")),
+            self.attempts,
+        );
+        error
+    }
+
+    /// The span's fields, the event and the metrics of a finished call.
+    fn report(&self, result: &Result<Ended<T>, E>) {
+        let outcome = match result {
+            Ok(Ended::Applied(_)) => Outcome::Applied,
+            Ok(Ended::Duplicate(_)) => Outcome::Duplicate,
+            Err(e) => Outcome::Error(format!("{e:?}")),
+        };
+        self.telemetry
+            .finished(self.consumer, self.what, outcome, self.attempts);
     }
 
     fn advance(&mut self, event: Event<T, E>) -> Next<T, E> {

@@ -285,7 +285,9 @@ where
 {
     let span = engine.span().clone();
     let _entered = span.enter();
-    check_shape(conn)?;
+    if let Err(refused) = check_shape(conn) {
+        return Err(engine.refused(refused));
+    }
     let mut work = W::default();
     let mut step = Step::Begin;
     loop {
@@ -348,7 +350,11 @@ where
     if observe::shape_unchecked(conn.instrumentation()) {
         let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
         shape::refuse(&catalog, <C::Backend as InboxBackend>::KEY_TYPE)?;
-        observe::shape_checked(conn);
+        // No table yet: the claim fails on its own, and the table the
+        // application creates next is checked at the next claim.
+        if catalog.table.is_some() {
+            observe::shape_checked(conn);
+        }
     }
     Ok(())
 }

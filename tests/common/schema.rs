@@ -400,3 +400,24 @@ pub fn the_shape_is_checked_once_per_connection<B: super::backend::TestBackend>(
         "own instrumentation: {own:?}"
     );
 }
+
+/// A connection whose first claim found no table is not marked checked:
+/// the wrong-shaped table the application creates next is refused at the
+/// next claim on that same connection.
+pub fn a_table_made_after_a_failed_claim_is_checked<B: super::backend::TestBackend>(
+    shape: &WrongShape,
+) {
+    let Some(db) = B::fresh("made_later") else {
+        return;
+    };
+    let mut conn = B::open(&db);
+    let deliver = |conn: &mut B::Conn| {
+        diesel_inbox::Inbox::consumer("later").run(conn, "m-1", |_| Ok::<_, InboxError>(()))
+    };
+    assert!(deliver(&mut conn).is_err(), "no table yet");
+    B::open(&db)
+        .batch_execute(shape.ddl)
+        .unwrap_or_else(|e| panic!("{}: create the wrong table: {e}", shape.name));
+    assert_refused(shape, "after the table was made", deliver(&mut conn));
+    assert_eq!(B::inbox_rows(&mut conn, "later", "m-1"), 0);
+}
