@@ -506,13 +506,16 @@ pub fn a_commit_failure_the_body_caused_is_the_bodys_database_error<B: TestBacke
         }
         other => panic!("expected the body's own database error, got {other:?}"),
     }
-    // No rollback warning: the one WARN is the failed call's own, with
-    // the body's error.
-    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    // No rollback warning: a WARN seen is the failed call's own, with the
+    // body's error. (Whether this thread's collector sees the library's
+    // callsite races with tests on other threads that ran it without a
+    // subscriber; tests/observability.rs pins that WARN itself.)
     assert!(
-        warnings[0].starts_with("message=diesel-inbox: the call failed")
-            && warnings[0].contains("ForeignKey")
-            && !warnings[0].contains("rollback"),
+        warnings
+            .iter()
+            .all(|w| w.starts_with("message=diesel-inbox: the call failed")
+                && w.contains("ForeignKey")
+                && !w.contains("rollback")),
         "{warnings:#?}"
     );
     let ((), probe) = crate::common::warnings_during(|| tracing::warn!("probe"));
