@@ -10,6 +10,7 @@
 //! - [`operations`]: retention, inspection, replays, the CLI, observability.
 //! - [`schema`]: the tables, `migrate`, upgrades, your own migration tool.
 //! - [`cluster`]: MariaDB Galera.
+//! - [`proxies`]: PgBouncer and other connection proxies.
 //! - [`guarantees`]: what is promised, and the fault suite that shows it.
 
 #[doc = include_str!("../docs/guide/attribute.md")]
@@ -35,6 +36,9 @@ pub mod schema {}
 
 #[doc = include_str!("../docs/guide/cluster.md")]
 pub mod cluster {}
+
+#[doc = include_str!("../docs/guide/proxies.md")]
+pub mod proxies {}
 
 #[doc = include_str!("../docs/guide/guarantees.md")]
 pub mod guarantees {}

@@ -79,11 +79,302 @@ mod suite {
             }
             let prepared: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
                 "(SELECT COUNT(*) FROM pg_prepared_statements \
-                 WHERE statement LIKE 'INSERT INTO inbox_messages (consumer, message_id) SELECT %')",
+                 WHERE statement LIKE '%INSERT INTO inbox_messages (consumer, message_id) SELECT % unnest(%')",
             ))
             .get_result(&mut conn)
             .expect("pg_prepared_statements");
             assert_eq!(prepared, 1);
+        }
+    }
+
+    /// What a connection proxy that shares prepared statements between
+    /// clients (PgBouncer before 1.21 in transaction mode) does, done on
+    /// one session: another statement under the claim's prepared name, and
+    /// the claim run under another statement's name. Each is an error,
+    /// never `Applied` or `Duplicate`, and writes nothing.
+    mod proxies {
+        use super::{fresh, open};
+        use diesel::connection::SimpleConnection;
+        use diesel::prelude::*;
+        use diesel::sql_types::{BigInt, Text};
+        use diesel_inbox::{ErrorClass, Inbox, Processed};
+
+        #[derive(QueryableByName)]
+        struct Named {
+            #[diesel(sql_type = Text)]
+            name: String,
+            #[diesel(sql_type = Text)]
+            types: String,
+        }
+
+        /// The name and parameter types of the prepared statement of this
+        /// session whose text starts with `prefix`.
+        fn prepared(conn: &mut PgConnection, prefix: &str) -> (String, String) {
+            let rows: Vec<Named> = diesel::sql_query(
+                "SELECT name, array_to_string(parameter_types::text[], ', ') AS types \
+                 FROM pg_prepared_statements WHERE starts_with(statement, $1)",
+            )
+            .bind::<Text, _>(prefix)
+            .load(conn)
+            .expect("pg_prepared_statements");
+            assert_eq!(rows.len(), 1, "one prepared statement starts with {prefix}");
+            let row = rows.into_iter().next().expect("one row");
+            (row.name, row.types)
+        }
+
+        fn count(conn: &mut PgConnection, sql: &str) -> i64 {
+            diesel::select(diesel::dsl::sql::<BigInt>(&format!("({sql})")))
+                .get_result(conn)
+                .expect("count")
+        }
+
+        fn setup(test: &str) -> Option<(crate::common::TestDb, PgConnection)> {
+            let db = fresh(test)?;
+            let mut conn = open(&db);
+            diesel_inbox::migrate(&mut conn).expect("migrate");
+            conn.batch_execute("CREATE TABLE proxy_orders (a TEXT, b TEXT)")
+                .expect("business table");
+            Some((db, conn))
+        }
+
+        /// The body: one business row per applied message.
+        fn order(conn: &mut PgConnection, key: &str) -> QueryResult<()> {
+            diesel::sql_query("INSERT INTO proxy_orders (a, b) VALUES ($1, 'order')")
+                .bind::<Text, _>(key)
+                .execute(conn)
+                .map(drop)
+        }
+
+        fn claim(conn: &mut PgConnection, key: &str) -> QueryResult<Processed<()>> {
+            Inbox::consumer("proxy")
+                .retries(0)
+                .classify(|_: &diesel::result::Error| ErrorClass::permanent())
+                .run(conn, key, |conn| order(conn, key))
+        }
+
+        fn is_misrouted(error: &(impl std::fmt::Display + std::fmt::Debug)) -> bool {
+            error
+                .to_string()
+                .contains("was another statement under the claim's name")
+                || format!("{error:?}").contains("was another statement under the claim's name")
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
+        fn another_statement_under_the_claims_name_is_an_error() {
+            let Some((_db, mut conn)) = setup("proxy_foreign_claim") else {
+                return;
+            };
+            assert_eq!(
+                claim(&mut conn, "k1").expect("first"),
+                Processed::Applied(())
+            );
+            let (name, types) = prepared(&mut conn, "WITH claim AS (INSERT INTO inbox_messages");
+            assert_eq!(types, "text, text, text");
+            // A body's insert with the claim's parameter types, where the
+            // claim's name was: it inserts, returns no row, affects 1 row.
+            conn.batch_execute(&format!(
+                "DEALLOCATE {name}; PREPARE {name} (text, text, text) AS \
+                 INSERT INTO proxy_orders (a, b) SELECT $2, $3"
+            ))
+            .expect("swap the prepared statement");
+            for key in ["k2", "k1"] {
+                let error =
+                    claim(&mut conn, key).expect_err("a claim that did not run is an error");
+                assert!(is_misrouted(&error), "{key}: {error:?}");
+            }
+            assert_eq!(
+                count(
+                    &mut conn,
+                    "SELECT count(*) FROM inbox_messages WHERE message_id = 'k2'"
+                ),
+                0
+            );
+            // Only k1's own row: the foreign insert and k2's body rolled back.
+            assert_eq!(count(&mut conn, "SELECT count(*) FROM proxy_orders"), 1);
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
+        fn another_statement_under_the_batch_claims_name_is_an_error() {
+            let Some((_db, mut conn)) = setup("proxy_foreign_batch") else {
+                return;
+            };
+            let batch = |conn: &mut PgConnection, keys: &[&str]| {
+                Inbox::consumer("proxy")
+                    .retries(0)
+                    .classify(|_: &diesel::result::Error| ErrorClass::permanent())
+                    .run_batch(
+                        conn,
+                        keys,
+                        |k| k.to_string(),
+                        |conn, fresh: Vec<&&str>| {
+                            for key in &fresh {
+                                order(conn, key)?;
+                            }
+                            Ok::<_, diesel::result::Error>(fresh.len())
+                        },
+                    )
+            };
+            let first = batch(&mut conn, &["b1", "b2"]).expect("first batch");
+            assert_eq!(first.value, Some(2));
+            let (name, types) = prepared(
+                &mut conn,
+                "WITH claim AS (INSERT INTO inbox_messages (consumer, message_id) SELECT $1, k.key",
+            );
+            assert_eq!(types, "text, text[], text");
+            conn.batch_execute(&format!(
+                "DEALLOCATE {name}; PREPARE {name} (text, text[], text) AS \
+                 INSERT INTO proxy_orders (a, b) SELECT $1, $3"
+            ))
+            .expect("swap the prepared statement");
+            for keys in [&["b3"][..], &["b1", "b2"][..]] {
+                let error =
+                    batch(&mut conn, keys).expect_err("a batch claim that did not run is an error");
+                assert!(is_misrouted(&error), "{keys:?}: {error:?}");
+            }
+            assert_eq!(count(&mut conn, "SELECT count(*) FROM inbox_messages"), 2);
+            assert_eq!(count(&mut conn, "SELECT count(*) FROM proxy_orders"), 2);
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
+        fn the_claim_run_under_another_statements_name_writes_nothing() {
+            let Some((_db, mut conn)) = setup("proxy_claim_elsewhere") else {
+                return;
+            };
+            assert_eq!(
+                claim(&mut conn, "k1").expect("first"),
+                Processed::Applied(())
+            );
+            let (name, _) = prepared(&mut conn, "WITH claim AS (INSERT INTO inbox_messages");
+            // Another client's statement that finds the claim under its own
+            // name binds its own values.
+            let error = conn
+                .batch_execute(&format!(
+                    "EXECUTE {name}('proxy', 'body-value', 'another value')"
+                ))
+                .expect_err("the claim with another statement's parameters fails");
+            assert!(
+                error
+                    .to_string()
+                    .contains("this prepared statement is the inbox claim"),
+                "{error}"
+            );
+            assert_eq!(count(&mut conn, "SELECT count(*) FROM inbox_messages"), 1);
+        }
+
+        /// diesel-async's cached statements have tokio-postgres' names
+        /// (`sN`, per process): the same check on the async path.
+        #[cfg(feature = "async")]
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
+        fn another_statement_under_the_async_claims_name_is_an_error() {
+            use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+            let Some((db, mut sync)) = setup("proxy_foreign_async") else {
+                return;
+            };
+            crate::common::modes::runtime().block_on(async {
+                let mut conn = AsyncPgConnection::establish(&db).await.expect("connect");
+                let claim =
+                    async |conn: &mut AsyncPgConnection, key: &str| -> QueryResult<Processed<()>> {
+                        let key = key.to_owned();
+                        Inbox::consumer("proxy")
+                            .retries(0)
+                            .classify(|_: &diesel::result::Error| ErrorClass::permanent())
+                            .run_async(conn, key.as_str(), async |conn| {
+                                let insert = diesel::sql_query(
+                                    "INSERT INTO proxy_orders (a, b) VALUES ($1, 'order')",
+                                )
+                                .bind::<Text, _>(key.as_str());
+                                diesel_async::RunQueryDsl::execute(insert, conn)
+                                    .await
+                                    .map(drop)
+                            })
+                            .await
+                    };
+                assert_eq!(
+                    claim(&mut conn, "a1").await.expect("first"),
+                    Processed::Applied(())
+                );
+                let query = diesel::sql_query(
+                    "SELECT name, array_to_string(parameter_types::text[], ', ') AS types \
+                     FROM pg_prepared_statements \
+                     WHERE starts_with(statement, 'WITH claim AS (INSERT INTO inbox_messages')",
+                );
+                let rows: Vec<Named> = diesel_async::RunQueryDsl::load(query, &mut conn)
+                    .await
+                    .expect("pg_prepared_statements");
+                assert_eq!(rows.len(), 1);
+                let name = &rows[0].name;
+                conn.batch_execute(&format!(
+                    "DEALLOCATE {name}; PREPARE {name} (text, text, text) AS \
+                     INSERT INTO proxy_orders (a, b) SELECT $2, $3"
+                ))
+                .await
+                .expect("swap the prepared statement");
+                for key in ["a2", "a1"] {
+                    let error = claim(&mut conn, key)
+                        .await
+                        .expect_err("a claim that did not run is an error");
+                    assert!(is_misrouted(&error), "{key}: {error:?}");
+                }
+            });
+            assert_eq!(count(&mut sync, "SELECT count(*) FROM inbox_messages"), 1);
+            assert_eq!(count(&mut sync, "SELECT count(*) FROM proxy_orders"), 1);
+        }
+
+        /// The statements of a call other than its claim (a duplicate's
+        /// row, the stored result, the failure counts) are never prepared
+        /// under a name that another client could reach.
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
+        fn only_the_claims_are_named_prepared_statements() {
+            let Some((_db, mut conn)) = setup("proxy_side_statements") else {
+                return;
+            };
+            let run = |conn: &mut PgConnection, key: &str, fail: bool| {
+                Inbox::consumer("proxy")
+                    .retries(0)
+                    .classify(|_: &diesel::result::Error| ErrorClass::permanent())
+                    .fingerprint(diesel_inbox::Fingerprint::of_bytes(b"body"))
+                    .store_result()
+                    .max_attempts(3)
+                    .run(conn, key, |conn| {
+                        order(conn, key)?;
+                        if fail {
+                            return Err(diesel::result::Error::RollbackTransaction);
+                        }
+                        Ok(7u32)
+                    })
+            };
+            run(&mut conn, "s1", true).expect_err("a failure is counted");
+            assert!(run(&mut conn, "s1", false).expect("applied").is_applied());
+            assert_eq!(
+                run(&mut conn, "s1", false).expect("duplicate"),
+                diesel_inbox::Stored::Duplicate(Some(7))
+            );
+            let named = count(
+                &mut conn,
+                "SELECT count(*) FROM pg_prepared_statements \
+                 WHERE statement LIKE '%inbox_%' AND NOT starts_with(statement, 'WITH claim AS')",
+            );
+            assert_eq!(named, 0);
         }
     }
 

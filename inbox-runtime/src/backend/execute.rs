@@ -5,7 +5,9 @@
 //! `statements::purge_plan`, `statements::stored_one`). The backends'
 //! `InboxBackend` and `AsyncInboxConnection` implementations call these.
 
-use super::statements::{self as st, Fingerprinted, Plain, CLAIM_CHUNK};
+use super::statements::{self as st, CLAIM_CHUNK};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use super::statements::{Fingerprinted, Plain};
 use super::InboxBackend;
 use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
 use diesel::connection::Connection;
@@ -254,6 +256,7 @@ macro_rules! async_ops {
 
 /// The single claim: whether the row was inserted (the caller owns the
 /// message) or was there already.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn claim<C>(
     conn: &mut C,
     consumer: &str,
@@ -332,11 +335,11 @@ pub(crate) fn concurrent_claim(error: diesel::result::Error) -> diesel::result::
 pub(crate) fn stored<C>(conn: &mut C, consumer: &str, keys: &[&str]) -> QueryResult<Vec<StoredRow>>
 where
     C: Connection,
-    for<'a> st::stored<'a>: LoadQuery<'a, C, StoredRow>,
+    for<'a> st::Side<st::stored<'a>>: LoadQuery<'a, C, StoredRow>,
 {
     let mut rows = Vec::with_capacity(keys.len());
     for chunk in keys.chunks(CLAIM_CHUNK) {
-        rows.extend(st::stored(consumer, st::owned(chunk)).load::<StoredRow>(conn)?);
+        rows.extend(st::Side(st::stored(consumer, st::owned(chunk))).load::<StoredRow>(conn)?);
     }
     Ok(rows)
 }
@@ -350,9 +353,9 @@ pub(crate) fn store_result<C>(
 ) -> QueryResult<()>
 where
     C: Connection,
-    for<'a> st::store_result<'a>: ExecuteDsl<C>,
+    for<'a> st::Side<st::store_result<'a>>: ExecuteDsl<C>,
 {
-    st::store_result(consumer, key, value)
+    st::Side(st::store_result(consumer, key, value))
         .execute(conn)
         .and_then(st::stored_one)
 }
@@ -365,10 +368,10 @@ pub(crate) fn attempts<C>(
 ) -> QueryResult<Option<AttemptsRow>>
 where
     C: Connection<Backend: InboxBackend>,
-    for<'a> st::attempts<'a>: LoadQuery<'a, C, AttemptsRow>,
+    for<'a> st::Side<st::attempts<'a>>: LoadQuery<'a, C, AttemptsRow>,
 {
     let micros = <C::Backend as InboxBackend>::UPDATED_AT_MICROS;
-    st::attempts(consumer, key, micros)
+    st::Side(st::attempts(consumer, key, micros))
         .get_result(conn)
         .optional()
 }
@@ -377,9 +380,9 @@ where
 pub(crate) fn clear_attempts<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<usize>
 where
     C: Connection,
-    for<'a> st::clear_attempts<'a>: ExecuteDsl<C>,
+    for<'a> st::Side<st::clear_attempts<'a>>: ExecuteDsl<C>,
 {
-    st::clear_attempts(consumer, key).execute(conn)
+    st::Side(st::clear_attempts(consumer, key)).execute(conn)
 }
 
 /// Adds one failure to the count of `(consumer, key)`, in the caller's
@@ -516,7 +519,9 @@ where
 /// The same steps on a diesel-async connection.
 #[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
 pub(crate) mod asynchronous {
-    use super::st::{self, Fingerprinted, Plain, CLAIM_CHUNK};
+    use super::st::{self, CLAIM_CHUNK};
+    #[cfg(feature = "mysql")]
+    use super::st::{Fingerprinted, Plain};
     use super::InboxBackend;
     use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
     use diesel::result::QueryResult;
@@ -536,6 +541,7 @@ pub(crate) mod asynchronous {
     /// message path.
     pub(crate) type Io<'q, T> = Pin<Box<dyn Future<Output = QueryResult<T>> + Send + 'q>>;
 
+    #[cfg(feature = "mysql")]
     pub(crate) async fn claim<'q, C>(
         conn: &mut C,
         consumer: &'q str,
@@ -605,13 +611,13 @@ pub(crate) mod asynchronous {
     ) -> Io<'q, Vec<StoredRow>>
     where
         C: AsyncConnection + Send,
-        st::stored<'q>: LoadQuery<'q, C, StoredRow>,
+        st::Side<st::stored<'q>>: LoadQuery<'q, C, StoredRow>,
     {
         Box::pin(async move {
             let mut rows = Vec::with_capacity(keys.len());
             for chunk in keys.chunks(CLAIM_CHUNK) {
                 rows.extend(
-                    st::stored(consumer, st::owned(chunk))
+                    st::Side(st::stored(consumer, st::owned(chunk)))
                         .load::<StoredRow>(conn)
                         .await?,
                 );
@@ -628,9 +634,9 @@ pub(crate) mod asynchronous {
     ) -> QueryResult<()>
     where
         C: AsyncConnection + Send,
-        st::store_result<'q>: ExecuteDsl<C>,
+        st::Side<st::store_result<'q>>: ExecuteDsl<C>,
     {
-        st::store_result(consumer, key, value)
+        st::Side(st::store_result(consumer, key, value))
             .execute(conn)
             .await
             .and_then(st::stored_one)
@@ -643,11 +649,11 @@ pub(crate) mod asynchronous {
     ) -> Io<'q, Option<AttemptsRow>>
     where
         C: AsyncConnection<Backend: InboxBackend> + Send,
-        st::attempts<'q>: LoadQuery<'q, C, AttemptsRow>,
+        st::Side<st::attempts<'q>>: LoadQuery<'q, C, AttemptsRow>,
     {
         Box::pin(async move {
             let micros = <C::Backend as InboxBackend>::UPDATED_AT_MICROS;
-            st::attempts(consumer, key, micros)
+            st::Side(st::attempts(consumer, key, micros))
                 .get_result(conn)
                 .await
                 .optional()
@@ -661,9 +667,11 @@ pub(crate) mod asynchronous {
     ) -> QueryResult<usize>
     where
         C: AsyncConnection + Send,
-        st::clear_attempts<'q>: ExecuteDsl<C>,
+        st::Side<st::clear_attempts<'q>>: ExecuteDsl<C>,
     {
-        st::clear_attempts(consumer, key).execute(conn).await
+        st::Side(st::clear_attempts(consumer, key))
+            .execute(conn)
+            .await
     }
 
     pub(crate) fn count_failure<'q, C>(

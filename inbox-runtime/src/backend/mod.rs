@@ -85,16 +85,15 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     #[doc(hidden)]
     const KEY_TYPE: &'static str;
 
-    /// The claim's insert: `INSERT INTO`, or MySQL's `INSERT IGNORE INTO`.
-    /// Not `ON DUPLICATE KEY UPDATE` on MySQL: diesel connects with
-    /// CLIENT_FOUND_ROWS, so that form reports 1 for a duplicate too.
+    /// Whether the statements of a call other than its claim may be cached
+    /// as named prepared statements (`statements::Side`). Not on
+    /// PostgreSQL: a proxy in transaction mode (PgBouncer before 1.21) hands
+    /// a cached name to whichever client runs on that server session next,
+    /// so those statements run unnamed, in the call's own transaction. The
+    /// claim, on every message's path, stays cached and checks what it
+    /// returns instead.
     #[doc(hidden)]
-    const CLAIM_INSERT: &'static str;
-
-    /// What follows the claim's `VALUES`: the conflict clause with its
-    /// target named (any other unique violation must fail), or nothing.
-    #[doc(hidden)]
-    const CLAIM_CONFLICT: &'static str;
+    const CACHE_SIDE_STATEMENTS: bool = true;
 
     /// Whether DDL commits an open transaction implicitly (MySQL), so that
     /// `migrate` must refuse to run inside one.
@@ -117,7 +116,7 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         fingerprint: Option<&[u8]>,
     ) -> QueryResult<bool>
     where
-        C: Connection<Backend = Self>;
+        C: LoadConnection<Backend = Self>;
 
     /// Inserts every `(consumer, key)` that is not there yet (with
     /// `fingerprints[i]` for `keys[i]`, if given), in one statement where

@@ -178,8 +178,6 @@ pub(crate) fn ended_by_server(error: &Error) -> bool {
 impl InboxBackend for Mysql {
     const DDL: &'static str = super::ddl::MYSQL;
     const BEGIN: &'static str = "BEGIN";
-    const CLAIM_INSERT: &'static str = "INSERT IGNORE INTO";
-    const CLAIM_CONFLICT: &'static str = "";
     const KEY_TYPE: &'static str = "VARBINARY(255) NOT NULL";
     const DDL_COMMITS: bool = true;
     // Nullable columns at the end: an instant ALTER on MySQL 8.0.12+ and
@@ -196,7 +194,7 @@ impl InboxBackend for Mysql {
         fingerprint_bytes: Option<&[u8]>,
     ) -> QueryResult<bool>
     where
-        C: Connection<Backend = Self>,
+        C: LoadConnection<Backend = Self>,
     {
         super::execute::claim(conn, consumer_name, key, fingerprint_bytes)
     }
@@ -550,4 +548,9 @@ mod asynchronous {
             Ok(())
         }
     }
+}
+
+impl super::statements::CountedClaim for Mysql {
+    const INSERT: &'static str = "INSERT IGNORE INTO";
+    const CONFLICT: &'static str = "";
 }

@@ -1,4 +1,5 @@
 use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
+use super::statements::{Fingerprinted, Plain};
 use super::transaction::{begin, end_migrations, rollback, Scope};
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
@@ -66,13 +67,204 @@ FROM pg_attribute att
 WHERE att.attrelid = to_regclass('inbox_attempts') AND att.attnum > 0 AND NOT att.attisdropped
 "#;
 
+/// PostgreSQL's claims do not trust an affected-row count. A proxy in
+/// transaction mode (PgBouncer before 1.21) moves a client between server
+/// sessions while diesel names its cached statements per client
+/// (`__diesel_stmt_N`; tokio-postgres `sN` per process): under the claim's
+/// name a session may hold another client's statement, and another client's
+/// name may be this session's claim. So each claim
+/// - returns a row that only the claim's own text produces (its marker,
+///   [`CLAIM`] and the others), with the verdict in it: another statement
+///   run under the claim's name returns no such row, and [`verdict`] makes
+///   that an error, never `Applied` or `Duplicate`;
+/// - inserts only when its last parameter is [`GUARD`]: another client's
+///   statement run under the claim's name binds its own values there, and
+///   the cast fails with [`GUARD_ERROR`] in its text, so that it writes no
+///   inbox row.
+///
+/// The claim stays a cached statement (one round trip, planned once); the
+/// other statements of a call run unnamed (`CACHE_SIDE_STATEMENTS`).
+const GUARD: &str = "diesel-inbox";
+
+/// The text of the error a statement gets when it runs a claim under
+/// another statement's prepared name (an SQL literal: no quotes in it).
+pub(crate) const GUARD_ERROR: &str = "diesel-inbox: this prepared statement is the inbox claim, \
+     run with the parameters of another statement (a connection proxy shares prepared \
+     statements between clients)";
+
+/// The markers of the single claim, without and with a fingerprint, and of
+/// the batch claim, without and with fingerprints.
+const CLAIM: &str = "diesel-inbox claim";
+const CLAIM_FINGERPRINTED: &str = "diesel-inbox claim, fingerprinted";
+const BATCH: &str = "diesel-inbox batch claim";
+const BATCH_FINGERPRINTED: &str = "diesel-inbox batch claim, fingerprinted";
+
+/// Pushes ` WHERE` and the guard: true for [`GUARD`], an error otherwise
+/// (evaluated per execution: a parameter is not a constant to fold).
+fn push_guard(out: &mut diesel::query_builder::AstPass<'_, '_, Pg>) -> QueryResult<()> {
+    const { assert!(!has_quote(GUARD_ERROR) && !has_quote(GUARD)) };
+    out.push_sql(" WHERE CAST(CASE WHEN ");
+    out.push_bind_param::<diesel::sql_types::Text, _>(GUARD)?;
+    out.push_sql(" = '");
+    out.push_sql(GUARD);
+    out.push_sql("' THEN '1' ELSE '");
+    out.push_sql(GUARD_ERROR);
+    out.push_sql("' END AS integer) = 1");
+    Ok(())
+}
+
+const fn has_quote(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\'' {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// The error of a claim whose statement did not return the claim's row.
+fn misrouted(what: &str) -> Error {
+    Error::DatabaseError(
+        DatabaseErrorKind::Unknown,
+        Box::new(format!(
+            "diesel-inbox: the claim's prepared statement {what}, so it was another statement \
+             under the claim's name: a connection proxy in transaction mode (PgBouncer before \
+             1.21) shares prepared statements between clients. Use session pooling, \
+             PgBouncer 1.21 or later with max_prepared_statements, or disable diesel's \
+             statement cache (CacheSize::Disabled); see diesel_inbox::guide::proxies"
+        )),
+    )
+}
+
+/// The verdict of a single claim from its rows: exactly one, with the
+/// claim's marker and a count of 0 (a duplicate) or 1 (inserted).
+fn verdict(marker: &str, rows: Vec<(String, i64)>) -> QueryResult<bool> {
+    match rows.as_slice() {
+        [(m, n)] if m == marker && (*n == 0 || *n == 1) => Ok(*n == 1),
+        [] => Err(misrouted("returned no row")),
+        _ => Err(misrouted("returned rows that are not the claim's")),
+    }
+}
+
+/// The keys a batch claim inserted, from its rows: at least one, each with
+/// the claim's marker, and every key one the batch asked for.
+fn batch_verdict(
+    marker: &str,
+    keys: &[&str],
+    rows: Vec<(String, Option<String>)>,
+) -> QueryResult<Vec<String>> {
+    if rows.is_empty() {
+        return Err(misrouted("returned no row"));
+    }
+    if rows.iter().any(|(m, _)| m != marker) {
+        return Err(misrouted("returned rows that are not the claim's"));
+    }
+    let claimed: Vec<String> = rows.into_iter().filter_map(|(_, key)| key).collect();
+    if claimed.len() > keys.len() {
+        return Err(misrouted("returned more keys than it was given"));
+    }
+    let asked: std::collections::HashSet<&str> = keys.iter().copied().collect();
+    if claimed.iter().any(|key| !asked.contains(key.as_str())) {
+        return Err(misrouted("returned a key it was not given"));
+    }
+    Ok(claimed)
+}
+
+/// The single claim: `WITH claim AS (INSERT ... SELECT $consumer, $key
+/// WHERE guard ON CONFLICT DO NOTHING RETURNING 1) SELECT marker,
+/// count(*) FROM claim`. With a fingerprint, a statement of its own (its own
+/// query id, [`Fingerprinted`]).
+#[derive(Debug, Clone, Copy)]
+struct Claim<'a, Id> {
+    consumer: &'a str,
+    key: &'a str,
+    fingerprint: Option<&'a [u8]>,
+    id: std::marker::PhantomData<Id>,
+}
+
+impl<'a> Claim<'a, Plain> {
+    fn plain(consumer_name: &'a str, key: &'a str) -> Self {
+        Claim {
+            consumer: consumer_name,
+            key,
+            fingerprint: None,
+            id: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'a> Claim<'a, Fingerprinted> {
+    fn fingerprinted(consumer_name: &'a str, key: &'a str, fingerprint: &'a [u8]) -> Self {
+        Claim {
+            consumer: consumer_name,
+            key,
+            fingerprint: Some(fingerprint),
+            id: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<Id> Claim<'_, Id> {
+    fn marker(&self) -> &'static str {
+        match self.fingerprint {
+            None => CLAIM,
+            Some(_) => CLAIM_FINGERPRINTED,
+        }
+    }
+}
+
+impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, Pg>,
+    ) -> QueryResult<()> {
+        use diesel::sql_types::{Binary, Text};
+        match self.fingerprint {
+            None => out.push_sql(
+                "WITH claim AS (INSERT INTO inbox_messages (consumer, message_id) SELECT ",
+            ),
+            Some(_) => out.push_sql(
+                "WITH claim AS (INSERT INTO inbox_messages (consumer, message_id, fingerprint) \
+                 SELECT ",
+            ),
+        }
+        out.push_bind_param::<Text, _>(self.consumer)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(self.key)?;
+        if let Some(fingerprint) = self.fingerprint {
+            out.push_sql(", ");
+            out.push_bind_param::<Binary, _>(fingerprint)?;
+        }
+        push_guard(&mut out)?;
+        out.push_sql(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING 1) SELECT '");
+        out.push_sql(self.marker());
+        out.push_sql("'::text, count(*) FROM claim");
+        Ok(())
+    }
+}
+
+impl<Id: 'static> diesel::query_builder::QueryId for Claim<'_, Id> {
+    type QueryId = Claim<'static, Id>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl<Id> diesel::query_builder::Query for Claim<'_, Id> {
+    type SqlType = (diesel::sql_types::Text, diesel::sql_types::BigInt);
+}
+
+impl<Conn, Id> diesel::RunQueryDsl<Conn> for Claim<'_, Id> {}
+
 /// The batch claim: the keys go as one array parameter, so the statement's
 /// text is the same for every batch size and diesel prepares it once per
 /// connection and caches it (a multi-row `VALUES` list is a new statement,
 /// parsed and planned again, for each batch). `WITH ORDINALITY ... ORDER BY`
-/// keeps the batch's lock order; RETURNING names the rows inserted. One
-/// bind parameter for all the keys: no chunks, whatever the batch's size.
-/// The sync and the async path send this one statement.
+/// keeps the batch's lock order; RETURNING names the rows inserted, joined
+/// to one marker row so that a batch of duplicates still returns the
+/// claim's row. One bind parameter for all the keys: no chunks, whatever
+/// the batch's size. The sync and the async path send this one statement.
 /// With fingerprints, a second array parameter goes with the keys (`unnest`
 /// of two arrays pairs them up): a statement of its own, with its own query
 /// id ([`Fingerprinted`]).
@@ -83,12 +275,6 @@ struct ClaimBatch<'a, Id> {
     fingerprints: Option<&'a [&'a [u8]]>,
     id: std::marker::PhantomData<Id>,
 }
-
-/// The query id of a batch claim without fingerprints: one cached
-/// statement whatever the lifetimes.
-struct Plain;
-/// The query id of a batch claim with fingerprints.
-struct Fingerprinted;
 
 impl<'a> ClaimBatch<'a, Plain> {
     fn plain(consumer_name: &'a str, keys: &'a [&'a str]) -> Self {
@@ -116,6 +302,15 @@ impl<'a> ClaimBatch<'a, Fingerprinted> {
     }
 }
 
+impl<Id> ClaimBatch<'_, Id> {
+    fn marker(&self) -> &'static str {
+        match self.fingerprints {
+            None => BATCH,
+            Some(_) => BATCH_FINGERPRINTED,
+        }
+    }
+}
+
 impl<Id> diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_, Id> {
     fn walk_ast<'b>(
         &'b self,
@@ -124,7 +319,9 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_, Id> {
         use diesel::sql_types::{Array, Binary, Text};
         match self.fingerprints {
             None => {
-                out.push_sql("INSERT INTO inbox_messages (consumer, message_id) SELECT ");
+                out.push_sql(
+                    "WITH claim AS (INSERT INTO inbox_messages (consumer, message_id) SELECT ",
+                );
                 out.push_bind_param::<Text, _>(self.consumer)?;
                 out.push_sql(", k.key FROM unnest(");
                 out.push_bind_param::<Array<Text>, _>(self.keys)?;
@@ -132,7 +329,8 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_, Id> {
             }
             Some(fingerprints) => {
                 out.push_sql(
-                    "INSERT INTO inbox_messages (consumer, message_id, fingerprint) SELECT ",
+                    "WITH claim AS (INSERT INTO inbox_messages (consumer, message_id, \
+                     fingerprint) SELECT ",
                 );
                 out.push_bind_param::<Text, _>(self.consumer)?;
                 out.push_sql(", k.key, k.fingerprint FROM unnest(");
@@ -142,8 +340,14 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_, Id> {
                 out.push_sql(") WITH ORDINALITY AS k(key, fingerprint, n)");
             }
         }
+        push_guard(&mut out)?;
         out.push_sql(
-            " ORDER BY k.n ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id",
+            " ORDER BY k.n ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id) \
+             SELECT '",
+        );
+        out.push_sql(self.marker());
+        out.push_sql(
+            "'::text, claim.message_id::text FROM (VALUES (1)) AS one LEFT JOIN claim ON true",
         );
         Ok(())
     }
@@ -155,7 +359,10 @@ impl<Id: 'static> diesel::query_builder::QueryId for ClaimBatch<'_, Id> {
 }
 
 impl<Id> diesel::query_builder::Query for ClaimBatch<'_, Id> {
-    type SqlType = diesel::sql_types::Text;
+    type SqlType = (
+        diesel::sql_types::Text,
+        diesel::sql_types::Nullable<diesel::sql_types::Text>,
+    );
 }
 
 impl<Conn, Id> diesel::RunQueryDsl<Conn> for ClaimBatch<'_, Id> {}
@@ -171,8 +378,7 @@ const GUARDED_COMMIT: &str = "SAVEPOINT diesel_inbox_guard; COMMIT";
 impl InboxBackend for Pg {
     const DDL: &'static str = super::ddl::POSTGRES;
     const BEGIN: &'static str = "BEGIN";
-    const CLAIM_INSERT: &'static str = "INSERT INTO";
-    const CLAIM_CONFLICT: &'static str = " ON CONFLICT (consumer, message_id) DO NOTHING";
+    const CACHE_SIDE_STATEMENTS: bool = false;
     const KEY_TYPE: &'static str =
         "VARCHAR(255) NOT NULL (or TEXT) with a deterministic collation (the default)";
     // Nullable columns without a default: a catalog change, no table rewrite.
@@ -190,9 +396,20 @@ impl InboxBackend for Pg {
         fingerprint_bytes: Option<&[u8]>,
     ) -> QueryResult<bool>
     where
-        C: Connection<Backend = Self>,
+        C: LoadConnection<Backend = Self>,
     {
-        super::execute::claim(conn, consumer_name, key, fingerprint_bytes)
+        match fingerprint_bytes {
+            None => {
+                let claim = Claim::plain(consumer_name, key);
+                let marker = claim.marker();
+                verdict(marker, claim.load(conn)?)
+            }
+            Some(bytes) => {
+                let claim = Claim::fingerprinted(consumer_name, key, bytes);
+                let marker = claim.marker();
+                verdict(marker, claim.load(conn)?)
+            }
+        }
     }
 
     fn claim_batch<C>(
@@ -205,9 +422,15 @@ impl InboxBackend for Pg {
         C: LoadConnection<Backend = Self>,
     {
         match fingerprints {
-            None => ClaimBatch::plain(consumer_name, keys).load(conn),
+            None => {
+                let claim = ClaimBatch::plain(consumer_name, keys);
+                let marker = claim.marker();
+                batch_verdict(marker, keys, claim.load(conn)?)
+            }
             Some(fingerprints) => {
-                ClaimBatch::fingerprinted(consumer_name, keys, fingerprints).load(conn)
+                let claim = ClaimBatch::fingerprinted(consumer_name, keys, fingerprints);
+                let marker = claim.marker();
+                batch_verdict(marker, keys, claim.load(conn)?)
             }
         }
     }
@@ -433,13 +656,23 @@ mod asynchronous {
             key: &str,
             fingerprint_bytes: Option<&[u8]>,
         ) -> QueryResult<bool> {
-            crate::backend::execute::asynchronous::claim(
-                self,
-                consumer_name,
-                key,
-                fingerprint_bytes,
-            )
-            .await
+            use diesel_async::RunQueryDsl;
+            match fingerprint_bytes {
+                None => {
+                    let claim = Claim::plain(consumer_name, key);
+                    {
+                        let marker = claim.marker();
+                        verdict(marker, RunQueryDsl::load(claim, self).await?)
+                    }
+                }
+                Some(bytes) => {
+                    let claim = Claim::fingerprinted(consumer_name, key, bytes);
+                    {
+                        let marker = claim.marker();
+                        verdict(marker, RunQueryDsl::load(claim, self).await?)
+                    }
+                }
+            }
         }
 
         async fn inbox_claim_batch(
@@ -448,14 +681,21 @@ mod asynchronous {
             keys: &[&str],
             fingerprints: Option<&[&[u8]]>,
         ) -> QueryResult<Vec<String>> {
+            use diesel_async::RunQueryDsl;
             match fingerprints {
                 None => {
-                    diesel_async::RunQueryDsl::load(ClaimBatch::plain(consumer_name, keys), self)
-                        .await
+                    let claim = ClaimBatch::plain(consumer_name, keys);
+                    {
+                        let marker = claim.marker();
+                        batch_verdict(marker, keys, RunQueryDsl::load(claim, self).await?)
+                    }
                 }
                 Some(fingerprints) => {
                     let claim = ClaimBatch::fingerprinted(consumer_name, keys, fingerprints);
-                    diesel_async::RunQueryDsl::load(claim, self).await
+                    {
+                        let marker = claim.marker();
+                        batch_verdict(marker, keys, RunQueryDsl::load(claim, self).await?)
+                    }
                 }
             }
         }

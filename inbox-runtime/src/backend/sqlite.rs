@@ -2,7 +2,7 @@ use super::shape::{read, CatalogRow, Dialect};
 use super::transaction::{begin, end_migrations, Scope};
 use super::{database_error, Catalog, InboxBackend, Sealed};
 use crate::error::{InboxError, TableProblem};
-use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
+use diesel::connection::{AnsiTransactionManager, LoadConnection};
 use diesel::prelude::*;
 use diesel::result::Error;
 use diesel::sqlite::Sqlite;
@@ -62,8 +62,6 @@ impl InboxBackend for Sqlite {
     // A deferred BEGIN that later writes fails at once with "database is
     // locked", whatever the busy timeout: take the write lock up front.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
-    const CLAIM_INSERT: &'static str = "INSERT INTO";
-    const CLAIM_CONFLICT: &'static str = " ON CONFLICT (consumer, message_id) DO NOTHING";
     const KEY_TYPE: &'static str = "VARCHAR(255) NOT NULL with the BINARY collation (the default)";
     // Nullable columns without a default: a change of the schema text only.
     const UPGRADES: &'static [&'static str] = &[concat!(
@@ -79,7 +77,7 @@ impl InboxBackend for Sqlite {
         fingerprint_bytes: Option<&[u8]>,
     ) -> QueryResult<bool>
     where
-        C: Connection<Backend = Self>,
+        C: LoadConnection<Backend = Self>,
     {
         super::execute::claim(conn, consumer_name, key, fingerprint_bytes)
     }
@@ -511,4 +509,9 @@ mod asynchronous {
                 .await?
         }
     }
+}
+
+impl super::statements::CountedClaim for Sqlite {
+    const INSERT: &'static str = "INSERT INTO";
+    const CONFLICT: &'static str = " ON CONFLICT (consumer, message_id) DO NOTHING";
 }

@@ -14,8 +14,7 @@ use diesel::expression::SqlLiteral;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::serialize::ToSql;
-use diesel::sql_types::{BigInt, Binary, HasSqlType, Text, Timestamp};
-use std::marker::PhantomData;
+use diesel::sql_types::{BigInt, HasSqlType, Text, Timestamp};
 
 /// Most keys one statement carries (bind-parameter limits: PostgreSQL
 /// 65535, SQLite 32766; two per row).
@@ -29,48 +28,68 @@ pub(crate) struct Plain;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Fingerprinted;
 
+/// The backends whose claim is [`Claim`], an insert whose affected-row
+/// count is the verdict (MySQL/MariaDB, SQLite: their prepared statements
+/// belong to the connection, whatever sits between it and the server).
+/// PostgreSQL's claims are its own statements, which check what they
+/// return (`backend::postgres`).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) trait CountedClaim {
+    /// The claim's insert: `INSERT INTO`, or MySQL's `INSERT IGNORE INTO`.
+    /// Not `ON DUPLICATE KEY UPDATE` on MySQL: diesel connects with
+    /// CLIENT_FOUND_ROWS, so that form reports 1 for a duplicate too.
+    const INSERT: &'static str;
+    /// What follows the claim's `VALUES`: the conflict clause with its
+    /// target named (any other unique violation must fail), or nothing.
+    const CONFLICT: &'static str;
+}
+
 /// The single claim: the backend's conflict-ignoring insert of one row
-/// (`B::CLAIM_INSERT` ... `B::CLAIM_CONFLICT`), with the fingerprint when
+/// (`B::INSERT` ... `B::CONFLICT`, [`CountedClaim`]), with the fingerprint when
 /// the call has one (a statement of its own, [`Fingerprinted`]); without
 /// one it is the statement of schema 1.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Claim<'a, Id> {
     consumer: &'a str,
     key: &'a str,
     fingerprint: Option<&'a [u8]>,
-    id: PhantomData<Id>,
+    id: std::marker::PhantomData<Id>,
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<'a> Claim<'a, Plain> {
     pub(crate) fn plain(consumer: &'a str, key: &'a str) -> Self {
         Claim {
             consumer,
             key,
             fingerprint: None,
-            id: PhantomData,
+            id: std::marker::PhantomData,
         }
     }
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<'a> Claim<'a, Fingerprinted> {
     pub(crate) fn fingerprinted(consumer: &'a str, key: &'a str, fingerprint: &'a [u8]) -> Self {
         Claim {
             consumer,
             key,
             fingerprint: Some(fingerprint),
-            id: PhantomData,
+            id: std::marker::PhantomData,
         }
     }
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<B, Id> QueryFragment<B> for Claim<'_, Id>
 where
-    B: InboxBackend + HasSqlType<Text> + HasSqlType<Binary>,
+    B: InboxBackend + CountedClaim + HasSqlType<Text> + HasSqlType<diesel::sql_types::Binary>,
     str: ToSql<Text, B>,
-    [u8]: ToSql<Binary, B>,
+    [u8]: ToSql<diesel::sql_types::Binary, B>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
-        out.push_sql(B::CLAIM_INSERT);
+        out.push_sql(B::INSERT);
         match self.fingerprint {
             None => out.push_sql(" inbox_messages (consumer, message_id) VALUES ("),
             Some(_) => out.push_sql(" inbox_messages (consumer, message_id, fingerprint) VALUES ("),
@@ -80,10 +99,10 @@ where
         out.push_bind_param::<Text, str>(self.key)?;
         if let Some(fingerprint) = self.fingerprint {
             out.push_sql(", ");
-            out.push_bind_param::<Binary, [u8]>(fingerprint)?;
+            out.push_bind_param::<diesel::sql_types::Binary, [u8]>(fingerprint)?;
         }
         out.push_sql(")");
-        out.push_sql(B::CLAIM_CONFLICT);
+        out.push_sql(B::CONFLICT);
         Ok(())
     }
 }
@@ -91,12 +110,48 @@ where
 // The id is the statement's own type (as diesel's are), never a bare
 // marker another statement could share: diesel caches prepared statements
 // by it, and two statements under one id would run each other's SQL.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<Id: 'static> QueryId for Claim<'_, Id> {
     type QueryId = Claim<'static, Id>;
     const HAS_STATIC_QUERY_ID: bool = true;
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<Conn, Id> RunQueryDsl<Conn> for Claim<'_, Id> {}
+
+/// A statement of a call other than its claim (a duplicate's row, the
+/// stored result's update, the failure counts), which a backend may keep
+/// out of diesel's statement cache (`B::CACHE_SIDE_STATEMENTS`): run
+/// unnamed, a statement cannot be reached by another client through a
+/// proxy that shares prepared statements' names between clients, nor reach
+/// another client's statement under its own name. The SQL is the inner
+/// statement's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Side<Q>(pub(crate) Q);
+
+impl<B, Q> QueryFragment<B> for Side<Q>
+where
+    B: InboxBackend,
+    Q: QueryFragment<B>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
+        if !B::CACHE_SIDE_STATEMENTS {
+            out.unsafe_to_cache_prepared();
+        }
+        self.0.walk_ast(out.reborrow())
+    }
+}
+
+impl<Q: QueryId> QueryId for Side<Q> {
+    type QueryId = Side<Q::QueryId>;
+    const HAS_STATIC_QUERY_ID: bool = Q::HAS_STATIC_QUERY_ID;
+}
+
+impl<Q: diesel::query_builder::Query> diesel::query_builder::Query for Side<Q> {
+    type SqlType = Q::SqlType;
+}
+
+impl<Conn, Q> RunQueryDsl<Conn> for Side<Q> {}
 
 /// Which of `keys` are in the inbox for `consumer` (a batch claim's
 /// lookup, on backends without `RETURNING` on a conflict-ignoring insert).
