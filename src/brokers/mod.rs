@@ -6,7 +6,7 @@
 //! `diesel_inbox::nats`) read the message id and the delivery count from
 //! their client's message and carry out the [`Settlement`].
 
-use crate::{validate_key, InvalidKey, Outcome};
+use crate::{validate_key, InboxError, InvalidKey, Outcome};
 use std::time::Duration;
 
 /// What to tell the broker about a message.
@@ -46,9 +46,15 @@ pub const DEFAULT_MAX_DELIVERIES: u32 = 20;
 /// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(AppError::Database), 1), Settlement::Retry);
 /// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(AppError::Database), 5), Settlement::DeadLetter);
 /// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(AppError::Invalid), 1), Settlement::DeadLetter);
+///
+/// // The inbox's own refusals are permanent by default.
+/// let plain = Policy::new(|_: &diesel_inbox::InboxError| false);
+/// let reused = diesel_inbox::InboxError::KeyReused { consumer: "orders".into(), key: "m-1".into() };
+/// assert_eq!(plain.settlement(&Err::<Processed<()>, _>(reused), 1), Settlement::DeadLetter);
 /// ```
 pub struct Policy<E> {
     permanent: Box<dyn Fn(&E) -> bool + Send + Sync>,
+    inbox_error: Box<dyn Fn(&E) -> Option<&InboxError> + Send + Sync>,
     max_deliveries: Option<u32>,
     retry_delay: Duration,
     max_retry_delay: Duration,
@@ -66,12 +72,21 @@ impl<E> std::fmt::Debug for Policy<E> {
 
 impl<E> Policy<E> {
     /// `permanent(e)` says whether an error is permanent (dead-letter at
-    /// once) rather than transient (redeliver). A safety-net delivery limit
+    /// once) rather than transient (redeliver). The inbox's own refusals
+    /// are permanent whatever it says ([`is_inbox_permanent`]): a key
+    /// reused with other content, attempts exhausted, an invalid key, when
+    /// the handler's error is an [`InboxError`] or a diesel error holding
+    /// one (for an error type of your own, say where it holds one with
+    /// [`inbox_error`](Self::inbox_error)). A safety-net delivery limit
     /// of [`DEFAULT_MAX_DELIVERIES`]; a first retry delay of 1 s, doubled
     /// per delivery up to 60 s.
-    pub fn new(permanent: impl Fn(&E) -> bool + Send + Sync + 'static) -> Self {
+    pub fn new(permanent: impl Fn(&E) -> bool + Send + Sync + 'static) -> Self
+    where
+        E: 'static,
+    {
         Policy {
             permanent: Box::new(permanent),
+            inbox_error: Box::new(|e: &E| inbox_error_in(e)),
             max_deliveries: Some(DEFAULT_MAX_DELIVERIES),
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),
@@ -87,6 +102,33 @@ impl<E> Policy<E> {
     /// above `max_attempts`; the default is [`DEFAULT_MAX_DELIVERIES`].
     pub fn max_deliveries(mut self, n: u32) -> Self {
         self.max_deliveries = Some(n);
+        self
+    }
+
+    /// Where an error of the handler's own type holds an [`InboxError`]
+    /// (`AppError::Inbox(e)`, say), so that the inbox's permanent refusals
+    /// ([`is_inbox_permanent`]) are dead-lettered by default for it too.
+    ///
+    /// ```
+    /// use diesel_inbox::brokers::{Policy, Settlement};
+    /// use diesel_inbox::{InboxError, Processed};
+    ///
+    /// #[derive(Debug)]
+    /// enum AppError { Inbox(InboxError), Database }
+    ///
+    /// let policy = Policy::new(|_: &AppError| false).inbox_error(|e| match e {
+    ///     AppError::Inbox(inner) => Some(inner),
+    ///     AppError::Database => None,
+    /// });
+    /// let reused = AppError::Inbox(InboxError::KeyReused { consumer: "orders".into(), key: "m-1".into() });
+    /// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(reused), 1), Settlement::DeadLetter);
+    /// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(AppError::Database), 1), Settlement::Retry);
+    /// ```
+    pub fn inbox_error(
+        mut self,
+        find: impl Fn(&E) -> Option<&InboxError> + Send + Sync + 'static,
+    ) -> Self {
+        self.inbox_error = Box::new(find);
         self
     }
 
@@ -153,11 +195,41 @@ impl<E> Policy<E> {
         match outcome {
             Ok(_) => Settlement::Ack,
             Err(e) if (self.permanent)(e) => Settlement::DeadLetter,
+            Err(e) if (self.inbox_error)(e).is_some_and(is_inbox_permanent) => {
+                Settlement::DeadLetter
+            }
             Err(_) if self.max_deliveries.is_some_and(|max| deliveries >= max) => {
                 Settlement::DeadLetter
             }
             Err(_) => Settlement::Retry,
         }
+    }
+}
+
+/// Whether the inbox refused a delivery for good: its key was reused with
+/// other content ([`InboxError::KeyReused`]), its body failed
+/// `max_attempts` times ([`InboxError::AttemptsExhausted`]), or its key
+/// is not one the inbox can store ([`InboxError::InvalidKey`]). Every
+/// redelivery would be refused the same way.
+pub fn is_inbox_permanent(error: &InboxError) -> bool {
+    matches!(
+        error,
+        InboxError::KeyReused { .. }
+            | InboxError::AttemptsExhausted { .. }
+            | InboxError::InvalidKey(_)
+    )
+}
+
+/// The [`InboxError`] an error is or holds: itself, or a diesel error that
+/// carries one (`QueryResult` handlers).
+fn inbox_error_in<E: 'static>(error: &E) -> Option<&InboxError> {
+    let any: &dyn std::any::Any = error;
+    if let Some(inbox) = any.downcast_ref::<InboxError>() {
+        return Some(inbox);
+    }
+    match any.downcast_ref::<diesel::result::Error>() {
+        Some(diesel::result::Error::QueryBuilderError(inner)) => inner.downcast_ref::<InboxError>(),
+        _ => None,
     }
 }
 
@@ -258,4 +330,38 @@ pub(crate) fn usable_id(id: Option<&str>, what: &str) -> Result<String, String> 
     let id = id.ok_or_else(|| format!("no {what}"))?;
     validate_key(id).map_err(|e: InvalidKey| format!("{what}: {e}"))?;
     Ok(id.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Processed;
+
+    fn settle<E: 'static>(policy: &Policy<E>, error: E) -> Settlement {
+        policy.settlement(&Err::<Processed<()>, _>(error), 1)
+    }
+
+    #[test]
+    fn the_inbox_refusals_are_dead_lettered_through_a_diesel_error() {
+        let policy = Policy::new(|_: &diesel::result::Error| false);
+        let exhausted = InboxError::AttemptsExhausted {
+            consumer: "orders".into(),
+            key: "m-1".into(),
+            failures: 5,
+            last_error: "boom".into(),
+        };
+        assert_eq!(settle(&policy, exhausted.into()), Settlement::DeadLetter);
+        let invalid = crate::validate_key("").expect_err("an empty key is invalid");
+        assert_eq!(
+            settle(&policy, InboxError::InvalidKey(invalid).into()),
+            Settlement::DeadLetter
+        );
+        // A database error (an outage, a deadlock) is redelivered.
+        assert_eq!(
+            settle(&policy, diesel::result::Error::BrokenTransactionManager),
+            Settlement::Retry
+        );
+        let retries = InboxError::InvalidArgument("retries");
+        assert_eq!(settle(&policy, retries.into()), Settlement::Retry);
+    }
 }
