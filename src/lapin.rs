@@ -112,6 +112,8 @@ where
     crate::brokers::handle(delivery, policy, handler).await
 }
 
+impl crate::brokers::Sealed for Delivery {}
+
 impl Inbound for Delivery {
     fn message_id(&self) -> Result<String, BrokerError> {
         message_id(self)
@@ -144,5 +146,138 @@ impl Inbound for Delivery {
         };
         done.map(drop)
             .map_err(|e| BrokerError::Settle(e.to_string()))
+    }
+}
+
+/// A RabbitMQ consumer runner over one queue: the loop of
+/// [`brokers::Consumer`](crate::brokers::Consumer), with the channel's
+/// prefetch (`basic.qos`) set to its `in_flight`.
+///
+/// ```no_run
+/// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel_async::pooled_connection::deadpool::{Pool, PoolError};
+/// use diesel_async::{AsyncPgConnection, RunQueryDsl};
+/// use diesel_inbox::brokers::Policy;
+/// use diesel_inbox::{idempotent, InboxError};
+///
+/// #[derive(Debug)]
+/// enum AppError { Inbox(InboxError), Db(diesel::result::Error), Pool(PoolError) }
+/// # impl From<InboxError> for AppError { fn from(e: InboxError) -> Self { AppError::Inbox(e) } }
+/// # impl From<diesel::result::Error> for AppError { fn from(e: diesel::result::Error) -> Self { AppError::Db(e) } }
+/// # impl From<PoolError> for AppError { fn from(e: PoolError) -> Self { AppError::Pool(e) } }
+///
+/// #[idempotent(key = "id")]
+/// async fn ship(conn: &mut AsyncPgConnection, id: &str, body: &[u8]) -> Result<(), AppError> {
+///     let _ = (conn, body); // the business writes
+///     Ok(())
+/// }
+///
+/// # let (channel, pool): (lapin::Channel, Pool<AsyncPgConnection>) = todo!();
+/// // Nothing of the application's own is permanent here; the inbox's
+/// // refusals (KeyReused, AttemptsExhausted) are, found in AppError::Inbox.
+/// let policy = Policy::new(|_: &AppError| false).inbox_error(|e| match e {
+///     AppError::Inbox(inner) => Some(inner),
+///     _ => None,
+/// });
+/// let probe = pool.clone();
+/// let report = diesel_inbox::lapin::Consumer::new(channel, "orders", policy)
+///     .in_flight(8)
+///     .health_probe(move || {
+///         let pool = probe.clone();
+///         async move {
+///             let Ok(mut conn) = pool.get().await else { return false };
+///             diesel::sql_query("SELECT 1").execute(&mut conn).await.is_ok()
+///         }
+///     })
+///     .run(
+///         async |id: &str, body: &[u8]| ship(&mut *pool.get().await?, id, body).await,
+///         async {
+///             let _ = tokio::signal::ctrl_c().await;
+///         },
+///     )
+///     .await?;
+/// println!("{report:?}");
+/// # Ok(())
+/// # }
+/// ```
+pub type Consumer<E> = crate::brokers::Consumer<Queue, E>;
+
+/// The queue a [`Consumer`] reads.
+#[derive(Debug)]
+pub struct Queue {
+    channel: lapin::Channel,
+    queue: String,
+    tag: String,
+    consumer: Option<String>,
+}
+
+impl<E> crate::brokers::Consumer<Queue, E> {
+    /// A runner for `queue` on `channel`, settling as `policy` says.
+    pub fn new(channel: lapin::Channel, queue: impl Into<String>, policy: Policy<E>) -> Self {
+        let queue = Queue {
+            channel,
+            queue: queue.into(),
+            tag: String::new(),
+            consumer: None,
+        };
+        crate::brokers::Consumer::with(queue, policy)
+    }
+
+    /// The consumer tag (default: the broker names it).
+    pub fn consumer_tag(mut self, tag: impl Into<String>) -> Self {
+        self.source.tag = tag.into();
+        self
+    }
+}
+
+impl crate::brokers::Sealed for Queue {}
+
+fn broker(e: lapin::Error) -> BrokerError {
+    BrokerError::Broker(e.to_string())
+}
+
+/// The deliveries of a [`Queue`], as the runner reads them.
+#[doc(hidden)]
+pub type Deliveries = futures_util::stream::Map<
+    lapin::Consumer,
+    fn(Result<Delivery, lapin::Error>) -> Result<Delivery, BrokerError>,
+>;
+
+impl crate::brokers::Source for Queue {
+    type Message = Delivery;
+    type Deliveries = Deliveries;
+
+    async fn open(&mut self, prefetch: usize) -> Result<Deliveries, BrokerError> {
+        use futures_util::StreamExt;
+        use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+        let prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
+        self.channel
+            .basic_qos(prefetch, BasicQosOptions::default())
+            .await
+            .map_err(broker)?;
+        let consumer = self
+            .channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                self.tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .map_err(broker)?;
+        self.consumer = Some(consumer.tag().to_string());
+        let map: fn(Result<Delivery, lapin::Error>) -> Result<Delivery, BrokerError> =
+            |next| next.map_err(broker);
+        Ok(consumer.map(map))
+    }
+
+    async fn stop(&mut self, _deliveries: &mut Deliveries) {
+        use lapin::options::BasicCancelOptions;
+        if let Some(tag) = self.consumer.take() {
+            let _ = self
+                .channel
+                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await;
+        }
     }
 }

@@ -104,6 +104,8 @@ where
     crate::brokers::handle(message, policy, handler).await
 }
 
+impl crate::brokers::Sealed for Message {}
+
 impl Inbound for Message {
     fn message_id(&self) -> Result<String, BrokerError> {
         message_id(self)
@@ -128,5 +130,127 @@ impl Inbound for Message {
             Settlement::DeadLetter => self.ack_with(AckKind::Term).await,
         };
         done.map_err(|e| BrokerError::Settle(e.to_string()))
+    }
+}
+
+/// A NATS JetStream consumer runner over one pull consumer: the loop of
+/// [`brokers::Consumer`](crate::brokers::Consumer), pulling batches of its
+/// `in_flight` messages (set the consumer's `max_ack_pending` at least as
+/// high). async-nats reconnects by itself: a missed heartbeat while it
+/// does is logged and the stream goes on.
+///
+/// ```no_run
+/// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel_async::pooled_connection::deadpool::Pool;
+/// use diesel_async::AsyncPgConnection;
+/// use diesel_inbox::brokers::Policy;
+/// use diesel_inbox::{idempotent, InboxError};
+///
+/// #[idempotent(key = "id")]
+/// async fn ship(conn: &mut AsyncPgConnection, id: &str, body: &[u8]) -> Result<(), InboxError> {
+///     let _ = (conn, body); // the business writes
+///     Ok(())
+/// }
+///
+/// # let (consumer, pool): (async_nats::jetstream::consumer::PullConsumer, Pool<AsyncPgConnection>) = todo!();
+/// let report = diesel_inbox::nats::Consumer::new(consumer, Policy::new(|_: &InboxError| false))
+///     .in_flight(8)
+///     .run(
+///         async |id: &str, body: &[u8]| {
+///             let Ok(mut conn) = pool.get().await else {
+///                 return Err(InboxError::InvalidArgument("no database connection"));
+///             };
+///             ship(&mut conn, id, body).await
+///         },
+///         async {
+///             let _ = tokio::signal::ctrl_c().await;
+///         },
+///     )
+///     .await?;
+/// println!("{report:?}");
+/// # Ok(())
+/// # }
+/// ```
+pub type Consumer<E> = crate::brokers::Consumer<Pull, E>;
+
+/// The pull consumer a [`Consumer`] reads.
+pub struct Pull {
+    consumer: async_nats::jetstream::consumer::PullConsumer,
+}
+
+impl std::fmt::Debug for Pull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pull").finish_non_exhaustive()
+    }
+}
+
+impl<E> crate::brokers::Consumer<Pull, E> {
+    /// A runner for `consumer`, settling as `policy` says.
+    pub fn new(consumer: async_nats::jetstream::consumer::PullConsumer, policy: Policy<E>) -> Self {
+        crate::brokers::Consumer::with(Pull { consumer }, policy)
+    }
+}
+
+impl crate::brokers::Sealed for Pull {}
+
+/// The messages of a [`Pull`], as the runner reads them: a missed
+/// heartbeat or a failed pull (the client reconnecting) is logged and
+/// skipped; any other error of the stream ends the run.
+#[doc(hidden)]
+pub struct Messages {
+    inner: std::pin::Pin<Box<async_nats::jetstream::consumer::pull::Stream>>,
+}
+
+impl futures_util::Stream for Messages {
+    type Item = Result<Message, BrokerError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use async_nats::jetstream::consumer::pull::MessagesErrorKind;
+        use std::task::Poll;
+        loop {
+            return match self.inner.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(message))) => Poll::Ready(Some(Ok(message))),
+                Poll::Ready(Some(Err(e)))
+                    if matches!(
+                        e.kind(),
+                        MessagesErrorKind::MissingHeartbeat | MessagesErrorKind::Pull
+                    ) =>
+                {
+                    tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: the JetStream pull stream reported an error; going on");
+                    continue;
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    Poll::Ready(Some(Err(BrokerError::Broker(e.to_string()))))
+                }
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            };
+        }
+    }
+}
+
+impl crate::brokers::Source for Pull {
+    type Message = Message;
+    type Deliveries = Messages;
+
+    async fn open(&mut self, prefetch: usize) -> Result<Messages, BrokerError> {
+        let inner = self
+            .consumer
+            .stream()
+            .max_messages_per_batch(prefetch)
+            .messages()
+            .await
+            .map_err(|e| BrokerError::Broker(e.to_string()))?;
+        Ok(Messages {
+            inner: Box::pin(inner),
+        })
+    }
+
+    async fn stop(&mut self, _messages: &mut Messages) {
+        // A pull consumer has nothing to cancel: no further pull is sent
+        // once the runner stops reading.
     }
 }

@@ -9,6 +9,10 @@
 use crate::{validate_key, InboxError, InvalidKey, Outcome};
 use std::time::Duration;
 
+pub(crate) mod runner;
+pub(crate) use runner::Sealed;
+pub use runner::{Consumer, RunReport, Source, MAX_PROBE_INTERVAL, PROBE_INTERVAL};
+
 /// What to tell the broker about a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settlement {
@@ -266,11 +270,17 @@ pub enum BrokerError {
     /// `Duplicate` if its transaction had committed.
     #[error("could not settle the message with the broker: {0}")]
     Settle(String),
+    /// The broker connection or channel failed while consuming (a consumer
+    /// runner returns it after finishing the deliveries in flight): connect
+    /// again and run again; what was not acked is redelivered.
+    #[error("the broker connection failed: {0}")]
+    Broker(String),
 }
 
 /// A broker's message, as [`handle`] needs it: each broker module
-/// implements it for its client's message type.
-pub(crate) trait Inbound {
+/// implements it for its client's message type. Sealed by [`Sealed`].
+#[doc(hidden)]
+pub trait Inbound: Sealed {
     /// The id to deduplicate on, or why there is none.
     fn message_id(&self) -> Result<String, BrokerError>;
     /// How often the broker has delivered it, this time included.

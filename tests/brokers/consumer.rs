@@ -259,3 +259,72 @@ where
         }
     }
 }
+
+/// Whether this consumer process runs the library's consumer runner
+/// (`diesel_inbox::{lapin,nats}::Consumer`) instead of its own loop.
+pub fn runner_mode() -> bool {
+    std::env::var("INBOX_BROKER_RUNNER").as_deref() == Ok("1")
+}
+
+/// The runner's handler: `apply_order` on the process's one connection,
+/// the applied and duplicate counts, and the time of the last delivery.
+pub struct Shared {
+    pub db: tokio::sync::Mutex<Conn>,
+    pub counts: std::sync::Mutex<Counts>,
+    pub last: std::sync::Mutex<std::time::Instant>,
+}
+
+impl Shared {
+    pub async fn new(path: &str) -> Result<Shared, String> {
+        Ok(Shared {
+            db: tokio::sync::Mutex::new(open(path).await?),
+            counts: std::sync::Mutex::new(Counts::default()),
+            last: std::sync::Mutex::new(std::time::Instant::now()),
+        })
+    }
+
+    pub async fn apply(&self, id: &str, body: &[u8]) -> Result<Processed<()>, AppError> {
+        let outcome = apply_order(&mut *self.db.lock().await, id, body).await;
+        *self.last.lock().unwrap() = std::time::Instant::now();
+        let mut counts = self.counts.lock().unwrap();
+        match &outcome {
+            Ok(Processed::Applied(())) => counts.applied += 1,
+            Ok(Processed::Duplicate) => counts.duplicates += 1,
+            Err(_) => {}
+        }
+        outcome
+    }
+
+    /// Resolves on SIGTERM (printing `sigterm`), or once no delivery has
+    /// finished for `idle`.
+    pub async fn stop(&self, idle: Duration) {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        loop {
+            tokio::select! {
+                _ = term.recv() => {
+                    println!("sigterm");
+                    return;
+                }
+                () = tokio::time::sleep(Duration::from_millis(100)) => {
+                    if self.last.lock().unwrap().elapsed() > idle {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The counts, with the runner's report's retries and dead letters; the
+    /// report is printed as a line of its own.
+    pub fn finish(&self, report: &diesel_inbox::brokers::RunReport) -> Counts {
+        println!(
+            "report acked={} retried={} dead_lettered={} abandoned={} returned={}",
+            report.acked, report.retried, report.dead_lettered, report.abandoned, report.returned
+        );
+        let mut counts = *self.counts.lock().unwrap();
+        counts.retried = report.retried;
+        counts.dead_lettered = report.dead_lettered;
+        counts
+    }
+}

@@ -168,6 +168,9 @@ fn restart_nats_server() -> Result<String, String> {
 /// Consumes until idle. The client reconnects by itself; the pull stream
 /// reports the outage as errors, which are skipped.
 async fn consume(options: Options) -> Result<Counts, String> {
+    if crate::consumer::runner_mode() {
+        return consume_with_runner(options).await;
+    }
     let mut db = open(&options.db).await?;
     let policy = policy();
     let mut counts = Counts::default();
@@ -212,4 +215,26 @@ async fn consume(options: Options) -> Result<Counts, String> {
             Err(e) => return Err(e.to_string()),
         }
     }
+}
+
+/// The library's runner: `in_flight` = the prefetch, until SIGTERM or idle.
+async fn consume_with_runner(options: Options) -> Result<Counts, String> {
+    let shared = crate::consumer::Shared::new(&options.db).await?;
+    let js = context(&options.url).await?;
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_stream(stream_name(&options.queue))
+        .await
+        .map_err(|e| e.to_string())?
+        .get_consumer("consumer")
+        .await
+        .map_err(|e| e.to_string())?;
+    let report = diesel_inbox::nats::Consumer::new(consumer, policy())
+        .in_flight(usize::from(options.prefetch))
+        .run(
+            async |id: &str, body: &[u8]| shared.apply(id, body).await,
+            shared.stop(options.idle),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(shared.finish(&report))
 }

@@ -155,6 +155,9 @@ impl Broker for Rabbit {
 
 /// Consumes until idle, reconnecting whenever the connection goes.
 async fn consume(options: Options) -> Result<Counts, String> {
+    if crate::consumer::runner_mode() {
+        return consume_with_runner(options).await;
+    }
     let mut db = open(&options.db).await?;
     let policy = policy();
     let mut counts = Counts::default();
@@ -205,4 +208,20 @@ async fn consume(options: Options) -> Result<Counts, String> {
         counts.reconnects += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The library's runner: `in_flight` = the prefetch, until SIGTERM or idle.
+async fn consume_with_runner(options: Options) -> Result<Counts, String> {
+    let shared = crate::consumer::Shared::new(&options.db).await?;
+    let conn = connect(&options.url).await?;
+    let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
+    let report = diesel_inbox::lapin::Consumer::new(channel, options.queue.as_str(), policy())
+        .in_flight(usize::from(options.prefetch))
+        .run(
+            async |id: &str, body: &[u8]| shared.apply(id, body).await,
+            shared.stop(options.idle),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(shared.finish(&report))
 }
