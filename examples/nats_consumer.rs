@@ -7,8 +7,9 @@
 //! JetStream no longer catches), and consumes them with an `#[idempotent]`
 //! async handler on SQLite (a temporary file), or on PostgreSQL with
 //! `DATABASE_URL=postgres://…` and `--features nats,postgres`. Each message
-//! is acked only after its transaction has committed
-//! (`diesel_inbox::nats::handle`). At the end every balance must equal
+//! is acked only after its transaction has committed, by the library's
+//! consumer runner (`diesel_inbox::nats::Consumer`, 8 in flight, shutdown
+//! on SIGTERM). At the end every balance must equal
 //! exactly one application of each order.
 
 #[path = "support/orders.rs"]
@@ -17,33 +18,57 @@ mod support;
 use async_nats::jetstream::{self, consumer::pull, stream};
 use diesel_inbox::brokers::Policy;
 use diesel_inbox::Processed;
-use futures_lite::StreamExt;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use support::AppError;
 
-/// Consumes until the stream has been quiet for a second; the handler
-/// runs in `$module`'s database. Returns (applied, duplicates).
+/// Consumes with the library's runner (`diesel_inbox::nats::Consumer`, 8
+/// messages in flight) until SIGTERM or until the stream has been quiet for
+/// a second; the handler runs in `$module`'s database, on one connection
+/// here (a pool in a service). Returns (applied, duplicates).
 macro_rules! consume {
     ($module:ident, $conn:expr, $consumer:expr) => {{
         let policy = Policy::new(|e: &AppError| matches!(e, AppError::BadPayload))
-            .max_deliveries(5)
             .retry_delay(Duration::from_millis(200));
-        let mut messages = $consumer.messages().await?;
-        let (mut applied, mut duplicates) = (0u64, 0u64);
-        while let Ok(Some(message)) =
-            tokio::time::timeout(Duration::from_secs(1), messages.next()).await
-        {
-            let handled = diesel_inbox::nats::handle(message?, &policy, async |id, body| {
-                support::$module::credit(&mut $conn, id, body).await
-            })
+        let conn = tokio::sync::Mutex::new($conn);
+        let (applied, duplicates) = (AtomicU64::new(0), AtomicU64::new(0));
+        let last = Mutex::new(Instant::now());
+        let report = diesel_inbox::nats::Consumer::new($consumer, policy)
+            .in_flight(8)
+            .run(
+                async |id: &str, body: &[u8]| {
+                    let outcome = support::$module::credit(&mut *conn.lock().await, id, body).await;
+                    match &outcome {
+                        Ok(Processed::Applied(())) => applied.fetch_add(1, Ordering::Relaxed),
+                        Ok(Processed::Duplicate) => duplicates.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            eprintln!("{id}: {e:?}");
+                            0
+                        }
+                    };
+                    *last.lock().unwrap() = Instant::now();
+                    outcome
+                },
+                async {
+                    let mut term =
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                            .expect("a SIGTERM handler");
+                    while last.lock().unwrap().elapsed() < Duration::from_secs(1) {
+                        tokio::select! {
+                            _ = term.recv() => return,
+                            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        }
+                    }
+                },
+            )
             .await?;
-            match handled.outcome {
-                Ok(Processed::Applied(())) => applied += 1,
-                Ok(Processed::Duplicate) => duplicates += 1,
-                Err(e) => eprintln!("{}: {e:?} ({:?})", handled.message_id, handled.settlement),
-            }
-        }
-        (applied, duplicates)
+        println!("{report:?}");
+        (
+            conn.into_inner(),
+            applied.into_inner(),
+            duplicates.into_inner(),
+        )
     }};
 }
 
@@ -92,8 +117,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let result = if database.starts_with("postgres://") || database.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]
         {
-            let mut conn = support::postgres::prepare(&database, "SELECT 1").await?;
-            let (applied, duplicates) = consume!(postgres, conn, consumer);
+            let conn = support::postgres::prepare(&database, "SELECT 1").await?;
+            let (mut conn, applied, duplicates) = consume!(postgres, conn, consumer);
             let balances = support::postgres::balances(&mut conn).await?;
             support::check("PostgreSQL", applied, duplicates, &balances, &expected)
         }
@@ -103,8 +128,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let path = std::env::temp_dir().join(format!("diesel-inbox-nats-{run}.db"));
         let path = path.to_str().ok_or("temp dir is not UTF-8")?.to_string();
         let result = async {
-            let mut conn = support::sqlite::prepare(&path, "PRAGMA busy_timeout = 10000").await?;
-            let (applied, duplicates) = consume!(sqlite, conn, consumer);
+            let conn = support::sqlite::prepare(&path, "PRAGMA busy_timeout = 10000").await?;
+            let (mut conn, applied, duplicates) = consume!(sqlite, conn, consumer);
             let balances = support::sqlite::balances(&mut conn).await?;
             support::check("SQLite", applied, duplicates, &balances, &expected)
         }

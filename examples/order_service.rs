@@ -1,12 +1,13 @@
 //! A production-shaped consumer: RabbitMQ → PostgreSQL, a deadpool pool of
-//! 8, one task per delivery, a quorum queue with a dead-letter queue.
+//! 8, the library's consumer runner with 8 deliveries in flight, a health
+//! probe, shutdown on SIGTERM, a quorum queue with a dead-letter queue.
 //!
 //! `DATABASE_URL=postgres://… cargo run --example order_service --features postgres,lapin`
 //! (RabbitMQ at `AMQP_URL`, default amqp://guest:guest@127.0.0.1:5672/%2f).
 //! The demo (`support/order_service_demo.rs`) publishes 20 orders, every
-//! fourth twice and one unparsable; this consumes until the queue is quiet
-//! for two seconds, then checks each good order was applied once and the
-//! bad one dead-lettered.
+//! fourth twice and one unparsable; this consumes until SIGTERM or until
+//! the queue is quiet for two seconds, then checks each good order was
+//! applied once and the bad one dead-lettered.
 
 #[path = "support/order_service_demo.rs"]
 mod demo;
@@ -15,14 +16,12 @@ use diesel::prelude::*;
 use diesel_async::pooled_connection::deadpool::{Pool, PoolError};
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use diesel_inbox::brokers::{Policy, Settlement};
+use diesel_inbox::brokers::Policy;
 use diesel_inbox::{idempotent, InboxError, Processed};
-use futures_lite::StreamExt;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 diesel::table! { service_orders (id) { id -> Text, total_cents -> BigInt } }
 
@@ -39,15 +38,17 @@ enum AppError {
 }
 
 impl AppError {
-    /// Redelivering it gives the same answer: dead-letter it at once.
+    /// Redelivering it gives the same answer: dead-letter it at once (the
+    /// inbox's own refusals, such as AttemptsExhausted, are by default).
     fn is_permanent(&self) -> bool {
-        matches!(
-            self,
-            AppError::BadPayload(_)
-                | AppError::Inbox(
-                    InboxError::KeyReused { .. } | InboxError::AttemptsExhausted { .. }
-                )
-        )
+        matches!(self, AppError::BadPayload(_))
+    }
+
+    fn inbox(&self) -> Option<&InboxError> {
+        match self {
+            AppError::Inbox(e) => Some(e),
+            _ => None,
+        }
     }
 }
 
@@ -95,52 +96,63 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     demo::declare(&channel, &queue).await?;
     demo::publish(&channel, &queue, run).await?;
 
-    // Prefetch no more deliveries than the pool has connections.
-    channel.basic_qos(8, BasicQosOptions::default()).await?;
-    // The poison limit is the handler's max_attempts (AttemptsExhausted is
-    // permanent); the policy's delivery limit (20) is only a safety net.
-    let policy = Arc::new(Policy::new(AppError::is_permanent));
-    let mut deliveries = channel
-        .basic_consume(
-            queue.as_str().into(),
-            "order-service".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
+    // The poison limit is the handler's max_attempts; the policy's delivery
+    // limit (20) is only a safety net.
+    let policy = Policy::new(AppError::is_permanent).inbox_error(AppError::inbox);
+    let probe = pool.clone();
+    let (applied, duplicates) = (AtomicU64::new(0), AtomicU64::new(0));
+    let last = Mutex::new(Instant::now());
+    let report = diesel_inbox::lapin::Consumer::new(channel.clone(), queue.as_str(), policy)
+        // No more deliveries in flight (and prefetched) than the pool has
+        // connections.
+        .in_flight(8)
+        // While the database does not answer, take no new deliveries.
+        .health_probe(move || {
+            let pool = probe.clone();
+            async move {
+                let Ok(mut conn) = pool.get().await else {
+                    return false;
+                };
+                diesel::sql_query("SELECT 1")
+                    .execute(&mut conn)
+                    .await
+                    .is_ok()
+            }
+        })
+        .run(
+            async |id: &str, body: &[u8]| -> Result<Processed<()>, AppError> {
+                let outcome = place_order(&mut *pool.get().await?, id, body).await;
+                let count = match outcome {
+                    Ok(Processed::Applied(())) => &applied,
+                    _ => &duplicates,
+                };
+                if outcome.is_ok() {
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+                *last.lock().unwrap() = Instant::now();
+                outcome
+            },
+            // SIGTERM, or (for the demo) a queue quiet for two seconds.
+            async {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("a SIGTERM handler");
+                while last.lock().unwrap().elapsed() < Duration::from_secs(2) {
+                    tokio::select! {
+                        _ = term.recv() => return,
+                        () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
+                }
+            },
         )
         .await?;
-    let mut tasks = tokio::task::JoinSet::new();
-    while let Ok(Some(delivery)) =
-        tokio::time::timeout(Duration::from_secs(2), deliveries.next()).await
-    {
-        let (delivery, pool, policy) = (delivery?, pool.clone(), policy.clone());
-        // One task per delivery; the ack goes out after the commit.
-        tasks.spawn(async move {
-            diesel_inbox::lapin::handle(
-                delivery,
-                &policy,
-                async |id, body| -> Result<Processed<()>, AppError> {
-                    let mut conn = pool.get().await?;
-                    place_order(&mut conn, id, body).await
-                },
-            )
-            .await
-        });
-    }
-    let (mut applied, mut duplicates, mut dead) = (0, 0, 0);
-    while let Some(handled) = tasks.join_next().await {
-        let handled = handled??;
-        match (&handled.outcome, handled.settlement) {
-            (Ok(outcome), _) if outcome.is_applied() => applied += 1,
-            (Ok(_), _) => duplicates += 1,
-            (Err(_), Settlement::DeadLetter) => dead += 1,
-            (Err(e), settlement) => eprintln!("{}: {e} ({settlement:?})", handled.message_id),
-        }
-    }
+    println!("{report:?}");
+    let (applied, duplicates) = (applied.into_inner(), duplicates.into_inner());
     demo::delete(&channel, &queue).await?;
     let rows: i64 = service_orders::table
         .filter(service_orders::id.like(format!("order-{run}-%")))
         .count()
         .get_result(&mut pool.get().await?)
         .await?;
-    demo::check(applied, duplicates, dead, rows)
+    demo::check(applied, duplicates, report.dead_lettered, rows)
 }

@@ -77,7 +77,7 @@ pub async fn delete(channel: &Channel, queue: &str) -> Result<(), Error> {
 
 /// Each good order applied once, every repeat a duplicate, the bad one
 /// dead-lettered; `rows` order rows written.
-pub fn check(applied: u32, duplicates: u32, dead: u32, rows: i64) -> Result<(), Error> {
+pub fn check(applied: u64, duplicates: u64, dead: u64, rows: i64) -> Result<(), Error> {
     println!("applied {applied}, duplicates {duplicates}, dead-lettered {dead}, order rows {rows}");
     if (applied, duplicates, dead, rows) != (19, 5, 1, 19) {
         return Err("expected 19 applied, 5 duplicates, 1 dead-lettered and 19 order rows".into());
