@@ -33,6 +33,9 @@ pub enum Settlement {
 /// database outage shorter than that dead-letters nothing.
 pub const DEFAULT_MAX_DELIVERIES: u32 = 20;
 
+/// Where a handler's error holds an [`InboxError`].
+type FindInboxError<E> = dyn Fn(&E) -> Option<&InboxError> + Send + Sync;
+
 /// Which of the handler's errors are permanent, and how often a failing
 /// message may be delivered. The user decides what is permanent; nothing
 /// is guessed from the error's text.
@@ -58,7 +61,7 @@ pub const DEFAULT_MAX_DELIVERIES: u32 = 20;
 /// ```
 pub struct Policy<E> {
     permanent: Box<dyn Fn(&E) -> bool + Send + Sync>,
-    inbox_error: Box<dyn Fn(&E) -> Option<&InboxError> + Send + Sync>,
+    inbox_error: Box<FindInboxError<E>>,
     max_deliveries: Option<u32>,
     retry_delay: Duration,
     max_retry_delay: Duration,
