@@ -423,6 +423,11 @@ impl Dialect for Mysql {
     }
 }
 
+impl super::statements::CountedClaim for Mysql {
+    const INSERT: &'static str = "INSERT IGNORE INTO";
+    const CONFLICT: &'static str = "";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -548,9 +553,4 @@ mod asynchronous {
             Ok(())
         }
     }
-}
-
-impl super::statements::CountedClaim for Mysql {
-    const INSERT: &'static str = "INSERT IGNORE INTO";
-    const CONFLICT: &'static str = "";
 }

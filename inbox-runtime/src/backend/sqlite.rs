@@ -236,6 +236,11 @@ fn collation_problem(collation: &str) -> Option<String> {
     }
 }
 
+impl super::statements::CountedClaim for Sqlite {
+    const INSERT: &'static str = "INSERT INTO";
+    const CONFLICT: &'static str = " ON CONFLICT (consumer, message_id) DO NOTHING";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,9 +514,4 @@ mod asynchronous {
                 .await?
         }
     }
-}
-
-impl super::statements::CountedClaim for Sqlite {
-    const INSERT: &'static str = "INSERT INTO";
-    const CONFLICT: &'static str = " ON CONFLICT (consumer, message_id) DO NOTHING";
 }
