@@ -16,7 +16,7 @@ mod common;
 #[test]
 #[ignore = "the pgbouncer suite needs the `postgres` feature: cargo test --all-features"]
 fn pgbouncer_suite_needs_its_feature() {
-    common::skipped(common::backends::pgbouncer::HINT);
+    common::skipped("the pgbouncer suite needs the `postgres` feature: cargo test --all-features --test pgbouncer");
 }
 
 #[cfg(feature = "postgres")]
