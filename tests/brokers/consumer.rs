@@ -32,6 +32,8 @@ pub enum AppError {
     Poison,
     /// A body that is not a number: permanent.
     BadPayload,
+    /// No connection from the pool (the database is down): transient.
+    Pool(String),
 }
 
 impl From<diesel::result::Error> for AppError {
@@ -266,25 +268,123 @@ pub fn runner_mode() -> bool {
     std::env::var("INBOX_BROKER_RUNNER").as_deref() == Ok("1")
 }
 
-/// The runner's handler: `apply_order` on the process's one connection,
-/// the applied and duplicate counts, and the time of the last delivery.
+/// The runner's database: the process's one SQLite connection, or (with
+/// `INBOX_BROKER_PG` set to a PostgreSQL URL) a deadpool pool of 8.
+pub enum Db {
+    Sqlite(tokio::sync::Mutex<Conn>),
+    #[cfg(feature = "postgres")]
+    Pg(diesel_async::pooled_connection::deadpool::Pool<diesel_async::AsyncPgConnection>),
+}
+
+/// The business table on PostgreSQL.
+#[cfg(feature = "postgres")]
+pub const PG_EFFECTS_DDL: &str = "CREATE TABLE IF NOT EXISTS broker_effects (\
+    id BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL, amount BIGINT NOT NULL)";
+
+/// [`apply_order`] on PostgreSQL (a consumer name of its own: one program,
+/// two handlers).
+#[cfg(feature = "postgres")]
+#[idempotent(key = "id", consumer = "broker-orders-pg")]
+pub async fn apply_order_pg(
+    conn: &mut diesel_async::AsyncPgConnection,
+    id: &str,
+    body: &[u8],
+) -> Result<(), AppError> {
+    let amount: i64 = std::str::from_utf8(body)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(AppError::BadPayload)?;
+    diesel::insert_into(broker_effects::table)
+        .values((
+            broker_effects::message_id.eq(id),
+            broker_effects::amount.eq(amount),
+        ))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The runners' policy: a production's (a bad payload permanent, the
+/// inbox's refusals too, the default backoff and safety-net delivery
+/// limit).
+pub fn runner_policy() -> Policy<AppError> {
+    Policy::new(|e: &AppError| matches!(e, AppError::BadPayload)).inbox_error(|e| match e {
+        AppError::Inbox(inner) => Some(inner),
+        _ => None,
+    })
+}
+
+/// The runner's handler: `apply_order` on the process's database, the
+/// applied and duplicate counts, and the time of the last delivery.
 pub struct Shared {
-    pub db: tokio::sync::Mutex<Conn>,
+    pub db: Db,
     pub counts: std::sync::Mutex<Counts>,
     pub last: std::sync::Mutex<std::time::Instant>,
 }
 
 impl Shared {
     pub async fn new(path: &str) -> Result<Shared, String> {
+        let db = match std::env::var("INBOX_BROKER_PG") {
+            #[cfg(feature = "postgres")]
+            Ok(url) if !url.is_empty() => {
+                use diesel_async::pooled_connection::{
+                    deadpool::Pool, AsyncDieselConnectionManager,
+                };
+                Db::Pg(
+                    Pool::builder(AsyncDieselConnectionManager::new(url))
+                        .max_size(8)
+                        .build()
+                        .map_err(|e| e.to_string())?,
+                )
+            }
+            _ => Db::Sqlite(tokio::sync::Mutex::new(open(path).await?)),
+        };
         Ok(Shared {
-            db: tokio::sync::Mutex::new(open(path).await?),
+            db,
             counts: std::sync::Mutex::new(Counts::default()),
             last: std::sync::Mutex::new(std::time::Instant::now()),
         })
     }
 
+    /// A health probe of the database: `SELECT 1` on a pooled connection
+    /// (SQLite has no outage to wait for).
+    pub fn probe(
+        &self,
+    ) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>
+           + Send
+           + Sync
+           + 'static {
+        #[cfg(feature = "postgres")]
+        let pool = match &self.db {
+            Db::Pg(pool) => Some(pool.clone()),
+            Db::Sqlite(_) => None,
+        };
+        move || {
+            #[cfg(feature = "postgres")]
+            if let Some(pool) = pool.clone() {
+                return Box::pin(async move {
+                    let Ok(mut conn) = pool.get().await else {
+                        return false;
+                    };
+                    diesel::sql_query("SELECT 1")
+                        .execute(&mut conn)
+                        .await
+                        .is_ok()
+                });
+            }
+            Box::pin(async { true })
+        }
+    }
+
     pub async fn apply(&self, id: &str, body: &[u8]) -> Result<Processed<()>, AppError> {
-        let outcome = apply_order(&mut *self.db.lock().await, id, body).await;
+        let outcome = match &self.db {
+            Db::Sqlite(conn) => apply_order(&mut *conn.lock().await, id, body).await,
+            #[cfg(feature = "postgres")]
+            Db::Pg(pool) => match pool.get().await {
+                Ok(mut conn) => apply_order_pg(&mut conn, id, body).await,
+                Err(e) => Err(AppError::Pool(e.to_string())),
+            },
+        };
         *self.last.lock().unwrap() = std::time::Instant::now();
         let mut counts = self.counts.lock().unwrap();
         match &outcome {
@@ -295,8 +395,18 @@ impl Shared {
         outcome
     }
 
-    /// Resolves on SIGTERM (printing `sigterm`), or once no delivery has
-    /// finished for `idle`.
+    /// Whether as many orders were applied as `INBOX_BROKER_EXPECT_APPLIED`
+    /// says (unset: never).
+    fn all_applied(&self) -> bool {
+        std::env::var("INBOX_BROKER_EXPECT_APPLIED")
+            .ok()
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| self.counts.lock().unwrap().applied >= n)
+    }
+
+    /// Resolves on SIGTERM (printing `sigterm`), once no delivery has
+    /// finished for `idle`, or a second after the expected orders were
+    /// all applied.
     pub async fn stop(&self, idle: Duration) {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("a SIGTERM handler");
@@ -307,7 +417,8 @@ impl Shared {
                     return;
                 }
                 () = tokio::time::sleep(Duration::from_millis(100)) => {
-                    if self.last.lock().unwrap().elapsed() > idle {
+                    let quiet = self.last.lock().unwrap().elapsed();
+                    if quiet > idle || (self.all_applied() && quiet > Duration::from_secs(1)) {
                         return;
                     }
                 }
@@ -319,8 +430,13 @@ impl Shared {
     /// report is printed as a line of its own.
     pub fn finish(&self, report: &diesel_inbox::brokers::RunReport) -> Counts {
         println!(
-            "report acked={} retried={} dead_lettered={} abandoned={} returned={}",
-            report.acked, report.retried, report.dead_lettered, report.abandoned, report.returned
+            "report acked={} retried={} dead_lettered={} abandoned={} returned={} pauses={}",
+            report.acked,
+            report.retried,
+            report.dead_lettered,
+            report.abandoned,
+            report.returned,
+            report.pauses
         );
         let mut counts = *self.counts.lock().unwrap();
         counts.retried = report.retried;

@@ -2,7 +2,7 @@
 //! pull consumer per scenario, publishing with `Nats-Msg-Id`, the consumer
 //! loop (the client reconnects by itself).
 
-use crate::consumer::{apply_or_crash, block_on, open, policy, Counts, Options};
+use crate::consumer::{apply_or_crash, block_on, open, policy, runner_policy, Counts, Options};
 use crate::scenarios::Broker;
 use async_nats::jetstream::{self, consumer::pull, stream};
 use diesel_inbox::brokers::BrokerError;
@@ -228,8 +228,9 @@ async fn consume_with_runner(options: Options) -> Result<Counts, String> {
         .get_consumer("consumer")
         .await
         .map_err(|e| e.to_string())?;
-    let report = diesel_inbox::nats::Consumer::new(consumer, policy())
+    let report = diesel_inbox::nats::Consumer::new(consumer, runner_policy())
         .in_flight(usize::from(options.prefetch))
+        .health_probe(shared.probe())
         .run(
             async |id: &str, body: &[u8]| shared.apply(id, body).await,
             shared.stop(options.idle),

@@ -1,7 +1,7 @@
 //! RabbitMQ through lapin: a quorum queue per scenario with a dead-letter
 //! queue, publishing with confirms, the consumer loop with reconnects.
 
-use crate::consumer::{apply_or_crash, block_on, open, policy, Counts, Options};
+use crate::consumer::{apply_or_crash, block_on, open, policy, runner_policy, Counts, Options};
 use crate::scenarios::Broker;
 use diesel_inbox::brokers::BrokerError;
 use futures_lite::StreamExt;
@@ -215,13 +215,15 @@ async fn consume_with_runner(options: Options) -> Result<Counts, String> {
     let shared = crate::consumer::Shared::new(&options.db).await?;
     let conn = connect(&options.url).await?;
     let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
-    let report = diesel_inbox::lapin::Consumer::new(channel, options.queue.as_str(), policy())
-        .in_flight(usize::from(options.prefetch))
-        .run(
-            async |id: &str, body: &[u8]| shared.apply(id, body).await,
-            shared.stop(options.idle),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+    let report =
+        diesel_inbox::lapin::Consumer::new(channel, options.queue.as_str(), runner_policy())
+            .in_flight(usize::from(options.prefetch))
+            .health_probe(shared.probe())
+            .run(
+                async |id: &str, body: &[u8]| shared.apply(id, body).await,
+                shared.stop(options.idle),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
     Ok(shared.finish(&report))
 }
