@@ -205,17 +205,48 @@ pub type Consumer<E> = crate::brokers::Consumer<Queue, E>;
 /// The queue a [`Consumer`] reads.
 #[derive(Debug)]
 pub struct Queue {
-    channel: lapin::Channel,
+    channel: Option<lapin::Channel>,
+    /// Where to connect again (`Consumer::connect`), and the connection
+    /// made there.
+    url: Option<String>,
+    connection: Option<lapin::Connection>,
     queue: String,
     tag: String,
     consumer: Option<String>,
 }
 
+impl Queue {
+    fn channel(&self) -> Result<&lapin::Channel, BrokerError> {
+        self.channel
+            .as_ref()
+            .ok_or_else(|| BrokerError::Broker("not connected".into()))
+    }
+}
+
 impl<E> crate::brokers::Consumer<Queue, E> {
-    /// A runner for `queue` on `channel`, settling as `policy` says.
+    /// A runner for `queue` on `channel`, settling as `policy` says. It
+    /// cannot connect again when the channel fails: `run` then returns
+    /// [`BrokerError::Broker`]. [`connect`](Self::connect) can.
     pub fn new(channel: lapin::Channel, queue: impl Into<String>, policy: Policy<E>) -> Self {
         let queue = Queue {
-            channel,
+            channel: Some(channel),
+            url: None,
+            connection: None,
+            queue: queue.into(),
+            tag: String::new(),
+            consumer: None,
+        };
+        crate::brokers::Consumer::with(queue, policy)
+    }
+
+    /// A runner for `queue` on a connection of its own to `url` (made when
+    /// `run` starts), which it makes again, with a backoff, whenever the
+    /// connection fails.
+    pub fn connect(url: impl Into<String>, queue: impl Into<String>, policy: Policy<E>) -> Self {
+        let queue = Queue {
+            channel: None,
+            url: Some(url.into()),
+            connection: None,
             queue: queue.into(),
             tag: String::new(),
             consumer: None,
@@ -250,13 +281,16 @@ impl crate::brokers::Source for Queue {
     async fn open(&mut self, prefetch: usize) -> Result<Deliveries, BrokerError> {
         use futures_util::StreamExt;
         use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+        if self.channel.is_none() {
+            self.reconnect().await?;
+        }
         let prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
-        self.channel
+        let channel = self.channel()?;
+        channel
             .basic_qos(prefetch, BasicQosOptions::default())
             .await
             .map_err(broker)?;
-        let consumer = self
-            .channel
+        let consumer = channel
             .basic_consume(
                 self.queue.as_str().into(),
                 self.tag.as_str().into(),
@@ -273,11 +307,27 @@ impl crate::brokers::Source for Queue {
 
     async fn stop(&mut self, _deliveries: &mut Deliveries) {
         use lapin::options::BasicCancelOptions;
-        if let Some(tag) = self.consumer.take() {
-            let _ = self
-                .channel
+        if let (Some(tag), Some(channel)) = (self.consumer.take(), &self.channel) {
+            let _ = channel
                 .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
                 .await;
         }
+    }
+
+    fn can_reconnect(&self) -> bool {
+        self.url.is_some()
+    }
+
+    async fn reconnect(&mut self) -> Result<(), BrokerError> {
+        let url = self
+            .url
+            .as_deref()
+            .ok_or_else(|| BrokerError::Broker("a channel of the caller's own".into()))?;
+        let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+            .await
+            .map_err(broker)?;
+        self.channel = Some(connection.create_channel().await.map_err(broker)?);
+        self.connection = Some(connection);
+        Ok(())
     }
 }

@@ -253,4 +253,13 @@ impl crate::brokers::Source for Pull {
         // A pull consumer has nothing to cancel: no further pull is sent
         // once the runner stops reading.
     }
+
+    fn can_reconnect(&self) -> bool {
+        true
+    }
+
+    async fn reconnect(&mut self) -> Result<(), BrokerError> {
+        // The client reconnects by itself; `open` pulls again.
+        Ok(())
+    }
 }

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 pub(crate) mod runner;
 pub(crate) use runner::Sealed;
-pub use runner::{Consumer, RunReport, Source, MAX_PROBE_INTERVAL, PROBE_INTERVAL};
+pub use runner::{
+    Consumer, RunReport, Source, MAX_PROBE_INTERVAL, MAX_RECONNECT_DELAY, PROBE_INTERVAL,
+    RECONNECT_DELAY,
+};
 
 /// What to tell the broker about a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

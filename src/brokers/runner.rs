@@ -47,6 +47,13 @@ pub trait Source: Sealed {
     #[doc(hidden)]
     #[allow(async_fn_in_trait)]
     async fn stop(&mut self, deliveries: &mut Self::Deliveries);
+    /// Whether [`reconnect`](Self::reconnect) can make a new connection.
+    #[doc(hidden)]
+    fn can_reconnect(&self) -> bool;
+    /// Connects again after the connection failed (then [`open`](Self::open)).
+    #[doc(hidden)]
+    #[allow(async_fn_in_trait)]
+    async fn reconnect(&mut self) -> Result<(), BrokerError>;
 }
 
 /// Seals [`Source`].
@@ -78,8 +85,10 @@ pub trait Sealed {}
 ///   still running then is dropped, rolled back and redelivered), gives
 ///   back the prefetched ones at once, and returns its [`RunReport`].
 /// - If the broker connection fails, `run` finishes what is in flight and
-///   returns [`BrokerError::Broker`]: connect again, with a backoff, and
-///   run again; nothing unacked is lost.
+///   connects again with a backoff ([`RECONNECT_DELAY`] doubling up to
+///   [`MAX_RECONNECT_DELAY`]); nothing unacked is lost. A RabbitMQ runner
+///   made on a channel of yours (`lapin::Consumer::new`) cannot, and
+///   returns [`BrokerError::Broker`]: use `lapin::Consumer::connect`.
 pub struct Consumer<S, E> {
     pub(crate) source: S,
     pub(crate) runner: Runner<E>,
@@ -135,8 +144,14 @@ impl<S, E> Consumer<S, E> {
         self
     }
 
-    /// Consumes until `shutdown` resolves (or the broker ends the
-    /// consumer), running `handler` on each delivery's id and body.
+    /// Consumes until `shutdown` resolves, running `handler` on each
+    /// delivery's id and body. When the broker connection fails (or the
+    /// broker ends the consumer), the deliveries in flight are finished
+    /// and the runner connects again, after [`RECONNECT_DELAY`] doubled per
+    /// failed attempt up to [`MAX_RECONNECT_DELAY`], where its source can
+    /// (`lapin::Consumer::connect`, every `nats::Consumer`); one that cannot
+    /// (`lapin::Consumer::new` on a channel of yours) returns
+    /// [`BrokerError::Broker`] instead.
     pub async fn run<O, F>(
         mut self,
         handler: F,
@@ -148,18 +163,70 @@ impl<S, E> Consumer<S, E> {
         E: std::fmt::Debug,
         F: AsyncFn(&str, &[u8]) -> Result<O, E>,
     {
-        let deliveries = self.source.open(self.runner.in_flight).await?;
-        let (mut report, failure, mut rest) =
-            run(&self.runner, deliveries, handler, shutdown).await;
-        if let Some(e) = failure {
-            return Err(e);
+        let mut shutdown = pin!(shutdown);
+        let mut total = RunReport::default();
+        let mut deliveries = self.source.open(self.runner.in_flight).await?;
+        loop {
+            let (report, ended, mut rest) =
+                run(&self.runner, deliveries, &handler, shutdown.as_mut()).await;
+            total.add(&report);
+            let why = match ended {
+                Ended::Shutdown => {
+                    self.source.stop(&mut rest).await;
+                    total.returned =
+                        give_back(&mut rest, self.runner.in_flight, Duration::from_millis(200))
+                            .await;
+                    return Ok(total);
+                }
+                Ended::Stream => BrokerError::Broker("the broker ended the consumer".into()),
+                Ended::Failed(e) => e,
+            };
+            drop(rest);
+            if !self.source.can_reconnect() {
+                return Err(why);
+            }
+            tracing::warn!(target: "diesel_inbox", error = %why, "diesel-inbox: the broker connection failed; connecting again");
+            let mut wait = RECONNECT_DELAY;
+            deliveries = loop {
+                tokio::select! {
+                    biased;
+                    () = shutdown.as_mut() => return Ok(total),
+                    () = tokio::time::sleep(wait) => {}
+                }
+                let reopened = match self.source.reconnect().await {
+                    Ok(()) => self.source.open(self.runner.in_flight).await,
+                    Err(e) => Err(e),
+                };
+                match reopened {
+                    Ok(deliveries) => break deliveries,
+                    Err(e) => {
+                        tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: connecting again failed; retrying");
+                        wait = (wait * 2).min(MAX_RECONNECT_DELAY);
+                    }
+                }
+            };
+            total.reconnects += 1;
         }
-        self.source.stop(&mut rest).await;
-        report.returned =
-            give_back(&mut rest, self.runner.in_flight, Duration::from_millis(200)).await;
-        Ok(report)
     }
 }
+
+/// Why one pass of the loop over a stream of deliveries ended.
+enum Ended {
+    /// The shutdown future resolved.
+    Shutdown,
+    /// The stream ended (the broker cancelled the consumer, or closed the
+    /// channel).
+    Stream,
+    /// The stream failed (the connection went).
+    Failed(BrokerError),
+}
+
+/// The first wait before a consumer runner connects again after the
+/// broker connection failed; doubled per failed attempt up to
+/// [`MAX_RECONNECT_DELAY`].
+pub const RECONNECT_DELAY: Duration = Duration::from_millis(500);
+/// The longest wait between two attempts to connect again.
+pub const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(30);
 
 /// What a consumer runner did, when it returned.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -184,9 +251,24 @@ pub struct RunReport {
     pub returned: u64,
     /// How often intake paused because the health probe failed.
     pub pauses: u64,
+    /// How often the runner connected again after the broker connection
+    /// failed.
+    pub reconnects: u64,
 }
 
 impl RunReport {
+    fn add(&mut self, other: &RunReport) {
+        self.acked += other.acked;
+        self.retried += other.retried;
+        self.dead_lettered += other.dead_lettered;
+        self.without_id += other.without_id;
+        self.unsettled += other.unsettled;
+        self.abandoned += other.abandoned;
+        self.returned += other.returned;
+        self.pauses += other.pauses;
+        self.reconnects += other.reconnects;
+    }
+
     fn count<O, E>(&mut self, done: Result<super::Handled<O, E>, BrokerError>) -> bool {
         match done {
             Ok(handled) => match handled.settlement {
@@ -211,7 +293,7 @@ async fn run<M, S, O, E, F>(
     deliveries: S,
     handler: F,
     shutdown: impl Future<Output = ()>,
-) -> (RunReport, Option<BrokerError>, S)
+) -> (RunReport, Ended, S)
 where
     M: Inbound,
     S: Stream<Item = Result<M, BrokerError>> + Unpin,
@@ -226,7 +308,7 @@ where
     let limit = runner.in_flight.max(1);
     let mut paused = false;
     let mut probe_wait = PROBE_INTERVAL;
-    let mut failure = None;
+    let mut ended = Ended::Shutdown;
     let handler = &handler;
     loop {
         tokio::select! {
@@ -259,10 +341,13 @@ where
                     running.push(handle(delivery, &runner.policy, async move |id: &str, body: &[u8]| handler(id, body).await));
                 }
                 Some(Err(e)) => {
-                    failure = Some(e);
+                    ended = Ended::Failed(e);
                     break;
                 }
-                None => break,
+                None => {
+                    ended = Ended::Stream;
+                    break;
+                }
             },
         }
     }
@@ -279,7 +364,7 @@ where
         tracing::warn!(target: "diesel_inbox", abandoned = report.abandoned, "diesel-inbox: shutdown deadline passed with deliveries in flight; they were rolled back and will be redelivered");
     }
     drop(running);
-    (report, failure, deliveries)
+    (report, ended, deliveries)
 }
 
 /// Gives back, at once, the deliveries a stream still holds after intake

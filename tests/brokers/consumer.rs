@@ -430,17 +430,19 @@ impl Shared {
     /// report is printed as a line of its own.
     pub fn finish(&self, report: &diesel_inbox::brokers::RunReport) -> Counts {
         println!(
-            "report acked={} retried={} dead_lettered={} abandoned={} returned={} pauses={}",
+            "report acked={} retried={} dead_lettered={} abandoned={} returned={} pauses={} reconnects={}",
             report.acked,
             report.retried,
             report.dead_lettered,
             report.abandoned,
             report.returned,
-            report.pauses
+            report.pauses,
+            report.reconnects
         );
         let mut counts = *self.counts.lock().unwrap();
         counts.retried = report.retried;
         counts.dead_lettered = report.dead_lettered;
+        counts.reconnects = report.reconnects;
         counts
     }
 }

@@ -564,6 +564,39 @@ fn runner_survives_a_database_outage<B: Broker>(url: &str) -> Result<String, Str
     result
 }
 
+/// The library's consumer runner (RabbitMQ: `Consumer::connect`) while the
+/// broker drops every connection (`rabbitmqctl close_all_connections`, a
+/// restart of nats-server) a sixth of the way through 2,000 messages: it
+/// finishes what is in flight, connects again (RabbitMQ) or pulls on
+/// through the client's own reconnect (NATS), and the state is exact.
+fn runner_survives_a_broker_drop<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 2_000;
+    let run = start::<B>(url)?;
+    B::publish(url, &run.queue, &orders(&run, N))?;
+    let child = spawn_runner::<B>(&run, 8)?;
+    let began = Instant::now();
+    while applied_so_far(&run) < 300 {
+        ensure!(
+            began.elapsed() < Duration::from_secs(60),
+            "the runner never got going"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let how = B::drop_connections()?;
+    let counts = finish(child)?.ok_or("the runner was killed")?;
+    check_exact(&run, N)?;
+    if B::NAME == "rabbitmq" {
+        ensure!(
+            counts.reconnects >= 1,
+            "the runner never connected again: {counts:?}"
+        );
+    }
+    Ok(format!(
+        "{how} after 300 messages; the runner connected again {} times, {} applied, {} duplicates; state exact",
+        counts.reconnects, counts.applied, counts.duplicates
+    ))
+}
+
 type Scenario = (&'static str, fn(&str) -> Result<String, String>);
 
 fn scenarios<B: Broker>() -> Vec<Scenario> {
@@ -577,6 +610,10 @@ fn scenarios<B: Broker>() -> Vec<Scenario> {
         ("three_consumers", three_consumers::<B>),
         ("connection_dropped", connection_dropped::<B>),
         ("runner_stops_on_sigterm", runner_stops_on_sigterm::<B>),
+        (
+            "runner_survives_a_broker_drop",
+            runner_survives_a_broker_drop::<B>,
+        ),
         #[cfg(feature = "postgres")]
         (
             "runner_survives_a_database_outage",
