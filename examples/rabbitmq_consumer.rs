@@ -7,8 +7,10 @@
 //! handler on SQLite (a temporary file), or on PostgreSQL with
 //! `DATABASE_URL=postgres://…` and `--features lapin,postgres`. Each
 //! delivery is acked only after its transaction has committed
-//! (`diesel_inbox::lapin::handle`). At the end every balance must equal
-//! exactly one application of each order.
+//! (`diesel_inbox::lapin::handle`, the step for a loop of your own; the
+//! runner, `diesel_inbox::lapin::Consumer`, is `examples/order_service.rs`).
+//! At the end every balance must equal exactly one application of each
+//! order.
 
 #[path = "support/orders.rs"]
 mod support;
@@ -29,8 +31,10 @@ use support::AppError;
 /// in `$module`'s database. Returns (applied, duplicates).
 macro_rules! consume {
     ($module:ident, $conn:expr, $channel:expr, $queue:expr) => {{
-        let policy =
-            Policy::new(|e: &AppError| matches!(e, AppError::BadPayload)).max_deliveries(5);
+        // A classic queue counts no deliveries (only `redelivered`): the
+        // default delivery limit stays a safety net that it cannot reach
+        // exactly; the production example uses a quorum queue.
+        let policy = Policy::new(|e: &AppError| matches!(e, AppError::BadPayload));
         let mut deliveries = $channel
             .basic_consume(
                 $queue.into(),
