@@ -61,9 +61,9 @@ pub trait Source: Sealed {
 pub trait Sealed {}
 
 /// A consumer runner: the loop of a production consumer, written once for
-/// every broker; [`lapin::Consumer`](crate::lapin::Consumer) and
-/// [`nats::Consumer`](crate::nats::Consumer) are its two forms, each made
-/// by its module's `Consumer::new`.
+/// every broker; `diesel_inbox::lapin::Consumer` and
+/// `diesel_inbox::nats::Consumer` are its two forms (features `lapin`,
+/// `nats`), each made by its module's `Consumer::new`.
 ///
 /// - [`in_flight`](Self::in_flight) deliveries at once (default 8), and
 ///   the broker's prefetch set to the same number: size it to the
