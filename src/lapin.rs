@@ -216,6 +216,17 @@ pub struct Queue {
 }
 
 impl Queue {
+    fn of(channel: Option<lapin::Channel>, url: Option<String>, queue: String) -> Self {
+        Queue {
+            channel,
+            url,
+            connection: None,
+            queue,
+            tag: String::new(),
+            consumer: None,
+        }
+    }
+
     fn channel(&self) -> Result<&lapin::Channel, BrokerError> {
         self.channel
             .as_ref()
@@ -228,30 +239,14 @@ impl<E> crate::brokers::Consumer<Queue, E> {
     /// cannot connect again when the channel fails: `run` then returns
     /// [`BrokerError::Broker`]. [`connect`](Self::connect) can.
     pub fn new(channel: lapin::Channel, queue: impl Into<String>, policy: Policy<E>) -> Self {
-        let queue = Queue {
-            channel: Some(channel),
-            url: None,
-            connection: None,
-            queue: queue.into(),
-            tag: String::new(),
-            consumer: None,
-        };
-        crate::brokers::Consumer::with(queue, policy)
+        crate::brokers::Consumer::with(Queue::of(Some(channel), None, queue.into()), policy)
     }
 
     /// A runner for `queue` on a connection of its own to `url` (made when
     /// `run` starts), which it makes again, with a backoff, whenever the
     /// connection fails.
     pub fn connect(url: impl Into<String>, queue: impl Into<String>, policy: Policy<E>) -> Self {
-        let queue = Queue {
-            channel: None,
-            url: Some(url.into()),
-            connection: None,
-            queue: queue.into(),
-            tag: String::new(),
-            consumer: None,
-        };
-        crate::brokers::Consumer::with(queue, policy)
+        crate::brokers::Consumer::with(Queue::of(None, Some(url.into()), queue.into()), policy)
     }
 
     /// The consumer tag (default: the broker names it).

@@ -211,23 +211,19 @@ impl futures_util::Stream for Messages {
         use async_nats::jetstream::consumer::pull::MessagesErrorKind;
         use std::task::Poll;
         loop {
-            return match self.inner.as_mut().poll_next(cx) {
-                Poll::Ready(Some(Ok(message))) => Poll::Ready(Some(Ok(message))),
-                Poll::Ready(Some(Err(e)))
-                    if matches!(
-                        e.kind(),
-                        MessagesErrorKind::MissingHeartbeat | MessagesErrorKind::Pull
-                    ) =>
-                {
-                    tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: the JetStream pull stream reported an error; going on");
-                    continue;
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    Poll::Ready(Some(Err(BrokerError::Broker(e.to_string()))))
-                }
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
+            let error = match self.inner.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(message))) => return Poll::Ready(Some(Ok(message))),
+                Poll::Ready(Some(Err(e))) => e,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
             };
+            if !matches!(
+                error.kind(),
+                MessagesErrorKind::MissingHeartbeat | MessagesErrorKind::Pull
+            ) {
+                return Poll::Ready(Some(Err(BrokerError::Broker(error.to_string()))));
+            }
+            tracing::warn!(target: "diesel_inbox", error = %error, "diesel-inbox: the JetStream pull stream reported an error; going on");
         }
     }
 }

@@ -153,8 +153,7 @@ where
 async fn check_shape<C: AsyncInboxConnection>(conn: &mut C) -> Result<(), InboxError> {
     if observe::shape_unchecked(conn.instrumentation()) {
         let catalog = conn.catalog().await?;
-        shape::refuse(&catalog, <C::Backend as InboxBackend>::KEY_TYPE)?;
-        if catalog.table.is_some() {
+        if shape::checked_at_claim(&catalog, <C::Backend as InboxBackend>::KEY_TYPE)? {
             observe::shape_checked_async(conn);
         }
     }

@@ -238,12 +238,7 @@ where
     /// refused (or could not be read). Reported as any failed call is.
     pub(crate) fn refused(&mut self, error: InboxError) -> E {
         let error = E::from(error);
-        self.telemetry.finished(
-            self.consumer,
-            self.what,
-            Outcome::Error(format!("{error:?}")),
-            self.attempts,
-        );
+        self.failed(&error);
         error
     }
 
@@ -252,8 +247,15 @@ where
         let outcome = match result {
             Ok(Ended::Applied(_)) => Outcome::Applied,
             Ok(Ended::Duplicate(_)) => Outcome::Duplicate,
-            Err(e) => Outcome::Error(format!("{e:?}")),
+            Err(e) => return self.failed(e),
         };
+        self.telemetry
+            .finished(self.consumer, self.what, outcome, self.attempts);
+    }
+
+    /// [`report`](Self::report) of a call that failed with `error`.
+    fn failed(&self, error: &E) {
+        let outcome = Outcome::Error(format!("{error:?}"));
         self.telemetry
             .finished(self.consumer, self.what, outcome, self.attempts);
     }

@@ -349,10 +349,7 @@ where
 {
     if observe::shape_unchecked(conn.instrumentation()) {
         let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
-        shape::refuse(&catalog, <C::Backend as InboxBackend>::KEY_TYPE)?;
-        // No table yet: the claim fails on its own, and the table the
-        // application creates next is checked at the next claim.
-        if catalog.table.is_some() {
+        if shape::checked_at_claim(&catalog, <C::Backend as InboxBackend>::KEY_TYPE)? {
             observe::shape_checked(conn);
         }
     }

@@ -96,7 +96,7 @@ impl<E> Policy<E> {
     {
         Policy {
             permanent: Box::new(permanent),
-            inbox_error: Box::new(|e: &E| inbox_error_in(e)),
+            inbox_error: Box::new(inbox_error_in::<E>),
             max_deliveries: Some(DEFAULT_MAX_DELIVERIES),
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),

@@ -167,9 +167,14 @@ impl<S, E> Consumer<S, E> {
         let mut total = RunReport::default();
         let mut deliveries = self.source.open(self.runner.in_flight).await?;
         loop {
-            let (report, ended, mut rest) =
-                run(&self.runner, deliveries, &handler, shutdown.as_mut()).await;
-            total.add(&report);
+            let (ended, mut rest) = run(
+                &self.runner,
+                &mut total,
+                deliveries,
+                &handler,
+                shutdown.as_mut(),
+            )
+            .await;
             let why = match ended {
                 Ended::Shutdown => {
                     self.source.stop(&mut rest).await;
@@ -257,18 +262,6 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    fn add(&mut self, other: &RunReport) {
-        self.acked += other.acked;
-        self.retried += other.retried;
-        self.dead_lettered += other.dead_lettered;
-        self.without_id += other.without_id;
-        self.unsettled += other.unsettled;
-        self.abandoned += other.abandoned;
-        self.returned += other.returned;
-        self.pauses += other.pauses;
-        self.reconnects += other.reconnects;
-    }
-
     fn count<O, E>(&mut self, done: Result<super::Handled<O, E>, BrokerError>) -> bool {
         match done {
             Ok(handled) => match handled.settlement {
@@ -288,12 +281,14 @@ impl RunReport {
 
 /// Runs the loop over `deliveries` until `shutdown` resolves or the stream
 /// ends; an error of the stream ends it too, after the deliveries in flight.
+/// Counts into `report`.
 async fn run<M, S, O, E, F>(
     runner: &Runner<E>,
-    deliveries: S,
+    report: &mut RunReport,
+    mut deliveries: S,
     handler: F,
     shutdown: impl Future<Output = ()>,
-) -> (RunReport, Ended, S)
+) -> (Ended, S)
 where
     M: Inbound,
     S: Stream<Item = Result<M, BrokerError>> + Unpin,
@@ -301,11 +296,8 @@ where
     E: std::fmt::Debug,
     F: AsyncFn(&str, &[u8]) -> Result<O, E>,
 {
-    let mut deliveries = deliveries;
-    let mut report = RunReport::default();
     let mut running = FuturesUnordered::new();
     let mut shutdown = pin!(shutdown);
-    let limit = runner.in_flight.max(1);
     let mut paused = false;
     let mut probe_wait = PROBE_INTERVAL;
     let mut ended = Ended::Shutdown;
@@ -315,14 +307,13 @@ where
             biased;
             () = &mut shutdown => break,
             Some(done) = running.next(), if !running.is_empty() => {
-                if report.count(done) && runner.probe.is_some() && !paused {
-                    if let Some(probe) = &runner.probe {
-                        if !probe().await {
-                            paused = true;
-                            probe_wait = PROBE_INTERVAL;
-                            report.pauses += 1;
-                            tracing::warn!(target: "diesel_inbox", "diesel-inbox: the health probe failed after a transient error; taking no new deliveries until it succeeds");
-                        }
+                let retried = report.count(done);
+                if let (true, false, Some(probe)) = (retried, paused, &runner.probe) {
+                    if !probe().await {
+                        paused = true;
+                        probe_wait = PROBE_INTERVAL;
+                        report.pauses += 1;
+                        tracing::warn!(target: "diesel_inbox", "diesel-inbox: the health probe failed after a transient error; taking no new deliveries until it succeeds");
                     }
                 }
             }
@@ -336,9 +327,9 @@ where
                     }
                 }
             }
-            next = deliveries.next(), if !paused && running.len() < limit => match next {
+            next = deliveries.next(), if !paused && running.len() < runner.in_flight => match next {
                 Some(Ok(delivery)) => {
-                    running.push(handle(delivery, &runner.policy, async move |id: &str, body: &[u8]| handler(id, body).await));
+                    running.push(handle(delivery, &runner.policy, handler));
                 }
                 Some(Err(e)) => {
                     ended = Ended::Failed(e);
@@ -360,11 +351,12 @@ where
     })
     .await;
     if drained.is_err() {
-        report.abandoned = running.len() as u64;
-        tracing::warn!(target: "diesel_inbox", abandoned = report.abandoned, "diesel-inbox: shutdown deadline passed with deliveries in flight; they were rolled back and will be redelivered");
+        let abandoned = running.len() as u64;
+        report.abandoned += abandoned;
+        tracing::warn!(target: "diesel_inbox", abandoned, "diesel-inbox: shutdown deadline passed with deliveries in flight; they were rolled back and will be redelivered");
     }
     drop(running);
-    (report, ended, deliveries)
+    (ended, deliveries)
 }
 
 /// Gives back, at once, the deliveries a stream still holds after intake

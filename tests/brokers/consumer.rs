@@ -48,16 +48,21 @@ impl From<InboxError> for AppError {
     }
 }
 
-/// The consumers' handler: one business row per order.
-#[idempotent(key = "id", consumer = "broker-orders")]
-pub async fn apply_order(conn: &mut Conn, id: &str, body: &[u8]) -> Result<(), AppError> {
+/// An order's amount: its body as a number; the poison fails every time.
+pub fn order_amount(body: &[u8]) -> Result<i64, AppError> {
     if body == b"poison" {
         return Err(AppError::Poison);
     }
-    let amount: i64 = std::str::from_utf8(body)
+    std::str::from_utf8(body)
         .ok()
         .and_then(|s| s.parse().ok())
-        .ok_or(AppError::BadPayload)?;
+        .ok_or(AppError::BadPayload)
+}
+
+/// The consumers' handler: one business row per order.
+#[idempotent(key = "id", consumer = "broker-orders")]
+pub async fn apply_order(conn: &mut Conn, id: &str, body: &[u8]) -> Result<(), AppError> {
+    let amount = order_amount(body)?;
     diesel::insert_into(broker_effects::table)
         .values((
             broker_effects::message_id.eq(id),
@@ -290,10 +295,7 @@ pub async fn apply_order_pg(
     id: &str,
     body: &[u8],
 ) -> Result<(), AppError> {
-    let amount: i64 = std::str::from_utf8(body)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or(AppError::BadPayload)?;
+    let amount = order_amount(body)?;
     diesel::insert_into(broker_effects::table)
         .values((
             broker_effects::message_id.eq(id),
@@ -424,6 +426,25 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Runs `consumer` (a broker's runner) with this process's handler,
+    /// probe and stop, `in_flight` = the prefetch; its counts.
+    pub async fn serve<S: diesel_inbox::brokers::Source>(
+        &self,
+        consumer: diesel_inbox::brokers::Consumer<S, AppError>,
+        options: &Options,
+    ) -> Result<Counts, String> {
+        let report = consumer
+            .in_flight(usize::from(options.prefetch))
+            .health_probe(self.probe())
+            .run(
+                async |id: &str, body: &[u8]| self.apply(id, body).await,
+                self.stop(options.idle),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(self.finish(&report))
     }
 
     /// The counts, with the runner's report's retries and dead letters; the

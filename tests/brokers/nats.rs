@@ -228,14 +228,6 @@ async fn consume_with_runner(options: Options) -> Result<Counts, String> {
         .get_consumer("consumer")
         .await
         .map_err(|e| e.to_string())?;
-    let report = diesel_inbox::nats::Consumer::new(consumer, runner_policy())
-        .in_flight(usize::from(options.prefetch))
-        .health_probe(shared.probe())
-        .run(
-            async |id: &str, body: &[u8]| shared.apply(id, body).await,
-            shared.stop(options.idle),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(shared.finish(&report))
+    let consumer = diesel_inbox::nats::Consumer::new(consumer, runner_policy());
+    shared.serve(consumer, &options).await
 }

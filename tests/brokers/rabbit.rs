@@ -213,18 +213,10 @@ async fn consume(options: Options) -> Result<Counts, String> {
 /// The library's runner: `in_flight` = the prefetch, until SIGTERM or idle.
 async fn consume_with_runner(options: Options) -> Result<Counts, String> {
     let shared = crate::consumer::Shared::new(&options.db).await?;
-    let report = diesel_inbox::lapin::Consumer::connect(
+    let consumer = diesel_inbox::lapin::Consumer::connect(
         options.url.as_str(),
         options.queue.as_str(),
         runner_policy(),
-    )
-    .in_flight(usize::from(options.prefetch))
-    .health_probe(shared.probe())
-    .run(
-        async |id: &str, body: &[u8]| shared.apply(id, body).await,
-        shared.stop(options.idle),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    Ok(shared.finish(&report))
+    );
+    shared.serve(consumer, &options).await
 }

@@ -216,6 +216,13 @@ impl<Id> Claim<'_, Id> {
     }
 }
 
+impl<Id: 'static> Claim<'_, Id> {
+    /// Runs the claim: whether it inserted the row.
+    fn run<C: LoadConnection<Backend = Pg>>(self, conn: &mut C) -> QueryResult<bool> {
+        verdict(self.marker(), self.load(conn)?)
+    }
+}
+
 impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
     fn walk_ast<'b>(
         &'b self,
@@ -311,6 +318,13 @@ impl<Id> ClaimBatch<'_, Id> {
     }
 }
 
+impl<Id: 'static> ClaimBatch<'_, Id> {
+    /// Runs the batch claim: the keys it inserted.
+    fn run<C: LoadConnection<Backend = Pg>>(self, conn: &mut C) -> QueryResult<Vec<String>> {
+        batch_verdict(self.marker(), self.keys, self.load(conn)?)
+    }
+}
+
 impl<Id> diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_, Id> {
     fn walk_ast<'b>(
         &'b self,
@@ -399,16 +413,8 @@ impl InboxBackend for Pg {
         C: LoadConnection<Backend = Self>,
     {
         match fingerprint_bytes {
-            None => {
-                let claim = Claim::plain(consumer_name, key);
-                let marker = claim.marker();
-                verdict(marker, claim.load(conn)?)
-            }
-            Some(bytes) => {
-                let claim = Claim::fingerprinted(consumer_name, key, bytes);
-                let marker = claim.marker();
-                verdict(marker, claim.load(conn)?)
-            }
+            None => Claim::plain(consumer_name, key).run(conn),
+            Some(bytes) => Claim::fingerprinted(consumer_name, key, bytes).run(conn),
         }
     }
 
@@ -422,15 +428,9 @@ impl InboxBackend for Pg {
         C: LoadConnection<Backend = Self>,
     {
         match fingerprints {
-            None => {
-                let claim = ClaimBatch::plain(consumer_name, keys);
-                let marker = claim.marker();
-                batch_verdict(marker, keys, claim.load(conn)?)
-            }
+            None => ClaimBatch::plain(consumer_name, keys).run(conn),
             Some(fingerprints) => {
-                let claim = ClaimBatch::fingerprinted(consumer_name, keys, fingerprints);
-                let marker = claim.marker();
-                batch_verdict(marker, keys, claim.load(conn)?)
+                ClaimBatch::fingerprinted(consumer_name, keys, fingerprints).run(conn)
             }
         }
     }
@@ -645,6 +645,26 @@ mod asynchronous {
 
     impl Sealed for AsyncPgConnection {}
 
+    impl<Id: Send + Sync + 'static> Claim<'_, Id> {
+        /// [`Claim::run`] on a diesel-async connection.
+        async fn run_async(self, conn: &mut AsyncPgConnection) -> QueryResult<bool> {
+            let marker = self.marker();
+            verdict(marker, diesel_async::RunQueryDsl::load(self, conn).await?)
+        }
+    }
+
+    impl<Id: Send + Sync + 'static> ClaimBatch<'_, Id> {
+        /// [`ClaimBatch::run`] on a diesel-async connection.
+        async fn run_async(self, conn: &mut AsyncPgConnection) -> QueryResult<Vec<String>> {
+            let (marker, keys) = (self.marker(), self.keys);
+            batch_verdict(
+                marker,
+                keys,
+                diesel_async::RunQueryDsl::load(self, conn).await?,
+            )
+        }
+    }
+
     impl AsyncInboxConnection for AsyncPgConnection {
         async fn inbox_begin(&mut self) -> Result<Scope, (Scope, Error)> {
             ansi::begin(self).await
@@ -656,21 +676,12 @@ mod asynchronous {
             key: &str,
             fingerprint_bytes: Option<&[u8]>,
         ) -> QueryResult<bool> {
-            use diesel_async::RunQueryDsl;
             match fingerprint_bytes {
-                None => {
-                    let claim = Claim::plain(consumer_name, key);
-                    {
-                        let marker = claim.marker();
-                        verdict(marker, RunQueryDsl::load(claim, self).await?)
-                    }
-                }
+                None => Claim::plain(consumer_name, key).run_async(self).await,
                 Some(bytes) => {
-                    let claim = Claim::fingerprinted(consumer_name, key, bytes);
-                    {
-                        let marker = claim.marker();
-                        verdict(marker, RunQueryDsl::load(claim, self).await?)
-                    }
+                    Claim::fingerprinted(consumer_name, key, bytes)
+                        .run_async(self)
+                        .await
                 }
             }
         }
@@ -681,21 +692,12 @@ mod asynchronous {
             keys: &[&str],
             fingerprints: Option<&[&[u8]]>,
         ) -> QueryResult<Vec<String>> {
-            use diesel_async::RunQueryDsl;
             match fingerprints {
-                None => {
-                    let claim = ClaimBatch::plain(consumer_name, keys);
-                    {
-                        let marker = claim.marker();
-                        batch_verdict(marker, keys, RunQueryDsl::load(claim, self).await?)
-                    }
-                }
+                None => ClaimBatch::plain(consumer_name, keys).run_async(self).await,
                 Some(fingerprints) => {
-                    let claim = ClaimBatch::fingerprinted(consumer_name, keys, fingerprints);
-                    {
-                        let marker = claim.marker();
-                        batch_verdict(marker, keys, RunQueryDsl::load(claim, self).await?)
-                    }
+                    ClaimBatch::fingerprinted(consumer_name, keys, fingerprints)
+                        .run_async(self)
+                        .await
                 }
             }
         }

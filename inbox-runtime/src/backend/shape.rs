@@ -131,6 +131,15 @@ pub(crate) fn refuse(catalog: &Catalog, key_type: &str) -> Result<(), InboxError
     }
 }
 
+/// The first claim's check on a connection: [`refuse`], and whether the
+/// connection now counts as checked. Not while there is no table: the
+/// claim fails on its own, and the table the application creates next is
+/// checked at the next claim.
+pub(crate) fn checked_at_claim(catalog: &Catalog, key_type: &str) -> Result<bool, InboxError> {
+    refuse(catalog, key_type)?;
+    Ok(catalog.table.is_some())
+}
+
 /// The columns of `inbox_attempts` the runtime reads and writes.
 const ATTEMPTS_COLUMNS: [&str; 5] = [
     "consumer",
