@@ -20,16 +20,16 @@ SRC = "inbox-runtime/src"
 # its layer, from the modules listed after it.
 LAYERS = [
     ("facade", ("lib", "__private")),
-    ("operations", ("ops", "migrate")),
+    ("operations", ("outbox", "ops", "migrate")),
     ("drivers", ("inbox", "asynchronous", "transaction")),
     ("engine", ("options", "claim", "engine", "retry", "registry", "observe", "telemetry")),
     ("backends", (
         "backend::postgres", "backend::mysql", "backend::sqlite",
-        "backend::asynchronous", "backend::transaction", "backend::execute",
+        "backend::asynchronous", "backend::transaction", "backend::execute", "backend::outbox",
         "backend::statements", "backend", "backend::shape",
     )),
     ("ground", (
-        "error", "handler", "key", "fingerprint", "processed", "schema", "rows",
+        "error", "handler", "key", "fingerprint", "processed", "schema", "rows", "wake",
         "backend::errors",
     )),
 ]

@@ -260,12 +260,12 @@
 pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
-    attempts, attempts_list, consumers, ddl, forget, inbox, inbox_messages, migrate, purge,
-    schema_version, stats, status, validate_key, Attempts, Batch, ConsumerName, ConsumerStats,
-    ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry,
-    InboxError, InboxKey, InvalidKey, Outcome, Processed, Purge, PurgeReport, RegisteredHandler,
-    RetryableError, Stored, StoredResult, TableProblem, DEFAULT_RETRIES, DEFAULT_SLEEP_COEF,
-    MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
+    attempts, attempts_list, consumers, ddl, forget, inbox, inbox_messages, migrate,
+    outbox_messages, purge, schema_version, stats, status, validate_key, Attempts, Batch,
+    ConsumerName, ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend,
+    InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey, Outcome, Processed, Purge,
+    PurgeReport, RegisteredHandler, RetryableError, Stored, StoredResult, TableProblem,
+    DEFAULT_RETRIES, DEFAULT_SLEEP_COEF, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.
@@ -281,6 +281,7 @@ pub use inbox_runtime::{
 pub use inbox_runtime::__private;
 
 pub mod guide;
+pub mod outbox;
 
 #[cfg(any(feature = "lapin", feature = "nats"))]
 pub mod brokers;

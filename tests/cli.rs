@@ -57,7 +57,7 @@ fn cli_contract<B: TestBackend>() {
     let (code, out, err) = run(cli(url).arg("migrate"));
     assert_eq!(
         (code, out.trim()),
-        (0, "inbox table ready (schema version 2)"),
+        (0, "inbox table ready (schema version 3)"),
         "{err}"
     );
     // Idempotent.

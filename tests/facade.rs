@@ -6,11 +6,12 @@
 #[allow(unused_imports)]
 use diesel_inbox::{
     attempts, attempts_list, consumers, ddl, forget, guide, idempotent, inbox, inbox_messages,
-    migrate, purge, schema_version, stats, status, validate_key, Attempts, Batch, ConsumerName,
-    ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection,
-    InboxEntry, InboxError, InboxKey, InvalidKey, Outcome, Processed, Purge, PurgeReport,
-    RegisteredHandler, RetryableError, Stored, StoredResult, TableProblem, DEFAULT_RETRIES,
-    DEFAULT_SLEEP_COEF, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
+    migrate, outbox, outbox_messages, purge, schema_version, stats, status, validate_key, Attempts,
+    Batch, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox,
+    InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey, Outcome,
+    Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored, StoredResult,
+    TableProblem, DEFAULT_RETRIES, DEFAULT_SLEEP_COEF, MAX_KEY_BYTES, MAX_PURGE_BATCH,
+    SCHEMA_VERSION,
 };
 
 #[allow(unused_imports)]
@@ -24,6 +25,27 @@ use diesel_inbox::inbox::{
 use diesel_inbox::{
     attempts_async, attempts_list_async, forget_async, migrate_async, purge_async, stats_async,
     status_async, AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+};
+
+#[allow(unused_imports)]
+use diesel_inbox::outbox::{
+    dead, enqueue, purge as outbox_purge, retry, status as outbox_status, wake, AllDead,
+    DeadMessage, DestinationStatus, OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
+};
+
+#[cfg(feature = "async")]
+#[allow(unused_imports)]
+use diesel_inbox::outbox::{
+    dead_async, enqueue_async, purge_async as outbox_purge_async, retry_async,
+    status_async as outbox_status_async,
+};
+
+#[cfg(any(feature = "lapin", feature = "nats"))]
+#[allow(unused_imports)]
+use diesel_inbox::outbox::{
+    Publish, PublishError, Relay, RelayError, RelayPool, RelayReport, DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY,
+    OUTAGE_DELAY, RETRY_DELAY,
 };
 
 #[cfg(any(feature = "lapin", feature = "nats"))]

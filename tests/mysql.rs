@@ -244,6 +244,24 @@ mod suite {
             not(inbox_test_mysql),
             ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
         )]
+        fn migrate_upgrades_a_version_2_database_with_the_outbox() {
+            check::version_2_is_upgraded_with_the_outbox(fresh, open);
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_mysql),
+            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+        )]
+        fn migrate_refuses_an_outbox_table_of_the_application() {
+            check::a_foreign_outbox_table_is_refused(fresh, open);
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_mysql),
+            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+        )]
         fn migrate_refuses_a_newer_schema() {
             check::newer_schema_is_refused(fresh, open, |version| {
                 format!("ALTER TABLE inbox_messages COMMENT = 'diesel-inbox schema {version}'")

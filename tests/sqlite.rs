@@ -184,6 +184,16 @@ mod schema {
     }
 
     #[test]
+    fn migrate_upgrades_a_version_2_database_with_the_outbox() {
+        check::version_2_is_upgraded_with_the_outbox(fresh, open);
+    }
+
+    #[test]
+    fn migrate_refuses_an_outbox_table_of_the_application() {
+        check::a_foreign_outbox_table_is_refused(fresh, open);
+    }
+
+    #[test]
     fn migrate_refuses_a_newer_schema() {
         check::newer_schema_is_refused(fresh, open, |version| {
             format!(

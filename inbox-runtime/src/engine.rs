@@ -176,6 +176,8 @@ pub(crate) struct Engine<'a, B, T, E, R> {
     count: Option<fn(&E) -> String>,
     backend: PhantomData<B>,
     telemetry: Telemetry,
+    /// The outbox's enqueue count when the body started (`wake`).
+    enqueues: u64,
 }
 
 impl<'a, B, T, E, R> Engine<'a, B, T, E, R>
@@ -199,6 +201,7 @@ where
             count: None,
             backend: PhantomData,
             telemetry: Telemetry::start(consumer, what),
+            enqueues: 0,
         }
     }
 
@@ -275,7 +278,10 @@ where
                 }
             },
             (State::Claiming, Event::Claimed(claimed)) => match claimed {
-                Ok(Claimed::New) => self.go(State::Running, Step::Body),
+                Ok(Claimed::New) => {
+                    self.enqueues = crate::wake::mark();
+                    self.go(State::Running, Step::Body)
+                }
                 // Nothing was written; ending the transaction either way is the same.
                 Ok(Claimed::Duplicate(stored)) => {
                     self.go(State::RollingBack(Ok(stored)), Step::Rollback)
@@ -348,7 +354,14 @@ where
                 Err(e) => self.go(State::RollingBack(Err(Failure::Inbox(e))), Step::Rollback),
             },
             (State::Committing(value), Event::Committed(committed)) => match committed {
-                Ok(()) => Next::Done(Ok(Ended::Applied(value))),
+                Ok(()) => {
+                    // Inside the caller's transaction nothing is visible
+                    // yet: its relays find the rows by polling.
+                    if self.scope == Scope::TopLevel {
+                        crate::wake::after_commit(self.enqueues);
+                    }
+                    Next::Done(Ok(Ended::Applied(value)))
+                }
                 // The failed commit rolled back (the backend's commit does).
                 Err(e) if B::is_aborted_commit(&e) => self.judge(Failure::Ignored(e)),
                 Err(e) if B::is_transient(&e) => self.judge(Failure::Inbox(e)),

@@ -169,6 +169,21 @@ pub enum InboxError {
         /// The newest version this release knows ([`SCHEMA_VERSION`](crate::SCHEMA_VERSION)).
         supported: u32,
     },
+    /// [`outbox::enqueue`](crate::outbox::enqueue) was called outside a
+    /// transaction. An outbox row in a transaction of its own would be a
+    /// plain publish: it must be written in the transaction of the change
+    /// it announces (an `#[idempotent]` body, or your own
+    /// `conn.transaction(..)`). Nothing was written.
+    #[error("{operation} refused: it must run inside the transaction of the change it announces (an #[idempotent] body, or conn.transaction(..)); outside one, nothing would tie the message to the change")]
+    NotInTransaction {
+        /// The operation refused.
+        operation: &'static str,
+    },
+    /// An outgoing message's destination, ordering key, id or header is
+    /// not something the outbox can store or a broker can carry; nothing
+    /// was written.
+    #[error("invalid outgoing message: {0}")]
+    InvalidOutgoing(Box<str>),
 }
 
 /// One reason an existing inbox table cannot be used, and how to fix it.

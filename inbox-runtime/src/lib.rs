@@ -58,6 +58,7 @@ mod migrate;
 mod observe;
 mod ops;
 mod options;
+pub mod outbox;
 mod processed;
 mod registry;
 mod retry;
@@ -65,6 +66,7 @@ mod rows;
 mod schema;
 mod telemetry;
 mod transaction;
+mod wake;
 
 #[cfg(feature = "async")]
 pub use asynchronous::{AsyncBatchBody, AsyncBody};
@@ -94,7 +96,7 @@ pub use processed::{Batch, Outcome, Processed, Stored};
 pub use registry::ConsumerName;
 pub use retry::{ErrorClass, RetryableError};
 pub use rows::{Attempts, ConsumerStats, InboxEntry};
-pub use schema::inbox_messages;
+pub use schema::{inbox_messages, outbox_messages};
 pub use transaction::InboxConnection;
 
 #[doc(hidden)]

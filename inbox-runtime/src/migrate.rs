@@ -187,6 +187,10 @@ fn plan<B: InboxBackend>(catalog: &Catalog) -> Result<Plan, InboxError> {
             supported: SCHEMA_VERSION,
         });
     }
+    let foreign = shape::foreign_outbox(catalog);
+    if !foreign.is_empty() {
+        return Err(InboxError::IncompatibleTable(foreign));
+    }
     if catalog.table.is_none() {
         return Ok(Plan::Create);
     }

@@ -301,7 +301,7 @@ impl<'a> Purge<'a> {
 }
 
 /// What the purge driver does next.
-enum PurgeStep {
+pub(crate) enum PurgeStep {
     /// Run the next batch.
     Again,
     /// Wait, then run the next batch (a pause) or rerun the one that
@@ -314,8 +314,11 @@ enum PurgeStep {
 /// The purge loop's decisions, shared by the sync and the async driver:
 /// a batch that deleted fewer rows than the limit was the last; a transient
 /// failure reruns the batch after a backoff, up to a limit.
-struct PurgeLoop<'a> {
+pub(crate) struct PurgeLoop<'a> {
     consumer: Option<String>,
+    /// Where the deleted rows are reported (the inbox's or the outbox's
+    /// counter).
+    record: fn(Option<&str>, u64),
     limit: i64,
     pause: Duration,
     sleep_coef: f64,
@@ -336,6 +339,7 @@ impl<'a> PurgeLoop<'a> {
     ) -> Self {
         PurgeLoop {
             consumer,
+            record: crate::telemetry::purged,
             limit,
             pause,
             sleep_coef,
@@ -347,12 +351,25 @@ impl<'a> PurgeLoop<'a> {
         }
     }
 
-    fn next(&mut self, batch: Result<usize, Error>, transient: fn(&Error) -> bool) -> PurgeStep {
+    /// The loop of an outbox purge (dead messages), with the default duty
+    /// cycle.
+    pub(crate) fn outbox(limit: i64) -> Self {
+        PurgeLoop {
+            record: crate::telemetry::outbox_purged,
+            ..PurgeLoop::new(None, limit, (Duration::ZERO, DEFAULT_SLEEP_COEF), None)
+        }
+    }
+
+    pub(crate) fn next(
+        &mut self,
+        batch: Result<usize, Error>,
+        transient: fn(&Error) -> bool,
+    ) -> PurgeStep {
         match batch {
             Ok(deleted) => {
                 self.failures = 0;
                 self.report.rows += deleted as u64;
-                crate::telemetry::purged(self.consumer.as_deref(), deleted as u64);
+                (self.record)(self.consumer.as_deref(), deleted as u64);
                 self.report.batches += 1;
                 self.report.elapsed = self.started.elapsed();
                 if let Some(f) = self.on_batch.as_mut() {
@@ -395,12 +412,28 @@ fn purge_batch<C>(
 where
     C: InboxConnection + LoadConnection,
 {
+    short_transaction(conn, |conn| {
+        <C::Backend as InboxBackend>::purge_batch(conn, cutoff, consumer, limit)
+    })
+}
+
+/// `statements` in a short transaction of their own: the backend's
+/// isolation for short batches (no gap locks on MySQL), its `BEGIN`, the
+/// statements, `COMMIT` (a failure rolls back). The inbox's and the
+/// outbox's purge batches.
+pub(crate) fn short_transaction<C, T>(
+    conn: &mut C,
+    statements: impl FnOnce(&mut C) -> diesel::QueryResult<T>,
+) -> diesel::QueryResult<T>
+where
+    C: InboxConnection + LoadConnection,
+{
     if let Some(isolation) = <C::Backend as InboxBackend>::PURGE_ISOLATION {
         conn.batch_execute(isolation)?;
     }
     <C::Backend as InboxBackend>::begin_top_level(conn)?;
-    match <C::Backend as InboxBackend>::purge_batch(conn, cutoff, consumer, limit) {
-        Ok(deleted) => <C::Backend as InboxBackend>::commit_top_level(conn).map(|()| deleted),
+    match statements(conn) {
+        Ok(done) => <C::Backend as InboxBackend>::commit_top_level(conn).map(|()| done),
         Err(e) => {
             transaction::rollback(conn);
             Err(e)
@@ -445,7 +478,7 @@ fn attempts_purged<B: InboxBackend>(deleted: Result<usize, Error>) -> Result<u64
     }
 }
 
-fn ops_error<B: InboxBackend>(error: Error) -> InboxError {
+pub(crate) fn ops_error<B: InboxBackend>(error: Error) -> InboxError {
     if B::is_missing_table(&error) {
         InboxError::NoTable(error)
     } else {

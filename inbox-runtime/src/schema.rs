@@ -64,3 +64,59 @@ diesel::table! {
         updated_at -> Timestamp,
     }
 }
+
+diesel::table! {
+    /// The transactional outbox (schema version 3): one row per message
+    /// enqueued by [`outbox::enqueue`](crate::outbox::enqueue) and not yet
+    /// published, or dead. A relay deletes a row once the broker has
+    /// confirmed its message. Times are microseconds since the Unix epoch,
+    /// by the database's clock.
+    ///
+    /// ```
+    /// use diesel::prelude::*;
+    /// use diesel_inbox::outbox_messages;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut conn = SqliteConnection::establish(":memory:")?;
+    /// diesel_inbox::migrate(&mut conn)?;
+    /// let dead: i64 = outbox_messages::table
+    ///     .filter(outbox_messages::dead_at.is_not_null())
+    ///     .count()
+    ///     .get_result(&mut conn)?;
+    /// assert_eq!(dead, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    outbox_messages (seq) {
+        /// Enqueue order: ascending within a key (see the guide's outbox
+        /// chapter for concurrent transactions).
+        seq -> BigInt,
+        /// The message id the broker sees (AMQP `message_id`, NATS
+        /// `Nats-Msg-Id`): a UUIDv7 unless the caller chose one. Unique.
+        id -> Text,
+        /// The routing key (RabbitMQ) or subject (NATS).
+        destination -> Text,
+        /// The ordering key: messages of one key are published one at a
+        /// time, in `seq` order.
+        ordering_key -> Nullable<Text>,
+        /// The message body.
+        payload -> Binary,
+        /// The headers, encoded by the runtime.
+        headers -> Nullable<Binary>,
+        /// When it was enqueued.
+        created_at -> BigInt,
+        /// Not published before this time (a failed publish's backoff).
+        available_at -> BigInt,
+        /// Failed publishes so far (not counting broker outages).
+        attempts -> Integer,
+        /// The relay pass that holds it, while it is being published.
+        locked_by -> Nullable<Text>,
+        /// When that relay's hold ends.
+        locked_until -> Nullable<BigInt>,
+        /// The last failed publish's error.
+        last_error -> Nullable<Text>,
+        /// When it became dead (`max_attempts` failed publishes); `NULL`
+        /// while pending.
+        dead_at -> Nullable<BigInt>,
+    }
+}

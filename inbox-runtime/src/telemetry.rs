@@ -13,6 +13,13 @@
 //! | `messaging.process.duration` | histogram (seconds) | `messaging.consumer.group.name`, `diesel_inbox.outcome` | a handler call, claim to commit, retries included |
 //! | `diesel_inbox.retries` | counter | `messaging.consumer.group.name` | transactions rerun after a transient error |
 //! | `diesel_inbox.purged.rows` | counter | `messaging.consumer.group.name` (`*` for all) | rows a purge deleted |
+//! | `diesel_inbox.outbox.pending` | gauge | | pending outbox messages, as `outbox::status` last counted them |
+//! | `diesel_inbox.outbox.dead` | gauge | | dead outbox messages, likewise |
+//! | `diesel_inbox.outbox.oldest_pending_age` | gauge (seconds) | | the oldest pending message's wait, likewise |
+//! | `messaging.client.sent.messages` | counter | | outbox messages the broker confirmed |
+//! | `diesel_inbox.outbox.failed` | counter | `diesel_inbox.outcome` (`failed`, `dead`) | publishes the broker refused |
+//! | `diesel_inbox.outbox.confirm_latency` | histogram (seconds) | | enqueue (the transaction's start) to the broker's confirm |
+//! | `diesel_inbox.outbox.purged.rows` | counter | | dead messages `outbox::purge` deleted |
 
 use std::time::Instant;
 
@@ -126,4 +133,58 @@ pub(crate) fn purged(consumer: Option<&str>, rows: u64) {
     .increment(rows);
     #[cfg(not(feature = "metrics"))]
     let _ = (consumer, rows);
+}
+
+/// `outbox::status` counted the outbox.
+pub(crate) fn outbox_status(pending: u64, dead: u64, oldest: std::time::Duration) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!("diesel_inbox.outbox.pending").set(pending as f64);
+        metrics::gauge!("diesel_inbox.outbox.dead").set(dead as f64);
+        metrics::gauge!("diesel_inbox.outbox.oldest_pending_age").set(oldest.as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (pending, dead, oldest);
+}
+
+/// A relay published messages that waited `latencies` from enqueue to
+/// the broker's confirm.
+#[cfg(feature = "async")]
+pub(crate) fn outbox_published(latencies: &[std::time::Duration]) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!("messaging.client.sent.messages").increment(latencies.len() as u64);
+        let histogram = metrics::histogram!("diesel_inbox.outbox.confirm_latency");
+        for latency in latencies {
+            histogram.record(latency.as_secs_f64());
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = latencies;
+}
+
+/// The broker refused messages: `failed` will be retried, `dead` will not.
+#[cfg(feature = "async")]
+pub(crate) fn outbox_failed(failed: u64, dead: u64) {
+    #[cfg(feature = "metrics")]
+    {
+        if failed > 0 {
+            metrics::counter!("diesel_inbox.outbox.failed", "diesel_inbox.outcome" => "failed")
+                .increment(failed);
+        }
+        if dead > 0 {
+            metrics::counter!("diesel_inbox.outbox.failed", "diesel_inbox.outcome" => "dead")
+                .increment(dead);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (failed, dead);
+}
+
+/// An outbox purge deleted `rows` dead messages.
+pub(crate) fn outbox_purged(_scope: Option<&str>, rows: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("diesel_inbox.outbox.purged.rows").increment(rows);
+    #[cfg(not(feature = "metrics"))]
+    let _ = rows;
 }

@@ -7,6 +7,11 @@
 //! diesel-inbox purge --older-than 30d [--consumer C] [--batch 10000] [--pause 10ms] [--sleep-coef 1] [--dry-run] [--force]
 //! diesel-inbox forget <CONSUMER> <KEY>
 //! diesel-inbox attempts [--consumer C] [--exhausted --max-attempts N] [--limit 100] [--json]
+//! diesel-inbox outbox status [--json]
+//! diesel-inbox outbox dead [--limit 100] [--json]
+//! diesel-inbox outbox retry <ID> | --all-dead
+//! diesel-inbox outbox purge --older-than 7d [--batch 10000] [--force]
+//! diesel-inbox outbox relay (--amqp URL --exchange X | --nats URL) [--batch-size 100] [--poll-interval 1s] [--max-attempts 10]
 //! ```
 //!
 //! The URL comes from `--database-url` or `DATABASE_URL`; its scheme picks
@@ -112,6 +117,88 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The transactional outbox: inspect, replay, purge, or run a relay.
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OutboxCommand {
+    /// Pending and dead messages per destination, and the oldest pending
+    /// message's age.
+    Status {
+        /// JSON for scripts: {"pending", "dead", "oldest_pending_age_secs",
+        /// "destinations": [{"destination", "pending", "dead",
+        /// "oldest_pending_age_secs"}]}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The dead messages (refused by the broker max_attempts times),
+    /// oldest first.
+    Dead {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// JSON for scripts: [{"id", "destination", "key", "attempts",
+        /// "last_error", "enqueued_at", "dead_at"}].
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a dead message (or every one) pending again.
+    Retry {
+        /// The message id.
+        #[arg(required_unless_present = "all_dead", conflicts_with = "all_dead")]
+        id: Option<String>,
+        /// Every dead message.
+        #[arg(long)]
+        all_dead: bool,
+    },
+    /// Delete messages dead for longer than a period, in short batches.
+    Purge {
+        /// How long a message has been dead: a number and a unit, s, m, h,
+        /// d or w (e.g. 7d).
+        #[arg(long, value_parser = parse_age)]
+        older_than: Duration,
+        /// Rows per batch; each batch is one short transaction.
+        #[arg(long, default_value_t = 10_000)]
+        batch: usize,
+        /// Allow an --older-than under 1 hour.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Publish the outbox until SIGTERM or Ctrl-C: to a RabbitMQ exchange
+    /// (the destination is the routing key) or to NATS JetStream (the
+    /// destination is the subject).
+    Relay {
+        /// The RabbitMQ URL (amqp://...), with --exchange.
+        #[arg(
+            long,
+            required_unless_present = "nats",
+            conflicts_with = "nats",
+            requires = "exchange"
+        )]
+        amqp: Option<String>,
+        /// The exchange to publish to ("" is the default exchange).
+        #[arg(long)]
+        exchange: Option<String>,
+        /// The NATS URL (nats://...).
+        #[arg(long)]
+        nats: Option<String>,
+        /// Messages per batch.
+        #[arg(long, default_value_t = 100)]
+        batch_size: usize,
+        /// How often to look for new messages (e.g. 500ms, 1s).
+        #[arg(long, value_parser = parse_pause, default_value = "1s")]
+        poll_interval: Duration,
+        /// Refusals by the broker after which a message is dead.
+        #[arg(long, default_value_t = 10)]
+        max_attempts: u32,
+        /// Stop after one pass (what is due now) instead of running.
+        #[arg(long)]
+        once: bool,
+    },
 }
 
 /// A failure: its one-line message.
@@ -138,8 +225,19 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let url = cli
         .database_url
         .ok_or_else(|| Failure("no database: pass --database-url or set DATABASE_URL".into()))?;
+    if let Command::Outbox {
+        command: OutboxCommand::Relay { .. },
+    } = &cli.command
+    {
+        return relay::run(&url, &cli.command);
+    }
     if let Command::Purge {
         older_than, force, ..
+    }
+    | Command::Outbox {
+        command: OutboxCommand::Purge {
+            older_than, force, ..
+        },
     } = &cli.command
     {
         if *older_than < Duration::from_secs(3600) && !force {
@@ -371,6 +469,7 @@ where
                 print_attempts(&failing);
             }
         }
+        Command::Outbox { command } => return outbox(conn, command),
         Command::Forget { consumer, key } => {
             if diesel_inbox::forget(conn, consumer, key)? {
                 println!("forgotten: the next delivery of {key} to {consumer} will be applied");
@@ -632,5 +731,280 @@ mod tests {
             redacted("postgres://user:secret@127.0.0.1/db"),
             "postgres://user:***@127.0.0.1/db"
         );
+    }
+}
+
+/// `outbox status|dead|retry|purge`.
+fn outbox<C>(conn: &mut C, command: &OutboxCommand) -> Result<ExitCode, Failure>
+where
+    C: InboxConnection + LoadConnection,
+{
+    use diesel_inbox::outbox;
+    let secs = |age: Option<Duration>| age.map(|a| a.as_secs_f64());
+    match command {
+        OutboxCommand::Status { json } => {
+            let status = outbox::status(conn)?;
+            if *json {
+                let destinations: Vec<_> = status
+                    .destinations
+                    .iter()
+                    .map(|d| {
+                        serde_json::json!({
+                            "destination": d.destination,
+                            "pending": d.pending,
+                            "dead": d.dead,
+                            "oldest_pending_age_secs": secs(d.oldest_pending_age),
+                        })
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "pending": status.pending,
+                        "dead": status.dead,
+                        "oldest_pending_age_secs": secs(status.oldest_pending_age),
+                        "destinations": destinations,
+                    })
+                );
+            } else {
+                let age = |a: Option<Duration>| a.map_or("-".to_string(), human);
+                println!(
+                    "pending {}, dead {}, oldest pending {}",
+                    status.pending,
+                    status.dead,
+                    age(status.oldest_pending_age)
+                );
+                for d in &status.destinations {
+                    println!(
+                        "  {}: pending {}, dead {}, oldest pending {}",
+                        d.destination,
+                        d.pending,
+                        d.dead,
+                        age(d.oldest_pending_age)
+                    );
+                }
+            }
+        }
+        OutboxCommand::Dead { limit, json } => {
+            let dead = outbox::dead(conn, *limit)?;
+            if *json {
+                let rows: Vec<_> = dead
+                    .iter()
+                    .map(|d| {
+                        serde_json::json!({
+                            "id": d.id,
+                            "destination": d.destination,
+                            "key": d.key,
+                            "attempts": d.attempts,
+                            "last_error": d.last_error,
+                            "enqueued_at": rfc3339(d.enqueued_at),
+                            "dead_at": rfc3339(d.dead_at),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(rows));
+            } else if dead.is_empty() {
+                println!("no dead messages");
+            } else {
+                for d in &dead {
+                    println!(
+                        "{} to {} ({} attempts, dead since {}): {}",
+                        d.id,
+                        d.destination,
+                        d.attempts,
+                        rfc3339(d.dead_at),
+                        d.last_error
+                    );
+                }
+            }
+        }
+        OutboxCommand::Retry { id, all_dead } => {
+            let replayed = match (id, all_dead) {
+                (Some(id), false) => outbox::retry(conn, id.as_str())?,
+                _ => outbox::retry(conn, outbox::AllDead)?,
+            };
+            println!("{replayed} dead message(s) pending again");
+            if replayed == 0 {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        OutboxCommand::Purge {
+            older_than, batch, ..
+        } => {
+            let report = outbox::purge(conn, *older_than, *batch)?;
+            println!(
+                "purged {} dead message(s) in {} batch(es), {:.1}s",
+                report.rows,
+                report.batches,
+                report.elapsed.as_secs_f64()
+            );
+        }
+        OutboxCommand::Relay { .. } => unreachable!("run() starts the relay"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `outbox relay`: a relay as a process of its own.
+#[cfg(any(feature = "lapin", feature = "nats"))]
+mod relay {
+    use super::{Backend, Command, Failure, OutboxCommand};
+    use diesel_async::pooled_connection::deadpool::Pool;
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_inbox::outbox::{Publish, Relay, RelayPool};
+    use std::process::ExitCode;
+
+    pub(super) fn run(url: &str, command: &Command) -> Result<ExitCode, Failure> {
+        let Command::Outbox {
+            command:
+                OutboxCommand::Relay {
+                    amqp,
+                    exchange,
+                    nats,
+                    batch_size,
+                    poll_interval,
+                    max_attempts,
+                    once,
+                },
+        } = command
+        else {
+            unreachable!("a relay command")
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Failure(format!("no async runtime: {e}")))?;
+        let options = (*batch_size, *poll_interval, *max_attempts, *once);
+        runtime.block_on(async {
+            match (amqp, nats) {
+                (Some(amqp), _) => {
+                    #[cfg(feature = "lapin")]
+                    {
+                        let exchange = exchange.clone().unwrap_or_default();
+                        let publisher = diesel_inbox::outbox::lapin::Publisher::connect(amqp.as_str(), exchange);
+                        on_database(url, publisher, options).await
+                    }
+                    #[cfg(not(feature = "lapin"))]
+                    {
+                        let _ = (amqp, exchange);
+                        Err(Failure("this diesel-inbox was built without RabbitMQ: cargo install diesel-inbox --features cli,lapin".into()))
+                    }
+                }
+                (None, Some(nats)) => {
+                    #[cfg(feature = "nats")]
+                    {
+                        let client = async_nats::ConnectOptions::new()
+                            .retry_on_initial_connect()
+                            .connect(nats.as_str())
+                            .await
+                            .map_err(|e| Failure(format!("cannot connect to NATS at {nats}: {e}")))?;
+                        let publisher = diesel_inbox::outbox::nats::Publisher::new(async_nats::jetstream::new(client));
+                        on_database(url, publisher, options).await
+                    }
+                    #[cfg(not(feature = "nats"))]
+                    {
+                        let _ = nats;
+                        Err(Failure("this diesel-inbox was built without NATS: cargo install diesel-inbox --features cli,nats".into()))
+                    }
+                }
+                (None, None) => Err(Failure("pass --amqp URL --exchange X or --nats URL".into())),
+            }
+        })
+    }
+
+    /// A small pool of `$conn`s for the relay (a claim and a status).
+    macro_rules! pool {
+        ($conn:ty, $url:expr) => {
+            Pool::builder(AsyncDieselConnectionManager::<$conn>::new($url))
+                .max_size(2)
+                .build()
+                .map_err(|e| Failure(format!("no connection pool: {e}")))?
+        };
+    }
+
+    type Options = (usize, std::time::Duration, u32, bool);
+
+    async fn on_database<P: Publish>(
+        url: &str,
+        publisher: P,
+        options: Options,
+    ) -> Result<ExitCode, Failure> {
+        match Backend::of(url)? {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => {
+                relay(
+                    pool!(diesel_async::AsyncPgConnection, url),
+                    publisher,
+                    options,
+                )
+                .await
+            }
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => {
+                relay(
+                    pool!(diesel_async::AsyncMysqlConnection, url),
+                    publisher,
+                    options,
+                )
+                .await
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(path) => {
+                type Sqlite = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
+                    diesel::SqliteConnection,
+                >;
+                relay(pool!(Sqlite, path), publisher, options).await
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(Failure(
+                "this diesel-inbox was built without this database's feature".into(),
+            )),
+        }
+    }
+
+    async fn relay<D: RelayPool, P: Publish>(
+        pool: D,
+        publisher: P,
+        (batch_size, poll_interval, max_attempts, once): Options,
+    ) -> Result<ExitCode, Failure> {
+        let relay = Relay::new(pool, publisher)
+            .batch_size(batch_size)
+            .poll_interval(poll_interval)
+            .max_attempts(max_attempts);
+        let report = if once {
+            relay.run_once().await.map_err(|e| Failure(e.to_string()))?
+        } else {
+            let stop = async {
+                #[cfg(unix)]
+                {
+                    let mut term =
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                            .expect("a SIGTERM handler");
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                #[cfg(not(unix))]
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            relay.run(stop).await.map_err(|e| Failure(e.to_string()))?
+        };
+        println!(
+            "published {}, failed {}, dead {}, given back {}",
+            report.published, report.failed, report.dead, report.released
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+#[cfg(not(any(feature = "lapin", feature = "nats")))]
+mod relay {
+    use super::{Command, Failure};
+    use std::process::ExitCode;
+
+    pub(super) fn run(_: &str, _: &Command) -> Result<ExitCode, Failure> {
+        Err(Failure(
+            "this diesel-inbox was built without a broker: cargo install diesel-inbox --features cli,lapin (or nats)".into(),
+        ))
     }
 }

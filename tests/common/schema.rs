@@ -231,6 +231,110 @@ pub fn version_1_table_is_upgraded_in_place<C>(
         Processed::Duplicate
     );
     schema_2_works_on_upgraded_rows(&mut conn);
+    the_outbox_works(&mut conn);
+}
+
+/// Schema 3's outbox on an upgraded database: a message enqueued in a
+/// handler's transaction is pending; outside one, enqueue is refused.
+fn the_outbox_works<C>(conn: &mut C)
+where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    use diesel_inbox::outbox::{self, Outgoing};
+    let before = outbox::status(conn).expect("status").pending;
+    let enqueued = diesel_inbox::Inbox::consumer("upgraded")
+        .retries(0)
+        .classify(diesel_inbox::ErrorClass::of)
+        .run(conn, "m-9", |conn| {
+            outbox::enqueue(conn, Outgoing::new("stock", "{}").key("k"))
+                .map_err(diesel::result::Error::from)
+        })
+        .expect("enqueue in the handler");
+    assert!(matches!(enqueued, Processed::Applied(id) if id.len() == 36));
+    assert_eq!(outbox::status(conn).expect("status").pending, before + 1);
+    assert!(matches!(
+        outbox::enqueue(conn, Outgoing::new("stock", "{}")),
+        Err(InboxError::NotInTransaction { .. })
+    ));
+}
+
+/// A database at schema 2 (no outbox table) is upgraded to the current
+/// version in place: its inbox rows stay, and the outbox works.
+pub fn version_2_is_upgraded_with_the_outbox<C>(
+    fresh: fn(&str) -> Option<TestDb>,
+    open: fn(&str) -> C,
+) where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    let Some(db) = fresh("upgrade_v2") else {
+        return;
+    };
+    let mut conn = open(&db);
+    diesel_inbox::migrate(&mut conn).expect("migrate");
+    // Schema 2 as its release left it: no outbox table, version 2.
+    conn.batch_execute("DROP TABLE outbox_messages")
+        .expect("drop the outbox");
+    conn.batch_execute(&<C::Backend as InboxBackend>::record_version(2))
+        .expect("record version 2");
+    assert_eq!(
+        diesel_inbox::schema_version(&mut conn).expect("version"),
+        Some(2)
+    );
+    let plain = |conn: &mut C, key: &str| -> QueryResult<Processed<()>> {
+        diesel_inbox::Inbox::consumer("v2")
+            .retries(0)
+            .classify(diesel_inbox::ErrorClass::of)
+            .run(conn, key, |_| Ok(()))
+    };
+    assert_eq!(
+        plain(&mut conn, "m-1").expect("claim"),
+        Processed::Applied(())
+    );
+    diesel_inbox::migrate(&mut conn).expect("upgrade");
+    assert_eq!(
+        diesel_inbox::schema_version(&mut conn).expect("version"),
+        Some(SCHEMA_VERSION)
+    );
+    assert_eq!(
+        plain(&mut conn, "m-1").expect("redelivery"),
+        Processed::Duplicate
+    );
+    the_outbox_works(&mut conn);
+    // A later `migrate` finds it current.
+    diesel_inbox::migrate(&mut conn).expect("migrate again");
+}
+
+/// An `outbox_messages` table of the application's own is refused before
+/// any DDL runs, with what is wrong and how to fix it; the inbox is not
+/// created either.
+pub fn a_foreign_outbox_table_is_refused<C>(fresh: fn(&str) -> Option<TestDb>, open: fn(&str) -> C)
+where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    let Some(db) = fresh("foreign_outbox") else {
+        return;
+    };
+    let mut conn = open(&db);
+    conn.batch_execute("CREATE TABLE outbox_messages (id INTEGER PRIMARY KEY, body TEXT)")
+        .expect("an application's outbox");
+    match diesel_inbox::migrate(&mut conn) {
+        Err(e @ InboxError::IncompatibleTable(_)) => {
+            let text = e.to_string();
+            assert!(text.contains("schema 3 did not create"), "{text}");
+            assert!(
+                text.contains("column `destination` of `outbox_messages` is missing"),
+                "{text}"
+            );
+        }
+        other => panic!("expected IncompatibleTable, got {other:?}"),
+    }
+    assert_eq!(
+        diesel_inbox::schema_version(&mut conn).expect("version"),
+        None
+    );
 }
 
 /// A schema newer than this release (`record(v)` is the SQL with which

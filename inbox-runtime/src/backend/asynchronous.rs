@@ -147,6 +147,13 @@ pub trait AsyncInboxConnection:
     #[doc(hidden)]
     fn inbox_rollback(&mut self) -> impl Future<Output = ()> + Send;
 
+    /// Runs one outbox operation (`backend::outbox`).
+    #[doc(hidden)]
+    fn inbox_outbox(
+        &mut self,
+        op: super::outbox::Op,
+    ) -> impl Future<Output = QueryResult<super::outbox::Answer>> + Send;
+
     /// One purge batch's statements, in the caller's transaction: the rows
     /// deleted.
     #[doc(hidden)]

@@ -21,6 +21,16 @@ use diesel::{OptionalExtension, RunQueryDsl};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 macro_rules! sync_ops {
     () => {
+        fn outbox<C>(
+            conn: &mut C,
+            op: crate::backend::outbox::Op,
+        ) -> QueryResult<crate::backend::outbox::Answer>
+        where
+            C: LoadConnection<Backend = Self>,
+        {
+            crate::backend::outbox::run(conn, op)
+        }
+
         fn purge_batch<C>(
             conn: &mut C,
             cutoff: &str,
@@ -150,6 +160,13 @@ macro_rules! sync_ops {
 #[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
 macro_rules! async_ops {
     () => {
+        async fn inbox_outbox(
+            &mut self,
+            op: crate::backend::outbox::Op,
+        ) -> QueryResult<crate::backend::outbox::Answer> {
+            crate::backend::outbox::run_async(self, op).await
+        }
+
         async fn inbox_purge_batch(
             &mut self,
             cutoff: String,

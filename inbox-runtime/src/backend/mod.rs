@@ -16,6 +16,7 @@ pub(crate) mod errors;
 pub(crate) mod execute;
 #[cfg(feature = "mysql")]
 mod mysql;
+pub(crate) mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
 pub(crate) mod shape;
@@ -43,11 +44,14 @@ pub(crate) use sealed::Sealed;
 ///   [`Fingerprint`](crate::Fingerprint)) and `result` (a stored result).
 ///   The upgrade adds them in place without rewriting rows; rows written
 ///   before it have neither, and accept any content.
+/// - Version 3 adds the transactional outbox's table, `outbox_messages`
+///   (`diesel_inbox::outbox`); the upgrade creates it and touches no
+///   inbox row.
 ///
 /// ```
-/// assert_eq!(diesel_inbox::SCHEMA_VERSION, 2);
+/// assert_eq!(diesel_inbox::SCHEMA_VERSION, 3);
 /// ```
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// A diesel backend the inbox supports: `Pg`, `Mysql` (MySQL and MariaDB)
 /// and `Sqlite`, each behind the feature of the same name. Everything that
@@ -321,6 +325,23 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     where
         C: LoadConnection<Backend = Self>;
 
+    /// The database's clock as microseconds since the Unix epoch
+    /// (`BIGINT`): the outbox's times.
+    #[doc(hidden)]
+    const NOW_MICROS: &'static str;
+
+    /// What ends the relay's claim: `FOR UPDATE SKIP LOCKED` where rows can
+    /// be locked (PostgreSQL, MySQL 8, MariaDB 10.6+), nothing on SQLite,
+    /// whose immediate transaction serializes claims.
+    #[doc(hidden)]
+    const SKIP_LOCKED: &'static str;
+
+    /// Runs one outbox operation (`backend::outbox`).
+    #[doc(hidden)]
+    fn outbox<C>(conn: &mut C, op: outbox::Op) -> QueryResult<outbox::Answer>
+    where
+        C: LoadConnection<Backend = Self>;
+
     /// What the catalog says about `inbox_messages`, in one query.
     #[doc(hidden)]
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
@@ -401,20 +422,23 @@ pub mod ddl {
     /// PostgreSQL.
     pub const POSTGRES: &str = concat!(
         include_str!("postgres.sql"),
-        include_str!("postgres_attempts.sql")
+        include_str!("postgres_attempts.sql"),
+        include_str!("postgres_outbox.sql")
     );
     /// MySQL 8 and MariaDB 10.5+. Keys are `VARBINARY` so that they compare
     /// byte for byte (the default collations ignore case, accents and
     /// trailing spaces). The attempts' table comes first: DDL is not
     /// transactional here, and the version recorded with `inbox_messages`
-    /// must not precede it.
+    /// must not precede it; so does the outbox's.
     pub const MYSQL: &str = concat!(
         include_str!("mysql_attempts.sql"),
+        include_str!("mysql_outbox.sql"),
         include_str!("mysql.sql")
     );
     /// SQLite.
     pub const SQLITE: &str = concat!(
         include_str!("sqlite.sql"),
-        include_str!("sqlite_attempts.sql")
+        include_str!("sqlite_attempts.sql"),
+        include_str!("sqlite_outbox.sql")
     );
 }

@@ -56,6 +56,10 @@ UNION ALL
 SELECT CAST('attempts' AS CHAR), CAST(COLUMN_NAME AS CHAR), NULL, NULL, NULL, NULL
 FROM information_schema.COLUMNS
 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_attempts'
+UNION ALL
+SELECT CAST('outbox' AS CHAR), CAST(COLUMN_NAME AS CHAR), NULL, NULL, NULL, NULL
+FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_messages'
 "#;
 
 /// `migrate`'s lock: `GET_LOCK` (node-local on Galera), and its release.
@@ -185,7 +189,7 @@ impl InboxBackend for Mysql {
     const UPGRADES: &'static [&'static str] = &[concat!(
         "ALTER TABLE inbox_messages ADD COLUMN fingerprint VARBINARY(64) NULL, ADD COLUMN result LONGBLOB NULL;\n",
         include_str!("mysql_attempts.sql")
-    )];
+    ), include_str!("mysql_outbox.sql")];
 
     fn claim<C>(
         conn: &mut C,
@@ -310,6 +314,10 @@ impl InboxBackend for Mysql {
     /// the gaps new claims insert into.
     const PURGE_ISOLATION: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
+
+    const NOW_MICROS: &'static str =
+        "CAST(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(6)) * 1000000 AS SIGNED)";
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
 
     sync_ops!();
 

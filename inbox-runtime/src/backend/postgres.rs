@@ -65,6 +65,10 @@ UNION ALL
 SELECT 'attempts', att.attname::text, NULL, NULL, NULL, NULL
 FROM pg_attribute att
 WHERE att.attrelid = to_regclass('inbox_attempts') AND att.attnum > 0 AND NOT att.attisdropped
+UNION ALL
+SELECT 'outbox', att.attname::text, NULL, NULL, NULL, NULL
+FROM pg_attribute att
+WHERE att.attrelid = to_regclass('outbox_messages') AND att.attnum > 0 AND NOT att.attisdropped
 "#;
 
 /// PostgreSQL's claims do not trust an affected-row count. A proxy in
@@ -398,10 +402,13 @@ impl InboxBackend for Pg {
     // Nullable columns without a default: a catalog change, no table rewrite.
     // Nullable columns without a default: a catalog change, no table
     // rewrite; and the attempt counts' table.
-    const UPGRADES: &'static [&'static str] = &[concat!(
-        "ALTER TABLE inbox_messages ADD COLUMN fingerprint BYTEA, ADD COLUMN result BYTEA;\n",
-        include_str!("postgres_attempts.sql")
-    )];
+    const UPGRADES: &'static [&'static str] = &[
+        concat!(
+            "ALTER TABLE inbox_messages ADD COLUMN fingerprint BYTEA, ADD COLUMN result BYTEA;\n",
+            include_str!("postgres_attempts.sql")
+        ),
+        include_str!("postgres_outbox.sql"),
+    ];
 
     fn claim<C>(
         conn: &mut C,
@@ -492,6 +499,9 @@ impl InboxBackend for Pg {
             older_than.as_micros()
         )
     }
+
+    const NOW_MICROS: &'static str = "(extract(epoch from now()) * 1000000)::bigint";
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
 
     sync_ops!();
 

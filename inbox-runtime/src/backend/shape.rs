@@ -92,6 +92,7 @@ pub(crate) fn read<D: Dialect>(rows: Vec<CatalogRow>) -> Catalog {
             "foreign key" => table.constraints.push(("foreign key", row.name)),
             "check constraint" => table.constraints.push(("check constraint", row.name)),
             "attempts" => catalog.attempts_columns.push(row.name),
+            "outbox" => catalog.outbox_columns.push(row.name),
             "trigger" => table.insert_hooks.push(("trigger", row.name)),
             "rule" => table.insert_hooks.push(("rule", row.name)),
             _ => {}
@@ -110,6 +111,8 @@ pub struct Catalog {
     pub(crate) table: Option<Table>,
     /// The columns of `inbox_attempts` (schema 2), empty without it.
     pub(crate) attempts_columns: Vec<String>,
+    /// The columns of `outbox_messages` (schema 3), empty without it.
+    pub(crate) outbox_columns: Vec<String>,
 }
 
 /// The verdict on the catalog's tables: every problem of an existing
@@ -125,6 +128,7 @@ pub(crate) fn refuse(catalog: &Catalog, key_type: &str) -> Result<(), InboxError
     };
     let mut found = problems(table, key_type, catalog.version);
     found.extend(attempts_problems(catalog));
+    found.extend(outbox_problems(catalog));
     match found.is_empty() {
         true => Ok(()),
         false => Err(InboxError::IncompatibleTable(found)),
@@ -149,25 +153,122 @@ const ATTEMPTS_COLUMNS: [&str; 5] = [
     "updated_at",
 ];
 
+/// The columns of `outbox_messages` the runtime reads and writes.
+const OUTBOX_COLUMNS: [&str; 13] = [
+    "seq",
+    "id",
+    "destination",
+    "ordering_key",
+    "payload",
+    "headers",
+    "created_at",
+    "available_at",
+    "attempts",
+    "locked_by",
+    "locked_until",
+    "last_error",
+    "dead_at",
+];
+
 /// Problems of the attempt counts' table, on a table recorded as schema 2
 /// or later (an older one gets it from the upgrade).
 pub(crate) fn attempts_problems(catalog: &Catalog) -> Vec<TableProblem> {
-    if catalog.version.is_none_or(|v| v < 2) {
+    side_table_problems(
+        catalog.version,
+        SideTable {
+            name: "inbox_attempts",
+            since: 2,
+            who: "handlers with `max_attempts` would fail",
+            columns: &ATTEMPTS_COLUMNS,
+            have: &catalog.attempts_columns,
+            holds: "it holds only failure counts",
+        },
+    )
+}
+
+/// Problems of the outbox's table, on a table recorded as schema 3 or
+/// later (an older one gets it from the upgrade).
+pub(crate) fn outbox_problems(catalog: &Catalog) -> Vec<TableProblem> {
+    side_table_problems(
+        catalog.version,
+        SideTable {
+            name: "outbox_messages",
+            since: 3,
+            who: "`outbox::enqueue` and the relay would fail",
+            columns: &OUTBOX_COLUMNS,
+            have: &catalog.outbox_columns,
+            holds: "publish or move its pending messages first",
+        },
+    )
+}
+
+/// A table of the schema beside `inbox_messages`, as the catalog found it.
+struct SideTable<'a> {
+    name: &'static str,
+    /// The schema version that added it.
+    since: u32,
+    /// What fails without it.
+    who: &'static str,
+    columns: &'a [&'static str],
+    /// The columns the catalog found, empty without the table.
+    have: &'a [String],
+    /// What to mind when recreating it.
+    holds: &'static str,
+}
+
+/// Problems of an `outbox_messages` table that is there before the
+/// upgrade to schema 3 creates it: an application's own outbox under the
+/// same name, which `CREATE TABLE IF NOT EXISTS` would leave as it is.
+/// Refused before any DDL runs (MySQL's DDL cannot be rolled back).
+pub(crate) fn foreign_outbox(catalog: &Catalog) -> Vec<TableProblem> {
+    if catalog.version.is_some_and(|v| v >= 3) || catalog.outbox_columns.is_empty() {
         return Vec::new();
     }
-    if catalog.attempts_columns.is_empty() {
+    let mut found = side_table_problems(
+        Some(3),
+        SideTable {
+            name: "outbox_messages",
+            since: 3,
+            who: "",
+            columns: &OUTBOX_COLUMNS,
+            have: &catalog.outbox_columns,
+            holds: "it is not diesel-inbox's: rename the application's own table first",
+        },
+    );
+    for problem in &mut found {
+        problem.problem = format!(
+            "a table `outbox_messages` exists that schema 3 did not create: {}",
+            problem.problem
+        );
+    }
+    found
+}
+
+fn side_table_problems(version: Option<u32>, table: SideTable<'_>) -> Vec<TableProblem> {
+    if version.is_none_or(|v| v < table.since) {
+        return Vec::new();
+    }
+    let name = table.name;
+    if table.have.is_empty() {
         return vec![TableProblem::new(
-            "table `inbox_attempts` is missing, though the inbox is recorded as schema version 2 or later: handlers with `max_attempts` would fail",
+            format!(
+                "table `{name}` is missing, though the inbox is recorded as schema version {} or later: {}",
+                table.since, table.who
+            ),
             "create it as diesel_inbox::ddl declares it",
         )];
     }
-    ATTEMPTS_COLUMNS
+    table
+        .columns
         .iter()
-        .filter(|c| !catalog.attempts_columns.iter().any(|have| have == *c))
+        .filter(|c| !table.have.iter().any(|have| have == *c))
         .map(|c| {
             TableProblem::new(
-                format!("column `{c}` of `inbox_attempts` is missing"),
-                "recreate `inbox_attempts` as diesel_inbox::ddl declares it (it holds only failure counts)",
+                format!("column `{c}` of `{name}` is missing"),
+                format!(
+                    "recreate `{name}` as diesel_inbox::ddl declares it ({})",
+                    table.holds
+                ),
             )
         })
         .collect()

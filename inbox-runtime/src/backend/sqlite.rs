@@ -55,6 +55,8 @@ WHERE type = 'trigger' AND tbl_name = 'inbox_messages'
   AND instr(upper(substr(sql, 1, instr(upper(sql), ' ON '))), 'INSERT') > 0
 UNION ALL
 SELECT 'attempts', name, NULL, NULL, NULL, NULL FROM pragma_table_xinfo('inbox_attempts')
+UNION ALL
+SELECT 'outbox', name, NULL, NULL, NULL, NULL FROM pragma_table_xinfo('outbox_messages')
 "#;
 
 impl InboxBackend for Sqlite {
@@ -64,11 +66,14 @@ impl InboxBackend for Sqlite {
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const KEY_TYPE: &'static str = "VARCHAR(255) NOT NULL with the BINARY collation (the default)";
     // Nullable columns without a default: a change of the schema text only.
-    const UPGRADES: &'static [&'static str] = &[concat!(
-        "ALTER TABLE inbox_messages ADD COLUMN fingerprint BLOB;\n",
-        "ALTER TABLE inbox_messages ADD COLUMN result BLOB;\n",
-        include_str!("sqlite_attempts.sql")
-    )];
+    const UPGRADES: &'static [&'static str] = &[
+        concat!(
+            "ALTER TABLE inbox_messages ADD COLUMN fingerprint BLOB;\n",
+            "ALTER TABLE inbox_messages ADD COLUMN result BLOB;\n",
+            include_str!("sqlite_attempts.sql")
+        ),
+        include_str!("sqlite_outbox.sql"),
+    ];
 
     fn claim<C>(
         conn: &mut C,
@@ -128,6 +133,10 @@ impl InboxBackend for Sqlite {
             older_than.subsec_micros()
         )
     }
+
+    const NOW_MICROS: &'static str =
+        "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
+    const SKIP_LOCKED: &'static str = "";
 
     sync_ops!();
 
@@ -430,6 +439,14 @@ mod asynchronous {
             if let Err(e) = rolled_back {
                 tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: rollback failed");
             }
+        }
+
+        async fn inbox_outbox(
+            &mut self,
+            op: crate::backend::outbox::Op,
+        ) -> QueryResult<crate::backend::outbox::Answer> {
+            self.spawn_blocking(move |conn| Sqlite::outbox(conn, op))
+                .await
         }
 
         async fn inbox_purge_batch(

@@ -1,0 +1,467 @@
+//! The outbox's statements, written once for every backend, and their runs
+//! on a sync and an async connection. What differs between databases comes
+//! in as the backend's constants: the clock ([`InboxBackend::NOW_MICROS`])
+//! and the locking clause of the relay's claim
+//! ([`InboxBackend::SKIP_LOCKED`]). An operation is an owned [`Op`], so
+//! that SQLite's async connection can hand it to its blocking thread whole.
+// Without a backend feature nothing runs these.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+
+use super::InboxBackend;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::result::QueryResult;
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, Binary, HasSqlType, Integer, Nullable, Text, Untyped};
+use diesel::QueryableByName;
+
+/// One outbox operation and its arguments.
+#[derive(Debug, Clone)]
+#[doc(hidden)]
+pub enum Op {
+    /// Insert a message, in the caller's transaction.
+    Enqueue(NewRow),
+    /// The relay's claim, in a short transaction the caller opened: up to
+    /// `limit` due rows, each the oldest of its key that is not dead,
+    /// skipping rows other relays hold; each is held for `lease`
+    /// microseconds under `token`.
+    Claim {
+        limit: i64,
+        lease: i64,
+        token: String,
+    },
+    /// Deletes the published rows that `token` still holds.
+    Published { token: String, seqs: Vec<i64> },
+    /// A failed publish of a row `token` holds: counted, due again after
+    /// `delay` microseconds, dead once it has failed `max_attempts` times.
+    Failed {
+        token: String,
+        seq: i64,
+        error: String,
+        delay: i64,
+        max_attempts: i32,
+    },
+    /// Gives rows back unpublished and uncounted (the broker was down).
+    Released { token: String, seqs: Vec<i64> },
+    /// Pending and dead messages per destination.
+    Status,
+    /// The dead messages, oldest first, at most `limit`.
+    Dead { limit: i64 },
+    /// Makes the dead message `id` (or every dead one) pending again.
+    Retry { id: Option<String> },
+    /// Deletes up to `limit` messages dead for longer than `older_than`
+    /// microseconds, in the caller's transaction.
+    PurgeDead { older_than: i64, limit: i64 },
+}
+
+/// A message to insert.
+#[derive(Debug, Clone)]
+#[doc(hidden)]
+pub struct NewRow {
+    pub id: String,
+    pub destination: String,
+    pub key: Option<String>,
+    pub payload: Vec<u8>,
+    pub headers: Option<Vec<u8>>,
+}
+
+/// What an [`Op`] returned.
+#[derive(Debug)]
+#[doc(hidden)]
+pub enum Answer {
+    /// Rows written or deleted.
+    Count(usize),
+    Claimed(Vec<ClaimedRow>),
+    Status(Vec<StatusRow>),
+    Dead(Vec<DeadRow>),
+}
+
+/// A row the relay claimed.
+#[derive(Debug, Clone, QueryableByName)]
+#[doc(hidden)]
+pub struct ClaimedRow {
+    #[diesel(sql_type = BigInt)]
+    pub seq: i64,
+    #[diesel(sql_type = Text)]
+    pub id: String,
+    #[diesel(sql_type = Text)]
+    pub destination: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub ordering_key: Option<String>,
+    #[diesel(sql_type = Binary)]
+    pub payload: Vec<u8>,
+    #[diesel(sql_type = Nullable<Binary>)]
+    pub headers: Option<Vec<u8>>,
+    #[diesel(sql_type = Integer)]
+    pub attempts: i32,
+    #[diesel(sql_type = BigInt)]
+    pub created_at: i64,
+    #[diesel(sql_type = BigInt)]
+    pub now: i64,
+}
+
+/// One destination's counts.
+#[derive(Debug, Clone, QueryableByName)]
+#[doc(hidden)]
+pub struct StatusRow {
+    #[diesel(sql_type = Text)]
+    pub destination: String,
+    #[diesel(sql_type = BigInt)]
+    pub pending: i64,
+    #[diesel(sql_type = BigInt)]
+    pub dead: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub oldest_pending: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    pub now: i64,
+}
+
+/// A dead message.
+#[derive(Debug, Clone, QueryableByName)]
+#[doc(hidden)]
+pub struct DeadRow {
+    #[diesel(sql_type = Text)]
+    pub id: String,
+    #[diesel(sql_type = Text)]
+    pub destination: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub ordering_key: Option<String>,
+    #[diesel(sql_type = Integer)]
+    pub attempts: i32,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub last_error: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    pub created_at: i64,
+    #[diesel(sql_type = BigInt)]
+    pub dead_at: i64,
+}
+
+/// The `seq` of a row.
+#[derive(Debug, Clone, Copy, QueryableByName)]
+pub(crate) struct SeqRow {
+    #[diesel(sql_type = BigInt)]
+    seq: i64,
+}
+
+/// A bind parameter of a [`Stmt`].
+#[derive(Debug, Clone)]
+enum Bind {
+    Text(String),
+    OptText(Option<String>),
+    Bytes(Vec<u8>),
+    OptBytes(Option<Vec<u8>>),
+    Big(i64),
+    Int(i32),
+}
+
+#[derive(Debug, Clone)]
+enum Part {
+    Sql(String),
+    Bind(Bind),
+}
+
+/// A statement as SQL text and bind parameters in order: the placeholders
+/// are the backend's own (`$n` or `?`). Statements with an `IN` list of
+/// varying length are never cached; on PostgreSQL none is (a proxy in
+/// transaction mode shares prepared statements' names between clients:
+/// `InboxBackend::CACHE_SIDE_STATEMENTS`).
+#[derive(Debug, Clone)]
+pub(crate) struct Stmt {
+    parts: Vec<Part>,
+    cache: bool,
+}
+
+impl Stmt {
+    fn new() -> Self {
+        Stmt {
+            parts: Vec::new(),
+            cache: true,
+        }
+    }
+
+    fn sql(mut self, sql: impl Into<String>) -> Self {
+        self.parts.push(Part::Sql(sql.into()));
+        self
+    }
+
+    fn bind(mut self, value: Bind) -> Self {
+        self.parts.push(Part::Bind(value));
+        self
+    }
+
+    /// `(v1, v2, ...)` of `seqs`; the statement is not cached.
+    fn seq_list(mut self, seqs: &[i64]) -> Self {
+        self.cache = false;
+        self = self.sql("(");
+        for (i, seq) in seqs.iter().enumerate() {
+            if i > 0 {
+                self = self.sql(", ");
+            }
+            self = self.bind(Bind::Big(*seq));
+        }
+        self.sql(")")
+    }
+}
+
+impl<B> QueryFragment<B> for Stmt
+where
+    B: InboxBackend
+        + HasSqlType<Text>
+        + HasSqlType<Binary>
+        + HasSqlType<BigInt>
+        + HasSqlType<Integer>,
+    String: ToSql<Text, B>,
+    Vec<u8>: ToSql<Binary, B>,
+    i64: ToSql<BigInt, B>,
+    i32: ToSql<Integer, B>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
+        if !self.cache || !B::CACHE_SIDE_STATEMENTS {
+            out.unsafe_to_cache_prepared();
+        }
+        for part in &self.parts {
+            match part {
+                Part::Sql(sql) => out.push_sql(sql),
+                Part::Bind(Bind::Text(v)) => out.push_bind_param::<Text, String>(v)?,
+                Part::Bind(Bind::OptText(v)) => {
+                    out.push_bind_param::<Nullable<Text>, Option<String>>(v)?
+                }
+                Part::Bind(Bind::Bytes(v)) => out.push_bind_param::<Binary, Vec<u8>>(v)?,
+                Part::Bind(Bind::OptBytes(v)) => {
+                    out.push_bind_param::<Nullable<Binary>, Option<Vec<u8>>>(v)?
+                }
+                Part::Bind(Bind::Big(v)) => out.push_bind_param::<BigInt, i64>(v)?,
+                Part::Bind(Bind::Int(v)) => out.push_bind_param::<Integer, i32>(v)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl QueryId for Stmt {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl Query for Stmt {
+    type SqlType = Untyped;
+}
+
+impl<Conn> diesel::RunQueryDsl<Conn> for Stmt {}
+
+const CLAIMED_COLUMNS: &str =
+    "o.seq, o.id, o.destination, o.ordering_key, o.payload, o.headers, o.attempts, o.created_at";
+
+/// The statements of `op`, as [`Plan`] says to run them.
+fn plan<B: InboxBackend>(op: &Op) -> Plan {
+    let now = B::NOW_MICROS;
+    match op {
+        Op::Enqueue(row) => Plan::Execute(
+            Stmt::new()
+                .sql("INSERT INTO outbox_messages (id, destination, ordering_key, payload, headers, created_at, available_at, attempts) VALUES (")
+                .bind(Bind::Text(row.id.clone()))
+                .sql(", ")
+                .bind(Bind::Text(row.destination.clone()))
+                .sql(", ")
+                .bind(Bind::OptText(row.key.clone()))
+                .sql(", ")
+                .bind(Bind::Bytes(row.payload.clone()))
+                .sql(", ")
+                .bind(Bind::OptBytes(row.headers.clone()))
+                .sql(format!(", {now}, {now}, 0)")),
+        ),
+        Op::Claim { limit, .. } => Plan::Claim(
+            Stmt::new()
+                .sql(format!(
+                    "SELECT {CLAIMED_COLUMNS}, {now} AS now FROM outbox_messages o \
+                     WHERE o.dead_at IS NULL AND o.available_at <= {now} \
+                     AND (o.locked_until IS NULL OR o.locked_until < {now}) \
+                     AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_messages e \
+                     WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq AND e.dead_at IS NULL)) \
+                     ORDER BY o.seq LIMIT "
+                ))
+                .bind(Bind::Big(*limit))
+                .sql(B::SKIP_LOCKED),
+        ),
+        Op::Published { token, seqs } => Plan::Execute(
+            Stmt::new()
+                .sql("DELETE FROM outbox_messages WHERE locked_by = ")
+                .bind(Bind::Text(token.clone()))
+                .sql(" AND seq IN ")
+                .seq_list(seqs),
+        ),
+        // `dead_at` first: MySQL assigns left to right, with the new
+        // `attempts` in later expressions.
+        Op::Failed {
+            token,
+            seq,
+            error,
+            delay,
+            max_attempts,
+        } => Plan::Execute(
+            Stmt::new()
+                .sql("UPDATE outbox_messages SET dead_at = CASE WHEN attempts + 1 >= ")
+                .bind(Bind::Int(*max_attempts))
+                .sql(format!(" THEN {now} ELSE NULL END, attempts = attempts + 1, last_error = "))
+                .bind(Bind::Text(crate::rows::error_text(error).to_owned()))
+                .sql(format!(", available_at = {now} + "))
+                .bind(Bind::Big(*delay))
+                .sql(", locked_by = NULL, locked_until = NULL WHERE seq = ")
+                .bind(Bind::Big(*seq))
+                .sql(" AND locked_by = ")
+                .bind(Bind::Text(token.clone())),
+        ),
+        Op::Released { token, seqs } => Plan::Execute(
+            Stmt::new()
+                .sql("UPDATE outbox_messages SET locked_by = NULL, locked_until = NULL WHERE locked_by = ")
+                .bind(Bind::Text(token.clone()))
+                .sql(" AND seq IN ")
+                .seq_list(seqs),
+        ),
+        Op::Status => Plan::Status(Stmt::new().sql(format!(
+            "SELECT destination, COUNT(*) - COUNT(dead_at) AS pending, COUNT(dead_at) AS dead, \
+             MIN(CASE WHEN dead_at IS NULL THEN created_at END) AS oldest_pending, {now} AS now \
+             FROM outbox_messages GROUP BY destination ORDER BY destination"
+        ))),
+        Op::Dead { limit } => Plan::Dead(
+            Stmt::new()
+                .sql(
+                    "SELECT id, destination, ordering_key, attempts, last_error, created_at, dead_at \
+                     FROM outbox_messages WHERE dead_at IS NOT NULL ORDER BY seq LIMIT ",
+                )
+                .bind(Bind::Big(*limit)),
+        ),
+        Op::Retry { id } => {
+            let all = Stmt::new().sql(format!(
+                "UPDATE outbox_messages SET dead_at = NULL, attempts = 0, last_error = NULL, \
+                 available_at = {now} WHERE dead_at IS NOT NULL"
+            ));
+            Plan::Execute(match id {
+                Some(id) => all.sql(" AND id = ").bind(Bind::Text(id.clone())),
+                None => all,
+            })
+        }
+        Op::PurgeDead { older_than, limit } => Plan::Purge(
+            Stmt::new()
+                .sql(format!(
+                    "SELECT seq FROM outbox_messages WHERE dead_at IS NOT NULL AND dead_at < {now} - "
+                ))
+                .bind(Bind::Big(*older_than))
+                .sql(" ORDER BY seq LIMIT ")
+                .bind(Bind::Big(*limit)),
+        ),
+    }
+}
+
+/// How an [`Op`]'s statements run.
+enum Plan {
+    Execute(Stmt),
+    /// The select, then the lease of what it found.
+    Claim(Stmt),
+    Status(Stmt),
+    Dead(Stmt),
+    /// The select of the rows, then their delete.
+    Purge(Stmt),
+}
+
+/// The lease of the rows a claim found.
+fn lease<B: InboxBackend>(token: &str, lease: i64, rows: &[ClaimedRow]) -> Stmt {
+    let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+    Stmt::new()
+        .sql("UPDATE outbox_messages SET locked_by = ")
+        .bind(Bind::Text(token.to_owned()))
+        .sql(format!(", locked_until = {} + ", B::NOW_MICROS))
+        .bind(Bind::Big(lease))
+        .sql(" WHERE seq IN ")
+        .seq_list(&seqs)
+}
+
+/// The delete of the rows a purge found.
+fn purge(rows: &[SeqRow]) -> Stmt {
+    let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+    Stmt::new()
+        .sql("DELETE FROM outbox_messages WHERE dead_at IS NOT NULL AND seq IN ")
+        .seq_list(&seqs)
+}
+
+/// Runs `op` on a sync connection.
+pub(crate) fn run<C>(conn: &mut C, op: Op) -> QueryResult<Answer>
+where
+    C: diesel::connection::LoadConnection<Backend: InboxBackend>,
+    Stmt: diesel::query_dsl::methods::ExecuteDsl<C>,
+    for<'a> Stmt: diesel::query_dsl::LoadQuery<'a, C, ClaimedRow>
+        + diesel::query_dsl::LoadQuery<'a, C, StatusRow>
+        + diesel::query_dsl::LoadQuery<'a, C, DeadRow>
+        + diesel::query_dsl::LoadQuery<'a, C, SeqRow>,
+{
+    use diesel::RunQueryDsl;
+    Ok(match plan::<C::Backend>(&op) {
+        Plan::Execute(stmt) => Answer::Count(stmt.execute(conn)?),
+        Plan::Claim(select) => {
+            let rows: Vec<ClaimedRow> = select.load(conn)?;
+            if let (
+                Op::Claim {
+                    lease: hold, token, ..
+                },
+                false,
+            ) = (&op, rows.is_empty())
+            {
+                lease::<C::Backend>(token, *hold, &rows).execute(conn)?;
+            }
+            Answer::Claimed(rows)
+        }
+        Plan::Status(stmt) => Answer::Status(stmt.load(conn)?),
+        Plan::Dead(stmt) => Answer::Dead(stmt.load(conn)?),
+        Plan::Purge(select) => {
+            let rows: Vec<SeqRow> = select.load(conn)?;
+            match rows.is_empty() {
+                true => Answer::Count(0),
+                false => Answer::Count(purge(&rows).execute(conn)?),
+            }
+        }
+    })
+}
+
+/// Runs `op` on a diesel-async connection (PostgreSQL, MySQL/MariaDB;
+/// SQLite's async connection hands [`run`] to its blocking thread).
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+pub(crate) async fn run_async<C>(conn: &mut C, op: Op) -> QueryResult<Answer>
+where
+    C: diesel_async::AsyncConnection<Backend: InboxBackend> + Send,
+    Stmt: diesel_async::methods::ExecuteDsl<C>,
+    for<'a> Stmt: diesel_async::methods::LoadQuery<'a, C, ClaimedRow>
+        + diesel_async::methods::LoadQuery<'a, C, StatusRow>
+        + diesel_async::methods::LoadQuery<'a, C, DeadRow>
+        + diesel_async::methods::LoadQuery<'a, C, SeqRow>,
+{
+    use diesel_async::RunQueryDsl;
+    Ok(match plan::<C::Backend>(&op) {
+        Plan::Execute(stmt) => Answer::Count(stmt.execute(conn).await?),
+        Plan::Claim(select) => {
+            let rows: Vec<ClaimedRow> = select.load(conn).await?;
+            if let (
+                Op::Claim {
+                    lease: hold, token, ..
+                },
+                false,
+            ) = (&op, rows.is_empty())
+            {
+                lease::<C::Backend>(token, *hold, &rows)
+                    .execute(conn)
+                    .await?;
+            }
+            Answer::Claimed(rows)
+        }
+        Plan::Status(stmt) => Answer::Status(stmt.load(conn).await?),
+        Plan::Dead(stmt) => Answer::Dead(stmt.load(conn).await?),
+        Plan::Purge(select) => {
+            let rows: Vec<SeqRow> = select.load(conn).await?;
+            match rows.is_empty() {
+                true => Answer::Count(0),
+                false => Answer::Count(purge(&rows).execute(conn).await?),
+            }
+        }
+    })
+}

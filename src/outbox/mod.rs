@@ -1,0 +1,54 @@
+//! The transactional outbox: messages written in the same transaction as
+//! the change they announce, published after the commit by a `Relay` at
+//! least once, with a stable id, in order per ordering key.
+//!
+//! Enqueue in any transaction ([`enqueue`], `enqueue_async`); inside an
+//! `#[idempotent]` body that is the claim's transaction, so a redelivered
+//! message enqueues nothing twice and a failed body enqueues nothing. The
+//! relay (features `lapin`, `nats`) publishes with broker confirms and
+//! deletes each row once its message is confirmed. The guide's outbox
+//! chapter (`diesel_inbox::guide::outbox`) has the semantics: ordering,
+//! failures, retention, several relays, Galera.
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use diesel_inbox::outbox::{self, Outgoing};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! diesel_inbox::migrate(&mut conn)?;
+//! let id = conn.transaction(|conn| {
+//!     // ... the change itself ...
+//!     outbox::enqueue(conn, Outgoing::new("stock.reserve", "{\"order\":7}").key("customer-42"))
+//! })?;
+//! outbox::wake(); // a relay in this process publishes at once
+//! assert_eq!(outbox::status(&mut conn)?.pending, 1);
+//! # let _ = id;
+//! # Ok(())
+//! # }
+//! ```
+
+#[doc(inline)]
+pub use inbox_runtime::outbox::{
+    dead, enqueue, purge, retry, status, wake, AllDead, DeadMessage, DestinationStatus,
+    OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
+};
+#[cfg(feature = "async")]
+#[doc(inline)]
+pub use inbox_runtime::outbox::{
+    dead_async, enqueue_async, purge_async, retry_async, status_async,
+};
+
+#[cfg(any(feature = "lapin", feature = "nats"))]
+mod relay;
+#[cfg(any(feature = "lapin", feature = "nats"))]
+pub use relay::{
+    Publish, PublishError, Relay, RelayError, RelayPool, RelayReport, DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY,
+    OUTAGE_DELAY, RETRY_DELAY,
+};
+
+#[cfg(feature = "lapin")]
+pub mod lapin;
+#[cfg(feature = "nats")]
+pub mod nats;

@@ -1,0 +1,72 @@
+//! Publishing the outbox to NATS JetStream: the destination is the
+//! subject, `Nats-Msg-Id` is the outbox id (so the stream also drops a
+//! republished message within its duplicate window), the headers are
+//! copied, and a publish counts only after its PubAck.
+
+use super::{OutboxMessage, Publish, PublishError};
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::PublishMessage as Message;
+
+/// A [`Publish`]er to the JetStream streams that bind the destinations
+/// as subjects.
+///
+/// ```no_run
+/// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+/// let publisher = diesel_inbox::outbox::nats::Publisher::new(async_nats::jetstream::new(client));
+/// # let _ = publisher;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    context: async_nats::jetstream::Context,
+}
+
+impl Publisher {
+    /// Publishes through `context` (the client reconnects by itself;
+    /// publishes while it is away time out and are retried).
+    pub fn new(context: async_nats::jetstream::Context) -> Self {
+        Publisher { context }
+    }
+}
+
+fn failed(e: async_nats::jetstream::context::PublishError) -> PublishError {
+    match e.kind() {
+        PublishErrorKind::StreamNotFound => {
+            PublishError::Refused(format!("no stream takes this subject ({e})"))
+        }
+        PublishErrorKind::MaxPayloadExceeded => PublishError::Refused(e.to_string()),
+        PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
+            PublishError::Refused(e.to_string())
+        }
+        _ => PublishError::Unavailable(e.to_string()),
+    }
+}
+
+impl Publish for Publisher {
+    async fn publish<'a>(&'a self, messages: &'a [OutboxMessage]) -> Vec<Result<(), PublishError>> {
+        let mut pending = Vec::with_capacity(messages.len());
+        for message in messages {
+            let mut publish = Message::build()
+                .payload(message.payload.clone().into())
+                .message_id(&message.id);
+            for (name, value) in &message.headers {
+                publish = publish.header(name.as_str(), value.as_str());
+            }
+            let sent = self
+                .context
+                .send_publish(message.destination.clone(), publish)
+                .await;
+            pending.push(sent.map_err(failed));
+        }
+        let mut results = Vec::with_capacity(messages.len());
+        for sent in pending {
+            results.push(match sent {
+                Ok(ack) => ack.await.map(drop).map_err(failed),
+                Err(e) => Err(e),
+            });
+        }
+        results
+    }
+}

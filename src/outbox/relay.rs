@@ -1,0 +1,415 @@
+//! The outbox relay, written once for every broker: claim a batch of due
+//! messages (a short transaction), publish them through a [`Publish`]er
+//! with the broker's confirms, settle each (delete, count a failure, or
+//! give it back), and wait for the next wake-up or poll.
+
+use crate::brokers::jittered_backoff;
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::pooled_connection::PoolableConnection;
+use inbox_runtime::outbox::{self as steps, OutboxMessage, Settlement};
+use inbox_runtime::{AsyncInboxConnection, InboxError};
+use std::future::Future;
+use std::ops::DerefMut;
+use std::pin::pin;
+use std::time::{Duration, Instant};
+use tracing::Instrument;
+
+/// A broker a [`Relay`] publishes to: `outbox::lapin::Publisher`
+/// (RabbitMQ), `outbox::nats::Publisher` (NATS JetStream), or one of
+/// your own.
+///
+/// `publish` sends every message of a batch and waits for the broker's
+/// confirm of each: the result at `i` is that of `messages[i]`. A
+/// message counts as published only once the broker confirmed it.
+pub trait Publish: Send + Sync {
+    /// Publishes `messages`, one result per message, in order.
+    fn publish<'a>(
+        &'a self,
+        messages: &'a [OutboxMessage],
+    ) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send + 'a;
+}
+
+/// Why a message was not published.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The broker refused this message (unroutable, no stream for the
+    /// subject, too large, nacked): counted against the relay's
+    /// `max_attempts`, retried with backoff, then dead.
+    #[error("the broker refused the message: {0}")]
+    Refused(String),
+    /// The broker could not be reached or did not confirm in time: the
+    /// message is given back uncounted and the relay backs off. An outage
+    /// never makes a message dead.
+    #[error("the broker is unavailable: {0}")]
+    Unavailable(String),
+    /// The publisher cannot publish again (its channel closed and it
+    /// cannot open another): the relay stops with [`RelayError::Publisher`].
+    #[error("the publisher cannot publish any more: {0}")]
+    Closed(String),
+}
+
+/// Why a relay stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// A database error of [`Relay::run_once`] (`run` logs it and backs
+    /// off instead).
+    #[error("outbox relay: {0}")]
+    Database(#[from] InboxError),
+    /// No connection from the pool ([`Relay::run_once`]; `run` backs off).
+    #[error("outbox relay: no database connection from the pool: {0}")]
+    Pool(String),
+    /// The publisher cannot publish any more ([`PublishError::Closed`]).
+    #[error("outbox relay: {0}")]
+    Publisher(PublishError),
+}
+
+/// What a relay did: see [`Relay::run_once`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RelayReport {
+    /// Messages the broker confirmed (their rows are deleted).
+    pub published: u64,
+    /// Messages the broker refused, to be retried.
+    pub failed: u64,
+    /// Messages that became dead (refused `max_attempts` times).
+    pub dead: u64,
+    /// Messages given back unpublished: the broker was unavailable.
+    pub released: u64,
+    /// Batches claimed.
+    pub batches: u64,
+    /// Database and pool errors `run` backed off from.
+    pub errors: u64,
+}
+
+impl RelayReport {
+    fn add(&mut self, other: RelayReport) {
+        self.published += other.published;
+        self.failed += other.failed;
+        self.dead += other.dead;
+        self.released += other.released;
+        self.batches += other.batches;
+        self.errors += other.errors;
+    }
+}
+
+/// Where a [`Relay`] takes its database connections from: a diesel-async
+/// deadpool [`Pool`] of an [`AsyncInboxConnection`] (`AsyncPgConnection`,
+/// `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`).
+/// Sealed.
+pub trait RelayPool: Send + Sync + sealed::Sealed {
+    /// The connection.
+    #[doc(hidden)]
+    type Connection: AsyncInboxConnection;
+    /// A connection checked out of the pool.
+    #[doc(hidden)]
+    type Guard: DerefMut<Target = Self::Connection> + Send;
+    /// A connection, or why there is none.
+    #[doc(hidden)]
+    fn connection(&self) -> impl Future<Output = Result<Self::Guard, String>> + Send;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl<C> sealed::Sealed for Pool<C>
+where
+    C: PoolableConnection + AsyncInboxConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+}
+
+impl<C> RelayPool for Pool<C>
+where
+    C: PoolableConnection + AsyncInboxConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    type Connection = C;
+    type Guard = diesel_async::pooled_connection::deadpool::Object<C>;
+
+    async fn connection(&self) -> Result<Self::Guard, String> {
+        self.get().await.map_err(|e| e.to_string())
+    }
+}
+
+/// A bb8 pool (feature `bb8`).
+#[cfg(feature = "bb8")]
+impl<C> sealed::Sealed for diesel_async::pooled_connection::bb8::Pool<C>
+where
+    C: PoolableConnection + AsyncInboxConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+}
+
+#[cfg(feature = "bb8")]
+impl<C> RelayPool for diesel_async::pooled_connection::bb8::Pool<C>
+where
+    C: PoolableConnection + AsyncInboxConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    type Connection = C;
+    type Guard = diesel_async::pooled_connection::bb8::PooledConnection<'static, C>;
+
+    async fn connection(&self) -> Result<Self::Guard, String> {
+        self.get_owned().await.map_err(|e| e.to_string())
+    }
+}
+
+/// The default [`Relay::batch_size`].
+pub const DEFAULT_BATCH_SIZE: usize = 100;
+/// The default [`Relay::poll_interval`].
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// The default [`Relay::max_attempts`].
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// How long a relay holds the rows of a batch it claimed; another relay
+/// takes them over only after this. The publisher's confirm wait is far
+/// shorter, and a batch whose publish outlasts half of it is given back.
+pub const LEASE: Duration = Duration::from_secs(60);
+/// The first wait after a refused publish; each further failure of the
+/// message doubles it, up to [`MAX_RETRY_DELAY`], with jitter.
+pub const RETRY_DELAY: Duration = Duration::from_secs(1);
+/// The longest wait between two publishes of a refused message.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
+/// The first wait after the broker or the database was unavailable; it
+/// doubles per failed pass, up to [`MAX_OUTAGE_DELAY`], with jitter.
+pub const OUTAGE_DELAY: Duration = Duration::from_millis(500);
+/// The longest wait between two passes during an outage.
+pub const MAX_OUTAGE_DELAY: Duration = Duration::from_secs(30);
+
+/// The outbox relay: publishes committed outbox rows through a broker and
+/// deletes each once the broker confirmed it.
+///
+/// - **Claiming:** a batch of due messages, the oldest pending one of each
+///   ordering key, in a short transaction (`FOR UPDATE SKIP LOCKED` on
+///   PostgreSQL, MySQL 8 and MariaDB 10.6+; SQLite's immediate transaction
+///   serializes claims); the rows are then held by this relay for
+///   [`LEASE`]. Several relays share the work without publishing one row
+///   at once.
+/// - **Order:** a key's next message is claimed only after the previous
+///   one is published (its row deleted) or dead.
+/// - **Failures:** a refused message is retried with backoff
+///   ([`RETRY_DELAY`] doubling to [`MAX_RETRY_DELAY`]) and becomes dead
+///   after [`max_attempts`](Self::max_attempts) refusals; an unavailable
+///   broker or database is waited out ([`OUTAGE_DELAY`] doubling to
+///   [`MAX_OUTAGE_DELAY`]) and never makes a message dead.
+/// - **Latency:** after an `#[idempotent]` call that enqueued commits, the
+///   relays of its process wake at once; other rows are found by polling
+///   every [`poll_interval`](Self::poll_interval).
+///
+/// ```no_run
+/// # #[cfg(all(feature = "lapin", feature = "postgres"))]
+/// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel_async::pooled_connection::deadpool::Pool;
+/// use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+/// use diesel_async::AsyncPgConnection;
+/// use diesel_inbox::outbox::{self, Relay};
+/// use std::time::Duration;
+///
+/// let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new("postgres://localhost/shop");
+/// let pool = Pool::builder(manager).max_size(2).build()?;
+/// let publisher = outbox::lapin::Publisher::connect("amqp://localhost:5672/%2f", "orders-exchange");
+/// let relay = Relay::new(pool, publisher)
+///     .batch_size(200)
+///     .poll_interval(Duration::from_millis(500))
+///     .max_attempts(8);
+/// let report = relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+/// println!("published {}", report.published);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Relay<D: RelayPool, P> {
+    pool: D,
+    publisher: P,
+    batch_size: usize,
+    poll_interval: Duration,
+    max_attempts: u32,
+}
+
+impl<D: RelayPool, P> std::fmt::Debug for Relay<D, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("batch_size", &self.batch_size)
+            .field("poll_interval", &self.poll_interval)
+            .field("max_attempts", &self.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D, P> Relay<D, P>
+where
+    D: RelayPool,
+    P: Publish,
+{
+    /// A relay of the outbox in `pool`'s database, publishing through
+    /// `publisher`.
+    pub fn new(pool: D, publisher: P) -> Self {
+        Relay {
+            pool,
+            publisher,
+            batch_size: DEFAULT_BATCH_SIZE,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+        }
+    }
+
+    /// Messages claimed and published at once (default 100; 1 to 10,000).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n.clamp(1, 10_000);
+        self
+    }
+
+    /// How often `run` looks for messages when nothing woke it (default
+    /// 1 s): the latency of messages enqueued by other processes, or in a
+    /// transaction of your own without [`outbox::wake`](super::wake).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Refusals by the broker after which a message is dead (default 10;
+    /// at least 1).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// Publishes what is due now, batch after batch, until a claim finds
+    /// nothing, a batch publishes nothing (only failures), or the broker
+    /// is unavailable: one pass, for tests and cron-style use. A key's
+    /// next message is due once the previous one is published or dead, so
+    /// one pass publishes a key's backlog in order. Database and pool
+    /// errors are returned.
+    pub async fn run_once(&self) -> Result<RelayReport, RelayError> {
+        let mut report = RelayReport::default();
+        loop {
+            let batch = self.batch().await?;
+            report.add(batch);
+            let progressed = batch.published + batch.dead > 0;
+            if batch.batches == 0 || batch.released > 0 || !progressed {
+                return Ok(report);
+            }
+        }
+    }
+
+    /// Publishes until `shutdown` resolves, then returns what it did.
+    ///
+    /// A batch being published when `shutdown` resolves is finished (or,
+    /// past its confirm wait, given back). Database, pool and broker
+    /// outages are logged (WARN, target `diesel_inbox`) and waited out;
+    /// only [`PublishError::Closed`] stops it early.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<RelayReport, RelayError> {
+        let mut shutdown = pin!(shutdown);
+        let mut report = RelayReport::default();
+        let mut outages = 0u32;
+        #[cfg(feature = "metrics")]
+        let mut counted = Instant::now() - STATUS_INTERVAL;
+        loop {
+            let seen = steps::wake_generation();
+            let pass = self.run_once();
+            let wait = match pass.await {
+                Ok(pass) => {
+                    report.add(pass);
+                    if pass.released > 0 {
+                        outages += 1;
+                        tracing::warn!(target: "diesel_inbox", released = pass.released, "diesel-inbox: outbox relay: the broker is unavailable; backing off");
+                        jittered_backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
+                    } else {
+                        outages = 0;
+                        self.poll_interval
+                    }
+                }
+                Err(RelayError::Publisher(e)) => return Err(RelayError::Publisher(e)),
+                Err(e) => {
+                    report.errors += 1;
+                    outages += 1;
+                    tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: outbox relay pass failed; backing off");
+                    jittered_backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
+                }
+            };
+            #[cfg(feature = "metrics")]
+            if counted.elapsed() >= STATUS_INTERVAL {
+                counted = Instant::now();
+                if let Ok(mut conn) = self.pool.connection().await {
+                    let _ = steps::status_async(&mut *conn).await;
+                }
+            }
+            let woken = outages == 0;
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(report),
+                () = steps::woken(seen), if woken => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// One batch: claim, publish, settle (no batch when nothing is due).
+    async fn batch(&self) -> Result<RelayReport, RelayError> {
+        let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
+        let claim = steps::claim_async(&mut *conn, self.batch_size, LEASE).await?;
+        let claimed = claim.messages.len();
+        if claimed == 0 {
+            return Ok(RelayReport::default());
+        }
+        let span = tracing::info_span!(target: "diesel_inbox", "diesel_inbox.outbox.publish", messages = claimed);
+        let started = Instant::now();
+        let publish = self.publisher.publish(&claim.messages);
+        let results = match tokio::time::timeout(LEASE / 2, publish.instrument(span.clone())).await
+        {
+            Ok(results) => results,
+            Err(_) => vec![
+                Err(PublishError::Unavailable(
+                    "the publish outlasted half the lease".into()
+                ));
+                claimed
+            ],
+        };
+        let mut closed = None;
+        let outcomes: Vec<Settlement> = (0..claimed)
+            .map(|i| match results.get(i) {
+                Some(Ok(())) => Settlement::Published,
+                Some(Err(PublishError::Refused(why))) => Settlement::Failed {
+                    error: why.clone(),
+                    retry_in: jittered_backoff(
+                        RETRY_DELAY,
+                        MAX_RETRY_DELAY,
+                        claim.messages[i].attempts + 1,
+                    ),
+                    max_attempts: self.max_attempts,
+                },
+                Some(Err(e @ PublishError::Closed(_))) => {
+                    closed = Some(e.clone());
+                    Settlement::Released
+                }
+                Some(Err(PublishError::Unavailable(_))) | None => Settlement::Released,
+            })
+            .collect();
+        let settled = steps::settle_async(&mut *conn, &claim, &outcomes).await?;
+        tracing::debug!(target: "diesel_inbox", parent: &span, published = settled.published, failed = settled.failed, dead = settled.dead, released = settled.released, elapsed_ms = started.elapsed().as_millis() as u64, "diesel-inbox: outbox batch");
+        if let Some(e) = closed {
+            return Err(RelayError::Publisher(e));
+        }
+        Ok(RelayReport {
+            published: settled.published,
+            failed: settled.failed,
+            dead: settled.dead,
+            released: settled.released,
+            batches: 1,
+            errors: 0,
+        })
+    }
+}
+
+/// How often `run` refreshes the outbox gauges (feature `metrics`).
+#[cfg(feature = "metrics")]
+const STATUS_INTERVAL: Duration = Duration::from_secs(10);

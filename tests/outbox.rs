@@ -1,0 +1,640 @@
+//! The transactional outbox on every backend (SQLite always; PostgreSQL
+//! and MySQL/MariaDB when their URLs are set) with the real brokers
+//! (`INBOX_TEST_AMQP_URL`, `INBOX_TEST_NATS_URL`; a test without its broker
+//! says so and returns): enqueue in the handler's transaction, the relay's
+//! publishes with confirms and ids, order per key, dead messages and their
+//! replay, several relays on one database, the in-process wake-up.
+#![cfg(all(feature = "sqlite", feature = "lapin", feature = "nats"))]
+#![deny(warnings, clippy::all)]
+
+mod common;
+
+use common::backend::TestBackend;
+use diesel::connection::{AnsiTransactionManager, LoadConnection};
+use diesel::prelude::*;
+use diesel_async::pooled_connection::PoolableConnection;
+use diesel_inbox::outbox::{self, AllDead, Outgoing, Relay, RelayPool};
+use diesel_inbox::{AsyncInboxConnection, Inbox, InboxBackend, InboxError, Processed};
+use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    common::modes::runtime()
+}
+
+fn env(var: &str) -> Option<String> {
+    let value = std::env::var(var).ok().filter(|v| !v.is_empty());
+    if value.is_none() {
+        eprintln!("SKIPPED: {var} is not set (bash .ci/run sets it)");
+    }
+    value
+}
+
+/// A message as a consumer received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Received {
+    id: String,
+    body: Vec<u8>,
+    headers: Vec<(String, String)>,
+}
+
+struct Rabbit {
+    url: String,
+    channel: lapin::Channel,
+    _connection: lapin::Connection,
+}
+
+impl Rabbit {
+    async fn connect() -> Option<Rabbit> {
+        let url = env("INBOX_TEST_AMQP_URL")?;
+        let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+            .await
+            .expect("connect to RabbitMQ");
+        let channel = connection.create_channel().await.expect("a channel");
+        Some(Rabbit {
+            url,
+            channel,
+            _connection: connection,
+        })
+    }
+
+    /// A queue of this test, on the default exchange (the routing key is
+    /// its name).
+    async fn queue(&self, name: &str) {
+        self.channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare queue");
+    }
+
+    async fn delete(&self, name: &str) {
+        let _ = self
+            .channel
+            .queue_delete(name.into(), QueueDeleteOptions::default())
+            .await;
+    }
+
+    /// The messages in `queue`, in order, once `want` have arrived (or
+    /// what arrived within `within`).
+    async fn take(&self, queue: &str, want: usize, within: Duration) -> Vec<Received> {
+        let deadline = Instant::now() + within;
+        let mut got = Vec::new();
+        while got.len() < want && Instant::now() < deadline {
+            let options = BasicGetOptions { no_ack: true };
+            match self.channel.basic_get(queue.into(), options).await {
+                Ok(Some(message)) => {
+                    let headers = message
+                        .delivery
+                        .properties
+                        .headers()
+                        .as_ref()
+                        .map(|table| {
+                            table
+                                .inner()
+                                .iter()
+                                .map(|(k, v)| {
+                                    let text = match v {
+                                        AMQPValue::LongString(s) => s.to_string(),
+                                        other => format!("{other:?}"),
+                                    };
+                                    (k.to_string(), text)
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    got.push(Received {
+                        id: message
+                            .delivery
+                            .properties
+                            .message_id()
+                            .as_ref()
+                            .map(|id| id.to_string())
+                            .unwrap_or_default(),
+                        body: message.delivery.data.clone(),
+                        headers,
+                    });
+                }
+                Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(e) => panic!("basic.get: {e}"),
+            }
+        }
+        got
+    }
+
+    fn publisher(&self) -> outbox::lapin::Publisher {
+        outbox::lapin::Publisher::connect(self.url.clone(), "")
+    }
+}
+
+/// What each backend needs here: its connections and a relay's pool.
+trait Backend: TestBackend<AsyncConn: PoolableConnection, Pool: RelayPool + Clone>
+where
+    Self::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <Self::Conn as Connection>::Backend: InboxBackend,
+{
+}
+
+impl<T> Backend for T
+where
+    T: TestBackend<AsyncConn: PoolableConnection, Pool: RelayPool + Clone>,
+    T::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <T::Conn as Connection>::Backend: InboxBackend,
+{
+}
+
+/// A migrated database of this test, or `None` (the backend is not
+/// configured).
+fn database<B: Backend>(test: &str) -> Option<common::TestDb>
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    let db = B::fresh(test)?;
+    diesel_inbox::migrate(&mut B::open(&db)).expect("migrate");
+    Some(db)
+}
+
+/// Enqueues `message` in an inbox call of `consumer` for `key` (the
+/// claim's transaction): its id, or `None` for a duplicate.
+async fn enqueue_in_handler<C: AsyncInboxConnection>(
+    conn: &mut C,
+    consumer: &str,
+    key: &str,
+    message: Outgoing,
+) -> Option<String> {
+    let processed = Inbox::consumer(consumer)
+        .retries(0)
+        .run_async(conn, key, async |conn: &mut C| {
+            outbox::enqueue_async(conn, message.clone()).await
+        })
+        .await
+        .expect("handler");
+    match processed {
+        Processed::Applied(id) => Some(id),
+        Processed::Duplicate => None,
+    }
+}
+
+fn pending<B: Backend>(db: &str) -> u64
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    outbox::status(&mut B::open(db)).expect("status").pending
+}
+
+/// Outside a transaction, enqueue is refused (sync and async); a body
+/// that enqueued and then failed leaves neither an outbox row nor an
+/// inbox row.
+fn enqueue_needs_the_transaction<B: Backend>()
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    let Some(db) = database::<B>("outbox_refused") else {
+        return;
+    };
+    let mut conn = B::open(&db);
+    let refused = outbox::enqueue(&mut conn, Outgoing::new("stock", "x"));
+    assert!(
+        matches!(refused, Err(InboxError::NotInTransaction { .. })),
+        "{refused:?}"
+    );
+    let failed: Result<Processed<()>, diesel::result::Error> = Inbox::consumer("orders")
+        .retries(0)
+        .run(&mut conn, "m-1", |conn| {
+            outbox::enqueue(conn, Outgoing::new("stock", "x").key("k"))?;
+            Err(diesel::result::Error::RollbackTransaction)
+        });
+    assert!(failed.is_err());
+    let invalid = conn.transaction(|conn| {
+        outbox::enqueue(conn, Outgoing::new("", "x")).map_err(diesel::result::Error::from)
+    });
+    assert!(invalid.is_err(), "{invalid:?}");
+    let bad_header = conn.transaction(|conn| {
+        outbox::enqueue(conn, Outgoing::new("stock", "x").header("a:b", "v"))
+            .map_err(diesel::result::Error::from)
+    });
+    assert!(bad_header.is_err(), "{bad_header:?}");
+    assert_eq!(pending::<B>(&db), 0);
+    assert_eq!(
+        diesel_inbox::status(&mut conn, "orders", "m-1").expect("inbox row"),
+        None
+    );
+    let pool = B::pool(&db);
+    runtime().block_on(async {
+        let mut conn = B::pooled(&pool).await;
+        let refused = outbox::enqueue_async(&mut conn, Outgoing::new("stock", "x")).await;
+        assert!(
+            matches!(refused, Err(InboxError::NotInTransaction { .. })),
+            "{refused:?}"
+        );
+    });
+}
+
+/// Committed messages are published once each, with their ids, headers
+/// and payloads, a key's messages in enqueue order; a redelivery of the
+/// inbound message enqueues nothing; published rows are gone.
+fn publishes_committed_messages_with_their_ids<B: Backend>()
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    let Some(db) = database::<B>("outbox_publish") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    runtime().block_on(async {
+        let Some(rabbit) = Rabbit::connect().await else {
+            return;
+        };
+        let queue = common::unique_identifier("outbox_publish");
+        rabbit.queue(&queue).await;
+        let mut conn = B::pooled(&pool).await;
+        let mut ids = Vec::new();
+        for (key, body) in [("a-1", "first"), ("a-2", "second"), ("b-1", "other")] {
+            let message = Outgoing::new(queue.as_str(), body)
+                .key(&key[..1])
+                .header("content-type", "text/plain");
+            ids.push(enqueue_in_handler(&mut *conn, "orders", key, message.clone()).await);
+            // The broker's redelivery: a duplicate, nothing enqueued.
+            assert_eq!(
+                enqueue_in_handler(&mut *conn, "orders", key, message).await,
+                None
+            );
+        }
+        let ids: Vec<String> = ids.into_iter().map(|id| id.expect("applied")).collect();
+        drop(conn);
+        let relay = Relay::new(pool.clone(), rabbit.publisher()).batch_size(10);
+        let report = relay.run_once().await.expect("relay");
+        assert_eq!((report.published, report.failed, report.dead), (3, 0, 0));
+        let got = rabbit.take(&queue, 3, Duration::from_secs(10)).await;
+        assert_eq!(got.len(), 3, "{got:?}");
+        let by_id: HashMap<&str, &Received> = got.iter().map(|r| (r.id.as_str(), r)).collect();
+        assert_eq!(by_id.len(), 3, "each id once: {got:?}");
+        assert_eq!(by_id[ids[0].as_str()].body, b"first");
+        assert_eq!(by_id[ids[2].as_str()].body, b"other");
+        assert!(by_id[ids[1].as_str()]
+            .headers
+            .contains(&("content-type".into(), "text/plain".into())));
+        let first = got.iter().position(|r| r.id == ids[0]).expect("first");
+        let second = got.iter().position(|r| r.id == ids[1]).expect("second");
+        assert!(first < second, "key a out of order: {got:?}");
+        assert_eq!(pending::<B>(&db), 0);
+        assert_eq!(relay.run_once().await.expect("relay").published, 0);
+        rabbit.delete(&queue).await;
+    });
+}
+
+/// An unroutable message is retried, holds back the later messages of its
+/// key, becomes dead after `max_attempts`, is listed, and `retry` replays
+/// it once it is routable.
+fn unroutable_messages_become_dead_and_are_replayed<B: Backend>()
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    let Some(db) = database::<B>("outbox_dead") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    runtime().block_on(async {
+        let Some(rabbit) = Rabbit::connect().await else {
+            return;
+        };
+        let queue = common::unique_identifier("outbox_dead");
+        let nowhere = format!("{queue}-nowhere");
+        rabbit.queue(&queue).await;
+        let mut conn = B::pooled(&pool).await;
+        let lost = enqueue_in_handler(
+            &mut *conn,
+            "o",
+            "m-1",
+            Outgoing::new(nowhere.as_str(), "1").key("k"),
+        )
+        .await
+        .expect("applied");
+        let later = enqueue_in_handler(
+            &mut *conn,
+            "o",
+            "m-2",
+            Outgoing::new(queue.as_str(), "2").key("k"),
+        )
+        .await
+        .expect("applied");
+        drop(conn);
+        let relay = Relay::new(pool.clone(), rabbit.publisher()).max_attempts(2);
+        let first = relay.run_once().await.expect("relay");
+        assert_eq!((first.published, first.failed, first.dead), (0, 1, 0));
+        // Held back behind the failed one.
+        assert!(rabbit
+            .take(&queue, 1, Duration::from_millis(300))
+            .await
+            .is_empty());
+        tokio::time::sleep(outbox::RETRY_DELAY + Duration::from_millis(100)).await;
+        let second = relay.run_once().await.expect("relay");
+        assert_eq!((second.dead, second.published), (1, 1), "{second:?}");
+        let got = rabbit.take(&queue, 1, Duration::from_secs(10)).await;
+        assert_eq!(
+            got.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            [later.as_str()]
+        );
+        let mut conn = B::pooled(&pool).await;
+        let dead = outbox::dead_async(&mut conn, 10).await.expect("dead");
+        assert_eq!(dead.len(), 1);
+        assert_eq!((dead[0].id.as_str(), dead[0].attempts), (lost.as_str(), 2));
+        assert!(
+            dead[0].last_error.contains("unroutable"),
+            "{}",
+            dead[0].last_error
+        );
+        let status = outbox::status_async(&mut conn).await.expect("status");
+        assert_eq!((status.pending, status.dead), (0, 1));
+        // Routable now: replayed by id.
+        rabbit.queue(&nowhere).await;
+        assert_eq!(
+            outbox::retry_async(&mut conn, lost.as_str())
+                .await
+                .expect("retry"),
+            1
+        );
+        assert_eq!(
+            outbox::retry_async(&mut conn, AllDead)
+                .await
+                .expect("retry"),
+            0
+        );
+        drop(conn);
+        assert_eq!(relay.run_once().await.expect("relay").published, 1);
+        let replayed = rabbit.take(&nowhere, 1, Duration::from_secs(10)).await;
+        assert_eq!(replayed.len(), 1);
+        assert_eq!(replayed[0].id, lost);
+        assert_eq!(
+            pending::<B>(&db) + outbox::status(&mut B::open(&db)).expect("status").dead,
+            0
+        );
+        rabbit.delete(&queue).await;
+        rabbit.delete(&nowhere).await;
+    });
+}
+
+/// A message larger than the server's `max_payload` (NATS: 1 MiB by
+/// default) is dead after `max_attempts`; the others are published with
+/// `Nats-Msg-Id` = the outbox id; `purge` deletes the dead one.
+fn nats_publishes_with_ids_and_refuses_oversized<B: Backend>()
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    let Some(db) = database::<B>("outbox_nats") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    runtime().block_on(async {
+        let Some(url) = env("INBOX_TEST_NATS_URL") else {
+            return;
+        };
+        let client = async_nats::connect(&url).await.expect("connect to NATS");
+        let js = async_nats::jetstream::new(client);
+        let name = common::unique_identifier("outbox_nats").replace('-', "_");
+        let subject = format!("outbox.{name}");
+        let stream = js
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: name.clone(),
+                subjects: vec![subject.clone()],
+                ..Default::default()
+            })
+            .await
+            .expect("create stream");
+        let mut conn = B::pooled(&pool).await;
+        let small = enqueue_in_handler(
+            &mut *conn,
+            "o",
+            "m-1",
+            Outgoing::new(subject.as_str(), "small").header("x-kind", "test"),
+        )
+        .await
+        .expect("applied");
+        let huge = enqueue_in_handler(
+            &mut *conn,
+            "o",
+            "m-2",
+            Outgoing::new(subject.as_str(), vec![7u8; 2 * 1024 * 1024]),
+        )
+        .await
+        .expect("applied");
+        drop(conn);
+        let relay =
+            Relay::new(pool.clone(), outbox::nats::Publisher::new(js.clone())).max_attempts(1);
+        let report = relay.run_once().await.expect("relay");
+        assert_eq!((report.published, report.dead), (1, 1), "{report:?}");
+        let mut stream = stream;
+        assert_eq!(stream.info().await.expect("info").state.messages, 1);
+        let message = stream.get_raw_message(1).await.expect("message 1");
+        assert_eq!(message.payload.as_ref(), b"small");
+        let headers = message.headers;
+        assert_eq!(
+            headers.get("Nats-Msg-Id").map(|v| v.as_str()),
+            Some(small.as_str())
+        );
+        assert_eq!(headers.get("x-kind").map(|v| v.as_str()), Some("test"));
+        let mut conn = B::pooled(&pool).await;
+        let dead = outbox::dead_async(&mut conn, 10).await.expect("dead");
+        assert_eq!(
+            dead.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+            [huge.as_str()]
+        );
+        assert!(
+            dead[0].last_error.contains("payload"),
+            "{}",
+            dead[0].last_error
+        );
+        let purged = outbox::purge_async(&mut conn, Duration::ZERO, 100)
+            .await
+            .expect("purge");
+        assert_eq!(purged.rows, 1);
+        assert!(outbox::dead_async(&mut conn, 10)
+            .await
+            .expect("dead")
+            .is_empty());
+        let _ = js.delete_stream(&name).await;
+    });
+}
+
+/// Four relays on one database while messages are enqueued: every message
+/// is published exactly once (no row by two relays at once), and each
+/// key's messages arrive in enqueue order.
+fn four_relays_share_the_outbox_in_order<B: Backend>()
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    const KEYS: usize = 8;
+    const PER_KEY: usize = 25;
+    let Some(db) = database::<B>("outbox_four") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    runtime().block_on(async {
+        let Some(rabbit) = Rabbit::connect().await else {
+            return;
+        };
+        let queue = common::unique_identifier("outbox_four");
+        rabbit.queue(&queue).await;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let relays: Vec<_> = (0..4)
+            .map(|_| {
+                let relay = Relay::new(pool.clone(), rabbit.publisher())
+                    .batch_size(16)
+                    .poll_interval(Duration::from_millis(20));
+                let mut stopped = stopped.clone();
+                tokio::spawn(async move {
+                    relay
+                        .run(async move {
+                            let _ = stopped.wait_for(|s| *s).await;
+                        })
+                        .await
+                        .expect("relay")
+                })
+            })
+            .collect();
+        let mut conn = B::pooled(&pool).await;
+        for n in 0..PER_KEY {
+            for key in 0..KEYS {
+                let body = format!("{key}:{n}");
+                let message = Outgoing::new(queue.as_str(), body.clone()).key(&format!("k{key}"));
+                enqueue_in_handler(&mut *conn, "o", &body, message)
+                    .await
+                    .expect("applied");
+            }
+        }
+        drop(conn);
+        let got = rabbit
+            .take(&queue, KEYS * PER_KEY, Duration::from_secs(60))
+            .await;
+        stop.send(true).expect("stop");
+        let mut published = 0;
+        for relay in relays {
+            published += relay.await.expect("relay task").published;
+        }
+        assert_eq!(got.len(), KEYS * PER_KEY);
+        assert_eq!(published, (KEYS * PER_KEY) as u64);
+        let ids: std::collections::HashSet<&str> = got.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids.len(), KEYS * PER_KEY, "an id published twice");
+        let mut next = [0usize; KEYS];
+        for received in &got {
+            let body = String::from_utf8(received.body.clone()).expect("utf-8");
+            let (key, n) = body.split_once(':').expect("key:n");
+            let (key, n): (usize, usize) = (key.parse().expect("key"), n.parse().expect("n"));
+            assert_eq!(n, next[key], "key {key} out of order");
+            next[key] += 1;
+        }
+        assert_eq!(pending::<B>(&db), 0);
+        rabbit.delete(&queue).await;
+    });
+}
+
+/// A relay waiting on a long poll interval publishes a message as soon as
+/// the `#[idempotent]`-style call that enqueued it commits.
+fn a_relay_in_the_same_process_wakes_at_the_commit<B: Backend>()
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    let Some(db) = database::<B>("outbox_wake") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    runtime().block_on(async {
+        let Some(rabbit) = Rabbit::connect().await else {
+            return;
+        };
+        let queue = common::unique_identifier("outbox_wake");
+        rabbit.queue(&queue).await;
+        let relay =
+            Relay::new(pool.clone(), rabbit.publisher()).poll_interval(Duration::from_secs(60));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(async move {
+            relay
+                .run(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+                .expect("relay")
+        });
+        // The relay's first pass found nothing; it now waits.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut conn = B::pooled(&pool).await;
+        let started = Instant::now();
+        let id = enqueue_in_handler(&mut *conn, "o", "m-1", Outgoing::new(queue.as_str(), "now"))
+            .await
+            .expect("applied");
+        let got = rabbit.take(&queue, 1, Duration::from_secs(10)).await;
+        let waited = started.elapsed();
+        stop.send(true).expect("stop");
+        assert_eq!(running.await.expect("relay task").published, 1);
+        assert_eq!(
+            got.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            [id.as_str()]
+        );
+        assert!(
+            waited < Duration::from_secs(5),
+            "published after {waited:?}, not at the commit"
+        );
+        rabbit.delete(&queue).await;
+    });
+}
+
+macro_rules! outbox_tests {
+    ($backend:ty) => {
+        #[test]
+        fn enqueue_needs_the_transaction() {
+            super::enqueue_needs_the_transaction::<$backend>();
+        }
+
+        #[test]
+        fn publishes_committed_messages_with_their_ids() {
+            super::publishes_committed_messages_with_their_ids::<$backend>();
+        }
+
+        #[test]
+        fn unroutable_messages_become_dead_and_are_replayed() {
+            super::unroutable_messages_become_dead_and_are_replayed::<$backend>();
+        }
+
+        #[test]
+        fn nats_publishes_with_ids_and_refuses_oversized() {
+            super::nats_publishes_with_ids_and_refuses_oversized::<$backend>();
+        }
+
+        #[test]
+        fn four_relays_share_the_outbox_in_order() {
+            super::four_relays_share_the_outbox_in_order::<$backend>();
+        }
+
+        #[test]
+        fn a_relay_in_the_same_process_wakes_at_the_commit() {
+            super::a_relay_in_the_same_process_wakes_at_the_commit::<$backend>();
+        }
+    };
+}
+
+mod sqlite {
+    outbox_tests!(crate::common::backends::sqlite::Sqlite);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    outbox_tests!(crate::common::backends::postgres::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    outbox_tests!(crate::common::backends::mysql::Mysql);
+}
