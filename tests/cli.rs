@@ -304,3 +304,150 @@ fn bad_urls_and_unreachable_servers_are_one_line_errors() {
         "{err}"
     );
 }
+
+/// `outbox status|dead|retry|purge|relay` as the real binary: a relay run
+/// once on RabbitMQ publishes one message and makes an unroutable one dead;
+/// the dead one is listed, replayed, made dead again and purged.
+#[cfg(all(feature = "lapin", feature = "async"))]
+fn outbox_cli<B: TestBackend>() {
+    use diesel_inbox::outbox::{self, Outgoing};
+    let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        eprintln!("SKIPPED: INBOX_TEST_AMQP_URL is not set");
+        return;
+    };
+    let Some(db) = B::fresh("cli_outbox") else {
+        return;
+    };
+    let url = &db.url;
+    assert_eq!(run(cli(url).arg("migrate")).0, 0);
+    let queue = common::unique_identifier("cli_outbox");
+    let nowhere = format!("{queue}-nowhere");
+    let runtime = common::modes::runtime();
+    let channel = runtime.block_on(async {
+        let conn = lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ");
+        let channel = conn.create_channel().await.expect("channel");
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                lapin::options::QueueDeclareOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .expect("declare");
+        (conn, channel)
+    });
+    let mut conn = B::open(url);
+    let dead_id = conn
+        .transaction(|conn| {
+            outbox::enqueue(conn, Outgoing::new(nowhere.as_str(), "x").id("to-nowhere"))?;
+            let _ = outbox::enqueue(conn, Outgoing::new(queue.as_str(), "hello"))?;
+            Ok::<_, diesel::result::Error>("to-nowhere")
+        })
+        .expect("enqueue");
+    let (code, out, _) = run(cli(url).args(["outbox", "status", "--json"]));
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        (json["pending"].as_u64(), json["dead"].as_u64()),
+        (Some(2), Some(0)),
+        "{out}"
+    );
+
+    let relay_once = || {
+        run(cli(url).args([
+            "outbox",
+            "relay",
+            "--amqp",
+            &amqp,
+            "--exchange",
+            "",
+            "--max-attempts",
+            "1",
+            "--once",
+        ]))
+    };
+    let (code, out, err) = relay_once();
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("published 1, failed 0, dead 1"), "{out}");
+    let got = runtime.block_on(async {
+        channel
+            .1
+            .basic_get(
+                queue.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await
+            .expect("basic.get")
+    });
+    assert_eq!(got.map(|m| m.delivery.data), Some(b"hello".to_vec()));
+
+    let (code, out, _) = run(cli(url).args(["outbox", "dead", "--json"]));
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(json[0]["id"], dead_id, "{out}");
+    assert!(
+        json[0]["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("unroutable"),
+        "{out}"
+    );
+    let (code, out, _) = run(cli(url).args(["outbox", "retry", dead_id]));
+    assert_eq!((code, out.trim()), (0, "1 dead message(s) pending again"));
+    let (code, _, _) = run(cli(url).args(["outbox", "retry", "--all-dead"]));
+    assert_eq!(code, 1, "nothing left to retry");
+    let (code, out, _) = run(cli(url).args(["outbox", "status"]));
+    assert_eq!(code, 0);
+    assert!(out.starts_with("pending 1, dead 0"), "{out}");
+    assert_eq!(relay_once().0, 0);
+    let (code, _, err) = run(cli(url).args(["outbox", "purge", "--older-than", "1s"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("--force"), "{err}");
+    let (code, out, err) = run(cli(url).args(["outbox", "purge", "--older-than", "0s", "--force"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("purged 1 dead message(s)"), "{out}");
+    let (code, out, _) = run(cli(url).args(["outbox", "dead"]));
+    assert_eq!((code, out.trim()), (0, "no dead messages"));
+    let (code, _, err) = run(cli(url).args(["outbox", "relay", "--once"]));
+    assert_eq!(code, 2, "{err}");
+    runtime.block_on(async {
+        let _ = channel
+            .1
+            .queue_delete(
+                queue.as_str().into(),
+                lapin::options::QueueDeleteOptions::default(),
+            )
+            .await;
+    });
+}
+
+#[test]
+#[cfg(all(feature = "lapin", feature = "async"))]
+fn outbox_cli_on_sqlite() {
+    outbox_cli::<common::backends::sqlite::Sqlite>();
+}
+
+#[test]
+#[cfg(all(feature = "lapin", feature = "async"))]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn outbox_cli_on_postgres() {
+    outbox_cli::<common::backends::postgres::Postgres>();
+}
+
+#[test]
+#[cfg(all(feature = "lapin", feature = "async"))]
+#[cfg_attr(
+    not(inbox_test_mysql),
+    ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+)]
+fn outbox_cli_on_mysql() {
+    outbox_cli::<common::backends::mysql::Mysql>();
+}
