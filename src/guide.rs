@@ -7,6 +7,8 @@
 //! - [`manual_api`]: the same calls without the attribute ([`Inbox`](crate::Inbox)).
 //! - [`async_handlers`]: `async fn` handlers on diesel-async, pools, cancellation.
 //! - [`brokers`]: RabbitMQ and NATS consumers that ack after the commit.
+//! - [`outbox`]: the transactional outbox: enqueue in the handler's
+//!   transaction, the relay, order per key, dead messages, retention.
 //! - [`operations`]: retention, inspection, replays, the CLI, observability.
 //! - [`schema`]: the tables, `migrate`, upgrades, your own migration tool.
 //! - [`cluster`]: MariaDB Galera.
@@ -27,6 +29,9 @@ pub mod async_handlers {}
 
 #[doc = include_str!("../docs/guide/brokers.md")]
 pub mod brokers {}
+
+#[doc = include_str!("../docs/guide/outbox.md")]
+pub mod outbox {}
 
 #[doc = include_str!("../docs/guide/operations.md")]
 pub mod operations {}
