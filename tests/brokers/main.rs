@@ -20,6 +20,8 @@
 //! runs the scenarios whose name contains `nats`.
 
 #[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
+mod chain;
+#[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
 mod consumer;
 #[cfg(all(feature = "sqlite", feature = "nats"))]
 mod nats;

@@ -113,6 +113,40 @@ impl Broker for Nats {
         restart_nats_server()
     }
 
+    fn destination(queue: &str) -> String {
+        format!("inbox.{}", stream_name(queue))
+    }
+
+    fn setup_ordered(url: &str, queue: &str) -> Result<(), String> {
+        Self::setup(url, queue)?;
+        block_on(async {
+            let js = context(url).await?;
+            let stream = js
+                .get_stream(stream_name(queue))
+                .await
+                .map_err(|e| e.to_string())?;
+            stream
+                .delete_consumer("consumer")
+                .await
+                .map_err(|e| format!("delete consumer: {e}"))?;
+            stream
+                .create_consumer(pull::Config {
+                    durable_name: Some("consumer".into()),
+                    ack_wait: ACK_WAIT,
+                    max_deliver: -1,
+                    max_ack_pending: 1,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| format!("create consumer: {e}"))?;
+            Ok(())
+        })
+    }
+
+    fn outage(down: Duration) -> Result<String, String> {
+        stop_nats_server(down).map(|how| format!("{how}, down for {} s", down.as_secs()))
+    }
+
     fn teardown(url: &str, queue: &str) {
         let _ = block_on(async {
             let js = context(url).await?;
@@ -130,6 +164,26 @@ impl Broker for Nats {
 /// Kills the running nats-server and starts it again with the same
 /// command line (JetStream keeps its file store).
 fn restart_nats_server() -> Result<String, String> {
+    stop_nats_server(Duration::ZERO)
+}
+
+/// The scenario's durable pull consumer on `queue`'s stream.
+pub async fn pull_consumer(
+    url: &str,
+    queue: &str,
+) -> Result<jetstream::consumer::PullConsumer, String> {
+    context(url)
+        .await?
+        .get_stream(stream_name(queue))
+        .await
+        .map_err(|e| e.to_string())?
+        .get_consumer("consumer")
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Stops nats-server, waits `down`, starts it again with its arguments.
+fn stop_nats_server(down: Duration) -> Result<String, String> {
     let pid = std::fs::read_dir("/proc")
         .map_err(|e| e.to_string())?
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
@@ -154,6 +208,7 @@ fn restart_nats_server() -> Result<String, String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    std::thread::sleep(down);
     std::process::Command::new("setsid")
         .arg("-f")
         .args(&args)

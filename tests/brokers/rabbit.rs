@@ -135,6 +135,33 @@ impl Broker for Rabbit {
         Ok("rabbitmqctl close_all_connections".into())
     }
 
+    fn destination(queue: &str) -> String {
+        queue.to_string()
+    }
+
+    fn outage(down: Duration) -> Result<String, String> {
+        let ctl = |what: &str| -> Result<(), String> {
+            let out = std::process::Command::new("rabbitmqctl")
+                .arg(what)
+                .output()
+                .map_err(|e| format!("rabbitmqctl: {e}"))?;
+            match out.status.success() {
+                true => Ok(()),
+                false => Err(format!(
+                    "rabbitmqctl {what}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )),
+            }
+        };
+        ctl("stop_app")?;
+        std::thread::sleep(down);
+        ctl("start_app")?;
+        Ok(format!(
+            "RabbitMQ stopped for {} s (rabbitmqctl stop_app, start_app)",
+            down.as_secs()
+        ))
+    }
+
     fn teardown(url: &str, queue: &str) {
         let _ = block_on(async {
             let conn = connect(url).await?;

@@ -24,6 +24,18 @@ pub trait Broker {
     fn teardown(url: &str, queue: &str);
     /// The consumer process: its exit code.
     fn consume() -> i32;
+    /// What an outbox message to `queue` names as its destination: the
+    /// routing key on the default exchange, or the stream's subject.
+    fn destination(queue: &str) -> String;
+    /// [`setup`](Self::setup) for a consumer that applies one message at a
+    /// time in order (NATS: `max_ack_pending = 1`, so that a redelivery
+    /// comes before the next message).
+    fn setup_ordered(url: &str, queue: &str) -> Result<(), String> {
+        Self::setup(url, queue)
+    }
+    /// Makes the broker unavailable for `down`, then available again;
+    /// says how.
+    fn outage(down: Duration) -> Result<String, String>;
 }
 
 macro_rules! ensure {
@@ -51,7 +63,7 @@ impl Drop for Run {
     }
 }
 
-fn run_id() -> String {
+pub fn run_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -604,6 +616,14 @@ fn scenarios<B: Broker>() -> Vec<Scenario> {
             "runner_survives_a_database_outage",
             runner_survives_a_database_outage::<B>,
         ),
+        (
+            "outbox_chain_with_kills",
+            crate::chain::chain_with_kills::<B>,
+        ),
+        (
+            "outbox_relay_survives_a_broker_outage",
+            crate::chain::relay_survives_a_broker_outage::<B>,
+        ),
     ]
 }
 
@@ -647,6 +667,9 @@ fn consumer_process() -> i32 {
 pub fn main() {
     if std::env::var("INBOX_BROKER_ROLE").as_deref() == Ok("consumer") {
         std::process::exit(consumer_process());
+    }
+    if let Some(code) = crate::chain::role() {
+        std::process::exit(code);
     }
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);

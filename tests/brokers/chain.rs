@@ -1,0 +1,654 @@
+//! The outbox chain, end to end, with kills: service A consumes `orders`
+//! with an inbox, writes an order row and enqueues a `stock` message (key:
+//! the customer) in the same transaction; a relay process publishes it;
+//! service B consumes `stock` with its own inbox, one message at a time.
+//! A, the relay and B are processes of this binary (`INBOX_BROKER_ROLE`),
+//! SIGKILLed at random points and restarted; the broker connections are
+//! dropped mid-run. And the relay through a broker outage.
+
+use crate::consumer::{create_tables, open, AppError, Conn};
+use crate::scenarios::Broker;
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel_inbox::brokers::{Policy, Source};
+use diesel_inbox::outbox::{self, Outgoing, Relay};
+use diesel_inbox::{idempotent, Processed};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHAIN_DDL: &str = "CREATE TABLE IF NOT EXISTS chain_orders (\
+    id INTEGER PRIMARY KEY AUTOINCREMENT, order_id TEXT NOT NULL, customer TEXT NOT NULL, n BIGINT NOT NULL); \
+    CREATE TABLE IF NOT EXISTS chain_stock (\
+    id INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL, order_id TEXT NOT NULL, \
+    customer TEXT NOT NULL, n BIGINT NOT NULL);";
+
+fn bad(_: impl std::fmt::Debug) -> AppError {
+    AppError::BadPayload
+}
+
+/// Service A: the order's row and its stock message, in the claim's
+/// transaction.
+#[idempotent(key = "id", consumer = "chain-a")]
+async fn place(conn: &mut Conn, id: &str, body: &[u8], stock: &str) -> Result<(), AppError> {
+    use diesel::sql_types::{BigInt, Text};
+    let text = std::str::from_utf8(body).map_err(bad)?;
+    let (customer, n) = text.split_once(':').ok_or(AppError::BadPayload)?;
+    let n: i64 = n.parse().map_err(bad)?;
+    let insert =
+        diesel::sql_query("INSERT INTO chain_orders (order_id, customer, n) VALUES (?, ?, ?)")
+            .bind::<Text, _>(id)
+            .bind::<Text, _>(customer)
+            .bind::<BigInt, _>(n);
+    diesel_async::RunQueryDsl::execute(insert, conn).await?;
+    let message = Outgoing::new(stock, format!("{id}|{customer}|{n}")).key(customer);
+    outbox::enqueue_async(conn, message).await?;
+    Ok(())
+}
+
+/// Service B: one stock row per stock message.
+#[idempotent(key = "id", consumer = "chain-b")]
+async fn reserve(conn: &mut Conn, id: &str, body: &[u8]) -> Result<(), AppError> {
+    use diesel::sql_types::{BigInt, Text};
+    let text = std::str::from_utf8(body).map_err(bad)?;
+    let mut parts = text.split('|');
+    let (Some(order), Some(customer), Some(n)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(AppError::BadPayload);
+    };
+    let n: i64 = n.parse().map_err(bad)?;
+    let insert = diesel::sql_query(
+        "INSERT INTO chain_stock (message_id, order_id, customer, n) VALUES (?, ?, ?, ?)",
+    )
+    .bind::<Text, _>(id)
+    .bind::<Text, _>(order)
+    .bind::<Text, _>(customer)
+    .bind::<BigInt, _>(n);
+    diesel_async::RunQueryDsl::execute(insert, conn).await?;
+    Ok(())
+}
+
+fn policy() -> Policy<AppError> {
+    Policy::new(|e: &AppError| matches!(e, AppError::BadPayload))
+        .unlimited_deliveries()
+        .retry_delay(Duration::from_millis(50))
+        .max_retry_delay(Duration::from_millis(500))
+}
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"))
+}
+
+async fn sigterm() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    term.recv().await;
+}
+
+/// Runs `consumer` with service A's or B's handler until SIGTERM.
+async fn serve<S: Source>(
+    consumer: diesel_inbox::brokers::Consumer<S, AppError>,
+    service: &str,
+    in_flight: usize,
+) -> Result<(), String> {
+    let db = tokio::sync::Mutex::new(open(&var("INBOX_CHAIN_DB")).await?);
+    let stock = var("INBOX_CHAIN_STOCK_DEST");
+    let handle = async |id: &str, body: &[u8]| -> Result<Processed<()>, AppError> {
+        let mut conn = db.lock().await;
+        match service {
+            "a" => place(&mut conn, id, body, &stock).await,
+            _ => reserve(&mut conn, id, body).await,
+        }
+    };
+    consumer
+        .in_flight(in_flight)
+        .run(handle, sigterm())
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// A consumer process of the chain (`chain-a` or `chain-b`).
+async fn consume(service: &str) -> Result<(), String> {
+    let url = var("INBOX_BROKER_URL");
+    let queue = var("INBOX_CHAIN_QUEUE");
+    // B applies one message at a time: per-key order needs it.
+    let in_flight = if service == "a" { 8 } else { 1 };
+    match var("INBOX_BROKER").as_str() {
+        #[cfg(feature = "lapin")]
+        "rabbitmq" => {
+            serve(
+                diesel_inbox::lapin::Consumer::connect(url, queue, policy()),
+                service,
+                in_flight,
+            )
+            .await
+        }
+        #[cfg(feature = "nats")]
+        "nats" => {
+            let consumer = crate::nats::pull_consumer(&url, &queue).await?;
+            serve(
+                diesel_inbox::nats::Consumer::new(consumer, policy()),
+                service,
+                in_flight,
+            )
+            .await
+        }
+        other => Err(format!("unknown broker {other}")),
+    }
+}
+
+/// The relay process: service A's outbox to the broker, until SIGTERM.
+async fn relay() -> Result<(), String> {
+    use diesel_async::pooled_connection::{
+        deadpool::Pool, AsyncDieselConnectionManager, ManagerConfig,
+    };
+    use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+    let url = var("INBOX_BROKER_URL");
+    let mut config = ManagerConfig::default();
+    config.custom_setup = Box::new(|db| {
+        let db = db.to_string();
+        Box::pin(async move {
+            let mut conn = Conn::establish(&db).await?;
+            conn.batch_execute("PRAGMA busy_timeout = 30000")
+                .await
+                .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+            Ok(conn)
+        })
+    });
+    let manager =
+        AsyncDieselConnectionManager::<Conn>::new_with_config(var("INBOX_CHAIN_DB"), config);
+    let pool = Pool::builder(manager)
+        .max_size(2)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let report = match var("INBOX_BROKER").as_str() {
+        #[cfg(feature = "lapin")]
+        "rabbitmq" => {
+            let publisher = outbox::lapin::Publisher::connect(url, "");
+            Relay::new(pool, publisher)
+                .batch_size(20)
+                .poll_interval(Duration::from_millis(50))
+                .run(sigterm())
+                .await
+        }
+        #[cfg(feature = "nats")]
+        "nats" => {
+            let client = async_nats::ConnectOptions::new()
+                .retry_on_initial_connect()
+                .connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let publisher = outbox::nats::Publisher::new(async_nats::jetstream::new(client));
+            Relay::new(pool, publisher)
+                .batch_size(20)
+                .poll_interval(Duration::from_millis(50))
+                .run(sigterm())
+                .await
+        }
+        other => return Err(format!("unknown broker {other}")),
+    }
+    .map_err(|e| e.to_string())?;
+    println!(
+        "relay published={} failed={} dead={} released={} errors={}",
+        report.published, report.failed, report.dead, report.released, report.errors
+    );
+    Ok(())
+}
+
+/// The chain's processes: `Some(exit code)` when this process is one.
+pub fn role() -> Option<i32> {
+    let role = std::env::var("INBOX_BROKER_ROLE").ok()?;
+    let run = |f: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>>>>| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        match runtime.block_on(f) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("{role} failed: {e}");
+                3
+            }
+        }
+    };
+    match role.as_str() {
+        "chain-a" => Some(run(Box::pin(consume("a")))),
+        "chain-b" => Some(run(Box::pin(consume("b")))),
+        "chain-relay" => Some(run(Box::pin(relay()))),
+        _ => None,
+    }
+}
+
+/// A chain process: `role` on `db`, consuming `queue` (A, B).
+struct Process {
+    role: &'static str,
+    db: String,
+    queue: String,
+    child: Option<Child>,
+    kills: u32,
+}
+
+impl Process {
+    fn start<B: Broker>(&mut self, url: &str, stock_dest: &str, log: &str) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| e.to_string())?;
+        let child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+            .env("INBOX_BROKER_ROLE", self.role)
+            .env("INBOX_BROKER", B::NAME)
+            .env("INBOX_BROKER_URL", url)
+            .env("INBOX_CHAIN_DB", &self.db)
+            .env("INBOX_CHAIN_QUEUE", &self.queue)
+            .env("INBOX_CHAIN_STOCK_DEST", stock_dest)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", self.role))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            self.kills += 1;
+        }
+    }
+
+    /// SIGTERM, and the exit.
+    fn stop(&mut self) -> Result<(), String> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let _ = Command::new("kill").arg(child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                return match status.success() {
+                    true => Ok(()),
+                    false => Err(format!("{} exited with {status}", self.role)),
+                };
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err(format!("{} did not stop on SIGTERM", self.role));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A process that died by itself is an error.
+    fn alive(&mut self) -> Result<(), String> {
+        if let Some(child) = self.child.as_mut() {
+            if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                return Err(format!("{} exited by itself: {status}", self.role));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A small random generator for the kill schedule (its seed is printed).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % below
+    }
+}
+
+fn count(db: &str, sql: &str) -> i64 {
+    let Ok(mut conn) = SqliteConnection::establish(db) else {
+        return 0;
+    };
+    let _ = conn.batch_execute("PRAGMA busy_timeout = 5000");
+    diesel::dsl::sql::<diesel::sql_types::BigInt>(sql)
+        .get_result(&mut conn)
+        .unwrap_or(0)
+}
+
+#[derive(QueryableByName, Debug)]
+struct Applied {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    order_id: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    customer: String,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+fn rows(db: &str, table: &str) -> Result<Vec<Applied>, String> {
+    let mut conn = SqliteConnection::establish(db).map_err(|e| e.to_string())?;
+    diesel::sql_query(format!(
+        "SELECT order_id, customer, n FROM {table} ORDER BY id"
+    ))
+    .load(&mut conn)
+    .map_err(|e| e.to_string())
+}
+
+/// Every order applied once by A, each stock message applied once by B,
+/// and per customer B's order is A's enqueue order; nothing pending or
+/// dead in A's outbox.
+fn check_chain(a: &str, b: &str, n: u64) -> Result<String, String> {
+    let placed = rows(a, "chain_orders")?;
+    let reserved = rows(b, "chain_stock")?;
+    let distinct = |rows: &[Applied]| {
+        rows.iter()
+            .map(|r| r.order_id.as_str())
+            .collect::<std::collections::HashSet<_>>()
+            .len() as u64
+    };
+    ensure!(
+        placed.len() as u64 == n && distinct(&placed) == n,
+        "A applied {} rows for {} of {n} orders",
+        placed.len(),
+        distinct(&placed)
+    );
+    ensure!(
+        reserved.len() as u64 == n && distinct(&reserved) == n,
+        "B applied {} stock messages for {} of {n} orders (lost or doubled)",
+        reserved.len(),
+        distinct(&reserved)
+    );
+    let per_customer = |rows: &[Applied]| {
+        let mut by: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+        for r in rows {
+            by.entry(r.customer.clone()).or_default().push(r.n);
+        }
+        by
+    };
+    let (enqueued, applied) = (per_customer(&placed), per_customer(&reserved));
+    for (customer, order) in &enqueued {
+        ensure!(
+            applied.get(customer) == Some(order),
+            "customer {customer}: A enqueued {order:?}, B applied {:?}",
+            applied.get(customer)
+        );
+    }
+    let mut conn = SqliteConnection::establish(a).map_err(|e| e.to_string())?;
+    let status = outbox::status(&mut conn).map_err(|e| e.to_string())?;
+    ensure!(
+        status.pending == 0 && status.dead == 0,
+        "A's outbox after the run: {status:?}"
+    );
+    Ok(format!(
+        "{n} orders, {} customers: each applied once by A and by B, in A's order per customer",
+        enqueued.len()
+    ))
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+use ensure;
+
+struct Chain {
+    orders: String,
+    stock: String,
+    url: String,
+    a_db: String,
+    b_db: String,
+    log: String,
+    teardown: fn(&str, &str),
+}
+
+impl Drop for Chain {
+    fn drop(&mut self) {
+        (self.teardown)(&self.url, &self.orders);
+        (self.teardown)(&self.url, &self.stock);
+        for db in [&self.a_db, &self.b_db] {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{db}{suffix}"));
+            }
+        }
+    }
+}
+
+fn chain_setup<B: Broker>(url: &str, name: &str) -> Result<Chain, String> {
+    let run = crate::scenarios::run_id();
+    let dir = std::env::temp_dir();
+    let path = |what: &str| {
+        dir.join(format!("diesel-inbox-{name}-{run}-{what}"))
+            .to_string_lossy()
+            .into_owned()
+    };
+    let chain = Chain {
+        orders: format!("inbox-test-{run}-orders"),
+        stock: format!("inbox-test-{run}-stock"),
+        url: url.to_string(),
+        a_db: path("a.db"),
+        b_db: path("b.db"),
+        log: path("log"),
+        teardown: B::teardown,
+    };
+    for db in [&chain.a_db, &chain.b_db] {
+        create_tables(db)?;
+        SqliteConnection::establish(db)
+            .map_err(|e| e.to_string())?
+            .batch_execute(CHAIN_DDL)
+            .map_err(|e| e.to_string())?;
+    }
+    B::setup(url, &chain.orders)?;
+    B::setup_ordered(url, &chain.stock)?;
+    Ok(chain)
+}
+
+/// The chain with SIGKILLs of A, the relay and B at random points (3 each)
+/// and one drop of every broker connection.
+pub fn chain_with_kills<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 480;
+    const CUSTOMERS: u64 = 8;
+    const WAVES: usize = 8;
+    const KILLS: u32 = 3;
+    let chain = chain_setup::<B>(url, "chain")?;
+    let stock_dest = B::destination(&chain.stock);
+    let orders: Vec<(String, Vec<u8>)> = (1..=N)
+        .map(|seq| {
+            (
+                format!("{}-{seq}", chain.orders),
+                format!("c{}:{seq}", seq % CUSTOMERS).into_bytes(),
+            )
+        })
+        .collect();
+    let mut waves = orders.chunks(orders.len() / WAVES);
+    let process = |role, db: &str, queue: &str| Process {
+        role,
+        db: db.to_string(),
+        queue: queue.to_string(),
+        child: None,
+        kills: 0,
+    };
+    let mut all = [
+        process("chain-a", &chain.a_db, &chain.orders),
+        process("chain-relay", &chain.a_db, ""),
+        process("chain-b", &chain.b_db, &chain.stock),
+    ];
+    for p in all.iter_mut() {
+        p.start::<B>(url, &stock_dest, &chain.log)?;
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    let mut random = Lcg(seed);
+    let applied = || count(&chain.b_db, "SELECT COUNT(*) FROM chain_stock") as u64;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut dropped = None;
+    let result = (|| {
+        // The orders arrive in waves, and the kills land among them.
+        let mut published = 0;
+        loop {
+            if let Some(wave) = waves.next() {
+                B::publish(url, &chain.orders, wave)?;
+                published += 1;
+            }
+            let victims: Vec<usize> = (0..3).filter(|&i| all[i].kills < KILLS).collect();
+            if published >= WAVES && (victims.is_empty() || applied() >= N) {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the kills did not finish in time"
+            );
+            std::thread::sleep(Duration::from_millis(300 + random.next(900)));
+            for p in all.iter_mut() {
+                p.alive()?;
+            }
+            if !victims.is_empty() && applied() < N {
+                let victim = &mut all[victims[random.next(victims.len() as u64) as usize]];
+                victim.kill();
+                victim.start::<B>(url, &stock_dest, &chain.log)?;
+            }
+            if dropped.is_none() && published >= WAVES / 2 {
+                dropped = Some(B::drop_connections()?);
+            }
+        }
+        while applied() < N {
+            ensure!(
+                Instant::now() < deadline,
+                "{} of {N} stock messages applied by B after 180 s (log: {})",
+                applied(),
+                chain.log
+            );
+            for p in all.iter_mut() {
+                p.alive()?;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // Redeliveries of the last messages settle as duplicates.
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(())
+    })();
+    let mut stopped = Ok(());
+    for p in all.iter_mut() {
+        let s = p.stop();
+        stopped = stopped.and(s);
+    }
+    result?;
+    stopped.map_err(|e| format!("{e} (log: {})", chain.log))?;
+    let summary = check_chain(&chain.a_db, &chain.b_db, N)?;
+    let kills: Vec<String> = all
+        .iter()
+        .map(|p| format!("{} {}", p.role, p.kills))
+        .collect();
+    let _ = std::fs::remove_file(&chain.log);
+    Ok(format!(
+        "{summary}; SIGKILLs: {} (seed {seed}); {}",
+        kills.join(", "),
+        dropped.unwrap_or_else(|| "no connection drop (finished first)".into())
+    ))
+}
+
+/// The broker unavailable for `INBOX_TEST_BROKER_OUTAGE_SECS` (default
+/// 30) while the relay publishes: everything is published after it
+/// returns, and nothing is dead.
+pub fn relay_survives_a_broker_outage<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 300;
+    let outage = std::env::var("INBOX_TEST_BROKER_OUTAGE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30u64);
+    let chain = chain_setup::<B>(url, "outage")?;
+    let stock_dest = B::destination(&chain.stock);
+    let mut relay = Process {
+        role: "chain-relay",
+        db: chain.a_db.clone(),
+        queue: String::new(),
+        child: None,
+        kills: 0,
+    };
+    let mut b = Process {
+        role: "chain-b",
+        db: chain.b_db.clone(),
+        queue: chain.stock.clone(),
+        child: None,
+        kills: 0,
+    };
+    let enqueue = |from: u64, to: u64| -> Result<(), String> {
+        let mut conn = SqliteConnection::establish(&chain.a_db).map_err(|e| e.to_string())?;
+        conn.batch_execute("PRAGMA busy_timeout = 30000")
+            .map_err(|e| e.to_string())?;
+        for seq in from..=to {
+            conn.transaction(|conn| {
+                let customer = format!("c{}", seq % 8);
+                diesel::sql_query(
+                    "INSERT INTO chain_orders (order_id, customer, n) VALUES (?, ?, ?)",
+                )
+                .bind::<diesel::sql_types::Text, _>(format!("o-{seq}"))
+                .bind::<diesel::sql_types::Text, _>(&customer)
+                .bind::<diesel::sql_types::BigInt, _>(seq as i64)
+                .execute(conn)?;
+                let body = format!("o-{seq}|{customer}|{seq}");
+                outbox::enqueue(
+                    conn,
+                    Outgoing::new(stock_dest.as_str(), body).key(&customer),
+                )?;
+                Ok::<_, diesel::result::Error>(())
+            })
+            .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    let applied = || count(&chain.b_db, "SELECT COUNT(*) FROM chain_stock") as u64;
+    let result = (|| {
+        relay.start::<B>(url, &stock_dest, &chain.log)?;
+        b.start::<B>(url, &stock_dest, &chain.log)?;
+        enqueue(1, N / 3)?;
+        let began = Instant::now();
+        while applied() < N / 3 {
+            ensure!(
+                began.elapsed() < Duration::from_secs(60),
+                "no progress before the outage"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The outage, with messages enqueued while the broker is away.
+        let how = std::thread::scope(|s| {
+            let down = s.spawn(|| B::outage(Duration::from_secs(outage)));
+            std::thread::sleep(Duration::from_secs(2));
+            let enqueued = enqueue(N / 3 + 1, N);
+            let how = down
+                .join()
+                .map_err(|_| "the outage thread panicked".to_string())?;
+            enqueued.and(how)
+        })?;
+        let back = Instant::now();
+        while applied() < N {
+            ensure!(
+                back.elapsed() < Duration::from_secs(120),
+                "{} of {N} applied 120 s after the broker came back (log: {})",
+                applied(),
+                chain.log
+            );
+            relay.alive()?;
+            b.alive()?;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut conn = SqliteConnection::establish(&chain.a_db).map_err(|e| e.to_string())?;
+        let status = outbox::status(&mut conn).map_err(|e| e.to_string())?;
+        ensure!(
+            status.dead == 0 && status.pending == 0,
+            "after the outage: {status:?}"
+        );
+        Ok(format!(
+            "{how}; {N} messages published after it and applied once by B in {:.1} s, 0 dead",
+            back.elapsed().as_secs_f64()
+        ))
+    })();
+    let stopped = relay.stop().and(b.stop());
+    let summary = result?;
+    stopped?;
+    check_chain(&chain.a_db, &chain.b_db, N)?;
+    let _ = std::fs::remove_file(&chain.log);
+    Ok(summary)
+}
