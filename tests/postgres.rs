@@ -197,6 +197,60 @@ mod suite {
             assert_eq!(count(&mut conn, "SELECT count(*) FROM proxy_orders"), 1);
         }
 
+        /// The outbox enqueue, cached on PostgreSQL, checks its own row
+        /// and its guard parameter as the claim does: another statement
+        /// under its name is an error (no outbox row, no business row),
+        /// and the enqueue run with another statement's values fails with
+        /// the guard's text.
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
+        fn another_statement_under_the_enqueues_name_is_an_error() {
+            use diesel_inbox::outbox::{self, Outgoing};
+            let Some((_db, mut conn)) = setup("proxy_foreign_enqueue") else {
+                return;
+            };
+            let enqueue = |conn: &mut PgConnection, key: &str| {
+                Inbox::consumer("proxy-outbox")
+                    .retries(0)
+                    .classify(|_: &diesel::result::Error| ErrorClass::permanent())
+                    .run(conn, key, |conn| {
+                        order(conn, key)?;
+                        outbox::enqueue(conn, Outgoing::new("stock", "x"))
+                            .map_err(diesel::result::Error::from)
+                    })
+            };
+            assert!(enqueue(&mut conn, "e1").expect("first").is_applied());
+            let (name, types) = prepared(&mut conn, "INSERT INTO outbox_messages");
+            assert_eq!(types, "text, text, text, bytea, bytea, text");
+            // The enqueue run with another statement's values.
+            let foreign = conn.batch_execute(&format!(
+                "EXECUTE {name} ('a', 'b', NULL, '\\x00', NULL, 'not the guard')"
+            ));
+            let text = format!("{foreign:?}");
+            assert!(
+                text.contains("this prepared statement is the outbox enqueue"),
+                "{text}"
+            );
+            assert_eq!(count(&mut conn, "SELECT count(*) FROM outbox_messages"), 1);
+            // Another statement under the enqueue's name.
+            conn.batch_execute(&format!(
+                "DEALLOCATE {name}; PREPARE {name} (text, text, text, bytea, bytea, text) AS \
+                 INSERT INTO proxy_orders (a, b) SELECT $1, $2"
+            ))
+            .expect("swap the prepared statement");
+            let error = enqueue(&mut conn, "e2").expect_err("an enqueue that did not run");
+            assert!(
+                format!("{error:?}")
+                    .contains("the outbox enqueue's prepared statement returned no row of its own"),
+                "{error:?}"
+            );
+            assert_eq!(count(&mut conn, "SELECT count(*) FROM outbox_messages"), 1);
+            assert_eq!(count(&mut conn, "SELECT count(*) FROM proxy_orders"), 1);
+        }
+
         #[test]
         #[cfg_attr(
             not(inbox_test_postgres),

@@ -67,6 +67,20 @@ struct Cli {
     /// duration [default: the library's DEFAULT_SLEEP_COEF].
     #[arg(long, default_value_t = diesel_inbox::DEFAULT_SLEEP_COEF)]
     purge_sleep_coef: f64,
+    /// The outbox relay: msgs/s against a hand-written relay and the
+    /// broker alone, and commit-to-delivery latency at a steady rate
+    /// (needs INBOX_TEST_AMQP_URL).
+    #[arg(long)]
+    outbox: bool,
+    /// Messages per relay sample [default: 5000; smoke 100].
+    #[arg(long)]
+    outbox_messages: Option<usize>,
+    /// The latency run's rate, messages/s [default: 1000; smoke 100].
+    #[arg(long)]
+    outbox_rate: Option<usize>,
+    /// The latency run's length, seconds [default: 10; smoke 1].
+    #[arg(long)]
+    outbox_secs: Option<u64>,
     /// Passed by `cargo bench` to harness = false targets.
     #[arg(long, hide = true)]
     bench: bool,
@@ -102,6 +116,11 @@ pub struct Args {
     /// The purge's duty cycle ([`diesel_inbox::Purge::sleep_coef`]).
     pub purge_sleep_coef: f64,
     pub scale_rows: Vec<i64>,
+    /// `--outbox` and its counts.
+    pub outbox: bool,
+    pub outbox_messages: usize,
+    pub outbox_rate: usize,
+    pub outbox_secs: u64,
 }
 
 /// The process's arguments; clap's error (exit 2) or help (exit 0) on a
@@ -136,6 +155,10 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         purge_batch: cli.purge_batch,
         purge_pause_ms: cli.purge_pause_ms,
         purge_sleep_coef: cli.purge_sleep_coef,
+        outbox: cli.outbox,
+        outbox_messages: pick(cli.outbox_messages, 5_000, 100),
+        outbox_rate: pick(cli.outbox_rate, 1_000, 100),
+        outbox_secs: cli.outbox_secs.unwrap_or(if smoke { 1 } else { 10 }),
         scale_rows: cli.scale_rows.unwrap_or(if smoke {
             vec![0, 1_000]
         } else {

@@ -52,6 +52,20 @@ pub trait Bench: Sized + 'static {
     fn version(url: &str) -> String;
     /// `naive`'s INSERT of the inbox row.
     fn record(conn: &mut Self::Conn, consumer: &str, key: &str) -> QueryResult<usize>;
+    /// `outbox_by_hand`: the outbox row written with diesel's insert, the
+    /// times by the client's clock.
+    fn enqueue_by_hand(
+        conn: &mut Self::Conn,
+        id: &str,
+        key: &str,
+        payload: &[u8],
+    ) -> QueryResult<usize>;
+    /// The hand-written relay's claim (`--outbox`): the relay's own SQL
+    /// (the oldest due row of each key, `SKIP LOCKED`), `limit` rows, in
+    /// the caller's transaction: (seq, id, destination, payload).
+    fn hand_claim(conn: &mut Self::Conn, limit: usize) -> QueryResult<Vec<HandRow>>;
+    /// The hand-written relay's delete of the published rows.
+    fn hand_delete(conn: &mut Self::Conn, seqs: &[i64]) -> QueryResult<usize>;
 
     /// The async connection (diesel-async) from a deadpool pool.
     #[cfg(feature = "async")]
@@ -69,6 +83,11 @@ pub trait Bench: Sized + 'static {
     type Pooled: std::ops::DerefMut<Target = Self::AsyncConn> + Send + 'static;
     #[cfg(feature = "async")]
     fn pool(url: &str, size: usize) -> Self::Pool;
+    /// The same pool, as the outbox relay takes it (`--outbox`).
+    #[cfg(all(feature = "async", feature = "lapin"))]
+    type RelayPool: diesel_inbox::outbox::RelayPool<Connection = Self::AsyncConn> + Clone + 'static;
+    #[cfg(all(feature = "async", feature = "lapin"))]
+    fn relay_pool(url: &str, size: usize) -> Self::RelayPool;
     #[cfg(feature = "async")]
     fn pooled(
         pool: &Self::Pool,
@@ -144,6 +163,9 @@ pub struct Target {
     pub measure_async: (MeasureAsync, fn(&str) -> bool),
     /// `--scale` and `--purge`, on the server backends.
     pub server: Option<(Scale, Purge)>,
+    /// `--outbox`: its JSON result.
+    #[cfg(all(feature = "async", feature = "lapin"))]
+    pub outbox: fn(&str, &Args, &str) -> Result<String, String>,
 }
 
 impl Target {
@@ -161,6 +183,8 @@ impl Target {
                 crate::variants::has_async::<B>,
             ),
             server: None,
+            #[cfg(all(feature = "async", feature = "lapin"))]
+            outbox: crate::outbox::measure::<B>,
         }
     }
 
@@ -213,6 +237,19 @@ pub fn targets(args: &Args) -> Vec<Target> {
     }
     let _ = wanted;
     all
+}
+
+/// A row the hand-written relay claimed.
+#[derive(diesel::QueryableByName)]
+pub struct HandRow {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub seq: i64,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub id: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub destination: String,
+    #[diesel(sql_type = diesel::sql_types::Binary)]
+    pub payload: Vec<u8>,
 }
 
 /// The business-table and inbox access of [`Bench`], the same code for
@@ -268,6 +305,52 @@ macro_rules! orders_access {
                 .get_result(conn)
         }
 
+        fn enqueue_by_hand(
+            conn: &mut $Conn,
+            id: &str,
+            key: &str,
+            payload: &[u8],
+        ) -> diesel::QueryResult<usize> {
+            use diesel::prelude::*;
+            use diesel_inbox::outbox_messages as o;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64);
+            diesel::insert_into(o::table)
+                .values((
+                    o::id.eq(id),
+                    o::destination.eq("bench.stock"),
+                    o::ordering_key.eq(key),
+                    o::payload.eq(payload),
+                    o::created_at.eq(now),
+                    o::available_at.eq(now),
+                    o::attempts.eq(0),
+                ))
+                .execute(conn)
+        }
+
+        fn hand_claim(conn: &mut $Conn, limit: usize) -> diesel::QueryResult<Vec<$crate::backends::HandRow>> {
+            use diesel::prelude::*;
+            type B = <$Conn as diesel::Connection>::Backend;
+            let now = <B as diesel_inbox::InboxBackend>::NOW_MICROS;
+            diesel::sql_query(format!(
+                "SELECT o.seq, o.id, o.destination, o.payload FROM outbox_messages o \
+                 WHERE o.dead_at IS NULL AND o.available_at <= {now} \
+                 AND (o.locked_until IS NULL OR o.locked_until < {now}) \
+                 AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_messages e \
+                 WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq AND e.dead_at IS NULL)) \
+                 ORDER BY o.seq LIMIT {limit}{}",
+                <B as diesel_inbox::InboxBackend>::SKIP_LOCKED
+            ))
+            .load(conn)
+        }
+
+        fn hand_delete(conn: &mut $Conn, seqs: &[i64]) -> diesel::QueryResult<usize> {
+            use diesel::prelude::*;
+            use diesel_inbox::outbox_messages as o;
+            diesel::delete(o::table.filter(o::seq.eq_any(seqs))).execute(conn)
+        }
+
         fn record(conn: &mut $Conn, consumer: &str, key: &str) -> diesel::QueryResult<usize> {
             use diesel::prelude::*;
             use diesel_inbox::inbox_messages as inbox;
@@ -301,6 +384,13 @@ macro_rules! deadpool_types {
     ($Conn:ty) => {
         type Pool = diesel_async::pooled_connection::deadpool::Pool<$Conn>;
         type Pooled = diesel_async::pooled_connection::deadpool::Object<$Conn>;
+        #[cfg(feature = "lapin")]
+        type RelayPool = Self::Pool;
+
+        #[cfg(feature = "lapin")]
+        fn relay_pool(url: &str, size: usize) -> Self::Pool {
+            Self::pool(url, size)
+        }
 
         async fn pooled(pool: &Self::Pool) -> Result<Self::Pooled, String> {
             pool.get().await.map_err(|e| format!("pool: {e}"))

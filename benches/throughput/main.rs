@@ -9,6 +9,7 @@
 //!     [--scale [--scale-rows 0,1000000,10000000]]
 //!     [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]
 //!     [--memory]
+//!     [--outbox [--outbox-messages 5000] [--outbox-rate 1000] [--outbox-secs 10]]
 //! ```
 //!
 //! Variants run interleaved, and the sync variants' order rotates each
@@ -30,6 +31,12 @@
 //! `--purge` (PostgreSQL, MySQL/MariaDB) measures handler latency while
 //! `purge` deletes `--purge-rows` old rows, against windows without a purge,
 //! interleaved, and the purge's rows/s.
+//! `--outbox` (needs `INBOX_TEST_AMQP_URL`) measures the outbox relay on
+//! each backend: msgs/s of `Relay::run_once` against a hand-written relay
+//! (the same claim SQL, lapin with confirms, the same batch size) and
+//! against publishing the same messages with confirms and no database,
+//! interleaved; then commit-to-delivery latency at a steady rate with a
+//! relay in the same process; it writes `outbox.json`.
 //!
 //! The program's modules: [`args`] (the command line), [`backends`] (each
 //! database behind the `Bench` trait), [`variants`] (the handlers and one
@@ -43,6 +50,8 @@
 mod args;
 mod backends;
 mod memory;
+#[cfg(all(feature = "async", feature = "lapin"))]
+mod outbox;
 mod output;
 mod purge;
 mod scale;
@@ -108,6 +117,10 @@ fn run(args: &Args) -> Result<(), String> {
     }
     if args.memory {
         return memory::run(&targets, args);
+    }
+    #[cfg(all(feature = "async", feature = "lapin"))]
+    if args.outbox {
+        return outbox::run(&targets, args);
     }
     let mut cells = Vec::new();
     for target in &targets {

@@ -11,7 +11,7 @@ use diesel_inbox::{idempotent, Processed, Stored};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-pub const VARIANTS: [&str; 14] = [
+pub const VARIANTS: [&str; 16] = [
     "bare",
     "idempotent",
     "raw_sql",
@@ -26,6 +26,8 @@ pub const VARIANTS: [&str; 14] = [
     "attempts",
     "connect_idempotent",
     "connect_raw_sql",
+    "outbox",
+    "outbox_by_hand",
 ];
 
 /// The variant whose applied keys a redelivery variant delivers again.
@@ -38,7 +40,7 @@ pub fn redelivers(variant: &str) -> Option<&'static str> {
 }
 
 /// The ratios reported for a sync cell (those whose variants it has).
-pub const RATIOS: [(&str, &str); 12] = [
+pub const RATIOS: [(&str, &str); 13] = [
     ("idempotent", "bare"),
     ("idempotent", "raw_sql"),
     ("idempotent", "naive"),
@@ -51,6 +53,7 @@ pub const RATIOS: [(&str, &str); 12] = [
     ("stored", "idempotent"),
     ("attempts", "idempotent"),
     ("connect_idempotent", "connect_raw_sql"),
+    ("outbox", "outbox_by_hand"),
 ];
 
 /// The ratios reported for an async cell.
@@ -104,6 +107,27 @@ fn stored<B: Bench>(conn: &mut B::Conn, order: &Order) -> QueryResult<i64> {
 )]
 fn attempts<B: Bench>(conn: &mut B::Conn, order: &Order) -> QueryResult<()> {
     B::insert_order(conn, order).map(drop)
+}
+
+/// `outbox`: `idempotent`'s write and one outgoing message through
+/// `outbox::enqueue` (a UUIDv7 id, the order as the ordering key).
+#[idempotent(key = "order.id", consumer = "bench-outbox", shared)]
+fn outbox<B: Bench>(conn: &mut B::Conn, order: &Order) -> QueryResult<()> {
+    use diesel_inbox::outbox::{enqueue, Outgoing};
+    B::insert_order(conn, order)?;
+    let message = Outgoing::new("bench.stock", order.id.as_bytes()).key(&order.id);
+    enqueue(conn, message)?;
+    Ok(())
+}
+
+/// `outbox_by_hand`: the same, with the outbox row written by hand (a
+/// UUIDv4 id, diesel's insert).
+#[idempotent(key = "order.id", consumer = "bench-outbox-hand", shared)]
+fn outbox_by_hand<B: Bench>(conn: &mut B::Conn, order: &Order) -> QueryResult<()> {
+    B::insert_order(conn, order)?;
+    let id = uuid::Uuid::new_v4().to_string();
+    B::enqueue_by_hand(conn, &id, &order.id, order.id.as_bytes())?;
+    Ok(())
 }
 
 /// `raw_sql`: the same inbox logic written by hand: one conflict-ignoring
@@ -272,6 +296,8 @@ fn run_variant<B: Bench>(
         "fingerprinted" => single(conn, fingerprinted::<B>, false),
         "fingerprinted_duplicate" => single(conn, fingerprinted::<B>, true),
         "attempts" => single(conn, attempts::<B>, false),
+        "outbox" => single(conn, outbox::<B>, false),
+        "outbox_by_hand" => single(conn, outbox_by_hand::<B>, false),
         "stored" => orders
             .iter()
             .try_for_each(|o| match stored::<B>(conn, o).map_err(err)? {

@@ -336,6 +336,15 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     #[doc(hidden)]
     const SKIP_LOCKED: &'static str;
 
+    /// How the outbox's enqueue checks itself where a cached statement can
+    /// be reached by another client (PostgreSQL behind a proxy in
+    /// transaction mode): the SQL around its guard parameter (before,
+    /// after), and the error when it returns no row of its own. `None`:
+    /// a plain cached insert. With it, the enqueue stays cached (one round
+    /// trip, planned once) and cannot be silently another statement.
+    #[doc(hidden)]
+    const ENQUEUE_GUARD: Option<(&'static str, &'static str, &'static str)> = None;
+
     /// Runs one outbox operation (`backend::outbox`).
     #[doc(hidden)]
     fn outbox<C>(conn: &mut C, op: outbox::Op) -> QueryResult<outbox::Answer>

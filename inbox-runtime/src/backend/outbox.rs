@@ -171,6 +171,9 @@ enum Part {
 pub(crate) struct Stmt {
     parts: Vec<Part>,
     cache: bool,
+    /// Checks what it returns (`InboxBackend::ENQUEUE_GUARD`): cached on
+    /// every backend.
+    checked: bool,
 }
 
 impl Stmt {
@@ -178,6 +181,7 @@ impl Stmt {
         Stmt {
             parts: Vec::new(),
             cache: true,
+            checked: false,
         }
     }
 
@@ -218,7 +222,7 @@ where
     i32: ToSql<Integer, B>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
-        if !self.cache || !B::CACHE_SIDE_STATEMENTS {
+        if !self.cache || (!self.checked && !B::CACHE_SIDE_STATEMENTS) {
             out.unsafe_to_cache_prepared();
         }
         for part in &self.parts {
@@ -258,9 +262,10 @@ const CLAIMED_COLUMNS: &str =
 fn plan<B: InboxBackend>(op: &Op) -> Plan {
     let now = B::NOW_MICROS;
     match op {
-        Op::Enqueue(row) => Plan::Execute(
-            Stmt::new()
-                .sql("INSERT INTO outbox_messages (id, destination, ordering_key, payload, headers, created_at, available_at, attempts) VALUES (")
+        Op::Enqueue(row) => {
+            let insert = Stmt::new()
+                .sql("INSERT INTO outbox_messages (id, destination, ordering_key, payload, headers, created_at, available_at, attempts) ")
+                .sql(if B::ENQUEUE_GUARD.is_some() { "SELECT " } else { "VALUES (" })
                 .bind(Bind::Text(row.id.clone()))
                 .sql(", ")
                 .bind(Bind::Text(row.destination.clone()))
@@ -270,8 +275,20 @@ fn plan<B: InboxBackend>(op: &Op) -> Plan {
                 .bind(Bind::Bytes(row.payload.clone()))
                 .sql(", ")
                 .bind(Bind::OptBytes(row.headers.clone()))
-                .sql(format!(", {now}, {now}, 0)")),
-        ),
+                .sql(format!(", {now}, {now}, 0"));
+            match B::ENQUEUE_GUARD {
+                None => Plan::Execute(insert.sql(")")),
+                Some((before, after, misrouted)) => {
+                    let mut checked = insert
+                        .sql(before)
+                        .bind(Bind::Text(GUARD.to_owned()))
+                        .sql(after)
+                        .sql(format!(" RETURNING '{ENQUEUED}' AS marker"));
+                    checked.checked = true;
+                    Plan::Enqueue(checked, misrouted)
+                }
+            }
+        }
         Op::Claim { limit, .. } => Plan::Claim(
             Stmt::new()
                 .sql(format!(
@@ -355,9 +372,35 @@ fn plan<B: InboxBackend>(op: &Op) -> Plan {
     }
 }
 
+/// The guard parameter's value (`InboxBackend::ENQUEUE_GUARD`).
+const GUARD: &str = "diesel-inbox";
+/// The row only the checked enqueue returns.
+const ENQUEUED: &str = "diesel-inbox enqueue";
+
+/// The checked enqueue's row.
+#[derive(Debug, QueryableByName)]
+pub(crate) struct MarkerRow {
+    #[diesel(sql_type = Text)]
+    marker: String,
+}
+
+/// The checked enqueue inserted one row when it returned its own marker
+/// once; anything else was another statement (`misrouted`).
+fn enqueued(rows: &[MarkerRow], misrouted: &str) -> QueryResult<Answer> {
+    match rows {
+        [row] if row.marker == ENQUEUED => Ok(Answer::Count(1)),
+        _ => Err(diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::Unknown,
+            Box::new(misrouted.to_owned()),
+        )),
+    }
+}
+
 /// How an [`Op`]'s statements run.
 enum Plan {
     Execute(Stmt),
+    /// The checked enqueue: its marker row, or the error.
+    Enqueue(Stmt, &'static str),
     /// The select, then the lease of what it found.
     Claim(Stmt),
     Status(Stmt),
@@ -392,6 +435,7 @@ where
     C: diesel::connection::LoadConnection<Backend: InboxBackend>,
     Stmt: diesel::query_dsl::methods::ExecuteDsl<C>,
     for<'a> Stmt: diesel::query_dsl::LoadQuery<'a, C, ClaimedRow>
+        + diesel::query_dsl::LoadQuery<'a, C, MarkerRow>
         + diesel::query_dsl::LoadQuery<'a, C, StatusRow>
         + diesel::query_dsl::LoadQuery<'a, C, DeadRow>
         + diesel::query_dsl::LoadQuery<'a, C, SeqRow>,
@@ -399,6 +443,7 @@ where
     use diesel::RunQueryDsl;
     Ok(match plan::<C::Backend>(&op) {
         Plan::Execute(stmt) => Answer::Count(stmt.execute(conn)?),
+        Plan::Enqueue(stmt, misrouted) => enqueued(&stmt.load::<MarkerRow>(conn)?, misrouted)?,
         Plan::Claim(select) => {
             let rows: Vec<ClaimedRow> = select.load(conn)?;
             if let (
@@ -432,6 +477,7 @@ where
     C: diesel_async::AsyncConnection<Backend: InboxBackend> + Send,
     Stmt: diesel_async::methods::ExecuteDsl<C>,
     for<'a> Stmt: diesel_async::methods::LoadQuery<'a, C, ClaimedRow>
+        + diesel_async::methods::LoadQuery<'a, C, MarkerRow>
         + diesel_async::methods::LoadQuery<'a, C, StatusRow>
         + diesel_async::methods::LoadQuery<'a, C, DeadRow>
         + diesel_async::methods::LoadQuery<'a, C, SeqRow>,
@@ -439,6 +485,9 @@ where
     use diesel_async::RunQueryDsl;
     Ok(match plan::<C::Backend>(&op) {
         Plan::Execute(stmt) => Answer::Count(stmt.execute(conn).await?),
+        Plan::Enqueue(stmt, misrouted) => {
+            enqueued(&stmt.load::<MarkerRow>(conn).await?, misrouted)?
+        }
         Plan::Claim(select) => {
             let rows: Vec<ClaimedRow> = select.load(conn).await?;
             if let (

@@ -117,6 +117,21 @@ fn push_guard(out: &mut diesel::query_builder::AstPass<'_, '_, Pg>) -> QueryResu
     Ok(())
 }
 
+/// The outbox enqueue's guard, as [`push_guard`]'s for the claim: the
+/// insert's `WHERE` around its guard parameter, and the error of an
+/// enqueue whose prepared statement returned no row of its own.
+const ENQUEUE_GUARD: (&str, &str, &str) = (
+    " WHERE CAST(CASE WHEN ",
+    " = 'diesel-inbox' THEN '1' ELSE 'diesel-inbox: this prepared statement is the outbox \
+     enqueue, run with the parameters of another statement (a connection proxy shares \
+     prepared statements between clients)' END AS integer) = 1",
+    "diesel-inbox: the outbox enqueue's prepared statement returned no row of its own, so it \
+     was another statement under its name: a connection proxy in transaction mode (PgBouncer \
+     before 1.21) shares prepared statements between clients. Use session pooling, PgBouncer \
+     1.21 or later with max_prepared_statements, or disable diesel's statement cache \
+     (CacheSize::Disabled); see diesel_inbox::guide::proxies",
+);
+
 const fn has_quote(text: &str) -> bool {
     let bytes = text.as_bytes();
     let mut i = 0;
@@ -501,6 +516,7 @@ impl InboxBackend for Pg {
     }
 
     const NOW_MICROS: &'static str = "(extract(epoch from now()) * 1000000)::bigint";
+    const ENQUEUE_GUARD: Option<(&'static str, &'static str, &'static str)> = Some(ENQUEUE_GUARD);
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
 
     sync_ops!();

@@ -1,0 +1,395 @@
+//! `--outbox`: the relay's msgs/s against a hand-written relay and the
+//! broker alone, interleaved, and commit-to-delivery latency at a steady
+//! rate with the relay in the same process.
+//!
+//! Each round fills the outbox with `--outbox-messages` messages (untimed;
+//! one ordering key per message, so batches are full) and times, in a
+//! rotating order:
+//! - `relay`: `Relay::run_once` (batches of 100) to RabbitMQ;
+//! - `hand_relay`: a transaction per batch with the relay's own claim SQL
+//!   (`FOR UPDATE SKIP LOCKED` where there is one), the batch published
+//!   with lapin (mandatory, confirms), the rows deleted, commit;
+//! - `broker`: the same messages published with confirms, no database.
+//!
+//! Then `--outbox-secs` of `#[idempotent]`-style calls at `--outbox-rate`
+//! per second, each enqueueing one message, with a relay running
+//! (`poll_interval` 1 s: the wake-up at the commit is what is measured)
+//! and a consumer on the queue: the time from each call's return (its
+//! commit) to the message's delivery, p50 and p99. Delivery comes after
+//! the confirm, so this bounds commit-to-confirm from above.
+
+use crate::args::Args;
+use crate::backends::{Bench, Target};
+use crate::output::write_output;
+use crate::run_id;
+use diesel::connection::SimpleConnection;
+use diesel_inbox::outbox::{self, Outgoing, Relay};
+use diesel_inbox::Inbox;
+use futures_lite::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    QueueDeleteOptions, QueuePurgeOptions,
+};
+use lapin::types::FieldTable;
+use lapin::BasicProperties;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BATCH: usize = 100;
+const VARIANTS: [&str; 3] = ["relay", "hand_relay", "broker"];
+
+pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
+    let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        println!("SKIPPED: --outbox: INBOX_TEST_AMQP_URL is not set");
+        return Ok(());
+    };
+    let mut results = Vec::new();
+    for target in targets {
+        (target.setup)(&target.url)?;
+        results.push((target.outbox)(&target.url, args, &amqp)?);
+        if target.name == "sqlite" {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", target.url));
+            }
+        }
+    }
+    let dir = write_output("outbox.json", &format!("[{}]\n", results.join(",\n")))?;
+    println!("wrote {}/outbox.json", dir.display());
+    Ok(())
+}
+
+fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn fill<B: Bench>(url: &str, n: usize) -> Result<(), String> {
+    let mut conn = B::open(url);
+    conn.batch_execute("DELETE FROM outbox_messages")
+        .map_err(|e| e.to_string())?;
+    B::tx(&mut conn, |conn| {
+        for i in 0..n {
+            let key = format!("k{i}");
+            outbox::enqueue(conn, Outgoing::new("ignored", vec![7u8; 64]).key(&key))?;
+        }
+        Ok(())
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Publishes `bodies` (id, routing key, payload) with confirms; every one
+/// must be confirmed and routed.
+async fn publish(
+    channel: &lapin::Channel,
+    messages: &[(String, String, Vec<u8>)],
+) -> Result<(), String> {
+    let mut confirms = Vec::with_capacity(messages.len());
+    for (id, destination, payload) in messages {
+        let properties = BasicProperties::default()
+            .with_message_id(id.as_str().into())
+            .with_delivery_mode(2);
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        confirms.push(
+            channel
+                .basic_publish(
+                    "".into(),
+                    destination.as_str().into(),
+                    options,
+                    payload,
+                    properties,
+                )
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    for confirm in confirms {
+        match confirm.await.map_err(|e| e.to_string())? {
+            lapin::Confirmation::Ack(None) => {}
+            other => return Err(format!("not confirmed: {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let queue = format!("bench-outbox-{}", run_id());
+    let n = args.outbox_messages;
+    let connection = runtime
+        .block_on(lapin::Connection::connect(
+            amqp,
+            lapin::ConnectionProperties::default(),
+        ))
+        .map_err(|e| format!("RabbitMQ: {e}"))?;
+    let channel = runtime.block_on(async {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| e.to_string())?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(channel)
+    })?;
+    // Every message goes to the benchmark's queue.
+    let mut conn = B::open(url);
+    let route = format!("UPDATE outbox_messages SET destination = '{queue}'");
+    let pool = B::relay_pool(url, 4);
+    let relay =
+        Relay::new(pool.clone(), outbox::lapin::Publisher::connect(amqp, "")).batch_size(BATCH);
+    let mut samples: Vec<(&str, Vec<f64>)> = VARIANTS.iter().map(|v| (*v, Vec::new())).collect();
+    for round in 0..args.rounds {
+        for k in 0..VARIANTS.len() {
+            let i = (k + round) % VARIANTS.len();
+            let variant = VARIANTS[i];
+            fill::<B>(url, n)?;
+            conn.batch_execute(&route).map_err(|e| e.to_string())?;
+            let began = Instant::now();
+            match variant {
+                "relay" => {
+                    let report = runtime
+                        .block_on(relay.run_once())
+                        .map_err(|e| e.to_string())?;
+                    if report.published != n as u64 {
+                        return Err(format!("relay published {} of {n}", report.published));
+                    }
+                }
+                "hand_relay" => {
+                    let mut published = 0;
+                    loop {
+                        let rows = B::tx(&mut conn, |conn| {
+                            let rows = B::hand_claim(conn, BATCH)?;
+                            let messages: Vec<(String, String, Vec<u8>)> = rows
+                                .iter()
+                                .map(|r| (r.id.clone(), r.destination.clone(), r.payload.clone()))
+                                .collect();
+                            runtime
+                                .block_on(publish(&channel, &messages))
+                                .map_err(|e| diesel::result::Error::QueryBuilderError(e.into()))?;
+                            let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+                            B::hand_delete(conn, &seqs)?;
+                            Ok(rows.len())
+                        })
+                        .map_err(|e| e.to_string())?;
+                        published += rows;
+                        if rows < BATCH {
+                            break;
+                        }
+                    }
+                    if published != n {
+                        return Err(format!("the hand relay published {published} of {n}"));
+                    }
+                }
+                _ => {
+                    let messages: Vec<(String, String, Vec<u8>)> = (0..n)
+                        .map(|i| (format!("m{round}-{i}"), queue.clone(), vec![7u8; 64]))
+                        .collect();
+                    runtime.block_on(async {
+                        for chunk in messages.chunks(BATCH) {
+                            publish(&channel, chunk).await?;
+                        }
+                        Ok::<_, String>(())
+                    })?;
+                }
+            }
+            samples[i].1.push(n as f64 / began.elapsed().as_secs_f64());
+            runtime
+                .block_on(channel.queue_purge(queue.as_str().into(), QueuePurgeOptions::default()))
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    let medians: Vec<(&str, f64)> = samples.iter_mut().map(|(v, s)| (*v, median(s))).collect();
+    let rate = |v: &str| {
+        medians
+            .iter()
+            .find(|(w, _)| *w == v)
+            .map_or(0.0, |(_, r)| *r)
+    };
+    println!(
+        "{}: relay {:.0} msg/s, hand_relay {:.0}, broker {:.0}; relay/hand_relay {:.2}, relay/broker {:.2} ({} rounds of {n})",
+        B::LABEL,
+        rate("relay"),
+        rate("hand_relay"),
+        rate("broker"),
+        rate("relay") / rate("hand_relay"),
+        rate("relay") / rate("broker"),
+        args.rounds
+    );
+    let (p50, p99, achieved) = latency::<B>(&runtime, url, args, amqp, &queue, &channel)?;
+    println!(
+        "{}: commit to delivery at {achieved:.0} msg/s: p50 {:.1} ms, p99 {:.1} ms",
+        B::LABEL,
+        p50 * 1000.0,
+        p99 * 1000.0
+    );
+    runtime.block_on(async {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    });
+    let per_variant: Vec<String> = samples
+        .iter()
+        .map(|(v, s)| format!("\"{v}\": {s:?}"))
+        .collect();
+    Ok(format!(
+        "{{\"backend\": \"{}\", \"messages\": {n}, \"batch\": {BATCH}, \"samples\": {{{}}}, \
+         \"relay_over_hand_relay\": {:.3}, \"relay_over_broker\": {:.3}, \
+         \"latency\": {{\"rate\": {achieved:.1}, \"p50_ms\": {:.2}, \"p99_ms\": {:.2}}}}}",
+        B::NAME,
+        per_variant.join(", "),
+        rate("relay") / rate("hand_relay"),
+        rate("relay") / rate("broker"),
+        p50 * 1000.0,
+        p99 * 1000.0
+    ))
+}
+
+/// Calls at a steady rate, each enqueueing one message, with a relay and
+/// a consumer running: commit-to-delivery p50 and p99 (seconds) and the
+/// rate reached.
+fn latency<B: Bench>(
+    runtime: &tokio::runtime::Runtime,
+    url: &str,
+    args: &Args,
+    amqp: &str,
+    queue: &str,
+    channel: &lapin::Channel,
+) -> Result<(f64, f64, f64), String> {
+    B::open(url)
+        .batch_execute("DELETE FROM outbox_messages")
+        .map_err(|e| e.to_string())?;
+    let total = args.outbox_rate * args.outbox_secs as usize;
+    let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let relay = Relay::new(
+        B::relay_pool(url, 2),
+        outbox::lapin::Publisher::connect(amqp, ""),
+    );
+    let pool = Arc::new(B::pool(url, 8));
+    let queue = queue.to_string();
+    runtime.block_on(async {
+        let mut deliveries = channel
+            .basic_consume(
+                queue.as_str().into(),
+                "bench-latency".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let relaying = async {
+            relay
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let consuming = {
+            let committed = committed.clone();
+            async move {
+                let mut latencies = Vec::with_capacity(total);
+                let deadline = Instant::now() + Duration::from_secs(args.outbox_secs + 30);
+                while latencies.len() < total && Instant::now() < deadline {
+                    let next =
+                        tokio::time::timeout(Duration::from_secs(5), deliveries.next()).await;
+                    let Ok(Some(Ok(delivery))) = next else {
+                        continue;
+                    };
+                    let arrived = Instant::now();
+                    let id = delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(|i| i.to_string())
+                        .unwrap_or_default();
+                    // The commit is recorded right after the call returns;
+                    // a delivery seen first waits for it.
+                    for _ in 0..1000 {
+                        if let Some(at) = committed.lock().unwrap().get(&id) {
+                            latencies.push(arrived.saturating_duration_since(*at).as_secs_f64());
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_micros(100)).await;
+                    }
+                }
+                let _ = stop.send(());
+                latencies
+            }
+        };
+        let producing = async {
+            let began = Instant::now();
+            let mut tick =
+                tokio::time::interval(Duration::from_secs_f64(1.0 / args.outbox_rate as f64));
+            let mut calls = Vec::with_capacity(total);
+            for i in 0..total {
+                tick.tick().await;
+                let (pool, committed, queue) = (pool.clone(), committed.clone(), queue.clone());
+                calls.push(tokio::spawn({
+                    async move {
+                        let mut conn = B::pooled(&pool).await?;
+                        let key = format!("lat-{}-{i}", run_id());
+                        let id = Inbox::consumer("bench-outbox-latency")
+                            .retries(3)
+                            .run_async(&mut *conn, &key, async |conn: &mut B::AsyncConn| {
+                                outbox::enqueue_async(conn, Outgoing::new(queue.as_str(), "x"))
+                                    .await
+                            })
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if let diesel_inbox::Processed::Applied(id) = id {
+                            committed.lock().unwrap().insert(id, Instant::now());
+                        }
+                        Ok::<_, String>(())
+                    }
+                }));
+            }
+            for call in calls {
+                call.await.map_err(|e| e.to_string())??;
+            }
+            Ok::<_, String>(total as f64 / began.elapsed().as_secs_f64())
+        };
+        let (relayed, mut latencies, achieved) = tokio::join!(relaying, consuming, producing);
+        relayed?;
+        let achieved = achieved?;
+        if latencies.len() < total {
+            return Err(format!("{} of {total} messages delivered", latencies.len()));
+        }
+        latencies.sort_by(f64::total_cmp);
+        Ok((
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+            achieved,
+        ))
+    })
+}
