@@ -332,6 +332,11 @@ macro_rules! orders_access {
         fn hand_claim(conn: &mut $Conn, limit: usize) -> diesel::QueryResult<Vec<$crate::backends::HandRow>> {
             use diesel::prelude::*;
             type B = <$Conn as diesel::Connection>::Backend;
+            // The relay's own settings (PostgreSQL: no JIT, no wait for the
+            // WAL flush).
+            if let Some(setup) = <B as diesel_inbox::InboxBackend>::RELAY_SETUP {
+                diesel::connection::SimpleConnection::batch_execute(conn, setup)?;
+            }
             let now = <B as diesel_inbox::InboxBackend>::NOW_MICROS;
             diesel::sql_query(format!(
                 "SELECT o.seq, o.id, o.destination, o.payload FROM outbox_messages o \

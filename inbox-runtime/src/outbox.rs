@@ -708,9 +708,10 @@ pub async fn claim_async<C: AsyncInboxConnection>(
         lease: lease.as_micros() as i64,
         token: token.clone(),
     };
-    match short_transaction_async(conn, op).await {
-        Ok(Answer::Claimed(rows)) => Ok(Claim::of(token, rows)),
-        Ok(other) => Err(unexpected(other)),
+    match relay_transaction(conn, vec![op]).await.map(|mut a| a.pop()) {
+        Ok(Some(Answer::Claimed(rows))) => Ok(Claim::of(token, rows)),
+        Ok(Some(other)) => Err(unexpected(other)),
+        Ok(None) => Err(unexpected_end()),
         Err(e) => Err(ops_error::<C::Backend>(e)),
     }
 }
@@ -726,7 +727,10 @@ pub async fn settle_async<C: AsyncInboxConnection>(
     claim: &Claim,
     outcomes: &[Settlement],
 ) -> Result<Settled, InboxError> {
-    let mut settled = Settled::default();
+    // One short transaction: the failures' counts, the published rows'
+    // delete, the given-back rows' release.
+    let mut ops = Vec::new();
+    let mut failed = Vec::new();
     let mut published = Vec::new();
     let mut released = Vec::new();
     for (i, outcome) in outcomes.iter().enumerate().take(claim.seqs.len()) {
@@ -739,46 +743,56 @@ pub async fn settle_async<C: AsyncInboxConnection>(
                 retry_in,
                 max_attempts,
             } => {
-                let op = Op::Failed {
+                failed.push((i, error, *max_attempts));
+                ops.push(Op::Failed {
                     token: claim.token.clone(),
                     seq,
                     error: error.clone(),
                     delay: retry_in.as_micros() as i64,
                     max_attempts: (*max_attempts).min(i32::MAX as u32) as i32,
-                };
-                let updated = count_of(
-                    conn.inbox_outbox(op)
-                        .await
-                        .map_err(ops_error::<C::Backend>)?,
-                )?;
-                let message = &claim.messages[i];
-                if updated == 1 && message.attempts + 1 >= *max_attempts {
-                    settled.dead += 1;
-                    tracing::warn!(
-                        target: crate::telemetry::TARGET,
-                        id = %message.id,
-                        destination = %message.destination,
-                        attempts = message.attempts + 1,
-                        error = %error,
-                        "diesel-inbox: outbox message is dead"
-                    );
-                } else {
-                    settled.failed += updated;
-                }
+                });
             }
         }
     }
     if !published.is_empty() {
-        let seqs = published.iter().map(|&i| claim.seqs[i]).collect();
-        let op = Op::Published {
+        ops.push(Op::Published {
             token: claim.token.clone(),
-            seqs,
-        };
-        settled.published = count_of(
-            conn.inbox_outbox(op)
-                .await
-                .map_err(ops_error::<C::Backend>)?,
-        )?;
+            seqs: published.iter().map(|&i| claim.seqs[i]).collect(),
+        });
+    }
+    if !released.is_empty() {
+        ops.push(Op::Released {
+            token: claim.token.clone(),
+            seqs: released.clone(),
+        });
+    }
+    if ops.is_empty() {
+        return Ok(Settled::default());
+    }
+    let mut answers = relay_transaction(conn, ops)
+        .await
+        .map_err(ops_error::<C::Backend>)?
+        .into_iter();
+    let mut settled = Settled::default();
+    for (i, error, max_attempts) in failed {
+        let updated = count_of(answers.next().ok_or_else(|| unexpected_end())?)?;
+        let message = &claim.messages[i];
+        if updated == 1 && message.attempts + 1 >= max_attempts {
+            settled.dead += 1;
+            tracing::warn!(
+                target: crate::telemetry::TARGET,
+                id = %message.id,
+                destination = %message.destination,
+                attempts = message.attempts + 1,
+                error = %error,
+                "diesel-inbox: outbox message is dead"
+            );
+        } else {
+            settled.failed += updated;
+        }
+    }
+    if !published.is_empty() {
+        settled.published = count_of(answers.next().ok_or_else(|| unexpected_end())?)?;
         let now = now_micros();
         let latencies: Vec<Duration> = published
             .iter()
@@ -787,18 +801,17 @@ pub async fn settle_async<C: AsyncInboxConnection>(
         crate::telemetry::outbox_published(&latencies);
     }
     if !released.is_empty() {
-        let op = Op::Released {
-            token: claim.token.clone(),
-            seqs: released,
-        };
-        settled.released = count_of(
-            conn.inbox_outbox(op)
-                .await
-                .map_err(ops_error::<C::Backend>)?,
-        )?;
+        settled.released = count_of(answers.next().ok_or_else(|| unexpected_end())?)?;
     }
     crate::telemetry::outbox_failed(settled.failed, settled.dead);
     Ok(settled)
+}
+
+#[cfg(feature = "async")]
+fn unexpected_end() -> InboxError {
+    InboxError::Database(Error::QueryBuilderError(
+        "an outbox settlement returned fewer answers than statements".into(),
+    ))
 }
 
 /// The wake-ups so far: [`woken`] waits for the next.
@@ -822,16 +835,55 @@ async fn short_transaction_async<C: AsyncInboxConnection>(
     conn: &mut C,
     op: Op,
 ) -> diesel::QueryResult<Answer> {
+    let mut answers = transaction_of(conn, vec![op], None).await?;
+    answers
+        .pop()
+        .ok_or_else(|| Error::QueryBuilderError("an outbox statement returned nothing".into()))
+}
+
+/// A relay's claim or settlement: [`short_transaction_async`] of `ops`,
+/// with the backend's setting for the relay's transactions
+/// ([`InboxBackend::RELAY_SETUP`]).
+#[cfg(feature = "async")]
+async fn relay_transaction<C: AsyncInboxConnection>(
+    conn: &mut C,
+    ops: Vec<Op>,
+) -> diesel::QueryResult<Vec<Answer>> {
+    transaction_of(conn, ops, <C::Backend as InboxBackend>::RELAY_SETUP).await
+}
+
+#[cfg(feature = "async")]
+async fn transaction_of<C: AsyncInboxConnection>(
+    conn: &mut C,
+    ops: Vec<Op>,
+    setup: Option<&str>,
+) -> diesel::QueryResult<Vec<Answer>> {
     if let Some(isolation) = <C::Backend as InboxBackend>::PURGE_ISOLATION {
         diesel_async::SimpleAsyncConnection::batch_execute(conn, isolation).await?;
     }
     conn.inbox_begin().await.map_err(|(_, e)| e)?;
-    match conn.inbox_outbox(op).await {
-        Ok(answer) => conn
+    let mut answers = Vec::with_capacity(ops.len());
+    let mut failed = match setup {
+        Some(sql) => diesel_async::SimpleAsyncConnection::batch_execute(conn, sql)
+            .await
+            .err(),
+        None => None,
+    };
+    for op in ops {
+        if failed.is_some() {
+            break;
+        }
+        match conn.inbox_outbox(op).await {
+            Ok(answer) => answers.push(answer),
+            Err(e) => failed = Some(e),
+        }
+    }
+    match failed {
+        None => conn
             .inbox_commit(crate::backend::transaction::Scope::TopLevel)
             .await
-            .map(|()| answer),
-        Err(e) => {
+            .map(|()| answers),
+        Some(e) => {
             conn.inbox_rollback().await;
             Err(e)
         }

@@ -233,6 +233,7 @@ pub struct Relay<D: RelayPool, P> {
     batch_size: usize,
     poll_interval: Duration,
     max_attempts: u32,
+    lease: Duration,
 }
 
 impl<D: RelayPool, P> std::fmt::Debug for Relay<D, P> {
@@ -241,6 +242,7 @@ impl<D: RelayPool, P> std::fmt::Debug for Relay<D, P> {
             .field("batch_size", &self.batch_size)
             .field("poll_interval", &self.poll_interval)
             .field("max_attempts", &self.max_attempts)
+            .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
 }
@@ -259,6 +261,7 @@ where
             batch_size: DEFAULT_BATCH_SIZE,
             poll_interval: DEFAULT_POLL_INTERVAL,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            lease: LEASE,
         }
     }
 
@@ -283,22 +286,58 @@ where
         self
     }
 
+    /// How long a claimed batch is this relay's (default [`LEASE`], at
+    /// least 1 s): a relay that dies leaves its rows to the others after
+    /// it. A batch whose publish outlasts half of it is given back, so
+    /// keep it well above the broker's confirm time.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_secs(1));
+        self
+    }
+
     /// Publishes what is due now, batch after batch, until a claim finds
     /// nothing, a batch publishes nothing (only failures), or the broker
     /// is unavailable: one pass, for tests and cron-style use. A key's
     /// next message is due once the previous one is published or dead, so
-    /// one pass publishes a key's backlog in order. Database and pool
-    /// errors are returned.
+    /// one pass publishes a key's backlog in order. The next batch is
+    /// claimed while the current one is being published (its rows are
+    /// held, so the claim skips them and their keys' later messages).
+    /// Database and pool errors are returned.
     pub async fn run_once(&self) -> Result<RelayReport, RelayError> {
         let mut report = RelayReport::default();
-        loop {
-            let batch = self.batch().await?;
-            report.add(batch);
-            let progressed = batch.published + batch.dead > 0;
-            if batch.batches == 0 || batch.released > 0 || !progressed {
+        let mut next = self.claim().await?;
+        while let Some(current) = next.take() {
+            let (delivered, claimed) = tokio::join!(self.deliver(current), self.claim());
+            let (delivered, claimed) = match (delivered, claimed) {
+                (Ok(delivered), Ok(claimed)) => (delivered, claimed),
+                (Err(e), claimed) => {
+                    // Give a claim that will not be published back at once.
+                    if let Ok(Some(claimed)) = claimed {
+                        let _ = self.release(claimed).await;
+                    }
+                    return Err(e);
+                }
+                (Ok(delivered), Err(e)) => {
+                    report.add(delivered);
+                    return Err(e);
+                }
+            };
+            report.add(delivered);
+            if delivered.released > 0 {
+                if let Some(claimed) = claimed {
+                    report.released += self.release(claimed).await?;
+                }
                 return Ok(report);
             }
+            next = match claimed {
+                Some(claimed) => Some(claimed),
+                // The batch just settled may have let later messages of
+                // its keys through.
+                None if delivered.published + delivered.dead > 0 => self.claim().await?,
+                None => None,
+            };
         }
+        Ok(report)
     }
 
     /// Publishes until `shutdown` resolves, then returns what it did.
@@ -353,27 +392,39 @@ where
         }
     }
 
-    /// One batch: claim, publish, settle (no batch when nothing is due).
-    async fn batch(&self) -> Result<RelayReport, RelayError> {
+    /// A claim of the next batch on a connection of its own, or `None`
+    /// when nothing is due.
+    async fn claim(&self) -> Result<Option<steps::Claim>, RelayError> {
         let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
-        let claim = steps::claim_async(&mut *conn, self.batch_size, LEASE).await?;
+        let claim = steps::claim_async(&mut *conn, self.batch_size, self.lease).await?;
+        Ok((!claim.messages.is_empty()).then_some(claim))
+    }
+
+    /// Gives a claimed batch back unpublished: how many rows.
+    async fn release(&self, claim: steps::Claim) -> Result<u64, RelayError> {
+        let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
+        let outcomes = vec![Settlement::Released; claim.messages.len()];
+        Ok(steps::settle_async(&mut *conn, &claim, &outcomes)
+            .await?
+            .released)
+    }
+
+    /// One claimed batch: publish, settle.
+    async fn deliver(&self, claim: steps::Claim) -> Result<RelayReport, RelayError> {
         let claimed = claim.messages.len();
-        if claimed == 0 {
-            return Ok(RelayReport::default());
-        }
         let span = tracing::info_span!(target: "diesel_inbox", "diesel_inbox.outbox.publish", messages = claimed);
         let started = Instant::now();
         let publish = self.publisher.publish(&claim.messages);
-        let results = match tokio::time::timeout(LEASE / 2, publish.instrument(span.clone())).await
-        {
-            Ok(results) => results,
-            Err(_) => vec![
-                Err(PublishError::Unavailable(
-                    "the publish outlasted half the lease".into()
-                ));
-                claimed
-            ],
-        };
+        let results =
+            match tokio::time::timeout(self.lease / 2, publish.instrument(span.clone())).await {
+                Ok(results) => results,
+                Err(_) => vec![
+                    Err(PublishError::Unavailable(
+                        "the publish outlasted half the lease".into()
+                    ));
+                    claimed
+                ],
+            };
         let mut closed = None;
         let outcomes: Vec<Settlement> = (0..claimed)
             .map(|i| match results.get(i) {
@@ -394,6 +445,7 @@ where
                 Some(Err(PublishError::Unavailable(_))) | None => Settlement::Released,
             })
             .collect();
+        let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
         let settled = steps::settle_async(&mut *conn, &claim, &outcomes).await?;
         tracing::debug!(target: "diesel_inbox", parent: &span, published = settled.published, failed = settled.failed, dead = settled.dead, released = settled.released, elapsed_ms = started.elapsed().as_millis() as u64, "diesel-inbox: outbox batch");
         if let Some(e) = closed {

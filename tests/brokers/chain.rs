@@ -167,6 +167,7 @@ async fn relay() -> Result<(), String> {
             Relay::new(pool, publisher)
                 .batch_size(20)
                 .poll_interval(Duration::from_millis(50))
+                .lease(Duration::from_secs(5))
                 .run(sigterm())
                 .await
         }
@@ -181,6 +182,7 @@ async fn relay() -> Result<(), String> {
             Relay::new(pool, publisher)
                 .batch_size(20)
                 .poll_interval(Duration::from_millis(50))
+                .lease(Duration::from_secs(5))
                 .run(sigterm())
                 .await
         }

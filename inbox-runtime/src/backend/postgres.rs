@@ -517,6 +517,8 @@ impl InboxBackend for Pg {
 
     const NOW_MICROS: &'static str = "(extract(epoch from now()) * 1000000)::bigint";
     const ENQUEUE_GUARD: Option<(&'static str, &'static str, &'static str)> = Some(ENQUEUE_GUARD);
+    const RELAY_SETUP: Option<&'static str> =
+        Some("SET LOCAL jit = off; SET LOCAL synchronous_commit = off");
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
 
     sync_ops!();
