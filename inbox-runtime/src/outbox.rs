@@ -775,7 +775,7 @@ pub async fn settle_async<C: AsyncInboxConnection>(
         .into_iter();
     let mut settled = Settled::default();
     for (i, error, max_attempts) in failed {
-        let updated = count_of(answers.next().ok_or_else(|| unexpected_end())?)?;
+        let updated = count_of(answers.next().ok_or_else(unexpected_end)?)?;
         let message = &claim.messages[i];
         if updated == 1 && message.attempts + 1 >= max_attempts {
             settled.dead += 1;
@@ -792,7 +792,7 @@ pub async fn settle_async<C: AsyncInboxConnection>(
         }
     }
     if !published.is_empty() {
-        settled.published = count_of(answers.next().ok_or_else(|| unexpected_end())?)?;
+        settled.published = count_of(answers.next().ok_or_else(unexpected_end)?)?;
         let now = now_micros();
         let latencies: Vec<Duration> = published
             .iter()
@@ -801,7 +801,7 @@ pub async fn settle_async<C: AsyncInboxConnection>(
         crate::telemetry::outbox_published(&latencies);
     }
     if !released.is_empty() {
-        settled.released = count_of(answers.next().ok_or_else(|| unexpected_end())?)?;
+        settled.released = count_of(answers.next().ok_or_else(unexpected_end)?)?;
     }
     crate::telemetry::outbox_failed(settled.failed, settled.dead);
     Ok(settled)
