@@ -231,6 +231,16 @@ struct Process {
 }
 
 impl Process {
+    fn new(role: &'static str, db: &str, queue: &str) -> Process {
+        Process {
+            role,
+            db: db.to_string(),
+            queue: queue.to_string(),
+            child: None,
+            kills: 0,
+        }
+    }
+
     fn start<B: Broker>(&mut self, url: &str, stock_dest: &str, log: &str) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -464,17 +474,10 @@ pub fn chain_with_kills<B: Broker>(url: &str) -> Result<String, String> {
         })
         .collect();
     let mut waves = orders.chunks(orders.len() / WAVES);
-    let process = |role, db: &str, queue: &str| Process {
-        role,
-        db: db.to_string(),
-        queue: queue.to_string(),
-        child: None,
-        kills: 0,
-    };
     let mut all = [
-        process("chain-a", &chain.a_db, &chain.orders),
-        process("chain-relay", &chain.a_db, ""),
-        process("chain-b", &chain.b_db, &chain.stock),
+        Process::new("chain-a", &chain.a_db, &chain.orders),
+        Process::new("chain-relay", &chain.a_db, ""),
+        Process::new("chain-b", &chain.b_db, &chain.stock),
     ];
     for p in all.iter_mut() {
         p.start::<B>(url, &stock_dest, &chain.log)?;
@@ -562,20 +565,8 @@ pub fn relay_survives_a_broker_outage<B: Broker>(url: &str) -> Result<String, St
         .unwrap_or(30u64);
     let chain = chain_setup::<B>(url, "outage")?;
     let stock_dest = B::destination(&chain.stock);
-    let mut relay = Process {
-        role: "chain-relay",
-        db: chain.a_db.clone(),
-        queue: String::new(),
-        child: None,
-        kills: 0,
-    };
-    let mut b = Process {
-        role: "chain-b",
-        db: chain.b_db.clone(),
-        queue: chain.stock.clone(),
-        child: None,
-        kills: 0,
-    };
+    let mut relay = Process::new("chain-relay", &chain.a_db, "");
+    let mut b = Process::new("chain-b", &chain.b_db, &chain.stock);
     let enqueue = |from: u64, to: u64| -> Result<(), String> {
         let mut conn = SqliteConnection::establish(&chain.a_db).map_err(|e| e.to_string())?;
         conn.batch_execute("PRAGMA busy_timeout = 30000")
