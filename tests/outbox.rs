@@ -638,3 +638,86 @@ mod postgres {
 mod mysql {
     outbox_tests!(crate::common::backends::mysql::Mysql);
 }
+
+/// The real RabbitMQ publisher, whose first batch's confirms are lost
+/// after the broker took the messages: what a relay killed between the
+/// confirm and the row's delete leaves behind.
+struct LosesFirstConfirms {
+    inner: outbox::lapin::Publisher,
+    lost: std::sync::atomic::AtomicBool,
+}
+
+impl outbox::Publish for LosesFirstConfirms {
+    async fn publish<'a>(
+        &'a self,
+        messages: &'a [outbox::OutboxMessage],
+    ) -> Vec<Result<(), outbox::PublishError>> {
+        let published = self.inner.publish(messages).await;
+        match self.lost.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            false => vec![
+                Err(outbox::PublishError::Unavailable(
+                    "the confirm was lost".into()
+                ));
+                messages.len()
+            ],
+            true => published,
+        }
+    }
+}
+
+/// A message the broker took but whose confirm the relay never saw is
+/// published again with the same id, and a diesel-inbox consumer
+/// downstream applies it once: `Applied`, then `Duplicate`.
+#[test]
+fn a_lost_confirm_republishes_the_same_id_and_downstream_applies_it_once() {
+    use common::backends::sqlite::Sqlite;
+    let Some(db) = database::<Sqlite>("outbox_lost_confirm") else {
+        return;
+    };
+    let pool = Sqlite::pool(&db);
+    runtime().block_on(async {
+        let Some(rabbit) = Rabbit::connect().await else {
+            return;
+        };
+        let queue = common::unique_identifier("outbox_lost_confirm");
+        rabbit.queue(&queue).await;
+        let mut conn = Sqlite::pooled(&pool).await;
+        let id = enqueue_in_handler(
+            &mut *conn,
+            "o",
+            "m-1",
+            Outgoing::new(queue.as_str(), "once"),
+        )
+        .await
+        .expect("applied");
+        drop(conn);
+        let publisher = LosesFirstConfirms {
+            inner: rabbit.publisher(),
+            lost: std::sync::atomic::AtomicBool::new(false),
+        };
+        let relay = Relay::new(pool.clone(), publisher);
+        let first = relay.run_once().await.expect("relay");
+        assert_eq!((first.published, first.released), (0, 1));
+        let second = relay.run_once().await.expect("relay");
+        assert_eq!(second.published, 1);
+        let got = rabbit.take(&queue, 2, Duration::from_secs(10)).await;
+        assert_eq!(got.len(), 2, "published twice: {got:?}");
+        assert!(got.iter().all(|r| r.id == id), "{got:?}");
+        // Downstream: an inbox keyed by the message id.
+        let mut downstream = Sqlite::open(&db);
+        let verdicts: Vec<Processed<()>> = got
+            .iter()
+            .map(|r| {
+                Inbox::consumer("downstream")
+                    .retries(0)
+                    .run(&mut downstream, &r.id, |_| {
+                        Ok::<_, diesel::result::Error>(())
+                    })
+                    .expect("downstream")
+            })
+            .collect();
+        assert_eq!(verdicts, [Processed::Applied(()), Processed::Duplicate]);
+        assert_eq!(pending::<Sqlite>(&db), 0);
+        rabbit.delete(&queue).await;
+    });
+}
