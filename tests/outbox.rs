@@ -721,3 +721,109 @@ fn a_lost_confirm_republishes_the_same_id_and_downstream_applies_it_once() {
         rabbit.delete(&queue).await;
     });
 }
+
+/// Relays on every node of a Galera cluster, one outbox written on the
+/// first node. `SKIP LOCKED` is node-local there: two nodes' relays may
+/// claim one row, and Galera's certification aborts one of the two
+/// leases, or both publish it. What the contract allows, and what this
+/// checks: every message delivered, a duplicate only with the same id, a
+/// downstream inbox applying each once, and per key the first deliveries
+/// in enqueue order.
+#[cfg(feature = "mysql")]
+#[test]
+#[cfg_attr(
+    not(inbox_test_galera),
+    ignore = "INBOX_TEST_GALERA_URLS was not set when the tests were built"
+)]
+fn relays_on_every_galera_node_publish_each_message_and_downstream_applies_it_once() {
+    use common::backends::galera::{fresh, nodes, on_node, open_node};
+    use diesel_async::pooled_connection::{deadpool::Pool, AsyncDieselConnectionManager};
+    const KEYS: usize = 6;
+    const PER_KEY: usize = 20;
+    let Some(db) = fresh("outbox_galera") else {
+        return;
+    };
+    let count = nodes().expect("nodes").len();
+    diesel_inbox::migrate(&mut open_node(&on_node(&db, 0))).expect("migrate");
+    runtime().block_on(async {
+        let Some(rabbit) = Rabbit::connect().await else {
+            return;
+        };
+        let queue = common::unique_identifier("outbox_galera");
+        rabbit.queue(&queue).await;
+        let mut writer = open_node(&on_node(&db, 0));
+        let mut ids = HashMap::new();
+        for n in 0..PER_KEY {
+            for key in 0..KEYS {
+                let body = format!("{key}:{n}");
+                let id = writer
+                    .transaction(|conn| {
+                        outbox::enqueue(conn, Outgoing::new(queue.as_str(), body.clone()).key(&format!("k{key}")))
+                            .map_err(diesel::result::Error::from)
+                    })
+                    .expect("enqueue");
+                ids.insert(id, body);
+            }
+        }
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let relays: Vec<_> = (0..count)
+            .map(|node| {
+                let manager = AsyncDieselConnectionManager::<diesel_async::AsyncMysqlConnection>::new(
+                    on_node(&db, node),
+                );
+                let pool = Pool::builder(manager).max_size(2).build().expect("a pool");
+                let relay = Relay::new(pool, rabbit.publisher())
+                    .batch_size(8)
+                    .poll_interval(Duration::from_millis(20));
+                let mut stopped = stopped.clone();
+                tokio::spawn(async move {
+                    relay
+                        .run(async move {
+                            let _ = stopped.wait_for(|s| *s).await;
+                        })
+                        .await
+                        .expect("relay")
+                })
+            })
+            .collect();
+        let mut got = rabbit.take(&queue, KEYS * PER_KEY, Duration::from_secs(60)).await;
+        // Let duplicates arrive too.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        got.extend(rabbit.take(&queue, usize::MAX, Duration::from_millis(300)).await);
+        stop.send(true).expect("stop");
+        let mut reports = Vec::new();
+        for relay in relays {
+            reports.push(relay.await.expect("relay task"));
+        }
+        let mut downstream = open_node(&on_node(&db, 1 % count));
+        let mut applied = 0;
+        let mut next = [0usize; KEYS];
+        for received in &got {
+            let body = ids.get(&received.id).expect("an enqueued id");
+            assert_eq!(received.body, body.as_bytes(), "the id's own message");
+            let verdict: Processed<()> = Inbox::consumer("galera-downstream")
+                .retries(3)
+                .run(&mut downstream, &received.id, |_| Ok::<_, diesel::result::Error>(()))
+                .expect("downstream");
+            if verdict.is_applied() {
+                applied += 1;
+                let (key, n) = body.split_once(':').expect("key:n");
+                let (key, n): (usize, usize) = (key.parse().expect("key"), n.parse().expect("n"));
+                assert_eq!(n, next[key], "key {key}: first deliveries out of order");
+                next[key] += 1;
+            }
+        }
+        assert_eq!(applied, KEYS * PER_KEY, "every message applied once downstream");
+        let status = outbox::status(&mut open_node(&on_node(&db, 0))).expect("status");
+        assert_eq!((status.pending, status.dead), (0, 0));
+        eprintln!(
+            "Galera, {count} relays: {} deliveries of {} messages ({} duplicates); published per relay {:?}, errors {:?}",
+            got.len(),
+            KEYS * PER_KEY,
+            got.len() - KEYS * PER_KEY,
+            reports.iter().map(|r| r.published).collect::<Vec<_>>(),
+            reports.iter().map(|r| r.errors).collect::<Vec<_>>()
+        );
+        rabbit.delete(&queue).await;
+    });
+}

@@ -305,6 +305,12 @@ where
     /// Database and pool errors are returned.
     pub async fn run_once(&self) -> Result<RelayReport, RelayError> {
         let mut report = RelayReport::default();
+        self.pass(&mut report).await.map(|()| report)
+    }
+
+    /// [`run_once`](Self::run_once), counting into `report` as it goes (a
+    /// pass that fails after publishing keeps what it published).
+    async fn pass(&self, report: &mut RelayReport) -> Result<(), RelayError> {
         let mut next = self.claim().await?;
         while let Some(current) = next.take() {
             let (delivered, claimed) = tokio::join!(self.deliver(current), self.claim());
@@ -327,7 +333,7 @@ where
                 if let Some(claimed) = claimed {
                     report.released += self.release(claimed).await?;
                 }
-                return Ok(report);
+                return Ok(());
             }
             next = match claimed {
                 Some(claimed) => Some(claimed),
@@ -337,7 +343,7 @@ where
                 None => None,
             };
         }
-        Ok(report)
+        Ok(())
     }
 
     /// Publishes until `shutdown` resolves, then returns what it did.
@@ -354,10 +360,11 @@ where
         let mut counted = Instant::now() - STATUS_INTERVAL;
         loop {
             let seen = steps::wake_generation();
-            let pass = self.run_once();
-            let wait = match pass.await {
-                Ok(pass) => {
-                    report.add(pass);
+            let mut pass = RelayReport::default();
+            let passed = self.pass(&mut pass).await;
+            report.add(pass);
+            let wait = match passed {
+                Ok(()) => {
                     if pass.released > 0 {
                         outages += 1;
                         tracing::warn!(target: "diesel_inbox", released = pass.released, "diesel-inbox: outbox relay: the broker is unavailable; backing off");
@@ -409,6 +416,33 @@ where
             .released)
     }
 
+    /// Settles a published batch, again after a transient failure (a
+    /// deadlock, Galera's certification conflict): the broker has the
+    /// messages, and a settlement given up would leave the rows held until
+    /// the lease ends, then publish them twice.
+    async fn settle(
+        &self,
+        claim: &steps::Claim,
+        outcomes: &[Settlement],
+    ) -> Result<steps::Settled, RelayError> {
+        type Backend<D> =
+            <<D as RelayPool>::Connection as diesel_async::AsyncConnectionCore>::Backend;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
+            match steps::settle_async(&mut *conn, claim, outcomes).await {
+                Err(InboxError::Database(e))
+                    if attempt < SETTLE_ATTEMPTS
+                        && <Backend<D> as inbox_runtime::InboxBackend>::is_transient(&e) =>
+                {
+                    tokio::time::sleep(OUTAGE_DELAY / 10 * attempt).await;
+                }
+                settled => return settled.map_err(RelayError::Database),
+            }
+        }
+    }
+
     /// One claimed batch: publish, settle.
     async fn deliver(&self, claim: steps::Claim) -> Result<RelayReport, RelayError> {
         let claimed = claim.messages.len();
@@ -445,8 +479,7 @@ where
                 Some(Err(PublishError::Unavailable(_))) | None => Settlement::Released,
             })
             .collect();
-        let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
-        let settled = steps::settle_async(&mut *conn, &claim, &outcomes).await?;
+        let settled = self.settle(&claim, &outcomes).await?;
         tracing::debug!(target: "diesel_inbox", parent: &span, published = settled.published, failed = settled.failed, dead = settled.dead, released = settled.released, elapsed_ms = started.elapsed().as_millis() as u64, "diesel-inbox: outbox batch");
         if let Some(e) = closed {
             return Err(RelayError::Publisher(e));
@@ -461,6 +494,9 @@ where
         })
     }
 }
+
+/// How often a settlement runs in all when it keeps failing transiently.
+const SETTLE_ATTEMPTS: u32 = 5;
 
 /// How often `run` refreshes the outbox gauges (feature `metrics`).
 #[cfg(feature = "metrics")]
