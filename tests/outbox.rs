@@ -827,3 +827,80 @@ fn relays_on_every_galera_node_publish_each_message_and_downstream_applies_it_on
         rabbit.delete(&queue).await;
     });
 }
+
+/// With the `metrics` feature: the relay's counters (confirmed messages,
+/// dead ones), the histogram of enqueue-to-confirm latency, and the
+/// gauges `outbox::status` sets.
+#[cfg(feature = "metrics")]
+#[test]
+fn the_relay_and_status_report_metrics() {
+    use common::backends::sqlite::Sqlite;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use std::collections::BTreeMap;
+    let Some(db) = database::<Sqlite>("outbox_metrics") else {
+        return;
+    };
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // A runtime on this thread: the recorder is this thread's.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let ran = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let Some(rabbit) = Rabbit::connect().await else {
+                return false;
+            };
+            let queue = common::unique_identifier("outbox_metrics");
+            rabbit.queue(&queue).await;
+            let pool = Sqlite::pool(&db);
+            let mut conn = Sqlite::pooled(&pool).await;
+            for (key, destination) in [
+                ("m-1", queue.clone()),
+                ("m-2", queue.clone()),
+                ("m-3", format!("{queue}-nowhere")),
+            ] {
+                enqueue_in_handler(&mut *conn, "o", key, Outgoing::new(destination, "x")).await;
+            }
+            let report = Relay::new(pool.clone(), rabbit.publisher())
+                .max_attempts(1)
+                .run_once()
+                .await
+                .expect("relay");
+            assert_eq!((report.published, report.dead), (2, 1));
+            let status = outbox::status_async(&mut conn).await.expect("status");
+            assert_eq!((status.pending, status.dead), (0, 1));
+            rabbit.delete(&queue).await;
+            true
+        })
+    });
+    if !ran {
+        return;
+    }
+    let mut seen: BTreeMap<String, f64> = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (_, key) = key.into_parts();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{} {}", key.name(), labels.join(","));
+        let value = match value {
+            DebugValue::Counter(n) => n as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(samples) => samples.len() as f64,
+        };
+        seen.insert(name, value);
+    }
+    for (name, value) in [
+        ("messaging.client.sent.messages ", 2.0),
+        ("diesel_inbox.outbox.failed diesel_inbox.outcome=dead", 1.0),
+        ("diesel_inbox.outbox.confirm_latency ", 2.0),
+        ("diesel_inbox.outbox.pending ", 0.0),
+        ("diesel_inbox.outbox.dead ", 1.0),
+        ("diesel_inbox.outbox.oldest_pending_age ", 0.0),
+    ] {
+        assert_eq!(seen.get(name), Some(&value), "{name} in {seen:#?}");
+    }
+}
