@@ -65,15 +65,43 @@ impl Future for Woken {
         if generation() != self.seen {
             return Poll::Ready(());
         }
-        WAITING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(cx.waker().clone());
+        // One entry per waiting task: a relay that polls again after each
+        // poll interval, with no enqueue in between, keeps its one entry
+        // instead of adding one every interval.
+        let mut waiting = WAITING.lock().unwrap_or_else(|e| e.into_inner());
+        if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+            waiting.push(cx.waker().clone());
+        }
+        drop(waiting);
         // A wake-up between the first check and the push is seen here.
         if generation() != self.seen {
             Poll::Ready(())
         } else {
             Poll::Pending
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_polled_again_and_again_waits_once_and_wakes() {
+        struct Task;
+        impl std::task::Wake for Task {
+            fn wake(self: std::sync::Arc<Self>) {}
+        }
+        let waker = Waker::from(std::sync::Arc::new(Task));
+        let mut context = Context::from_waker(&waker);
+        let mut woken = std::pin::pin!(Woken { seen: generation() });
+        for _ in 0..100 {
+            assert!(woken.as_mut().poll(&mut context).is_pending());
+        }
+        let entries = WAITING.lock().unwrap().len();
+        assert_eq!(entries, 1, "one entry for one task");
+        wake();
+        assert!(woken.as_mut().poll(&mut context).is_ready());
+        assert!(WAITING.lock().unwrap().is_empty());
     }
 }
