@@ -98,8 +98,6 @@ pub struct ClaimedRow {
     pub attempts: i32,
     #[diesel(sql_type = BigInt)]
     pub created_at: i64,
-    #[diesel(sql_type = BigInt)]
-    pub now: i64,
 }
 
 /// One destination's counts.
@@ -258,23 +256,24 @@ impl<Conn> diesel::RunQueryDsl<Conn> for Stmt {}
 const CLAIMED_COLUMNS: &str =
     "o.seq, o.id, o.destination, o.ordering_key, o.payload, o.headers, o.attempts, o.created_at";
 
-/// The statements of `op`, as [`Plan`] says to run them.
-fn plan<B: InboxBackend>(op: &Op) -> Plan {
+/// The statements of `op`, as [`Plan`] says to run them (the op's values
+/// move into the binds: an enqueue's payload is not copied).
+fn plan<B: InboxBackend>(op: Op) -> Plan {
     let now = B::NOW_MICROS;
     match op {
         Op::Enqueue(row) => {
             let insert = Stmt::new()
                 .sql("INSERT INTO outbox_messages (id, destination, ordering_key, payload, headers, created_at, available_at, attempts) ")
                 .sql(if B::ENQUEUE_GUARD.is_some() { "SELECT " } else { "VALUES (" })
-                .bind(Bind::Text(row.id.clone()))
+                .bind(Bind::Text(row.id))
                 .sql(", ")
-                .bind(Bind::Text(row.destination.clone()))
+                .bind(Bind::Text(row.destination))
                 .sql(", ")
-                .bind(Bind::OptText(row.key.clone()))
+                .bind(Bind::OptText(row.key))
                 .sql(", ")
-                .bind(Bind::Bytes(row.payload.clone()))
+                .bind(Bind::Bytes(row.payload))
                 .sql(", ")
-                .bind(Bind::OptBytes(row.headers.clone()))
+                .bind(Bind::OptBytes(row.headers))
                 .sql(format!(", {now}, {now}, 0"));
             match B::ENQUEUE_GUARD {
                 None => Plan::Execute(insert.sql(")")),
@@ -289,25 +288,30 @@ fn plan<B: InboxBackend>(op: &Op) -> Plan {
                 }
             }
         }
-        Op::Claim { limit, .. } => Plan::Claim(
+        Op::Claim {
+            limit,
+            lease,
+            token,
+        } => Plan::Claim(
             Stmt::new()
                 .sql(format!(
-                    "SELECT {CLAIMED_COLUMNS}, {now} AS now FROM outbox_messages o \
+                    "SELECT {CLAIMED_COLUMNS} FROM outbox_messages o \
                      WHERE o.dead_at IS NULL AND o.available_at <= {now} \
                      AND (o.locked_until IS NULL OR o.locked_until < {now}) \
                      AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_messages e \
                      WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq AND e.dead_at IS NULL)) \
                      ORDER BY o.seq LIMIT "
                 ))
-                .bind(Bind::Big(*limit))
+                .bind(Bind::Big(limit))
                 .sql(B::SKIP_LOCKED),
+            Hold { token, lease },
         ),
         Op::Published { token, seqs } => Plan::Execute(
             Stmt::new()
                 .sql("DELETE FROM outbox_messages WHERE locked_by = ")
-                .bind(Bind::Text(token.clone()))
+                .bind(Bind::Text(token))
                 .sql(" AND seq IN ")
-                .seq_list(seqs),
+                .seq_list(&seqs),
         ),
         // `dead_at` first: MySQL assigns left to right, with the new
         // `attempts` in later expressions.
@@ -320,22 +324,22 @@ fn plan<B: InboxBackend>(op: &Op) -> Plan {
         } => Plan::Execute(
             Stmt::new()
                 .sql("UPDATE outbox_messages SET dead_at = CASE WHEN attempts + 1 >= ")
-                .bind(Bind::Int(*max_attempts))
+                .bind(Bind::Int(max_attempts))
                 .sql(format!(" THEN {now} ELSE NULL END, attempts = attempts + 1, last_error = "))
-                .bind(Bind::Text(crate::rows::error_text(error).to_owned()))
+                .bind(Bind::Text(crate::rows::error_text(&error).to_owned()))
                 .sql(format!(", available_at = {now} + "))
-                .bind(Bind::Big(*delay))
+                .bind(Bind::Big(delay))
                 .sql(", locked_by = NULL, locked_until = NULL WHERE seq = ")
-                .bind(Bind::Big(*seq))
+                .bind(Bind::Big(seq))
                 .sql(" AND locked_by = ")
-                .bind(Bind::Text(token.clone())),
+                .bind(Bind::Text(token)),
         ),
         Op::Released { token, seqs } => Plan::Execute(
             Stmt::new()
                 .sql("UPDATE outbox_messages SET locked_by = NULL, locked_until = NULL WHERE locked_by = ")
-                .bind(Bind::Text(token.clone()))
+                .bind(Bind::Text(token))
                 .sql(" AND seq IN ")
-                .seq_list(seqs),
+                .seq_list(&seqs),
         ),
         Op::Status => Plan::Status(Stmt::new().sql(format!(
             "SELECT destination, COUNT(*) - COUNT(dead_at) AS pending, COUNT(dead_at) AS dead, \
@@ -348,7 +352,7 @@ fn plan<B: InboxBackend>(op: &Op) -> Plan {
                     "SELECT id, destination, ordering_key, attempts, last_error, created_at, dead_at \
                      FROM outbox_messages WHERE dead_at IS NOT NULL ORDER BY seq LIMIT ",
                 )
-                .bind(Bind::Big(*limit)),
+                .bind(Bind::Big(limit)),
         ),
         Op::Retry { id } => {
             let all = Stmt::new().sql(format!(
@@ -356,7 +360,7 @@ fn plan<B: InboxBackend>(op: &Op) -> Plan {
                  available_at = {now} WHERE dead_at IS NOT NULL"
             ));
             Plan::Execute(match id {
-                Some(id) => all.sql(" AND id = ").bind(Bind::Text(id.clone())),
+                Some(id) => all.sql(" AND id = ").bind(Bind::Text(id)),
                 None => all,
             })
         }
@@ -365,9 +369,9 @@ fn plan<B: InboxBackend>(op: &Op) -> Plan {
                 .sql(format!(
                     "SELECT seq FROM outbox_messages WHERE dead_at IS NOT NULL AND dead_at < {now} - "
                 ))
-                .bind(Bind::Big(*older_than))
+                .bind(Bind::Big(older_than))
                 .sql(" ORDER BY seq LIMIT ")
-                .bind(Bind::Big(*limit)),
+                .bind(Bind::Big(limit)),
         ),
     }
 }
@@ -401,32 +405,45 @@ enum Plan {
     Execute(Stmt),
     /// The checked enqueue: its marker row, or the error.
     Enqueue(Stmt, &'static str),
-    /// The select, then the lease of what it found.
-    Claim(Stmt),
+    /// The select, then the hold of what it found.
+    Claim(Stmt, Hold),
     Status(Stmt),
     Dead(Stmt),
     /// The select of the rows, then their delete.
     Purge(Stmt),
 }
 
-/// The lease of the rows a claim found.
-fn lease<B: InboxBackend>(token: &str, lease: i64, rows: &[ClaimedRow]) -> Stmt {
-    let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-    Stmt::new()
-        .sql("UPDATE outbox_messages SET locked_by = ")
-        .bind(Bind::Text(token.to_owned()))
-        .sql(format!(", locked_until = {} + ", B::NOW_MICROS))
-        .bind(Bind::Big(lease))
-        .sql(" WHERE seq IN ")
-        .seq_list(&seqs)
+/// The hold a claim puts on the rows it found: `token`'s, for `lease`
+/// microseconds.
+struct Hold {
+    token: String,
+    lease: i64,
 }
 
-/// The delete of the rows a purge found.
-fn purge(rows: &[SeqRow]) -> Stmt {
+impl Hold {
+    /// Its update of `rows`; none when the claim found nothing.
+    fn of<B: InboxBackend>(self, rows: &[ClaimedRow]) -> Option<Stmt> {
+        let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+        (!seqs.is_empty()).then(|| {
+            Stmt::new()
+                .sql("UPDATE outbox_messages SET locked_by = ")
+                .bind(Bind::Text(self.token))
+                .sql(format!(", locked_until = {} + ", B::NOW_MICROS))
+                .bind(Bind::Big(self.lease))
+                .sql(" WHERE seq IN ")
+                .seq_list(&seqs)
+        })
+    }
+}
+
+/// The delete of the rows a purge found; none when it found nothing.
+fn purge(rows: &[SeqRow]) -> Option<Stmt> {
     let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-    Stmt::new()
-        .sql("DELETE FROM outbox_messages WHERE dead_at IS NOT NULL AND seq IN ")
-        .seq_list(&seqs)
+    (!seqs.is_empty()).then(|| {
+        Stmt::new()
+            .sql("DELETE FROM outbox_messages WHERE dead_at IS NOT NULL AND seq IN ")
+            .seq_list(&seqs)
+    })
 }
 
 /// Runs `op` on a sync connection.
@@ -441,31 +458,22 @@ where
         + diesel::query_dsl::LoadQuery<'a, C, SeqRow>,
 {
     use diesel::RunQueryDsl;
-    Ok(match plan::<C::Backend>(&op) {
+    Ok(match plan::<C::Backend>(op) {
         Plan::Execute(stmt) => Answer::Count(stmt.execute(conn)?),
         Plan::Enqueue(stmt, misrouted) => enqueued(&stmt.load::<MarkerRow>(conn)?, misrouted)?,
-        Plan::Claim(select) => {
+        Plan::Claim(select, hold) => {
             let rows: Vec<ClaimedRow> = select.load(conn)?;
-            if let (
-                Op::Claim {
-                    lease: hold, token, ..
-                },
-                false,
-            ) = (&op, rows.is_empty())
-            {
-                lease::<C::Backend>(token, *hold, &rows).execute(conn)?;
+            if let Some(update) = hold.of::<C::Backend>(&rows) {
+                update.execute(conn)?;
             }
             Answer::Claimed(rows)
         }
         Plan::Status(stmt) => Answer::Status(stmt.load(conn)?),
         Plan::Dead(stmt) => Answer::Dead(stmt.load(conn)?),
-        Plan::Purge(select) => {
-            let rows: Vec<SeqRow> = select.load(conn)?;
-            match rows.is_empty() {
-                true => Answer::Count(0),
-                false => Answer::Count(purge(&rows).execute(conn)?),
-            }
-        }
+        Plan::Purge(select) => match purge(&select.load::<SeqRow>(conn)?) {
+            Some(delete) => Answer::Count(delete.execute(conn)?),
+            None => Answer::Count(0),
+        },
     })
 }
 
@@ -483,34 +491,23 @@ where
         + diesel_async::methods::LoadQuery<'a, C, SeqRow>,
 {
     use diesel_async::RunQueryDsl;
-    Ok(match plan::<C::Backend>(&op) {
+    Ok(match plan::<C::Backend>(op) {
         Plan::Execute(stmt) => Answer::Count(stmt.execute(conn).await?),
         Plan::Enqueue(stmt, misrouted) => {
             enqueued(&stmt.load::<MarkerRow>(conn).await?, misrouted)?
         }
-        Plan::Claim(select) => {
+        Plan::Claim(select, hold) => {
             let rows: Vec<ClaimedRow> = select.load(conn).await?;
-            if let (
-                Op::Claim {
-                    lease: hold, token, ..
-                },
-                false,
-            ) = (&op, rows.is_empty())
-            {
-                lease::<C::Backend>(token, *hold, &rows)
-                    .execute(conn)
-                    .await?;
+            if let Some(update) = hold.of::<C::Backend>(&rows) {
+                update.execute(conn).await?;
             }
             Answer::Claimed(rows)
         }
         Plan::Status(stmt) => Answer::Status(stmt.load(conn).await?),
         Plan::Dead(stmt) => Answer::Dead(stmt.load(conn).await?),
-        Plan::Purge(select) => {
-            let rows: Vec<SeqRow> = select.load(conn).await?;
-            match rows.is_empty() {
-                true => Answer::Count(0),
-                false => Answer::Count(purge(&rows).execute(conn).await?),
-            }
-        }
+        Plan::Purge(select) => match purge(&select.load::<SeqRow>(conn).await?) {
+            Some(delete) => Answer::Count(delete.execute(conn).await?),
+            None => Answer::Count(0),
+        },
     })
 }
