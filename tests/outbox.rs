@@ -60,6 +60,16 @@ impl Rabbit {
         })
     }
 
+    /// A connection and a queue of the test's own, declared (the routing
+    /// key on the default exchange is its name); `None` when RabbitMQ is
+    /// not configured.
+    async fn with_queue(test: &str) -> Option<(Rabbit, String)> {
+        let rabbit = Rabbit::connect().await?;
+        let queue = common::unique_identifier(test);
+        rabbit.queue(&queue).await;
+        Some((rabbit, queue))
+    }
+
     /// A queue of this test, on the default exchange (the routing key is
     /// its name).
     async fn queue(&self, name: &str) {
@@ -251,11 +261,9 @@ where
     };
     let pool = B::pool(&db);
     runtime().block_on(async {
-        let Some(rabbit) = Rabbit::connect().await else {
+        let Some((rabbit, queue)) = Rabbit::with_queue("outbox_publish").await else {
             return;
         };
-        let queue = common::unique_identifier("outbox_publish");
-        rabbit.queue(&queue).await;
         let mut conn = B::pooled(&pool).await;
         let mut ids = Vec::new();
         for (key, body) in [("a-1", "first"), ("a-2", "second"), ("b-1", "other")] {
@@ -305,12 +313,10 @@ where
     };
     let pool = B::pool(&db);
     runtime().block_on(async {
-        let Some(rabbit) = Rabbit::connect().await else {
+        let Some((rabbit, queue)) = Rabbit::with_queue("outbox_dead").await else {
             return;
         };
-        let queue = common::unique_identifier("outbox_dead");
         let nowhere = format!("{queue}-nowhere");
-        rabbit.queue(&queue).await;
         let mut conn = B::pooled(&pool).await;
         let lost = enqueue_in_handler(
             &mut *conn,
@@ -482,11 +488,9 @@ where
     };
     let pool = B::pool(&db);
     runtime().block_on(async {
-        let Some(rabbit) = Rabbit::connect().await else {
+        let Some((rabbit, queue)) = Rabbit::with_queue("outbox_four").await else {
             return;
         };
-        let queue = common::unique_identifier("outbox_four");
-        rabbit.queue(&queue).await;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let relays: Vec<_> = (0..4)
             .map(|_| {
@@ -552,11 +556,9 @@ where
     };
     let pool = B::pool(&db);
     runtime().block_on(async {
-        let Some(rabbit) = Rabbit::connect().await else {
+        let Some((rabbit, queue)) = Rabbit::with_queue("outbox_wake").await else {
             return;
         };
-        let queue = common::unique_identifier("outbox_wake");
-        rabbit.queue(&queue).await;
         let relay =
             Relay::new(pool.clone(), rabbit.publisher()).poll_interval(Duration::from_secs(60));
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
@@ -676,11 +678,9 @@ fn a_lost_confirm_republishes_the_same_id_and_downstream_applies_it_once() {
     };
     let pool = Sqlite::pool(&db);
     runtime().block_on(async {
-        let Some(rabbit) = Rabbit::connect().await else {
+        let Some((rabbit, queue)) = Rabbit::with_queue("outbox_lost_confirm").await else {
             return;
         };
-        let queue = common::unique_identifier("outbox_lost_confirm");
-        rabbit.queue(&queue).await;
         let mut conn = Sqlite::pooled(&pool).await;
         let id = enqueue_in_handler(
             &mut *conn,
@@ -746,11 +746,9 @@ fn relays_on_every_galera_node_publish_each_message_and_downstream_applies_it_on
     let count = nodes().expect("nodes").len();
     diesel_inbox::migrate(&mut open_node(&on_node(&db, 0))).expect("migrate");
     runtime().block_on(async {
-        let Some(rabbit) = Rabbit::connect().await else {
+        let Some((rabbit, queue)) = Rabbit::with_queue("outbox_galera").await else {
             return;
         };
-        let queue = common::unique_identifier("outbox_galera");
-        rabbit.queue(&queue).await;
         let mut writer = open_node(&on_node(&db, 0));
         let mut ids = HashMap::new();
         for n in 0..PER_KEY {
@@ -849,11 +847,9 @@ fn the_relay_and_status_report_metrics() {
         .expect("a runtime");
     let ran = metrics::with_local_recorder(&recorder, || {
         runtime.block_on(async {
-            let Some(rabbit) = Rabbit::connect().await else {
+            let Some((rabbit, queue)) = Rabbit::with_queue("outbox_metrics").await else {
                 return false;
             };
-            let queue = common::unique_identifier("outbox_metrics");
-            rabbit.queue(&queue).await;
             let pool = Sqlite::pool(&db);
             let mut conn = Sqlite::pooled(&pool).await;
             for (key, destination) in [

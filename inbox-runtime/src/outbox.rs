@@ -893,9 +893,7 @@ async fn transaction_of<C: AsyncInboxConnection>(
 fn counted(answer: Answer) -> diesel::QueryResult<usize> {
     match answer {
         Answer::Count(n) => Ok(n),
-        other => Err(Error::QueryBuilderError(
-            format!("an outbox statement returned {other:?}").into(),
-        )),
+        other => Err(mismatch(other)),
     }
 }
 
@@ -906,9 +904,12 @@ fn count_of(answer: Answer) -> Result<u64, InboxError> {
 }
 
 fn unexpected(answer: Answer) -> InboxError {
-    InboxError::Database(Error::QueryBuilderError(
-        format!("an outbox statement returned {answer:?}").into(),
-    ))
+    InboxError::Database(mismatch(answer))
+}
+
+/// An answer of another kind than the operation's (a bug, not a state).
+fn mismatch(answer: Answer) -> Error {
+    Error::QueryBuilderError(format!("an outbox statement returned {answer:?}").into())
 }
 
 fn checked_limit(limit: usize) -> Result<i64, InboxError> {

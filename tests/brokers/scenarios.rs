@@ -45,6 +45,7 @@ macro_rules! ensure {
         }
     };
 }
+pub(crate) use ensure;
 
 /// One scenario's queue and database, removed at the end.
 struct Run {
