@@ -117,7 +117,12 @@ impl Outgoing {
 
     /// The message id the broker and the consumers see (AMQP `message_id`,
     /// NATS `Nats-Msg-Id`). The default is a new UUIDv7 in its text form.
-    /// Ids are unique among the messages not yet published.
+    /// An id of a message not yet published is refused (a unique
+    /// violation, the transaction fails). An id reused after its message
+    /// was published is not caught here: a consumer deduplicating on it
+    /// reports the new message `Duplicate` (a fingerprint on the consumer
+    /// turns that into `KeyReused`). Derive ids from what makes the message
+    /// unique, e.g. the order it announces.
     pub fn id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
         self
