@@ -8,20 +8,20 @@ pub struct Msg {
 }
 
 #[idempotent(key = "msg.id")]
-async fn allows(conn: &mut AsyncPgConnection, msg: &Msg) -> QueryResult<()> {
+async fn allows_async(conn: &mut AsyncPgConnection, msg: &Msg) -> QueryResult<()> {
     #![allow(unused_variables)]
     let unused = 1;
     Ok(())
 }
 
 #[idempotent(key = "msg.id", max_attempts = 3)]
-async fn denies(conn: &mut AsyncPgConnection, msg: &Msg) -> QueryResult<u32> {
+async fn denies_async(conn: &mut AsyncPgConnection, msg: &Msg) -> QueryResult<u32> {
     #![deny(unused_mut)]
     let value = 7;
     Ok(value)
 }
 
-fn main() {
+pub fn main() {
     // Compiling is the test: the handlers need a server to run.
-    let _ = (allows, denies);
+    let _ = (allows_async, denies_async);
 }

@@ -31,6 +31,6 @@ async fn consume(
     Ok(())
 }
 
-fn main() {
+pub fn main() {
     let _ = consume;
 }

@@ -33,7 +33,7 @@ async fn generic<C: diesel_inbox::AsyncInboxConnection>(conn: &mut C) {
     let _ = migrate_async(conn).await;
 }
 
-fn main() {
+pub fn main() {
     let _ = every_operation;
     let _ = generic::<AsyncPgConnection>;
 }

@@ -78,7 +78,10 @@ where
 }
 
 #[idempotent(key = "item.0", consumer = "generic-items")]
-fn generic_item<T: Clone + std::fmt::Debug, K>(conn: &mut SqliteConnection, item: &(K, T)) -> QueryResult<T>
+fn generic_item<T: Clone + std::fmt::Debug, K>(
+    conn: &mut SqliteConnection,
+    item: &(K, T),
+) -> QueryResult<T>
 where
     K: diesel_inbox::InboxKey,
 {
@@ -148,7 +151,12 @@ fn batch_of_messages(conn: &mut SqliteConnection, msgs: &[Msg]) -> QueryResult<u
     Ok(msgs.iter().map(|m| m.seq as usize).sum())
 }
 
-#[idempotent(batch = "msgs", key = "|m: &Msg| m.seq", consumer = "batch-vec", retries = 0)]
+#[idempotent(
+    batch = "msgs",
+    key = "|m: &Msg| m.seq",
+    consumer = "batch-vec",
+    retries = 0
+)]
 fn batch_of_vec(conn: &mut SqliteConnection, msgs: &Vec<Msg>) -> AppResult<Vec<u64>> {
     let _ = conn;
     Ok(msgs.iter().map(|m| m.seq).collect())
@@ -200,10 +208,17 @@ macro_rules! handler {
 }
 handler!(from_macro_rules, SqliteConnection);
 
-fn main() -> Result<(), AppError> {
-    let mut conn = SqliteConnection::establish(":memory:").map_err(|e| AppError::Db(diesel::result::Error::QueryBuilderError(e.into())))?;
+pub fn main() -> Result<(), AppError> {
+    let mut conn = SqliteConnection::establish(":memory:")
+        .map_err(|e| AppError::Db(diesel::result::Error::QueryBuilderError(e.into())))?;
     diesel_inbox::migrate(&mut conn)?;
-    let msg = Msg { id: "m-1".into(), seq: 1, header: Header { trace: uuid_like::Id(5) } };
+    let msg = Msg {
+        id: "m-1".into(),
+        seq: 1,
+        header: Header {
+            trace: uuid_like::Id(5),
+        },
+    };
     assert!(result_alias(&mut conn, &msg)?.is_applied());
     assert!(app_result(&mut conn, &msg)?.is_applied());
     assert!(nested_field(&mut conn, &msg)?.is_applied());
@@ -221,20 +236,50 @@ fn main() -> Result<(), AppError> {
     assert!(service.by_mut(&mut conn, &msg)?.is_applied());
     assert!(service.key_from_self(&mut conn)?.is_applied());
     let batch = vec![
-        Msg { id: "b-1".into(), seq: 1, header: Header { trace: uuid_like::Id(1) } },
-        Msg { id: "b-2".into(), seq: 2, header: Header { trace: uuid_like::Id(2) } },
+        Msg {
+            id: "b-1".into(),
+            seq: 1,
+            header: Header {
+                trace: uuid_like::Id(1),
+            },
+        },
+        Msg {
+            id: "b-2".into(),
+            seq: 2,
+            header: Header {
+                trace: uuid_like::Id(2),
+            },
+        },
     ];
     let out: diesel_inbox::Batch<usize> = batch_of_messages(&mut conn, &batch)?;
-    assert_eq!((out.value, out.applied, out.duplicates), (Some(3), vec![0, 1], 0));
+    assert_eq!(
+        (out.value, out.applied, out.duplicates),
+        (Some(3), vec![0, 1], 0)
+    );
     assert_eq!(batch_of_vec(&mut conn, &batch)?.value, Some(vec![1, 2]));
     assert_eq!(batch_of_messages(&mut conn, &batch)?.duplicates, 2);
-    assert_eq!(destructured_key(&mut conn, ("d-1".into(), 4))?, Processed::Applied(4));
-    let order = Order { id: "o-1".into(), total: 3 };
+    assert_eq!(
+        destructured_key(&mut conn, ("d-1".into(), 4))?,
+        Processed::Applied(4)
+    );
+    let order = Order {
+        id: "o-1".into(),
+        total: 3,
+    };
     assert!(struct_pattern_key(&mut conn, &order)?.is_applied() && order.total == 3);
     assert!(u8_key(&mut conn, 200)?.is_applied());
     assert!(shares_a_scope(&mut conn, &msg)?.is_applied());
     assert!(shares_it_too(&mut conn, &msg)?.is_duplicate());
-    let moved = Msg { id: "m-2".into(), seq: 2, header: Header { trace: uuid_like::Id(6) } };
-    assert_eq!(moves_its_message(&mut conn, moved)?, Processed::Applied("m-2".to_string()));
+    let moved = Msg {
+        id: "m-2".into(),
+        seq: 2,
+        header: Header {
+            trace: uuid_like::Id(6),
+        },
+    };
+    assert_eq!(
+        moves_its_message(&mut conn, moved)?,
+        Processed::Applied("m-2".to_string())
+    );
     Ok(())
 }

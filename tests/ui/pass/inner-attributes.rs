@@ -22,11 +22,20 @@ fn denies(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<u32> {
     Ok(value)
 }
 
-fn main() {
+pub fn main() {
     let mut conn = SqliteConnection::establish(":memory:").expect("sqlite");
     diesel_inbox::migrate(&mut conn).expect("migrate");
     let msg = Msg { id: "m-1".into() };
-    assert_eq!(allows(&mut conn, &msg).expect("first"), Processed::Applied(()));
-    assert_eq!(denies(&mut conn, &msg).expect("first"), Processed::Applied(7));
-    assert_eq!(denies(&mut conn, &msg).expect("again"), Processed::Duplicate);
+    assert_eq!(
+        allows(&mut conn, &msg).expect("first"),
+        Processed::Applied(())
+    );
+    assert_eq!(
+        denies(&mut conn, &msg).expect("first"),
+        Processed::Applied(7)
+    );
+    assert_eq!(
+        denies(&mut conn, &msg).expect("again"),
+        Processed::Duplicate
+    );
 }

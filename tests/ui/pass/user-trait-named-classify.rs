@@ -39,9 +39,12 @@ fn handle(conn: &mut SqliteConnection, id: i64) -> Result<&'static str, AppError
     Ok(id.classify())
 }
 
-fn main() {
+pub fn main() {
     let mut conn = SqliteConnection::establish(":memory:").expect("sqlite");
     diesel_inbox::migrate(&mut conn).expect("migrate");
-    assert!(matches!(handle(&mut conn, 1), Ok(Processed::Applied("user"))));
+    assert!(matches!(
+        handle(&mut conn, 1),
+        Ok(Processed::Applied("user"))
+    ));
     assert!(matches!(handle(&mut conn, 1), Ok(Processed::Duplicate)));
 }
