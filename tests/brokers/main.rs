@@ -14,6 +14,7 @@
 //!    reconnects, exact state.
 //!
 //! The consumers are this binary run again (`INBOX_BROKER_ROLE=consumer`).
+//! RabbitMQ's scenarios and NATS's run side by side, one thread per broker.
 //! Servers: `INBOX_TEST_AMQP_URL` (e.g. amqp://guest:guest@127.0.0.1:5672/%2f)
 //! and `INBOX_TEST_NATS_URL` (e.g. nats://127.0.0.1:4222); unset, a broker's
 //! scenarios are reported as skipped. `cargo test --test brokers -- nats`

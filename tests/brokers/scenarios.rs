@@ -673,47 +673,68 @@ pub fn main() {
         std::process::exit(code);
     }
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    // The brokers' scenarios run side by side, one thread per broker: no
+    // scenario of one touches the other broker, and each scenario's queues,
+    // files and databases are its own. Within a broker they run one after
+    // another (an outage stops the whole broker).
+    let counts: Vec<(u32, u32, u32)> = std::thread::scope(|s| {
+        let runs: Vec<_> = targets()
+            .into_iter()
+            .map(|target| s.spawn(|| run_target(target, filter.as_deref())))
+            .collect();
+        runs.into_iter()
+            .map(|run| run.join().expect("a broker's scenarios panicked"))
+            .collect()
+    });
+    let (passed, failed, skipped) = counts
+        .iter()
+        .fold((0, 0, 0), |(p, f, k), (a, b, c)| (p + a, f + b, k + c));
     let mut out = std::io::stdout();
-    for target in targets() {
-        let url = match std::env::var(target.var) {
-            Ok(url) if !url.is_empty() => url,
-            _ => {
-                let _ = writeln!(
-                    out,
-                    "SKIPPED: {} scenarios: {} is not set (bash .ci/run sets it and starts the server)",
-                    target.name, target.var
-                );
+    let _ = writeln!(out, "\n{passed} passed, {failed} failed, {skipped} skipped");
+    std::process::exit(if failed > 0 { 1 } else { 0 });
+}
+
+/// Runs `target`'s scenarios (those whose name contains `filter`) one
+/// after another, printing each result as it ends: (passed, failed,
+/// skipped).
+fn run_target(target: Target, filter: Option<&str>) -> (u32, u32, u32) {
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let say = |line: String| {
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
+    };
+    let url = match std::env::var(target.var) {
+        Ok(url) if !url.is_empty() => url,
+        _ => {
+            say(format!(
+                "SKIPPED: {} scenarios: {} is not set (bash .ci/run sets it and starts the server)",
+                target.name, target.var
+            ));
+            return (0, 0, 1);
+        }
+    };
+    for (name, scenario) in &target.scenarios {
+        let full = format!("{}::{name}", target.name);
+        if filter.is_some_and(|f| !full.contains(f)) {
+            continue;
+        }
+        let began = Instant::now();
+        match scenario(&url) {
+            Ok(summary) if summary.starts_with(SKIPPED) => {
                 skipped += 1;
-                continue;
+                say(format!("test {full} ... {summary}"));
             }
-        };
-        for (name, scenario) in &target.scenarios {
-            let full = format!("{}::{name}", target.name);
-            if filter.as_deref().is_some_and(|f| !full.contains(f)) {
-                continue;
+            Ok(summary) => {
+                passed += 1;
+                say(format!(
+                    "test {full} ... ok ({:.1}s): {summary}",
+                    began.elapsed().as_secs_f64()
+                ));
             }
-            let began = Instant::now();
-            match scenario(&url) {
-                Ok(summary) if summary.starts_with(SKIPPED) => {
-                    skipped += 1;
-                    let _ = writeln!(out, "test {full} ... {summary}");
-                }
-                Ok(summary) => {
-                    passed += 1;
-                    let _ = writeln!(
-                        out,
-                        "test {full} ... ok ({:.1}s): {summary}",
-                        began.elapsed().as_secs_f64()
-                    );
-                }
-                Err(why) => {
-                    failed += 1;
-                    let _ = writeln!(out, "test {full} ... FAILED: {why}");
-                }
+            Err(why) => {
+                failed += 1;
+                say(format!("test {full} ... FAILED: {why}"));
             }
         }
     }
-    let _ = writeln!(out, "\n{passed} passed, {failed} failed, {skipped} skipped");
-    std::process::exit(if failed > 0 { 1 } else { 0 });
+    (passed, failed, skipped)
 }
