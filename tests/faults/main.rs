@@ -5,7 +5,8 @@
 //! It runs against real servers (SQLite always; PostgreSQL and MySQL/MariaDB
 //! when `INBOX_TEST_POSTGRES_URL` / `INBOX_TEST_MYSQL_URL` are set and the
 //! features are on) and re-runs its own binary as worker processes that
-//! crash with `std::process::abort()`.
+//! crash with `std::process::abort()`. The backends run side by side, one
+//! thread each; a backend's scenarios run one after another.
 //!
 //! `cargo test --test faults -- [FILTER]` runs the scenarios whose name
 //! contains FILTER. `INBOX_PROPTEST_CASES=N` runs the randomized schedules
@@ -318,56 +319,89 @@ fn main() {
         std::process::exit(worker(&role));
     }
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
-    let mut rows = Vec::new();
-    let mut out = std::io::stdout();
-    for backend in backends() {
-        if let Err(why) = &backend.url {
-            let _ = writeln!(
-                out,
-                "SKIPPED: {} fault scenarios: {why}; run with the server URL set and --all-features",
-                backend.name
-            );
-            skipped += 1;
+    // The backends' scenarios run side by side, one thread per backend
+    // (each backend is its own server, and each scenario's databases and
+    // files are its own); within a backend they run one after another.
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let runs: Vec<_> = backends()
+            .into_iter()
+            .map(|backend| s.spawn(|| run_backend(backend, filter.as_deref())))
+            .collect();
+        runs.into_iter()
+            .map(|run| run.join().expect("a backend's scenarios panicked"))
+            .collect()
+    });
+    let rows: Vec<String> = runs.iter().flat_map(|r| r.rows.iter().cloned()).collect();
+    let passed: u32 = runs.iter().map(|r| r.passed).sum();
+    let failed: u32 = runs.iter().map(|r| r.failed).sum();
+    let skipped: u32 = runs.iter().map(|r| r.skipped).sum();
+    write_report(&rows);
+    let _ = writeln!(
+        std::io::stdout(),
+        "\n{passed} passed, {failed} failed, {skipped} skipped"
+    );
+    std::process::exit(if failed > 0 { 1 } else { 0 });
+}
+
+/// What one backend's scenarios did.
+#[derive(Default)]
+struct Run {
+    passed: u32,
+    failed: u32,
+    skipped: u32,
+    /// The report's rows of the scenarios that passed.
+    rows: Vec<String>,
+}
+
+/// Runs `backend`'s scenarios (those whose name contains `filter`) one
+/// after another, printing each result as it ends.
+fn run_backend(backend: Backend, filter: Option<&str>) -> Run {
+    let mut run = Run::default();
+    let say = |line: String| {
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
+    };
+    if let Err(why) = &backend.url {
+        say(format!(
+            "SKIPPED: {} fault scenarios: {why}; run with the server URL set and --all-features",
+            backend.name
+        ));
+        run.skipped += 1;
+        return run;
+    }
+    for (name, scenario) in &backend.scenarios {
+        let full = format!("{}::{name}", backend.name);
+        if filter.is_some_and(|f| !full.contains(f)) {
             continue;
         }
-        for (name, scenario) in &backend.scenarios {
-            let full = format!("{}::{name}", backend.name);
-            if filter.as_deref().is_some_and(|f| !full.contains(f)) {
-                continue;
+        let started = Instant::now();
+        let result = panic::catch_unwind(AssertUnwindSafe(scenario));
+        let secs = started.elapsed().as_secs_f64();
+        match result {
+            Ok(Ok(Outcome::Pass(row))) => {
+                run.passed += 1;
+                say(format!("test {full} ... ok ({secs:.1}s)"));
+                run.rows.push(row);
             }
-            let started = Instant::now();
-            let result = panic::catch_unwind(AssertUnwindSafe(scenario));
-            let secs = started.elapsed().as_secs_f64();
-            match result {
-                Ok(Ok(Outcome::Pass(row))) => {
-                    passed += 1;
-                    let _ = writeln!(out, "test {full} ... ok ({secs:.1}s)");
-                    rows.push(row);
-                }
-                Ok(Ok(Outcome::Skip(why))) => {
-                    skipped += 1;
-                    let _ = writeln!(out, "test {full} ... SKIPPED: {why}");
-                }
-                Ok(Err(why)) => {
-                    failed += 1;
-                    let _ = writeln!(out, "test {full} ... FAILED ({secs:.1}s): {why}");
-                }
-                Err(panic) => {
-                    failed += 1;
-                    let why = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
-                    let _ = writeln!(out, "test {full} ... FAILED (panic): {why}");
-                }
+            Ok(Ok(Outcome::Skip(why))) => {
+                run.skipped += 1;
+                say(format!("test {full} ... SKIPPED: {why}"));
+            }
+            Ok(Err(why)) => {
+                run.failed += 1;
+                say(format!("test {full} ... FAILED ({secs:.1}s): {why}"));
+            }
+            Err(panic) => {
+                run.failed += 1;
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                say(format!("test {full} ... FAILED (panic): {why}"));
             }
         }
     }
-    write_report(&rows);
-    let _ = writeln!(out, "\n{passed} passed, {failed} failed, {skipped} skipped");
-    std::process::exit(if failed > 0 { 1 } else { 0 });
+    run
 }
 
 fn write_report(rows: &[String]) {
