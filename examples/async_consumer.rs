@@ -7,11 +7,11 @@
 //! to three times, in any order, on any task.
 //! `DATABASE_URL=postgres://… cargo run --example async_consumer --features async,postgres`
 //! (or `mysql://…` with `--features async,mysql`) runs it on a server, on
-//! `AsyncPgConnection` or `AsyncMysqlConnection`. Some first deliveries are
-//! cancelled by a timeout mid-handler, as a shutdown or a `select!` would;
-//! under contention the 50 ms timeout also cancels some deliveries at other
-//! points, including during their COMMIT. At the end every balance must
-//! equal exactly one application of each payment.
+//! `AsyncPgConnection` or `AsyncMysqlConnection`. Some deliveries stall
+//! mid-handler and are cancelled by a 50 ms timeout, as a shutdown or a
+//! `select!` would; under contention the 1 s timeout of the others also
+//! cancels some at other points, including during their COMMIT. At the end
+//! every balance must equal exactly one application of each payment.
 
 use diesel_inbox::InboxError;
 
@@ -171,13 +171,22 @@ macro_rules! async_consumer {
                                     break;
                                 };
                                 let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-                                // One delivery in 50 stalls and is cancelled by its timeout
-                                // (a second: far above a healthy delivery, even on a
-                                // new connection's first claim on a loaded machine,
-                                // so that only the stalled ones are cancelled).
+                                // One delivery in 50 stalls mid-body, after its write,
+                                // and is cancelled after 50 ms, as a shutdown or a
+                                // `select!` would. A healthy one gets a second, far
+                                // above its time even on a new connection's first
+                                // claim on a loaded machine: a short limit for every
+                                // delivery cancels the same ones over and over (on
+                                // SQLite a stalled delivery holds the write lock while
+                                // it waits).
                                 let slow = next(&mut seed) % 50 == 0;
+                                let limit = if slow {
+                                    Duration::from_millis(50)
+                                } else {
+                                    Duration::from_secs(1)
+                                };
                                 let delivery = credit(&mut conn, &payment, slow);
-                                match tokio::time::timeout(Duration::from_secs(1), delivery).await {
+                                match tokio::time::timeout(limit, delivery).await {
                                     Ok(Ok(Processed::Applied(()))) => counts[0] += 1,
                                     Ok(Ok(Processed::Duplicate)) => counts[1] += 1,
                                     Ok(Err(e)) => return Err(format!("{}: {e:?}", payment.id)),
