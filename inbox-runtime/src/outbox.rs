@@ -696,120 +696,185 @@ pub struct Settled {
     pub released: u64,
 }
 
-/// The relay's claim, in a short transaction of its own: up to `limit`
-/// due messages, the oldest of each ordering key that is not dead,
-/// skipping rows other relays hold (`FOR UPDATE SKIP LOCKED`; SQLite's
-/// immediate transaction serializes claims), each held for `lease`.
-#[doc(hidden)]
 #[cfg(feature = "async")]
-pub async fn claim_async<C: AsyncInboxConnection>(
-    conn: &mut C,
-    limit: usize,
-    lease: Duration,
-) -> Result<Claim, InboxError> {
-    let token = uuid_v7();
-    let op = Op::Claim {
-        limit: limit.clamp(1, 100_000) as i64,
-        lease: lease.as_micros() as i64,
-        token: token.clone(),
-    };
-    match relay_transaction(conn, vec![op]).await.map(|mut a| a.pop()) {
-        Ok(Some(Answer::Claimed(rows))) => Ok(Claim::of(token, rows)),
-        Ok(Some(other)) => Err(unexpected(other)),
-        Ok(None) => Err(unexpected_end()),
-        Err(e) => Err(ops_error::<C::Backend>(e)),
+impl Settled {
+    fn add(&mut self, other: Settled) {
+        self.published += other.published;
+        self.failed += other.failed;
+        self.dead += other.dead;
+        self.released += other.released;
     }
 }
 
-/// Settles a claim: `outcomes[i]` is how `claim.messages[i]`'s publish
-/// ended. A row another relay took over after the lease ran out is left to
-/// it. Reports published, failed and dead messages to telemetry (the
+/// What a relay's [`step_async`] did: the settlements' counts, and the
+/// next batch when it claimed one that is not empty.
+#[doc(hidden)]
+#[cfg(feature = "async")]
+#[derive(Debug, Default)]
+pub struct Stepped {
+    pub settled: Settled,
+    pub claim: Option<Claim>,
+}
+
+/// One step of a relay, in one short transaction: settles each
+/// `(claim, outcomes)` of `settle` (`outcomes[i]` is how
+/// `claim.messages[i]`'s publish ended; a row another relay took over
+/// after the lease ran out is left to it), then, with `next = Some((limit,
+/// lease))`, claims up to `limit` due messages, the oldest of each
+/// ordering key that is not dead, skipping rows other relays hold (`FOR
+/// UPDATE SKIP LOCKED`; SQLite's immediate transaction serializes claims),
+/// each held for `lease`. The claim sees the settlements before it: a
+/// published message lets its key's next one through.
+///
+/// Reports published, failed and dead messages to telemetry (the
 /// commit-to-confirm latency of each published one, a WARN per dead one).
 #[doc(hidden)]
 #[cfg(feature = "async")]
-pub async fn settle_async<C: AsyncInboxConnection>(
+pub async fn step_async<C: AsyncInboxConnection>(
     conn: &mut C,
-    claim: &Claim,
-    outcomes: &[Settlement],
-) -> Result<Settled, InboxError> {
-    // One short transaction: the failures' counts, the published rows'
-    // delete, the given-back rows' release.
+    settle: &[(&Claim, &[Settlement])],
+    next: Option<(usize, Duration)>,
+) -> Result<Stepped, InboxError> {
     let mut ops = Vec::new();
-    let mut failed = Vec::new();
-    let mut published = Vec::new();
-    let mut released = Vec::new();
-    for (i, outcome) in outcomes.iter().enumerate().take(claim.seqs.len()) {
-        let seq = claim.seqs[i];
-        match outcome {
-            Settlement::Published => published.push(i),
-            Settlement::Released => released.push(seq),
-            Settlement::Failed {
-                error,
-                retry_in,
-                max_attempts,
-            } => {
-                failed.push((i, error, *max_attempts));
-                ops.push(Op::Failed {
-                    token: claim.token.clone(),
-                    seq,
-                    error: error.clone(),
-                    delay: retry_in.as_micros() as i64,
-                    max_attempts: (*max_attempts).min(i32::MAX as u32) as i32,
-                });
-            }
-        }
-    }
-    if !published.is_empty() {
-        ops.push(Op::Published {
-            token: claim.token.clone(),
-            seqs: published.iter().map(|&i| claim.seqs[i]).collect(),
+    let plans: Vec<SettlePlan> = settle
+        .iter()
+        .map(|(claim, outcomes)| SettlePlan::of(claim, outcomes, &mut ops))
+        .collect();
+    let token = next.map(|(limit, lease)| {
+        let token = uuid_v7();
+        ops.push(Op::Claim {
+            limit: limit.clamp(1, 100_000) as i64,
+            lease: lease.as_micros() as i64,
+            token: token.clone(),
         });
-    }
-    if !released.is_empty() {
-        ops.push(Op::Released {
-            token: claim.token.clone(),
-            seqs: released.clone(),
-        });
-    }
+        token
+    });
     if ops.is_empty() {
-        return Ok(Settled::default());
+        return Ok(Stepped::default());
     }
     let mut answers = relay_transaction(conn, ops)
         .await
         .map_err(ops_error::<C::Backend>)?
         .into_iter();
-    let mut settled = Settled::default();
-    for (i, error, max_attempts) in failed {
-        let updated = count_of(answers.next().ok_or_else(unexpected_end)?)?;
-        let message = &claim.messages[i];
-        if updated == 1 && message.attempts + 1 >= max_attempts {
-            settled.dead += 1;
-            tracing::warn!(
-                target: crate::telemetry::TARGET,
-                id = %message.id,
-                destination = %message.destination,
-                attempts = message.attempts + 1,
-                error = %error,
-                "diesel-inbox: outbox message is dead"
-            );
-        } else {
-            settled.failed += updated;
+    let mut stepped = Stepped::default();
+    for ((claim, _), plan) in settle.iter().zip(plans) {
+        stepped.settled.add(plan.read(claim, &mut answers)?);
+    }
+    crate::telemetry::outbox_failed(stepped.settled.failed, stepped.settled.dead);
+    if let Some(token) = token {
+        match answers.next() {
+            Some(Answer::Claimed(rows)) => {
+                stepped.claim = (!rows.is_empty()).then(|| Claim::of(token, rows));
+            }
+            Some(other) => return Err(unexpected(other)),
+            None => return Err(unexpected_end()),
         }
     }
-    if !published.is_empty() {
-        settled.published = count_of(answers.next().ok_or_else(unexpected_end)?)?;
-        let now = now_micros();
-        let latencies: Vec<Duration> = published
-            .iter()
-            .map(|&i| micros(now - claim.created[i]))
-            .collect();
-        crate::telemetry::outbox_published(&latencies);
+    Ok(stepped)
+}
+
+/// The statements of one claim's settlement, and where their answers go.
+#[cfg(feature = "async")]
+struct SettlePlan {
+    /// The failed messages' indexes, errors and attempt limits, one
+    /// statement each.
+    failed: Vec<(usize, String, u32)>,
+    /// The published messages' indexes, one delete.
+    published: Vec<usize>,
+    /// Whether one update gives rows back.
+    released: bool,
+}
+
+#[cfg(feature = "async")]
+impl SettlePlan {
+    /// Pushes the settlement's statements onto `ops`: the failures'
+    /// counts, the published rows' delete, the given-back rows' release.
+    fn of(claim: &Claim, outcomes: &[Settlement], ops: &mut Vec<Op>) -> Self {
+        let mut plan = SettlePlan {
+            failed: Vec::new(),
+            published: Vec::new(),
+            released: false,
+        };
+        let mut released = Vec::new();
+        for (i, outcome) in outcomes.iter().enumerate().take(claim.seqs.len()) {
+            let seq = claim.seqs[i];
+            match outcome {
+                Settlement::Published => plan.published.push(i),
+                Settlement::Released => released.push(seq),
+                Settlement::Failed {
+                    error,
+                    retry_in,
+                    max_attempts,
+                } => {
+                    plan.failed.push((i, error.clone(), *max_attempts));
+                    ops.push(Op::Failed {
+                        token: claim.token.clone(),
+                        seq,
+                        error: error.clone(),
+                        delay: retry_in.as_micros() as i64,
+                        max_attempts: (*max_attempts).min(i32::MAX as u32) as i32,
+                    });
+                }
+            }
+        }
+        if !plan.published.is_empty() {
+            ops.push(Op::Published {
+                token: claim.token.clone(),
+                seqs: plan.published.iter().map(|&i| claim.seqs[i]).collect(),
+            });
+        }
+        if !released.is_empty() {
+            plan.released = true;
+            ops.push(Op::Released {
+                token: claim.token.clone(),
+                seqs: released,
+            });
+        }
+        plan
     }
-    if !released.is_empty() {
-        settled.released = count_of(answers.next().ok_or_else(unexpected_end)?)?;
+
+    /// Reads the settlement's answers off `answers`, in the order [`of`]
+    /// pushed its statements.
+    ///
+    /// [`of`]: SettlePlan::of
+    fn read(
+        self,
+        claim: &Claim,
+        answers: &mut impl Iterator<Item = Answer>,
+    ) -> Result<Settled, InboxError> {
+        let mut settled = Settled::default();
+        for (i, error, max_attempts) in self.failed {
+            let updated = count_of(answers.next().ok_or_else(unexpected_end)?)?;
+            let message = &claim.messages[i];
+            if updated == 1 && message.attempts + 1 >= max_attempts {
+                settled.dead += 1;
+                tracing::warn!(
+                    target: crate::telemetry::TARGET,
+                    id = %message.id,
+                    destination = %message.destination,
+                    attempts = message.attempts + 1,
+                    error = %error,
+                    "diesel-inbox: outbox message is dead"
+                );
+            } else {
+                settled.failed += updated;
+            }
+        }
+        if !self.published.is_empty() {
+            settled.published = count_of(answers.next().ok_or_else(unexpected_end)?)?;
+            let now = now_micros();
+            let latencies: Vec<Duration> = self
+                .published
+                .iter()
+                .map(|&i| micros(now - claim.created[i]))
+                .collect();
+            crate::telemetry::outbox_published(&latencies);
+        }
+        if self.released {
+            settled.released = count_of(answers.next().ok_or_else(unexpected_end)?)?;
+        }
+        Ok(settled)
     }
-    crate::telemetry::outbox_failed(settled.failed, settled.dead);
-    Ok(settled)
 }
 
 #[cfg(feature = "async")]

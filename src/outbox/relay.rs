@@ -310,40 +310,52 @@ where
 
     /// [`run_once`](Self::run_once), counting into `report` as it goes (a
     /// pass that fails after publishing keeps what it published).
+    ///
+    /// Batch `k` is published while one transaction settles batch `k - 1`
+    /// and claims batch `k + 1`: one short transaction per batch, and the
+    /// database's work overlaps the broker's. The claim sees the
+    /// settlement before it, so a key's next message is claimed once the
+    /// previous one is published; batch `k`'s rows are held, so the claim
+    /// skips them and their keys' later messages.
     async fn pass(&self, report: &mut RelayReport) -> Result<(), RelayError> {
-        let mut next = self.claim().await?;
-        while let Some(current) = next.take() {
-            let (delivered, claimed) = tokio::join!(self.deliver(current), self.claim());
-            let (delivered, claimed) = match (delivered, claimed) {
-                (Ok(delivered), Ok(claimed)) => (delivered, claimed),
-                (Err(e), claimed) => {
-                    // Give a claim that will not be published back at once.
-                    if let Ok(Some(claimed)) = claimed {
-                        let _ = self.release(claimed).await;
-                    }
-                    return Err(e);
-                }
-                (Ok(delivered), Err(e)) => {
-                    report.add(delivered);
-                    return Err(e);
-                }
+        let mut current = self.step(report, &[], true).await?;
+        let mut unsettled: Option<Delivered> = None;
+        loop {
+            let Some(claim) = current.take() else {
+                // Nothing more was due when the last batch was claimed:
+                // settle it, and claim what its keys let through.
+                let Some(last) = unsettled.take() else {
+                    return Ok(());
+                };
+                current = self.step(report, &[last], true).await?;
+                continue;
             };
-            report.add(delivered);
-            if delivered.released > 0 {
-                if let Some(claimed) = claimed {
-                    report.released += self.release(claimed).await?;
+            let earlier: Vec<Delivered> = unsettled.take().into_iter().collect();
+            let (delivered, stepped) =
+                tokio::join!(self.publish(claim), self.step(report, &earlier, true));
+            match stepped {
+                Ok(next) => current = next,
+                Err(e) => {
+                    // The batch just published is settled on its own (its
+                    // rows would otherwise wait for the lease to end).
+                    let _ = self.step(report, &[delivered], false).await;
+                    return Err(e);
                 }
-                return Ok(());
             }
-            next = match claimed {
-                Some(claimed) => Some(claimed),
-                // The batch just settled may have let later messages of
-                // its keys through.
-                None if delivered.published + delivered.dead > 0 => self.claim().await?,
-                None => None,
-            };
+            if delivered.stops() {
+                // The broker is unavailable or the publisher closed: this
+                // batch is settled and the next given back, uncounted.
+                let closed = delivered.closed.clone();
+                let mut settle = vec![delivered];
+                settle.extend(current.take().map(Delivered::released));
+                self.step(report, &settle, false).await?;
+                return match closed {
+                    Some(e) => Err(RelayError::Publisher(e)),
+                    None => Ok(()),
+                };
+            }
+            unsettled = Some(delivered);
         }
-        Ok(())
     }
 
     /// Publishes until `shutdown` resolves, then returns what it did.
@@ -399,52 +411,51 @@ where
         }
     }
 
-    /// A claim of the next batch on a connection of its own, or `None`
-    /// when nothing is due.
-    async fn claim(&self) -> Result<Option<steps::Claim>, RelayError> {
-        let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
-        let claim = steps::claim_async(&mut *conn, self.batch_size, self.lease).await?;
-        Ok((!claim.messages.is_empty()).then_some(claim))
-    }
-
-    /// Gives a claimed batch back unpublished: how many rows.
-    async fn release(&self, claim: steps::Claim) -> Result<u64, RelayError> {
-        let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
-        let outcomes = vec![Settlement::Released; claim.messages.len()];
-        Ok(steps::settle_async(&mut *conn, &claim, &outcomes)
-            .await?
-            .released)
-    }
-
-    /// Settles a published batch, again after a transient failure (a
-    /// deadlock, Galera's certification conflict): the broker has the
-    /// messages, and a settlement given up would leave the rows held until
-    /// the lease ends, then publish them twice.
-    async fn settle(
+    /// One short transaction on a connection of its own: settles
+    /// `settle`, counting it into `report`, then, with `claim`, claims the
+    /// next batch (`None`: nothing is due). Run again after a transient
+    /// failure (a deadlock, Galera's certification conflict): the broker
+    /// has the settled messages, and a settlement given up would leave
+    /// their rows held until the lease ends, then publish them twice.
+    async fn step(
         &self,
-        claim: &steps::Claim,
-        outcomes: &[Settlement],
-    ) -> Result<steps::Settled, RelayError> {
+        report: &mut RelayReport,
+        settle: &[Delivered],
+        claim: bool,
+    ) -> Result<Option<steps::Claim>, RelayError> {
         type Backend<D> =
             <<D as RelayPool>::Connection as diesel_async::AsyncConnectionCore>::Backend;
+        let settle: Vec<(&steps::Claim, &[Settlement])> = settle
+            .iter()
+            .map(|d| (&d.claim, d.outcomes.as_slice()))
+            .collect();
+        let next = claim.then_some((self.batch_size, self.lease));
         let mut attempt = 0;
-        loop {
+        let stepped = loop {
             attempt += 1;
             let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
-            match steps::settle_async(&mut *conn, claim, outcomes).await {
+            match steps::step_async(&mut *conn, &settle, next).await {
                 Err(InboxError::Database(e))
                     if attempt < SETTLE_ATTEMPTS
                         && <Backend<D> as inbox_runtime::InboxBackend>::is_transient(&e) =>
                 {
+                    drop(conn);
                     tokio::time::sleep(OUTAGE_DELAY / 10 * attempt).await;
                 }
-                settled => return settled.map_err(RelayError::Database),
+                stepped => break stepped.map_err(RelayError::Database)?,
             }
-        }
+        };
+        let settled = stepped.settled;
+        report.published += settled.published;
+        report.failed += settled.failed;
+        report.dead += settled.dead;
+        report.released += settled.released;
+        report.batches += u64::from(stepped.claim.is_some());
+        Ok(stepped.claim)
     }
 
-    /// One claimed batch: publish, settle.
-    async fn deliver(&self, claim: steps::Claim) -> Result<RelayReport, RelayError> {
+    /// Publishes one claimed batch: how each message's publish ended.
+    async fn publish(&self, claim: steps::Claim) -> Delivered {
         let claimed = claim.messages.len();
         let span = tracing::info_span!(target: "diesel_inbox", "diesel_inbox.outbox.publish", messages = claimed);
         let started = Instant::now();
@@ -460,6 +471,7 @@ where
                 ],
             };
         let mut closed = None;
+        let mut unavailable = false;
         let outcomes: Vec<Settlement> = (0..claimed)
             .map(|i| match results.get(i) {
                 Some(Ok(())) => Settlement::Published,
@@ -476,22 +488,52 @@ where
                     closed = Some(e.clone());
                     Settlement::Released
                 }
-                Some(Err(PublishError::Unavailable(_))) | None => Settlement::Released,
+                Some(Err(PublishError::Unavailable(_))) | None => {
+                    unavailable = true;
+                    Settlement::Released
+                }
             })
             .collect();
-        let settled = self.settle(&claim, &outcomes).await?;
-        tracing::debug!(target: "diesel_inbox", parent: &span, published = settled.published, failed = settled.failed, dead = settled.dead, released = settled.released, elapsed_ms = started.elapsed().as_millis() as u64, "diesel-inbox: outbox batch");
-        if let Some(e) = closed {
-            return Err(RelayError::Publisher(e));
+        let published = outcomes
+            .iter()
+            .filter(|o| **o == Settlement::Published)
+            .count();
+        tracing::debug!(target: "diesel_inbox", parent: &span, claimed, published, unavailable, elapsed_ms = started.elapsed().as_millis() as u64, "diesel-inbox: outbox batch");
+        Delivered {
+            claim,
+            outcomes,
+            closed,
+            unavailable,
         }
-        Ok(RelayReport {
-            published: settled.published,
-            failed: settled.failed,
-            dead: settled.dead,
-            released: settled.released,
-            batches: 1,
-            errors: 0,
-        })
+    }
+}
+
+/// A claimed batch after its publish, to be settled.
+struct Delivered {
+    claim: steps::Claim,
+    /// How each message's publish ended.
+    outcomes: Vec<Settlement>,
+    /// The publisher cannot publish any more.
+    closed: Option<PublishError>,
+    /// The broker was unavailable for some of it.
+    unavailable: bool,
+}
+
+impl Delivered {
+    /// A claim given back unpublished.
+    fn released(claim: steps::Claim) -> Self {
+        Delivered {
+            outcomes: vec![Settlement::Released; claim.messages.len()],
+            claim,
+            closed: None,
+            unavailable: true,
+        }
+    }
+
+    /// Whether the pass ends after it: the broker was unavailable, or the
+    /// publisher closed.
+    fn stops(&self) -> bool {
+        self.unavailable || self.closed.is_some()
     }
 }
 
