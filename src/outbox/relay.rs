@@ -1,7 +1,8 @@
 //! The outbox relay, written once for every broker: claim a batch of due
-//! messages (a short transaction), publish them through a [`Publish`]er
-//! with the broker's confirms, settle each (delete, count a failure, or
-//! give it back), and wait for the next wake-up or poll.
+//! messages, publish them through a [`Publish`]er with the broker's
+//! confirms, settle each (delete, count a failure, or give it back), and
+//! wait for the next wake-up or poll. One short transaction per batch
+//! settles the batch before and claims the next, while a batch publishes.
 
 use crate::brokers::jittered_backoff;
 use diesel_async::pooled_connection::deadpool::Pool;
