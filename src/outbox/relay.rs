@@ -337,9 +337,13 @@ where
             match stepped {
                 Ok(next) => current = next,
                 Err(e) => {
-                    // The batch just published is settled on its own (its
-                    // rows would otherwise wait for the lease to end).
-                    let _ = self.step(report, &[delivered], false).await;
+                    // The batches whose settlement failed, and the one just
+                    // published, are settled once more without a claim
+                    // (their rows would otherwise wait for the lease to end,
+                    // then be published again).
+                    let mut settle = earlier;
+                    settle.push(delivered);
+                    let _ = self.step(report, &settle, false).await;
                     return Err(e);
                 }
             }
