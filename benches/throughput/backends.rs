@@ -26,6 +26,9 @@ pub trait Bench: Sized + 'static {
     const LABEL: &'static str;
     /// A query for the server's version, for the results.
     const VERSION_SQL: &'static str;
+    /// What `--outbox` runs after each round empties `outbox_messages`
+    /// (untimed), if anything.
+    const OUTBOX_EMPTIED: Option<&'static str>;
     /// The sync connection.
     type Conn: InboxConnection + LoadConnection + Send + 'static;
 

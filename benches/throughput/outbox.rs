@@ -78,14 +78,10 @@ fn fill<B: Bench>(url: &str, n: usize) -> Result<(), String> {
     let mut conn = B::open(url);
     conn.batch_execute("DELETE FROM outbox_messages")
         .map_err(|e| e.to_string())?;
-    // Every round deletes what the last one left: on a PostgreSQL server
-    // without autovacuum (Debian's test servers here run with it off) the
-    // dead rows would pile up round after round and run after run, and the
-    // claims of later samples would scan them. A production server's
-    // autovacuum keeps up with an outbox; this does its work untimed.
-    if B::NAME == "postgres" {
-        conn.batch_execute("VACUUM outbox_messages")
-            .map_err(|e| e.to_string())?;
+    // Every round deletes what the last one left (PostgreSQL then vacuums:
+    // `Bench::OUTBOX_EMPTIED`).
+    if let Some(sql) = B::OUTBOX_EMPTIED {
+        conn.batch_execute(sql).map_err(|e| e.to_string())?;
     }
     B::tx(&mut conn, |conn| {
         for i in 0..n {

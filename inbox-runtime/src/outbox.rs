@@ -696,16 +696,6 @@ pub struct Settled {
     pub released: u64,
 }
 
-#[cfg(feature = "async")]
-impl Settled {
-    fn add(&mut self, other: Settled) {
-        self.published += other.published;
-        self.failed += other.failed;
-        self.dead += other.dead;
-        self.released += other.released;
-    }
-}
-
 /// What a relay's [`step_async`] did: the settlements' counts, and the
 /// next batch when it claimed one that is not empty.
 #[doc(hidden)]
@@ -758,9 +748,8 @@ pub async fn step_async<C: AsyncInboxConnection>(
         .into_iter();
     let mut stepped = Stepped::default();
     for ((claim, _), plan) in settle.iter().zip(plans) {
-        stepped.settled.add(plan.read(claim, &mut answers)?);
+        plan.read(claim, &mut answers, &mut stepped.settled)?;
     }
-    crate::telemetry::outbox_failed(stepped.settled.failed, stepped.settled.dead);
     if let Some(token) = token {
         match answers.next() {
             Some(Answer::Claimed(rows)) => {
@@ -834,15 +823,17 @@ impl SettlePlan {
     }
 
     /// Reads the settlement's answers off `answers`, in the order [`of`]
-    /// pushed its statements.
+    /// pushed its statements, counts them into `settled` and reports them
+    /// to telemetry.
     ///
     /// [`of`]: SettlePlan::of
     fn read(
         self,
         claim: &Claim,
         answers: &mut impl Iterator<Item = Answer>,
-    ) -> Result<Settled, InboxError> {
-        let mut settled = Settled::default();
+        settled: &mut Settled,
+    ) -> Result<(), InboxError> {
+        let (failed, dead) = (settled.failed, settled.dead);
         for (i, error, max_attempts) in self.failed {
             let updated = count_of(answers.next().ok_or_else(unexpected_end)?)?;
             let message = &claim.messages[i];
@@ -861,7 +852,7 @@ impl SettlePlan {
             }
         }
         if !self.published.is_empty() {
-            settled.published = count_of(answers.next().ok_or_else(unexpected_end)?)?;
+            settled.published += count_of(answers.next().ok_or_else(unexpected_end)?)?;
             let now = now_micros();
             let latencies: Vec<Duration> = self
                 .published
@@ -871,9 +862,10 @@ impl SettlePlan {
             crate::telemetry::outbox_published(&latencies);
         }
         if self.released {
-            settled.released = count_of(answers.next().ok_or_else(unexpected_end)?)?;
+            settled.released += count_of(answers.next().ok_or_else(unexpected_end)?)?;
         }
-        Ok(settled)
+        crate::telemetry::outbox_failed(settled.failed - failed, settled.dead - dead);
+        Ok(())
     }
 }
 

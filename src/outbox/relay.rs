@@ -441,7 +441,7 @@ where
             let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
             match steps::step_async(&mut *conn, &settle, next).await {
                 Err(InboxError::Database(e))
-                    if attempt < SETTLE_ATTEMPTS
+                    if attempt < STEP_ATTEMPTS
                         && <Backend<D> as inbox_runtime::InboxBackend>::is_transient(&e) =>
                 {
                     drop(conn);
@@ -476,7 +476,6 @@ where
                 ],
             };
         let mut closed = None;
-        let mut unavailable = false;
         let outcomes: Vec<Settlement> = (0..claimed)
             .map(|i| match results.get(i) {
                 Some(Ok(())) => Settlement::Published,
@@ -493,22 +492,21 @@ where
                     closed = Some(e.clone());
                     Settlement::Released
                 }
-                Some(Err(PublishError::Unavailable(_))) | None => {
-                    unavailable = true;
-                    Settlement::Released
-                }
+                Some(Err(PublishError::Unavailable(_))) | None => Settlement::Released,
             })
             .collect();
-        let published = outcomes
-            .iter()
-            .filter(|o| **o == Settlement::Published)
-            .count();
-        tracing::debug!(target: "diesel_inbox", parent: &span, claimed, published, unavailable, elapsed_ms = started.elapsed().as_millis() as u64, "diesel-inbox: outbox batch");
+        tracing::debug!(
+            target: "diesel_inbox",
+            parent: &span,
+            claimed,
+            published = outcomes.iter().filter(|o| **o == Settlement::Published).count(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "diesel-inbox: outbox batch"
+        );
         Delivered {
             claim,
             outcomes,
             closed,
-            unavailable,
         }
     }
 }
@@ -520,8 +518,6 @@ struct Delivered {
     outcomes: Vec<Settlement>,
     /// The publisher cannot publish any more.
     closed: Option<PublishError>,
-    /// The broker was unavailable for some of it.
-    unavailable: bool,
 }
 
 impl Delivered {
@@ -531,19 +527,19 @@ impl Delivered {
             outcomes: vec![Settlement::Released; claim.messages.len()],
             claim,
             closed: None,
-            unavailable: true,
         }
     }
 
-    /// Whether the pass ends after it: the broker was unavailable, or the
-    /// publisher closed.
+    /// Whether the pass ends after it: a message was given back, because
+    /// the broker was unavailable or the publisher closed (nothing else
+    /// gives one back).
     fn stops(&self) -> bool {
-        self.unavailable || self.closed.is_some()
+        self.outcomes.contains(&Settlement::Released)
     }
 }
 
-/// How often a settlement runs in all when it keeps failing transiently.
-const SETTLE_ATTEMPTS: u32 = 5;
+/// How often a relay step runs in all when it keeps failing transiently.
+const STEP_ATTEMPTS: u32 = 5;
 
 /// How often `run` refreshes the outbox gauges (feature `metrics`).
 #[cfg(feature = "metrics")]

@@ -26,6 +26,7 @@ impl Bench for Mysql {
     const NAME: &'static str = "mysql";
     const LABEL: &'static str = "MariaDB";
     const VERSION_SQL: &'static str = "version()";
+    const OUTBOX_EMPTIED: Option<&'static str> = None;
     type Conn = MysqlConnection;
 
     fn open(url: &str) -> MysqlConnection {

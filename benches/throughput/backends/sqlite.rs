@@ -54,6 +54,7 @@ impl Bench for Sqlite {
     const NAME: &'static str = "sqlite";
     const LABEL: &'static str = "SQLite";
     const VERSION_SQL: &'static str = "'SQLite ' || sqlite_version()";
+    const OUTBOX_EMPTIED: Option<&'static str> = None;
     type Conn = SqliteConnection;
 
     fn open(url: &str) -> SqliteConnection {
