@@ -223,3 +223,151 @@ mod schema {
         diesel_inbox::migrate(&mut conn).expect("read-write migrate");
     }
 }
+
+/// A handler called inside the caller's own transaction, on a WAL file
+/// with `busy_timeout`, by 9 tasks at once, each on a fresh connection (its
+/// first claim, so the shape check runs): the claim waits its turn for the
+/// write lock as a claim in the library's own transaction does. Before the
+/// check ran after the claim's write, its catalog read took a snapshot
+/// inside the caller's deferred transaction that SQLite could not upgrade
+/// while another connection wrote: `database is locked`, at once.
+mod caller_transaction {
+    use super::{common, fresh, open};
+    use diesel::connection::SimpleConnection;
+    use diesel::prelude::*;
+    use diesel_inbox::{idempotent, Processed};
+
+    const TASKS: usize = 9;
+    const ROUNDS: usize = 20;
+
+    diesel::table! { caller_tx_effects (id) { id -> Text } }
+
+    const EFFECTS_DDL: &str = "CREATE TABLE caller_tx_effects (id TEXT PRIMARY KEY)";
+
+    #[idempotent(key = "id", consumer = "caller-tx-sync")]
+    fn apply(conn: &mut SqliteConnection, id: &str) -> QueryResult<()> {
+        diesel::insert_into(caller_tx_effects::table)
+            .values(caller_tx_effects::id.eq(id))
+            .execute(conn)?;
+        Ok(())
+    }
+
+    /// Each round's message of each task, delivered in its round and again
+    /// (a redelivery) in the next.
+    fn message(round: usize, task: usize) -> String {
+        format!("r{round}-t{task}")
+    }
+
+    /// What a task's delivery must report: its own message applied, the
+    /// previous round's a duplicate.
+    fn expected(delivery: usize) -> Processed<()> {
+        match delivery {
+            0 => Processed::Applied(()),
+            _ => Processed::Duplicate,
+        }
+    }
+
+    fn check_effects(db: &str) {
+        let mut conn = open(db);
+        let rows: i64 = caller_tx_effects::table
+            .count()
+            .get_result(&mut conn)
+            .expect("count effects");
+        assert_eq!(rows, (TASKS * ROUNDS) as i64, "each message applied once");
+        let inbox: i64 = diesel_inbox::inbox_messages::table
+            .count()
+            .get_result(&mut conn)
+            .expect("count inbox rows");
+        assert_eq!(inbox, (TASKS * ROUNDS) as i64);
+    }
+
+    fn prepare(test: &str) -> common::TestDb {
+        let db = fresh(test).expect("sqlite is embedded");
+        let mut conn = open(&db);
+        diesel_inbox::migrate(&mut conn).expect("migrate");
+        conn.batch_execute(EFFECTS_DDL).expect("effects table");
+        db
+    }
+
+    #[test]
+    fn sync_claims_in_the_callers_transaction_wait_for_the_write_lock() {
+        let db = prepare("caller_tx_sync");
+        for round in 0..ROUNDS {
+            std::thread::scope(|scope| {
+                for task in 0..TASKS {
+                    let db = &*db;
+                    scope.spawn(move || {
+                        let mut conn = open(db);
+                        let mut deliveries = vec![message(round, task)];
+                        deliveries.extend(round.checked_sub(1).map(|r| message(r, task)));
+                        for (delivery, id) in deliveries.iter().enumerate() {
+                            let got = conn.transaction(|conn| apply(conn, id));
+                            assert_eq!(got, Ok(expected(delivery)), "round {round}, {id}");
+                        }
+                    });
+                }
+            });
+        }
+        check_effects(&db);
+    }
+
+    #[cfg(feature = "async")]
+    mod asynchronous {
+        use super::{caller_tx_effects, check_effects, expected, message, prepare, ROUNDS, TASKS};
+        use crate::common::backend::TestBackend;
+        use crate::Sqlite;
+        use diesel::prelude::*;
+        use diesel::result::Error;
+        use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+        use diesel_async::{AsyncConnection, RunQueryDsl};
+        use diesel_inbox::idempotent;
+
+        type AsyncSqlite = SyncConnectionWrapper<SqliteConnection>;
+
+        #[idempotent(key = "id", consumer = "caller-tx-async")]
+        async fn apply(conn: &mut AsyncSqlite, id: &str) -> QueryResult<()> {
+            diesel::insert_into(caller_tx_effects::table)
+                .values(caller_tx_effects::id.eq(id))
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        #[test]
+        fn async_claims_in_the_callers_transaction_wait_for_the_write_lock() {
+            let db = prepare("caller_tx_async");
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(4)
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                for round in 0..ROUNDS {
+                    // A pool per round: each task's connection is new.
+                    let pool = Sqlite::pool(&db);
+                    let mut tasks = Vec::new();
+                    for task in 0..TASKS {
+                        let pool = pool.clone();
+                        tasks.push(tokio::spawn(async move {
+                            let mut conn = Sqlite::pooled(&pool).await;
+                            let mut deliveries = vec![message(round, task)];
+                            deliveries.extend(round.checked_sub(1).map(|r| message(r, task)));
+                            for (delivery, id) in deliveries.iter().enumerate() {
+                                let got = conn
+                                    .transaction(async |conn| -> Result<_, Error> {
+                                        apply(conn, id).await
+                                    })
+                                    .await;
+                                assert_eq!(got, Ok(expected(delivery)), "round {round}, {id}");
+                            }
+                        }));
+                    }
+                    for task in tasks {
+                        task.await.expect("a task");
+                    }
+                }
+            });
+            check_effects(&db);
+        }
+    }
+}

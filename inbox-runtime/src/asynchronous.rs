@@ -122,12 +122,9 @@ where
         Engine::new(consumer, &what, retries, classify);
     let claim = Claim::Many(consumer, plan);
     let mut positions = Vec::new();
-    let mut step = Step::Begin;
+    let mut step = engine.first();
     let span = engine.span().clone();
     let ended = async {
-        if let Err(refused) = check_shape(conn).await {
-            return Err(engine.refused(refused));
-        }
         loop {
             let event = match step {
                 Step::Body => {
@@ -148,8 +145,8 @@ where
     Ok(plan.outcome(ended, positions))
 }
 
-/// The sync driver's shape check before the first claim on a connection,
-/// on an async one.
+/// The sync driver's shape check of a connection's first claim, on an
+/// async one.
 async fn check_shape<C: AsyncInboxConnection>(conn: &mut C) -> Result<(), InboxError> {
     if observe::shape_unchecked(conn.instrumentation()) {
         let catalog = conn.catalog().await?;
@@ -181,14 +178,11 @@ where
     E: From<InboxError> + From<Error> + std::fmt::Debug,
     R: Fn(&E) -> ErrorClass<E>,
 {
-    if let Err(refused) = check_shape(conn).await {
-        return Err(engine.refused(refused));
-    }
     let claim = Claim::One(one);
     let mut positions = Vec::new();
     // The claim done together with the begin, for the engine's next step.
     let mut claimed = None;
-    let mut step = Step::Begin;
+    let mut step = engine.first();
     loop {
         let event = match step {
             Step::Body => {
@@ -271,6 +265,7 @@ where
             }
             Event::Counted
         }
+        Step::CheckShape => Event::ShapeChecked(check_shape(conn).await),
         Step::Commit(scope) => Event::Committed(conn.inbox_commit(scope).await),
         Step::Rollback => {
             conn.inbox_rollback().await;

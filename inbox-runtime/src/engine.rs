@@ -44,6 +44,12 @@ pub(crate) enum Step {
     Begin,
     /// Insert the inbox row(s); report whether there is anything to run.
     Claim,
+    /// Check the inbox tables' shape, once per call: before the first
+    /// `Begin`, or on SQLite after the first claim (its write, or its
+    /// rollback); see
+    /// [`InboxBackend::CHECK_SHAPE_AFTER_CLAIM`](crate::InboxBackend::CHECK_SHAPE_AFTER_CLAIM).
+    /// A driver answers at once when the connection was checked before.
+    CheckShape,
     /// Run the body (observing its failed statements).
     Body,
     /// Write the body's value, serialized, into the claimed row
@@ -65,6 +71,8 @@ pub(crate) enum Step {
 pub(crate) enum Event<T, E> {
     Begun(Result<Scope, (Scope, Error)>),
     Claimed(Result<Claimed, Error>),
+    /// The shape check: `Err` refuses the tables (or could not read them).
+    ShapeChecked(Result<(), InboxError>),
     Stored(Result<(), Error>),
     /// The failure was counted (a failed count is logged, not returned:
     /// the body's error is what the caller gets).
@@ -148,6 +156,10 @@ impl<E: From<InboxError> + From<Error>> Failure<E> {
 enum State<T, E> {
     Beginning,
     Claiming,
+    /// Checking the tables' shape before the first `Begin` (`None`), or
+    /// after the claim, with what it found (its verdict still unused) or
+    /// its failure (already rolled back).
+    CheckingShape(Option<Result<Claimed, Failure<E>>>),
     Running,
     Storing(T),
     Committing(T),
@@ -178,6 +190,8 @@ pub(crate) struct Engine<'a, B, T, E, R> {
     telemetry: Telemetry,
     /// The outbox's enqueue count when the body started (`wake`).
     enqueues: u64,
+    /// Whether the shape check ran in this call.
+    shape_checked: bool,
 }
 
 impl<'a, B, T, E, R> Engine<'a, B, T, E, R>
@@ -186,8 +200,8 @@ where
     E: From<InboxError> + From<Error> + std::fmt::Debug,
     R: Fn(&E) -> ErrorClass<E>,
 {
-    /// A call that may rerun its transaction `retries` times; the first
-    /// step is [`Step::Begin`].
+    /// A call that may rerun its transaction `retries` times; its first
+    /// step is [`first`](Self::first).
     pub(crate) fn new(consumer: &'a str, what: &'a str, retries: u32, classify: R) -> Self {
         Engine {
             consumer,
@@ -196,12 +210,16 @@ where
             attempts: 1,
             classify,
             scope: Scope::TopLevel,
-            state: State::Beginning,
+            state: match B::CHECK_SHAPE_AFTER_CLAIM {
+                true => State::Beginning,
+                false => State::CheckingShape(None),
+            },
             encode: None,
             count: None,
             backend: PhantomData,
             telemetry: Telemetry::start(consumer, what),
             enqueues: 0,
+            shape_checked: false,
         }
     }
 
@@ -229,20 +247,20 @@ where
         self.telemetry.span()
     }
 
+    /// The call's first step: the shape check, or (SQLite) `Begin`.
+    pub(crate) fn first(&self) -> Step {
+        match self.state {
+            State::CheckingShape(None) => Step::CheckShape,
+            _ => Step::Begin,
+        }
+    }
+
     pub(crate) fn next(&mut self, event: Event<T, E>) -> Next<T, E> {
         let next = self.advance(event);
         if let Next::Done(result) = &next {
             self.report(result);
         }
         next
-    }
-
-    /// The call ends before its first step: the connection's tables were
-    /// refused (or could not be read). Reported as any failed call is.
-    pub(crate) fn refused(&mut self, error: InboxError) -> E {
-        let error = E::from(error);
-        self.failed(&error);
-        error
     }
 
     /// The span's fields, the event and the metrics of a finished call.
@@ -277,42 +295,34 @@ where
                     self.judge(Failure::Inbox(e))
                 }
             },
-            (State::Claiming, Event::Claimed(claimed)) => match claimed {
-                Ok(Claimed::New) => {
-                    self.enqueues = crate::wake::mark();
-                    self.go(State::Running, Step::Body)
+            (State::Claiming, Event::Claimed(claimed)) => {
+                let claimed = claimed.map_err(Failure::Inbox);
+                match (self.shape_checked, claimed) {
+                    (false, Ok(claimed)) => {
+                        self.go(State::CheckingShape(Some(Ok(claimed))), Step::CheckShape)
+                    }
+                    (true, Ok(claimed)) => self.claimed(claimed),
+                    // Rolled back first; the check follows (`RolledBack`).
+                    (_, Err(failure)) => self.go(State::RollingBack(Err(failure)), Step::Rollback),
                 }
-                // Nothing was written; ending the transaction either way is the same.
-                Ok(Claimed::Duplicate(stored)) => {
-                    self.go(State::RollingBack(Ok(stored)), Step::Rollback)
-                }
-                Ok(Claimed::GaveUp {
-                    failures,
-                    last_error,
-                }) => {
-                    let refused = InboxError::AttemptsExhausted {
-                        consumer: self.consumer.into(),
-                        key: self.what.into(),
-                        failures,
-                        last_error: last_error.into(),
-                    };
-                    self.go(
+            }
+            (State::CheckingShape(pending), Event::ShapeChecked(checked)) => {
+                self.shape_checked = true;
+                match (checked, pending) {
+                    (Ok(()), None) => self.go(State::Beginning, Step::Begin),
+                    (Ok(()), Some(Ok(claimed))) => self.claimed(claimed),
+                    (Ok(()), Some(Err(failure))) => self.judge(failure),
+                    // The claim's verdict is not used: a table of that
+                    // shape cannot be trusted to give it.
+                    (Err(refused), Some(Ok(_))) => self.go(
                         State::RollingBack(Err(Failure::Refused(refused))),
                         Step::Rollback,
-                    )
+                    ),
+                    // Nothing ran, or the claim that failed on a wrong
+                    // table (rolled back) fails for the table's reason.
+                    (Err(refused), None | Some(Err(_))) => Next::Done(Err(refused.into())),
                 }
-                Ok(Claimed::Reused(key)) => {
-                    let refused = InboxError::KeyReused {
-                        consumer: self.consumer.to_owned(),
-                        key,
-                    };
-                    self.go(
-                        State::RollingBack(Err(Failure::Refused(refused))),
-                        Step::Rollback,
-                    )
-                }
-                Err(e) => self.go(State::RollingBack(Err(Failure::Inbox(e))), Step::Rollback),
-            },
+            }
             (State::Running, Event::Ran { result, failed }) => {
                 let mut failed = failed.iter().map(FailedStatement::to_error);
                 match result {
@@ -369,6 +379,11 @@ where
             },
             (State::RollingBack(ending), Event::RolledBack) => match ending {
                 Ok(stored) => Next::Done(Ok(Ended::Duplicate(stored))),
+                // The claim failed before the shape check: check now, so
+                // that a wrong table is named rather than its symptom.
+                Err(failure) if !self.shape_checked => {
+                    self.go(State::CheckingShape(Some(Err(failure))), Step::CheckShape)
+                }
                 Err(failure) => self.judge(failure),
             },
             (State::Counting(error), Event::Counted) => Next::Done(Err(error)),
@@ -377,6 +392,43 @@ where
                 self.go(State::Beginning, Step::Begin)
             }
             _ => unreachable!("a driver reported an event for another step"),
+        }
+    }
+
+    /// What the claim found, once the tables can be trusted to say it.
+    fn claimed(&mut self, claimed: Claimed) -> Next<T, E> {
+        match claimed {
+            Claimed::New => {
+                self.enqueues = crate::wake::mark();
+                self.go(State::Running, Step::Body)
+            }
+            // Nothing was written; ending the transaction either way is the same.
+            Claimed::Duplicate(stored) => self.go(State::RollingBack(Ok(stored)), Step::Rollback),
+            Claimed::GaveUp {
+                failures,
+                last_error,
+            } => {
+                let refused = InboxError::AttemptsExhausted {
+                    consumer: self.consumer.into(),
+                    key: self.what.into(),
+                    failures,
+                    last_error: last_error.into(),
+                };
+                self.go(
+                    State::RollingBack(Err(Failure::Refused(refused))),
+                    Step::Rollback,
+                )
+            }
+            Claimed::Reused(key) => {
+                let refused = InboxError::KeyReused {
+                    consumer: self.consumer.to_owned(),
+                    key,
+                };
+                self.go(
+                    State::RollingBack(Err(Failure::Refused(refused))),
+                    Step::Rollback,
+                )
+            }
         }
     }
 
@@ -509,10 +561,11 @@ mod tests {
             vec![
                 Event::Begun(Ok(Scope::TopLevel)),
                 Event::Claimed(Ok(Claimed::Reused("key".into()))),
+                Event::ShapeChecked(Ok(())),
                 Event::RolledBack,
             ],
         );
-        assert_eq!(steps, vec![Step::Claim, Step::Rollback]);
+        assert_eq!(steps, vec![Step::Claim, Step::CheckShape, Step::Rollback]);
         assert!(
             matches!(outcome, Some(Err(InboxError::KeyReused { ref key, .. })) if key == "key")
         );
@@ -526,6 +579,7 @@ mod tests {
             vec![
                 Event::Begun(Ok(Scope::TopLevel)),
                 Event::Claimed(Ok(Claimed::New)),
+                Event::ShapeChecked(Ok(())),
                 ran(Ok(7)),
                 Event::Stored(Ok(())),
                 Event::Committed(Ok(())),
@@ -535,6 +589,7 @@ mod tests {
             steps,
             vec![
                 Step::Claim,
+                Step::CheckShape,
                 Step::Body,
                 Step::Store(b"7".to_vec()),
                 Step::Commit(Scope::TopLevel)
@@ -551,6 +606,7 @@ mod tests {
             vec![
                 Event::Begun(Ok(Scope::TopLevel)),
                 Event::Claimed(Ok(Claimed::New)),
+                Event::ShapeChecked(Ok(())),
                 ran(Err(InboxError::InvalidArgument("rejected"))),
                 Event::RolledBack,
                 Event::Counted,
@@ -560,6 +616,7 @@ mod tests {
             steps,
             vec![
                 Step::Claim,
+                Step::CheckShape,
                 Step::Body,
                 Step::Rollback,
                 Step::Count(Scope::TopLevel, "invalid argument: rejected".into())
@@ -582,13 +639,83 @@ mod tests {
                     failures: 3,
                     last_error: "boom".into(),
                 })),
+                Event::ShapeChecked(Ok(())),
                 Event::RolledBack,
             ],
         );
-        assert_eq!(steps, vec![Step::Claim, Step::Rollback]);
+        assert_eq!(steps, vec![Step::Claim, Step::CheckShape, Step::Rollback]);
         assert!(matches!(
             outcome,
             Some(Err(InboxError::AttemptsExhausted { failures: 3, .. }))
         ));
+    }
+
+    fn wrong_table() -> InboxError {
+        InboxError::IncompatibleTable(Vec::new())
+    }
+
+    #[test]
+    fn the_shape_is_checked_once_after_the_claims_write() {
+        let (steps, outcome) = run(
+            engine(),
+            vec![
+                Event::Begun(Ok(Scope::Savepoint)),
+                Event::Claimed(Ok(Claimed::New)),
+                Event::ShapeChecked(Err(wrong_table())),
+                Event::RolledBack,
+            ],
+        );
+        assert_eq!(steps, vec![Step::Claim, Step::CheckShape, Step::Rollback]);
+        assert!(matches!(
+            outcome,
+            Some(Err(InboxError::IncompatibleTable(_)))
+        ));
+    }
+
+    #[test]
+    fn a_claim_that_failed_on_a_wrong_table_is_refused_for_the_table() {
+        let failed = Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::NotNullViolation,
+            Box::new("NOT NULL constraint failed: inbox_messages.note".to_string()),
+        );
+        let (steps, outcome) = run(
+            engine(),
+            vec![
+                Event::Begun(Ok(Scope::TopLevel)),
+                Event::Claimed(Err(failed)),
+                Event::RolledBack,
+                Event::ShapeChecked(Err(wrong_table())),
+            ],
+        );
+        assert_eq!(steps, vec![Step::Claim, Step::Rollback, Step::CheckShape]);
+        assert!(matches!(
+            outcome,
+            Some(Err(InboxError::IncompatibleTable(_)))
+        ));
+    }
+
+    #[test]
+    fn a_retried_call_checks_the_shape_once() {
+        let busy = Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::Unknown,
+            Box::new("database is locked".to_string()),
+        );
+        let (steps, outcome) = run(
+            engine(),
+            vec![
+                Event::Begun(Ok(Scope::TopLevel)),
+                Event::Claimed(Err(busy)),
+                Event::RolledBack,
+                Event::ShapeChecked(Ok(())),
+                Event::Slept,
+                Event::Begun(Ok(Scope::TopLevel)),
+                Event::Claimed(Ok(Claimed::Duplicate(None))),
+                Event::RolledBack,
+            ],
+        );
+        assert_eq!(steps[..3], [Step::Claim, Step::Rollback, Step::CheckShape]);
+        assert!(matches!(steps[3], Step::Sleep(_)));
+        assert_eq!(steps[4..], [Step::Begin, Step::Claim, Step::Rollback]);
+        assert!(matches!(outcome, Some(Ok(Ended::Duplicate(None)))));
     }
 }

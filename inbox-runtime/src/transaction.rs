@@ -285,11 +285,8 @@ where
 {
     let span = engine.span().clone();
     let _entered = span.enter();
-    if let Err(refused) = check_shape(conn) {
-        return Err(engine.refused(refused));
-    }
     let mut work = W::default();
-    let mut step = Step::Begin;
+    let mut step = engine.first();
     loop {
         let event = match step {
             Step::Begin => Event::Begun(begin(conn)),
@@ -316,6 +313,7 @@ where
                     failed: observe::failed_since(conn, mark),
                 }
             }
+            Step::CheckShape => Event::ShapeChecked(check_shape(conn)),
             Step::Store(value) => Event::Stored(store(conn, &value)),
             Step::Count(scope, error) => {
                 counted(count(conn, scope, &error));
@@ -338,10 +336,12 @@ where
     }
 }
 
-/// Before the first claim on a connection: its inbox tables' shape, in one
-/// catalog query, refused as `migrate` refuses it (tables made by the
-/// application's own migrations never meet `migrate`). The connection's
-/// [`ErrorObserver`](crate::ErrorObserver) keeps that it was done.
+/// At the first claim on a connection (before it, or after its write: see
+/// [`Step::CheckShape`](crate::engine::Step::CheckShape)): its inbox
+/// tables' shape, in one catalog query, refused as `migrate` refuses it
+/// (tables made by the application's own migrations never meet
+/// `migrate`). The connection's [`ErrorObserver`](crate::ErrorObserver)
+/// keeps that it was done.
 fn check_shape<C>(conn: &mut C) -> Result<(), InboxError>
 where
     C: LoadConnection,

@@ -89,6 +89,16 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     #[doc(hidden)]
     const KEY_TYPE: &'static str;
 
+    /// Whether a connection's first claim checks the tables' shape after
+    /// its write (rolled back if the shape is refused) rather than before
+    /// it. SQLite: a catalog read first, inside the caller's deferred
+    /// transaction, takes a snapshot that cannot become a write while
+    /// another connection writes (`database is locked` at once, the busy
+    /// handler is not called); its tables are all transactional. Elsewhere
+    /// before: a MySQL MyISAM table keeps a row its rollback cannot undo.
+    #[doc(hidden)]
+    const CHECK_SHAPE_AFTER_CLAIM: bool = false;
+
     /// Whether the statements of a call other than its claim may be cached
     /// as named prepared statements (`statements::Side`). Not on
     /// PostgreSQL: a proxy in transaction mode (PgBouncer before 1.21) hands

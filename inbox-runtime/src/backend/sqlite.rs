@@ -65,6 +65,7 @@ impl InboxBackend for Sqlite {
     // locked", whatever the busy timeout: take the write lock up front.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const KEY_TYPE: &'static str = "VARCHAR(255) NOT NULL with the BINARY collation (the default)";
+    const CHECK_SHAPE_AFTER_CLAIM: bool = true;
     // Nullable columns without a default: a change of the schema text only.
     const UPGRADES: &'static [&'static str] = &[
         concat!(
