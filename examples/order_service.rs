@@ -2,7 +2,7 @@
 //! 8, the library's consumer runner with 8 deliveries in flight, a health
 //! probe, shutdown on SIGTERM, a quorum queue with a dead-letter queue.
 //!
-//! `DATABASE_URL=postgres://… cargo run --example order_service --features postgres,lapin`
+//! `DATABASE_URL=postgres://user:pass@host/db cargo run --example order_service --features postgres,lapin`
 //! (RabbitMQ at `AMQP_URL`, default amqp://guest:guest@127.0.0.1:5672/%2f).
 //! The demo (`support/order_service_demo.rs`) publishes 20 orders, every
 //! fourth twice and one unparsable; this consumes until SIGTERM or until
@@ -16,7 +16,7 @@ use diesel::prelude::*;
 use diesel_async::pooled_connection::deadpool::{Pool, PoolError};
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use diesel_inbox::brokers::Policy;
+use diesel_inbox::brokers::{HasInboxError, Policy};
 use diesel_inbox::{idempotent, InboxError, Processed};
 use lapin::{Connection, ConnectionProperties};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,12 +39,15 @@ enum AppError {
 
 impl AppError {
     /// Redelivering it gives the same answer: dead-letter it at once (the
-    /// inbox's own refusals, such as AttemptsExhausted, are by default).
+    /// inbox's own refusals, such as AttemptsExhausted, always are).
     fn is_permanent(&self) -> bool {
         matches!(self, AppError::BadPayload(_))
     }
+}
 
-    fn inbox(&self) -> Option<&InboxError> {
+/// Where the inbox's refusals travel: the runner dead-letters them.
+impl HasInboxError for AppError {
+    fn inbox_error(&self) -> Option<&InboxError> {
         match self {
             AppError::Inbox(e) => Some(e),
             _ => None,
@@ -98,11 +101,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The poison limit is the handler's max_attempts; the policy's delivery
     // limit (20) is only a safety net.
-    let policy = Policy::new(AppError::is_permanent).inbox_error(AppError::inbox);
+    let policy = Policy::new(AppError::is_permanent);
     let probe = pool.clone();
     let (applied, duplicates) = (AtomicU64::new(0), AtomicU64::new(0));
     let last = Mutex::new(Instant::now());
-    let report = diesel_inbox::lapin::Consumer::new(channel.clone(), queue.as_str(), policy)
+    // `connect`: the runner owns its broker connection and makes it again
+    // whenever it drops.
+    let report = diesel_inbox::lapin::Consumer::connect(amqp.as_str(), queue.as_str(), policy)
         // No more deliveries in flight (and prefetched) than the pool has
         // connections.
         .in_flight(8)

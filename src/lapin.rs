@@ -15,6 +15,11 @@
 //! enum AppError { Db(diesel::result::Error), Inbox(InboxError), BadPayload }
 //! # impl From<diesel::result::Error> for AppError { fn from(e: diesel::result::Error) -> Self { AppError::Db(e) } }
 //! # impl From<InboxError> for AppError { fn from(e: InboxError) -> Self { AppError::Inbox(e) } }
+//! impl diesel_inbox::brokers::HasInboxError for AppError {
+//!     fn inbox_error(&self) -> Option<&InboxError> {
+//!         if let AppError::Inbox(e) = self { Some(e) } else { None }
+//!     }
+//! }
 //!
 //! #[idempotent(key = "id")]
 //! async fn ship(conn: &mut AsyncPgConnection, id: &str, body: &[u8]) -> Result<(), AppError> {
@@ -48,7 +53,9 @@
 //! requeue: the queue's `x-dead-letter-exchange` receives the message (without
 //! one, RabbitMQ drops it).
 
-use crate::brokers::{usable_id, BrokerError, Handled, Inbound, Policy, Settlement};
+use crate::brokers::{
+    usable_id, BrokerError, Context, Handled, HasInboxError, Holds, Inbound, Policy, Settlement,
+};
 use crate::Outcome;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
@@ -106,15 +113,24 @@ pub async fn handle<O, E, F>(
 ) -> Result<Handled<O, E>, BrokerError>
 where
     O: Outcome,
-    E: std::fmt::Debug,
+    E: HasInboxError + std::fmt::Debug,
     F: AsyncFnOnce(&str, &[u8]) -> Result<O, E>,
 {
-    crate::brokers::handle(delivery, policy, handler).await
+    let context = Context {
+        consumer: None,
+        holds: &Holds::none(),
+        transient: None,
+    };
+    crate::brokers::handle(delivery, policy, context, handler).await
 }
 
 impl crate::brokers::Sealed for Delivery {}
 
 impl Inbound for Delivery {
+    // AMQP has no delayed requeue: the delivery is held (the channel's
+    // prefetch bounds how many), then requeued.
+    const HOLDS_RETRIES: bool = true;
+
     fn message_id(&self) -> Result<String, BrokerError> {
         message_id(self)
     }
@@ -127,14 +143,15 @@ impl Inbound for Delivery {
         &self.data
     }
 
-    async fn settle(&self, settlement: Settlement, delay: Duration) -> Result<(), BrokerError> {
+    fn origin(&self) -> String {
+        format!("{}/{}", self.exchange, self.routing_key)
+    }
+
+    async fn settle(&self, settlement: Settlement, _held: Duration) -> Result<(), BrokerError> {
         let acker = &self.acker;
         let done = match settlement {
             Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
             Settlement::Retry => {
-                // AMQP has no delayed requeue: hold the delivery (the
-                // channel's prefetch bounds how many), then requeue it.
-                tokio::time::sleep(delay).await;
                 acker
                     .nack(BasicNackOptions {
                         requeue: true,
@@ -166,21 +183,27 @@ impl Inbound for Delivery {
 /// # impl From<diesel::result::Error> for AppError { fn from(e: diesel::result::Error) -> Self { AppError::Db(e) } }
 /// # impl From<PoolError> for AppError { fn from(e: PoolError) -> Self { AppError::Pool(e) } }
 ///
+/// // Where the inbox's refusals (KeyReused, AttemptsExhausted) travel: the
+/// // runner dead-letters them.
+/// impl diesel_inbox::brokers::HasInboxError for AppError {
+///     fn inbox_error(&self) -> Option<&InboxError> {
+///         if let AppError::Inbox(e) = self { Some(e) } else { None }
+///     }
+/// }
+///
 /// #[idempotent(key = "id")]
 /// async fn ship(conn: &mut AsyncPgConnection, id: &str, body: &[u8]) -> Result<(), AppError> {
 ///     let _ = (conn, body); // the business writes
 ///     Ok(())
 /// }
 ///
-/// # let (channel, pool): (lapin::Channel, Pool<AsyncPgConnection>) = todo!();
-/// // Nothing of the application's own is permanent here; the inbox's
-/// // refusals (KeyReused, AttemptsExhausted) are, found in AppError::Inbox.
-/// let policy = Policy::new(|_: &AppError| false).inbox_error(|e| match e {
-///     AppError::Inbox(inner) => Some(inner),
-///     _ => None,
-/// });
+/// # let pool: Pool<AsyncPgConnection> = todo!();
+/// // Nothing of the application's own is permanent here.
+/// let policy = Policy::new(|_: &AppError| false);
 /// let probe = pool.clone();
-/// let report = diesel_inbox::lapin::Consumer::new(channel, "orders", policy)
+/// // `connect`: the runner owns its connection and makes it again when it
+/// // drops.
+/// let report = diesel_inbox::lapin::Consumer::connect("amqp://127.0.0.1:5672/%2f", "orders", policy)
 ///     .in_flight(8)
 ///     .health_probe(move || {
 ///         let pool = probe.clone();
@@ -272,6 +295,28 @@ pub type Deliveries = futures_util::stream::Map<
 impl crate::brokers::Source for Queue {
     type Message = Delivery;
     type Deliveries = Deliveries;
+
+    fn name(&self) -> String {
+        self.queue.clone()
+    }
+
+    async fn backlog(&mut self) -> Result<u64, BrokerError> {
+        use lapin::options::QueueDeclareOptions;
+        // Passive: only asks; the ready messages (ours in flight are unacked).
+        let queue = self
+            .channel()?
+            .queue_declare(
+                self.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .map_err(broker)?;
+        Ok(u64::from(queue.message_count()))
+    }
 
     async fn open(&mut self, prefetch: usize) -> Result<Deliveries, BrokerError> {
         use futures_util::StreamExt;

@@ -21,6 +21,11 @@
 //! enum AppError { Db(diesel::result::Error), Inbox(InboxError), BadPayload }
 //! # impl From<diesel::result::Error> for AppError { fn from(e: diesel::result::Error) -> Self { AppError::Db(e) } }
 //! # impl From<InboxError> for AppError { fn from(e: InboxError) -> Self { AppError::Inbox(e) } }
+//! impl diesel_inbox::brokers::HasInboxError for AppError {
+//!     fn inbox_error(&self) -> Option<&InboxError> {
+//!         if let AppError::Inbox(e) = self { Some(e) } else { None }
+//!     }
+//! }
 //!
 //! #[idempotent(key = "id")]
 //! async fn ship(conn: &mut AsyncPgConnection, id: &str, body: &[u8]) -> Result<(), AppError> {
@@ -44,7 +49,9 @@
 //! # }
 //! ```
 
-use crate::brokers::{usable_id, BrokerError, Handled, Inbound, Policy, Settlement};
+use crate::brokers::{
+    usable_id, BrokerError, Context, Handled, HasInboxError, Holds, Inbound, Policy, Settlement,
+};
 use crate::Outcome;
 use async_nats::jetstream::message::{AckKind, Message};
 use std::time::Duration;
@@ -98,15 +105,23 @@ pub async fn handle<O, E, F>(
 ) -> Result<Handled<O, E>, BrokerError>
 where
     O: Outcome,
-    E: std::fmt::Debug,
+    E: HasInboxError + std::fmt::Debug,
     F: AsyncFnOnce(&str, &[u8]) -> Result<O, E>,
 {
-    crate::brokers::handle(message, policy, handler).await
+    let context = Context {
+        consumer: None,
+        holds: &Holds::none(),
+        transient: None,
+    };
+    crate::brokers::handle(message, policy, context, handler).await
 }
 
 impl crate::brokers::Sealed for Message {}
 
 impl Inbound for Message {
+    // `Nak(delay)`: JetStream waits out the delay itself.
+    const HOLDS_RETRIES: bool = false;
+
     fn message_id(&self) -> Result<String, BrokerError> {
         message_id(self)
     }
@@ -117,6 +132,13 @@ impl Inbound for Message {
 
     fn body(&self) -> &[u8] {
         &self.payload
+    }
+
+    fn origin(&self) -> String {
+        match self.info() {
+            Ok(info) => format!("{}/{}", info.stream, info.consumer),
+            Err(_) => self.subject.to_string(),
+        }
     }
 
     async fn settle(
@@ -231,6 +253,22 @@ impl futures_util::Stream for Messages {
 impl crate::brokers::Source for Pull {
     type Message = Message;
     type Deliveries = Messages;
+
+    fn name(&self) -> String {
+        let info = self.consumer.cached_info();
+        format!("{}/{}", info.stream_name, info.name)
+    }
+
+    async fn backlog(&mut self) -> Result<u64, BrokerError> {
+        // Pending: not yet delivered; ack pending: delivered and not acked,
+        // a `Nak(delay)`ed message waiting out its delay included.
+        let info = self
+            .consumer
+            .get_info()
+            .await
+            .map_err(|e| BrokerError::Broker(e.to_string()))?;
+        Ok(info.num_pending + info.num_ack_pending as u64)
+    }
 
     async fn open(&mut self, prefetch: usize) -> Result<Messages, BrokerError> {
         let inner = self

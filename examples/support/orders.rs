@@ -37,6 +37,16 @@ impl From<InboxError> for AppError {
     }
 }
 
+/// Where it holds the inbox's refusals, which the runner dead-letters.
+impl diesel_inbox::brokers::HasInboxError for AppError {
+    fn inbox_error(&self) -> Option<&InboxError> {
+        match self {
+            AppError::Inbox(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// The orders `(message id, "account:amount")`, every fifth published
 /// twice (a producer retry), and the balances one application of each
 /// gives.

@@ -8,6 +8,12 @@ pub use crate::retry::{Probe, ViaRetryableError, ViaStatements};
 use crate::InboxKey;
 pub use inventory;
 
+/// What the broker glue of `diesel-inbox` reports through the runtime's
+/// telemetry.
+pub use crate::telemetry::consumer_settled;
+#[cfg(feature = "async")]
+pub use crate::telemetry::settled_by_caller;
+
 /// The key of a body that can run only once, taken before the body moves
 /// the value it came from.
 pub fn owned_key<K: InboxKey + ?Sized>(key: &K) -> ::std::string::String {

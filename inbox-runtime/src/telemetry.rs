@@ -12,6 +12,7 @@
 //! | `messaging.client.consumed.messages` | counter | `messaging.consumer.group.name`, `diesel_inbox.outcome` | handler calls, by consumer and outcome (`applied`, `duplicate`, `error`) |
 //! | `messaging.process.duration` | histogram (seconds) | `messaging.consumer.group.name`, `diesel_inbox.outcome` | a handler call, claim to commit, retries included |
 //! | `diesel_inbox.retries` | counter | `messaging.consumer.group.name` | transactions rerun after a transient error |
+//! | `diesel_inbox.consumer.settled` | counter | `messaging.consumer.group.name` (the queue or JetStream consumer), `diesel_inbox.settlement` (`ack`, `retry`, `dead_letter`, `unsettled`) | broker deliveries settled by the broker glue and the consumer runners, as each is settled |
 //! | `diesel_inbox.purged.rows` | counter | `messaging.consumer.group.name` (`*` for all) | rows a purge deleted |
 //! | `diesel_inbox.outbox.pending` | gauge | | pending outbox messages, as `outbox::status` last counted them |
 //! | `diesel_inbox.outbox.dead` | gauge | | dead outbox messages, likewise |
@@ -92,21 +93,30 @@ impl Telemetry {
     /// the span's fields, and the event (inside the span).
     pub(crate) fn finished(&self, consumer: &str, key: &str, outcome: Outcome, attempts: u32) {
         let elapsed = self.started.elapsed();
+        // The event comes first, so that its line shows the span's fields
+        // recorded so far (consumer, key) and not the error a second time.
+        match &outcome {
+            Outcome::Applied => {
+                tracing::debug!(target: TARGET, consumer, key, "diesel-inbox: applied")
+            }
+            Outcome::Duplicate => {
+                tracing::debug!(target: TARGET, consumer, key, "diesel-inbox: duplicate")
+            }
+            // A broker's glue reports the delivery's failure itself, in
+            // one line with what happens next.
+            Outcome::Error(error) if settled_by_caller_now() => {
+                tracing::debug!(target: TARGET, consumer, key, error = %error, "diesel-inbox: the call failed")
+            }
+            Outcome::Error(error) => {
+                tracing::warn!(target: TARGET, consumer, key, error = %error, "diesel-inbox: the call failed")
+            }
+        }
         self.span.record("outcome", outcome.as_str());
         self.span.record("attempts", attempts);
         self.span
             .record("duration_ms", elapsed.as_secs_f64() * 1000.0);
-        match &outcome {
-            Outcome::Applied => {
-                tracing::debug!(target: TARGET, consumer, key, attempts, "diesel-inbox: applied")
-            }
-            Outcome::Duplicate => {
-                tracing::debug!(target: TARGET, consumer, key, attempts, "diesel-inbox: duplicate")
-            }
-            Outcome::Error(error) => {
-                self.span.record("error", error.as_str());
-                tracing::warn!(target: TARGET, consumer, key, attempts, error = %error, "diesel-inbox: the call failed");
-            }
+        if let Outcome::Error(error) = &outcome {
+            self.span.record("error", error.as_str());
         }
         #[cfg(feature = "metrics")]
         {
@@ -187,4 +197,40 @@ pub(crate) fn outbox_purged(_scope: Option<&str>, rows: u64) {
     metrics::counter!("diesel_inbox.outbox.purged.rows").increment(rows);
     #[cfg(not(feature = "metrics"))]
     let _ = rows;
+}
+
+#[cfg(feature = "async")]
+tokio::task_local! {
+    /// Set while a broker's glue runs a handler: it reports the delivery's
+    /// outcome itself.
+    static SETTLED_BY_CALLER: ();
+}
+
+/// Runs `call` (a handler a broker's glue runs): a failed call is then
+/// logged at DEBUG, since the glue logs the failed delivery, with what
+/// happens to it, in one WARN line of its own.
+#[cfg(feature = "async")]
+pub async fn settled_by_caller<F: std::future::Future>(call: F) -> F::Output {
+    SETTLED_BY_CALLER.scope((), call).await
+}
+
+fn settled_by_caller_now() -> bool {
+    #[cfg(feature = "async")]
+    return SETTLED_BY_CALLER.try_with(|_| ()).is_ok();
+    #[cfg(not(feature = "async"))]
+    false
+}
+
+/// A broker delivery of `consumer` (a queue, a JetStream consumer) was
+/// settled: `settlement` is `ack`, `retry`, `dead_letter` or `unsettled`.
+pub fn consumer_settled(consumer: &str, settlement: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "diesel_inbox.consumer.settled",
+        "messaging.consumer.group.name" => consumer.to_owned(),
+        "diesel_inbox.settlement" => settlement
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (consumer, settlement);
 }

@@ -10,11 +10,11 @@ use crate::{validate_key, InboxError, InvalidKey, Outcome};
 use std::time::Duration;
 
 pub(crate) mod runner;
-pub(crate) use runner::Sealed;
 pub use runner::{
-    Consumer, RunReport, Source, MAX_PROBE_INTERVAL, MAX_RECONNECT_DELAY, PROBE_INTERVAL,
-    RECONNECT_DELAY,
+    Consumer, RunReport, Source, HEALTH_PROBE_TIMEOUT, MAX_PROBE_INTERVAL, MAX_RECONNECT_DELAY,
+    PROBE_INTERVAL, RECONNECT_DELAY,
 };
+pub(crate) use runner::{Holds, Sealed};
 
 /// What to tell the broker about a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,8 +36,74 @@ pub enum Settlement {
 /// database outage shorter than that dead-letters nothing.
 pub const DEFAULT_MAX_DELIVERIES: u32 = 20;
 
-/// Where a handler's error holds an [`InboxError`].
-type FindInboxError<E> = dyn Fn(&E) -> Option<&InboxError> + Send + Sync;
+/// A handler error type that can hold an [`InboxError`]: where it keeps
+/// one, so that the inbox's permanent refusals ([`is_inbox_permanent`]:
+/// a reused key, attempts exhausted, an invalid key) are dead-lettered
+/// whatever the [`Policy`]'s own rule says. Every `#[idempotent]`
+/// handler's error type has `From<InboxError>`, so it can hold one; a
+/// [`Policy`] needs this trait, so that the link cannot be forgotten (a
+/// forgotten link would retry a refusal until the delivery limit).
+///
+/// Implemented for [`InboxError`], `diesel::result::Error` (a
+/// `QueryResult` handler's refusal travels inside it) and boxed errors (the
+/// error itself or any of its sources). For your own type, one line:
+///
+/// ```
+/// use diesel_inbox::brokers::{HasInboxError, Policy, Settlement};
+/// use diesel_inbox::{InboxError, Processed};
+///
+/// #[derive(Debug)]
+/// enum AppError { Inbox(InboxError), Db(diesel::result::Error), BadPayload }
+///
+/// impl HasInboxError for AppError {
+///     fn inbox_error(&self) -> Option<&InboxError> {
+///         if let AppError::Inbox(e) = self { Some(e) } else { None }
+///     }
+/// }
+///
+/// let policy = Policy::new(|e: &AppError| matches!(e, AppError::BadPayload));
+/// let reused = AppError::Inbox(InboxError::KeyReused { consumer: "orders".into(), key: "m-1".into() });
+/// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(reused), 1), Settlement::DeadLetter);
+/// let outage = AppError::Db(diesel::result::Error::BrokenTransactionManager);
+/// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(outage), 1), Settlement::Retry);
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not say where it holds an `InboxError`",
+    label = "the inbox's refusals in `{Self}` would be retried instead of dead-lettered",
+    note = "implement `diesel_inbox::brokers::HasInboxError` for `{Self}`: `fn inbox_error(&self) -> Option<&InboxError>` (one match on its `Inbox` variant)"
+)]
+pub trait HasInboxError {
+    /// The [`InboxError`] this error is or holds, if any.
+    fn inbox_error(&self) -> Option<&InboxError>;
+}
+
+impl HasInboxError for InboxError {
+    fn inbox_error(&self) -> Option<&InboxError> {
+        Some(self)
+    }
+}
+
+impl HasInboxError for diesel::result::Error {
+    fn inbox_error(&self) -> Option<&InboxError> {
+        match self {
+            diesel::result::Error::QueryBuilderError(inner) => inner.downcast_ref::<InboxError>(),
+            _ => None,
+        }
+    }
+}
+
+impl HasInboxError for Box<dyn std::error::Error + Send + Sync> {
+    fn inbox_error(&self) -> Option<&InboxError> {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&**self);
+        while let Some(error) = next {
+            if let Some(inbox) = error.downcast_ref::<InboxError>() {
+                return Some(inbox);
+            }
+            next = error.source();
+        }
+        None
+    }
+}
 
 /// Which of the handler's errors are permanent, and how often a failing
 /// message may be delivered. The user decides what is permanent; nothing
@@ -50,6 +116,9 @@ type FindInboxError<E> = dyn Fn(&E) -> Option<&InboxError> + Send + Sync;
 /// #[derive(Debug)]
 /// enum AppError { Invalid, Database }
 ///
+/// # impl diesel_inbox::brokers::HasInboxError for AppError {
+/// #     fn inbox_error(&self) -> Option<&diesel_inbox::InboxError> { None }
+/// # }
 /// let policy = Policy::new(|e: &AppError| matches!(e, AppError::Invalid)).max_deliveries(5);
 /// assert_eq!(policy.settlement(&Ok::<_, AppError>(Processed::Applied(())), 1), Settlement::Ack);
 /// assert_eq!(policy.settlement(&Ok::<Processed<()>, _>(Processed::Duplicate), 3), Settlement::Ack);
@@ -64,7 +133,6 @@ type FindInboxError<E> = dyn Fn(&E) -> Option<&InboxError> + Send + Sync;
 /// ```
 pub struct Policy<E> {
     permanent: Box<dyn Fn(&E) -> bool + Send + Sync>,
-    inbox_error: Box<FindInboxError<E>>,
     max_deliveries: Option<u32>,
     retry_delay: Duration,
     max_retry_delay: Duration,
@@ -80,23 +148,17 @@ impl<E> std::fmt::Debug for Policy<E> {
     }
 }
 
-impl<E> Policy<E> {
+impl<E: HasInboxError> Policy<E> {
     /// `permanent(e)` says whether an error is permanent (dead-letter at
     /// once) rather than transient (redeliver). The inbox's own refusals
     /// are permanent whatever it says ([`is_inbox_permanent`]): a key
-    /// reused with other content, attempts exhausted, an invalid key, when
-    /// the handler's error is an [`InboxError`] or a diesel error holding
-    /// one (for an error type of your own, say where it holds one with
-    /// [`inbox_error`](Self::inbox_error)). A safety-net delivery limit
-    /// of [`DEFAULT_MAX_DELIVERIES`]; a first retry delay of 1 s, doubled
-    /// per delivery up to 60 s.
-    pub fn new(permanent: impl Fn(&E) -> bool + Send + Sync + 'static) -> Self
-    where
-        E: 'static,
-    {
+    /// reused with other content, attempts exhausted, an invalid key,
+    /// found in the error through [`HasInboxError`]. A safety-net delivery
+    /// limit of [`DEFAULT_MAX_DELIVERIES`]; a first retry delay of 1 s,
+    /// doubled per delivery up to 60 s.
+    pub fn new(permanent: impl Fn(&E) -> bool + Send + Sync + 'static) -> Self {
         Policy {
             permanent: Box::new(permanent),
-            inbox_error: Box::new(inbox_error_in::<E>),
             max_deliveries: Some(DEFAULT_MAX_DELIVERIES),
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),
@@ -112,33 +174,6 @@ impl<E> Policy<E> {
     /// above `max_attempts`; the default is [`DEFAULT_MAX_DELIVERIES`].
     pub fn max_deliveries(mut self, n: u32) -> Self {
         self.max_deliveries = Some(n);
-        self
-    }
-
-    /// Where an error of the handler's own type holds an [`InboxError`]
-    /// (`AppError::Inbox(e)`, say), so that the inbox's permanent refusals
-    /// ([`is_inbox_permanent`]) are dead-lettered by default for it too.
-    ///
-    /// ```
-    /// use diesel_inbox::brokers::{Policy, Settlement};
-    /// use diesel_inbox::{InboxError, Processed};
-    ///
-    /// #[derive(Debug)]
-    /// enum AppError { Inbox(InboxError), Database }
-    ///
-    /// let policy = Policy::new(|_: &AppError| false).inbox_error(|e| match e {
-    ///     AppError::Inbox(inner) => Some(inner),
-    ///     AppError::Database => None,
-    /// });
-    /// let reused = AppError::Inbox(InboxError::KeyReused { consumer: "orders".into(), key: "m-1".into() });
-    /// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(reused), 1), Settlement::DeadLetter);
-    /// assert_eq!(policy.settlement(&Err::<Processed<()>, _>(AppError::Database), 1), Settlement::Retry);
-    /// ```
-    pub fn inbox_error(
-        mut self,
-        find: impl Fn(&E) -> Option<&InboxError> + Send + Sync + 'static,
-    ) -> Self {
-        self.inbox_error = Box::new(find);
         self
     }
 
@@ -176,7 +211,7 @@ impl<E> Policy<E> {
     /// use diesel_inbox::brokers::Policy;
     /// use std::time::Duration;
     ///
-    /// let policy = Policy::new(|_: &()| false)
+    /// let policy = Policy::new(|_: &diesel_inbox::InboxError| false)
     ///     .retry_delay(Duration::from_millis(100))
     ///     .max_retry_delay(Duration::from_secs(2));
     /// let first = policy.retry_delay_for(1);
@@ -196,9 +231,7 @@ impl<E> Policy<E> {
         match outcome {
             Ok(_) => Settlement::Ack,
             Err(e) if (self.permanent)(e) => Settlement::DeadLetter,
-            Err(e) if (self.inbox_error)(e).is_some_and(is_inbox_permanent) => {
-                Settlement::DeadLetter
-            }
+            Err(e) if e.inbox_error().is_some_and(is_inbox_permanent) => Settlement::DeadLetter,
             Err(_) if self.max_deliveries.is_some_and(|max| deliveries >= max) => {
                 Settlement::DeadLetter
             }
@@ -221,19 +254,6 @@ pub fn is_inbox_permanent(error: &InboxError) -> bool {
     )
 }
 
-/// The [`InboxError`] an error is or holds: itself, or a diesel error that
-/// carries one (`QueryResult` handlers).
-fn inbox_error_in<E: 'static>(error: &E) -> Option<&InboxError> {
-    let any: &dyn std::any::Any = error;
-    if let Some(inbox) = any.downcast_ref::<InboxError>() {
-        return Some(inbox);
-    }
-    match any.downcast_ref::<diesel::result::Error>() {
-        Some(diesel::result::Error::QueryBuilderError(inner)) => inner.downcast_ref::<InboxError>(),
-        _ => None,
-    }
-}
-
 /// A handled message: the handler's outcome (`O`: its
 /// [`Processed<T>`](crate::Processed) or [`Stored<T>`](crate::Stored)) and
 /// what the broker was told.
@@ -249,6 +269,10 @@ pub struct Handled<O, E> {
     pub settlement: Settlement,
     /// How often the broker had delivered it, this time included.
     pub deliveries: u32,
+    /// A retry held for its backoff (AMQP) and given back before the
+    /// backoff ran out: at shutdown, or when the health probe found the
+    /// database back.
+    pub released_early: bool,
 }
 
 /// Why a message was not handled, or could not be settled.
@@ -278,12 +302,20 @@ pub enum BrokerError {
 /// implements it for its client's message type. Sealed by [`Sealed`].
 #[doc(hidden)]
 pub trait Inbound: Sealed {
+    /// Whether a retry is held in the process for its delay before it is
+    /// given back (AMQP has no delayed requeue), rather than given back at
+    /// once with the delay (JetStream's `Nak(delay)`).
+    const HOLDS_RETRIES: bool;
     /// The id to deduplicate on, or why there is none.
     fn message_id(&self) -> Result<String, BrokerError>;
     /// How often the broker has delivered it, this time included.
     fn deliveries(&self) -> u32;
     fn body(&self) -> &[u8];
-    /// Tells the broker; `retry_delay` is the backoff's delay of a retry.
+    /// Where it came from, for logs: the routing key, the JetStream
+    /// consumer.
+    fn origin(&self) -> String;
+    /// Tells the broker; `retry_delay` is the backoff's delay of a retry
+    /// (already waited out when [`HOLDS_RETRIES`](Self::HOLDS_RETRIES)).
     fn settle(
         &self,
         settlement: Settlement,
@@ -291,45 +323,108 @@ pub trait Inbound: Sealed {
     ) -> impl std::future::Future<Output = Result<(), BrokerError>>;
 }
 
+/// Where a delivery is handled: the consumer it is logged under (`None`:
+/// the message's own [`origin`](Inbound::origin)), the holds that
+/// shutdown or a recovered database cut short, and whom to tell at once
+/// that a handler failed transiently (the runner's health probe; before
+/// the retry's hold, which can last a minute).
+pub(crate) struct Context<'a> {
+    pub(crate) consumer: Option<&'a str>,
+    pub(crate) holds: &'a Holds,
+    pub(crate) transient: Option<&'a tokio::sync::Notify>,
+}
+
 /// The one consume step of every broker: the id (a message without one is
 /// dead-lettered and reported), the handler, the policy's settlement, and
-/// only then the broker's ack, requeue or dead-letter.
+/// only then the broker's ack, requeue or dead-letter. Each settlement is
+/// reported as it happens: a `tracing` event (DEBUG for an ack, one WARN
+/// line for a failed delivery saying what happens next) and, with the
+/// `metrics` feature, the counter `diesel_inbox.consumer.settled`.
 pub(crate) async fn handle<M, O, E, F>(
     message: M,
     policy: &Policy<E>,
+    context: Context<'_>,
     handler: F,
 ) -> Result<Handled<O, E>, BrokerError>
 where
     M: Inbound,
     O: Outcome,
-    E: std::fmt::Debug,
+    E: HasInboxError + std::fmt::Debug,
     F: AsyncFnOnce(&str, &[u8]) -> Result<O, E>,
 {
+    let origin;
+    let consumer = match context.consumer {
+        Some(name) => name,
+        None => {
+            origin = message.origin();
+            &origin
+        }
+    };
     let id = match message.message_id() {
         Ok(id) => id,
         Err(e) => {
-            message
-                .settle(Settlement::DeadLetter, Duration::ZERO)
-                .await?;
-            tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: dead-lettered a message without a usable id");
+            let settled = message.settle(Settlement::DeadLetter, Duration::ZERO).await;
+            inbox_runtime::__private::consumer_settled(
+                consumer,
+                settled_label(&settled, Settlement::DeadLetter),
+            );
+            settled?;
+            tracing::warn!(target: "diesel_inbox", consumer, error = %e, "diesel-inbox: a message without a usable id was dead-lettered");
             return Err(e);
         }
     };
     let deliveries = message.deliveries();
-    let outcome = handler(&id, message.body()).await;
+    let outcome = inbox_runtime::__private::settled_by_caller(handler(&id, message.body())).await;
     let settlement = policy.settlement(&outcome, deliveries);
-    message
-        .settle(settlement, policy.retry_delay_for(deliveries))
-        .await?;
-    if let (Settlement::DeadLetter, Err(e)) = (settlement, &outcome) {
-        tracing::warn!(target: "diesel_inbox", message_id = %id, deliveries, error = ?e, "diesel-inbox: dead-lettered a message");
+    let delay = policy.retry_delay_for(deliveries);
+    let mut released_early = false;
+    if settlement == Settlement::Retry {
+        if let Some(transient) = context.transient {
+            transient.notify_one();
+        }
+        if M::HOLDS_RETRIES {
+            released_early = context.holds.hold(delay).await;
+        }
     }
+    let settled = message.settle(settlement, delay).await;
+    inbox_runtime::__private::consumer_settled(consumer, settled_label(&settled, settlement));
+    match (&settled, settlement, &outcome) {
+        (Err(e), _, _) => {
+            tracing::warn!(target: "diesel_inbox", message_id = %id, consumer, error = %e, "diesel-inbox: the broker did not take the settlement; it will redeliver the message");
+        }
+        (Ok(()), Settlement::Ack, _) => {
+            tracing::debug!(target: "diesel_inbox", message_id = %id, consumer, delivery = deliveries, "diesel-inbox: acked");
+        }
+        (Ok(()), Settlement::Retry, Err(e)) => {
+            let next = match released_early {
+                true => "given back early (shutdown, or the database is back)".to_string(),
+                false => format!("redelivered in {:.1} s", delay.as_secs_f64()),
+            };
+            tracing::warn!(target: "diesel_inbox", message_id = %id, consumer, delivery = deliveries, error = ?e, "diesel-inbox: delivery failed; {next}");
+        }
+        (Ok(()), Settlement::DeadLetter, Err(e)) => {
+            tracing::warn!(target: "diesel_inbox", message_id = %id, consumer, delivery = deliveries, error = ?e, "diesel-inbox: delivery failed; dead-lettered");
+        }
+        (Ok(()), _, Ok(_)) => {}
+    }
+    settled?;
     Ok(Handled {
         message_id: id,
         outcome,
         settlement,
         deliveries,
+        released_early,
     })
+}
+
+/// The `diesel_inbox.settlement` label of a settlement that `settled`.
+fn settled_label(settled: &Result<(), BrokerError>, settlement: Settlement) -> &'static str {
+    match (settled, settlement) {
+        (Err(_), _) => "unsettled",
+        (Ok(()), Settlement::Ack) => "ack",
+        (Ok(()), Settlement::Retry) => "retry",
+        (Ok(()), Settlement::DeadLetter) => "dead_letter",
+    }
 }
 
 /// A message id the inbox can key on, or why not.
@@ -358,7 +453,7 @@ mod tests {
     use super::*;
     use crate::Processed;
 
-    fn settle<E: 'static>(policy: &Policy<E>, error: E) -> Settlement {
+    fn settle<E: HasInboxError>(policy: &Policy<E>, error: E) -> Settlement {
         policy.settlement(&Err::<Processed<()>, _>(error), 1)
     }
 

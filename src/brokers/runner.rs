@@ -5,21 +5,34 @@
 //! not started given back. The broker modules (`lapin::Consumer`,
 //! `nats::Consumer`) supply the stream of deliveries and its prefetch.
 
-use super::{handle, BrokerError, Inbound, Policy, Settlement};
+use super::{handle, BrokerError, Context, HasInboxError, Inbound, Policy, Settlement};
 use crate::Outcome;
 use futures_util::stream::{FuturesUnordered, Stream, StreamExt};
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// A health probe: `true` when the database answers.
 pub(crate) type Probe = Box<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
+/// A probe running under its time limit: `Err` when it timed out.
+type Probing = Pin<Box<dyn Future<Output = Result<bool, tokio::time::error::Elapsed>> + Send>>;
+
 /// The first wait between two health probes while intake is paused; each
 /// failed probe doubles it, up to [`MAX_PROBE_INTERVAL`].
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
-/// The longest wait between two health probes.
-pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(15);
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+/// The longest wait between two health probes while intake is paused:
+/// intake resumes at most about this long (plus one probe) after the
+/// database is back.
+pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a health probe may take (default of
+/// [`health_probe_timeout`](Consumer::health_probe_timeout)): one that has
+/// not answered by then has failed. A database that accepts connections
+/// and answers nothing (a stalled server, a blackholed route) never fails a
+/// pool's `get` by itself.
+pub const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What every broker's consumer runner is configured with.
 pub(crate) struct Runner<E> {
@@ -27,6 +40,45 @@ pub(crate) struct Runner<E> {
     pub(crate) in_flight: usize,
     pub(crate) deadline: Duration,
     pub(crate) probe: Option<Probe>,
+    pub(crate) probe_timeout: Duration,
+    /// `exit_when_idle`: how long nothing must happen before the runner
+    /// asks the broker whether anything is left.
+    pub(crate) idle: Option<Duration>,
+}
+
+impl<E> Runner<E> {
+    /// Starts the health probe, under its time limit.
+    fn probe(&self) -> Option<Probing> {
+        let probe = self.probe.as_ref()?;
+        Some(Box::pin(tokio::time::timeout(self.probe_timeout, probe())))
+    }
+}
+
+/// The retries a runner holds for their backoff (AMQP, which has no
+/// delayed requeue), and the signal that gives them back at once: at
+/// shutdown, and when the health probe finds the database back.
+pub(crate) struct Holds(Option<watch::Receiver<u64>>);
+
+impl Holds {
+    /// Holds that only their delay ends (the broker glue's `handle`).
+    pub(crate) fn none() -> Self {
+        Holds(None)
+    }
+
+    /// Waits out `delay`, or less if the runner gives its holds back
+    /// first: `true` then.
+    pub(crate) async fn hold(&self, delay: Duration) -> bool {
+        let Some(release) = &self.0 else {
+            tokio::time::sleep(delay).await;
+            return false;
+        };
+        let mut release = release.clone();
+        let seen = *release.borrow_and_update();
+        tokio::select! {
+            () = tokio::time::sleep(delay) => false,
+            _ = release.wait_for(|now| *now != seen) => true,
+        }
+    }
 }
 
 /// Where a consumer runner takes its deliveries from: a broker module's
@@ -39,6 +91,9 @@ pub trait Source: Sealed {
     /// The deliveries, as the runner reads them.
     #[doc(hidden)]
     type Deliveries: Stream<Item = Result<Self::Message, BrokerError>> + Unpin;
+    /// The queue or consumer, as logs and metrics name it.
+    #[doc(hidden)]
+    fn name(&self) -> String;
     /// Starts consuming with `prefetch` deliveries unacked at most.
     #[doc(hidden)]
     #[allow(async_fn_in_trait)]
@@ -47,6 +102,11 @@ pub trait Source: Sealed {
     #[doc(hidden)]
     #[allow(async_fn_in_trait)]
     async fn stop(&mut self, deliveries: &mut Self::Deliveries);
+    /// How many messages the broker still has for this consumer, ready or
+    /// waiting to be delivered again (`exit_when_idle`).
+    #[doc(hidden)]
+    #[allow(async_fn_in_trait)]
+    async fn backlog(&mut self) -> Result<u64, BrokerError>;
     /// Whether [`reconnect`](Self::reconnect) can make a new connection.
     #[doc(hidden)]
     fn can_reconnect(&self) -> bool;
@@ -63,32 +123,47 @@ pub trait Sealed {}
 /// A consumer runner: the loop of a production consumer, written once for
 /// every broker; `diesel_inbox::lapin::Consumer` and
 /// `diesel_inbox::nats::Consumer` are its two forms (features `lapin`,
-/// `nats`), each made by its module's `Consumer::new`.
+/// `nats`), each made by its module's constructor.
 ///
 /// - [`in_flight`](Self::in_flight) deliveries at once (default 8), and
 ///   the broker's prefetch set to the same number: size it to the
 ///   database pool.
 /// - Every handler outcome ([`Processed`](crate::Processed),
 ///   [`Stored`](crate::Stored)), settled as the broker module's `handle`
-///   settles it; the inbox's own refusals dead-lettered by default
-///   ([`Policy::new`]).
+///   settles it; the inbox's own refusals dead-lettered
+///   ([`Policy::new`], [`HasInboxError`](super::HasInboxError)).
+/// - Each settlement reported when it happens: a DEBUG event per ack, one
+///   WARN line per failed delivery (its id, the consumer, the error, and
+///   what happens next), and the `metrics` counter
+///   `diesel_inbox.consumer.settled` (guide: brokers).
 /// - A message without an id is dead-lettered with a WARN line, and the
 ///   loop goes on.
 /// - After a transient failure, a [`health_probe`](Self::health_probe)
-///   that fails pauses intake until it succeeds (probed after
-///   [`PROBE_INTERVAL`], doubling up to [`MAX_PROBE_INTERVAL`]): during a
-///   database outage the deliveries wait instead of cycling through the
-///   broker towards its delivery limit.
+///   runs beside the deliveries in flight, under a time limit
+///   ([`health_probe_timeout`](Self::health_probe_timeout), default
+///   [`HEALTH_PROBE_TIMEOUT`]); while it fails, no new delivery is taken,
+///   and it is run again after [`PROBE_INTERVAL`], doubling up to
+///   [`MAX_PROBE_INTERVAL`]. When it succeeds again, intake resumes and
+///   the retries held for their backoff (RabbitMQ) are given back at once.
+///   During a database outage the deliveries wait instead of cycling
+///   through the broker towards its delivery limit.
 /// - On shutdown (the future given to [`run`](Self::run) resolves) it stops
-///   the broker's deliveries, finishes the ones in flight within the
+///   the broker's deliveries, gives back the retries it holds, finishes
+///   the deliveries in flight within the
 ///   [`shutdown_deadline`](Self::shutdown_deadline) (default 30 s; what is
 ///   still running then is dropped, rolled back and redelivered), gives
-///   back the prefetched ones at once, and returns its [`RunReport`].
-/// - If the broker connection fails, `run` finishes what is in flight and
-///   connects again with a backoff ([`RECONNECT_DELAY`] doubling up to
-///   [`MAX_RECONNECT_DELAY`]); nothing unacked is lost. A RabbitMQ runner
-///   made on a channel of yours (`lapin::Consumer::new`) cannot, and
-///   returns [`BrokerError::Broker`]: use `lapin::Consumer::connect`.
+///   back the prefetched ones at once, and returns its [`RunReport`]. No
+///   probe, database or broker that does not answer holds it longer than
+///   the deadline plus one probe timeout.
+/// - With [`exit_when_idle`](Self::exit_when_idle), it also returns once
+///   nothing is in flight or held, nothing arrived for a while, and the
+///   broker has nothing left for it (drain, then exit).
+/// - The runner reconnects: if the broker connection fails, `run` finishes
+///   what is in flight and connects again with a backoff
+///   ([`RECONNECT_DELAY`] doubling up to [`MAX_RECONNECT_DELAY`]); nothing
+///   unacked is lost. `lapin::Consumer::connect` and every
+///   `nats::Consumer` do; a RabbitMQ runner made on a channel of yours
+///   (`lapin::Consumer::new`) cannot, and returns [`BrokerError::Broker`].
 pub struct Consumer<S, E> {
     pub(crate) source: S,
     pub(crate) runner: Runner<E>,
@@ -101,6 +176,8 @@ impl<S: std::fmt::Debug, E> std::fmt::Debug for Consumer<S, E> {
             .field("in_flight", &self.runner.in_flight)
             .field("shutdown_deadline", &self.runner.deadline)
             .field("health_probe", &self.runner.probe.is_some())
+            .field("health_probe_timeout", &self.runner.probe_timeout)
+            .field("exit_when_idle", &self.runner.idle)
             .field("policy", &self.runner.policy)
             .finish()
     }
@@ -115,6 +192,8 @@ impl<S, E> Consumer<S, E> {
                 in_flight: 8,
                 deadline: Duration::from_secs(30),
                 probe: None,
+                probe_timeout: HEALTH_PROBE_TIMEOUT,
+                idle: None,
             },
         }
     }
@@ -133,8 +212,8 @@ impl<S, E> Consumer<S, E> {
     }
 
     /// A check that the database answers (a pooled connection and `SELECT
-    /// 1`, say), run after a delivery fails transiently: while it fails, no
-    /// new delivery is taken.
+    /// 1`, say), run after a delivery fails transiently, beside the
+    /// deliveries in flight: while it fails, no new delivery is taken.
     pub fn health_probe<P, Fut>(mut self, probe: P) -> Self
     where
         P: Fn() -> Fut + Send + Sync + 'static,
@@ -144,11 +223,31 @@ impl<S, E> Consumer<S, E> {
         self
     }
 
-    /// Consumes until `shutdown` resolves, running `handler` on each
-    /// delivery's id and body. When the broker connection fails (or the
-    /// broker ends the consumer), the deliveries in flight are finished
-    /// and the runner connects again, after [`RECONNECT_DELAY`] doubled per
-    /// failed attempt up to [`MAX_RECONNECT_DELAY`], where its source can
+    /// How long a health probe may take before it counts as failed
+    /// (default [`HEALTH_PROBE_TIMEOUT`], 5 s; at least 1 ms).
+    pub fn health_probe_timeout(mut self, timeout: Duration) -> Self {
+        self.runner.probe_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Drain, then exit: `run` also returns once no delivery is in flight
+    /// or held for a retry, none has arrived or finished for `quiet`, and
+    /// the broker says it has nothing left for this consumer (RabbitMQ: no
+    /// ready message in the queue; JetStream: nothing pending or awaiting
+    /// an ack). For batch jobs and for tests; a service runs until its
+    /// shutdown future resolves. [`RunReport::idle`] says which ended it.
+    pub fn exit_when_idle(mut self, quiet: Duration) -> Self {
+        self.runner.idle = Some(quiet);
+        self
+    }
+
+    /// Consumes until `shutdown` resolves (or, with
+    /// [`exit_when_idle`](Self::exit_when_idle), until the queue is
+    /// drained), running `handler` on each delivery's id and body. When
+    /// the broker connection fails (or the broker ends the consumer), the
+    /// deliveries in flight are finished and the runner connects again,
+    /// after [`RECONNECT_DELAY`] doubled per failed attempt up to
+    /// [`MAX_RECONNECT_DELAY`], where its source can
     /// (`lapin::Consumer::connect`, every `nats::Consumer`); one that cannot
     /// (`lapin::Consumer::new` on a channel of yours) returns
     /// [`BrokerError::Broker`] instead.
@@ -160,15 +259,21 @@ impl<S, E> Consumer<S, E> {
     where
         S: Source,
         O: Outcome,
-        E: std::fmt::Debug,
+        E: HasInboxError + std::fmt::Debug,
         F: AsyncFn(&str, &[u8]) -> Result<O, E>,
     {
         let mut shutdown = pin!(shutdown);
         let mut total = RunReport::default();
-        let mut deliveries = self.source.open(self.runner.in_flight).await?;
+        let name = self.source.name();
+        let mut deliveries = tokio::select! {
+            biased;
+            () = shutdown.as_mut() => return Ok(total),
+            opened = self.source.open(self.runner.in_flight) => opened?,
+        };
         loop {
             let (ended, mut rest) = run(
                 &self.runner,
+                &name,
                 &mut total,
                 deliveries,
                 &handler,
@@ -176,11 +281,31 @@ impl<S, E> Consumer<S, E> {
             )
             .await;
             let why = match ended {
-                Ended::Shutdown => {
-                    self.source.stop(&mut rest).await;
-                    total.returned =
-                        give_back(&mut rest, self.runner.in_flight, Duration::from_millis(200))
+                Ended::Quiet => {
+                    let backlog =
+                        tokio::time::timeout(self.runner.probe_timeout, self.source.backlog())
                             .await;
+                    match backlog {
+                        Ok(Ok(0)) => {
+                            total.idle = true;
+                            self.finish(&mut total, &mut rest).await;
+                            return Ok(total);
+                        }
+                        Ok(Ok(left)) => {
+                            tracing::debug!(target: "diesel_inbox", consumer = %name, left, "diesel-inbox: quiet, but the broker still has messages for this consumer");
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(target: "diesel_inbox", consumer = %name, error = %e, "diesel-inbox: could not ask the broker what is left; consuming on");
+                        }
+                        Err(_) => {
+                            tracing::debug!(target: "diesel_inbox", consumer = %name, "diesel-inbox: the broker did not say in time what is left; consuming on");
+                        }
+                    }
+                    deliveries = rest;
+                    continue;
+                }
+                Ended::Shutdown => {
+                    self.finish(&mut total, &mut rest).await;
                     return Ok(total);
                 }
                 Ended::Stream => BrokerError::Broker("the broker ended the consumer".into()),
@@ -190,22 +315,22 @@ impl<S, E> Consumer<S, E> {
             if !self.source.can_reconnect() {
                 return Err(why);
             }
-            tracing::warn!(target: "diesel_inbox", error = %why, "diesel-inbox: the broker connection failed; connecting again");
+            tracing::warn!(target: "diesel_inbox", consumer = %name, error = %why, "diesel-inbox: the broker connection failed; connecting again");
             let mut wait = RECONNECT_DELAY;
             deliveries = loop {
-                tokio::select! {
+                let reopened = tokio::select! {
                     biased;
                     () = shutdown.as_mut() => return Ok(total),
-                    () = tokio::time::sleep(wait) => {}
-                }
-                let reopened = match self.source.reconnect().await {
-                    Ok(()) => self.source.open(self.runner.in_flight).await,
-                    Err(e) => Err(e),
+                    reopened = async {
+                        tokio::time::sleep(wait).await;
+                        self.source.reconnect().await?;
+                        self.source.open(self.runner.in_flight).await
+                    } => reopened,
                 };
                 match reopened {
                     Ok(deliveries) => break deliveries,
                     Err(e) => {
-                        tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: connecting again failed; retrying");
+                        tracing::warn!(target: "diesel_inbox", consumer = %name, error = %e, "diesel-inbox: connecting again failed; retrying");
                         wait = (wait * 2).min(MAX_RECONNECT_DELAY);
                     }
                 }
@@ -213,12 +338,26 @@ impl<S, E> Consumer<S, E> {
             total.reconnects += 1;
         }
     }
+
+    /// Stops the broker's deliveries and gives back what the stream still
+    /// holds, each within a bound: a broker that does not answer does not
+    /// hold the runner.
+    async fn finish(&mut self, report: &mut RunReport, rest: &mut S::Deliveries)
+    where
+        S: Source,
+    {
+        let _ = tokio::time::timeout(self.runner.probe_timeout, self.source.stop(rest)).await;
+        report.returned += give_back(rest, self.runner.in_flight, Duration::from_millis(200)).await;
+    }
 }
 
 /// Why one pass of the loop over a stream of deliveries ended.
 enum Ended {
     /// The shutdown future resolved.
     Shutdown,
+    /// Nothing ran, was held or arrived for the `exit_when_idle` quiet
+    /// time: ask the broker what is left.
+    Quiet,
     /// The stream ended (the broker cancelled the consumer, or closed the
     /// channel).
     Stream,
@@ -233,7 +372,9 @@ pub const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 /// The longest wait between two attempts to connect again.
 pub const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(30);
 
-/// What a consumer runner did, when it returned.
+/// What a consumer runner did, when it returned. The same counts are
+/// reported as each settlement happens (guide: brokers, "What a runner
+/// reports").
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RunReport {
@@ -241,6 +382,10 @@ pub struct RunReport {
     pub acked: u64,
     /// Deliveries given back for a retry after a transient error.
     pub retried: u64,
+    /// Of the retries, those held for their backoff (RabbitMQ) and given
+    /// back before it ran out: at shutdown, or when the health probe found
+    /// the database back.
+    pub released_early: u64,
     /// Deliveries dead-lettered: a permanent error, or the delivery limit.
     pub dead_lettered: u64,
     /// Deliveries without a usable id (dead-lettered, WARN logged).
@@ -252,38 +397,46 @@ pub struct RunReport {
     /// unsettled: their transactions never committed, and the broker
     /// redelivers them.
     pub abandoned: u64,
-    /// Deliveries received but not started at shutdown, given back at once.
+    /// Deliveries received but not started when the runner stopped, given
+    /// back at once.
     pub returned: u64,
     /// How often intake paused because the health probe failed.
     pub pauses: u64,
+    /// Health probes that did not answer within the probe timeout.
+    pub probe_timeouts: u64,
     /// How often the runner connected again after the broker connection
     /// failed.
     pub reconnects: u64,
+    /// Whether the runner ended because the queue was drained
+    /// ([`Consumer::exit_when_idle`]) rather than by shutdown.
+    pub idle: bool,
 }
 
 impl RunReport {
-    fn count<O, E>(&mut self, done: Result<super::Handled<O, E>, BrokerError>) -> bool {
+    /// Counts a finished delivery.
+    fn count<O, E>(&mut self, done: Result<super::Handled<O, E>, BrokerError>) {
         match done {
             Ok(handled) => match handled.settlement {
                 Settlement::Ack => self.acked += 1,
                 Settlement::Retry => {
                     self.retried += 1;
-                    return true;
+                    self.released_early += u64::from(handled.released_early);
                 }
                 Settlement::DeadLetter => self.dead_lettered += 1,
             },
             Err(BrokerError::NoMessageId { .. }) => self.without_id += 1,
             Err(_) => self.unsettled += 1,
         }
-        false
     }
 }
 
-/// Runs the loop over `deliveries` until `shutdown` resolves or the stream
-/// ends; an error of the stream ends it too, after the deliveries in flight.
-/// Counts into `report`.
+/// Runs the loop over `deliveries` until `shutdown` resolves, the stream
+/// ends, or (`exit_when_idle`) nothing happens for the quiet time; an
+/// error of the stream ends it too, after the deliveries in flight. Counts
+/// into `report`.
 async fn run<M, S, O, E, F>(
     runner: &Runner<E>,
+    consumer: &str,
     report: &mut RunReport,
     mut deliveries: S,
     handler: F,
@@ -293,43 +446,85 @@ where
     M: Inbound,
     S: Stream<Item = Result<M, BrokerError>> + Unpin,
     O: Outcome,
-    E: std::fmt::Debug,
+    E: HasInboxError + std::fmt::Debug,
     F: AsyncFn(&str, &[u8]) -> Result<O, E>,
 {
+    // Declared before the deliveries that borrow it.
+    let (release, released) = watch::channel(0u64);
+    let holds = Holds(Some(released));
+    // A handler's transient failure, told before its retry is held.
+    let transient = tokio::sync::Notify::new();
     let mut running = FuturesUnordered::new();
     let mut shutdown = pin!(shutdown);
+    // The health: a probe running beside the deliveries, or the time of
+    // the next one while intake is paused.
+    let mut probing: Option<Probing> = None;
+    let mut next_probe: Option<Instant> = None;
     let mut paused = false;
     let mut probe_wait = PROBE_INTERVAL;
+    let mut last_activity = Instant::now();
     let mut ended = Ended::Shutdown;
     let handler = &handler;
+    let (holds, transient) = (&holds, &transient);
     loop {
+        let healthy = !paused && probing.is_none();
+        let quiet_at = last_activity + runner.idle.unwrap_or(Duration::MAX / 4);
         tokio::select! {
             biased;
             () = &mut shutdown => break,
             Some(done) = running.next(), if !running.is_empty() => {
-                let retried = report.count(done);
-                if let (true, false, Some(probe)) = (retried, paused, &runner.probe) {
-                    if !probe().await {
-                        paused = true;
-                        probe_wait = PROBE_INTERVAL;
-                        report.pauses += 1;
-                        tracing::warn!(target: "diesel_inbox", "diesel-inbox: the health probe failed after a transient error; taking no new deliveries until it succeeds");
-                    }
-                }
+                last_activity = Instant::now();
+                report.count(done);
             }
-            () = tokio::time::sleep(probe_wait), if paused => {
-                if let Some(probe) = &runner.probe {
-                    if probe().await {
+            () = transient.notified(), if healthy && runner.probe.is_some() => {
+                probing = runner.probe();
+            }
+            answer = async {
+                match probing.as_mut() {
+                    Some(probe) => probe.await,
+                    None => std::future::pending().await,
+                }
+            }, if probing.is_some() => {
+                probing = None;
+                if answer == Ok(true) {
+                    probe_wait = PROBE_INTERVAL;
+                    if paused {
                         paused = false;
-                        tracing::info!(target: "diesel_inbox", "diesel-inbox: the health probe succeeded; taking deliveries again");
-                    } else {
-                        probe_wait = (probe_wait * 2).min(MAX_PROBE_INTERVAL);
+                        // The database is back: the retries held for
+                        // their backoff go back to the broker now.
+                        release.send_modify(|generation| *generation += 1);
+                        tracing::info!(target: "diesel_inbox", consumer, "diesel-inbox: the health probe succeeded; taking deliveries again");
                     }
+                } else {
+                    if answer.is_err() {
+                        report.probe_timeouts += 1;
+                    }
+                    if !paused {
+                        paused = true;
+                        report.pauses += 1;
+                        let why = match answer {
+                            Err(_) => format!("did not answer within {:?}", runner.probe_timeout),
+                            Ok(_) => "failed".to_string(),
+                        };
+                        tracing::warn!(target: "diesel_inbox", consumer, "diesel-inbox: the health probe {why} after a transient error; taking no new deliveries until it succeeds");
+                    }
+                    next_probe = Some(Instant::now() + probe_wait);
+                    probe_wait = (probe_wait * 2).min(MAX_PROBE_INTERVAL);
                 }
             }
-            next = deliveries.next(), if !paused && running.len() < runner.in_flight => match next {
+            () = tokio::time::sleep_until(next_probe.unwrap_or_else(Instant::now)), if next_probe.is_some() => {
+                next_probe = None;
+                probing = runner.probe();
+            }
+            () = tokio::time::sleep_until(quiet_at), if runner.idle.is_some() && healthy && running.is_empty() => {
+                ended = Ended::Quiet;
+                break;
+            }
+            next = deliveries.next(), if healthy && running.len() < runner.in_flight => match next {
                 Some(Ok(delivery)) => {
-                    running.push(handle(delivery, &runner.policy, handler));
+                    last_activity = Instant::now();
+                    let context = Context { consumer: Some(consumer), holds, transient: Some(transient) };
+                    running.push(handle(delivery, &runner.policy, context, handler));
                 }
                 Some(Err(e)) => {
                     ended = Ended::Failed(e);
@@ -342,6 +537,10 @@ where
             },
         }
     }
+    // Whatever a probe is doing, it no longer matters; the retries held
+    // for their backoff go back to the broker now.
+    drop(probing);
+    release.send_modify(|generation| *generation += 1);
     // Finish what runs, within the deadline; what remains is dropped
     // unsettled (rolled back: never acked, so redelivered).
     let drained = tokio::time::timeout(runner.deadline, async {
@@ -353,7 +552,7 @@ where
     if drained.is_err() {
         let abandoned = running.len() as u64;
         report.abandoned += abandoned;
-        tracing::warn!(target: "diesel_inbox", abandoned, "diesel-inbox: shutdown deadline passed with deliveries in flight; they were rolled back and will be redelivered");
+        tracing::warn!(target: "diesel_inbox", consumer, abandoned, "diesel-inbox: shutdown deadline passed with deliveries in flight; they were rolled back and will be redelivered");
     }
     drop(running);
     (ended, deliveries)

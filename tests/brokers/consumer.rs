@@ -48,6 +48,15 @@ impl From<InboxError> for AppError {
     }
 }
 
+impl diesel_inbox::brokers::HasInboxError for AppError {
+    fn inbox_error(&self) -> Option<&InboxError> {
+        match self {
+            AppError::Inbox(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// An order's amount: its body as a number; the poison fails every time.
 pub fn order_amount(body: &[u8]) -> Result<i64, AppError> {
     if body == b"poison" {
@@ -59,8 +68,10 @@ pub fn order_amount(body: &[u8]) -> Result<i64, AppError> {
         .ok_or(AppError::BadPayload)
 }
 
-/// The consumers' handler: one business row per order.
-#[idempotent(key = "id", consumer = "broker-orders")]
+/// The consumers' handler: one business row per order. Fingerprinted on
+/// the body: an id published again with another body is `KeyReused`,
+/// which every runner dead-letters through `AppError`'s `HasInboxError`.
+#[idempotent(key = "id", consumer = "broker-orders", fingerprint = "body")]
 pub async fn apply_order(conn: &mut Conn, id: &str, body: &[u8]) -> Result<(), AppError> {
     let amount = order_amount(body)?;
     diesel::insert_into(broker_effects::table)
@@ -308,12 +319,18 @@ pub async fn apply_order_pg(
 
 /// The runners' policy: a production's (a bad payload permanent, the
 /// inbox's refusals too, the default backoff and safety-net delivery
-/// limit).
+/// limit), unless `INBOX_BROKER_MAX_DELIVERIES` and `INBOX_BROKER_RETRY_MS`
+/// say otherwise.
 pub fn runner_policy() -> Policy<AppError> {
-    Policy::new(|e: &AppError| matches!(e, AppError::BadPayload)).inbox_error(|e| match e {
-        AppError::Inbox(inner) => Some(inner),
-        _ => None,
-    })
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+    let mut policy = Policy::new(|e: &AppError| matches!(e, AppError::BadPayload));
+    if let Some(n) = var("INBOX_BROKER_MAX_DELIVERIES") {
+        policy = policy.max_deliveries(n);
+    }
+    if let Some(ms) = var("INBOX_BROKER_RETRY_MS") {
+        policy = policy.retry_delay(Duration::from_millis(u64::from(ms)));
+    }
+    policy
 }
 
 /// The runner's handler: `apply_order` on the process's database, the
@@ -429,21 +446,55 @@ impl Shared {
     }
 
     /// Runs `consumer` (a broker's runner) with this process's handler,
-    /// probe and stop, `in_flight` = the prefetch; its counts.
+    /// probe and stop, `in_flight` = the prefetch; its counts. The
+    /// scenarios set through the environment: `INBOX_BROKER_PROBE=frozen`
+    /// (a probe that never answers), `INBOX_BROKER_DEADLINE_MS` (the
+    /// shutdown deadline), `INBOX_BROKER_PROBE_TIMEOUT_MS`, and
+    /// `INBOX_BROKER_DRAIN_MS` (exit when idle after that quiet time; then
+    /// only SIGTERM stops it otherwise).
     pub async fn serve<S: diesel_inbox::brokers::Source>(
         &self,
         consumer: diesel_inbox::brokers::Consumer<S, AppError>,
         options: &Options,
     ) -> Result<Counts, String> {
+        let ms = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_millis)
+        };
+        let live = crate::live::install();
+        let mut consumer = consumer.in_flight(usize::from(options.prefetch));
+        consumer = match std::env::var("INBOX_BROKER_PROBE").as_deref() {
+            Ok("frozen") => consumer.health_probe(std::future::pending::<bool>),
+            _ => consumer.health_probe(self.probe()),
+        };
+        if let Some(deadline) = ms("INBOX_BROKER_DEADLINE_MS") {
+            consumer = consumer.shutdown_deadline(deadline);
+        }
+        if let Some(timeout) = ms("INBOX_BROKER_PROBE_TIMEOUT_MS") {
+            consumer = consumer.health_probe_timeout(timeout);
+        }
+        let drain = ms("INBOX_BROKER_DRAIN_MS");
+        if let Some(quiet) = drain {
+            consumer = consumer.exit_when_idle(quiet);
+        }
+        let stop = async {
+            match drain {
+                Some(_) => self.stop(Duration::from_secs(3600)).await,
+                None => self.stop(options.idle).await,
+            }
+        };
         let report = consumer
-            .in_flight(usize::from(options.prefetch))
-            .health_probe(self.probe())
             .run(
                 async |id: &str, body: &[u8]| self.apply(id, body).await,
-                self.stop(options.idle),
+                stop,
             )
             .await
             .map_err(|e| e.to_string())?;
+        if let Some(live) = live {
+            println!("{}", live.line());
+        }
         Ok(self.finish(&report))
     }
 
@@ -451,14 +502,17 @@ impl Shared {
     /// report is printed as a line of its own.
     pub fn finish(&self, report: &diesel_inbox::brokers::RunReport) -> Counts {
         println!(
-            "report acked={} retried={} dead_lettered={} abandoned={} returned={} pauses={} reconnects={}",
+            "report acked={} retried={} released_early={} dead_lettered={} abandoned={} returned={} pauses={} probe_timeouts={} reconnects={} idle={}",
             report.acked,
             report.retried,
+            report.released_early,
             report.dead_lettered,
             report.abandoned,
             report.returned,
             report.pauses,
-            report.reconnects
+            report.probe_timeouts,
+            report.reconnects,
+            report.idle
         );
         let mut counts = *self.counts.lock().unwrap();
         counts.retried = report.retried;

@@ -24,8 +24,16 @@
 mod chain;
 #[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
 mod consumer;
+#[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
+mod live;
 #[cfg(all(feature = "sqlite", feature = "nats"))]
 mod nats;
+#[cfg(all(
+    feature = "sqlite",
+    feature = "postgres",
+    any(feature = "lapin", feature = "nats")
+))]
+mod proxy;
 #[cfg(all(feature = "sqlite", feature = "lapin"))]
 mod rabbit;
 #[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]

@@ -455,98 +455,79 @@ fn runner_stops_on_sigterm<B: Broker>(url: &str) -> Result<String, String> {
     ))
 }
 
-/// The library's consumer runner (8 in flight, a deadpool pool of 8, a
-/// health probe) on PostgreSQL, with the production policy's defaults
-/// (backoff from 1 s, delivery limit 20): the database refuses every
-/// connection for `INBOX_TEST_OUTAGE_SECS` (default 12) a third of the way
-/// through 2,400 deliveries (2,000 orders, 20% twice), its sessions
-/// killed. No healthy message is dead-lettered: every order is applied
-/// exactly once when the runner goes idle. Needs `INBOX_TEST_POSTGRES_URL`.
+/// A PostgreSQL database of a scenario's own (`INBOX_TEST_POSTGRES_URL`'s
+/// server), migrated, with the business table; dropped at the end.
 #[cfg(feature = "postgres")]
-fn runner_survives_a_database_outage<B: Broker>(url: &str) -> Result<String, String> {
-    use diesel::connection::SimpleConnection;
-    use diesel::prelude::*;
-    const N: u64 = 2_000;
-    let Some(server) = std::env::var("INBOX_TEST_POSTGRES_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        return Ok(format!("{SKIPPED}INBOX_TEST_POSTGRES_URL is not set"));
-    };
-    let outage: u64 = std::env::var("INBOX_TEST_OUTAGE_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(12);
-    let run = start::<B>(url)?;
-    let name = run.queue.replace('-', "_");
-    let admin = || PgConnection::establish(&server).map_err(|e| e.to_string());
-    admin()?
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .map_err(|e| e.to_string())?;
-    let (base, _) = server.rsplit_once('/').ok_or("a URL with a database")?;
-    let db_url = format!("{base}/{name}");
-    let result = (|| {
-        let mut conn = PgConnection::establish(&db_url).map_err(|e| e.to_string())?;
+struct PgDb {
+    server: String,
+    name: String,
+    url: String,
+}
+
+#[cfg(feature = "postgres")]
+impl PgDb {
+    /// `None` when `INBOX_TEST_POSTGRES_URL` is not set.
+    fn create(run: &Run) -> Result<Option<PgDb>, String> {
+        use diesel::connection::SimpleConnection;
+        use diesel::prelude::*;
+        let Some(server) = std::env::var("INBOX_TEST_POSTGRES_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+        else {
+            return Ok(None);
+        };
+        let name = run.queue.replace('-', "_");
+        let (base, _) = server.rsplit_once('/').ok_or("a URL with a database")?;
+        let db = PgDb {
+            url: format!("{base}/{name}"),
+            server,
+            name,
+        };
+        db.admin()?
+            .batch_execute(&format!("CREATE DATABASE {}", db.name))
+            .map_err(|e| e.to_string())?;
+        let mut conn = PgConnection::establish(&db.url).map_err(|e| e.to_string())?;
         diesel_inbox::migrate(&mut conn).map_err(|e| e.to_string())?;
         conn.batch_execute(crate::consumer::PG_EFFECTS_DDL)
             .map_err(|e| e.to_string())?;
-        drop(conn);
-        B::publish(url, &run.queue, &with_duplicates(orders(&run, N)))?;
-        let mut command = command::<B>(&run, 8, 0, true)?;
-        command
-            .env("INBOX_BROKER_PG", &db_url)
-            .env("INBOX_BROKER_IDLE_MS", ((outage + 20) * 1000).to_string())
-            .env("INBOX_BROKER_EXPECT_APPLIED", N.to_string());
-        let child = command
-            .spawn()
-            .map_err(|e| format!("spawn consumer: {e}"))?;
-        let applied = || -> Result<i64, String> {
-            let mut conn = PgConnection::establish(&db_url).map_err(|e| e.to_string())?;
-            diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
-                "(SELECT COUNT(*) FROM broker_effects)",
-            ))
-            .get_result(&mut conn)
+        Ok(Some(db))
+    }
+
+    fn admin(&self) -> Result<diesel::PgConnection, String> {
+        diesel::Connection::establish(&self.server).map_err(|e| e.to_string())
+    }
+
+    fn admin_sql(&self, sql: &str) -> Result<(), String> {
+        diesel::connection::SimpleConnection::batch_execute(&mut self.admin()?, sql)
             .map_err(|e| e.to_string())
-        };
+    }
+
+    /// Business rows so far (a connection of its own, not the consumer's
+    /// route).
+    fn applied(&self) -> Result<i64, String> {
+        use diesel::prelude::*;
+        let mut conn = PgConnection::establish(&self.url).map_err(|e| e.to_string())?;
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+            "(SELECT COUNT(*) FROM broker_effects)",
+        ))
+        .get_result(&mut conn)
+        .map_err(|e| e.to_string())
+    }
+
+    /// Waits (at most `within`) until `n` orders are applied.
+    fn wait_for_applied(&self, n: i64, within: Duration) -> Result<(), String> {
         let began = Instant::now();
-        while applied()? < 700 {
-            ensure!(
-                began.elapsed() < Duration::from_secs(90),
-                "the runner never got going"
-            );
+        while self.applied()? < n {
+            ensure!(began.elapsed() < within, "the runner never got going");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let at = applied()?;
-        admin()?
-            .batch_execute(&format!(
-                "ALTER DATABASE {name} ALLOW_CONNECTIONS false; \
-                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
-            ))
-            .map_err(|e| e.to_string())?;
-        std::thread::sleep(Duration::from_secs(outage));
-        admin()?
-            .batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
-            .map_err(|e| e.to_string())?;
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        ensure!(
-            out.status.success(),
-            "the runner failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let counts = Counts::parse(&stdout).ok_or_else(|| format!("no counts: {stdout}"))?;
-        let report = stdout
-            .lines()
-            .find(|l| l.starts_with("report "))
-            .unwrap_or("no report")
-            .to_owned();
-        ensure!(
-            counts.dead_lettered == 0,
-            "the outage dead-lettered {} messages: {report}",
-            counts.dead_lettered
-        );
-        let mut conn = PgConnection::establish(&db_url).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Every order of `1..=n` applied exactly once, with its inbox row.
+    fn check_exact(&self, n: u64) -> Result<(), String> {
+        use diesel::prelude::*;
+        let mut conn = PgConnection::establish(&self.url).map_err(|e| e.to_string())?;
         #[derive(QueryableByName, Debug)]
         struct Totals {
             #[diesel(sql_type = diesel::sql_types::BigInt)]
@@ -566,25 +547,388 @@ fn runner_survives_a_database_outage<B: Broker>(url: &str) -> Result<String, Str
         )
         .get_result(&mut conn)
         .map_err(|e| e.to_string())?;
-        let expected = i64::try_from(N * (N + 1) / 2).unwrap();
+        let expected = i64::try_from(n * (n + 1) / 2).unwrap();
         ensure!(
-            totals.rows == N as i64
-                && totals.distinct_ids == N as i64
+            totals.rows == n as i64
+                && totals.distinct_ids == n as i64
                 && totals.amount == expected
-                && totals.inbox == N as i64,
-            "not every order exactly once after the outage: {totals:?} (expected {N} rows, amounts {expected})"
+                && totals.inbox == n as i64,
+            "not every order exactly once: {totals:?} (expected {n} rows, amounts {expected})"
         );
-        Ok(format!(
-            "{outage} s outage at {at} applied: 0 dead-lettered, {} retried, {N} orders applied exactly once, {} duplicates ({report})",
-            counts.retried, counts.duplicates
-        ))
-    })();
-    if let Ok(mut admin) = admin() {
-        let _ = admin.batch_execute(&format!(
-            "ALTER DATABASE {name} ALLOW_CONNECTIONS true; DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        Ok(())
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        let _ = self.admin_sql(&format!(
+            "ALTER DATABASE {0} ALLOW_CONNECTIONS true; DROP DATABASE IF EXISTS {0} WITH (FORCE)",
+            self.name
         ));
     }
-    result
+}
+
+/// The `key=value` fields of the first stdout line that starts with
+/// `prefix` (`report `, `live `).
+fn fields(stdout: &str, prefix: &str) -> std::collections::HashMap<String, String> {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The library's consumer runner (8 in flight, a deadpool pool of 8, a
+/// health probe) on PostgreSQL, with the production policy's defaults
+/// (backoff from 1 s, delivery limit 20): the database refuses every
+/// connection for `INBOX_TEST_OUTAGE_SECS` (default 12) a third of the way
+/// through 2,400 deliveries (2,000 orders, 20% twice), its sessions
+/// killed. No healthy message is dead-lettered: every order is applied
+/// exactly once when the runner goes idle. Intake resumes within about a
+/// second of the database's return (measured: the first order applied
+/// after it). Needs `INBOX_TEST_POSTGRES_URL`.
+#[cfg(feature = "postgres")]
+fn runner_survives_a_database_outage<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 2_000;
+    let outage: u64 = std::env::var("INBOX_TEST_OUTAGE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12);
+    let run = start::<B>(url)?;
+    let Some(db) = PgDb::create(&run)? else {
+        return Ok(format!("{SKIPPED}INBOX_TEST_POSTGRES_URL is not set"));
+    };
+    B::publish(url, &run.queue, &with_duplicates(orders(&run, N)))?;
+    let mut command = command::<B>(&run, 8, 0, true)?;
+    command
+        .env("INBOX_BROKER_PG", &db.url)
+        .env("INBOX_BROKER_IDLE_MS", ((outage + 20) * 1000).to_string())
+        .env("INBOX_BROKER_EXPECT_APPLIED", N.to_string());
+    let child = command
+        .spawn()
+        .map_err(|e| format!("spawn consumer: {e}"))?;
+    db.wait_for_applied(700, Duration::from_secs(90))?;
+    let at = db.applied()?;
+    db.admin_sql(&format!(
+        "ALTER DATABASE {} ALLOW_CONNECTIONS false",
+        db.name
+    ))?;
+    // Sessions killed again every half second: a connection that was past
+    // the check when the database closed (the runner's probe reconnects
+    // often) would otherwise live on through the outage.
+    let down = Instant::now();
+    while down.elapsed() < Duration::from_secs(outage) {
+        db.admin_sql(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}'",
+            db.name
+        ))?;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    db.admin_sql(&format!(
+        "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+        db.name
+    ))?;
+    // Intake resumed: the first order applied after the database's return.
+    let back = Instant::now();
+    let before = db.applied()?;
+    let resumed = loop {
+        if db.applied()? > before {
+            break back.elapsed();
+        }
+        ensure!(
+            back.elapsed() < Duration::from_secs(120),
+            "nothing applied for 120 s after the database came back"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "the runner failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counts = Counts::parse(&stdout).ok_or_else(|| format!("no counts: {stdout}"))?;
+    let report = stdout
+        .lines()
+        .find(|l| l.starts_with("report "))
+        .unwrap_or("no report")
+        .to_owned();
+    ensure!(
+        counts.dead_lettered == 0,
+        "the outage dead-lettered {} messages: {report}",
+        counts.dead_lettered
+    );
+    ensure!(
+        report.contains(" pauses=1 "),
+        "intake should pause once, for the whole outage: {report}"
+    );
+    db.check_exact(N)?;
+    Ok(format!(
+        "{outage} s outage at {at} applied: intake resumed {:.2} s after the database came back; 0 dead-lettered, {} retried, {N} orders applied exactly once, {} duplicates ({report})",
+        resumed.as_secs_f64(),
+        counts.retried,
+        counts.duplicates
+    ))
+}
+
+/// SIGTERM while the database hangs: the runner (8 in flight, a deadpool
+/// pool of 8 without timeouts, the README's probe, a 3 s shutdown
+/// deadline, a 2 s probe timeout) reaches PostgreSQL through a TCP proxy.
+/// 200 orders in, the proxy refuses connections for 3 s (deliveries fail,
+/// the probe fails, intake pauses), then accepts and forwards nothing (a
+/// stalled server: every pool `get` waits forever). SIGTERM 6 s later: the
+/// process exits within the deadline plus one probe timeout (plus 2 s of
+/// slack for process start-up and exit). With `Stall::FrozenProbe`, the
+/// probe itself never returns; with `Stall::MidDelivery`, the server
+/// stalls without refusing first, so the deliveries in flight hang in the
+/// pool (dropped at the deadline, redelivered). The database then answers
+/// again and a second runner finishes the queue: every order applied
+/// exactly once.
+#[cfg(feature = "postgres")]
+fn stalled_database<B: Broker>(url: &str, stall: Stall) -> Result<String, String> {
+    use crate::proxy::{Mode, Proxy};
+    const N: u64 = 1_000;
+    const DEADLINE: Duration = Duration::from_secs(3);
+    const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+    let run = start::<B>(url)?;
+    let Some(db) = PgDb::create(&run)? else {
+        return Ok(format!("{SKIPPED}INBOX_TEST_POSTGRES_URL is not set"));
+    };
+    let upstream: std::net::SocketAddr = "127.0.0.1:5432".parse().expect("an address");
+    let proxy = Proxy::start(upstream)?;
+    let proxied = db
+        .url
+        .replacen("127.0.0.1/", &format!("127.0.0.1:{}/", proxy.port), 1)
+        .replacen("127.0.0.1:5432/", &format!("127.0.0.1:{}/", proxy.port), 1);
+    ensure!(
+        proxied.contains(&format!(":{}/", proxy.port)),
+        "the PostgreSQL URL is not on 127.0.0.1: {}",
+        db.url
+    );
+    B::publish(url, &run.queue, &orders(&run, N))?;
+    let mut first = command::<B>(&run, 8, 0, true)?;
+    first
+        .env("INBOX_BROKER_PG", &proxied)
+        .env("INBOX_BROKER_IDLE_MS", "600000")
+        .env("INBOX_BROKER_DEADLINE_MS", DEADLINE.as_millis().to_string())
+        .env(
+            "INBOX_BROKER_PROBE_TIMEOUT_MS",
+            PROBE_TIMEOUT.as_millis().to_string(),
+        );
+    if stall == Stall::FrozenProbe {
+        first.env("INBOX_BROKER_PROBE", "frozen");
+    }
+    // Retries held for a long backoff (RabbitMQ holds them in the
+    // process): shutdown must give them back at once, not wait them out.
+    // (JetStream waits out a `Nak` delay itself: nothing is held.)
+    if B::NAME == "rabbitmq" {
+        first.env("INBOX_BROKER_RETRY_MS", "60000");
+    }
+    let mut child = first.spawn().map_err(|e| format!("spawn consumer: {e}"))?;
+    db.wait_for_applied(200, Duration::from_secs(60))?;
+    if stall != Stall::MidDelivery {
+        proxy.set(Mode::Refuse);
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    proxy.set(Mode::Blackhole);
+    std::thread::sleep(Duration::from_secs(6));
+    let stopped_at = db.applied()?;
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .map_err(|e| format!("kill -TERM: {e}"))?;
+    let term = Instant::now();
+    let bound = DEADLINE + PROBE_TIMEOUT + Duration::from_secs(2);
+    let exited = loop {
+        if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+            break term.elapsed();
+        }
+        if term.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "the runner was still running 60 s after SIGTERM (bound {bound:?})"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success() && stdout.contains("sigterm"),
+        "the runner did not stop cleanly on SIGTERM ({}): {stdout} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        exited <= bound,
+        "the runner took {exited:?} to exit after SIGTERM (bound {bound:?})"
+    );
+    let report = fields(&stdout, "report ");
+    let get = |k: &str| report.get(k).map_or("?", String::as_str).to_owned();
+    if stall != Stall::MidDelivery {
+        ensure!(
+            get("pauses") == "1",
+            "intake did not pause while the probe failed: {stdout}"
+        );
+    }
+    if B::NAME == "rabbitmq" && stall != Stall::MidDelivery {
+        ensure!(
+            get("released_early") != "0" && get("abandoned") == "0",
+            "the held retries were not given back at shutdown: {stdout}"
+        );
+    }
+    // The database answers again; a second runner finishes the queue.
+    proxy.set(Mode::Forward);
+    // Drains the queue: JetStream redelivers what was `Nak`ed after its
+    // delay.
+    let mut second = command::<B>(&run, 8, 0, true)?;
+    second
+        .env("INBOX_BROKER_PG", &db.url)
+        .env("INBOX_BROKER_DRAIN_MS", "1000");
+    let rest = finish(second.spawn().map_err(|e| e.to_string())?)?
+        .ok_or("the second runner was killed")?;
+    db.check_exact(N)?;
+    Ok(format!(
+        "{stall:?}: SIGTERM at {stopped_at} applied, with the database stalled: exited in {:.2} s (bound {:.0} s: deadline {:?} + probe timeout {:?} + 2 s), pauses={} probe_timeouts={} released_early={} abandoned={} returned={}; a second runner applied {}; every order exactly once",
+        exited.as_secs_f64(),
+        bound.as_secs_f64(),
+        DEADLINE,
+        PROBE_TIMEOUT,
+        get("pauses"),
+        get("probe_timeouts"),
+        get("released_early"),
+        get("abandoned"),
+        get("returned"),
+        rest.applied
+    ))
+}
+
+/// How the database stalls in [`stalled_database`].
+#[cfg(feature = "postgres")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stall {
+    /// Refuses for 3 s (the probe fails, intake pauses), then stalls.
+    RefusedThenStalled,
+    /// The same, with a probe that never returns.
+    FrozenProbe,
+    /// Stalls under the deliveries in flight.
+    MidDelivery,
+}
+
+#[cfg(feature = "postgres")]
+fn runner_exits_on_sigterm_while_the_database_hangs<B: Broker>(
+    url: &str,
+) -> Result<String, String> {
+    stalled_database::<B>(url, Stall::RefusedThenStalled)
+}
+
+#[cfg(feature = "postgres")]
+fn runner_exits_on_sigterm_with_a_frozen_probe<B: Broker>(url: &str) -> Result<String, String> {
+    stalled_database::<B>(url, Stall::FrozenProbe)
+}
+
+#[cfg(feature = "postgres")]
+fn runner_exits_on_sigterm_with_deliveries_stalled<B: Broker>(url: &str) -> Result<String, String> {
+    stalled_database::<B>(url, Stall::MidDelivery)
+}
+
+/// Drain, then exit: 300 orders, a poison message (failing transiently,
+/// dead-lettered at its 3rd delivery) and one order id published again
+/// with another body (`KeyReused`, dead-lettered at once through
+/// `AppError`'s `HasInboxError`). The runner (`exit_when_idle(1.5 s)`)
+/// returns by itself once the broker has nothing left, with `idle` in its
+/// report; the live counts (the `metrics` counter and the `tracing`
+/// events, as each settlement happened) equal the report's.
+fn runner_drains_then_exits<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 300;
+    let run = start::<B>(url)?;
+    let mut stream = orders(&run, N);
+    stream.push((format!("{}-poison", run.queue), b"poison".to_vec()));
+    B::publish(url, &run.queue, &stream)?;
+    // Past NATS' duplicate window (200 ms in these tests' streams).
+    std::thread::sleep(Duration::from_millis(400));
+    B::publish(
+        url,
+        &run.queue,
+        &[(format!("{}-1", run.queue), b"999".to_vec())],
+    )?;
+    let mut command = command::<B>(&run, 8, 0, true)?;
+    command
+        .env("INBOX_BROKER_DRAIN_MS", "1500")
+        .env("INBOX_BROKER_MAX_DELIVERIES", "3")
+        .env("INBOX_BROKER_RETRY_MS", "200");
+    let began = Instant::now();
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("spawn consumer: {e}"))?;
+    loop {
+        if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+            break;
+        }
+        if began.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            return Err("the runner did not exit by itself within 120 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = began.elapsed();
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success() && !stdout.contains("sigterm"),
+        "the runner failed ({}): {stdout} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_exact(&run, N)?;
+    let report = fields(&stdout, "report ");
+    let want = [
+        ("idle", "true".to_string()),
+        ("acked", N.to_string()),
+        ("retried", "2".into()),
+        ("dead_lettered", "2".into()),
+        ("abandoned", "0".into()),
+    ];
+    for (key, value) in &want {
+        ensure!(
+            report.get(*key) == Some(value),
+            "report {key}: expected {value}, got {:?} ({stdout})",
+            report.get(*key)
+        );
+    }
+    let live = fields(&stdout, "live ");
+    let mut expected_live = vec![
+        ("acked_events", N.to_string()),
+        ("failed_delivery_events", "4".to_string()),
+        ("failed_call_warnings", "0".to_string()),
+    ];
+    if cfg!(feature = "metrics") {
+        expected_live.extend([
+            ("ack", N.to_string()),
+            ("retry", "2".to_string()),
+            ("dead_letter", "2".to_string()),
+            ("unsettled", "0".to_string()),
+        ]);
+    }
+    for (key, value) in &expected_live {
+        ensure!(
+            live.get(*key) == Some(value),
+            "live {key}: expected {value}, got {:?} ({stdout})",
+            live.get(*key)
+        );
+    }
+    Ok(format!(
+        "exited by itself {:.1} s after start, queue drained: {N} acked, the poison retried 2 times then dead-lettered, the reused id dead-lettered at once (KeyReused); live counts equal the report ({})",
+        took.as_secs_f64(),
+        stdout.lines().find(|l| l.starts_with("live ")).unwrap_or("")
+    ))
 }
 
 fn runner_survives_a_broker_drop<B: Broker>(url: &str) -> Result<String, String> {
@@ -617,6 +961,22 @@ fn scenarios<B: Broker>() -> Vec<Scenario> {
             "runner_survives_a_database_outage",
             runner_survives_a_database_outage::<B>,
         ),
+        #[cfg(feature = "postgres")]
+        (
+            "runner_exits_on_sigterm_while_the_database_hangs",
+            runner_exits_on_sigterm_while_the_database_hangs::<B>,
+        ),
+        #[cfg(feature = "postgres")]
+        (
+            "runner_exits_on_sigterm_with_a_frozen_probe",
+            runner_exits_on_sigterm_with_a_frozen_probe::<B>,
+        ),
+        #[cfg(feature = "postgres")]
+        (
+            "runner_exits_on_sigterm_with_deliveries_stalled",
+            runner_exits_on_sigterm_with_deliveries_stalled::<B>,
+        ),
+        ("runner_drains_then_exits", runner_drains_then_exits::<B>),
         (
             "outbox_chain_with_kills",
             crate::chain::chain_with_kills::<B>,
