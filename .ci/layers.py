@@ -30,6 +30,7 @@ LAYERS = [
     )),
     ("ground", (
         "error", "handler", "key", "fingerprint", "processed", "schema", "rows", "wake",
+        "backoff",
         "backend::errors",
     )),
 ]

@@ -476,7 +476,10 @@ where
         }
         tracing::debug!(target: "diesel_inbox", consumer, key, attempt = attempts, error = %cause, "diesel-inbox: transient error, retrying");
         self.telemetry.retried();
-        self.go(State::Sleeping, Step::Sleep(backoff(attempts)))
+        self.go(
+            State::Sleeping,
+            Step::Sleep(crate::backoff::rerun(attempts)),
+        )
     }
 }
 
@@ -505,18 +508,6 @@ impl<B, T, E, R> Engine<'_, B, T, E, R> {
             }
         }
     }
-}
-
-/// 2, 4, 8 … ms (capped at 256 ms) plus up to the same again of jitter, so
-/// that two deadlocked transactions do not collide again in lockstep.
-pub(crate) fn backoff(attempt: u32) -> Duration {
-    let base_ms = 1u64 << attempt.clamp(1, 8);
-    let jitter_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::from(d.subsec_nanos()))
-        .unwrap_or(0)
-        % base_ms;
-    Duration::from_millis(base_ms + jitter_ms)
 }
 
 #[cfg(all(test, feature = "sqlite"))]

@@ -47,6 +47,7 @@ extern crate self as inbox_runtime;
 #[cfg(feature = "async")]
 mod asynchronous;
 mod backend;
+mod backoff;
 mod claim;
 mod engine;
 mod error;

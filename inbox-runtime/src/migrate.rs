@@ -115,7 +115,7 @@ impl MigrateAttempts {
         if !(self.retry && transient && self.made < MIGRATE_ATTEMPTS) {
             return None;
         }
-        let delay = crate::engine::backoff(self.made);
+        let delay = crate::backoff::rerun(self.made);
         self.made += 1;
         Some(delay)
     }

@@ -390,7 +390,7 @@ impl<'a> PurgeLoop<'a> {
                 self.failures += 1;
                 self.report.retries += 1;
                 tracing::debug!(target: "diesel_inbox", error = %e, attempt = self.failures, "diesel-inbox: purge batch failed transiently, retrying");
-                let delay = crate::engine::backoff(self.failures);
+                let delay = crate::backoff::rerun(self.failures);
                 self.batch_began = Instant::now() + delay;
                 PurgeStep::Sleep(delay)
             }

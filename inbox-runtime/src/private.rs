@@ -11,6 +11,9 @@ pub use inventory;
 /// What the broker glue of `diesel-inbox` reports through the runtime's
 /// telemetry.
 pub use crate::telemetry::consumer_settled;
+
+/// The one backoff (the consumer runners' redeliveries, the outbox relay).
+pub use crate::backoff::backoff;
 #[cfg(feature = "async")]
 pub use crate::telemetry::settled_by_caller;
 

@@ -173,7 +173,7 @@ pub(crate) fn count_again<B: InboxBackend>(
     attempt: u32,
     error: &Error,
 ) -> Option<std::time::Duration> {
-    (attempt < COUNT_ATTEMPTS && B::is_transient(error)).then(|| crate::engine::backoff(attempt))
+    (attempt < COUNT_ATTEMPTS && B::is_transient(error)).then(|| crate::backoff::rerun(attempt))
 }
 
 /// Counts a failure of `(consumer, key)`: in a short transaction of its

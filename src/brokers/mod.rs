@@ -221,7 +221,7 @@ impl<E: HasInboxError> Policy<E> {
     /// assert!(policy.retry_delay_for(50) <= Duration::from_secs(2));
     /// ```
     pub fn retry_delay_for(&self, deliveries: u32) -> Duration {
-        jittered_backoff(self.retry_delay, self.max_retry_delay, deliveries)
+        inbox_runtime::__private::backoff(self.retry_delay, self.max_retry_delay, deliveries)
     }
 
     /// What to do with a message delivered `deliveries` times (this one
@@ -432,20 +432,6 @@ pub(crate) fn usable_id(id: Option<&str>, what: &str) -> Result<String, String> 
     let id = id.ok_or_else(|| format!("no {what}"))?;
     validate_key(id).map_err(|e: InvalidKey| format!("{what}: {e}"))?;
     Ok(id.to_owned())
-}
-
-/// The `n`th delay of a backoff (1 for the first): `first` doubled per
-/// earlier one, capped at `cap`, then jittered to between half and all of
-/// it, so that what one outage failed does not come back in lockstep. The
-/// consumers' redeliveries and the outbox relay's retries.
-pub(crate) fn jittered_backoff(first: Duration, cap: Duration, n: u32) -> Duration {
-    let doublings = n.saturating_sub(1).min(31);
-    let delay = first.saturating_mul(1u32 << doublings).min(cap);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    // Between half and all of the delay.
-    delay / 2 + delay.mul_f64(f64::from(nanos % 1_000_000) / 2_000_000.0)
 }
 
 #[cfg(test)]
