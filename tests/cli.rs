@@ -366,7 +366,7 @@ fn outbox_cli<B: TestBackend>() {
             &amqp,
             "--exchange",
             "",
-            "--max-attempts",
+            "--max-publish-attempts",
             "1",
             "--once",
         ]))

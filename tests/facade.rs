@@ -40,11 +40,11 @@ use diesel_inbox::outbox::{
     status_async as outbox_status_async,
 };
 
-#[cfg(any(feature = "lapin", feature = "nats"))]
+#[cfg(feature = "relay")]
 #[allow(unused_imports)]
 use diesel_inbox::outbox::{
     Publish, PublishError, Relay, RelayError, RelayPool, RelayReport, DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY,
+    DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY,
     OUTAGE_DELAY, RETRY_DELAY,
 };
 

@@ -219,7 +219,7 @@ where
     let failed: Result<Processed<()>, diesel::result::Error> = Inbox::consumer("orders")
         .retries(0)
         .run(&mut conn, "m-1", |conn| {
-            outbox::enqueue(conn, Outgoing::new("stock", "x").key("k"))?;
+            outbox::enqueue(conn, Outgoing::new("stock", "x").ordering_key("k"))?;
             Err(diesel::result::Error::RollbackTransaction)
         });
     assert!(failed.is_err());
@@ -268,7 +268,7 @@ where
         let mut ids = Vec::new();
         for (key, body) in [("a-1", "first"), ("a-2", "second"), ("b-1", "other")] {
             let message = Outgoing::new(queue.as_str(), body)
-                .key(&key[..1])
+                .ordering_key(&key[..1])
                 .header("content-type", "text/plain");
             ids.push(enqueue_in_handler(&mut *conn, "orders", key, message.clone()).await);
             // The broker's redelivery: a duplicate, nothing enqueued.
@@ -322,7 +322,7 @@ where
             &mut *conn,
             "o",
             "m-1",
-            Outgoing::new(nowhere.as_str(), "1").key("k"),
+            Outgoing::new(nowhere.as_str(), "1").ordering_key("k"),
         )
         .await
         .expect("applied");
@@ -330,12 +330,12 @@ where
             &mut *conn,
             "o",
             "m-2",
-            Outgoing::new(queue.as_str(), "2").key("k"),
+            Outgoing::new(queue.as_str(), "2").ordering_key("k"),
         )
         .await
         .expect("applied");
         drop(conn);
-        let relay = Relay::new(pool.clone(), rabbit.publisher()).max_attempts(2);
+        let relay = Relay::new(pool.clone(), rabbit.publisher()).max_publish_attempts(2);
         let first = relay.run_once().await.expect("relay");
         assert_eq!((first.published, first.failed, first.dead), (0, 1, 0));
         // Held back behind the failed one.
@@ -436,8 +436,8 @@ where
         .await
         .expect("applied");
         drop(conn);
-        let relay =
-            Relay::new(pool.clone(), outbox::nats::Publisher::new(js.clone())).max_attempts(1);
+        let relay = Relay::new(pool.clone(), outbox::nats::Publisher::new(js.clone()))
+            .max_publish_attempts(1);
         let report = relay.run_once().await.expect("relay");
         assert_eq!((report.published, report.dead), (1, 1), "{report:?}");
         let mut stream = stream;
@@ -512,7 +512,8 @@ where
         for n in 0..PER_KEY {
             for key in 0..KEYS {
                 let body = format!("{key}:{n}");
-                let message = Outgoing::new(queue.as_str(), body.clone()).key(&format!("k{key}"));
+                let message =
+                    Outgoing::new(queue.as_str(), body.clone()).ordering_key(&format!("k{key}"));
                 enqueue_in_handler(&mut *conn, "o", &body, message)
                     .await
                     .expect("applied");
@@ -756,7 +757,7 @@ fn relays_on_every_galera_node_publish_each_message_and_downstream_applies_it_on
                 let body = format!("{key}:{n}");
                 let id = writer
                     .transaction(|conn| {
-                        outbox::enqueue(conn, Outgoing::new(queue.as_str(), body.clone()).key(&format!("k{key}")))
+                        outbox::enqueue(conn, Outgoing::new(queue.as_str(), body.clone()).ordering_key(&format!("k{key}")))
                             .map_err(diesel::result::Error::from)
                     })
                     .expect("enqueue");
@@ -860,7 +861,7 @@ fn the_relay_and_status_report_metrics() {
                 enqueue_in_handler(&mut *conn, "o", key, Outgoing::new(destination, "x")).await;
             }
             let report = Relay::new(pool.clone(), rabbit.publisher())
-                .max_attempts(1)
+                .max_publish_attempts(1)
                 .run_once()
                 .await
                 .expect("relay");

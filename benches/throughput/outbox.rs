@@ -86,7 +86,10 @@ fn fill<B: Bench>(url: &str, n: usize) -> Result<(), String> {
     B::tx(&mut conn, |conn| {
         for i in 0..n {
             let key = format!("k{i}");
-            outbox::enqueue(conn, Outgoing::new("ignored", vec![7u8; 64]).key(&key))?;
+            outbox::enqueue(
+                conn,
+                Outgoing::new("ignored", vec![7u8; 64]).ordering_key(&key),
+            )?;
         }
         Ok(())
     })

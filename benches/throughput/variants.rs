@@ -115,7 +115,7 @@ fn attempts<B: Bench>(conn: &mut B::Conn, order: &Order) -> QueryResult<()> {
 fn outbox<B: Bench>(conn: &mut B::Conn, order: &Order) -> QueryResult<()> {
     use diesel_inbox::outbox::{enqueue, Outgoing};
     B::insert_order(conn, order)?;
-    let message = Outgoing::new("bench.stock", order.id.as_bytes()).key(&order.id);
+    let message = Outgoing::new("bench.stock", order.id.as_bytes()).ordering_key(&order.id);
     enqueue(conn, message)?;
     Ok(())
 }

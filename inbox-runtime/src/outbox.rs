@@ -23,7 +23,7 @@
 //!     let id = outbox::enqueue(
 //!         conn,
 //!         Outgoing::new("stock.reserve", format!("{{\"order\":{order_id}}}"))
-//!             .key(&order_id)
+//!             .ordering_key(&order_id)
 //!             .header("content-type", "application/json"),
 //!     )?;
 //!     Ok(id)
@@ -70,7 +70,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// use diesel_inbox::outbox::Outgoing;
 ///
 /// let message = Outgoing::new("stock.reserve", b"{}".to_vec())
-///     .key("customer-42")
+///     .ordering_key("customer-42")
 ///     .header("content-type", "application/json")
 ///     .id("reserve-order-7");
 /// assert_eq!(message.destination(), "stock.reserve");
@@ -79,7 +79,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub struct Outgoing {
     destination: String,
     payload: Vec<u8>,
-    key: Option<String>,
+    ordering_key: Option<String>,
     headers: Vec<(String, String)>,
     id: Option<String>,
 }
@@ -90,7 +90,7 @@ impl Outgoing {
         Outgoing {
             destination: destination.into(),
             payload: payload.into(),
-            key: None,
+            ordering_key: None,
             headers: Vec::new(),
             id: None,
         }
@@ -99,9 +99,10 @@ impl Outgoing {
     /// The ordering key: messages with the same key are published in
     /// enqueue order, one at a time; a failed one holds back the later
     /// ones of its key until it is published or dead. Messages without a
-    /// key have no order.
-    pub fn key<K: InboxKey + ?Sized>(mut self, key: &K) -> Self {
-        self.key = Some(key.inbox_key().into_owned());
+    /// key have no order. (Not the inbox's deduplication key: that is the
+    /// message [`id`](Self::id).)
+    pub fn ordering_key<K: InboxKey + ?Sized>(mut self, key: &K) -> Self {
+        self.ordering_key = Some(key.inbox_key().into_owned());
         self
     }
 
@@ -139,7 +140,7 @@ impl Outgoing {
             InboxError::InvalidOutgoing(format!("its {what}: {why}").into())
         };
         validate_key(&self.destination).map_err(|e| invalid("destination", e))?;
-        if let Some(key) = &self.key {
+        if let Some(key) = &self.ordering_key {
             validate_key(key).map_err(|e| invalid("ordering key", e))?;
         }
         let id = match self.id {
@@ -166,7 +167,7 @@ impl Outgoing {
         Ok(NewRow {
             id,
             destination: self.destination,
-            key: self.key,
+            key: self.ordering_key,
             payload: self.payload,
             headers: encode_headers(&self.headers),
         })
@@ -211,7 +212,7 @@ where
 ///     conn: &mut SyncConnectionWrapper<SqliteConnection>,
 ///     order_id: i64,
 /// ) -> diesel::QueryResult<()> {
-///     outbox::enqueue_async(conn, Outgoing::new("stock.reserve", "{}").key(&order_id)).await?;
+///     outbox::enqueue_async(conn, Outgoing::new("stock.reserve", "{}").ordering_key(&order_id)).await?;
 ///     Ok(())
 /// }
 ///
@@ -355,7 +356,7 @@ pub struct DeadMessage {
     /// The destination.
     pub destination: String,
     /// The ordering key, if any.
-    pub key: Option<String>,
+    pub ordering_key: Option<String>,
     /// Failed publishes.
     pub attempts: u32,
     /// The last failure's error.
@@ -371,7 +372,7 @@ fn dead_of(rows: Vec<DeadRow>) -> Vec<DeadMessage> {
         .map(|row| DeadMessage {
             id: row.id,
             destination: row.destination,
-            key: row.ordering_key,
+            ordering_key: row.ordering_key,
             attempts: row.attempts.max(0) as u32,
             last_error: row.last_error.unwrap_or_default(),
             enqueued_at: time(row.created_at),
@@ -615,7 +616,7 @@ pub struct OutboxMessage {
     /// The routing key (RabbitMQ) or subject (NATS).
     pub destination: String,
     /// The ordering key, if any.
-    pub key: Option<String>,
+    pub ordering_key: Option<String>,
     /// The body.
     pub payload: Vec<u8>,
     /// The headers, in the order they were set.
@@ -654,7 +655,7 @@ impl Claim {
             claim.messages.push(OutboxMessage {
                 id: row.id,
                 destination: row.destination,
-                key: row.ordering_key,
+                ordering_key: row.ordering_key,
                 payload: row.payload,
                 headers: decode_headers(row.headers.as_deref()),
                 attempts: row.attempts.max(0) as u32,
@@ -669,7 +670,7 @@ impl Claim {
 /// How one claimed message's publish ended.
 #[doc(hidden)]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Settlement {
+pub enum PublishOutcome {
     /// The broker confirmed it: the row is deleted.
     Published,
     /// The broker refused this message (unroutable, no stream, too
@@ -722,7 +723,7 @@ pub struct Stepped {
 #[cfg(feature = "async")]
 pub async fn step_async<C: AsyncInboxConnection>(
     conn: &mut C,
-    settle: &[(&Claim, &[Settlement])],
+    settle: &[(&Claim, &[PublishOutcome])],
     next: Option<(usize, Duration)>,
 ) -> Result<Stepped, InboxError> {
     let mut ops = Vec::new();
@@ -778,7 +779,7 @@ struct SettlePlan {
 impl SettlePlan {
     /// Pushes the settlement's statements onto `ops`: the failures'
     /// counts, the published rows' delete, the given-back rows' release.
-    fn of(claim: &Claim, outcomes: &[Settlement], ops: &mut Vec<Op>) -> Self {
+    fn of(claim: &Claim, outcomes: &[PublishOutcome], ops: &mut Vec<Op>) -> Self {
         let mut plan = SettlePlan {
             failed: Vec::new(),
             published: Vec::new(),
@@ -788,9 +789,9 @@ impl SettlePlan {
         for (i, outcome) in outcomes.iter().enumerate().take(claim.seqs.len()) {
             let seq = claim.seqs[i];
             match outcome {
-                Settlement::Published => plan.published.push(i),
-                Settlement::Released => released.push(seq),
-                Settlement::Failed {
+                PublishOutcome::Published => plan.published.push(i),
+                PublishOutcome::Released => released.push(seq),
+                PublishOutcome::Failed {
                     error,
                     retry_in,
                     max_attempts,

@@ -11,7 +11,7 @@
 //! diesel-inbox outbox dead [--limit 100] [--json]
 //! diesel-inbox outbox retry <ID> | --all-dead
 //! diesel-inbox outbox purge --older-than 7d [--batch 10000] [--force]
-//! diesel-inbox outbox relay (--amqp URL --exchange X | --nats URL) [--batch-size 100] [--poll-interval 1s] [--max-attempts 10]
+//! diesel-inbox outbox relay (--amqp URL --exchange X | --nats URL) [--batch-size 100] [--poll-interval 1s] [--max-publish-attempts 10]
 //! ```
 //!
 //! The URL comes from `--database-url` or `DATABASE_URL`; its scheme picks
@@ -194,7 +194,7 @@ enum OutboxCommand {
         poll_interval: Duration,
         /// Refusals by the broker after which a message is dead.
         #[arg(long, default_value_t = 10)]
-        max_attempts: u32,
+        max_publish_attempts: u32,
         /// Stop after one pass (what is due now) instead of running.
         #[arg(long)]
         once: bool,
@@ -794,7 +794,7 @@ where
                         serde_json::json!({
                             "id": d.id,
                             "destination": d.destination,
-                            "key": d.key,
+                            "ordering_key": d.ordering_key,
                             "attempts": d.attempts,
                             "last_error": d.last_error,
                             "enqueued_at": rfc3339(d.enqueued_at),
@@ -862,7 +862,7 @@ mod relay {
                     nats,
                     batch_size,
                     poll_interval,
-                    max_attempts,
+                    max_publish_attempts,
                     once,
                 },
         } = command
@@ -873,7 +873,7 @@ mod relay {
             .enable_all()
             .build()
             .map_err(|e| Failure(format!("no async runtime: {e}")))?;
-        let options = (*batch_size, *poll_interval, *max_attempts, *once);
+        let options = (*batch_size, *poll_interval, *max_publish_attempts, *once);
         runtime.block_on(async {
             match (amqp, nats) {
                 (Some(amqp), _) => {
@@ -964,12 +964,12 @@ mod relay {
     async fn relay<D: RelayPool, P: Publish>(
         pool: D,
         publisher: P,
-        (batch_size, poll_interval, max_attempts, once): Options,
+        (batch_size, poll_interval, max_publish_attempts, once): Options,
     ) -> Result<ExitCode, Failure> {
         let relay = Relay::new(pool, publisher)
             .batch_size(batch_size)
             .poll_interval(poll_interval)
-            .max_attempts(max_attempts);
+            .max_publish_attempts(max_publish_attempts);
         let report = if once {
             relay.run_once().await.map_err(|e| Failure(e.to_string()))?
         } else {

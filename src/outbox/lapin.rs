@@ -87,7 +87,7 @@ impl Publisher {
     }
 
     /// The largest payload sent (default [`DEFAULT_MAX_MESSAGE_SIZE`]); a
-    /// larger message is refused, and dead after `max_attempts`. Set it to
+    /// larger message is refused, and dead after `max_publish_attempts`. Set it to
     /// the broker's `max_message_size`.
     pub fn max_message_size(mut self, bytes: usize) -> Self {
         self.max_message_size = bytes;

@@ -5,9 +5,10 @@
 //! Enqueue in any transaction ([`enqueue`], `enqueue_async`); inside an
 //! `#[idempotent]` body that is the claim's transaction, so a redelivered
 //! message enqueues nothing twice and a failed body enqueues nothing. The
-//! relay (features `lapin`, `nats`) publishes with broker confirms and
-//! deletes each row once its message is confirmed. The guide's outbox
-//! chapter (`diesel_inbox::guide::outbox`) has the semantics: ordering,
+//! relay (feature `relay`, which `lapin` and `nats` bring with their
+//! publishers; alone, for a publisher of your own: `Publish`) publishes
+//! with broker confirms and deletes each row once its message is
+//! confirmed. The guide's outbox chapter (`diesel_inbox::guide::outbox`) has the semantics: ordering,
 //! failures, retention, several relays, Galera.
 //!
 //! ```
@@ -19,7 +20,7 @@
 //! diesel_inbox::migrate(&mut conn)?;
 //! let id = conn.transaction(|conn| {
 //!     // ... the change itself ...
-//!     outbox::enqueue(conn, Outgoing::new("stock.reserve", "{\"order\":7}").key("customer-42"))
+//!     outbox::enqueue(conn, Outgoing::new("stock.reserve", "{\"order\":7}").ordering_key("customer-42"))
 //! })?;
 //! outbox::wake(); // a relay in this process publishes at once
 //! assert_eq!(outbox::status(&mut conn)?.pending, 1);
@@ -39,12 +40,12 @@ pub use inbox_runtime::outbox::{
     dead_async, enqueue_async, purge_async, retry_async, status_async,
 };
 
-#[cfg(any(feature = "lapin", feature = "nats"))]
+#[cfg(feature = "relay")]
 mod relay;
-#[cfg(any(feature = "lapin", feature = "nats"))]
+#[cfg(feature = "relay")]
 pub use relay::{
     Publish, PublishError, Relay, RelayError, RelayPool, RelayReport, DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY,
+    DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY,
     OUTAGE_DELAY, RETRY_DELAY,
 };
 

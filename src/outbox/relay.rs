@@ -4,10 +4,10 @@
 //! wait for the next wake-up or poll. One short transaction per batch
 //! settles the batch before and claims the next, while a batch publishes.
 
-use crate::brokers::jittered_backoff;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::pooled_connection::PoolableConnection;
-use inbox_runtime::outbox::{self as steps, OutboxMessage, Settlement};
+use inbox_runtime::__private::backoff;
+use inbox_runtime::outbox::{self as steps, OutboxMessage, PublishOutcome};
 use inbox_runtime::{AsyncInboxConnection, InboxError};
 use std::future::Future;
 use std::ops::DerefMut;
@@ -22,6 +22,62 @@ use tracing::Instrument;
 /// `publish` sends every message of a batch and waits for the broker's
 /// confirm of each: the result at `i` is that of `messages[i]`. A
 /// message counts as published only once the broker confirmed it.
+///
+/// A publisher of your own needs only the feature `relay` (no broker
+/// client) and a backend. This one records what it gets; a webhook or a
+/// Kafka producer would send it, and answer `Unavailable` while its
+/// endpoint is down:
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # mod example {
+/// use diesel::prelude::*;
+/// use diesel_async::pooled_connection::deadpool::Pool;
+/// use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+/// use diesel_inbox::outbox::{self, OutboxMessage, Outgoing, Publish, PublishError, Relay};
+/// use std::sync::Mutex;
+///
+/// /// Every message it was given: (destination, payload).
+/// #[derive(Default)]
+/// pub struct Recorder(pub Mutex<Vec<(String, Vec<u8>)>>);
+///
+/// impl Publish for Recorder {
+///     async fn publish(&self, messages: &[OutboxMessage]) -> Vec<Result<(), PublishError>> {
+///         let mut sent = self.0.lock().expect("not poisoned");
+///         messages
+///             .iter()
+///             .map(|m| {
+///                 sent.push((m.destination.clone(), m.payload.clone()));
+///                 Ok(())
+///             })
+///             .collect()
+///     }
+/// }
+///
+/// pub async fn relay_once() -> Result<(), Box<dyn std::error::Error>> {
+///     type Conn = SyncConnectionWrapper<SqliteConnection>;
+///     let file = std::env::temp_dir().join(format!("relay-doc-{}.db", std::process::id()));
+///     let url = file.to_string_lossy().into_owned();
+///     let pool: Pool<Conn> = Pool::builder(AsyncDieselConnectionManager::new(url.clone())).build()?;
+///     {
+///         let mut conn = SqliteConnection::establish(&url)?;
+///         diesel_inbox::migrate(&mut conn)?;
+///         conn.transaction(|conn| outbox::enqueue(conn, Outgoing::new("stock.reserve", "7")))?;
+///     }
+///     let relay = Relay::new(pool, Recorder::default());
+///     let report = relay.run_once().await?;
+///     assert_eq!(report.published, 1);
+///     let _ = std::fs::remove_file(&file);
+///     Ok(())
+/// }
+/// # }
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> { example::relay_once().await }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
 pub trait Publish: Send + Sync {
     /// Publishes `messages`, one result per message, in order.
     fn publish<'a>(
@@ -36,7 +92,7 @@ pub trait Publish: Send + Sync {
 pub enum PublishError {
     /// The broker refused this message (unroutable, no stream for the
     /// subject, too large, nacked): counted against the relay's
-    /// `max_attempts`, retried with backoff, then dead.
+    /// `max_publish_attempts`, retried with backoff, then dead.
     #[error("the broker refused the message: {0}")]
     Refused(String),
     /// The broker could not be reached or did not confirm in time: the
@@ -74,7 +130,7 @@ pub struct RelayReport {
     pub published: u64,
     /// Messages the broker refused, to be retried.
     pub failed: u64,
-    /// Messages that became dead (refused `max_attempts` times).
+    /// Messages that became dead (refused `max_publish_attempts` times).
     pub dead: u64,
     /// Messages given back unpublished: the broker was unavailable.
     pub released: u64,
@@ -170,8 +226,8 @@ where
 pub const DEFAULT_BATCH_SIZE: usize = 100;
 /// The default [`Relay::poll_interval`].
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// The default [`Relay::max_attempts`].
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// The default [`Relay::max_publish_attempts`].
+pub const DEFAULT_MAX_PUBLISH_ATTEMPTS: u32 = 10;
 /// How long a relay holds the rows of a batch it claimed; another relay
 /// takes them over only after this. The publisher's confirm wait is far
 /// shorter, and a batch whose publish outlasts half of it is given back.
@@ -200,7 +256,7 @@ pub const MAX_OUTAGE_DELAY: Duration = Duration::from_secs(30);
 ///   one is published (its row deleted) or dead.
 /// - **Failures:** a refused message is retried with backoff
 ///   ([`RETRY_DELAY`] doubling to [`MAX_RETRY_DELAY`]) and becomes dead
-///   after [`max_attempts`](Self::max_attempts) refusals; an unavailable
+///   after [`max_publish_attempts`](Self::max_publish_attempts) refusals; an unavailable
 ///   broker or database is waited out ([`OUTAGE_DELAY`] doubling to
 ///   [`MAX_OUTAGE_DELAY`]) and never makes a message dead.
 /// - **Latency:** after an `#[idempotent]` call that enqueued commits, the
@@ -222,7 +278,7 @@ pub const MAX_OUTAGE_DELAY: Duration = Duration::from_secs(30);
 /// let relay = Relay::new(pool, publisher)
 ///     .batch_size(200)
 ///     .poll_interval(Duration::from_millis(500))
-///     .max_attempts(8);
+///     .max_publish_attempts(8);
 /// let report = relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
 /// println!("published {}", report.published);
 /// # Ok(())
@@ -233,7 +289,7 @@ pub struct Relay<D: RelayPool, P> {
     publisher: P,
     batch_size: usize,
     poll_interval: Duration,
-    max_attempts: u32,
+    max_publish_attempts: u32,
     lease: Duration,
 }
 
@@ -242,7 +298,7 @@ impl<D: RelayPool, P> std::fmt::Debug for Relay<D, P> {
         f.debug_struct("Relay")
             .field("batch_size", &self.batch_size)
             .field("poll_interval", &self.poll_interval)
-            .field("max_attempts", &self.max_attempts)
+            .field("max_publish_attempts", &self.max_publish_attempts)
             .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
@@ -261,7 +317,7 @@ where
             publisher,
             batch_size: DEFAULT_BATCH_SIZE,
             poll_interval: DEFAULT_POLL_INTERVAL,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            max_publish_attempts: DEFAULT_MAX_PUBLISH_ATTEMPTS,
             lease: LEASE,
         }
     }
@@ -282,8 +338,8 @@ where
 
     /// Refusals by the broker after which a message is dead (default 10;
     /// at least 1).
-    pub fn max_attempts(mut self, n: u32) -> Self {
-        self.max_attempts = n.max(1);
+    pub fn max_publish_attempts(mut self, n: u32) -> Self {
+        self.max_publish_attempts = n.max(1);
         self
     }
 
@@ -385,7 +441,7 @@ where
                     if pass.released > 0 {
                         outages += 1;
                         tracing::warn!(target: "diesel_inbox", released = pass.released, "diesel-inbox: outbox relay: the broker is unavailable; backing off");
-                        jittered_backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
+                        backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
                     } else {
                         outages = 0;
                         self.poll_interval
@@ -396,7 +452,7 @@ where
                     report.errors += 1;
                     outages += 1;
                     tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: outbox relay pass failed; backing off");
-                    jittered_backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
+                    backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
                 }
             };
             #[cfg(feature = "metrics")]
@@ -430,7 +486,7 @@ where
     ) -> Result<Option<steps::Claim>, RelayError> {
         type Backend<D> =
             <<D as RelayPool>::Connection as diesel_async::AsyncConnectionCore>::Backend;
-        let settle: Vec<(&steps::Claim, &[Settlement])> = settle
+        let settle: Vec<(&steps::Claim, &[PublishOutcome])> = settle
             .iter()
             .map(|d| (&d.claim, d.outcomes.as_slice()))
             .collect();
@@ -476,30 +532,26 @@ where
                 ],
             };
         let mut closed = None;
-        let outcomes: Vec<Settlement> = (0..claimed)
+        let outcomes: Vec<PublishOutcome> = (0..claimed)
             .map(|i| match results.get(i) {
-                Some(Ok(())) => Settlement::Published,
-                Some(Err(PublishError::Refused(why))) => Settlement::Failed {
+                Some(Ok(())) => PublishOutcome::Published,
+                Some(Err(PublishError::Refused(why))) => PublishOutcome::Failed {
                     error: why.clone(),
-                    retry_in: jittered_backoff(
-                        RETRY_DELAY,
-                        MAX_RETRY_DELAY,
-                        claim.messages[i].attempts + 1,
-                    ),
-                    max_attempts: self.max_attempts,
+                    retry_in: backoff(RETRY_DELAY, MAX_RETRY_DELAY, claim.messages[i].attempts + 1),
+                    max_attempts: self.max_publish_attempts,
                 },
                 Some(Err(e @ PublishError::Closed(_))) => {
                     closed = Some(e.clone());
-                    Settlement::Released
+                    PublishOutcome::Released
                 }
-                Some(Err(PublishError::Unavailable(_))) | None => Settlement::Released,
+                Some(Err(PublishError::Unavailable(_))) | None => PublishOutcome::Released,
             })
             .collect();
         tracing::debug!(
             target: "diesel_inbox",
             parent: &span,
             claimed,
-            published = outcomes.iter().filter(|o| **o == Settlement::Published).count(),
+            published = outcomes.iter().filter(|o| **o == PublishOutcome::Published).count(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "diesel-inbox: outbox batch"
         );
@@ -515,7 +567,7 @@ where
 struct Delivered {
     claim: steps::Claim,
     /// How each message's publish ended.
-    outcomes: Vec<Settlement>,
+    outcomes: Vec<PublishOutcome>,
     /// The publisher cannot publish any more.
     closed: Option<PublishError>,
 }
@@ -524,7 +576,7 @@ impl Delivered {
     /// A claim given back unpublished.
     fn released(claim: steps::Claim) -> Self {
         Delivered {
-            outcomes: vec![Settlement::Released; claim.messages.len()],
+            outcomes: vec![PublishOutcome::Released; claim.messages.len()],
             claim,
             closed: None,
         }
@@ -534,7 +586,7 @@ impl Delivered {
     /// the broker was unavailable or the publisher closed (nothing else
     /// gives one back).
     fn stops(&self) -> bool {
-        self.outcomes.contains(&Settlement::Released)
+        self.outcomes.contains(&PublishOutcome::Released)
     }
 }
 

@@ -40,7 +40,7 @@ async fn place(conn: &mut Conn, id: &str, body: &[u8], stock: &str) -> Result<()
             .bind::<Text, _>(customer)
             .bind::<BigInt, _>(n);
     diesel_async::RunQueryDsl::execute(insert, conn).await?;
-    let message = Outgoing::new(stock, format!("{id}|{customer}|{n}")).key(customer);
+    let message = Outgoing::new(stock, format!("{id}|{customer}|{n}")).ordering_key(customer);
     outbox::enqueue_async(conn, message).await?;
     Ok(())
 }
@@ -575,7 +575,7 @@ pub fn relay_survives_a_broker_outage<B: Broker>(url: &str) -> Result<String, St
                 let body = format!("o-{seq}|{customer}|{seq}");
                 outbox::enqueue(
                     conn,
-                    Outgoing::new(stock_dest.as_str(), body).key(&customer),
+                    Outgoing::new(stock_dest.as_str(), body).ordering_key(&customer),
                 )?;
                 Ok::<_, diesel::result::Error>(())
             })

@@ -582,6 +582,19 @@ fn fields(stdout: &str, prefix: &str) -> std::collections::HashMap<String, Strin
         .collect()
 }
 
+/// Each `(key, value)` is a field of the `prefix` line of `stdout`.
+fn expect_fields(stdout: &str, prefix: &str, want: &[(&str, String)]) -> Result<(), String> {
+    let got = fields(stdout, prefix);
+    for (key, value) in want {
+        ensure!(
+            got.get(*key) == Some(value),
+            "{prefix}{key}: expected {value}, got {:?} ({stdout})",
+            got.get(*key)
+        );
+    }
+    Ok(())
+}
+
 /// The library's consumer runner (8 in flight, a deadpool pool of 8, a
 /// health probe) on PostgreSQL, with the production policy's defaults
 /// (backoff from 1 s, delivery limit 20): the database refuses every
@@ -888,42 +901,28 @@ fn runner_drains_then_exits<B: Broker>(url: &str) -> Result<String, String> {
         String::from_utf8_lossy(&out.stderr)
     );
     check_exact(&run, N)?;
-    let report = fields(&stdout, "report ");
-    let want = [
+    let report = [
         ("idle", "true".to_string()),
         ("acked", N.to_string()),
         ("retried", "2".into()),
         ("dead_lettered", "2".into()),
         ("abandoned", "0".into()),
     ];
-    for (key, value) in &want {
-        ensure!(
-            report.get(*key) == Some(value),
-            "report {key}: expected {value}, got {:?} ({stdout})",
-            report.get(*key)
-        );
-    }
-    let live = fields(&stdout, "live ");
-    let mut expected_live = vec![
+    expect_fields(&stdout, "report ", &report)?;
+    let mut live = vec![
         ("acked_events", N.to_string()),
         ("failed_delivery_events", "4".to_string()),
         ("failed_call_warnings", "0".to_string()),
     ];
     if cfg!(feature = "metrics") {
-        expected_live.extend([
+        live.extend([
             ("ack", N.to_string()),
             ("retry", "2".to_string()),
             ("dead_letter", "2".to_string()),
             ("unsettled", "0".to_string()),
         ]);
     }
-    for (key, value) in &expected_live {
-        ensure!(
-            live.get(*key) == Some(value),
-            "live {key}: expected {value}, got {:?} ({stdout})",
-            live.get(*key)
-        );
-    }
+    expect_fields(&stdout, "live ", &live)?;
     Ok(format!(
         "exited by itself {:.1} s after start, queue drained: {N} acked, the poison retried 2 times then dead-lettered, the reused id dead-lettered at once (KeyReused); live counts equal the report ({})",
         took.as_secs_f64(),

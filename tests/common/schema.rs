@@ -247,7 +247,7 @@ where
         .retries(0)
         .classify(diesel_inbox::ErrorClass::of)
         .run(conn, "m-9", |conn| {
-            outbox::enqueue(conn, Outgoing::new("stock", "{}").key("k"))
+            outbox::enqueue(conn, Outgoing::new("stock", "{}").ordering_key("k"))
                 .map_err(diesel::result::Error::from)
         })
         .expect("enqueue in the handler");

@@ -1,0 +1,165 @@
+//! The outbox relay with a publisher of the user's own, built with only a
+//! backend and the `relay` feature (no broker client): `cargo test
+//! --no-default-features --features postgres,relay --test relay_publisher`
+//! (CI runs it so, and checks that neither lapin nor async-nats is in that
+//! build). The publisher is a webhook-like endpoint in memory: down at
+//! first (`Unavailable`: given back, not counted), then up, refusing one
+//! message (`Refused`: counted, retried later) and taking the rest.
+//! PostgreSQL at `INBOX_TEST_POSTGRES_URL` (set when the tests are built).
+#![cfg(all(feature = "postgres", feature = "relay"))]
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use diesel_inbox::outbox::{self, OutboxMessage, Outgoing, Publish, PublishError, Relay};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// An endpoint of the user's own: while `down`, every message is
+/// unavailable; up, it refuses destination `refused` and records the rest.
+#[derive(Default)]
+struct State {
+    down: AtomicBool,
+    received: Mutex<Vec<(String, String, Vec<u8>)>>,
+}
+
+/// The publisher: a handle on the endpoint (the test keeps another).
+#[derive(Clone, Default)]
+struct Endpoint(Arc<State>);
+
+impl Publish for Endpoint {
+    async fn publish(&self, messages: &[OutboxMessage]) -> Vec<Result<(), PublishError>> {
+        let down = self.0.down.load(Ordering::SeqCst);
+        let mut received = self.0.received.lock().expect("not poisoned");
+        messages
+            .iter()
+            .map(|m| match (down, m.destination.as_str()) {
+                (true, _) => Err(PublishError::Unavailable("endpoint down".into())),
+                (false, "refused") => Err(PublishError::Refused("422 from the endpoint".into())),
+                (false, _) => {
+                    received.push((m.id.clone(), m.destination.clone(), m.payload.clone()));
+                    Ok(())
+                }
+            })
+            .collect()
+    }
+}
+
+/// A fresh database on the test server, dropped at the end.
+struct Database {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl Database {
+    fn create() -> Database {
+        let admin = std::env::var("INBOX_TEST_POSTGRES_URL").expect("INBOX_TEST_POSTGRES_URL");
+        let name = format!("relay_publisher_{}", std::process::id());
+        let (base, _) = admin.rsplit_once('/').expect("a URL with a database");
+        let url = format!("{base}/{name}");
+        let mut conn = PgConnection::establish(&admin).expect("the test server");
+        // One statement each: a multi-statement string runs as one
+        // transaction, which DROP/CREATE DATABASE refuse.
+        conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .expect("drop a database left behind");
+        conn.batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("a fresh database");
+        Database { admin, name, url }
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        if let Ok(mut conn) = PgConnection::establish(&self.admin) {
+            let _ = conn.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_publisher_of_the_users_own_publishes_through_the_relay() {
+    {
+        let db = Database::create();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let mut conn = AsyncPgConnection::establish(&db.url)
+                .await
+                .expect("connect");
+            diesel_inbox::migrate_async(&mut conn)
+                .await
+                .expect("migrate");
+            let ids = conn
+                .transaction(
+                    async |conn| -> Result<Vec<String>, diesel_inbox::InboxError> {
+                        let mut ids = Vec::new();
+                        for (destination, payload) in
+                            [("orders", "1"), ("refused", "2"), ("orders", "3")]
+                        {
+                            let message =
+                                Outgoing::new(destination, payload).ordering_key(destination);
+                            ids.push(outbox::enqueue_async(conn, message).await?);
+                        }
+                        Ok(ids)
+                    },
+                )
+                .await
+                .expect("enqueue");
+            let pool: Pool<AsyncPgConnection> =
+                Pool::builder(AsyncDieselConnectionManager::new(db.url.clone()))
+                    .max_size(2)
+                    .build()
+                    .expect("a pool");
+            let endpoint = Endpoint::default();
+            let relay = Relay::new(pool, endpoint.clone()).max_publish_attempts(3);
+
+            // Down: everything given back, nothing counted.
+            endpoint.0.down.store(true, Ordering::SeqCst);
+            let report = relay.run_once().await.expect("a pass");
+            assert_eq!((report.published, report.failed, report.dead), (0, 0, 0));
+            assert!(report.released >= 1, "{report:?}");
+            assert_eq!(
+                outbox::status_async(&mut conn)
+                    .await
+                    .expect("status")
+                    .pending,
+                3
+            );
+
+            // Up: two taken (the key `orders` in order), one refused.
+            endpoint.0.down.store(false, Ordering::SeqCst);
+            let mut published = 0;
+            for _ in 0..5 {
+                let report = relay.run_once().await.expect("a pass");
+                published += report.published;
+                if published == 2 {
+                    break;
+                }
+            }
+            assert_eq!(published, 2);
+            let received = endpoint.0.received.lock().expect("lock").clone();
+            assert_eq!(
+                received,
+                vec![
+                    (ids[0].clone(), "orders".to_string(), b"1".to_vec()),
+                    (ids[2].clone(), "orders".to_string(), b"3".to_vec()),
+                ]
+            );
+            // The refused one stays, counted once, for a later retry.
+            let status = outbox::status_async(&mut conn).await.expect("status");
+            assert_eq!((status.pending, status.dead), (1, 0));
+        });
+    }
+}
