@@ -88,14 +88,14 @@ pub(crate) fn failing_of((consumer, key, failures, last_error, micros): FailingR
 
 /// Longest error text the failure count keeps, in bytes.
 #[cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    not(feature = "_any-backend"),
     allow(dead_code)
 )]
 const MAX_ERROR_TEXT: usize = 1_000;
 
 /// `error`, cut to [`MAX_ERROR_TEXT`] bytes at a character boundary.
 #[cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    not(feature = "_any-backend"),
     allow(dead_code)
 )]
 pub(crate) fn error_text(error: &str) -> &str {
@@ -136,7 +136,7 @@ pub(crate) fn from_micros(micros: i64) -> SystemTime {
 }
 
 /// A row of the statements, to an entry.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 pub(crate) fn entry((consumer, key, micros): (String, String, i64)) -> InboxEntry {
     InboxEntry {
         consumer,
@@ -146,7 +146,7 @@ pub(crate) fn entry((consumer, key, micros): (String, String, i64)) -> InboxEntr
 }
 
 /// A row of the statements, to a consumer's stats.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 pub(crate) fn consumer_stats(
     (consumer, rows, oldest, newest): (String, i64, i64, i64),
 ) -> ConsumerStats {

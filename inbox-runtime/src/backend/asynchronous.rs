@@ -15,7 +15,7 @@ mod seal {
     /// The seal of [`AsyncInboxConnection`](super::AsyncInboxConnection).
     pub trait Sealed {}
 }
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 pub(crate) use seal::Sealed;
 
 /// A diesel-async connection the inbox runs on: `AsyncPgConnection`

@@ -4,13 +4,13 @@
 //! privilege hint of a failed `migrate`). Each backend's `InboxBackend`
 //! implementation asks these.
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 use diesel::result::DatabaseErrorKind;
 use diesel::result::Error;
 
 /// The kind and message of a database error, also when it is the commit
 /// error of a failed commit's rollback.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 pub(crate) fn database_error(error: &Error) -> Option<(DatabaseErrorKind, &str)> {
     match error {
         Error::DatabaseError(kind, info) => Some((*kind, info.message())),

@@ -6,7 +6,7 @@
 //! `InboxBackend` and `AsyncInboxConnection` implementations call these.
 
 use super::statements::{self as st, CLAIM_CHUNK};
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 use super::statements::{Fingerprinted, Plain};
 use super::InboxBackend;
 use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
@@ -18,7 +18,7 @@ use diesel::{OptionalExtension, RunQueryDsl};
 /// Stamps out, inside a backend's `impl InboxBackend`, the methods whose
 /// body is the same for every backend: a call of the sync executor
 /// (`backend::execute`) of the statement. Only the signatures are here.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 macro_rules! sync_ops {
     () => {
         fn outbox<C>(
@@ -157,7 +157,7 @@ macro_rules! sync_ops {
 /// connection with `AnsiTransactionManager` (PostgreSQL, MySQL/MariaDB),
 /// the methods whose body is a call of the async executor
 /// (`backend::execute::asynchronous`). Only the signatures are here.
-#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+#[cfg(all(feature = "async", feature = "_server-backend"))]
 macro_rules! async_ops {
     () => {
         async fn inbox_outbox(
@@ -273,7 +273,7 @@ macro_rules! async_ops {
 
 /// The single claim: whether the row was inserted (the caller owns the
 /// message) or was there already.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 pub(crate) fn claim<C>(
     conn: &mut C,
     consumer: &str,
@@ -297,7 +297,7 @@ where
 /// keys up, insert the missing ones with a plain `INSERT`. A unique
 /// violation means another transaction claimed one of them meanwhile
 /// ([`concurrent_claim`]): the whole batch reruns.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 pub(crate) fn claim_batch_by_lookup<C>(
     conn: &mut C,
     consumer: &str,
@@ -333,7 +333,7 @@ where
 /// A unique violation of a batch claim means another transaction claimed
 /// one of the keys between the lookup and the insert: rerun the whole
 /// batch, which then sees that key as a duplicate.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 pub(crate) fn concurrent_claim(error: diesel::result::Error) -> diesel::result::Error {
     use diesel::result::{DatabaseErrorKind, Error};
     match error {
@@ -534,7 +534,7 @@ where
 }
 
 /// The same steps on a diesel-async connection.
-#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+#[cfg(all(feature = "async", feature = "_server-backend"))]
 pub(crate) mod asynchronous {
     use super::st::{self, CLAIM_CHUNK};
     #[cfg(feature = "mysql")]

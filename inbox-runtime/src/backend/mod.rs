@@ -11,7 +11,7 @@ use transaction::Scope;
 #[cfg(feature = "async")]
 pub(crate) mod asynchronous;
 pub(crate) mod errors;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 #[macro_use]
 pub(crate) mod execute;
 #[cfg(feature = "mysql")]
@@ -22,7 +22,7 @@ mod postgres;
 pub(crate) mod shape;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 pub(crate) mod statements;
 pub(crate) mod transaction;
 
@@ -400,7 +400,7 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>;
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 pub(crate) use errors::database_error;
 
 /// Records in diesel's transaction manager a transaction boundary the

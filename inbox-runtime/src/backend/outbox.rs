@@ -6,7 +6,7 @@
 //! that SQLite's async connection can hand it to its blocking thread whole.
 // Without a backend feature nothing runs these.
 #![cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    not(feature = "_any-backend"),
     allow(dead_code)
 )]
 
@@ -479,7 +479,7 @@ where
 
 /// Runs `op` on a diesel-async connection (PostgreSQL, MySQL/MariaDB;
 /// SQLite's async connection hands [`run`] to its blocking thread).
-#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+#[cfg(all(feature = "async", feature = "_server-backend"))]
 pub(crate) async fn run_async<C>(conn: &mut C, op: Op) -> QueryResult<Answer>
 where
     C: diesel_async::AsyncConnection<Backend: InboxBackend> + Send,

@@ -8,7 +8,7 @@ use crate::error::{InboxError, TableProblem};
 /// One row of a backend's catalog query: what `kind` of thing, its `name`,
 /// and up to four details whose meaning each backend's query documents.
 #[derive(diesel::QueryableByName, Debug)]
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 pub(crate) struct CatalogRow {
     #[diesel(sql_type = diesel::sql_types::Text)]
     pub(crate) kind: String,
@@ -24,7 +24,7 @@ pub(crate) struct CatalogRow {
     pub(crate) d: Option<String>,
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 impl CatalogRow {
     /// The comma-separated list in `a`, the columns of an index.
     pub(crate) fn columns(&self) -> Vec<String> {
@@ -48,7 +48,7 @@ impl CatalogRow {
 ///   [`Dialect::index_problem`] judges;
 /// - `foreign key`, `check constraint`, `trigger` (on INSERT), `rule` (on
 ///   INSERT): the name.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 pub(crate) trait Dialect {
     /// The schema version in the table row's record.
     fn version(record: &str) -> Option<u32>;
@@ -63,7 +63,7 @@ pub(crate) trait Dialect {
 }
 
 /// The catalog that the rows of a backend's catalog query describe.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_any-backend")]
 pub(crate) fn read<D: Dialect>(rows: Vec<CatalogRow>) -> Catalog {
     let mut catalog = Catalog::default();
     let mut table = Table::default();
@@ -451,12 +451,12 @@ pub(crate) fn problems(table: &Table, key_type: &str, version: Option<u32>) -> V
 
 /// The marker that records the schema version with the table (PostgreSQL
 /// and MySQL: the table comment), and its parser.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_server-backend")]
 pub(crate) fn version_marker(version: u32) -> String {
     format!("diesel-inbox schema {version}")
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_server-backend")]
 pub(crate) fn parse_version_marker(text: &str) -> Option<u32> {
     text.trim()
         .strip_prefix("diesel-inbox schema ")?
@@ -527,7 +527,7 @@ mod tests {
     }
 
     #[test]
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[cfg(feature = "_server-backend")]
     fn version_markers_round_trip() {
         assert_eq!(parse_version_marker(&version_marker(7)), Some(7));
         assert_eq!(parse_version_marker("orders of the day"), None);

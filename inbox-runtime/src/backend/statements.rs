@@ -33,7 +33,7 @@ pub(crate) struct Fingerprinted;
 /// belong to the connection, whatever sits between it and the server).
 /// PostgreSQL's claims are its own statements, which check what they
 /// return (`backend::postgres`).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 pub(crate) trait CountedClaim {
     /// The claim's insert: `INSERT INTO`, or MySQL's `INSERT IGNORE INTO`.
     /// Not `ON DUPLICATE KEY UPDATE` on MySQL: diesel connects with
@@ -48,7 +48,7 @@ pub(crate) trait CountedClaim {
 /// (`B::INSERT` ... `B::CONFLICT`, [`CountedClaim`]), with the fingerprint when
 /// the call has one (a statement of its own, [`Fingerprinted`]); without
 /// one it is the statement of schema 1.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Claim<'a, Id> {
     consumer: &'a str,
@@ -57,7 +57,7 @@ pub(crate) struct Claim<'a, Id> {
     id: std::marker::PhantomData<Id>,
 }
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 impl<'a> Claim<'a, Plain> {
     pub(crate) fn plain(consumer: &'a str, key: &'a str) -> Self {
         Claim {
@@ -69,7 +69,7 @@ impl<'a> Claim<'a, Plain> {
     }
 }
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 impl<'a> Claim<'a, Fingerprinted> {
     pub(crate) fn fingerprinted(consumer: &'a str, key: &'a str, fingerprint: &'a [u8]) -> Self {
         Claim {
@@ -81,7 +81,7 @@ impl<'a> Claim<'a, Fingerprinted> {
     }
 }
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 impl<B, Id> QueryFragment<B> for Claim<'_, Id>
 where
     B: InboxBackend + CountedClaim + HasSqlType<Text> + HasSqlType<diesel::sql_types::Binary>,
@@ -110,13 +110,13 @@ where
 // The id is the statement's own type (as diesel's are), never a bare
 // marker another statement could share: diesel caches prepared statements
 // by it, and two statements under one id would run each other's SQL.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 impl<Id: 'static> QueryId for Claim<'_, Id> {
     type QueryId = Claim<'static, Id>;
     const HAS_STATIC_QUERY_ID: bool = true;
 }
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 impl<Conn, Id> RunQueryDsl<Conn> for Claim<'_, Id> {}
 
 /// A statement of a call other than its claim (a duplicate's row, the
@@ -155,7 +155,7 @@ impl<Conn, Q> RunQueryDsl<Conn> for Side<Q> {}
 
 /// Which of `keys` are in the inbox for `consumer` (a batch claim's
 /// lookup, on backends without `RETURNING` on a conflict-ignoring insert).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 #[diesel::dsl::auto_type]
 pub(crate) fn present<'a>(consumer: &'a str, keys: Vec<String>) -> _ {
     inbox::table
@@ -165,7 +165,7 @@ pub(crate) fn present<'a>(consumer: &'a str, keys: Vec<String>) -> _ {
 }
 
 /// The positions of `chunk` that a lookup did not find: the keys to insert.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 pub(crate) fn missing(chunk: &[&str], present: Vec<String>) -> Vec<usize> {
     let present: std::collections::HashSet<String> = present.into_iter().collect();
     (0..chunk.len())
@@ -177,14 +177,14 @@ pub(crate) fn missing(chunk: &[&str], present: Vec<String>) -> Vec<usize> {
 /// another batch is a unique violation: the batch reruns). Owned, as the
 /// lookup's keys are: a statement that borrows from the executor's locals
 /// trips rustc's higher-ranked checks on the async path.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 pub(crate) type ClaimRow = (
     diesel::dsl::Eq<inbox::consumer, String>,
     diesel::dsl::Eq<inbox::message_id, String>,
 );
 
 /// [`ClaimRow`] with the fingerprint.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 pub(crate) type FingerprintedClaimRow = (
     diesel::dsl::Eq<inbox::consumer, String>,
     diesel::dsl::Eq<inbox::message_id, String>,
@@ -192,21 +192,21 @@ pub(crate) type FingerprintedClaimRow = (
 );
 
 /// The insert of the missing keys of a batch.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 #[diesel::dsl::auto_type]
 pub(crate) fn insert_claims(rows: Vec<ClaimRow>) -> _ {
     diesel::dsl::insert_into(inbox::table).values(rows)
 }
 
 /// [`insert_claims`] with fingerprints.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 #[diesel::dsl::auto_type]
 pub(crate) fn insert_fingerprinted_claims(rows: Vec<FingerprintedClaimRow>) -> _ {
     diesel::dsl::insert_into(inbox::table).values(rows)
 }
 
 /// The rows to insert for the keys of `chunk` at `missing`.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 pub(crate) fn claim_rows(consumer: &str, chunk: &[&str], missing: &[usize]) -> Vec<ClaimRow> {
     missing
         .iter()
@@ -221,7 +221,7 @@ pub(crate) fn claim_rows(consumer: &str, chunk: &[&str], missing: &[usize]) -> V
 
 /// [`claim_rows`] with each key's fingerprint (`fingerprints` lines up with
 /// `chunk`).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "_counted-claim")]
 pub(crate) fn fingerprinted_claim_rows(
     consumer: &str,
     chunk: &[&str],

@@ -106,7 +106,7 @@ where
     Ok(())
 }
 
-#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+#[cfg(all(feature = "async", feature = "_server-backend"))]
 pub(crate) mod ansi {
     //! The transaction steps of connections with diesel-async's
     //! `AnsiTransactionManager` (PostgreSQL, MySQL/MariaDB).
