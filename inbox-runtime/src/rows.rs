@@ -87,17 +87,11 @@ pub(crate) fn failing_of((consumer, key, failures, last_error, micros): FailingR
 }
 
 /// Longest error text the failure count keeps, in bytes.
-#[cfg_attr(
-    not(feature = "_any-backend"),
-    allow(dead_code)
-)]
+#[cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 const MAX_ERROR_TEXT: usize = 1_000;
 
 /// `error`, cut to [`MAX_ERROR_TEXT`] bytes at a character boundary.
-#[cfg_attr(
-    not(feature = "_any-backend"),
-    allow(dead_code)
-)]
+#[cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 pub(crate) fn error_text(error: &str) -> &str {
     if error.len() <= MAX_ERROR_TEXT {
         return error;

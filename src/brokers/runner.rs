@@ -468,7 +468,8 @@ where
     let (holds, transient) = (&holds, &transient);
     loop {
         let healthy = !paused && probing.is_none();
-        let quiet_at = last_activity + runner.idle.unwrap_or(Duration::MAX / 4);
+        // `exit_when_idle`: when the quiet time would be up.
+        let quiet_at = runner.idle.map(|quiet| last_activity + quiet);
         tokio::select! {
             biased;
             () = &mut shutdown => break,
@@ -516,7 +517,7 @@ where
                 next_probe = None;
                 probing = runner.probe();
             }
-            () = tokio::time::sleep_until(quiet_at), if runner.idle.is_some() && healthy && running.is_empty() => {
+            () = tokio::time::sleep_until(quiet_at.unwrap_or_else(Instant::now)), if quiet_at.is_some() && healthy && running.is_empty() => {
                 ended = Ended::Quiet;
                 break;
             }

@@ -5,10 +5,7 @@
 //! ([`InboxBackend::SKIP_LOCKED`]). An operation is an owned [`Op`], so
 //! that SQLite's async connection can hand it to its blocking thread whole.
 // Without a backend feature nothing runs these.
-#![cfg_attr(
-    not(feature = "_any-backend"),
-    allow(dead_code)
-)]
+#![cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 
 use super::InboxBackend;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
