@@ -8,6 +8,9 @@
 //! PostgreSQL at `INBOX_TEST_POSTGRES_URL` (set when the tests are built).
 #![cfg(all(feature = "postgres", feature = "relay"))]
 
+#[path = "brokers/proxy.rs"]
+mod proxy;
+
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_async::pooled_connection::deadpool::Pool;
@@ -16,6 +19,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use diesel_inbox::outbox::{self, OutboxMessage, Outgoing, Publish, PublishError, Relay};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// An endpoint of the user's own: while `down`, every message is
 /// unavailable; up, it refuses destination `refused` and records the rest.
@@ -55,9 +59,9 @@ struct Database {
 }
 
 impl Database {
-    fn create() -> Database {
+    fn create(test: &str) -> Database {
         let admin = std::env::var("INBOX_TEST_POSTGRES_URL").expect("INBOX_TEST_POSTGRES_URL");
-        let name = format!("relay_publisher_{}", std::process::id());
+        let name = format!("relay_{test}_{}", std::process::id());
         let (base, _) = admin.rsplit_once('/').expect("a URL with a database");
         let url = format!("{base}/{name}");
         let mut conn = PgConnection::establish(&admin).expect("the test server");
@@ -89,7 +93,7 @@ impl Drop for Database {
 )]
 fn a_publisher_of_the_users_own_publishes_through_the_relay() {
     {
-        let db = Database::create();
+        let db = Database::create("publisher");
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -162,4 +166,101 @@ fn a_publisher_of_the_users_own_publishes_through_the_relay() {
             assert_eq!((status.pending, status.dead), (1, 0));
         });
     }
+}
+
+/// Shutdown while the database stalls: the relay reaches PostgreSQL
+/// through a TCP proxy that, after the first message is published,
+/// accepts and forwards nothing. The relay's next pass waits on the
+/// database; shutdown then ends `run` within `SHUTDOWN_GRACE` (plus 2 s of
+/// slack). Nothing is lost: what was not settled stays in the outbox.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn the_relay_stops_within_its_grace_while_the_database_stalls() {
+    let db = Database::create("stall");
+    let proxy =
+        proxy::Proxy::start("127.0.0.1:5432".parse().expect("an address")).expect("a proxy");
+    let proxied = db
+        .url
+        .replacen("127.0.0.1/", &format!("127.0.0.1:{}/", proxy.port), 1)
+        .replacen("127.0.0.1:5432/", &format!("127.0.0.1:{}/", proxy.port), 1);
+    assert!(proxied.contains(&format!(":{}/", proxy.port)), "{}", db.url);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut conn = AsyncPgConnection::establish(&db.url)
+            .await
+            .expect("connect");
+        diesel_inbox::migrate_async(&mut conn)
+            .await
+            .expect("migrate");
+        let enqueue = async |conn: &mut AsyncPgConnection, payload: &str| {
+            conn.transaction(async |conn| {
+                outbox::enqueue_async(conn, Outgoing::new("orders", payload)).await
+            })
+            .await
+            .expect("enqueue")
+        };
+        enqueue(&mut conn, "1").await;
+        let pool: Pool<AsyncPgConnection> =
+            Pool::builder(AsyncDieselConnectionManager::new(proxied))
+                .max_size(2)
+                .build()
+                .expect("a pool");
+        let endpoint = Endpoint::default();
+        let relay = Relay::new(pool, endpoint.clone()).poll_interval(Duration::from_millis(200));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(async move {
+            relay
+                .run(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        });
+        let began = Instant::now();
+        while endpoint.0.received.lock().expect("lock").is_empty() {
+            assert!(
+                began.elapsed() < Duration::from_secs(20),
+                "nothing published"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        proxy.set(proxy::Mode::Blackhole);
+        enqueue(&mut conn, "2").await;
+        // The relay's next passes now wait on a database that answers
+        // nothing.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.send(true).expect("stop");
+        let stopping = Instant::now();
+        let bound = outbox::SHUTDOWN_GRACE + Duration::from_secs(2);
+        let report = tokio::time::timeout(bound + Duration::from_secs(30), running)
+            .await
+            .expect("the relay did not stop within 30 s of its bound")
+            .expect("the relay task")
+            .expect("the relay");
+        let took = stopping.elapsed();
+        assert!(
+            took <= bound,
+            "stopped {took:?} after shutdown (bound {bound:?})"
+        );
+        // The first message reached the endpoint; its settlement (the
+        // delete) may have been the pass that stalled: then its row is
+        // published again after its lease (at least once). The second
+        // was never published.
+        let received = endpoint.0.received.lock().expect("lock").clone();
+        assert_eq!(received.len(), 1, "{received:?}");
+        assert_eq!(received[0].2, b"1".to_vec());
+        assert!(report.published <= 1, "{report:?}");
+        proxy.set(proxy::Mode::Forward);
+        let pending = outbox::status_async(&mut conn)
+            .await
+            .expect("status")
+            .pending;
+        assert_eq!(pending, 2 - report.published, "{report:?}");
+    });
 }

@@ -46,7 +46,7 @@ mod relay;
 pub use relay::{
     Publish, PublishError, Relay, RelayError, RelayPool, RelayReport, DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY,
-    OUTAGE_DELAY, RETRY_DELAY,
+    OUTAGE_DELAY, RETRY_DELAY, SHUTDOWN_GRACE,
 };
 
 #[cfg(feature = "lapin")]

@@ -232,6 +232,9 @@ pub const DEFAULT_MAX_PUBLISH_ATTEMPTS: u32 = 10;
 /// takes them over only after this. The publisher's confirm wait is far
 /// shorter, and a batch whose publish outlasts half of it is given back.
 pub const LEASE: Duration = Duration::from_secs(60);
+
+/// How long [`Relay::run`] lets a pass under way finish after shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// The first wait after a refused publish; each further failure of the
 /// message doubles it, up to [`MAX_RETRY_DELAY`], with jitter.
 pub const RETRY_DELAY: Duration = Duration::from_secs(1);
@@ -421,10 +424,12 @@ where
 
     /// Publishes until `shutdown` resolves, then returns what it did.
     ///
-    /// A batch being published when `shutdown` resolves is finished (or,
-    /// past its confirm wait, given back). Database, pool and broker
-    /// outages are logged (WARN, target `diesel_inbox`) and waited out;
-    /// only [`PublishError::Closed`] stops it early.
+    /// A pass under way when `shutdown` resolves is finished within
+    /// [`SHUTDOWN_GRACE`]; one still running then (a database or broker
+    /// that does not answer) is dropped, and the rows it held are claimed
+    /// again when their lease runs out. Database, pool and broker outages
+    /// are logged (WARN, target `diesel_inbox`) and waited out; only
+    /// [`PublishError::Closed`] stops it early.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<RelayReport, RelayError> {
         let mut shutdown = pin!(shutdown);
         let mut report = RelayReport::default();
@@ -434,8 +439,29 @@ where
         loop {
             let seen = steps::wake_generation();
             let mut pass = RelayReport::default();
-            let passed = self.pass(&mut pass).await;
+            let (passed, stopping) = {
+                let mut running = pin!(self.pass(&mut pass));
+                tokio::select! {
+                    biased;
+                    passed = &mut running => (passed, false),
+                    () = &mut shutdown => {
+                        match tokio::time::timeout(SHUTDOWN_GRACE, &mut running).await {
+                            Ok(passed) => (passed, true),
+                            Err(_) => {
+                                tracing::warn!(target: "diesel_inbox", grace = ?SHUTDOWN_GRACE, "diesel-inbox: outbox relay: a pass did not finish within the shutdown grace; its rows are claimed again when their lease ends");
+                                (Ok(()), true)
+                            }
+                        }
+                    }
+                }
+            };
             report.add(pass);
+            if stopping {
+                return match passed {
+                    Err(RelayError::Publisher(e)) => Err(RelayError::Publisher(e)),
+                    _ => Ok(report),
+                };
+            }
             let wait = match passed {
                 Ok(()) => {
                     if pass.released > 0 {
@@ -458,9 +484,14 @@ where
             #[cfg(feature = "metrics")]
             if counted.elapsed() >= STATUS_INTERVAL {
                 counted = Instant::now();
-                if let Ok(mut conn) = self.pool.connection().await {
-                    let _ = steps::status_async(&mut *conn).await;
-                }
+                // Bounded: a stalled database must not hold the loop (and
+                // with it shutdown) here.
+                let _ = tokio::time::timeout(STATUS_INTERVAL, async {
+                    if let Ok(mut conn) = self.pool.connection().await {
+                        let _ = steps::status_async(&mut *conn).await;
+                    }
+                })
+                .await;
             }
             let woken = outages == 0;
             tokio::select! {
