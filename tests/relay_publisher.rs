@@ -75,6 +75,19 @@ impl Database {
     }
 }
 
+impl Database {
+    /// A connection to it, after `migrate`.
+    async fn migrated(&self) -> AsyncPgConnection {
+        let mut conn = AsyncPgConnection::establish(&self.url)
+            .await
+            .expect("connect");
+        diesel_inbox::migrate_async(&mut conn)
+            .await
+            .expect("migrate");
+        conn
+    }
+}
+
 impl Drop for Database {
     fn drop(&mut self) {
         if let Ok(mut conn) = PgConnection::establish(&self.admin) {
@@ -99,12 +112,7 @@ fn a_publisher_of_the_users_own_publishes_through_the_relay() {
             .build()
             .expect("a runtime");
         runtime.block_on(async {
-            let mut conn = AsyncPgConnection::establish(&db.url)
-                .await
-                .expect("connect");
-            diesel_inbox::migrate_async(&mut conn)
-                .await
-                .expect("migrate");
+            let mut conn = db.migrated().await;
             let ids = conn
                 .transaction(
                     async |conn| -> Result<Vec<String>, diesel_inbox::InboxError> {
@@ -182,23 +190,14 @@ fn the_relay_stops_within_its_grace_while_the_database_stalls() {
     let db = Database::create("stall");
     let proxy =
         proxy::Proxy::start("127.0.0.1:5432".parse().expect("an address")).expect("a proxy");
-    let proxied = db
-        .url
-        .replacen("127.0.0.1/", &format!("127.0.0.1:{}/", proxy.port), 1)
-        .replacen("127.0.0.1:5432/", &format!("127.0.0.1:{}/", proxy.port), 1);
-    assert!(proxied.contains(&format!(":{}/", proxy.port)), "{}", db.url);
+    let proxied = proxy.route(&db.url).expect("a local server");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        let mut conn = AsyncPgConnection::establish(&db.url)
-            .await
-            .expect("connect");
-        diesel_inbox::migrate_async(&mut conn)
-            .await
-            .expect("migrate");
+        let mut conn = db.migrated().await;
         let enqueue = async |conn: &mut AsyncPgConnection, payload: &str| {
             conn.transaction(async |conn| {
                 outbox::enqueue_async(conn, Outgoing::new("orders", payload)).await

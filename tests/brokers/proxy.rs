@@ -67,6 +67,19 @@ impl Proxy {
         Ok(Proxy { port, shared })
     }
 
+    /// `url` (a PostgreSQL URL on 127.0.0.1, default port) through the
+    /// proxy.
+    pub fn route(&self, url: &str) -> Result<String, String> {
+        let through = format!("127.0.0.1:{}/", self.port);
+        let routed =
+            url.replacen("127.0.0.1:5432/", &through, 1)
+                .replacen("127.0.0.1/", &through, 1);
+        match routed.contains(&through) {
+            true => Ok(routed),
+            false => Err(format!("not a URL on 127.0.0.1:5432: {url}")),
+        }
+    }
+
     pub fn set(&self, mode: Mode) {
         self.shared.mode.store(mode as u8, Ordering::SeqCst);
     }

@@ -715,15 +715,7 @@ fn stalled_database<B: Broker>(url: &str, stall: Stall) -> Result<String, String
     };
     let upstream: std::net::SocketAddr = "127.0.0.1:5432".parse().expect("an address");
     let proxy = Proxy::start(upstream)?;
-    let proxied = db
-        .url
-        .replacen("127.0.0.1/", &format!("127.0.0.1:{}/", proxy.port), 1)
-        .replacen("127.0.0.1:5432/", &format!("127.0.0.1:{}/", proxy.port), 1);
-    ensure!(
-        proxied.contains(&format!(":{}/", proxy.port)),
-        "the PostgreSQL URL is not on 127.0.0.1: {}",
-        db.url
-    );
+    let proxied = proxy.route(&db.url)?;
     B::publish(url, &run.queue, &orders(&run, N))?;
     let mut first = command::<B>(&run, 8, 0, true)?;
     first
