@@ -74,10 +74,22 @@ mod tests {
     #[test]
     fn the_jitter_spreads_delays_that_start_at_once() {
         let first = Duration::from_secs(1);
-        let delays: std::collections::HashSet<Duration> =
-            (0..64).map(|_| backoff(first, first, 1)).collect();
-        // 64 draws at the same instant: a clock's digits would give a
-        // handful of values, a random source about 64.
-        assert!(delays.len() > 48, "{} distinct delays of 64", delays.len());
+        let delays: Vec<Duration> = (0..64).map(|_| backoff(first, first, 1)).collect();
+        let distinct: std::collections::HashSet<_> = delays.iter().collect();
+        assert!(
+            distinct.len() > 48,
+            "{} distinct delays of 64",
+            distinct.len()
+        );
+        // Spread over the whole range, not bunched at one end: a draw in
+        // each quarter of [0.5 s, 1 s].
+        for quarter in 0..4u32 {
+            let low = Duration::from_millis(500 + 125 * u64::from(quarter));
+            let high = low + Duration::from_millis(125);
+            assert!(
+                delays.iter().any(|d| *d >= low && *d < high),
+                "no delay in [{low:?}, {high:?}): {delays:?}"
+            );
+        }
     }
 }

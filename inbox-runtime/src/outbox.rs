@@ -8,7 +8,7 @@
 //!   are refused ([`InboxError::NotInTransaction`]).
 //! - The relay (`diesel_inbox::outbox::Relay`, features `lapin` / `nats`)
 //!   publishes committed rows and deletes each once the broker confirmed
-//!   it. A message that fails [`Relay::max_attempts`] times becomes dead:
+//!   it. A message that fails [`Relay::max_publish_attempts`] times becomes dead:
 //!   kept, listed by [`dead`], replayed by [`retry`], deleted by [`purge`].
 //! - [`status`] counts pending and dead messages per destination.
 //!
@@ -44,7 +44,7 @@
 //! # }
 //! ```
 //!
-//! [`Relay::max_attempts`]: https://docs.rs/diesel-inbox/latest/diesel_inbox/outbox/struct.Relay.html#method.max_attempts
+//! [`Relay::max_publish_attempts`]: https://docs.rs/diesel-inbox/latest/diesel_inbox/outbox/struct.Relay.html#method.max_publish_attempts
 
 #[cfg(feature = "async")]
 use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
@@ -347,7 +347,7 @@ where
 }
 
 /// A dead message: it failed to publish as often as the relay's
-/// `max_attempts` allows. It stays until [`retry`] or [`purge`].
+/// `max_publish_attempts` allows. It stays until [`retry`] or [`purge`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeadMessage {
@@ -675,11 +675,11 @@ pub enum PublishOutcome {
     Published,
     /// The broker refused this message (unroutable, no stream, too
     /// large): counted; due again after `retry_in`; dead at
-    /// `max_attempts`.
+    /// `max_publish_attempts`.
     Failed {
         error: String,
         retry_in: Duration,
-        max_attempts: u32,
+        max_publish_attempts: u32,
     },
     /// Not published, through no fault of the message (the broker is
     /// down, the relay stops): given back uncounted.
@@ -794,15 +794,15 @@ impl SettlePlan {
                 PublishOutcome::Failed {
                     error,
                     retry_in,
-                    max_attempts,
+                    max_publish_attempts,
                 } => {
-                    plan.failed.push((i, error.clone(), *max_attempts));
+                    plan.failed.push((i, error.clone(), *max_publish_attempts));
                     ops.push(Op::Failed {
                         token: claim.token.clone(),
                         seq,
                         error: error.clone(),
                         delay: retry_in.as_micros() as i64,
-                        max_attempts: (*max_attempts).min(i32::MAX as u32) as i32,
+                        max_attempts: (*max_publish_attempts).min(i32::MAX as u32) as i32,
                     });
                 }
             }

@@ -459,7 +459,12 @@ where
             if stopping {
                 return match passed {
                     Err(RelayError::Publisher(e)) => Err(RelayError::Publisher(e)),
-                    _ => Ok(report),
+                    Err(e) => {
+                        report.errors += 1;
+                        tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: outbox relay: the last pass before shutdown failed");
+                        Ok(report)
+                    }
+                    Ok(()) => Ok(report),
                 };
             }
             let wait = match passed {
@@ -569,7 +574,7 @@ where
                 Some(Err(PublishError::Refused(why))) => PublishOutcome::Failed {
                     error: why.clone(),
                     retry_in: backoff(RETRY_DELAY, MAX_RETRY_DELAY, claim.messages[i].attempts + 1),
-                    max_attempts: self.max_publish_attempts,
+                    max_publish_attempts: self.max_publish_attempts,
                 },
                 Some(Err(e @ PublishError::Closed(_))) => {
                     closed = Some(e.clone());
