@@ -8,7 +8,7 @@ use assert_cmd::Command;
 use common::backend::TestBackend;
 use diesel::connection::SimpleConnection;
 use diesel::Connection;
-use diesel_inbox::{ErrorClass, InboxBackend, Processed};
+use diesel_inbox::{ErrorClass, Processed};
 use std::time::Duration;
 
 /// The binary, on `url`.
@@ -70,7 +70,7 @@ fn cli_contract<B: TestBackend>() {
     for n in 0..5 {
         claim(&mut conn, "mailer", &format!("mail-{n}"));
     }
-    let two_days_ago = <<B::Conn as Connection>::Backend as InboxBackend>::cutoff_sql(
+    let two_days_ago = diesel_inbox::__private::cutoff_sql::<<B::Conn as Connection>::Backend>(
         Duration::from_secs(2 * 86_400),
     );
     conn.batch_execute(&format!(

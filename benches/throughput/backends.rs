@@ -337,18 +337,17 @@ macro_rules! orders_access {
             type B = <$Conn as diesel::Connection>::Backend;
             // The relay's own settings (PostgreSQL: no JIT, no wait for the
             // WAL flush).
-            if let Some(setup) = <B as diesel_inbox::InboxBackend>::RELAY_SETUP {
+            let (setup, now, skip_locked) = diesel_inbox::__private::relay_sql::<B>();
+            if let Some(setup) = setup {
                 diesel::connection::SimpleConnection::batch_execute(conn, setup)?;
             }
-            let now = <B as diesel_inbox::InboxBackend>::NOW_MICROS;
             diesel::sql_query(format!(
                 "SELECT o.seq, o.id, o.destination, o.payload FROM outbox_messages o \
                  WHERE o.dead_at IS NULL AND o.available_at <= {now} \
                  AND (o.locked_until IS NULL OR o.locked_until < {now}) \
                  AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_messages e \
                  WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq AND e.dead_at IS NULL)) \
-                 ORDER BY o.seq LIMIT {limit}{}",
-                <B as diesel_inbox::InboxBackend>::SKIP_LOCKED
+                 ORDER BY o.seq LIMIT {limit}{skip_locked}"
             ))
             .load(conn)
         }

@@ -4,8 +4,8 @@
 //! statements next to its sync ones).
 
 use crate::backend::asynchronous::AsyncInboxConnection;
+use crate::backend::shape;
 use crate::backend::transaction::Scope;
-use crate::backend::{shape, InboxBackend};
 use crate::claim::{single_key, BatchPlan, One, Read};
 use crate::engine::{Claimed, Ended, Engine, Event, Next, Step};
 use crate::error::InboxError;
@@ -148,9 +148,12 @@ where
 /// The sync driver's shape check of a connection's first claim, on an
 /// async one.
 async fn check_shape<C: AsyncInboxConnection>(conn: &mut C) -> Result<(), InboxError> {
-    if observe::shape_unchecked(conn.instrumentation()) {
+    if observe::shape_unchecked::<C::Backend>(conn.instrumentation()) {
         let catalog = conn.catalog().await?;
-        if shape::checked_at_claim(&catalog, <C::Backend as InboxBackend>::KEY_TYPE)? {
+        if shape::checked_at_claim(
+            &catalog,
+            <C::Backend as crate::backend::Internals>::KEY_TYPE,
+        )? {
             observe::shape_checked_async(conn);
         }
     }

@@ -166,7 +166,7 @@ where
     C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {
-    let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
+    let catalog = <C::Backend as crate::backend::Internals>::catalog(conn)?;
     Ok(catalog.table.and(catalog.version))
 }
 
@@ -286,7 +286,7 @@ async fn sequence<S: Steps>(steps: &mut S) -> Result<(), InboxError> {
 async fn once<S: Steps>(steps: &mut S) -> Result<(), InboxError> {
     // Refused whatever the table's state, so that it does not pass in
     // development (table current) and fail on the first deploy.
-    if <S::Backend as InboxBackend>::DDL_COMMITS && steps.in_transaction() {
+    if <S::Backend as crate::backend::Internals>::DDL_COMMITS && steps.in_transaction() {
         return Err(InboxError::MigrationInTransaction);
     }
     if migration_sql::<S::Backend>(&steps.catalog().await?)?.is_none() {
@@ -326,11 +326,13 @@ where
     }
 
     fn catalog(&mut self) -> impl Future<Output = QueryResult<Catalog>> + Send {
-        std::future::ready(<C::Backend as InboxBackend>::catalog(self.0))
+        std::future::ready(<C::Backend as crate::backend::Internals>::catalog(self.0))
     }
 
     fn lock(&mut self) -> impl Future<Output = Result<Scope, InboxError>> + Send {
-        std::future::ready(<C::Backend as InboxBackend>::lock_migrations(self.0))
+        std::future::ready(<C::Backend as crate::backend::Internals>::lock_migrations(
+            self.0,
+        ))
     }
 
     fn unlock(
@@ -338,9 +340,9 @@ where
         scope: Scope,
         keep: bool,
     ) -> impl Future<Output = Result<(), InboxError>> + Send {
-        std::future::ready(<C::Backend as InboxBackend>::unlock_migrations(
-            self.0, scope, keep,
-        ))
+        std::future::ready(
+            <C::Backend as crate::backend::Internals>::unlock_migrations(self.0, scope, keep),
+        )
     }
 
     fn apply(&mut self, sql: &str) -> impl Future<Output = QueryResult<()>> + Send {

@@ -48,8 +48,12 @@ impl FailedStatement {
 /// The runtime installs one by itself on connections that have no
 /// instrumentation. It also keeps that the connection's inbox tables passed
 /// the shape check of its first claim, so that later claims skip it. If you
-/// set your own instrumentation, wrap it so that both work (unwrapped, the
-/// check's catalog query runs on every delivery):
+/// set your own instrumentation, wrap it so that both work. (Unwrapped, a
+/// transient failure inside the body is retried only if the body's error
+/// type says so, [`RetryableError`](crate::RetryableError), and the shape
+/// check is remembered per process and backend instead of per connection:
+/// run [`migrate`](crate::migrate) at start-up on each database, which
+/// checks its tables.)
 ///
 /// ```
 /// use diesel::connection::{Instrumentation, InstrumentationEvent};
@@ -205,32 +209,66 @@ pub(crate) fn mark<C: Connection>(conn: &mut C) -> Mark {
     })
 }
 
-/// Whether the inbox tables' shape still needs checking on the connection
-/// whose instrumentation is `current`: until an observer on it has recorded
-/// a check. A connection with an instrumentation of its own that does not
-/// wrap an [`ErrorObserver`] has nowhere to keep that, so each claim on it
-/// checks again.
-pub(crate) fn shape_unchecked(current: &mut dyn Instrumentation) -> bool {
-    current
-        .downcast_ref::<ErrorObserver>()
-        .is_none_or(|observer| !observer.shape_checked)
+/// The backends whose inbox tables passed the shape check in this process
+/// on a connection that could not keep it: one whose instrumentation is
+/// the user's own and does not wrap an [`ErrorObserver`]. diesel offers no
+/// other per-connection state and no identity of the database a connection
+/// reaches (`docs/upstream.md`), so for such connections the check is
+/// remembered per process and backend: a table's shape does not change
+/// under a running service without `migrate`, and `migrate` at start-up
+/// checks each database's tables whatever the instrumentation.
+static CHECKED_IN_PROCESS: std::sync::Mutex<Vec<std::any::TypeId>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn checked_in_process(backend: std::any::TypeId) -> bool {
+    CHECKED_IN_PROCESS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .contains(&backend)
 }
 
-/// Records that the shape was checked on the connection whose
+/// Whether the inbox tables' shape still needs checking on a connection of
+/// backend `B` whose instrumentation is `current`: until an observer on it
+/// has recorded a check, or, on a connection with an instrumentation of the
+/// user's own that does not wrap an [`ErrorObserver`], until a check passed
+/// in this process ([`CHECKED_IN_PROCESS`]). Never once per claim.
+pub(crate) fn shape_unchecked<B: 'static>(current: &mut dyn Instrumentation) -> bool {
+    match current.downcast_ref::<ErrorObserver>() {
+        Some(observer) => !observer.shape_checked,
+        None => match installed(current) {
+            Installed::Theirs => !checked_in_process(std::any::TypeId::of::<B>()),
+            Installed::Nothing | Installed::Observer(_) => true,
+        },
+    }
+}
+
+/// Records that the shape was checked on a connection of backend `B` whose
 /// instrumentation is `current`; `false` when it has no instrumentation,
 /// and an observer must be installed first.
-fn record_shape_check(current: &mut dyn Instrumentation) -> bool {
-    match current.downcast_mut::<ErrorObserver>() {
-        Some(observer) => observer.shape_checked = true,
-        None => return !matches!(installed(current), Installed::Nothing),
+fn record_shape_check<B: 'static>(current: &mut dyn Instrumentation) -> bool {
+    if let Some(observer) = current.downcast_mut::<ErrorObserver>() {
+        observer.shape_checked = true;
+        return true;
     }
-    true
+    match installed(current) {
+        Installed::Nothing => false,
+        Installed::Theirs | Installed::Observer(_) => {
+            let mut checked = CHECKED_IN_PROCESS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let backend = std::any::TypeId::of::<B>();
+            if !checked.contains(&backend) {
+                checked.push(backend);
+            }
+            true
+        }
+    }
 }
 
 /// Records on the connection that its inbox tables' shape was checked,
 /// installing an [`ErrorObserver`] first if it has no instrumentation.
-pub(crate) fn shape_checked<C: Connection>(conn: &mut C) {
-    if !record_shape_check(conn.instrumentation()) {
+pub(crate) fn shape_checked<C: Connection<Backend: 'static>>(conn: &mut C) {
+    if !record_shape_check::<C::Backend>(conn.instrumentation()) {
         let mut observer = ErrorObserver::new();
         observer.shape_checked = true;
         conn.set_instrumentation(observer);
@@ -239,8 +277,11 @@ pub(crate) fn shape_checked<C: Connection>(conn: &mut C) {
 
 /// [`shape_checked`] for a diesel-async connection.
 #[cfg(feature = "async")]
-pub(crate) fn shape_checked_async<C: diesel_async::AsyncConnection>(conn: &mut C) {
-    if !record_shape_check(conn.instrumentation()) {
+pub(crate) fn shape_checked_async<C>(conn: &mut C)
+where
+    C: diesel_async::AsyncConnection<Backend: 'static>,
+{
+    if !record_shape_check::<C::Backend>(conn.instrumentation()) {
         let mut observer = ErrorObserver::new();
         observer.shape_checked = true;
         conn.set_instrumentation(observer);

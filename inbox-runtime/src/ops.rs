@@ -13,7 +13,7 @@ use crate::backend::asynchronous::AsAsyncConnection;
 use crate::backend::transaction;
 #[cfg(feature = "async")]
 use crate::backend::transaction::Scope;
-use crate::backend::InboxBackend;
+use crate::backend::{InboxBackend, Internals};
 use crate::error::InboxError;
 use crate::key::validate_key;
 use crate::rows::{attempts_of, failing_of, Attempts, ConsumerStats, InboxEntry};
@@ -269,7 +269,7 @@ impl<'a> Purge<'a> {
         );
         loop {
             let batch = purge_batch_async(conn, &cutoff, consumer.as_deref(), limit).await;
-            match purge.next(batch, <C::Backend as InboxBackend>::is_transient) {
+            match purge.next(batch, <C::Backend as Internals>::is_transient) {
                 PurgeStep::Again => {}
                 PurgeStep::Sleep(delay) => tokio::time::sleep(delay).await,
                 PurgeStep::Done(report) => {
@@ -413,7 +413,7 @@ where
     C: InboxConnection + LoadConnection,
 {
     short_transaction(conn, |conn| {
-        <C::Backend as InboxBackend>::purge_batch(conn, cutoff, consumer, limit)
+        <C::Backend as Internals>::purge_batch(conn, cutoff, consumer, limit)
     })
 }
 
@@ -428,12 +428,12 @@ pub(crate) fn short_transaction<C, T>(
 where
     C: InboxConnection + LoadConnection,
 {
-    if let Some(isolation) = <C::Backend as InboxBackend>::PURGE_ISOLATION {
+    if let Some(isolation) = <C::Backend as Internals>::PURGE_ISOLATION {
         conn.batch_execute(isolation)?;
     }
-    <C::Backend as InboxBackend>::begin_top_level(conn)?;
+    <C::Backend as Internals>::begin_top_level(conn)?;
     match statements(conn) {
-        Ok(done) => <C::Backend as InboxBackend>::commit_top_level(conn).map(|()| done),
+        Ok(done) => <C::Backend as Internals>::commit_top_level(conn).map(|()| done),
         Err(e) => {
             transaction::rollback(conn);
             Err(e)
@@ -452,7 +452,7 @@ async fn purge_batch_async<C>(
 where
     C: crate::AsyncInboxConnection,
 {
-    if let Some(isolation) = <C::Backend as InboxBackend>::PURGE_ISOLATION {
+    if let Some(isolation) = <C::Backend as Internals>::PURGE_ISOLATION {
         diesel_async::SimpleAsyncConnection::batch_execute(conn, isolation).await?;
     }
     conn.inbox_begin().await.map_err(|(_, e)| e)?;

@@ -52,7 +52,7 @@ use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
 use crate::backend::outbox::ClaimedRow;
 use crate::backend::outbox::{Answer, DeadRow, NewRow, Op, StatusRow};
 use crate::backend::transaction;
-use crate::backend::InboxBackend;
+use crate::backend::Internals;
 use crate::error::InboxError;
 use crate::key::{validate_key, InboxKey};
 use crate::ops::PurgeReport;
@@ -585,7 +585,7 @@ where
         let batch = short_transaction_async(conn, Op::PurgeDead { older_than, limit })
             .await
             .and_then(counted);
-        match purge.next(batch, <C::Backend as InboxBackend>::is_transient) {
+        match purge.next(batch, <C::Backend as Internals>::is_transient) {
             PurgeStep::Again => {}
             PurgeStep::Sleep(delay) => tokio::time::sleep(delay).await,
             PurgeStep::Done(report) => return report.map_err(ops_error::<C::Backend>),
@@ -906,13 +906,13 @@ async fn short_transaction_async<C: AsyncInboxConnection>(
 
 /// A relay's claim or settlement: [`short_transaction_async`] of `ops`,
 /// with the backend's setting for the relay's transactions
-/// ([`InboxBackend::RELAY_SETUP`]).
+/// (the backend's `RELAY_SETUP`).
 #[cfg(feature = "async")]
 async fn relay_transaction<C: AsyncInboxConnection>(
     conn: &mut C,
     ops: Vec<Op>,
 ) -> diesel::QueryResult<Vec<Answer>> {
-    transaction_of(conn, ops, <C::Backend as InboxBackend>::RELAY_SETUP).await
+    transaction_of(conn, ops, <C::Backend as Internals>::RELAY_SETUP).await
 }
 
 #[cfg(feature = "async")]
@@ -921,7 +921,7 @@ async fn transaction_of<C: AsyncInboxConnection>(
     ops: Vec<Op>,
     setup: Option<&str>,
 ) -> diesel::QueryResult<Vec<Answer>> {
-    if let Some(isolation) = <C::Backend as InboxBackend>::PURGE_ISOLATION {
+    if let Some(isolation) = <C::Backend as Internals>::PURGE_ISOLATION {
         diesel_async::SimpleAsyncConnection::batch_execute(conn, isolation).await?;
     }
     conn.inbox_begin().await.map_err(|(_, e)| e)?;

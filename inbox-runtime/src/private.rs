@@ -34,3 +34,30 @@ pub trait ResultParts {
 impl<T, E> ResultParts for ::core::result::Result<T, E> {
     type Error = E;
 }
+
+/// Whether rerunning the transaction that raised `error` on backend `B`
+/// may succeed (the relay's classification of a failed pass).
+pub fn is_transient<B: crate::InboxBackend>(error: &diesel::result::Error) -> bool {
+    <B as crate::backend::Internals>::is_transient(error)
+}
+
+/// The statements that record `version` with the inbox table on backend
+/// `B` (the schema tests write an older version's record).
+pub fn record_version<B: crate::InboxBackend>(version: u32) -> ::std::string::String {
+    <B as crate::backend::Internals>::record_version(version)
+}
+
+/// The time `older_than` before now on backend `B`'s clock, comparable
+/// with `received_at` (the retention tests age rows with it).
+pub fn cutoff_sql<B: crate::InboxBackend>(
+    older_than: ::std::time::Duration,
+) -> ::std::string::String {
+    <B as crate::backend::Internals>::cutoff_sql(older_than)
+}
+
+/// Backend `B`'s relay settings, for the benchmark's hand-written relay:
+/// what its short transactions run first, the clock in microseconds, and
+/// what ends its claim (`FOR UPDATE SKIP LOCKED` where rows can be locked).
+pub fn relay_sql<B: crate::InboxBackend>() -> (Option<&'static str>, &'static str, &'static str) {
+    (B::RELAY_SETUP, B::NOW_MICROS, B::SKIP_LOCKED)
+}

@@ -109,8 +109,12 @@ impl<C: InboxConnection, E> Steps<C, E> {
     pub(crate) fn plain() -> Self {
         Steps {
             claim: |conn, one| {
-                let inserted =
-                    <C::Backend as InboxBackend>::claim(conn, one.consumer, one.key, None)?;
+                let inserted = <C::Backend as crate::backend::Internals>::claim(
+                    conn,
+                    one.consumer,
+                    one.key,
+                    None,
+                )?;
                 match one.next_read(inserted) {
                     Read::Done(claimed) => Ok(claimed),
                     _ => unreachable!("a call without options reads nothing after its claim"),
@@ -128,7 +132,7 @@ impl<C: InboxConnection + LoadConnection, E: std::fmt::Debug> Steps<C, E> {
     pub(crate) fn with_options() -> Self {
         Steps {
             claim: claim_one,
-            store: <C::Backend as InboxBackend>::store_result,
+            store: <C::Backend as crate::backend::Internals>::store_result,
             count: count_failure,
             describe: Some(describe::<E>),
         }
@@ -142,19 +146,20 @@ fn claim_one<C: InboxConnection + LoadConnection>(
     one: &One<'_>,
 ) -> Result<Claimed, Error> {
     type B<C> = <C as Connection>::Backend;
-    let inserted = <B<C> as InboxBackend>::claim(conn, one.consumer, one.key, one.fingerprint())?;
+    let inserted =
+        <B<C> as crate::backend::Internals>::claim(conn, one.consumer, one.key, one.fingerprint())?;
     Ok(match one.next_read(inserted) {
         Read::Done(claimed) => claimed,
-        Read::Stored => one.duplicate(<B<C> as InboxBackend>::stored(
+        Read::Stored => one.duplicate(<B<C> as crate::backend::Internals>::stored(
             conn,
             one.consumer,
             &[one.key],
         )?),
         Read::Attempts => {
-            let row = <B<C> as InboxBackend>::attempts(conn, one.consumer, one.key)?;
+            let row = <B<C> as crate::backend::Internals>::attempts(conn, one.consumer, one.key)?;
             let (claimed, clear) = one.attempted(row);
             if clear {
-                <B<C> as InboxBackend>::clear_attempts(conn, one.consumer, one.key)?;
+                <B<C> as crate::backend::Internals>::clear_attempts(conn, one.consumer, one.key)?;
             }
             claimed
         }
@@ -191,13 +196,13 @@ where
 {
     type B<C> = <C as Connection>::Backend;
     if scope == Scope::Savepoint {
-        return <B<C> as InboxBackend>::count_failure(conn, consumer, key, error);
+        return <B<C> as crate::backend::Internals>::count_failure(conn, consumer, key, error);
     }
     let mut attempt = 1;
     loop {
-        let counted = <B<C> as InboxBackend>::begin_top_level(conn).and_then(|()| {
-            match <B<C> as InboxBackend>::count_failure(conn, consumer, key, error) {
-                Ok(()) => <B<C> as InboxBackend>::commit_top_level(conn),
+        let counted = <B<C> as crate::backend::Internals>::begin_top_level(conn).and_then(|()| {
+            match <B<C> as crate::backend::Internals>::count_failure(conn, consumer, key, error) {
+                Ok(()) => <B<C> as crate::backend::Internals>::commit_top_level(conn),
                 Err(e) => {
                     rollback(conn);
                     Err(e)
@@ -241,7 +246,7 @@ where
     let fingerprints = plan.distinct_fingerprints();
     let claim = |conn: &mut C| {
         type B<C> = <C as Connection>::Backend;
-        let claimed = <B<C> as InboxBackend>::claim_batch(
+        let claimed = <B<C> as crate::backend::Internals>::claim_batch(
             conn,
             consumer,
             &distinct,
@@ -251,7 +256,7 @@ where
         let check = plan.to_check(&claimed);
         let rows = match check.is_empty() {
             true => Vec::new(),
-            false => <B<C> as InboxBackend>::stored(conn, consumer, &check)?,
+            false => <B<C> as crate::backend::Internals>::stored(conn, consumer, &check)?,
         };
         Ok((plan.verdict(&applied, &rows), applied))
     };
@@ -347,9 +352,12 @@ where
     C: LoadConnection,
     C::Backend: InboxBackend,
 {
-    if observe::shape_unchecked(conn.instrumentation()) {
-        let catalog = <C::Backend as InboxBackend>::catalog(conn)?;
-        if shape::checked_at_claim(&catalog, <C::Backend as InboxBackend>::KEY_TYPE)? {
+    if observe::shape_unchecked::<C::Backend>(conn.instrumentation()) {
+        let catalog = <C::Backend as crate::backend::Internals>::catalog(conn)?;
+        if shape::checked_at_claim(
+            &catalog,
+            <C::Backend as crate::backend::Internals>::KEY_TYPE,
+        )? {
             observe::shape_checked(conn);
         }
     }

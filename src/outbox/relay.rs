@@ -534,7 +534,7 @@ where
             match steps::step_async(&mut *conn, &settle, next).await {
                 Err(InboxError::Database(e))
                     if attempt < STEP_ATTEMPTS
-                        && <Backend<D> as inbox_runtime::InboxBackend>::is_transient(&e) =>
+                        && inbox_runtime::__private::is_transient::<Backend<D>>(&e) =>
                 {
                     drop(conn);
                     tokio::time::sleep(OUTAGE_DELAY / 10 * attempt).await;

@@ -205,7 +205,7 @@ pub fn version_1_table_is_upgraded_in_place<C>(
     };
     let mut conn = open(&db);
     conn.batch_execute(legacy_ddl).expect("the version 1 table");
-    conn.batch_execute(&<C::Backend as InboxBackend>::record_version(1))
+    conn.batch_execute(&diesel_inbox::__private::record_version::<C::Backend>(1))
         .expect("record version 1");
     assert_eq!(
         diesel_inbox::schema_version(&mut conn).expect("version"),
@@ -276,7 +276,7 @@ pub fn version_2_is_upgraded_with_the_outbox<C>(
     // Schema 2 as its release left it: no outbox table, version 2.
     conn.batch_execute("DROP TABLE outbox_messages")
         .expect("drop the outbox");
-    conn.batch_execute(&<C::Backend as InboxBackend>::record_version(2))
+    conn.batch_execute(&diesel_inbox::__private::record_version::<C::Backend>(2))
         .expect("record version 2");
     assert_eq!(
         diesel_inbox::schema_version(&mut conn).expect("version"),
@@ -462,7 +462,10 @@ impl diesel::connection::Instrumentation for Statements {
 /// exactly one statement more than each later one, whose counts are equal.
 /// A connection with an instrumentation of its own wrapped in
 /// `ErrorObserver` keeps that; one with its own unwrapped has nowhere to
-/// record the check and pays the query on every delivery.
+/// record the check, which is then remembered per process and backend: at
+/// most its first delivery pays the query (none if a connection of this
+/// test binary with an unwrapped instrumentation checked before), never
+/// every delivery.
 pub fn the_shape_is_checked_once_per_connection<B: super::backend::TestBackend>() {
     let Some(db) = B::fresh("shape_once") else {
         return;
@@ -497,11 +500,15 @@ pub fn the_shape_is_checked_once_per_connection<B: super::backend::TestBackend>(
     let counter = Statements::default();
     let mut conn = B::open(&db);
     conn.set_instrumentation(counter.clone());
-    let own = statements_of(&mut conn, &counter, &["o-1", "o-2"]);
+    let own = statements_of(&mut conn, &counter, &["o-1", "o-2", "o-3"]);
+    assert!(
+        own[0] == wrapped[0] || own[0] == wrapped[1],
+        "own instrumentation: {own:?}, wrapped: {wrapped:?}"
+    );
     assert_eq!(
-        own,
-        vec![wrapped[0], wrapped[0]],
-        "own instrumentation: {own:?}"
+        own[1..],
+        [wrapped[1], wrapped[1]],
+        "own instrumentation: {own:?}, wrapped: {wrapped:?}"
     );
 }
 

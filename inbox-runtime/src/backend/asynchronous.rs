@@ -11,13 +11,6 @@ use diesel::result::{Error, QueryResult};
 use diesel_async::AsyncConnection;
 use std::future::Future;
 
-mod seal {
-    /// The seal of [`AsyncInboxConnection`](super::AsyncInboxConnection).
-    pub trait Sealed {}
-}
-#[cfg(feature = "_any-backend")]
-pub(crate) use seal::Sealed;
-
 /// A diesel-async connection the inbox runs on: `AsyncPgConnection`
 /// (feature `postgres`), `AsyncMysqlConnection` (feature `mysql`) and
 /// `SyncConnectionWrapper<SqliteConnection>` (feature `sqlite`; it takes
@@ -28,8 +21,9 @@ pub(crate) use seal::Sealed;
 /// connection type and pass `&mut pooled` (deref coercion) or
 /// `&mut *pooled`.
 ///
-/// The methods are the backend's steps of a handler call; they are not a
-/// stable API.
+/// Its steps (a handler call's, the operations', `migrate`'s) are the
+/// runtime's, on a crate-private supertrait: a user crate names this trait
+/// in bounds but cannot call them.
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
@@ -45,16 +39,22 @@ pub(crate) use seal::Sealed;
     label = "not a diesel-async connection of a supported backend",
     note = "an `async fn` handler takes `&mut AsyncPgConnection`, `&mut AsyncMysqlConnection` or `&mut SyncConnectionWrapper<SqliteConnection>` (diesel-async, feature `async`); a sync diesel connection (`PgConnection`, ...) goes with a sync `fn` handler"
 )]
+#[allow(private_bounds)] // the seal: `AsyncInternals` cannot be named, nor its steps called, outside
 pub trait AsyncInboxConnection:
-    AsyncConnection<Backend: InboxBackend> + AsyncMigration + Send + seal::Sealed
+    AsyncConnection<Backend: InboxBackend> + Send + AsyncInternals
+{
+}
+
+/// The steps of [`AsyncInboxConnection`], each backend's on its own async
+/// connection (as `Internals` is to `InboxBackend`).
+pub(crate) trait AsyncInternals:
+    AsyncConnection<Backend: InboxBackend> + AsyncMigration + Send
 {
     /// Opens a transaction, or a savepoint inside the caller's.
-    #[doc(hidden)]
     fn inbox_begin(&mut self) -> impl Future<Output = Result<Scope, (Scope, Error)>> + Send;
 
     /// The single claim, with the content's fingerprint if given: `true`
     /// if the row was inserted.
-    #[doc(hidden)]
     fn inbox_claim(
         &mut self,
         consumer: &str,
@@ -67,7 +67,6 @@ pub trait AsyncInboxConnection:
     /// during which the write lock is held), it does; by default one step
     /// after the other. The engine always claims right after a successful
     /// begin, so the driver hands it this claim's result.
-    #[doc(hidden)]
     fn inbox_begin_claim(
         &mut self,
         consumer: &str,
@@ -86,7 +85,6 @@ pub trait AsyncInboxConnection:
 
     /// The batch claim, with each key's fingerprint if given: the keys
     /// inserted.
-    #[doc(hidden)]
     fn inbox_claim_batch(
         &mut self,
         consumer: &str,
@@ -96,7 +94,6 @@ pub trait AsyncInboxConnection:
 
     /// The fingerprints and stored results of those of `keys` that have a
     /// row, in the claim's transaction.
-    #[doc(hidden)]
     fn inbox_stored(
         &mut self,
         consumer: &str,
@@ -104,7 +101,6 @@ pub trait AsyncInboxConnection:
     ) -> impl Future<Output = QueryResult<Vec<StoredRow>>> + Send;
 
     /// The failure count of `(consumer, key)`.
-    #[doc(hidden)]
     fn inbox_attempts(
         &mut self,
         consumer: &str,
@@ -112,7 +108,6 @@ pub trait AsyncInboxConnection:
     ) -> impl Future<Output = QueryResult<Option<AttemptsRow>>> + Send;
 
     /// Deletes the failure count of `(consumer, key)`.
-    #[doc(hidden)]
     fn inbox_clear_attempts(
         &mut self,
         consumer: &str,
@@ -121,7 +116,6 @@ pub trait AsyncInboxConnection:
 
     /// Adds one failure to the count of `(consumer, key)`, in the caller's
     /// transaction.
-    #[doc(hidden)]
     fn inbox_count_failure(
         &mut self,
         consumer: &str,
@@ -130,7 +124,6 @@ pub trait AsyncInboxConnection:
     ) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Writes the body's value into the row just claimed.
-    #[doc(hidden)]
     fn inbox_store_result(
         &mut self,
         consumer: &str,
@@ -140,15 +133,12 @@ pub trait AsyncInboxConnection:
 
     /// Commits (through the backend's guarded commit at top level) or
     /// releases the savepoint; a failed top-level commit is rolled back.
-    #[doc(hidden)]
     fn inbox_commit(&mut self, scope: Scope) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Rolls back the innermost transaction or savepoint, if one is open.
-    #[doc(hidden)]
     fn inbox_rollback(&mut self) -> impl Future<Output = ()> + Send;
 
     /// Runs one outbox operation (`backend::outbox`).
-    #[doc(hidden)]
     fn inbox_outbox(
         &mut self,
         op: super::outbox::Op,
@@ -156,7 +146,6 @@ pub trait AsyncInboxConnection:
 
     /// One purge batch's statements, in the caller's transaction: the rows
     /// deleted.
-    #[doc(hidden)]
     fn inbox_purge_batch(
         &mut self,
         cutoff: String,
@@ -165,7 +154,6 @@ pub trait AsyncInboxConnection:
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
     /// How many rows are older than `cutoff`.
-    #[doc(hidden)]
     fn inbox_count_older(
         &mut self,
         cutoff: String,
@@ -173,7 +161,6 @@ pub trait AsyncInboxConnection:
     ) -> impl Future<Output = QueryResult<i64>> + Send;
 
     /// The row of `(consumer, key)`.
-    #[doc(hidden)]
     fn inbox_entry(
         &mut self,
         consumer: &str,
@@ -181,7 +168,6 @@ pub trait AsyncInboxConnection:
     ) -> impl Future<Output = QueryResult<Option<InboxEntry>>> + Send;
 
     /// Deletes the row of `(consumer, key)`; whether there was one.
-    #[doc(hidden)]
     fn inbox_forget(
         &mut self,
         consumer: &str,
@@ -189,12 +175,10 @@ pub trait AsyncInboxConnection:
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
     /// Rows, oldest and newest per consumer.
-    #[doc(hidden)]
     fn inbox_stats(&mut self) -> impl Future<Output = QueryResult<Vec<ConsumerStats>>> + Send;
 
     /// Deletes the failure counts (of `consumer`, or of all) last updated
     /// before `cutoff`.
-    #[doc(hidden)]
     fn inbox_purge_attempts(
         &mut self,
         cutoff: &str,
@@ -203,7 +187,6 @@ pub trait AsyncInboxConnection:
 
     /// The failure counts of at least `min_failures` (of `consumer`, or of
     /// all), the latest first, at most `limit`.
-    #[doc(hidden)]
     fn inbox_failing(
         &mut self,
         consumer: Option<&str>,
@@ -282,8 +265,7 @@ where
 pub type BeginClaim = (Result<Scope, (Scope, Error)>, Option<QueryResult<bool>>);
 
 /// The steps of `migrate` a backend runs on its own async connection.
-#[doc(hidden)]
-pub trait AsyncMigration: AsyncConnection<Backend: InboxBackend> + Send {
+pub(crate) trait AsyncMigration: AsyncConnection<Backend: InboxBackend> + Send {
     /// What the catalog says about the table (the backend's catalog query).
     fn catalog(&mut self) -> impl Future<Output = QueryResult<Catalog>> + Send;
     /// Keeps other `migrate`s out until `unlock`.

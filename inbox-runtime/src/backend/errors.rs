@@ -51,3 +51,19 @@ pub(crate) fn is_privilege_error(error: &Error) -> bool {
     }
     false
 }
+
+/// The error of a guarded statement (`Internals::GUARDED`: the claim, the
+/// outbox's enqueue) that did not return its own marker: `what` it
+/// returned instead. Another statement ran under its prepared name.
+pub(crate) fn misrouted(statement: &str, what: &str) -> Error {
+    Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::Unknown,
+        Box::new(format!(
+            "diesel-inbox: the {statement}'s prepared statement {what}, so it was another \
+             statement under the {statement}'s name: a connection proxy in transaction mode \
+             (PgBouncer before 1.21) shares prepared statements between clients. Use session \
+             pooling, PgBouncer 1.21 or later with max_prepared_statements, or disable \
+             diesel's statement cache (CacheSize::Disabled); see diesel_inbox::guide::proxies"
+        )),
+    )
+}

@@ -387,7 +387,7 @@ where
     C: Connection<Backend: InboxBackend>,
     for<'a> st::Side<st::attempts<'a>>: LoadQuery<'a, C, AttemptsRow>,
 {
-    let micros = <C::Backend as InboxBackend>::UPDATED_AT_MICROS;
+    let micros = <C::Backend as crate::backend::Internals>::UPDATED_AT_MICROS;
     st::Side(st::attempts(consumer, key, micros))
         .get_result(conn)
         .optional()
@@ -464,7 +464,7 @@ where
     C: Connection<Backend: InboxBackend>,
     for<'a> st::entry<'a>: LoadQuery<'a, C, (String, String, i64)>,
 {
-    let micros = <C::Backend as InboxBackend>::RECEIVED_AT_MICROS;
+    let micros = <C::Backend as crate::backend::Internals>::RECEIVED_AT_MICROS;
     let row = st::entry(consumer, key, micros)
         .get_result(conn)
         .optional()?;
@@ -526,7 +526,7 @@ where
     for<'a> st::failing: LoadQuery<'a, C, FailingRow>,
     for<'a> st::failing_of<'a>: LoadQuery<'a, C, FailingRow>,
 {
-    let micros = <C::Backend as InboxBackend>::UPDATED_AT_MICROS;
+    let micros = <C::Backend as crate::backend::Internals>::UPDATED_AT_MICROS;
     match consumer {
         Some(consumer) => st::failing_of(consumer, min_failures, micros, limit).load(conn),
         None => st::failing(min_failures, micros, limit).load(conn),
@@ -669,7 +669,7 @@ pub(crate) mod asynchronous {
         st::Side<st::attempts<'q>>: LoadQuery<'q, C, AttemptsRow>,
     {
         Box::pin(async move {
-            let micros = <C::Backend as InboxBackend>::UPDATED_AT_MICROS;
+            let micros = <C::Backend as crate::backend::Internals>::UPDATED_AT_MICROS;
             st::Side(st::attempts(consumer, key, micros))
                 .get_result(conn)
                 .await
@@ -764,7 +764,7 @@ pub(crate) mod asynchronous {
         st::entry<'q>: LoadQuery<'q, C, (String, String, i64)>,
     {
         Box::pin(async move {
-            let micros = <C::Backend as InboxBackend>::RECEIVED_AT_MICROS;
+            let micros = <C::Backend as crate::backend::Internals>::RECEIVED_AT_MICROS;
             let row = st::entry(consumer, key, micros)
                 .get_result(conn)
                 .await
@@ -820,7 +820,7 @@ pub(crate) mod asynchronous {
         st::failing_of<'q>: LoadQuery<'q, C, FailingRow>,
     {
         Box::pin(async move {
-            let micros = <C::Backend as InboxBackend>::UPDATED_AT_MICROS;
+            let micros = <C::Backend as crate::backend::Internals>::UPDATED_AT_MICROS;
             match consumer {
                 Some(consumer) => {
                     st::failing_of(consumer, min_failures, micros, limit)

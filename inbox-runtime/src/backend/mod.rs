@@ -28,11 +28,6 @@ pub(crate) mod transaction;
 
 pub(crate) use shape::Catalog;
 
-mod sealed {
-    pub trait Sealed {}
-}
-pub(crate) use sealed::Sealed;
-
 /// The newest version of the inbox schema this release knows. `migrate`
 /// records it with the table, upgrades older tables in place and refuses a
 /// newer one ([`InboxError::SchemaTooNew`]).
@@ -75,18 +70,27 @@ pub const SCHEMA_VERSION: u32 = 3;
     label = "the connection's backend must be `Pg`, `Mysql` or `Sqlite`",
     note = "diesel-inbox runs on `PgConnection` (feature `postgres`), `MysqlConnection` (feature `mysql`) and `SqliteConnection` (feature `sqlite`); a `#[derive(MultiConnection)]` enum is not supported: take the connection of one backend, e.g. `conn: &mut PgConnection`"
 )]
-pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
+#[allow(private_bounds)] // the seal: `Internals` cannot be named, nor its items called, outside
+pub trait InboxBackend: diesel::backend::Backend + Internals + Sized {
     /// The statements that create the inbox table, its index and the
     /// record of its schema version, idempotent (`IF NOT EXISTS`), for
     /// users who run their own migration tool.
     const DDL: &'static str;
+}
 
+/// What a backend does, step by step: the runtime's side of
+/// [`InboxBackend`]. Crate-private, so that a user crate can name
+/// `InboxBackend` in bounds and read its `DDL` but cannot call a step
+/// (`<Pg as InboxBackend>::forget` does not compile: a forget without the
+/// key checks, a claim outside the engine). This is diesel's own split
+/// (`Connection` public, its transaction-manager plumbing on a sealed
+/// supertrait), made stricter: diesel opens its supertrait to third-party
+/// backends behind a feature; ours is closed.
+pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// The statement that opens a top-level transaction.
-    #[doc(hidden)]
     const BEGIN: &'static str;
 
     /// The column type of `consumer` and `message_id`, named in fixes.
-    #[doc(hidden)]
     const KEY_TYPE: &'static str;
 
     /// Whether a connection's first claim checks the tables' shape after
@@ -96,7 +100,6 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     /// another connection writes (`database is locked` at once, the busy
     /// handler is not called); its tables are all transactional. Elsewhere
     /// before: a MySQL MyISAM table keeps a row its rollback cannot undo.
-    #[doc(hidden)]
     const CHECK_SHAPE_AFTER_CLAIM: bool = false;
 
     /// Whether the statements of a call other than its claim may be cached
@@ -106,23 +109,19 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     /// so those statements run unnamed, in the call's own transaction. The
     /// claim, on every message's path, stays cached and checks what it
     /// returns instead.
-    #[doc(hidden)]
     const CACHE_SIDE_STATEMENTS: bool = true;
 
     /// Whether DDL commits an open transaction implicitly (MySQL), so that
     /// `migrate` must refuse to run inside one.
-    #[doc(hidden)]
     const DDL_COMMITS: bool = false;
 
     /// `UPGRADES[n]` takes the schema from version `n + 1` to `n + 2`.
-    #[doc(hidden)]
     const UPGRADES: &'static [&'static str];
 
     /// Inserts `(consumer, key)` (with its fingerprint, if given) unless it
     /// is there already; `true` if the row was inserted (the caller owns
     /// the message), `false` for a duplicate. Never fails on the conflict
     /// itself. Without a fingerprint the statement is that of schema 1.
-    #[doc(hidden)]
     fn claim<C>(
         conn: &mut C,
         consumer: &str,
@@ -136,7 +135,6 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     /// `fingerprints[i]` for `keys[i]`, if given), in one statement where
     /// the backend can tell which rows it inserted, and returns the keys
     /// inserted: the ones the caller now owns. Keys are distinct.
-    #[doc(hidden)]
     fn claim_batch<C>(
         conn: &mut C,
         consumer: &str,
@@ -148,7 +146,6 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
 
     /// The fingerprints and stored results of those of `keys` that have a
     /// row, read in the claim's transaction.
-    #[doc(hidden)]
     fn stored<C>(
         conn: &mut C,
         consumer: &str,
@@ -158,14 +155,12 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         C: LoadConnection<Backend = Self>;
 
     /// Writes the body's value into the row just claimed.
-    #[doc(hidden)]
     fn store_result<C>(conn: &mut C, consumer: &str, key: &str, value: &[u8]) -> QueryResult<()>
     where
         C: LoadConnection<Backend = Self>;
 
     /// The failure count of `(consumer, key)`: failures, last error,
     /// `updated_at` in microseconds since the epoch.
-    #[doc(hidden)]
     fn attempts<C>(
         conn: &mut C,
         consumer: &str,
@@ -175,27 +170,23 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         C: LoadConnection<Backend = Self>;
 
     /// Deletes the failure count of `(consumer, key)`.
-    #[doc(hidden)]
     fn clear_attempts<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<usize>
     where
         C: LoadConnection<Backend = Self>;
 
     /// Adds one failure to the count of `(consumer, key)`, in the caller's
     /// transaction.
-    #[doc(hidden)]
     fn count_failure<C>(conn: &mut C, consumer: &str, key: &str, error: &str) -> QueryResult<()>
     where
         C: LoadConnection<Backend = Self>;
 
     /// The upsert of [`count_failure`](Self::count_failure), binds:
     /// consumer, key, error text.
-    #[doc(hidden)]
     const COUNT_FAILURE: &'static str;
 
     /// Opens a top-level transaction with the backend's `BEGIN`; fails with
     /// `AlreadyInTransaction` inside one (the caller then takes a
     /// savepoint). Keeps diesel's transaction depth in step.
-    #[doc(hidden)]
     fn begin_top_level<C>(conn: &mut C) -> QueryResult<()>
     where
         C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
@@ -204,7 +195,6 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     }
 
     /// Rolls back the top-level transaction; keeps diesel's depth in step.
-    #[doc(hidden)]
     fn rollback_top_level<C>(conn: &mut C) -> QueryResult<()>
     where
         C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
@@ -216,7 +206,6 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
 
     /// Commits the transaction that a handler call opened at top level.
     /// On failure the transaction is rolled back before returning.
-    #[doc(hidden)]
     fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
     where
         C: Connection<Backend = Self, TransactionManager = AnsiTransactionManager>,
@@ -229,14 +218,12 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
 
     /// Whether rerunning the transaction that raised `error` may succeed:
     /// serialization failures, deadlocks, lock timeouts, busy databases.
-    #[doc(hidden)]
     fn is_transient(error: &Error) -> bool;
 
     /// Whether `error`, raised by a statement of the body, ended the whole
     /// transaction even though the body went on and returned `Ok` (MySQL
     /// rolls back the transaction on a deadlock; later statements then run
     /// outside it).
-    #[doc(hidden)]
     fn ends_transaction(error: &Error) -> bool {
         let _ = error;
         false
@@ -245,40 +232,29 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     /// Whether a failed top-level commit means the body swallowed the error
     /// of a statement that aborted the transaction (PostgreSQL's commit
     /// guard), rather than a failure of the commit itself.
-    #[doc(hidden)]
     fn is_aborted_commit(error: &Error) -> bool {
         let _ = error;
         false
     }
 
-    /// Whether `error` says the role lacks a privilege.
-    #[doc(hidden)]
-    fn is_privilege_error(error: &Error) -> bool;
-
     /// Whether `error` says there is no `inbox_messages` table.
-    #[doc(hidden)]
     fn is_missing_table(error: &Error) -> bool;
 
     /// `received_at` as microseconds since the Unix epoch (`BIGINT`).
-    #[doc(hidden)]
     const RECEIVED_AT_MICROS: &'static str;
 
     /// The same expression on `inbox_attempts.updated_at`.
-    #[doc(hidden)]
     const UPDATED_AT_MICROS: &'static str;
 
     /// The time `older_than` before now, comparable with `received_at` (the
     /// database's clock, as the column's default reads it).
-    #[doc(hidden)]
     fn cutoff_sql(older_than: std::time::Duration) -> String;
 
     /// A statement run before a purge batch's `BEGIN` (its isolation).
-    #[doc(hidden)]
     const PURGE_ISOLATION: Option<&'static str> = None;
 
     /// One purge batch's statements, inside the caller's transaction: the
     /// rows deleted.
-    #[doc(hidden)]
     fn purge_batch<C>(
         conn: &mut C,
         cutoff: &str,
@@ -289,13 +265,11 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         C: LoadConnection<Backend = Self>;
 
     /// How many rows are older than `cutoff`.
-    #[doc(hidden)]
     fn count_older<C>(conn: &mut C, cutoff: &str, consumer: Option<&str>) -> QueryResult<i64>
     where
         C: LoadConnection<Backend = Self>;
 
     /// The row of `(consumer, key)`.
-    #[doc(hidden)]
     fn entry<C>(
         conn: &mut C,
         consumer: &str,
@@ -305,27 +279,23 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
         C: LoadConnection<Backend = Self>;
 
     /// Deletes the row of `(consumer, key)`; whether there was one.
-    #[doc(hidden)]
     fn forget<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<bool>
     where
         C: LoadConnection<Backend = Self>;
 
     /// Rows, oldest and newest per consumer.
-    #[doc(hidden)]
     fn stats<C>(conn: &mut C) -> QueryResult<Vec<crate::rows::ConsumerStats>>
     where
         C: LoadConnection<Backend = Self>;
 
     /// Deletes the failure counts (of `consumer`, or of all) last updated
     /// before `cutoff`.
-    #[doc(hidden)]
     fn purge_attempts<C>(conn: &mut C, cutoff: &str, consumer: Option<&str>) -> QueryResult<usize>
     where
         C: LoadConnection<Backend = Self>;
 
     /// The failure counts of at least `min_failures` (of `consumer`, or of
     /// all), the latest first, at most `limit`.
-    #[doc(hidden)]
     fn failing<C>(
         conn: &mut C,
         consumer: Option<&str>,
@@ -337,13 +307,11 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
 
     /// The database's clock as microseconds since the Unix epoch
     /// (`BIGINT`): the outbox's times.
-    #[doc(hidden)]
     const NOW_MICROS: &'static str;
 
     /// What ends the relay's claim: `FOR UPDATE SKIP LOCKED` where rows can
     /// be locked (PostgreSQL, MySQL 8, MariaDB 10.6+), nothing on SQLite,
     /// whose immediate transaction serializes claims.
-    #[doc(hidden)]
     const SKIP_LOCKED: &'static str;
 
     /// What the relay's short transactions (its claim, its settlement)
@@ -355,46 +323,51 @@ pub trait InboxBackend: diesel::backend::Backend + Sealed + Sized {
     /// LOCAL synchronous_commit = off` (a relay's commit lost in a server
     /// crash only publishes its rows again, with their ids: the contract
     /// allows it, and the relay does not wait for the WAL flush).
-    #[doc(hidden)]
     const RELAY_SETUP: Option<&'static str> = None;
 
-    /// How the outbox's enqueue checks itself where a cached statement can
-    /// be reached by another client (PostgreSQL behind a proxy in
-    /// transaction mode): the SQL around its guard parameter (before,
-    /// after), and the error when it returns no row of its own. `None`:
-    /// a plain cached insert. With it, the enqueue stays cached (one round
-    /// trip, planned once) and cannot be silently another statement.
-    #[doc(hidden)]
-    const ENQUEUE_GUARD: Option<(&'static str, &'static str, &'static str)> = None;
+    /// Whether the cached statements that write (the claim, the outbox's
+    /// enqueue) carry a guard parameter and return a marker of their own,
+    /// because another client can reach them by their prepared name
+    /// (PostgreSQL behind a proxy in transaction mode):
+    /// [`push_guard`](Self::push_guard). Such a statement stays cached (one
+    /// round trip, planned once) and cannot silently be another statement.
+    const GUARDED: bool = false;
+
+    /// Pushes the guard of `statement` (its name in the error, an SQL
+    /// literal without quotes) where [`GUARDED`](Self::GUARDED): ` WHERE`
+    /// and a condition true for the guard parameter's own value, an error
+    /// naming `statement` for any other.
+    fn push_guard(
+        out: &mut diesel::query_builder::AstPass<'_, '_, Self>,
+        statement: &'static str,
+    ) -> QueryResult<()> {
+        let _ = (out, statement);
+        Ok(())
+    }
 
     /// Runs one outbox operation (`backend::outbox`).
-    #[doc(hidden)]
     fn outbox<C>(conn: &mut C, op: outbox::Op) -> QueryResult<outbox::Answer>
     where
         C: LoadConnection<Backend = Self>;
 
     /// What the catalog says about `inbox_messages`, in one query.
-    #[doc(hidden)]
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where
         C: LoadConnection<Backend = Self>;
 
     /// The statements that record `version` with the table.
-    #[doc(hidden)]
     fn record_version(version: u32) -> String;
 
     /// Keeps every other `migrate` of the same database out until
     /// [`unlock_migrations`](Self::unlock_migrations): PostgreSQL's advisory
     /// lock in a transaction of its own (or a savepoint), MySQL's
     /// `GET_LOCK`, SQLite's immediate transaction.
-    #[doc(hidden)]
     fn lock_migrations<C>(conn: &mut C) -> Result<Scope, InboxError>
     where
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>;
 
     /// Ends what [`lock_migrations`](Self::lock_migrations) began: keeps
     /// the changes when `keep`, else undoes what it can.
-    #[doc(hidden)]
     fn unlock_migrations<C>(conn: &mut C, scope: Scope, keep: bool) -> Result<(), InboxError>
     where
         C: LoadConnection<Backend = Self, TransactionManager = AnsiTransactionManager>;
@@ -426,15 +399,15 @@ pub(crate) fn record_boundary(
 /// (`RetryableError for diesel::result::Error`).
 pub(crate) fn is_transient(error: &Error) -> bool {
     #[cfg(feature = "postgres")]
-    if <diesel::pg::Pg as InboxBackend>::is_transient(error) {
+    if <diesel::pg::Pg as Internals>::is_transient(error) {
         return true;
     }
     #[cfg(feature = "mysql")]
-    if <diesel::mysql::Mysql as InboxBackend>::is_transient(error) {
+    if <diesel::mysql::Mysql as Internals>::is_transient(error) {
         return true;
     }
     #[cfg(feature = "sqlite")]
-    if <diesel::sqlite::Sqlite as InboxBackend>::is_transient(error) {
+    if <diesel::sqlite::Sqlite as Internals>::is_transient(error) {
         return true;
     }
     let _ = error;

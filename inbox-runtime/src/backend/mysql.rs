@@ -1,6 +1,6 @@
 use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
 use super::transaction::Scope;
-use super::{database_error, Catalog, InboxBackend, Sealed};
+use super::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
 use diesel::connection::{
     AnsiTransactionManager, Connection, LoadConnection, TransactionDepthChange, TransactionManager,
@@ -9,8 +9,6 @@ use diesel::mysql::Mysql;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{Integer, Nullable};
-
-impl Sealed for Mysql {}
 
 /// What `information_schema` says about `inbox_messages` in the current
 /// database, in the rows [`Dialect`] describes (every value cast to the
@@ -181,6 +179,9 @@ pub(crate) fn ended_by_server(error: &Error) -> bool {
 
 impl InboxBackend for Mysql {
     const DDL: &'static str = super::ddl::MYSQL;
+}
+
+impl Internals for Mysql {
     const BEGIN: &'static str = "BEGIN";
     const KEY_TYPE: &'static str = "VARBINARY(255) NOT NULL";
     const DDL_COMMITS: bool = true;
@@ -320,10 +321,6 @@ impl InboxBackend for Mysql {
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
 
     sync_ops!();
-
-    fn is_privilege_error(error: &Error) -> bool {
-        super::errors::mysql_privilege(error)
-    }
 
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where
@@ -467,15 +464,15 @@ mod tests {
     #[test]
     fn privilege_errors_are_recognised_by_their_message() {
         use DatabaseErrorKind::Unknown;
-        assert!(Mysql::is_privilege_error(&error(
+        assert!(crate::backend::errors::mysql_privilege(&error(
             Unknown,
             "CREATE command denied to user 'app'@'localhost' for table `inbox_messages`"
         )));
-        assert!(Mysql::is_privilege_error(&error(
+        assert!(crate::backend::errors::mysql_privilege(&error(
             Unknown,
             "Access denied for user 'app'@'%' to database 'orders'"
         )));
-        assert!(!Mysql::is_privilege_error(&error(
+        assert!(!crate::backend::errors::mysql_privilege(&error(
             Unknown,
             "Table 'x' doesn't exist"
         )));
@@ -485,13 +482,13 @@ mod tests {
 #[cfg(feature = "async")]
 mod asynchronous {
     use super::*;
-    use crate::backend::asynchronous::{AsyncInboxConnection, AsyncMigration, Sealed};
+    use crate::backend::asynchronous::{AsyncInboxConnection, AsyncInternals, AsyncMigration};
     use crate::backend::transaction::{ansi, Scope};
     use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
 
-    impl Sealed for AsyncMysqlConnection {}
+    impl AsyncInboxConnection for AsyncMysqlConnection {}
 
-    impl AsyncInboxConnection for AsyncMysqlConnection {
+    impl AsyncInternals for AsyncMysqlConnection {
         async fn inbox_begin(&mut self) -> Result<Scope, (Scope, Error)> {
             ansi::begin(self).await
         }

@@ -1,22 +1,24 @@
 //! The outbox's statements, written once for every backend, and their runs
 //! on a sync and an async connection. What differs between databases comes
-//! in as the backend's constants: the clock ([`InboxBackend::NOW_MICROS`])
-//! and the locking clause of the relay's claim
-//! ([`InboxBackend::SKIP_LOCKED`]). An operation is an owned [`Op`], so
+//! in as the backend's constants (`Internals`): the clock (`NOW_MICROS`),
+//! the locking clause of the relay's claim (`SKIP_LOCKED`) and the guard of
+//! a cached write (`GUARDED`, `push_guard`). An operation is an owned [`Op`], so
 //! that SQLite's async connection can hand it to its blocking thread whole.
 // Without a backend feature nothing runs these.
 #![cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 
-use super::InboxBackend;
+use super::{InboxBackend, Internals};
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::result::QueryResult;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, Binary, HasSqlType, Integer, Nullable, Text, Untyped};
 use diesel::QueryableByName;
 
-/// One outbox operation and its arguments.
+/// One outbox operation and its arguments. (The relay's operations run
+/// only with `async`.)
 #[derive(Debug, Clone)]
 #[doc(hidden)]
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
 pub enum Op {
     /// Insert a message, in the caller's transaction.
     Enqueue(NewRow),
@@ -67,6 +69,7 @@ pub struct NewRow {
 /// What an [`Op`] returned.
 #[derive(Debug)]
 #[doc(hidden)]
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
 pub enum Answer {
     /// Rows written or deleted.
     Count(usize),
@@ -78,6 +81,7 @@ pub enum Answer {
 /// A row the relay claimed.
 #[derive(Debug, Clone, QueryableByName)]
 #[doc(hidden)]
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
 pub struct ClaimedRow {
     #[diesel(sql_type = BigInt)]
     pub seq: i64,
@@ -144,31 +148,27 @@ pub(crate) struct SeqRow {
 #[derive(Debug, Clone)]
 enum Bind {
     Text(String),
-    OptText(Option<String>),
-    Bytes(Vec<u8>),
-    OptBytes(Option<Vec<u8>>),
     Big(i64),
     Int(i32),
 }
 
 #[derive(Debug, Clone)]
 enum Part {
-    Sql(String),
+    Sql(&'static str),
     Bind(Bind),
 }
 
-/// A statement as SQL text and bind parameters in order: the placeholders
-/// are the backend's own (`$n` or `?`). Statements with an `IN` list of
-/// varying length are never cached; on PostgreSQL none is (a proxy in
-/// transaction mode shares prepared statements' names between clients:
-/// `InboxBackend::CACHE_SIDE_STATEMENTS`).
+/// One of the relay's and the operations' statements as static SQL pieces
+/// and bind parameters in order: the placeholders are the backend's own
+/// (`$n` or `?`). Statements with an `IN` list of varying length are never
+/// cached; on PostgreSQL none is (a proxy in transaction mode shares
+/// prepared statements' names between clients:
+/// `Internals::CACHE_SIDE_STATEMENTS`). The enqueue, on the handler's
+/// path, is a statement of its own ([`Enqueue`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Stmt {
     parts: Vec<Part>,
     cache: bool,
-    /// Checks what it returns (`InboxBackend::ENQUEUE_GUARD`): cached on
-    /// every backend.
-    checked: bool,
 }
 
 impl Stmt {
@@ -176,12 +176,11 @@ impl Stmt {
         Stmt {
             parts: Vec::new(),
             cache: true,
-            checked: false,
         }
     }
 
-    fn sql(mut self, sql: impl Into<String>) -> Self {
-        self.parts.push(Part::Sql(sql.into()));
+    fn sql(mut self, sql: &'static str) -> Self {
+        self.parts.push(Part::Sql(sql));
         self
     }
 
@@ -206,31 +205,19 @@ impl Stmt {
 
 impl<B> QueryFragment<B> for Stmt
 where
-    B: InboxBackend
-        + HasSqlType<Text>
-        + HasSqlType<Binary>
-        + HasSqlType<BigInt>
-        + HasSqlType<Integer>,
+    B: InboxBackend + HasSqlType<Text> + HasSqlType<BigInt> + HasSqlType<Integer>,
     String: ToSql<Text, B>,
-    Vec<u8>: ToSql<Binary, B>,
     i64: ToSql<BigInt, B>,
     i32: ToSql<Integer, B>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
-        if !self.cache || (!self.checked && !B::CACHE_SIDE_STATEMENTS) {
+        if !self.cache || !B::CACHE_SIDE_STATEMENTS {
             out.unsafe_to_cache_prepared();
         }
         for part in &self.parts {
             match part {
                 Part::Sql(sql) => out.push_sql(sql),
                 Part::Bind(Bind::Text(v)) => out.push_bind_param::<Text, String>(v)?,
-                Part::Bind(Bind::OptText(v)) => {
-                    out.push_bind_param::<Nullable<Text>, Option<String>>(v)?
-                }
-                Part::Bind(Bind::Bytes(v)) => out.push_bind_param::<Binary, Vec<u8>>(v)?,
-                Part::Bind(Bind::OptBytes(v)) => {
-                    out.push_bind_param::<Nullable<Binary>, Option<Vec<u8>>>(v)?
-                }
                 Part::Bind(Bind::Big(v)) => out.push_bind_param::<BigInt, i64>(v)?,
                 Part::Bind(Bind::Int(v)) => out.push_bind_param::<Integer, i32>(v)?,
             }
@@ -250,6 +237,66 @@ impl Query for Stmt {
 
 impl<Conn> diesel::RunQueryDsl<Conn> for Stmt {}
 
+/// The outbox's enqueue: one fixed statement per backend, cached as the
+/// claims are (its query id is its own type), its SQL all static pieces
+/// and its binds the row's own values (moved in, not copied), so that the handler's path builds
+/// no SQL text. Where the backend guards its cached writes
+/// (`Internals::GUARDED`, PostgreSQL), it is `INSERT .. SELECT` behind the
+/// guard and returns its marker, [`ENQUEUED`], checked by [`enqueued`].
+#[derive(Debug, Clone)]
+pub(crate) struct Enqueue(NewRow);
+
+impl<B> QueryFragment<B> for Enqueue
+where
+    B: InboxBackend + HasSqlType<Text> + HasSqlType<Binary>,
+    String: ToSql<Text, B>,
+    Vec<u8>: ToSql<Binary, B>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
+        let row = &self.0;
+        out.push_sql(
+            "INSERT INTO outbox_messages (id, destination, ordering_key, payload, headers, \
+             created_at, available_at, attempts) ",
+        );
+        out.push_sql(if B::GUARDED { "SELECT " } else { "VALUES (" });
+        out.push_bind_param::<Text, String>(&row.id)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, String>(&row.destination)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Nullable<Text>, Option<String>>(&row.key)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Binary, Vec<u8>>(&row.payload)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Nullable<Binary>, Option<Vec<u8>>>(&row.headers)?;
+        out.push_sql(", ");
+        out.push_sql(B::NOW_MICROS);
+        out.push_sql(", ");
+        out.push_sql(B::NOW_MICROS);
+        out.push_sql(", 0");
+        if B::GUARDED {
+            B::push_guard(&mut out, ENQUEUE_STATEMENT)?;
+            out.push_sql(" RETURNING '");
+            out.push_sql(ENQUEUED);
+            out.push_sql("' AS marker");
+        } else {
+            out.push_sql(")");
+        }
+        Ok(())
+    }
+}
+
+// Its own type is its id (as diesel's statements): one cached statement.
+impl QueryId for Enqueue {
+    type QueryId = Enqueue;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl Query for Enqueue {
+    type SqlType = Untyped;
+}
+
+impl<Conn> diesel::RunQueryDsl<Conn> for Enqueue {}
+
 const CLAIMED_COLUMNS: &str =
     "o.seq, o.id, o.destination, o.ordering_key, o.payload, o.headers, o.attempts, o.created_at";
 
@@ -258,47 +305,24 @@ const CLAIMED_COLUMNS: &str =
 fn plan<B: InboxBackend>(op: Op) -> Plan {
     let now = B::NOW_MICROS;
     match op {
-        Op::Enqueue(row) => {
-            let insert = Stmt::new()
-                .sql("INSERT INTO outbox_messages (id, destination, ordering_key, payload, headers, created_at, available_at, attempts) ")
-                .sql(if B::ENQUEUE_GUARD.is_some() { "SELECT " } else { "VALUES (" })
-                .bind(Bind::Text(row.id))
-                .sql(", ")
-                .bind(Bind::Text(row.destination))
-                .sql(", ")
-                .bind(Bind::OptText(row.key))
-                .sql(", ")
-                .bind(Bind::Bytes(row.payload))
-                .sql(", ")
-                .bind(Bind::OptBytes(row.headers))
-                .sql(format!(", {now}, {now}, 0"));
-            match B::ENQUEUE_GUARD {
-                None => Plan::Execute(insert.sql(")")),
-                Some((before, after, misrouted)) => {
-                    let mut checked = insert
-                        .sql(before)
-                        .bind(Bind::Text(GUARD.to_owned()))
-                        .sql(after)
-                        .sql(format!(" RETURNING '{ENQUEUED}' AS marker"));
-                    checked.checked = true;
-                    Plan::Enqueue(checked, misrouted)
-                }
-            }
-        }
+        Op::Enqueue(row) => Plan::Enqueue(row),
         Op::Claim {
             limit,
             lease,
             token,
         } => Plan::Claim(
             Stmt::new()
-                .sql(format!(
-                    "SELECT {CLAIMED_COLUMNS} FROM outbox_messages o \
-                     WHERE o.dead_at IS NULL AND o.available_at <= {now} \
-                     AND (o.locked_until IS NULL OR o.locked_until < {now}) \
-                     AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_messages e \
+                .sql("SELECT ")
+                .sql(CLAIMED_COLUMNS)
+                .sql(" FROM outbox_messages o WHERE o.dead_at IS NULL AND o.available_at <= ")
+                .sql(now)
+                .sql(" AND (o.locked_until IS NULL OR o.locked_until < ")
+                .sql(now)
+                .sql(
+                    ") AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_messages e \
                      WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq AND e.dead_at IS NULL)) \
-                     ORDER BY o.seq LIMIT "
-                ))
+                     ORDER BY o.seq LIMIT ",
+                )
                 .bind(Bind::Big(limit))
                 .sql(B::SKIP_LOCKED),
             Hold { token, lease },
@@ -322,9 +346,13 @@ fn plan<B: InboxBackend>(op: Op) -> Plan {
             Stmt::new()
                 .sql("UPDATE outbox_messages SET dead_at = CASE WHEN attempts + 1 >= ")
                 .bind(Bind::Int(max_attempts))
-                .sql(format!(" THEN {now} ELSE NULL END, attempts = attempts + 1, last_error = "))
+                .sql(" THEN ")
+                .sql(now)
+                .sql(" ELSE NULL END, attempts = attempts + 1, last_error = ")
                 .bind(Bind::Text(crate::rows::error_text(&error).to_owned()))
-                .sql(format!(", available_at = {now} + "))
+                .sql(", available_at = ")
+                .sql(now)
+                .sql(" + ")
                 .bind(Bind::Big(delay))
                 .sql(", locked_by = NULL, locked_until = NULL WHERE seq = ")
                 .bind(Bind::Big(seq))
@@ -338,11 +366,15 @@ fn plan<B: InboxBackend>(op: Op) -> Plan {
                 .sql(" AND seq IN ")
                 .seq_list(&seqs),
         ),
-        Op::Status => Plan::Status(Stmt::new().sql(format!(
-            "SELECT destination, COUNT(*) - COUNT(dead_at) AS pending, COUNT(dead_at) AS dead, \
-             MIN(CASE WHEN dead_at IS NULL THEN created_at END) AS oldest_pending, {now} AS now \
-             FROM outbox_messages GROUP BY destination ORDER BY destination"
-        ))),
+        Op::Status => Plan::Status(
+            Stmt::new()
+                .sql(
+                    "SELECT destination, COUNT(*) - COUNT(dead_at) AS pending, COUNT(dead_at) AS dead, \
+                     MIN(CASE WHEN dead_at IS NULL THEN created_at END) AS oldest_pending, ",
+                )
+                .sql(now)
+                .sql(" AS now FROM outbox_messages GROUP BY destination ORDER BY destination"),
+        ),
         Op::Dead { limit } => Plan::Dead(
             Stmt::new()
                 .sql(
@@ -352,10 +384,13 @@ fn plan<B: InboxBackend>(op: Op) -> Plan {
                 .bind(Bind::Big(limit)),
         ),
         Op::Retry { id } => {
-            let all = Stmt::new().sql(format!(
-                "UPDATE outbox_messages SET dead_at = NULL, attempts = 0, last_error = NULL, \
-                 available_at = {now} WHERE dead_at IS NOT NULL"
-            ));
+            let all = Stmt::new()
+                .sql(
+                    "UPDATE outbox_messages SET dead_at = NULL, attempts = 0, last_error = NULL, \
+                     available_at = ",
+                )
+                .sql(now)
+                .sql(" WHERE dead_at IS NOT NULL");
             Plan::Execute(match id {
                 Some(id) => all.sql(" AND id = ").bind(Bind::Text(id)),
                 None => all,
@@ -363,9 +398,9 @@ fn plan<B: InboxBackend>(op: Op) -> Plan {
         }
         Op::PurgeDead { older_than, limit } => Plan::Purge(
             Stmt::new()
-                .sql(format!(
-                    "SELECT seq FROM outbox_messages WHERE dead_at IS NOT NULL AND dead_at < {now} - "
-                ))
+                .sql("SELECT seq FROM outbox_messages WHERE dead_at IS NOT NULL AND dead_at < ")
+                .sql(now)
+                .sql(" - ")
                 .bind(Bind::Big(older_than))
                 .sql(" ORDER BY seq LIMIT ")
                 .bind(Bind::Big(limit)),
@@ -373,26 +408,30 @@ fn plan<B: InboxBackend>(op: Op) -> Plan {
     }
 }
 
-/// The guard parameter's value (`InboxBackend::ENQUEUE_GUARD`).
-const GUARD: &str = "diesel-inbox";
-/// The row only the checked enqueue returns.
+/// What the enqueue is called in the guard's error (`Internals::push_guard`).
+const ENQUEUE_STATEMENT: &str = "outbox enqueue";
+/// The row only the guarded enqueue returns.
 const ENQUEUED: &str = "diesel-inbox enqueue";
 
-/// The checked enqueue's row.
+/// The guarded enqueue's row.
 #[derive(Debug, QueryableByName)]
 pub(crate) struct MarkerRow {
     #[diesel(sql_type = Text)]
     marker: String,
 }
 
-/// The checked enqueue inserted one row when it returned its own marker
-/// once; anything else was another statement (`misrouted`).
-fn enqueued(rows: &[MarkerRow], misrouted: &str) -> QueryResult<Answer> {
+/// The guarded enqueue inserted one row when it returned its own marker
+/// once; anything else was another statement under its name.
+fn enqueued(rows: &[MarkerRow]) -> QueryResult<Answer> {
     match rows {
         [row] if row.marker == ENQUEUED => Ok(Answer::Count(1)),
-        _ => Err(diesel::result::Error::DatabaseError(
-            diesel::result::DatabaseErrorKind::Unknown,
-            Box::new(misrouted.to_owned()),
+        [] => Err(super::errors::misrouted(
+            ENQUEUE_STATEMENT,
+            "returned no row of its own",
+        )),
+        _ => Err(super::errors::misrouted(
+            ENQUEUE_STATEMENT,
+            "returned rows that are not its own",
         )),
     }
 }
@@ -400,8 +439,8 @@ fn enqueued(rows: &[MarkerRow], misrouted: &str) -> QueryResult<Answer> {
 /// How an [`Op`]'s statements run.
 enum Plan {
     Execute(Stmt),
-    /// The checked enqueue: its marker row, or the error.
-    Enqueue(Stmt, &'static str),
+    /// The enqueue: executed, or (guarded) its marker row checked.
+    Enqueue(NewRow),
     /// The select, then the hold of what it found.
     Claim(Stmt, Hold),
     Status(Stmt),
@@ -425,7 +464,9 @@ impl Hold {
             Stmt::new()
                 .sql("UPDATE outbox_messages SET locked_by = ")
                 .bind(Bind::Text(self.token))
-                .sql(format!(", locked_until = {} + ", B::NOW_MICROS))
+                .sql(", locked_until = ")
+                .sql(B::NOW_MICROS)
+                .sql(" + ")
                 .bind(Bind::Big(self.lease))
                 .sql(" WHERE seq IN ")
                 .seq_list(&seqs)
@@ -448,16 +489,18 @@ pub(crate) fn run<C>(conn: &mut C, op: Op) -> QueryResult<Answer>
 where
     C: diesel::connection::LoadConnection<Backend: InboxBackend>,
     Stmt: diesel::query_dsl::methods::ExecuteDsl<C>,
+    Enqueue: diesel::query_dsl::methods::ExecuteDsl<C>,
     for<'a> Stmt: diesel::query_dsl::LoadQuery<'a, C, ClaimedRow>
-        + diesel::query_dsl::LoadQuery<'a, C, MarkerRow>
         + diesel::query_dsl::LoadQuery<'a, C, StatusRow>
         + diesel::query_dsl::LoadQuery<'a, C, DeadRow>
         + diesel::query_dsl::LoadQuery<'a, C, SeqRow>,
+    for<'a> Enqueue: diesel::query_dsl::LoadQuery<'a, C, MarkerRow>,
 {
     use diesel::RunQueryDsl;
     Ok(match plan::<C::Backend>(op) {
         Plan::Execute(stmt) => Answer::Count(stmt.execute(conn)?),
-        Plan::Enqueue(stmt, misrouted) => enqueued(&stmt.load::<MarkerRow>(conn)?, misrouted)?,
+        Plan::Enqueue(row) if C::Backend::GUARDED => enqueued(&Enqueue(row).load(conn)?)?,
+        Plan::Enqueue(row) => Answer::Count(Enqueue(row).execute(conn)?),
         Plan::Claim(select, hold) => {
             let rows: Vec<ClaimedRow> = select.load(conn)?;
             if let Some(update) = hold.of::<C::Backend>(&rows) {
@@ -481,18 +524,18 @@ pub(crate) async fn run_async<C>(conn: &mut C, op: Op) -> QueryResult<Answer>
 where
     C: diesel_async::AsyncConnection<Backend: InboxBackend> + Send,
     Stmt: diesel_async::methods::ExecuteDsl<C>,
+    Enqueue: diesel_async::methods::ExecuteDsl<C>,
     for<'a> Stmt: diesel_async::methods::LoadQuery<'a, C, ClaimedRow>
-        + diesel_async::methods::LoadQuery<'a, C, MarkerRow>
         + diesel_async::methods::LoadQuery<'a, C, StatusRow>
         + diesel_async::methods::LoadQuery<'a, C, DeadRow>
         + diesel_async::methods::LoadQuery<'a, C, SeqRow>,
+    for<'a> Enqueue: diesel_async::methods::LoadQuery<'a, C, MarkerRow>,
 {
     use diesel_async::RunQueryDsl;
     Ok(match plan::<C::Backend>(op) {
         Plan::Execute(stmt) => Answer::Count(stmt.execute(conn).await?),
-        Plan::Enqueue(stmt, misrouted) => {
-            enqueued(&stmt.load::<MarkerRow>(conn).await?, misrouted)?
-        }
+        Plan::Enqueue(row) if C::Backend::GUARDED => enqueued(&Enqueue(row).load(conn).await?)?,
+        Plan::Enqueue(row) => Answer::Count(Enqueue(row).execute(conn).await?),
         Plan::Claim(select, hold) => {
             let rows: Vec<ClaimedRow> = select.load(conn).await?;
             if let Some(update) = hold.of::<C::Backend>(&rows) {

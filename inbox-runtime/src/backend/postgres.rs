@@ -1,14 +1,12 @@
 use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
 use super::statements::{Fingerprinted, Plain};
 use super::transaction::{begin, end_migrations, rollback, Scope};
-use super::{database_error, Catalog, InboxBackend, Sealed};
+use super::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error};
-
-impl Sealed for Pg {}
 
 /// Key of the transaction-scoped advisory lock that serializes `migrate`
 /// (concurrent `CREATE TABLE IF NOT EXISTS` can fail on pg_type otherwise).
@@ -83,18 +81,16 @@ WHERE att.attrelid = to_regclass('outbox_messages') AND att.attnum > 0 AND NOT a
 ///   that an error, never `Applied` or `Duplicate`;
 /// - inserts only when its last parameter is [`GUARD`]: another client's
 ///   statement run under the claim's name binds its own values there, and
-///   the cast fails with [`GUARD_ERROR`] in its text, so that it writes no
+///   the cast fails with the claim's name in its text, so that it writes no
 ///   inbox row.
 ///
 /// The claim stays a cached statement (one round trip, planned once); the
 /// other statements of a call run unnamed (`CACHE_SIDE_STATEMENTS`).
 const GUARD: &str = "diesel-inbox";
 
-/// The text of the error a statement gets when it runs a claim under
-/// another statement's prepared name (an SQL literal: no quotes in it).
-pub(crate) const GUARD_ERROR: &str = "diesel-inbox: this prepared statement is the inbox claim, \
-     run with the parameters of another statement (a connection proxy shares prepared \
-     statements between clients)";
+/// What a guarded statement is called in the error of another client's
+/// statement run under its name (an SQL literal: no quotes in it).
+const CLAIM_STATEMENT: &str = "inbox claim";
 
 /// The markers of the single claim, without and with a fingerprint, and of
 /// the batch claim, without and with fingerprints.
@@ -103,34 +99,27 @@ const CLAIM_FINGERPRINTED: &str = "diesel-inbox claim, fingerprinted";
 const BATCH: &str = "diesel-inbox batch claim";
 const BATCH_FINGERPRINTED: &str = "diesel-inbox batch claim, fingerprinted";
 
-/// Pushes ` WHERE` and the guard: true for [`GUARD`], an error otherwise
-/// (evaluated per execution: a parameter is not a constant to fold).
-fn push_guard(out: &mut diesel::query_builder::AstPass<'_, '_, Pg>) -> QueryResult<()> {
-    const { assert!(!has_quote(GUARD_ERROR) && !has_quote(GUARD)) };
+/// Pushes ` WHERE` and the guard of `statement`: true for [`GUARD`], an
+/// error naming `statement` otherwise (evaluated per execution: a
+/// parameter is not a constant to fold).
+fn push_guard(
+    out: &mut diesel::query_builder::AstPass<'_, '_, Pg>,
+    statement: &'static str,
+) -> QueryResult<()> {
+    const { assert!(!has_quote(GUARD)) };
+    debug_assert!(!has_quote(statement));
     out.push_sql(" WHERE CAST(CASE WHEN ");
     out.push_bind_param::<diesel::sql_types::Text, _>(GUARD)?;
     out.push_sql(" = '");
     out.push_sql(GUARD);
-    out.push_sql("' THEN '1' ELSE '");
-    out.push_sql(GUARD_ERROR);
-    out.push_sql("' END AS integer) = 1");
+    out.push_sql("' THEN '1' ELSE 'diesel-inbox: this prepared statement is the ");
+    out.push_sql(statement);
+    out.push_sql(
+        ", run with the parameters of another statement (a connection proxy shares prepared \
+         statements between clients)' END AS integer) = 1",
+    );
     Ok(())
 }
-
-/// The outbox enqueue's guard, as [`push_guard`]'s for the claim: the
-/// insert's `WHERE` around its guard parameter, and the error of an
-/// enqueue whose prepared statement returned no row of its own.
-const ENQUEUE_GUARD: (&str, &str, &str) = (
-    " WHERE CAST(CASE WHEN ",
-    " = 'diesel-inbox' THEN '1' ELSE 'diesel-inbox: this prepared statement is the outbox \
-     enqueue, run with the parameters of another statement (a connection proxy shares \
-     prepared statements between clients)' END AS integer) = 1",
-    "diesel-inbox: the outbox enqueue's prepared statement returned no row of its own, so it \
-     was another statement under its name: a connection proxy in transaction mode (PgBouncer \
-     before 1.21) shares prepared statements between clients. Use session pooling, PgBouncer \
-     1.21 or later with max_prepared_statements, or disable diesel's statement cache \
-     (CacheSize::Disabled); see diesel_inbox::guide::proxies",
-);
 
 const fn has_quote(text: &str) -> bool {
     let bytes = text.as_bytes();
@@ -146,16 +135,7 @@ const fn has_quote(text: &str) -> bool {
 
 /// The error of a claim whose statement did not return the claim's row.
 fn misrouted(what: &str) -> Error {
-    Error::DatabaseError(
-        DatabaseErrorKind::Unknown,
-        Box::new(format!(
-            "diesel-inbox: the claim's prepared statement {what}, so it was another statement \
-             under the claim's name: a connection proxy in transaction mode (PgBouncer before \
-             1.21) shares prepared statements between clients. Use session pooling, \
-             PgBouncer 1.21 or later with max_prepared_statements, or disable diesel's \
-             statement cache (CacheSize::Disabled); see diesel_inbox::guide::proxies"
-        )),
-    )
+    super::errors::misrouted("claim", what)
 }
 
 /// The verdict of a single claim from its rows: exactly one, with the
@@ -264,7 +244,7 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
             out.push_sql(", ");
             out.push_bind_param::<Binary, _>(fingerprint)?;
         }
-        push_guard(&mut out)?;
+        push_guard(&mut out, CLAIM_STATEMENT)?;
         out.push_sql(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING 1) SELECT '");
         out.push_sql(self.marker());
         out.push_sql("'::text, count(*) FROM claim");
@@ -373,7 +353,7 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_, Id> {
                 out.push_sql(") WITH ORDINALITY AS k(key, fingerprint, n)");
             }
         }
-        push_guard(&mut out)?;
+        push_guard(&mut out, CLAIM_STATEMENT)?;
         out.push_sql(
             " ORDER BY k.n ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id) \
              SELECT '",
@@ -410,6 +390,9 @@ const GUARDED_COMMIT: &str = "SAVEPOINT diesel_inbox_guard; COMMIT";
 
 impl InboxBackend for Pg {
     const DDL: &'static str = super::ddl::POSTGRES;
+}
+
+impl Internals for Pg {
     const BEGIN: &'static str = "BEGIN";
     const CACHE_SIDE_STATEMENTS: bool = false;
     const KEY_TYPE: &'static str =
@@ -516,16 +499,20 @@ impl InboxBackend for Pg {
     }
 
     const NOW_MICROS: &'static str = "(extract(epoch from now()) * 1000000)::bigint";
-    const ENQUEUE_GUARD: Option<(&'static str, &'static str, &'static str)> = Some(ENQUEUE_GUARD);
+    const GUARDED: bool = true;
+
+    fn push_guard(
+        out: &mut diesel::query_builder::AstPass<'_, '_, Self>,
+        statement: &'static str,
+    ) -> QueryResult<()> {
+        push_guard(out, statement)
+    }
+
     const RELAY_SETUP: Option<&'static str> =
         Some("SET LOCAL jit = off; SET LOCAL synchronous_commit = off");
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
 
     sync_ops!();
-
-    fn is_privilege_error(error: &Error) -> bool {
-        super::errors::postgres_privilege(error)
-    }
 
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where
@@ -649,15 +636,15 @@ mod tests {
     #[test]
     fn privilege_errors_are_recognised_by_their_message() {
         use DatabaseErrorKind::Unknown;
-        assert!(Pg::is_privilege_error(&error(
+        assert!(crate::backend::errors::postgres_privilege(&error(
             Unknown,
             "permission denied for schema public"
         )));
-        assert!(Pg::is_privilege_error(&error(
+        assert!(crate::backend::errors::postgres_privilege(&error(
             Unknown,
             "must be owner of table inbox_messages"
         )));
-        assert!(!Pg::is_privilege_error(&error(
+        assert!(!crate::backend::errors::postgres_privilege(&error(
             Unknown,
             "column \"x\" does not exist"
         )));
@@ -667,11 +654,9 @@ mod tests {
 #[cfg(feature = "async")]
 mod asynchronous {
     use super::*;
-    use crate::backend::asynchronous::{AsyncInboxConnection, AsyncMigration, Sealed};
+    use crate::backend::asynchronous::{AsyncInboxConnection, AsyncInternals, AsyncMigration};
     use crate::backend::transaction::{ansi, Scope};
     use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
-
-    impl Sealed for AsyncPgConnection {}
 
     impl<Id: Send + Sync + 'static> Claim<'_, Id> {
         /// [`Claim::run`] on a diesel-async connection.
@@ -693,7 +678,9 @@ mod asynchronous {
         }
     }
 
-    impl AsyncInboxConnection for AsyncPgConnection {
+    impl AsyncInboxConnection for AsyncPgConnection {}
+
+    impl AsyncInternals for AsyncPgConnection {
         async fn inbox_begin(&mut self) -> Result<Scope, (Scope, Error)> {
             ansi::begin(self).await
         }

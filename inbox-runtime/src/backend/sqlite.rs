@@ -1,13 +1,11 @@
 use super::shape::{read, CatalogRow, Dialect};
 use super::transaction::{begin, end_migrations, Scope};
-use super::{database_error, Catalog, InboxBackend, Sealed};
+use super::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
 use diesel::connection::{AnsiTransactionManager, LoadConnection};
 use diesel::prelude::*;
 use diesel::result::Error;
 use diesel::sqlite::Sqlite;
-
-impl Sealed for Sqlite {}
 
 /// What SQLite's schema says about `inbox_messages`, in the rows
 /// [`Dialect`] describes:
@@ -61,6 +59,9 @@ SELECT 'outbox', name, NULL, NULL, NULL, NULL FROM pragma_table_xinfo('outbox_me
 
 impl InboxBackend for Sqlite {
     const DDL: &'static str = super::ddl::SQLITE;
+}
+
+impl Internals for Sqlite {
     // A deferred BEGIN that later writes fails at once with "database is
     // locked", whatever the busy timeout: take the write lock up front.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
@@ -140,11 +141,6 @@ impl InboxBackend for Sqlite {
     const SKIP_LOCKED: &'static str = "";
 
     sync_ops!();
-
-    fn is_privilege_error(_error: &Error) -> bool {
-        // No roles: a read-only file is not a grant to ask for.
-        false
-    }
 
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where
@@ -292,16 +288,18 @@ mod asynchronous {
     //! step handed to the blocking thread finishes even when the handler's
     //! future is dropped, so the transaction state stays consistent.
     use super::*;
-    use crate::backend::asynchronous::{AsyncInboxConnection, AsyncMigration, BeginClaim, Sealed};
+    use crate::backend::asynchronous::{
+        AsyncInboxConnection, AsyncInternals, AsyncMigration, BeginClaim,
+    };
     use crate::backend::transaction::{self, Scope};
     use diesel::SqliteConnection;
     use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
     type Wrapper = SyncConnectionWrapper<SqliteConnection>;
 
-    impl Sealed for Wrapper {}
+    impl AsyncInboxConnection for Wrapper {}
 
-    impl AsyncInboxConnection for Wrapper {
+    impl AsyncInternals for Wrapper {
         async fn inbox_begin(&mut self) -> Result<Scope, (Scope, Error)> {
             self.spawn_blocking(|conn| Ok(transaction::begin(conn)))
                 .await

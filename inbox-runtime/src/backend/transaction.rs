@@ -29,7 +29,7 @@ where
 {
     // diesel keeps the depth private; begin_transaction_sql refuses inside a
     // transaction, which is exactly the test we need.
-    match <C::Backend as InboxBackend>::begin_top_level(conn) {
+    match <C::Backend as crate::backend::Internals>::begin_top_level(conn) {
         Ok(()) => Ok(Scope::TopLevel),
         Err(Error::AlreadyInTransaction) => AnsiTransactionManager::begin_transaction(conn)
             .map(|()| Scope::Savepoint)
@@ -46,7 +46,7 @@ where
     C::Backend: InboxBackend,
 {
     match scope {
-        Scope::TopLevel => <C::Backend as InboxBackend>::commit_top_level(conn),
+        Scope::TopLevel => <C::Backend as crate::backend::Internals>::commit_top_level(conn),
         Scope::Savepoint => AnsiTransactionManager::commit_transaction(conn),
     }
 }
@@ -76,7 +76,7 @@ where
         // from libpq.
         Ok(None) | Err(_) => return,
         Ok(Some(depth)) if depth.get() == 1 => {
-            <C::Backend as InboxBackend>::rollback_top_level(conn)
+            <C::Backend as crate::backend::Internals>::rollback_top_level(conn)
         }
         Ok(Some(_)) => AnsiTransactionManager::rollback_transaction(conn),
     };
