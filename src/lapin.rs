@@ -161,8 +161,7 @@ impl Inbound for Delivery {
             }
             Settlement::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await,
         };
-        done.map(drop)
-            .map_err(|e| BrokerError::Settle(e.to_string()))
+        done.map(drop).map_err(|e| BrokerError::Settle(e.into()))
     }
 }
 
@@ -282,7 +281,7 @@ impl<E> crate::brokers::Consumer<Queue, E> {
 impl crate::brokers::Sealed for Queue {}
 
 fn broker(e: lapin::Error) -> BrokerError {
-    BrokerError::Broker(e.to_string())
+    BrokerError::Broker(e.into())
 }
 
 /// The deliveries of a [`Queue`], as the runner reads them.

@@ -151,7 +151,7 @@ impl Inbound for Message {
             Settlement::Retry => self.ack_with(AckKind::Nak(Some(retry_delay))).await,
             Settlement::DeadLetter => self.ack_with(AckKind::Term).await,
         };
-        done.map_err(|e| BrokerError::Settle(e.to_string()))
+        done.map_err(BrokerError::Settle)
     }
 }
 
@@ -243,7 +243,7 @@ impl futures_util::Stream for Messages {
                 error.kind(),
                 MessagesErrorKind::MissingHeartbeat | MessagesErrorKind::Pull
             ) {
-                return Poll::Ready(Some(Err(BrokerError::Broker(error.to_string()))));
+                return Poll::Ready(Some(Err(BrokerError::Broker(error.into()))));
             }
             tracing::warn!(target: "diesel_inbox", error = %error, "diesel-inbox: the JetStream pull stream reported an error; going on");
         }
@@ -266,7 +266,7 @@ impl crate::brokers::Source for Pull {
             .consumer
             .get_info()
             .await
-            .map_err(|e| BrokerError::Broker(e.to_string()))?;
+            .map_err(|e| BrokerError::Broker(e.into()))?;
         Ok(info.num_pending + info.num_ack_pending as u64)
     }
 
@@ -277,7 +277,7 @@ impl crate::brokers::Source for Pull {
             .max_messages_per_batch(prefetch)
             .messages()
             .await
-            .map_err(|e| BrokerError::Broker(e.to_string()))?;
+            .map_err(|e| BrokerError::Broker(e.into()))?;
         Ok(Messages {
             inner: Box::pin(inner),
         })

@@ -657,12 +657,9 @@ impl outbox::Publish for LosesFirstConfirms {
     ) -> Vec<Result<(), outbox::PublishError>> {
         let published = self.inner.publish(messages).await;
         match self.lost.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            false => vec![
-                Err(outbox::PublishError::Unavailable(
-                    "the confirm was lost".into()
-                ));
-                messages.len()
-            ],
+            false => {
+                vec![Err(outbox::PublishError::unavailable("the confirm was lost")); messages.len()]
+            }
             true => published,
         }
     }

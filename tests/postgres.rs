@@ -91,7 +91,9 @@ mod suite {
     /// clients (PgBouncer before 1.21 in transaction mode) does, done on
     /// one session: another statement under the claim's prepared name, and
     /// the claim run under another statement's name. Each is an error,
-    /// never `Applied` or `Duplicate`, and writes nothing.
+    /// never `Applied`, and a `Duplicate` only for a key whose row the
+    /// claim's transaction holds (confirmed by a statement of its own);
+    /// none writes anything.
     mod proxies {
         use super::{fresh, open};
         use diesel::connection::SimpleConnection;
@@ -172,7 +174,10 @@ mod suite {
                 claim(&mut conn, "k1").expect("first"),
                 Processed::Applied(())
             );
-            let (name, types) = prepared(&mut conn, "WITH claim AS (INSERT INTO inbox_messages");
+            let (name, types) = prepared(
+                &mut conn,
+                "INSERT INTO inbox_messages (consumer, message_id) SELECT",
+            );
             assert_eq!(types, "text, text, text");
             // A body's insert with the claim's parameter types, where the
             // claim's name was: it inserts, returns no row, affects 1 row.
@@ -181,11 +186,16 @@ mod suite {
                  INSERT INTO proxy_orders (a, b) SELECT $2, $3"
             ))
             .expect("swap the prepared statement");
-            for key in ["k2", "k1"] {
-                let error =
-                    claim(&mut conn, key).expect_err("a claim that did not run is an error");
-                assert!(is_misrouted(&error), "{key}: {error:?}");
-            }
+            // A new key: the foreign statement's empty answer is not taken
+            // for a duplicate (the key has no row).
+            let error = claim(&mut conn, "k2").expect_err("a claim that did not run is an error");
+            assert!(is_misrouted(&error), "k2: {error:?}");
+            // A key that has its row: `Duplicate`, confirmed by a statement
+            // of its own, and the foreign statement's write rolled back.
+            assert_eq!(
+                claim(&mut conn, "k1").expect("a key with its row"),
+                Processed::Duplicate
+            );
             assert_eq!(
                 count(
                     &mut conn,
@@ -310,7 +320,10 @@ mod suite {
                 claim(&mut conn, "k1").expect("first"),
                 Processed::Applied(())
             );
-            let (name, _) = prepared(&mut conn, "WITH claim AS (INSERT INTO inbox_messages");
+            let (name, _) = prepared(
+                &mut conn,
+                "INSERT INTO inbox_messages (consumer, message_id) SELECT",
+            );
             // Another client's statement that finds the claim under its own
             // name binds its own values.
             let error = conn
@@ -325,6 +338,37 @@ mod suite {
                 "{error}"
             );
             assert_eq!(count(&mut conn, "SELECT count(*) FROM inbox_messages"), 1);
+        }
+
+        /// The claim's duplicate check is cached too, and guarded as the
+        /// claim is: another client's statement that finds it under its
+        /// own name and binds its own values fails, rather than reading
+        /// the inbox's answer as its own.
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
+        fn the_duplicate_check_run_under_another_statements_name_fails() {
+            let Some((_db, mut conn)) = setup("proxy_present_elsewhere") else {
+                return;
+            };
+            assert_eq!(
+                claim(&mut conn, "k1").expect("first"),
+                Processed::Applied(())
+            );
+            assert_eq!(claim(&mut conn, "k1").expect("again"), Processed::Duplicate);
+            let (name, types) = prepared(&mut conn, "SELECT 'diesel-inbox claim, present'");
+            assert_eq!(types, "text, text, text");
+            let error = conn
+                .batch_execute(&format!("EXECUTE {name}('another value', 'proxy', 'k1')"))
+                .expect_err("the duplicate check with another statement's parameters fails");
+            assert!(
+                error
+                    .to_string()
+                    .contains("this prepared statement is the inbox duplicate check"),
+                "{error}"
+            );
         }
 
         /// diesel-async's cached statements have tokio-postgres' names
@@ -366,7 +410,7 @@ mod suite {
                 let query = diesel::sql_query(
                     "SELECT name, array_to_string(parameter_types::text[], ', ') AS types \
                      FROM pg_prepared_statements \
-                     WHERE starts_with(statement, 'WITH claim AS (INSERT INTO inbox_messages')",
+                     WHERE starts_with(statement, 'INSERT INTO inbox_messages (consumer, message_id) SELECT')",
                 );
                 let rows: Vec<Named> = diesel_async::RunQueryDsl::load(query, &mut conn)
                     .await
@@ -379,20 +423,23 @@ mod suite {
                 ))
                 .await
                 .expect("swap the prepared statement");
-                for key in ["a2", "a1"] {
-                    let error = claim(&mut conn, key)
-                        .await
-                        .expect_err("a claim that did not run is an error");
-                    assert!(is_misrouted(&error), "{key}: {error:?}");
-                }
+                let error = claim(&mut conn, "a2")
+                    .await
+                    .expect_err("a claim that did not run is an error");
+                assert!(is_misrouted(&error), "a2: {error:?}");
+                assert_eq!(
+                    claim(&mut conn, "a1").await.expect("a key with its row"),
+                    Processed::Duplicate
+                );
             });
             assert_eq!(count(&mut sync, "SELECT count(*) FROM inbox_messages"), 1);
             assert_eq!(count(&mut sync, "SELECT count(*) FROM proxy_orders"), 1);
         }
 
-        /// The statements of a call other than its claim (a duplicate's
-        /// row, the stored result, the failure counts) are never prepared
-        /// under a name that another client could reach.
+        /// The statements of a call other than its claim and the claim's
+        /// guarded duplicate check (a duplicate's stored row, the stored
+        /// result, the failure counts) are never prepared under a name that
+        /// another client could reach.
         #[test]
         #[cfg_attr(
             not(inbox_test_postgres),
@@ -426,7 +473,9 @@ mod suite {
             let named = count(
                 &mut conn,
                 "SELECT count(*) FROM pg_prepared_statements \
-                 WHERE statement LIKE '%inbox_%' AND NOT starts_with(statement, 'WITH claim AS')",
+                 WHERE statement LIKE '%inbox_%' AND NOT starts_with(statement, 'WITH claim AS') \
+                 AND NOT starts_with(statement, 'INSERT INTO inbox_messages') \
+                 AND NOT starts_with(statement, 'SELECT ''diesel-inbox claim, present''')",
             );
             assert_eq!(named, 0);
         }

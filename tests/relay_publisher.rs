@@ -40,8 +40,8 @@ impl Publish for Endpoint {
         messages
             .iter()
             .map(|m| match (down, m.destination.as_str()) {
-                (true, _) => Err(PublishError::Unavailable("endpoint down".into())),
-                (false, "refused") => Err(PublishError::Refused("422 from the endpoint".into())),
+                (true, _) => Err(PublishError::unavailable("endpoint down")),
+                (false, "refused") => Err(PublishError::refused("422 from the endpoint")),
                 (false, _) => {
                     received.push((m.id.clone(), m.destination.clone(), m.payload.clone()));
                     Ok(())

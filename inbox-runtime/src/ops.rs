@@ -13,7 +13,7 @@ use crate::backend::asynchronous::AsAsyncConnection;
 use crate::backend::transaction;
 #[cfg(feature = "async")]
 use crate::backend::transaction::Scope;
-use crate::backend::{InboxBackend, Internals};
+use crate::backend::{InboxBackend, Internals, Statements};
 use crate::error::InboxError;
 use crate::key::validate_key;
 use crate::rows::{attempts_of, failing_of, Attempts, ConsumerStats, InboxEntry};
@@ -413,7 +413,7 @@ where
     C: InboxConnection + LoadConnection,
 {
     short_transaction(conn, |conn| {
-        <C::Backend as Internals>::purge_batch(conn, cutoff, consumer, limit)
+        <C::Backend as crate::backend::Statements>::purge_batch(conn, cutoff, consumer, limit)
     })
 }
 

@@ -52,7 +52,7 @@ use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
 use crate::backend::outbox::ClaimedRow;
 use crate::backend::outbox::{Answer, DeadRow, NewRow, Op, StatusRow};
 use crate::backend::transaction;
-use crate::backend::Internals;
+use crate::backend::{Internals, Statements};
 use crate::error::InboxError;
 use crate::key::{validate_key, InboxKey};
 use crate::ops::PurgeReport;

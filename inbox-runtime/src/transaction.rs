@@ -132,7 +132,7 @@ impl<C: InboxConnection + LoadConnection, E: std::fmt::Debug> Steps<C, E> {
     pub(crate) fn with_options() -> Self {
         Steps {
             claim: claim_one,
-            store: <C::Backend as crate::backend::Internals>::store_result,
+            store: <C::Backend as crate::backend::Statements>::store_result,
             count: count_failure,
             describe: Some(describe::<E>),
         }
@@ -150,16 +150,16 @@ fn claim_one<C: InboxConnection + LoadConnection>(
         <B<C> as crate::backend::Internals>::claim(conn, one.consumer, one.key, one.fingerprint())?;
     Ok(match one.next_read(inserted) {
         Read::Done(claimed) => claimed,
-        Read::Stored => one.duplicate(<B<C> as crate::backend::Internals>::stored(
+        Read::Stored => one.duplicate(<B<C> as crate::backend::Statements>::stored(
             conn,
             one.consumer,
             &[one.key],
         )?),
         Read::Attempts => {
-            let row = <B<C> as crate::backend::Internals>::attempts(conn, one.consumer, one.key)?;
+            let row = <B<C> as crate::backend::Statements>::attempts(conn, one.consumer, one.key)?;
             let (claimed, clear) = one.attempted(row);
             if clear {
-                <B<C> as crate::backend::Internals>::clear_attempts(conn, one.consumer, one.key)?;
+                <B<C> as crate::backend::Statements>::clear_attempts(conn, one.consumer, one.key)?;
             }
             claimed
         }
@@ -196,12 +196,12 @@ where
 {
     type B<C> = <C as Connection>::Backend;
     if scope == Scope::Savepoint {
-        return <B<C> as crate::backend::Internals>::count_failure(conn, consumer, key, error);
+        return <B<C> as crate::backend::Statements>::count_failure(conn, consumer, key, error);
     }
     let mut attempt = 1;
     loop {
         let counted = <B<C> as crate::backend::Internals>::begin_top_level(conn).and_then(|()| {
-            match <B<C> as crate::backend::Internals>::count_failure(conn, consumer, key, error) {
+            match <B<C> as crate::backend::Statements>::count_failure(conn, consumer, key, error) {
                 Ok(()) => <B<C> as crate::backend::Internals>::commit_top_level(conn),
                 Err(e) => {
                     rollback(conn);
@@ -256,7 +256,7 @@ where
         let check = plan.to_check(&claimed);
         let rows = match check.is_empty() {
             true => Vec::new(),
-            false => <B<C> as crate::backend::Internals>::stored(conn, consumer, &check)?,
+            false => <B<C> as crate::backend::Statements>::stored(conn, consumer, &check)?,
         };
         Ok((plan.verdict(&applied, &rows), applied))
     };

@@ -275,7 +275,10 @@ pub struct Handled<O, E> {
     pub released_early: bool,
 }
 
-/// Why a message was not handled, or could not be settled.
+/// Why a message was not handled, or could not be settled. `Settle` and
+/// `Broker` keep the client's error as their
+/// [`source`](std::error::Error::source) (and say it in their text, as
+/// sqlx's and lapin's errors do).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BrokerError {
@@ -290,12 +293,12 @@ pub enum BrokerError {
     /// lost): the broker redelivers the message, and the inbox reports it
     /// `Duplicate` if its transaction had committed.
     #[error("could not settle the message with the broker: {0}")]
-    Settle(String),
+    Settle(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// The broker connection or channel failed while consuming (a consumer
     /// runner returns it after finishing the deliveries in flight): connect
     /// again and run again; what was not acked is redelivered.
     #[error("the broker connection failed: {0}")]
-    Broker(String),
+    Broker(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 /// A broker's message, as [`handle`] needs it: each broker module

@@ -103,8 +103,8 @@ impl Publisher {
             .is_some_and(|c| c.status().connected());
         if !usable {
             let Some(url) = &self.url else {
-                return Err(PublishError::Closed(
-                    "the channel closed, and a Publisher::new cannot open another: use Publisher::connect".into(),
+                return Err(PublishError::closed(
+                    "the channel closed, and a Publisher::new cannot open another: use Publisher::connect",
                 ));
             };
             state.channel = None;
@@ -132,7 +132,7 @@ impl Publisher {
 }
 
 fn unavailable(e: lapin::Error) -> PublishError {
-    PublishError::Unavailable(e.to_string())
+    PublishError::unavailable(e)
 }
 
 fn properties(message: &OutboxMessage) -> BasicProperties {
@@ -163,7 +163,7 @@ impl Publish for Publisher {
         let mut pending = Vec::with_capacity(messages.len());
         for message in messages {
             if message.payload.len() > self.max_message_size {
-                pending.push(Err(PublishError::Refused(format!(
+                pending.push(Err(PublishError::refused(format!(
                     "the payload of {} bytes is larger than the publisher's max_message_size of {} bytes",
                     message.payload.len(),
                     self.max_message_size
@@ -192,21 +192,21 @@ impl Publish for Publisher {
             };
             results.push(match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
                 Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-                Ok(Ok(Confirmation::Ack(Some(returned)))) => Err(PublishError::Refused(format!(
+                Ok(Ok(Confirmation::Ack(Some(returned)))) => Err(PublishError::refused(format!(
                     "unroutable: exchange {:?} has no queue bound for routing key {:?} ({} {})",
                     self.exchange,
                     returned.delivery.routing_key.as_str(),
                     returned.reply_code,
                     returned.reply_text.as_str()
                 ))),
-                Ok(Ok(Confirmation::Nack(_))) => Err(PublishError::Refused(
-                    "the broker nacked the message".into(),
-                )),
-                Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::Unavailable(
-                    "the channel is not in confirm mode".into(),
+                Ok(Ok(Confirmation::Nack(_))) => {
+                    Err(PublishError::refused("the broker nacked the message"))
+                }
+                Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::unavailable(
+                    "the channel is not in confirm mode",
                 )),
                 Ok(Err(e)) => Err(unavailable(e)),
-                Err(_) => Err(PublishError::Unavailable(format!(
+                Err(_) => Err(PublishError::unavailable(format!(
                     "no confirm within {CONFIRM_TIMEOUT:?}"
                 ))),
             });

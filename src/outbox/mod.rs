@@ -44,9 +44,9 @@ pub use inbox_runtime::outbox::{
 mod relay;
 #[cfg(feature = "relay")]
 pub use relay::{
-    Publish, PublishError, Relay, RelayError, RelayPool, RelayReport, DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY,
-    OUTAGE_DELAY, RETRY_DELAY, SHUTDOWN_GRACE,
+    ErrorSource, Publish, PublishError, Relay, RelayError, RelayPool, RelayReport,
+    DEFAULT_BATCH_SIZE, DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE,
+    MAX_OUTAGE_DELAY, MAX_RETRY_DELAY, OUTAGE_DELAY, RETRY_DELAY, SHUTDOWN_GRACE,
 };
 
 #[cfg(feature = "lapin")]

@@ -34,13 +34,13 @@ impl Publisher {
 fn failed(e: async_nats::jetstream::context::PublishError) -> PublishError {
     match e.kind() {
         PublishErrorKind::StreamNotFound => {
-            PublishError::Refused(format!("no stream takes this subject ({e})"))
+            PublishError::refused(format!("no stream takes this subject ({e})"))
         }
-        PublishErrorKind::MaxPayloadExceeded => PublishError::Refused(e.to_string()),
+        PublishErrorKind::MaxPayloadExceeded => PublishError::refused(e),
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
-            PublishError::Refused(e.to_string())
+            PublishError::refused(e)
         }
-        _ => PublishError::Unavailable(e.to_string()),
+        _ => PublishError::unavailable(e),
     }
 }
 

@@ -86,27 +86,66 @@ pub trait Publish: Send + Sync {
     ) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send + 'a;
 }
 
-/// Why a message was not published.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a message was not published. Each variant keeps the error that
+/// caused it as its [`source`](std::error::Error::source) (and says it in
+/// its text, as sqlx's and lapin's errors do); build one from an error or
+/// a message with [`refused`](Self::refused),
+/// [`unavailable`](Self::unavailable) or [`closed`](Self::closed).
+///
+/// ```
+/// use diesel_inbox::outbox::PublishError;
+/// use std::error::Error;
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+/// let e = PublishError::unavailable(io);
+/// assert_eq!(e.to_string(), "the broker is unavailable: connection refused");
+/// assert_eq!(e.source().unwrap().to_string(), "connection refused");
+/// assert!(matches!(PublishError::refused("422 from the webhook"), PublishError::Refused(_)));
+/// ```
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
     /// The broker refused this message (unroutable, no stream for the
     /// subject, too large, nacked): counted against the relay's
     /// `max_publish_attempts`, retried with backoff, then dead.
     #[error("the broker refused the message: {0}")]
-    Refused(String),
+    Refused(#[source] ErrorSource),
     /// The broker could not be reached or did not confirm in time: the
     /// message is given back uncounted and the relay backs off. An outage
     /// never makes a message dead.
     #[error("the broker is unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] ErrorSource),
     /// The publisher cannot publish again (its channel closed and it
     /// cannot open another): the relay stops with [`RelayError::Publisher`].
     #[error("the publisher cannot publish any more: {0}")]
-    Closed(String),
+    Closed(#[source] ErrorSource),
 }
 
-/// Why a relay stopped.
+/// The cause a [`PublishError`] keeps: shared, so that one failure can
+/// stand for every message of a batch.
+pub type ErrorSource = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+impl PublishError {
+    /// [`PublishError::Refused`], from an error or a message.
+    pub fn refused(cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        PublishError::Refused(cause.into().into())
+    }
+
+    /// [`PublishError::Unavailable`], from an error or a message.
+    pub fn unavailable(
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        PublishError::Unavailable(cause.into().into())
+    }
+
+    /// [`PublishError::Closed`], from an error or a message.
+    pub fn closed(cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        PublishError::Closed(cause.into().into())
+    }
+}
+
+/// Why a relay stopped. Each variant keeps its cause as its
+/// [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
@@ -116,10 +155,10 @@ pub enum RelayError {
     Database(#[from] InboxError),
     /// No connection from the pool ([`Relay::run_once`]; `run` backs off).
     #[error("outbox relay: no database connection from the pool: {0}")]
-    Pool(String),
+    Pool(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// The publisher cannot publish any more ([`PublishError::Closed`]).
     #[error("outbox relay: {0}")]
-    Publisher(PublishError),
+    Publisher(#[source] PublishError),
 }
 
 /// What a relay did: see [`Relay::run_once`].
@@ -164,7 +203,10 @@ pub trait RelayPool: Send + Sync + sealed::Sealed {
     type Guard: DerefMut<Target = Self::Connection> + Send;
     /// A connection, or why there is none.
     #[doc(hidden)]
-    fn connection(&self) -> impl Future<Output = Result<Self::Guard, String>> + Send;
+    fn connection(
+        &self,
+    ) -> impl Future<Output = Result<Self::Guard, Box<dyn std::error::Error + Send + Sync + 'static>>>
+           + Send;
 }
 
 mod sealed {
@@ -190,8 +232,10 @@ where
     type Connection = C;
     type Guard = diesel_async::pooled_connection::deadpool::Object<C>;
 
-    async fn connection(&self) -> Result<Self::Guard, String> {
-        self.get().await.map_err(|e| e.to_string())
+    async fn connection(
+        &self,
+    ) -> Result<Self::Guard, Box<dyn std::error::Error + Send + Sync + 'static>> {
+        Ok(self.get().await?)
     }
 }
 
@@ -217,8 +261,10 @@ where
     type Connection = C;
     type Guard = diesel_async::pooled_connection::bb8::PooledConnection<'static, C>;
 
-    async fn connection(&self) -> Result<Self::Guard, String> {
-        self.get_owned().await.map_err(|e| e.to_string())
+    async fn connection(
+        &self,
+    ) -> Result<Self::Guard, Box<dyn std::error::Error + Send + Sync + 'static>> {
+        Ok(self.get_owned().await?)
     }
 }
 
@@ -561,8 +607,8 @@ where
             match tokio::time::timeout(self.lease / 2, publish.instrument(span.clone())).await {
                 Ok(results) => results,
                 Err(_) => vec![
-                    Err(PublishError::Unavailable(
-                        "the publish outlasted half the lease".into()
+                    Err(PublishError::unavailable(
+                        "the publish outlasted half the lease"
                     ));
                     claimed
                 ],
@@ -572,7 +618,7 @@ where
             .map(|i| match results.get(i) {
                 Some(Ok(())) => PublishOutcome::Published,
                 Some(Err(PublishError::Refused(why))) => PublishOutcome::Failed {
-                    error: why.clone(),
+                    error: why.to_string(),
                     retry_in: backoff(RETRY_DELAY, MAX_RETRY_DELAY, claim.messages[i].attempts + 1),
                     max_publish_attempts: self.max_publish_attempts,
                 },

@@ -1,157 +1,28 @@
 //! The statements of `backend::statements`, run on a sync connection
-//! (`diesel::RunQueryDsl`) and on an async one (`diesel_async::RunQueryDsl`,
-//! in [`asynchronous`]). Each function is the same few steps on both: load
-//! or execute, then the shared decision (`statements::missing`,
-//! `statements::purge_plan`, `statements::stored_one`). The backends'
-//! `InboxBackend` and `AsyncInboxConnection` implementations call these.
+//! ([`Statements`]: one blanket implementation for every backend, its
+//! bounds stated per backend through `statements::LoadOn`/`ExecuteOn`) and
+//! on an async one (`diesel_async::RunQueryDsl`, in [`asynchronous`]). Each
+//! operation is the same few steps on both: load or execute, then the
+//! shared decision (`statements::missing`, `statements::purge_plan`,
+//! `statements::stored_one`). A backend's own steps (its claims, catalog,
+//! locks) are its `Internals`.
 
-use super::statements::{self as st, CLAIM_CHUNK};
+use super::outbox::{Answer, ClaimedRow, DeadRow, Enqueue, MarkerRow, Op, SeqRow, StatusRow, Stmt};
+use super::statements::{self as st, ExecuteOn, LoadOn, CLAIM_CHUNK};
 #[cfg(feature = "_counted-claim")]
 use super::statements::{Fingerprinted, Plain};
-use super::InboxBackend;
+use super::Internals;
 use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
+#[cfg(feature = "_counted-claim")]
 use diesel::connection::Connection;
+use diesel::connection::LoadConnection;
+#[cfg(feature = "_counted-claim")]
 use diesel::query_dsl::methods::{ExecuteDsl, LoadQuery};
 use diesel::result::QueryResult;
-use diesel::{OptionalExtension, RunQueryDsl};
-
-/// Stamps out, inside a backend's `impl InboxBackend`, the methods whose
-/// body is the same for every backend: a call of the sync executor
-/// (`backend::execute`) of the statement. Only the signatures are here.
-#[cfg(feature = "_any-backend")]
-macro_rules! sync_ops {
-    () => {
-        fn outbox<C>(
-            conn: &mut C,
-            op: crate::backend::outbox::Op,
-        ) -> QueryResult<crate::backend::outbox::Answer>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::outbox::run(conn, op)
-        }
-
-        fn purge_batch<C>(
-            conn: &mut C,
-            cutoff: &str,
-            scope: Option<&str>,
-            limit: i64,
-        ) -> QueryResult<usize>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::purge_batch(conn, cutoff, scope, limit)
-        }
-
-        fn count_older<C>(conn: &mut C, cutoff: &str, scope: Option<&str>) -> QueryResult<i64>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::count_older(conn, cutoff, scope)
-        }
-
-        fn entry<C>(
-            conn: &mut C,
-            consumer_name: &str,
-            key: &str,
-        ) -> QueryResult<Option<crate::rows::InboxEntry>>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::entry(conn, consumer_name, key)
-        }
-
-        fn forget<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<bool>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::forget(conn, consumer_name, key)
-        }
-
-        fn stats<C>(conn: &mut C) -> QueryResult<Vec<crate::rows::ConsumerStats>>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::stats(conn)
-        }
-
-        fn purge_attempts<C>(
-            conn: &mut C,
-            cutoff: &str,
-            consumer_name: Option<&str>,
-        ) -> QueryResult<usize>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::purge_attempts(conn, cutoff, consumer_name)
-        }
-
-        fn failing<C>(
-            conn: &mut C,
-            consumer_name: Option<&str>,
-            min_failures: i32,
-            limit: i64,
-        ) -> QueryResult<Vec<crate::rows::FailingRow>>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::failing(conn, consumer_name, min_failures, limit)
-        }
-
-        fn stored<C>(
-            conn: &mut C,
-            consumer_name: &str,
-            keys: &[&str],
-        ) -> QueryResult<Vec<crate::rows::StoredRow>>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::stored(conn, consumer_name, keys)
-        }
-
-        fn store_result<C>(
-            conn: &mut C,
-            consumer_name: &str,
-            key: &str,
-            value: &[u8],
-        ) -> QueryResult<()>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::store_result(conn, consumer_name, key, value)
-        }
-
-        fn attempts<C>(
-            conn: &mut C,
-            consumer_name: &str,
-            key: &str,
-        ) -> QueryResult<Option<crate::rows::AttemptsRow>>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::attempts(conn, consumer_name, key)
-        }
-
-        fn clear_attempts<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<usize>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::clear_attempts(conn, consumer_name, key)
-        }
-
-        fn count_failure<C>(
-            conn: &mut C,
-            consumer_name: &str,
-            key: &str,
-            error: &str,
-        ) -> QueryResult<()>
-        where
-            C: LoadConnection<Backend = Self>,
-        {
-            crate::backend::execute::count_failure(conn, consumer_name, key, error)
-        }
-    };
-}
+use diesel::serialize::ToSql;
+use diesel::sql_types::{HasSqlType, Text};
+#[cfg(feature = "_counted-claim")]
+use diesel::RunQueryDsl;
 
 /// Stamps out, inside an `impl AsyncInboxConnection` of a diesel-async
 /// connection with `AnsiTransactionManager` (PostgreSQL, MySQL/MariaDB),
@@ -348,188 +219,262 @@ pub(crate) fn concurrent_claim(error: diesel::result::Error) -> diesel::result::
     }
 }
 
-/// The fingerprints and stored results of those of `keys` that have a row.
-pub(crate) fn stored<C>(conn: &mut C, consumer: &str, keys: &[&str]) -> QueryResult<Vec<StoredRow>>
+/// The first row, if any (`get_result(..).optional()`).
+fn first<U>(rows: Vec<U>) -> Option<U> {
+    rows.into_iter().next()
+}
+
+/// The statements every backend runs the same way, on a sync connection:
+/// one blanket implementation for every backend whose types the
+/// statements compile for (a supertrait of `InboxBackend`, so generic code
+/// calls `B::forget(conn, ..)`). The backend's own steps (its claims, its
+/// catalog, its locks) are `Internals`.
+pub(crate) trait Statements: Internals {
+    /// Runs one outbox operation (`backend::outbox`).
+    fn outbox<C: LoadConnection<Backend = Self>>(conn: &mut C, op: Op) -> QueryResult<Answer>;
+    /// The fingerprints and stored results of those of `keys` that have a
+    /// row, read in the claim's transaction.
+    fn stored<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        consumer: &str,
+        keys: &[&str],
+    ) -> QueryResult<Vec<StoredRow>>;
+    /// Writes the body's value into the row just claimed.
+    fn store_result<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+        value: &[u8],
+    ) -> QueryResult<()>;
+    /// The failure count of `(consumer, key)`.
+    fn attempts<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<Option<AttemptsRow>>;
+    /// Deletes the failure count of `(consumer, key)`.
+    fn clear_attempts<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<usize>;
+    /// Adds one failure to the count of `(consumer, key)`, in the caller's
+    /// transaction.
+    fn count_failure<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+        error: &str,
+    ) -> QueryResult<()>;
+    /// One purge batch's statements, in the caller's transaction: the rows
+    /// deleted.
+    fn purge_batch<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        cutoff: &str,
+        consumer: Option<&str>,
+        limit: i64,
+    ) -> QueryResult<usize>;
+    /// How many rows are older than `cutoff`.
+    fn count_older<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        cutoff: &str,
+        consumer: Option<&str>,
+    ) -> QueryResult<i64>;
+    /// The row of `(consumer, key)`.
+    fn entry<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<Option<InboxEntry>>;
+    /// Deletes the row of `(consumer, key)` and its failure count (a
+    /// forgotten key starts over): whether there was either.
+    fn forget<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<bool>;
+    /// Rows, oldest and newest per consumer.
+    fn stats<C: LoadConnection<Backend = Self>>(conn: &mut C) -> QueryResult<Vec<ConsumerStats>>;
+    /// Deletes the failure counts (of `consumer`, or of all) last updated
+    /// before `cutoff`.
+    fn purge_attempts<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        cutoff: &str,
+        consumer: Option<&str>,
+    ) -> QueryResult<usize>;
+    /// The failure counts of at least `min_failures` (of `consumer`, or of
+    /// all), the latest first, at most `limit`.
+    fn failing<C: LoadConnection<Backend = Self>>(
+        conn: &mut C,
+        consumer: Option<&str>,
+        min_failures: i32,
+        limit: i64,
+    ) -> QueryResult<Vec<FailingRow>>;
+}
+
+impl<B> Statements for B
 where
-    C: Connection,
-    for<'a> st::Side<st::stored<'a>>: LoadQuery<'a, C, StoredRow>,
+    B: Internals + HasSqlType<Text>,
+    for<'a> &'a str: ToSql<Text, B>,
+    Stmt: ExecuteOn<B>
+        + LoadOn<B, ClaimedRow>
+        + LoadOn<B, StatusRow>
+        + LoadOn<B, DeadRow>
+        + LoadOn<B, SeqRow>,
+    Enqueue: ExecuteOn<B> + LoadOn<B, MarkerRow>,
+    for<'a> st::Side<st::stored<'a>>: LoadOn<B, StoredRow>,
+    for<'a> st::Side<st::store_result<'a>>: ExecuteOn<B>,
+    for<'a> st::Side<st::attempts<'a>>: LoadOn<B, AttemptsRow>,
+    for<'a> st::Side<st::clear_attempts<'a>>: ExecuteOn<B>,
+    for<'a> st::CountFailure<'a, B>: ExecuteOn<B>,
+    st::oldest: LoadOn<B, (String, String)>,
+    for<'a> st::oldest_of<'a>: LoadOn<B, (String, String)>,
+    st::delete_older: ExecuteOn<B>,
+    st::count_older: LoadOn<B, i64>,
+    for<'a> st::count_older_of<'a>: LoadOn<B, i64>,
+    for<'a> st::entry<'a>: LoadOn<B, (String, String, i64)>,
+    for<'a> st::forget<'a>: ExecuteOn<B>,
+    for<'a> st::clear_attempts<'a>: ExecuteOn<B>,
+    st::stats: LoadOn<B, (String, i64, i64, i64)>,
+    st::delete_attempts_older: ExecuteOn<B>,
+    for<'a> st::delete_attempts_older_of<'a>: ExecuteOn<B>,
+    st::failing: LoadOn<B, FailingRow>,
+    for<'a> st::failing_of<'a>: LoadOn<B, FailingRow>,
 {
-    let mut rows = Vec::with_capacity(keys.len());
-    for chunk in keys.chunks(CLAIM_CHUNK) {
-        rows.extend(st::Side(st::stored(consumer, st::owned(chunk))).load::<StoredRow>(conn)?);
+    fn outbox<C: LoadConnection<Backend = B>>(conn: &mut C, op: Op) -> QueryResult<Answer> {
+        crate::backend::outbox::run(conn, op)
     }
-    Ok(rows)
-}
 
-/// Writes the body's value into the row just claimed.
-pub(crate) fn store_result<C>(
-    conn: &mut C,
-    consumer: &str,
-    key: &str,
-    value: &[u8],
-) -> QueryResult<()>
-where
-    C: Connection,
-    for<'a> st::Side<st::store_result<'a>>: ExecuteDsl<C>,
-{
-    st::Side(st::store_result(consumer, key, value))
-        .execute(conn)
-        .and_then(st::stored_one)
-}
-
-/// The failure count of `(consumer, key)`.
-pub(crate) fn attempts<C>(
-    conn: &mut C,
-    consumer: &str,
-    key: &str,
-) -> QueryResult<Option<AttemptsRow>>
-where
-    C: Connection<Backend: InboxBackend>,
-    for<'a> st::Side<st::attempts<'a>>: LoadQuery<'a, C, AttemptsRow>,
-{
-    let micros = <C::Backend as crate::backend::Internals>::UPDATED_AT_MICROS;
-    st::Side(st::attempts(consumer, key, micros))
-        .get_result(conn)
-        .optional()
-}
-
-/// Deletes the failure count of `(consumer, key)`.
-pub(crate) fn clear_attempts<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<usize>
-where
-    C: Connection,
-    for<'a> st::Side<st::clear_attempts<'a>>: ExecuteDsl<C>,
-{
-    st::Side(st::clear_attempts(consumer, key)).execute(conn)
-}
-
-/// Adds one failure to the count of `(consumer, key)`, in the caller's
-/// transaction.
-pub(crate) fn count_failure<C>(
-    conn: &mut C,
-    consumer: &str,
-    key: &str,
-    error: &str,
-) -> QueryResult<()>
-where
-    C: Connection<Backend: InboxBackend + diesel::sql_types::HasSqlType<diesel::sql_types::Text>>,
-    for<'a> &'a str: diesel::serialize::ToSql<diesel::sql_types::Text, C::Backend>,
-    for<'a> st::CountFailure<'a, C::Backend>: ExecuteDsl<C>,
-{
-    st::count_failure::<C::Backend>(consumer, key, error)
-        .execute(conn)
-        .map(drop)
-}
-
-/// One purge batch's statements, in the caller's transaction: the rows
-/// deleted.
-pub(crate) fn purge_batch<C>(
-    conn: &mut C,
-    cutoff: &str,
-    consumer: Option<&str>,
-    limit: i64,
-) -> QueryResult<usize>
-where
-    C: Connection,
-    for<'a> st::oldest: LoadQuery<'a, C, (String, String)>,
-    for<'a> st::oldest_of<'a>: LoadQuery<'a, C, (String, String)>,
-    st::delete_older: ExecuteDsl<C>,
-{
-    let rows = match consumer {
-        Some(name) => st::oldest_of(cutoff, name, limit).load(conn)?,
-        None => st::oldest(cutoff, limit).load(conn)?,
-    };
-    let mut deleted = 0;
-    for (name, keys) in st::purge_plan(rows) {
-        deleted += st::delete_older(cutoff, name, keys).execute(conn)?;
+    fn stored<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        consumer: &str,
+        keys: &[&str],
+    ) -> QueryResult<Vec<StoredRow>> {
+        let mut rows = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(CLAIM_CHUNK) {
+            rows.extend(st::Side(st::stored(consumer, st::owned(chunk))).load_on(conn)?);
+        }
+        Ok(rows)
     }
-    Ok(deleted)
-}
 
-/// How many rows are older than `cutoff`.
-pub(crate) fn count_older<C>(conn: &mut C, cutoff: &str, consumer: Option<&str>) -> QueryResult<i64>
-where
-    C: Connection,
-    for<'a> st::count_older: LoadQuery<'a, C, i64>,
-    for<'a> st::count_older_of<'a>: LoadQuery<'a, C, i64>,
-{
-    match consumer {
-        Some(name) => st::count_older_of(cutoff, name).get_result(conn),
-        None => st::count_older(cutoff).get_result(conn),
+    fn store_result<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+        value: &[u8],
+    ) -> QueryResult<()> {
+        st::Side(st::store_result(consumer, key, value))
+            .execute_on(conn)
+            .and_then(st::stored_one)
     }
-}
 
-/// The row of `(consumer, key)`.
-pub(crate) fn entry<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<Option<InboxEntry>>
-where
-    C: Connection<Backend: InboxBackend>,
-    for<'a> st::entry<'a>: LoadQuery<'a, C, (String, String, i64)>,
-{
-    let micros = <C::Backend as crate::backend::Internals>::RECEIVED_AT_MICROS;
-    let row = st::entry(consumer, key, micros)
-        .get_result(conn)
-        .optional()?;
-    Ok(row.map(rows::entry))
-}
-
-/// Deletes the row of `(consumer, key)` and its failure count (a forgotten
-/// key starts over): whether there was either.
-pub(crate) fn forget<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<bool>
-where
-    C: Connection,
-    for<'a> st::forget<'a>: ExecuteDsl<C>,
-    for<'a> st::clear_attempts<'a>: ExecuteDsl<C>,
-{
-    let applied = st::forget(consumer, key).execute(conn)?;
-    let counted = st::clear_attempts(consumer, key).execute(conn)?;
-    Ok(applied + counted > 0)
-}
-
-/// Rows, oldest and newest per consumer.
-pub(crate) fn stats<C>(conn: &mut C) -> QueryResult<Vec<ConsumerStats>>
-where
-    C: Connection<Backend: InboxBackend>,
-    for<'a> st::stats: LoadQuery<'a, C, (String, i64, i64, i64)>,
-{
-    let (oldest, newest) = st::stats_bounds::<C::Backend>();
-    let rows = st::stats(&oldest, &newest).load(conn)?;
-    Ok(rows.into_iter().map(rows::consumer_stats).collect())
-}
-
-/// Deletes the failure counts (of `consumer`, or of all) last updated
-/// before `cutoff`.
-pub(crate) fn purge_attempts<C>(
-    conn: &mut C,
-    cutoff: &str,
-    consumer: Option<&str>,
-) -> QueryResult<usize>
-where
-    C: Connection<Backend: InboxBackend>,
-    for<'a> st::delete_attempts_older: ExecuteDsl<C>,
-    for<'a> st::delete_attempts_older_of<'a>: ExecuteDsl<C>,
-{
-    match consumer {
-        Some(consumer) => st::delete_attempts_older_of(cutoff, consumer).execute(conn),
-        None => st::delete_attempts_older(cutoff).execute(conn),
+    fn attempts<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<Option<AttemptsRow>> {
+        let micros = B::UPDATED_AT_MICROS;
+        st::Side(st::attempts(consumer, key, micros))
+            .load_on(conn)
+            .map(first)
     }
-}
 
-/// The failure counts of at least `min_failures` (of `consumer`, or of
-/// all), the latest first, at most `limit`.
-pub(crate) fn failing<C>(
-    conn: &mut C,
-    consumer: Option<&str>,
-    min_failures: i32,
-    limit: i64,
-) -> QueryResult<Vec<FailingRow>>
-where
-    C: Connection<Backend: InboxBackend>,
-    for<'a> st::failing: LoadQuery<'a, C, FailingRow>,
-    for<'a> st::failing_of<'a>: LoadQuery<'a, C, FailingRow>,
-{
-    let micros = <C::Backend as crate::backend::Internals>::UPDATED_AT_MICROS;
-    match consumer {
-        Some(consumer) => st::failing_of(consumer, min_failures, micros, limit).load(conn),
-        None => st::failing(min_failures, micros, limit).load(conn),
+    fn clear_attempts<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<usize> {
+        st::Side(st::clear_attempts(consumer, key)).execute_on(conn)
+    }
+
+    fn count_failure<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+        error: &str,
+    ) -> QueryResult<()> {
+        st::count_failure::<B>(consumer, key, error)
+            .execute_on(conn)
+            .map(drop)
+    }
+
+    fn purge_batch<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        cutoff: &str,
+        consumer: Option<&str>,
+        limit: i64,
+    ) -> QueryResult<usize> {
+        let rows = match consumer {
+            Some(name) => st::oldest_of(cutoff, name, limit).load_on(conn)?,
+            None => st::oldest(cutoff, limit).load_on(conn)?,
+        };
+        let mut deleted = 0;
+        for (name, keys) in st::purge_plan(rows) {
+            deleted += st::delete_older(cutoff, name, keys).execute_on(conn)?;
+        }
+        Ok(deleted)
+    }
+
+    fn count_older<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        cutoff: &str,
+        consumer: Option<&str>,
+    ) -> QueryResult<i64> {
+        let rows = match consumer {
+            Some(name) => st::count_older_of(cutoff, name).load_on(conn)?,
+            None => st::count_older(cutoff).load_on(conn)?,
+        };
+        first(rows).ok_or(diesel::result::Error::NotFound)
+    }
+
+    fn entry<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<Option<InboxEntry>> {
+        let micros = B::RECEIVED_AT_MICROS;
+        let rows = st::entry(consumer, key, micros).load_on(conn)?;
+        Ok(first(rows).map(rows::entry))
+    }
+
+    fn forget<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<bool> {
+        let applied = st::forget(consumer, key).execute_on(conn)?;
+        let counted = st::clear_attempts(consumer, key).execute_on(conn)?;
+        Ok(applied + counted > 0)
+    }
+
+    fn stats<C: LoadConnection<Backend = B>>(conn: &mut C) -> QueryResult<Vec<ConsumerStats>> {
+        let (oldest, newest) = st::stats_bounds::<B>();
+        let rows = st::stats(&oldest, &newest).load_on(conn)?;
+        Ok(rows.into_iter().map(rows::consumer_stats).collect())
+    }
+
+    fn purge_attempts<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        cutoff: &str,
+        consumer: Option<&str>,
+    ) -> QueryResult<usize> {
+        match consumer {
+            Some(consumer) => st::delete_attempts_older_of(cutoff, consumer).execute_on(conn),
+            None => st::delete_attempts_older(cutoff).execute_on(conn),
+        }
+    }
+
+    fn failing<C: LoadConnection<Backend = B>>(
+        conn: &mut C,
+        consumer: Option<&str>,
+        min_failures: i32,
+        limit: i64,
+    ) -> QueryResult<Vec<FailingRow>> {
+        let micros = B::UPDATED_AT_MICROS;
+        match consumer {
+            Some(consumer) => st::failing_of(consumer, min_failures, micros, limit).load_on(conn),
+            None => st::failing(min_failures, micros, limit).load_on(conn),
+        }
     }
 }
 
@@ -539,7 +484,7 @@ pub(crate) mod asynchronous {
     use super::st::{self, CLAIM_CHUNK};
     #[cfg(feature = "mysql")]
     use super::st::{Fingerprinted, Plain};
-    use super::InboxBackend;
+    use super::Internals as InboxBackend;
     use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
     use diesel::result::QueryResult;
     use diesel::OptionalExtension;

@@ -26,6 +26,8 @@ mod sqlite;
 pub(crate) mod statements;
 pub(crate) mod transaction;
 
+#[cfg(feature = "_any-backend")]
+pub(crate) use execute::Statements;
 pub(crate) use shape::Catalog;
 
 /// The newest version of the inbox schema this release knows. `migrate`
@@ -71,7 +73,7 @@ pub const SCHEMA_VERSION: u32 = 3;
     note = "diesel-inbox runs on `PgConnection` (feature `postgres`), `MysqlConnection` (feature `mysql`) and `SqliteConnection` (feature `sqlite`); a `#[derive(MultiConnection)]` enum is not supported: take the connection of one backend, e.g. `conn: &mut PgConnection`"
 )]
 #[allow(private_bounds)] // the seal: `Internals` cannot be named, nor its items called, outside
-pub trait InboxBackend: diesel::backend::Backend + Internals + Sized {
+pub trait InboxBackend: diesel::backend::Backend + Internals + Statements + Sized {
     /// The statements that create the inbox table, its index and the
     /// record of its schema version, idempotent (`IF NOT EXISTS`), for
     /// users who run their own migration tool.
@@ -141,42 +143,6 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
         keys: &[&str],
         fingerprints: Option<&[&[u8]]>,
     ) -> QueryResult<Vec<String>>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// The fingerprints and stored results of those of `keys` that have a
-    /// row, read in the claim's transaction.
-    fn stored<C>(
-        conn: &mut C,
-        consumer: &str,
-        keys: &[&str],
-    ) -> QueryResult<Vec<crate::rows::StoredRow>>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// Writes the body's value into the row just claimed.
-    fn store_result<C>(conn: &mut C, consumer: &str, key: &str, value: &[u8]) -> QueryResult<()>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// The failure count of `(consumer, key)`: failures, last error,
-    /// `updated_at` in microseconds since the epoch.
-    fn attempts<C>(
-        conn: &mut C,
-        consumer: &str,
-        key: &str,
-    ) -> QueryResult<Option<crate::rows::AttemptsRow>>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// Deletes the failure count of `(consumer, key)`.
-    fn clear_attempts<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<usize>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// Adds one failure to the count of `(consumer, key)`, in the caller's
-    /// transaction.
-    fn count_failure<C>(conn: &mut C, consumer: &str, key: &str, error: &str) -> QueryResult<()>
     where
         C: LoadConnection<Backend = Self>;
 
@@ -253,58 +219,6 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// A statement run before a purge batch's `BEGIN` (its isolation).
     const PURGE_ISOLATION: Option<&'static str> = None;
 
-    /// One purge batch's statements, inside the caller's transaction: the
-    /// rows deleted.
-    fn purge_batch<C>(
-        conn: &mut C,
-        cutoff: &str,
-        consumer: Option<&str>,
-        limit: i64,
-    ) -> QueryResult<usize>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// How many rows are older than `cutoff`.
-    fn count_older<C>(conn: &mut C, cutoff: &str, consumer: Option<&str>) -> QueryResult<i64>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// The row of `(consumer, key)`.
-    fn entry<C>(
-        conn: &mut C,
-        consumer: &str,
-        key: &str,
-    ) -> QueryResult<Option<crate::rows::InboxEntry>>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// Deletes the row of `(consumer, key)`; whether there was one.
-    fn forget<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<bool>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// Rows, oldest and newest per consumer.
-    fn stats<C>(conn: &mut C) -> QueryResult<Vec<crate::rows::ConsumerStats>>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// Deletes the failure counts (of `consumer`, or of all) last updated
-    /// before `cutoff`.
-    fn purge_attempts<C>(conn: &mut C, cutoff: &str, consumer: Option<&str>) -> QueryResult<usize>
-    where
-        C: LoadConnection<Backend = Self>;
-
-    /// The failure counts of at least `min_failures` (of `consumer`, or of
-    /// all), the latest first, at most `limit`.
-    fn failing<C>(
-        conn: &mut C,
-        consumer: Option<&str>,
-        min_failures: i32,
-        limit: i64,
-    ) -> QueryResult<Vec<crate::rows::FailingRow>>
-    where
-        C: LoadConnection<Backend = Self>;
-
     /// The database's clock as microseconds since the Unix epoch
     /// (`BIGINT`): the outbox's times.
     const NOW_MICROS: &'static str;
@@ -344,11 +258,6 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
         let _ = (out, statement);
         Ok(())
     }
-
-    /// Runs one outbox operation (`backend::outbox`).
-    fn outbox<C>(conn: &mut C, op: outbox::Op) -> QueryResult<outbox::Answer>
-    where
-        C: LoadConnection<Backend = Self>;
 
     /// What the catalog says about `inbox_messages`, in one query.
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>

@@ -320,8 +320,6 @@ impl Internals for Mysql {
         "CAST(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(6)) * 1000000 AS SIGNED)";
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
 
-    sync_ops!();
-
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where
         C: LoadConnection<Backend = Self>,

@@ -7,7 +7,8 @@
 // Without a backend feature nothing runs these.
 #![cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 
-use super::{InboxBackend, Internals};
+use super::statements::{ExecuteOn, LoadOn};
+use super::Internals;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::result::QueryResult;
 use diesel::serialize::ToSql;
@@ -205,7 +206,7 @@ impl Stmt {
 
 impl<B> QueryFragment<B> for Stmt
 where
-    B: InboxBackend + HasSqlType<Text> + HasSqlType<BigInt> + HasSqlType<Integer>,
+    B: Internals + HasSqlType<Text> + HasSqlType<BigInt> + HasSqlType<Integer>,
     String: ToSql<Text, B>,
     i64: ToSql<BigInt, B>,
     i32: ToSql<Integer, B>,
@@ -248,7 +249,7 @@ pub(crate) struct Enqueue(NewRow);
 
 impl<B> QueryFragment<B> for Enqueue
 where
-    B: InboxBackend + HasSqlType<Text> + HasSqlType<Binary>,
+    B: Internals + HasSqlType<Text> + HasSqlType<Binary>,
     String: ToSql<Text, B>,
     Vec<u8>: ToSql<Binary, B>,
 {
@@ -302,7 +303,7 @@ const CLAIMED_COLUMNS: &str =
 
 /// The statements of `op`, as [`Plan`] says to run them (the op's values
 /// move into the binds: an enqueue's payload is not copied).
-fn plan<B: InboxBackend>(op: Op) -> Plan {
+fn plan<B: Internals>(op: Op) -> Plan {
     let now = B::NOW_MICROS;
     match op {
         Op::Enqueue(row) => Plan::Enqueue(row),
@@ -458,7 +459,7 @@ struct Hold {
 
 impl Hold {
     /// Its update of `rows`; none when the claim found nothing.
-    fn of<B: InboxBackend>(self, rows: &[ClaimedRow]) -> Option<Stmt> {
+    fn of<B: Internals>(self, rows: &[ClaimedRow]) -> Option<Stmt> {
         let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
         (!seqs.is_empty()).then(|| {
             Stmt::new()
@@ -487,31 +488,29 @@ fn purge(rows: &[SeqRow]) -> Option<Stmt> {
 /// Runs `op` on a sync connection.
 pub(crate) fn run<C>(conn: &mut C, op: Op) -> QueryResult<Answer>
 where
-    C: diesel::connection::LoadConnection<Backend: InboxBackend>,
-    Stmt: diesel::query_dsl::methods::ExecuteDsl<C>,
-    Enqueue: diesel::query_dsl::methods::ExecuteDsl<C>,
-    for<'a> Stmt: diesel::query_dsl::LoadQuery<'a, C, ClaimedRow>
-        + diesel::query_dsl::LoadQuery<'a, C, StatusRow>
-        + diesel::query_dsl::LoadQuery<'a, C, DeadRow>
-        + diesel::query_dsl::LoadQuery<'a, C, SeqRow>,
-    for<'a> Enqueue: diesel::query_dsl::LoadQuery<'a, C, MarkerRow>,
+    C: diesel::connection::LoadConnection<Backend: Internals>,
+    Stmt: ExecuteOn<C::Backend>
+        + LoadOn<C::Backend, ClaimedRow>
+        + LoadOn<C::Backend, StatusRow>
+        + LoadOn<C::Backend, DeadRow>
+        + LoadOn<C::Backend, SeqRow>,
+    Enqueue: ExecuteOn<C::Backend> + LoadOn<C::Backend, MarkerRow>,
 {
-    use diesel::RunQueryDsl;
     Ok(match plan::<C::Backend>(op) {
-        Plan::Execute(stmt) => Answer::Count(stmt.execute(conn)?),
-        Plan::Enqueue(row) if C::Backend::GUARDED => enqueued(&Enqueue(row).load(conn)?)?,
-        Plan::Enqueue(row) => Answer::Count(Enqueue(row).execute(conn)?),
+        Plan::Execute(stmt) => Answer::Count(stmt.execute_on(conn)?),
+        Plan::Enqueue(row) if C::Backend::GUARDED => enqueued(&Enqueue(row).load_on(conn)?)?,
+        Plan::Enqueue(row) => Answer::Count(Enqueue(row).execute_on(conn)?),
         Plan::Claim(select, hold) => {
-            let rows: Vec<ClaimedRow> = select.load(conn)?;
+            let rows: Vec<ClaimedRow> = select.load_on(conn)?;
             if let Some(update) = hold.of::<C::Backend>(&rows) {
-                update.execute(conn)?;
+                update.execute_on(conn)?;
             }
             Answer::Claimed(rows)
         }
-        Plan::Status(stmt) => Answer::Status(stmt.load(conn)?),
-        Plan::Dead(stmt) => Answer::Dead(stmt.load(conn)?),
-        Plan::Purge(select) => match purge(&select.load::<SeqRow>(conn)?) {
-            Some(delete) => Answer::Count(delete.execute(conn)?),
+        Plan::Status(stmt) => Answer::Status(stmt.load_on(conn)?),
+        Plan::Dead(stmt) => Answer::Dead(stmt.load_on(conn)?),
+        Plan::Purge(select) => match purge(&LoadOn::<C::Backend, SeqRow>::load_on(select, conn)?) {
+            Some(delete) => Answer::Count(delete.execute_on(conn)?),
             None => Answer::Count(0),
         },
     })
@@ -522,7 +521,7 @@ where
 #[cfg(all(feature = "async", feature = "_server-backend"))]
 pub(crate) async fn run_async<C>(conn: &mut C, op: Op) -> QueryResult<Answer>
 where
-    C: diesel_async::AsyncConnection<Backend: InboxBackend> + Send,
+    C: diesel_async::AsyncConnection<Backend: Internals> + Send,
     Stmt: diesel_async::methods::ExecuteDsl<C>,
     Enqueue: diesel_async::methods::ExecuteDsl<C>,
     for<'a> Stmt: diesel_async::methods::LoadQuery<'a, C, ClaimedRow>

@@ -76,9 +76,11 @@ WHERE att.attrelid = to_regclass('outbox_messages') AND att.attnum > 0 AND NOT a
 /// name a session may hold another client's statement, and another client's
 /// name may be this session's claim. So each claim
 /// - returns a row that only the claim's own text produces (its marker,
-///   [`CLAIM`] and the others), with the verdict in it: another statement
-///   run under the claim's name returns no such row, and [`verdict`] makes
-///   that an error, never `Applied` or `Duplicate`;
+///   [`CLAIM`] and the others) when it inserts: another statement run
+///   under the claim's name returns no such row, and [`verdict`] makes
+///   rows that are not the marker an error; an empty answer is a
+///   `Duplicate` only once [`Present`], a statement of its own, has
+///   returned its marker for the key's row, never on its own;
 /// - inserts only when its last parameter is [`GUARD`]: another client's
 ///   statement run under the claim's name binds its own values there, and
 ///   the cast fails with the claim's name in its text, so that it writes no
@@ -91,6 +93,8 @@ const GUARD: &str = "diesel-inbox";
 /// What a guarded statement is called in the error of another client's
 /// statement run under its name (an SQL literal: no quotes in it).
 const CLAIM_STATEMENT: &str = "inbox claim";
+/// The same for [`Present`].
+const PRESENT_STATEMENT: &str = "inbox duplicate check";
 
 /// The markers of the single claim, without and with a fingerprint, and of
 /// the batch claim, without and with fingerprints.
@@ -98,6 +102,8 @@ const CLAIM: &str = "diesel-inbox claim";
 const CLAIM_FINGERPRINTED: &str = "diesel-inbox claim, fingerprinted";
 const BATCH: &str = "diesel-inbox batch claim";
 const BATCH_FINGERPRINTED: &str = "diesel-inbox batch claim, fingerprinted";
+/// The marker of [`Present`], the duplicate's confirmation.
+const PRESENT: &str = "diesel-inbox claim, present";
 
 /// Pushes ` WHERE` and the guard of `statement`: true for [`GUARD`], an
 /// error naming `statement` otherwise (evaluated per execution: a
@@ -138,12 +144,24 @@ fn misrouted(what: &str) -> Error {
     super::errors::misrouted("claim", what)
 }
 
-/// The verdict of a single claim from its rows: exactly one, with the
-/// claim's marker and a count of 0 (a duplicate) or 1 (inserted).
-fn verdict(marker: &str, rows: Vec<(String, i64)>) -> QueryResult<bool> {
-    match rows.as_slice() {
-        [(m, n)] if m == marker && (*n == 0 || *n == 1) => Ok(*n == 1),
-        [] => Err(misrouted("returned no row")),
+/// The verdict of a single claim from its rows: its marker once, the row
+/// inserted (`Some(true)`); no row, nothing inserted, to be confirmed by
+/// [`Present`] (`None`); anything else is another statement's answer.
+fn verdict(marker: &str, rows: &[String]) -> QueryResult<Option<bool>> {
+    match rows {
+        [m] if m == marker => Ok(Some(true)),
+        [] => Ok(None),
+        _ => Err(misrouted("returned rows that are not the claim's")),
+    }
+}
+
+/// The verdict of [`Present`] after a claim that inserted nothing: its
+/// marker once, a duplicate; no row means the key has no row either, so
+/// the claim's empty answer was not the claim's.
+fn present_verdict(rows: &[String]) -> QueryResult<bool> {
+    match rows {
+        [m] if m == PRESENT => Ok(false),
+        [] => Err(misrouted("returned no row, and the key has no row either")),
         _ => Err(misrouted("returned rows that are not the claim's")),
     }
 }
@@ -172,10 +190,16 @@ fn batch_verdict(
     Ok(claimed)
 }
 
-/// The single claim: `WITH claim AS (INSERT ... SELECT $consumer, $key
-/// WHERE guard ON CONFLICT DO NOTHING RETURNING 1) SELECT marker,
-/// count(*) FROM claim`. With a fingerprint, a statement of its own (its own
-/// query id, [`Fingerprinted`]).
+/// The single claim: `INSERT ... SELECT $consumer, $key WHERE guard ON
+/// CONFLICT DO NOTHING RETURNING marker`, as cheap as the plain insert. The
+/// applied path is one round trip and its verdict is the statement's own
+/// marker. An empty answer (the duplicate, or another statement run under
+/// the claim's name) is confirmed by [`Present`], a second, guarded
+/// statement that returns its own marker only if the key has a row in the
+/// claim's transaction; a key without a row after an empty answer is an
+/// error, never `Duplicate`. (Before: a CTE returning the marker and the
+/// insert's count in one row; `docs/performance.md` has both.) With a
+/// fingerprint, a statement of its own (its own query id, [`Fingerprinted`]).
 #[derive(Debug, Clone, Copy)]
 struct Claim<'a, Id> {
     consumer: &'a str,
@@ -218,9 +242,52 @@ impl<Id> Claim<'_, Id> {
 impl<Id: 'static> Claim<'_, Id> {
     /// Runs the claim: whether it inserted the row.
     fn run<C: LoadConnection<Backend = Pg>>(self, conn: &mut C) -> QueryResult<bool> {
-        verdict(self.marker(), self.load(conn)?)
+        let (consumer, key) = (self.consumer, self.key);
+        match verdict(self.marker(), &self.load(conn)?)? {
+            Some(inserted) => Ok(inserted),
+            None => present_verdict(&Present { consumer, key }.load(conn)?),
+        }
     }
 }
+
+/// The duplicate's confirmation: the key's row, in the claim's
+/// transaction, answered with [`PRESENT`]. Cached, and guarded as the claim
+/// is: another client's statement under its name binds its own values to
+/// the guard and fails, rather than being handed this statement's row.
+#[derive(Debug, Clone, Copy)]
+struct Present<'a> {
+    consumer: &'a str,
+    key: &'a str,
+}
+
+impl diesel::query_builder::QueryFragment<Pg> for Present<'_> {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, Pg>,
+    ) -> QueryResult<()> {
+        use diesel::sql_types::Text;
+        out.push_sql("SELECT '");
+        out.push_sql(PRESENT);
+        out.push_sql("'::text FROM inbox_messages");
+        push_guard(&mut out, PRESENT_STATEMENT)?;
+        out.push_sql(" AND consumer = ");
+        out.push_bind_param::<Text, _>(self.consumer)?;
+        out.push_sql(" AND message_id = ");
+        out.push_bind_param::<Text, _>(self.key)?;
+        Ok(())
+    }
+}
+
+impl diesel::query_builder::QueryId for Present<'_> {
+    type QueryId = Present<'static>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl diesel::query_builder::Query for Present<'_> {
+    type SqlType = diesel::sql_types::Text;
+}
+
+impl<Conn> diesel::RunQueryDsl<Conn> for Present<'_> {}
 
 impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
     fn walk_ast<'b>(
@@ -229,13 +296,9 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
     ) -> QueryResult<()> {
         use diesel::sql_types::{Binary, Text};
         match self.fingerprint {
-            None => out.push_sql(
-                "WITH claim AS (INSERT INTO inbox_messages (consumer, message_id) SELECT ",
-            ),
-            Some(_) => out.push_sql(
-                "WITH claim AS (INSERT INTO inbox_messages (consumer, message_id, fingerprint) \
-                 SELECT ",
-            ),
+            None => out.push_sql("INSERT INTO inbox_messages (consumer, message_id) SELECT "),
+            Some(_) => out
+                .push_sql("INSERT INTO inbox_messages (consumer, message_id, fingerprint) SELECT "),
         }
         out.push_bind_param::<Text, _>(self.consumer)?;
         out.push_sql(", ");
@@ -245,9 +308,9 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
             out.push_bind_param::<Binary, _>(fingerprint)?;
         }
         push_guard(&mut out, CLAIM_STATEMENT)?;
-        out.push_sql(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING 1) SELECT '");
+        out.push_sql(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING '");
         out.push_sql(self.marker());
-        out.push_sql("'::text, count(*) FROM claim");
+        out.push_sql("'::text");
         Ok(())
     }
 }
@@ -258,7 +321,7 @@ impl<Id: 'static> diesel::query_builder::QueryId for Claim<'_, Id> {
 }
 
 impl<Id> diesel::query_builder::Query for Claim<'_, Id> {
-    type SqlType = (diesel::sql_types::Text, diesel::sql_types::BigInt);
+    type SqlType = diesel::sql_types::Text;
 }
 
 impl<Conn, Id> diesel::RunQueryDsl<Conn> for Claim<'_, Id> {}
@@ -512,8 +575,6 @@ impl Internals for Pg {
         Some("SET LOCAL jit = off; SET LOCAL synchronous_commit = off");
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
 
-    sync_ops!();
-
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where
         C: LoadConnection<Backend = Self>,
@@ -661,8 +722,15 @@ mod asynchronous {
     impl<Id: Send + Sync + 'static> Claim<'_, Id> {
         /// [`Claim::run`] on a diesel-async connection.
         async fn run_async(self, conn: &mut AsyncPgConnection) -> QueryResult<bool> {
-            let marker = self.marker();
-            verdict(marker, diesel_async::RunQueryDsl::load(self, conn).await?)
+            let (marker, consumer, key) = (self.marker(), self.consumer, self.key);
+            let rows: Vec<String> = diesel_async::RunQueryDsl::load(self, conn).await?;
+            match verdict(marker, &rows)? {
+                Some(inserted) => Ok(inserted),
+                None => {
+                    let present = Present { consumer, key };
+                    present_verdict(&diesel_async::RunQueryDsl::load(present, conn).await?)
+                }
+            }
         }
     }
 

@@ -140,8 +140,6 @@ impl Internals for Sqlite {
         "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
     const SKIP_LOCKED: &'static str = "";
 
-    sync_ops!();
-
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where
         C: LoadConnection<Backend = Self>,
@@ -292,6 +290,7 @@ mod asynchronous {
         AsyncInboxConnection, AsyncInternals, AsyncMigration, BeginClaim,
     };
     use crate::backend::transaction::{self, Scope};
+    use crate::backend::Statements;
     use diesel::SqliteConnection;
     use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 

@@ -7,7 +7,7 @@
 //! a lookup found missing, how a purge batch's rows group into deletes) are
 //! plain functions here too, so that both executors share them.
 
-use super::InboxBackend;
+use super::Internals;
 use crate::schema::{inbox_attempts as counts, inbox_messages as inbox};
 use diesel::dsl::{count_star, delete, sql, update};
 use diesel::expression::SqlLiteral;
@@ -84,7 +84,7 @@ impl<'a> Claim<'a, Fingerprinted> {
 #[cfg(feature = "_counted-claim")]
 impl<B, Id> QueryFragment<B> for Claim<'_, Id>
 where
-    B: InboxBackend + CountedClaim + HasSqlType<Text> + HasSqlType<diesel::sql_types::Binary>,
+    B: Internals + CountedClaim + HasSqlType<Text> + HasSqlType<diesel::sql_types::Binary>,
     str: ToSql<Text, B>,
     [u8]: ToSql<diesel::sql_types::Binary, B>,
 {
@@ -131,7 +131,7 @@ pub(crate) struct Side<Q>(pub(crate) Q);
 
 impl<B, Q> QueryFragment<B> for Side<Q>
 where
-    B: InboxBackend,
+    B: Internals,
     Q: QueryFragment<B>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
@@ -334,7 +334,7 @@ pub(crate) fn count_failure<'a, B>(
     error: &'a str,
 ) -> CountFailure<'a, B>
 where
-    B: InboxBackend + HasSqlType<Text>,
+    B: Internals + HasSqlType<Text>,
     &'a str: ToSql<Text, B>,
 {
     diesel::sql_query(B::COUNT_FAILURE)
@@ -469,7 +469,58 @@ pub(crate) fn stats(oldest: &str, newest: &str) -> _ {
 }
 
 /// `MIN(..)` and `MAX(..)` of `B::RECEIVED_AT_MICROS`, for [`stats`].
-pub(crate) fn stats_bounds<B: InboxBackend>() -> (String, String) {
+pub(crate) fn stats_bounds<B: Internals>() -> (String, String) {
     let micros = B::RECEIVED_AT_MICROS;
     (format!("MIN({micros})"), format!("MAX({micros})"))
+}
+
+/// A query that loads `U` rows on every connection of backend `B`: diesel's
+/// `LoadQuery` bounds, which name a connection type, stated once for the
+/// backend. With it (and [`ExecuteOn`]) the statements' one blanket
+/// implementation, [`Statements`], is proved once per backend, whatever
+/// connection later runs it.
+pub(crate) trait LoadOn<B, U>: Sized {
+    /// Runs the query on `conn`: its rows.
+    fn load_on<C>(self, conn: &mut C) -> QueryResult<Vec<U>>
+    where
+        C: diesel::connection::LoadConnection<Backend = B>,
+        Self: RunQueryDsl<C>;
+}
+
+impl<T, B, U> LoadOn<B, U> for T
+where
+    T: diesel::query_builder::AsQuery,
+    T::Query: QueryFragment<B> + QueryId,
+    T::SqlType: diesel::query_dsl::CompatibleType<U, B>,
+    B: diesel::backend::Backend + diesel::expression::QueryMetadata<T::SqlType> + 'static,
+    U: diesel::deserialize::FromSqlRow<
+            <T::SqlType as diesel::query_dsl::CompatibleType<U, B>>::SqlType,
+            B,
+        > + 'static,
+    <T::SqlType as diesel::query_dsl::CompatibleType<U, B>>::SqlType: 'static,
+{
+    fn load_on<C>(self, conn: &mut C) -> QueryResult<Vec<U>>
+    where
+        C: diesel::connection::LoadConnection<Backend = B>,
+        Self: RunQueryDsl<C>,
+    {
+        RunQueryDsl::load(self, conn)
+    }
+}
+
+/// A statement that executes on every connection of backend `B` (as
+/// [`LoadOn`] for loads).
+pub(crate) trait ExecuteOn<B>: Sized {
+    /// Runs the statement on `conn`: the rows it affected.
+    fn execute_on<C: diesel::Connection<Backend = B>>(self, conn: &mut C) -> QueryResult<usize>;
+}
+
+impl<T, B> ExecuteOn<B> for T
+where
+    B: diesel::backend::Backend,
+    T: QueryFragment<B> + QueryId,
+{
+    fn execute_on<C: diesel::Connection<Backend = B>>(self, conn: &mut C) -> QueryResult<usize> {
+        diesel::query_dsl::methods::ExecuteDsl::execute(self, conn)
+    }
 }
