@@ -48,7 +48,7 @@ pub trait AsyncInboxConnection:
 /// The steps of [`AsyncInboxConnection`], each backend's on its own async
 /// connection (as `Internals` is to `InboxBackend`).
 pub(crate) trait AsyncInternals:
-    AsyncConnection<Backend: InboxBackend> + AsyncMigration + Send
+    AsyncConnection<Backend: InboxBackend> + AsyncMigration + AsyncStatements + Send
 {
     /// Opens a transaction, or a savepoint inside the caller's.
     fn inbox_begin(&mut self) -> impl Future<Output = Result<Scope, (Scope, Error)>> + Send;
@@ -92,37 +92,35 @@ pub(crate) trait AsyncInternals:
         fingerprints: Option<&[&[u8]]>,
     ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
 
-    /// The fingerprints and stored results of those of `keys` that have a
-    /// row, in the claim's transaction.
+    /// Commits (through the backend's guarded commit at top level) or
+    /// releases the savepoint; a failed top-level commit is rolled back.
+    fn inbox_commit(&mut self, scope: Scope) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Rolls back the innermost transaction or savepoint, if one is open.
+    fn inbox_rollback(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// The sync `Statements` on a diesel-async connection: one
+/// blanket implementation for the connections whose transactions are
+/// diesel-async's `AnsiTransactionManager` (PostgreSQL, MySQL/MariaDB),
+/// its bounds stated per backend as the sync one's are (loads through
+/// `LoadOnAsync`, boxed: rustc cannot prove a load's future `Send`
+/// through lifetime-bound where-clauses, so it is proved once, there).
+/// SQLite's async connection implements it by handing the sync
+/// statements to its blocking thread.
+pub(crate) trait AsyncStatements: AsyncConnection + Send {
+    /// Runs one outbox operation.
+    fn inbox_outbox(
+        &mut self,
+        op: super::outbox::Op,
+    ) -> impl Future<Output = QueryResult<super::outbox::Answer>> + Send;
+    /// The fingerprints and stored results of those of `keys` that have
+    /// a row, in the claim's transaction.
     fn inbox_stored(
         &mut self,
         consumer: &str,
         keys: &[&str],
     ) -> impl Future<Output = QueryResult<Vec<StoredRow>>> + Send;
-
-    /// The failure count of `(consumer, key)`.
-    fn inbox_attempts(
-        &mut self,
-        consumer: &str,
-        key: &str,
-    ) -> impl Future<Output = QueryResult<Option<AttemptsRow>>> + Send;
-
-    /// Deletes the failure count of `(consumer, key)`.
-    fn inbox_clear_attempts(
-        &mut self,
-        consumer: &str,
-        key: &str,
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
-
-    /// Adds one failure to the count of `(consumer, key)`, in the caller's
-    /// transaction.
-    fn inbox_count_failure(
-        &mut self,
-        consumer: &str,
-        key: &str,
-        error: &str,
-    ) -> impl Future<Output = QueryResult<()>> + Send;
-
     /// Writes the body's value into the row just claimed.
     fn inbox_store_result(
         &mut self,
@@ -130,63 +128,60 @@ pub(crate) trait AsyncInternals:
         key: &str,
         value: &[u8],
     ) -> impl Future<Output = QueryResult<()>> + Send;
-
-    /// Commits (through the backend's guarded commit at top level) or
-    /// releases the savepoint; a failed top-level commit is rolled back.
-    fn inbox_commit(&mut self, scope: Scope) -> impl Future<Output = QueryResult<()>> + Send;
-
-    /// Rolls back the innermost transaction or savepoint, if one is open.
-    fn inbox_rollback(&mut self) -> impl Future<Output = ()> + Send;
-
-    /// Runs one outbox operation (`backend::outbox`).
-    fn inbox_outbox(
+    /// The failure count of `(consumer, key)`.
+    fn inbox_attempts(
         &mut self,
-        op: super::outbox::Op,
-    ) -> impl Future<Output = QueryResult<super::outbox::Answer>> + Send;
-
-    /// One purge batch's statements, in the caller's transaction: the rows
-    /// deleted.
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<Option<AttemptsRow>>> + Send;
+    /// Deletes the failure count of `(consumer, key)`.
+    fn inbox_clear_attempts(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+    /// Adds one failure to the count of `(consumer, key)`, in the
+    /// caller's transaction.
+    fn inbox_count_failure(
+        &mut self,
+        consumer: &str,
+        key: &str,
+        error: &str,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+    /// One purge batch's statements, in the caller's transaction.
     fn inbox_purge_batch(
         &mut self,
         cutoff: String,
         consumer: Option<String>,
         limit: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
-
     /// How many rows are older than `cutoff`.
     fn inbox_count_older(
         &mut self,
         cutoff: String,
         consumer: Option<String>,
     ) -> impl Future<Output = QueryResult<i64>> + Send;
-
     /// The row of `(consumer, key)`.
     fn inbox_entry(
         &mut self,
         consumer: &str,
         key: &str,
     ) -> impl Future<Output = QueryResult<Option<InboxEntry>>> + Send;
-
-    /// Deletes the row of `(consumer, key)`; whether there was one.
+    /// Deletes the row of `(consumer, key)` and its failure count.
     fn inbox_forget(
         &mut self,
         consumer: &str,
         key: &str,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
-
     /// Rows, oldest and newest per consumer.
     fn inbox_stats(&mut self) -> impl Future<Output = QueryResult<Vec<ConsumerStats>>> + Send;
-
-    /// Deletes the failure counts (of `consumer`, or of all) last updated
-    /// before `cutoff`.
+    /// Deletes the failure counts last updated before `cutoff`.
     fn inbox_purge_attempts(
         &mut self,
         cutoff: &str,
         consumer: Option<&str>,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
-
-    /// The failure counts of at least `min_failures` (of `consumer`, or of
-    /// all), the latest first, at most `limit`.
+    /// The failure counts of at least `min_failures`, the latest first.
     fn inbox_failing(
         &mut self,
         consumer: Option<&str>,

@@ -24,124 +24,6 @@ use diesel::sql_types::{HasSqlType, Text};
 #[cfg(feature = "_counted-claim")]
 use diesel::RunQueryDsl;
 
-/// Stamps out, inside an `impl AsyncInboxConnection` of a diesel-async
-/// connection with `AnsiTransactionManager` (PostgreSQL, MySQL/MariaDB),
-/// the methods whose body is a call of the async executor
-/// (`backend::execute::asynchronous`). Only the signatures are here.
-#[cfg(all(feature = "async", feature = "_server-backend"))]
-macro_rules! async_ops {
-    () => {
-        async fn inbox_outbox(
-            &mut self,
-            op: crate::backend::outbox::Op,
-        ) -> QueryResult<crate::backend::outbox::Answer> {
-            crate::backend::outbox::run_async(self, op).await
-        }
-
-        async fn inbox_purge_batch(
-            &mut self,
-            cutoff: String,
-            scope: Option<String>,
-            limit: i64,
-        ) -> QueryResult<usize> {
-            crate::backend::execute::asynchronous::purge_batch(
-                self,
-                &cutoff,
-                scope.as_deref(),
-                limit,
-            )
-            .await
-        }
-
-        async fn inbox_count_older(
-            &mut self,
-            cutoff: String,
-            scope: Option<String>,
-        ) -> QueryResult<i64> {
-            crate::backend::execute::asynchronous::count_older(self, &cutoff, scope.as_deref())
-                .await
-        }
-
-        async fn inbox_entry(
-            &mut self,
-            consumer_name: &str,
-            key: &str,
-        ) -> QueryResult<Option<crate::rows::InboxEntry>> {
-            crate::backend::execute::asynchronous::entry(self, consumer_name, key).await
-        }
-
-        async fn inbox_forget(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
-            crate::backend::execute::asynchronous::forget(self, consumer_name, key).await
-        }
-
-        async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::rows::ConsumerStats>> {
-            crate::backend::execute::asynchronous::stats(self).await
-        }
-
-        async fn inbox_purge_attempts(
-            &mut self,
-            cutoff: &str,
-            consumer_name: Option<&str>,
-        ) -> QueryResult<usize> {
-            crate::backend::execute::asynchronous::purge_attempts(self, cutoff, consumer_name).await
-        }
-
-        async fn inbox_failing(
-            &mut self,
-            consumer_name: Option<&str>,
-            min_failures: i32,
-            limit: i64,
-        ) -> QueryResult<Vec<crate::rows::FailingRow>> {
-            crate::backend::execute::asynchronous::failing(self, consumer_name, min_failures, limit)
-                .await
-        }
-
-        async fn inbox_stored(
-            &mut self,
-            consumer_name: &str,
-            keys: &[&str],
-        ) -> QueryResult<Vec<crate::rows::StoredRow>> {
-            crate::backend::execute::asynchronous::stored(self, consumer_name, keys).await
-        }
-
-        async fn inbox_store_result(
-            &mut self,
-            consumer_name: &str,
-            key: &str,
-            value: &[u8],
-        ) -> QueryResult<()> {
-            crate::backend::execute::asynchronous::store_result(self, consumer_name, key, value)
-                .await
-        }
-
-        async fn inbox_attempts(
-            &mut self,
-            consumer_name: &str,
-            key: &str,
-        ) -> QueryResult<Option<crate::rows::AttemptsRow>> {
-            crate::backend::execute::asynchronous::attempts(self, consumer_name, key).await
-        }
-
-        async fn inbox_clear_attempts(
-            &mut self,
-            consumer_name: &str,
-            key: &str,
-        ) -> QueryResult<usize> {
-            crate::backend::execute::asynchronous::clear_attempts(self, consumer_name, key).await
-        }
-
-        async fn inbox_count_failure(
-            &mut self,
-            consumer_name: &str,
-            key: &str,
-            error: &str,
-        ) -> QueryResult<()> {
-            crate::backend::execute::asynchronous::count_failure(self, consumer_name, key, error)
-                .await
-        }
-    };
-}
-
 /// The single claim: whether the row was inserted (the caller owns the
 /// message) or was there already.
 #[cfg(feature = "_counted-claim")]
@@ -479,29 +361,27 @@ where
 }
 
 /// The same steps on a diesel-async connection.
-#[cfg(all(feature = "async", feature = "_server-backend"))]
+#[cfg(all(feature = "async", feature = "_any-backend"))]
 pub(crate) mod asynchronous {
-    use super::st::{self, CLAIM_CHUNK};
+    use super::st::{self, Io, LoadOnAsync, CLAIM_CHUNK};
     #[cfg(feature = "mysql")]
     use super::st::{Fingerprinted, Plain};
-    use super::Internals as InboxBackend;
+    use crate::backend::asynchronous::AsyncStatements;
+    use crate::backend::outbox::{
+        Answer, ClaimedRow, DeadRow, Enqueue, MarkerRow, Op, SeqRow, StatusRow, Stmt,
+    };
+    use crate::backend::Internals;
     use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
+    use diesel::query_builder::{QueryFragment, QueryId};
     use diesel::result::QueryResult;
-    use diesel::OptionalExtension;
-    use diesel_async::methods::{ExecuteDsl, LoadQuery};
+    use diesel::serialize::ToSql;
+    use diesel::sql_types::{HasSqlType, Text};
+    #[cfg(feature = "mysql")]
+    use diesel_async::methods::ExecuteDsl;
+    #[cfg(feature = "mysql")]
+    use diesel_async::methods::LoadQuery;
     use diesel_async::{AsyncConnection, RunQueryDsl};
     use std::future::Future;
-    use std::pin::Pin;
-
-    /// A statement's run on an async connection, boxed where it loads
-    /// rows: the backends' `AsyncInboxConnection` futures must be `Send`,
-    /// and rustc cannot prove that through a load's lifetime-bound
-    /// where-clauses (it erases the lifetimes when it checks auto traits);
-    /// a boxed `dyn Future + Send` is checked here, where the bounds hold.
-    /// The statements that only execute (the claim, the stored result's
-    /// update, deletes) are plain `async fn`s: no allocation on the
-    /// message path.
-    pub(crate) type Io<'q, T> = Pin<Box<dyn Future<Output = QueryResult<T>> + Send + 'q>>;
 
     #[cfg(feature = "mysql")]
     pub(crate) async fn claim<'q, C>(
@@ -566,226 +446,199 @@ pub(crate) mod asynchronous {
         })
     }
 
-    pub(crate) fn stored<'q, C>(
-        conn: &'q mut C,
-        consumer: &'q str,
-        keys: &'q [&'q str],
-    ) -> Io<'q, Vec<StoredRow>>
-    where
-        C: AsyncConnection + Send,
-        st::Side<st::stored<'q>>: LoadQuery<'q, C, StoredRow>,
-    {
-        Box::pin(async move {
-            let mut rows = Vec::with_capacity(keys.len());
-            for chunk in keys.chunks(CLAIM_CHUNK) {
-                rows.extend(
-                    st::Side(st::stored(consumer, st::owned(chunk)))
-                        .load::<StoredRow>(conn)
-                        .await?,
-                );
-            }
-            Ok(rows)
-        })
+    /// The first row, if any.
+    fn first<U>(rows: Vec<U>) -> Option<U> {
+        rows.into_iter().next()
     }
 
-    pub(crate) async fn store_result<'q, C>(
-        conn: &mut C,
-        consumer: &'q str,
-        key: &'q str,
-        value: &'q [u8],
-    ) -> QueryResult<()>
+    impl<C, B> AsyncStatements for C
     where
-        C: AsyncConnection + Send,
-        st::Side<st::store_result<'q>>: ExecuteDsl<C>,
+        C: AsyncConnection<Backend = B> + Send,
+        B: Internals + HasSqlType<Text>,
+        for<'a> &'a str: ToSql<Text, B>,
+        Stmt: QueryFragment<B>
+            + QueryId
+            + LoadOnAsync<B, ClaimedRow>
+            + LoadOnAsync<B, StatusRow>
+            + LoadOnAsync<B, DeadRow>
+            + LoadOnAsync<B, SeqRow>,
+        Enqueue: QueryFragment<B> + QueryId + LoadOnAsync<B, MarkerRow>,
+        for<'a> st::Side<st::stored<'a>>: LoadOnAsync<B, StoredRow>,
+        for<'a> st::Side<st::store_result<'a>>: QueryFragment<B> + QueryId + Send,
+        for<'a> st::Side<st::attempts<'a>>: LoadOnAsync<B, AttemptsRow>,
+        for<'a> st::Side<st::clear_attempts<'a>>: QueryFragment<B> + QueryId + Send,
+        for<'a> st::CountFailure<'a, B>: QueryFragment<B> + QueryId + Send,
+        st::oldest: LoadOnAsync<B, (String, String)>,
+        for<'a> st::oldest_of<'a>: LoadOnAsync<B, (String, String)>,
+        st::delete_older: QueryFragment<B> + QueryId + Send,
+        st::count_older: LoadOnAsync<B, i64>,
+        for<'a> st::count_older_of<'a>: LoadOnAsync<B, i64>,
+        for<'a> st::entry<'a>: LoadOnAsync<B, (String, String, i64)>,
+        for<'a> st::forget<'a>: QueryFragment<B> + QueryId + Send,
+        for<'a> st::clear_attempts<'a>: QueryFragment<B> + QueryId + Send,
+        st::stats: LoadOnAsync<B, (String, i64, i64, i64)>,
+        st::delete_attempts_older: QueryFragment<B> + QueryId + Send,
+        for<'a> st::delete_attempts_older_of<'a>: QueryFragment<B> + QueryId + Send,
+        st::failing: LoadOnAsync<B, FailingRow>,
+        for<'a> st::failing_of<'a>: LoadOnAsync<B, FailingRow>,
     {
-        st::Side(st::store_result(consumer, key, value))
-            .execute(conn)
-            .await
-            .and_then(st::stored_one)
-    }
+        async fn inbox_outbox(&mut self, op: Op) -> QueryResult<Answer> {
+            crate::backend::outbox::run_async(self, op).await
+        }
 
-    pub(crate) fn attempts<'q, C>(
-        conn: &'q mut C,
-        consumer: &'q str,
-        key: &'q str,
-    ) -> Io<'q, Option<AttemptsRow>>
-    where
-        C: AsyncConnection<Backend: InboxBackend> + Send,
-        st::Side<st::attempts<'q>>: LoadQuery<'q, C, AttemptsRow>,
-    {
-        Box::pin(async move {
-            let micros = <C::Backend as crate::backend::Internals>::UPDATED_AT_MICROS;
-            st::Side(st::attempts(consumer, key, micros))
-                .get_result(conn)
+        async fn inbox_stored(
+            &mut self,
+            consumer: &str,
+            keys: &[&str],
+        ) -> QueryResult<Vec<StoredRow>> {
+            let rows: Io<'_, Vec<StoredRow>> = Box::pin(async move {
+                let mut rows = Vec::with_capacity(keys.len());
+                for chunk in keys.chunks(CLAIM_CHUNK) {
+                    let side = st::Side(st::stored(consumer, st::owned(chunk)));
+                    rows.extend(side.load_on_async(self).await?);
+                }
+                Ok(rows)
+            });
+            rows.await
+        }
+
+        async fn inbox_store_result(
+            &mut self,
+            consumer: &str,
+            key: &str,
+            value: &[u8],
+        ) -> QueryResult<()> {
+            st::Side(st::store_result(consumer, key, value))
+                .execute(self)
                 .await
-                .optional()
-        })
-    }
+                .and_then(st::stored_one)
+        }
 
-    pub(crate) async fn clear_attempts<'q, C>(
-        conn: &mut C,
-        consumer: &'q str,
-        key: &'q str,
-    ) -> QueryResult<usize>
-    where
-        C: AsyncConnection + Send,
-        st::Side<st::clear_attempts<'q>>: ExecuteDsl<C>,
-    {
-        st::Side(st::clear_attempts(consumer, key))
-            .execute(conn)
-            .await
-    }
+        async fn inbox_attempts(
+            &mut self,
+            consumer: &str,
+            key: &str,
+        ) -> QueryResult<Option<AttemptsRow>> {
+            let micros = B::UPDATED_AT_MICROS;
+            let rows = st::Side(st::attempts(consumer, key, micros)).load_on_async(self);
+            rows.await.map(first)
+        }
 
-    pub(crate) fn count_failure<'q, C>(
-        conn: &'q mut C,
-        consumer: &'q str,
-        key: &'q str,
-        error: &'q str,
-    ) -> Io<'q, ()>
-    where
-        C: AsyncConnection<Backend: InboxBackend> + Send,
-        st::CountFailure<'q, C::Backend>: ExecuteDsl<C>,
-        C::Backend: diesel::sql_types::HasSqlType<diesel::sql_types::Text>,
-        &'q str: diesel::serialize::ToSql<diesel::sql_types::Text, C::Backend>,
-    {
-        Box::pin(async move {
-            st::count_failure::<C::Backend>(consumer, key, error)
-                .execute(conn)
+        async fn inbox_clear_attempts(&mut self, consumer: &str, key: &str) -> QueryResult<usize> {
+            st::Side(st::clear_attempts(consumer, key))
+                .execute(self)
+                .await
+        }
+
+        async fn inbox_count_failure(
+            &mut self,
+            consumer: &str,
+            key: &str,
+            error: &str,
+        ) -> QueryResult<()> {
+            st::count_failure::<B>(consumer, key, error)
+                .execute(self)
                 .await
                 .map(drop)
-        })
-    }
+        }
 
-    pub(crate) fn purge_batch<'q, C>(
-        conn: &'q mut C,
-        cutoff: &'q str,
-        consumer: Option<&'q str>,
-        limit: i64,
-    ) -> Io<'q, usize>
-    where
-        C: AsyncConnection + Send,
-        st::oldest: LoadQuery<'q, C, (String, String)>,
-        st::oldest_of<'q>: LoadQuery<'q, C, (String, String)>,
-        st::delete_older: ExecuteDsl<C>,
-    {
-        Box::pin(async move {
-            let rows = match consumer {
-                Some(name) => st::oldest_of(cutoff, name, limit).load(conn).await?,
-                None => st::oldest(cutoff, limit).load(conn).await?,
-            };
-            let mut deleted = 0;
-            for (name, keys) in st::purge_plan(rows) {
-                deleted += st::delete_older(cutoff, name, keys).execute(conn).await?;
-            }
-            Ok(deleted)
-        })
-    }
+        fn inbox_purge_batch(
+            &mut self,
+            cutoff: String,
+            consumer: Option<String>,
+            limit: i64,
+        ) -> impl Future<Output = QueryResult<usize>> + Send {
+            let deleted: Io<'_, usize> = Box::pin(async move {
+                let rows = match consumer.as_deref() {
+                    Some(name) => {
+                        st::oldest_of(&cutoff, name, limit)
+                            .load_on_async(self)
+                            .await?
+                    }
+                    None => st::oldest(&cutoff, limit).load_on_async(self).await?,
+                };
+                let mut deleted = 0;
+                for (name, keys) in st::purge_plan(rows) {
+                    deleted += st::delete_older(&cutoff, name, keys).execute(self).await?;
+                }
+                Ok(deleted)
+            });
+            deleted
+        }
 
-    pub(crate) fn count_older<'q, C>(
-        conn: &'q mut C,
-        cutoff: &'q str,
-        consumer: Option<&'q str>,
-    ) -> Io<'q, i64>
-    where
-        C: AsyncConnection + Send,
-        st::count_older: LoadQuery<'q, C, i64>,
-        st::count_older_of<'q>: LoadQuery<'q, C, i64>,
-    {
-        Box::pin(async move {
-            match consumer {
-                Some(name) => st::count_older_of(cutoff, name).get_result(conn).await,
-                None => st::count_older(cutoff).get_result(conn).await,
-            }
-        })
-    }
+        fn inbox_count_older(
+            &mut self,
+            cutoff: String,
+            consumer: Option<String>,
+        ) -> impl Future<Output = QueryResult<i64>> + Send {
+            let count: Io<'_, i64> = Box::pin(async move {
+                let rows = match consumer.as_deref() {
+                    Some(name) => {
+                        st::count_older_of(&cutoff, name)
+                            .load_on_async(self)
+                            .await?
+                    }
+                    None => st::count_older(&cutoff).load_on_async(self).await?,
+                };
+                first(rows).ok_or(diesel::result::Error::NotFound)
+            });
+            count
+        }
 
-    pub(crate) fn entry<'q, C>(
-        conn: &'q mut C,
-        consumer: &'q str,
-        key: &'q str,
-    ) -> Io<'q, Option<InboxEntry>>
-    where
-        C: AsyncConnection<Backend: InboxBackend> + Send,
-        st::entry<'q>: LoadQuery<'q, C, (String, String, i64)>,
-    {
-        Box::pin(async move {
-            let micros = <C::Backend as crate::backend::Internals>::RECEIVED_AT_MICROS;
-            let row = st::entry(consumer, key, micros)
-                .get_result(conn)
-                .await
-                .optional()?;
-            Ok(row.map(rows::entry))
-        })
-    }
+        async fn inbox_entry(
+            &mut self,
+            consumer: &str,
+            key: &str,
+        ) -> QueryResult<Option<InboxEntry>> {
+            let micros = B::RECEIVED_AT_MICROS;
+            let rows = st::entry(consumer, key, micros).load_on_async(self);
+            Ok(first(rows.await?).map(rows::entry))
+        }
 
-    pub(crate) fn forget<'q, C>(conn: &'q mut C, consumer: &'q str, key: &'q str) -> Io<'q, bool>
-    where
-        C: AsyncConnection + Send,
-        st::forget<'q>: ExecuteDsl<C>,
-        st::clear_attempts<'q>: ExecuteDsl<C>,
-    {
-        Box::pin(async move {
-            let applied = st::forget(consumer, key).execute(conn).await?;
-            let counted = st::clear_attempts(consumer, key).execute(conn).await?;
+        async fn inbox_forget(&mut self, consumer: &str, key: &str) -> QueryResult<bool> {
+            let applied = st::forget(consumer, key).execute(self).await?;
+            let counted = st::clear_attempts(consumer, key).execute(self).await?;
             Ok(applied + counted > 0)
-        })
-    }
+        }
 
-    pub(crate) fn purge_attempts<'q, C>(
-        conn: &'q mut C,
-        cutoff: &'q str,
-        consumer: Option<&'q str>,
-    ) -> Io<'q, usize>
-    where
-        C: AsyncConnection<Backend: InboxBackend> + Send,
-        st::delete_attempts_older: ExecuteDsl<C>,
-        st::delete_attempts_older_of<'q>: ExecuteDsl<C>,
-    {
-        Box::pin(async move {
+        fn inbox_stats(&mut self) -> impl Future<Output = QueryResult<Vec<ConsumerStats>>> + Send {
+            let stats: Io<'_, Vec<ConsumerStats>> = Box::pin(async move {
+                let (oldest, newest) = st::stats_bounds::<B>();
+                let rows = st::stats(&oldest, &newest).load_on_async(self).await?;
+                Ok(rows.into_iter().map(rows::consumer_stats).collect())
+            });
+            stats
+        }
+
+        async fn inbox_purge_attempts(
+            &mut self,
+            cutoff: &str,
+            consumer: Option<&str>,
+        ) -> QueryResult<usize> {
             match consumer {
                 Some(consumer) => {
                     st::delete_attempts_older_of(cutoff, consumer)
-                        .execute(conn)
+                        .execute(self)
                         .await
                 }
-                None => st::delete_attempts_older(cutoff).execute(conn).await,
+                None => st::delete_attempts_older(cutoff).execute(self).await,
             }
-        })
-    }
+        }
 
-    pub(crate) fn failing<'q, C>(
-        conn: &'q mut C,
-        consumer: Option<&'q str>,
-        min_failures: i32,
-        limit: i64,
-    ) -> Io<'q, Vec<FailingRow>>
-    where
-        C: AsyncConnection<Backend: InboxBackend> + Send,
-        st::failing: LoadQuery<'q, C, FailingRow>,
-        st::failing_of<'q>: LoadQuery<'q, C, FailingRow>,
-    {
-        Box::pin(async move {
-            let micros = <C::Backend as crate::backend::Internals>::UPDATED_AT_MICROS;
-            match consumer {
+        async fn inbox_failing(
+            &mut self,
+            consumer: Option<&str>,
+            min_failures: i32,
+            limit: i64,
+        ) -> QueryResult<Vec<FailingRow>> {
+            let micros = B::UPDATED_AT_MICROS;
+            let rows = match consumer {
                 Some(consumer) => {
-                    st::failing_of(consumer, min_failures, micros, limit)
-                        .load(conn)
-                        .await
+                    st::failing_of(consumer, min_failures, micros, limit).load_on_async(self)
                 }
-                None => st::failing(min_failures, micros, limit).load(conn).await,
-            }
-        })
-    }
-
-    pub(crate) fn stats<'q, C>(conn: &'q mut C) -> Io<'q, Vec<ConsumerStats>>
-    where
-        C: AsyncConnection<Backend: InboxBackend> + Send,
-        st::stats: LoadQuery<'q, C, (String, i64, i64, i64)>,
-    {
-        Box::pin(async move {
-            let (oldest, newest) = st::stats_bounds::<C::Backend>();
-            let rows = st::stats(&oldest, &newest).load(conn).await?;
-            Ok(rows.into_iter().map(rows::consumer_stats).collect())
-        })
+                None => st::failing(min_failures, micros, limit).load_on_async(self),
+            };
+            rows.await
+        }
     }
 }

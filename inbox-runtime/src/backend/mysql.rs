@@ -528,8 +528,6 @@ mod asynchronous {
         async fn inbox_rollback(&mut self) {
             ansi::rollback_unless_ended(self, super::ended_by_server).await
         }
-
-        async_ops!();
     }
 
     impl AsyncMigration for AsyncMysqlConnection {

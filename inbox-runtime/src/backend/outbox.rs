@@ -7,6 +7,8 @@
 // Without a backend feature nothing runs these.
 #![cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 
+#[cfg(all(feature = "async", feature = "_any-backend"))]
+use super::statements::LoadOnAsync;
 use super::statements::{ExecuteOn, LoadOn};
 use super::Internals;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
@@ -518,35 +520,40 @@ where
 
 /// Runs `op` on a diesel-async connection (PostgreSQL, MySQL/MariaDB;
 /// SQLite's async connection hands [`run`] to its blocking thread).
-#[cfg(all(feature = "async", feature = "_server-backend"))]
+#[cfg(all(feature = "async", feature = "_any-backend"))]
 pub(crate) async fn run_async<C>(conn: &mut C, op: Op) -> QueryResult<Answer>
 where
     C: diesel_async::AsyncConnection<Backend: Internals> + Send,
-    Stmt: diesel_async::methods::ExecuteDsl<C>,
-    Enqueue: diesel_async::methods::ExecuteDsl<C>,
-    for<'a> Stmt: diesel_async::methods::LoadQuery<'a, C, ClaimedRow>
-        + diesel_async::methods::LoadQuery<'a, C, StatusRow>
-        + diesel_async::methods::LoadQuery<'a, C, DeadRow>
-        + diesel_async::methods::LoadQuery<'a, C, SeqRow>,
-    for<'a> Enqueue: diesel_async::methods::LoadQuery<'a, C, MarkerRow>,
+    Stmt: QueryFragment<C::Backend>
+        + QueryId
+        + LoadOnAsync<C::Backend, ClaimedRow>
+        + LoadOnAsync<C::Backend, StatusRow>
+        + LoadOnAsync<C::Backend, DeadRow>
+        + LoadOnAsync<C::Backend, SeqRow>,
+    Enqueue: QueryFragment<C::Backend> + QueryId + LoadOnAsync<C::Backend, MarkerRow>,
 {
     use diesel_async::RunQueryDsl;
     Ok(match plan::<C::Backend>(op) {
         Plan::Execute(stmt) => Answer::Count(stmt.execute(conn).await?),
-        Plan::Enqueue(row) if C::Backend::GUARDED => enqueued(&Enqueue(row).load(conn).await?)?,
+        Plan::Enqueue(row) if C::Backend::GUARDED => {
+            enqueued(&Enqueue(row).load_on_async(conn).await?)?
+        }
         Plan::Enqueue(row) => Answer::Count(Enqueue(row).execute(conn).await?),
         Plan::Claim(select, hold) => {
-            let rows: Vec<ClaimedRow> = select.load(conn).await?;
+            let rows: Vec<ClaimedRow> = select.load_on_async(conn).await?;
             if let Some(update) = hold.of::<C::Backend>(&rows) {
                 update.execute(conn).await?;
             }
             Answer::Claimed(rows)
         }
-        Plan::Status(stmt) => Answer::Status(stmt.load(conn).await?),
-        Plan::Dead(stmt) => Answer::Dead(stmt.load(conn).await?),
-        Plan::Purge(select) => match purge(&select.load::<SeqRow>(conn).await?) {
-            Some(delete) => Answer::Count(delete.execute(conn).await?),
-            None => Answer::Count(0),
-        },
+        Plan::Status(stmt) => Answer::Status(stmt.load_on_async(conn).await?),
+        Plan::Dead(stmt) => Answer::Dead(stmt.load_on_async(conn).await?),
+        Plan::Purge(select) => {
+            let rows = LoadOnAsync::<C::Backend, SeqRow>::load_on_async(select, conn).await?;
+            match purge(&rows) {
+                Some(delete) => Answer::Count(delete.execute(conn).await?),
+                None => Answer::Count(0),
+            }
+        }
     })
 }

@@ -805,8 +805,6 @@ mod asynchronous {
         async fn inbox_rollback(&mut self) {
             ansi::rollback(self).await
         }
-
-        async_ops!();
     }
 
     impl AsyncMigration for AsyncPgConnection {

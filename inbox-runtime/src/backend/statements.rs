@@ -524,3 +524,41 @@ where
         diesel::query_dsl::methods::ExecuteDsl::execute(self, conn)
     }
 }
+
+/// A boxed, `Send` future of a statement's run on an async connection.
+#[cfg(feature = "async")]
+pub(crate) type Io<'q, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = QueryResult<T>> + Send + 'q>>;
+
+/// [`LoadOn`] on a diesel-async connection: diesel-async's `LoadQuery`
+/// bounds stated once for the backend. Its future is boxed: rustc cannot
+/// prove a load's future `Send` through lifetime-bound where-clauses (it
+/// erases the lifetimes when it checks auto traits), so it is proved here,
+/// once, where the bounds hold.
+#[cfg(feature = "async")]
+pub(crate) trait LoadOnAsync<B, U>: Sized {
+    /// Runs the query on `conn`: its rows.
+    fn load_on_async<'c, C>(self, conn: &'c mut C) -> Io<'c, Vec<U>>
+    where
+        C: diesel_async::AsyncConnection<Backend = B> + Send,
+        Self: 'c;
+}
+
+#[cfg(feature = "async")]
+impl<T, B, U, ST> LoadOnAsync<B, U> for T
+where
+    T: diesel::query_builder::AsQuery + Send,
+    T::Query: QueryFragment<B> + QueryId + Send,
+    T::SqlType: diesel::query_dsl::CompatibleType<U, B, SqlType = ST>,
+    B: diesel::backend::Backend + diesel::expression::QueryMetadata<T::SqlType> + 'static,
+    U: diesel::deserialize::FromSqlRow<ST, B> + Send + 'static,
+    ST: 'static,
+{
+    fn load_on_async<'c, C>(self, conn: &'c mut C) -> Io<'c, Vec<U>>
+    where
+        C: diesel_async::AsyncConnection<Backend = B> + Send,
+        Self: 'c,
+    {
+        Box::pin(diesel_async::RunQueryDsl::load(self, conn))
+    }
+}
