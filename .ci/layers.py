@@ -25,7 +25,7 @@ LAYERS = [
     ("engine", ("options", "claim", "engine", "retry", "registry", "observe", "telemetry")),
     ("backends", (
         "backend::postgres", "backend::mysql", "backend::sqlite",
-        "backend::asynchronous", "backend::transaction", "backend::execute", "backend::outbox",
+        "backend::execute", "backend::asynchronous", "backend::transaction", "backend::outbox",
         "backend::statements", "backend", "backend::shape",
     )),
     ("ground", (

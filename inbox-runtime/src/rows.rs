@@ -130,7 +130,7 @@ pub(crate) fn from_micros(micros: i64) -> SystemTime {
 }
 
 /// A row of the statements, to an entry.
-#[cfg(feature = "_any-backend")]
+#[cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 pub(crate) fn entry((consumer, key, micros): (String, String, i64)) -> InboxEntry {
     InboxEntry {
         consumer,
@@ -140,7 +140,7 @@ pub(crate) fn entry((consumer, key, micros): (String, String, i64)) -> InboxEntr
 }
 
 /// A row of the statements, to a consumer's stats.
-#[cfg(feature = "_any-backend")]
+#[cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 pub(crate) fn consumer_stats(
     (consumer, rows, oldest, newest): (String, i64, i64, i64),
 ) -> ConsumerStats {

@@ -6,6 +6,8 @@
 //! shared decision (`statements::missing`, `statements::purge_plan`,
 //! `statements::stored_one`). A backend's own steps (its claims, catalog,
 //! locks) are its `Internals`.
+// Without a backend feature nothing runs these.
+#![cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 
 use super::outbox::{Answer, ClaimedRow, DeadRow, Enqueue, MarkerRow, Op, SeqRow, StatusRow, Stmt};
 use super::statements::{self as st, ExecuteOn, LoadOn, CLAIM_CHUNK};

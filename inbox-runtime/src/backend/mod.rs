@@ -11,8 +11,6 @@ use transaction::Scope;
 #[cfg(feature = "async")]
 pub(crate) mod asynchronous;
 pub(crate) mod errors;
-#[cfg(feature = "_any-backend")]
-#[macro_use]
 pub(crate) mod execute;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -22,11 +20,9 @@ mod postgres;
 pub(crate) mod shape;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-#[cfg(feature = "_any-backend")]
 pub(crate) mod statements;
 pub(crate) mod transaction;
 
-#[cfg(feature = "_any-backend")]
 pub(crate) use execute::Statements;
 pub(crate) use shape::Catalog;
 

@@ -6,6 +6,8 @@
 //! `received_at` expression). The decisions between statements (which keys
 //! a lookup found missing, how a purge batch's rows group into deletes) are
 //! plain functions here too, so that both executors share them.
+// Without a backend feature nothing runs these.
+#![cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 
 use super::Internals;
 use crate::schema::{inbox_attempts as counts, inbox_messages as inbox};
