@@ -453,9 +453,18 @@ pub(crate) mod asynchronous {
         rows.into_iter().next()
     }
 
+    /// The async connections that run the statements themselves
+    /// (`AsyncPgConnection`, `AsyncMysqlConnection`): the blanket
+    /// implementation below is theirs. SQLite's `SyncConnectionWrapper`
+    /// implements [`AsyncStatements`] by running the sync `Statements`
+    /// whole on its blocking thread. (A marker on the connection: coherence
+    /// does not tell the two implementations apart by the connections'
+    /// associated `Backend` or `TransactionManager`.)
+    pub(crate) trait RunsStatements {}
+
     impl<C, B> AsyncStatements for C
     where
-        C: AsyncConnection<Backend = B> + Send,
+        C: RunsStatements + AsyncConnection<Backend = B> + Send,
         B: Internals + HasSqlType<Text>,
         for<'a> &'a str: ToSql<Text, B>,
         Stmt: QueryFragment<B>

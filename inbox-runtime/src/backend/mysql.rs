@@ -484,6 +484,8 @@ mod asynchronous {
     use crate::backend::transaction::{ansi, Scope};
     use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
 
+    impl crate::backend::execute::asynchronous::RunsStatements for AsyncMysqlConnection {}
+
     impl AsyncInboxConnection for AsyncMysqlConnection {}
 
     impl AsyncInternals for AsyncMysqlConnection {

@@ -161,7 +161,10 @@ fn verdict(marker: &str, rows: &[String]) -> QueryResult<Option<bool>> {
 fn present_verdict(rows: &[String]) -> QueryResult<bool> {
     match rows {
         [m] if m == PRESENT => Ok(false),
-        [] => Err(misrouted("returned no row, and the key has no row either")),
+        [] => Err(misrouted(
+            "returned no row, and the key has no row either (unless a forget or a purge \
+             deleted it in between; the broker's redelivery then applies it)",
+        )),
         _ => Err(misrouted("returned rows that are not the claim's")),
     }
 }
@@ -745,6 +748,8 @@ mod asynchronous {
             )
         }
     }
+
+    impl crate::backend::execute::asynchronous::RunsStatements for AsyncPgConnection {}
 
     impl AsyncInboxConnection for AsyncPgConnection {}
 

@@ -284,12 +284,18 @@ mod asynchronous {
     //! the sync step, run on the wrapper's blocking thread (so `BEGIN
     //! IMMEDIATE` takes the write lock up front, as on the sync path). A
     //! step handed to the blocking thread finishes even when the handler's
-    //! future is dropped, so the transaction state stays consistent.
+    //! future is dropped, so the transaction state stays consistent: each
+    //! operation of `AsyncStatements` too is one hop running the sync
+    //! `Statements` whole (one cached, typed statement per step), not one
+    //! hop per statement through diesel-async's own execution, which would
+    //! build each statement's SQL text per call and could stop between two
+    //! statements of one operation.
     use super::*;
     use crate::backend::asynchronous::{
-        AsyncInboxConnection, AsyncInternals, AsyncMigration, BeginClaim,
+        AsyncInboxConnection, AsyncInternals, AsyncMigration, AsyncStatements, BeginClaim,
     };
     use crate::backend::transaction::{self, Scope};
+    use crate::backend::Statements;
     use diesel::SqliteConnection;
     use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
@@ -374,6 +380,144 @@ mod asynchronous {
             if let Err(e) = rolled_back {
                 tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: rollback failed");
             }
+        }
+    }
+
+    impl AsyncStatements for Wrapper {
+        async fn inbox_stored(
+            &mut self,
+            consumer_name: &str,
+            keys: &[&str],
+        ) -> QueryResult<Vec<crate::rows::StoredRow>> {
+            let consumer_name = consumer_name.to_owned();
+            let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+            self.spawn_blocking(move |conn| {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                Sqlite::stored(conn, &consumer_name, &keys)
+            })
+            .await
+        }
+
+        async fn inbox_attempts(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<Option<crate::rows::AttemptsRow>> {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| Sqlite::attempts(conn, &consumer_name, &key))
+                .await
+        }
+
+        async fn inbox_clear_attempts(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<usize> {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| Sqlite::clear_attempts(conn, &consumer_name, &key))
+                .await
+        }
+
+        async fn inbox_count_failure(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+            error: &str,
+        ) -> QueryResult<()> {
+            let (consumer_name, key, error) =
+                (consumer_name.to_owned(), key.to_owned(), error.to_owned());
+            self.spawn_blocking(move |conn| {
+                Sqlite::count_failure(conn, &consumer_name, &key, &error)
+            })
+            .await
+        }
+
+        async fn inbox_store_result(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+            value: &[u8],
+        ) -> QueryResult<()> {
+            let (consumer_name, key, value) =
+                (consumer_name.to_owned(), key.to_owned(), value.to_vec());
+            self.spawn_blocking(move |conn| {
+                Sqlite::store_result(conn, &consumer_name, &key, &value)
+            })
+            .await
+        }
+
+        async fn inbox_outbox(
+            &mut self,
+            op: crate::backend::outbox::Op,
+        ) -> QueryResult<crate::backend::outbox::Answer> {
+            self.spawn_blocking(move |conn| Sqlite::outbox(conn, op))
+                .await
+        }
+
+        async fn inbox_purge_batch(
+            &mut self,
+            cutoff: String,
+            scope: Option<String>,
+            limit: i64,
+        ) -> QueryResult<usize> {
+            self.spawn_blocking(move |conn| {
+                Sqlite::purge_batch(conn, &cutoff, scope.as_deref(), limit)
+            })
+            .await
+        }
+
+        async fn inbox_count_older(
+            &mut self,
+            cutoff: String,
+            scope: Option<String>,
+        ) -> QueryResult<i64> {
+            self.spawn_blocking(move |conn| Sqlite::count_older(conn, &cutoff, scope.as_deref()))
+                .await
+        }
+
+        async fn inbox_entry(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<Option<crate::rows::InboxEntry>> {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| Sqlite::entry(conn, &consumer_name, &key))
+                .await
+        }
+
+        async fn inbox_forget(&mut self, consumer_name: &str, key: &str) -> QueryResult<bool> {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| Sqlite::forget(conn, &consumer_name, &key))
+                .await
+        }
+
+        async fn inbox_stats(&mut self) -> QueryResult<Vec<crate::rows::ConsumerStats>> {
+            self.spawn_blocking(Sqlite::stats).await
+        }
+
+        async fn inbox_purge_attempts(
+            &mut self,
+            cutoff: &str,
+            consumer_name: Option<&str>,
+        ) -> QueryResult<usize> {
+            let (cutoff, consumer_name) = (cutoff.to_owned(), consumer_name.map(str::to_owned));
+            self.spawn_blocking(move |conn| {
+                Sqlite::purge_attempts(conn, &cutoff, consumer_name.as_deref())
+            })
+            .await
+        }
+
+        async fn inbox_failing(
+            &mut self,
+            consumer_name: Option<&str>,
+            min_failures: i32,
+            limit: i64,
+        ) -> QueryResult<Vec<crate::rows::FailingRow>> {
+            let consumer_name = consumer_name.map(str::to_owned);
+            self.spawn_blocking(move |conn| {
+                Sqlite::failing(conn, consumer_name.as_deref(), min_failures, limit)
+            })
+            .await
         }
     }
 
