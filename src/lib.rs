@@ -285,6 +285,9 @@ pub mod outbox;
 
 #[cfg(any(feature = "lapin", feature = "nats"))]
 pub mod brokers;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod http;
 #[cfg(feature = "lapin")]
 pub mod lapin;
 #[cfg(feature = "nats")]

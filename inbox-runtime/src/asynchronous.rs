@@ -89,7 +89,8 @@ where
     let one = options.one::<T, O>(consumer, &key)?;
     let engine = Engine::new(consumer, &key, retries, classify)
         .storing(encoder::<T, O>())
-        .counting(one.max_attempts.and(describe));
+        .counting(one.max_attempts.and(describe))
+        .waiting(one.wait);
     let span = engine.span().clone();
     let ended = drive_one(conn, engine, &one, next_body)
         .instrument(span)
@@ -193,9 +194,21 @@ where
                 run_body(conn, next_body(), counted).await
             }
             Step::Begin => {
-                let (begun, inserted) = conn
-                    .inbox_begin_claim(one.consumer, one.key, one.fingerprint())
-                    .await;
+                let (begun, inserted) = match one.wait {
+                    None => {
+                        conn.inbox_begin_claim(one.consumer, one.key, one.fingerprint())
+                            .await
+                    }
+                    Some(wait) => {
+                        conn.inbox_begin_claim_waiting(
+                            one.consumer,
+                            one.key,
+                            one.fingerprint(),
+                            wait,
+                        )
+                        .await
+                    }
+                };
                 claimed = inserted;
                 Event::Begun(begun)
             }

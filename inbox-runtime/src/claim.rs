@@ -37,6 +37,9 @@ pub(crate) struct One<'a> {
     pub(crate) stored_result: bool,
     /// `max_attempts`: the failures after which the body no longer runs.
     pub(crate) max_attempts: Option<u32>,
+    /// The bound on waiting for an in-flight claim of the same key.
+    #[cfg_attr(not(feature = "async"), allow(dead_code))] // read by the async driver
+    pub(crate) wait: Option<std::time::Duration>,
 }
 
 impl One<'_> {

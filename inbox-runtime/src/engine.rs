@@ -192,6 +192,9 @@ pub(crate) struct Engine<'a, B, T, E, R> {
     enqueues: u64,
     /// Whether the shape check ran in this call.
     shape_checked: bool,
+    /// The bound on waiting for an in-flight claim of the same key, if
+    /// the call set one: its running out is [`InboxError::InFlight`].
+    wait: Option<Duration>,
 }
 
 impl<'a, B, T, E, R> Engine<'a, B, T, E, R>
@@ -220,7 +223,16 @@ where
             telemetry: Telemetry::start(consumer, what),
             enqueues: 0,
             shape_checked: false,
+            wait: None,
         }
+    }
+
+    /// Reports the claim's wait running out under `wait` as
+    /// [`InboxError::InFlight`], never retried (the driver set the bound).
+    #[cfg_attr(not(feature = "async"), allow(dead_code))] // read by the async driver
+    pub(crate) fn waiting(mut self, wait: Option<Duration>) -> Self {
+        self.wait = wait;
+        self
     }
 
     /// Stores the body's value with `encode` before the commit.
@@ -292,11 +304,12 @@ where
                 // Nothing was opened: judge the failure at once.
                 Err((scope, e)) => {
                     self.scope = scope;
-                    self.judge(Failure::Inbox(e))
+                    let failure = self.inbox_failure(e);
+                    self.judge(failure)
                 }
             },
             (State::Claiming, Event::Claimed(claimed)) => {
-                let claimed = claimed.map_err(Failure::Inbox);
+                let claimed = claimed.map_err(|e| self.inbox_failure(e));
                 match (self.shape_checked, claimed) {
                     (false, Ok(claimed)) => {
                         self.go(State::CheckingShape(Some(Ok(claimed))), Step::CheckShape)
@@ -429,6 +442,20 @@ where
                     Step::Rollback,
                 )
             }
+        }
+    }
+
+    /// A failure of the begin or the claim: the wait bound running out
+    /// is a refusal (another call holds the key), any other an error of
+    /// the inbox's own.
+    fn inbox_failure(&self, error: Error) -> Failure<E> {
+        match self.wait {
+            Some(wait) if B::is_wait_timeout(&error) => Failure::Refused(InboxError::InFlight {
+                consumer: self.consumer.into(),
+                key: self.what.into(),
+                wait,
+            }),
+            _ => Failure::Inbox(error),
         }
     }
 

@@ -179,6 +179,22 @@ pub enum InboxError {
         /// The operation refused.
         operation: &'static str,
     },
+    /// Another delivery of this key was still in flight (its claim not
+    /// yet committed or rolled back) when the call's bound on waiting for
+    /// it ran out: the body did not run and nothing was written. Only a
+    /// call with a wait bound (the HTTP front door's
+    /// `Idempotent::wait`) gets it, in place of the backend's lock
+    /// timeout; retry later, when the first has finished (its value is
+    /// then returned, or the body runs if it rolled back).
+    #[error("message {key:?} of consumer {consumer:?} is still being handled by another call: waited {wait:?} for it to commit or roll back; the body did not run")]
+    InFlight {
+        /// The consumer (dedup scope).
+        consumer: Box<str>,
+        /// The message's key.
+        key: Box<str>,
+        /// How long the call waited.
+        wait: std::time::Duration,
+    },
     /// An outgoing message's destination, ordering key, id or header is
     /// not something the outbox can store or a broker can carry; nothing
     /// was written.

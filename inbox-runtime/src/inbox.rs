@@ -83,6 +83,9 @@ pub struct Inbox<'n, N: ?Sized = str, M = Plain, R = ByStatements> {
     retries: Option<u32>,
     classify: R,
     mode: M,
+    /// The bound on waiting for an in-flight claim of the same key
+    /// (async calls only).
+    wait: Option<std::time::Duration>,
 }
 
 impl<N: ?Sized, M, R> std::fmt::Debug for Inbox<'_, N, M, R> {
@@ -103,6 +106,7 @@ impl<'n, N: ConsumerName + ?Sized> Inbox<'n, N> {
             retries: None,
             classify: ByStatements,
             mode: Plain,
+            wait: None,
         }
     }
 }
@@ -111,6 +115,22 @@ impl<'n, N: ?Sized, M, R> Inbox<'n, N, M, R> {
     /// How often a transient failure reruns the transaction (0: never).
     pub fn retries(mut self, retries: u32) -> Self {
         self.retries = Some(retries);
+        self
+    }
+
+    /// Bounds how long the claim waits for another call that holds the
+    /// same key in a transaction not yet ended (async terminals only; a
+    /// sync call with it is refused): when the bound runs out, the call
+    /// fails with [`InboxError::InFlight`] instead of the backend's lock
+    /// timeout, and is not retried. PostgreSQL: the transaction's
+    /// `lock_timeout` during the claim; MySQL/MariaDB: the session's
+    /// `innodb_lock_wait_timeout` during the claim (whole seconds, rounded
+    /// up); SQLite: the connection's busy timeout during its `BEGIN
+    /// IMMEDIATE`. Each is restored after the claim. What the HTTP front
+    /// door's `Idempotent::wait` sets.
+    #[doc(hidden)]
+    pub fn wait(mut self, wait: std::time::Duration) -> Self {
+        self.wait = Some(wait);
         self
     }
 
@@ -135,6 +155,7 @@ impl<'n, N: ?Sized, M, R> Inbox<'n, N, M, R> {
         Inbox {
             consumer: self.consumer,
             retries: self.retries,
+            wait: self.wait,
             classify,
             mode: self.mode,
         }
@@ -170,6 +191,7 @@ impl<'n, N: ?Sized, M: Mode, R> Inbox<'n, N, M, R> {
         Inbox {
             consumer: self.consumer,
             retries: self.retries,
+            wait: self.wait,
             classify: self.classify,
             mode: Checked {
                 fingerprint,
@@ -215,6 +237,7 @@ impl<'n, N: ?Sized, M: Mode, R> Inbox<'n, N, M, R> {
         Inbox {
             consumer: self.consumer,
             retries: self.retries,
+            wait: self.wait,
             classify: self.classify,
             mode: Checked {
                 fingerprint,
@@ -235,6 +258,7 @@ impl<'n, N: ?Sized, M: Mode, R> Inbox<'n, N, M, R> {
         Inbox {
             consumer: self.consumer,
             retries: self.retries,
+            wait: self.wait,
             classify: self.classify,
             mode: Checked {
                 fingerprint,
@@ -282,7 +306,7 @@ where
             conn,
             self.consumer,
             key,
-            &self.mode.options(),
+            &self.sync_options()?,
             self.retries.unwrap_or(DEFAULT_RETRIES),
             body,
             |e: &E| self.classify.class(e),
@@ -323,7 +347,7 @@ where
             conn,
             self.consumer,
             key,
-            &self.mode.options(),
+            &self.sync_options()?,
             0,
             |conn| match body.take() {
                 Some(body) => body(conn),
@@ -391,6 +415,20 @@ where
             body,
             |e: &E| self.classify.class(e),
         )
+    }
+
+    /// The options of a sync single call: a wait bound is for async
+    /// calls (the sync drivers do not set it).
+    fn sync_options(&self) -> Result<Options, InboxError>
+    where
+        M: Single,
+    {
+        match self.wait {
+            Some(_) => Err(InboxError::InvalidArgument(
+                "Inbox::wait bounds async calls only (run_async, run_once_async)",
+            )),
+            None => Ok(self.mode.options()),
+        }
     }
 
     /// The checks of [`run_once`](Inbox::run_once): it cannot retry.
@@ -499,7 +537,7 @@ where
             conn,
             self.consumer,
             key,
-            &self.mode.options(),
+            &self.mode.options().wait(self.wait),
             self.retries.unwrap_or(DEFAULT_RETRIES),
             next_body,
             |e: &E| self.classify.class(e),
@@ -536,7 +574,7 @@ where
             conn,
             self.consumer,
             key,
-            &self.mode.options(),
+            &self.mode.options().wait(self.wait),
             0,
             next_body,
             |_: &E| ErrorClass::permanent(),
@@ -825,6 +863,7 @@ pub trait SingleFingerprint: sealed::Sealed {
 impl sealed::Sealed for NoFingerprint {}
 impl sealed::Sealed for Fingerprint {}
 impl sealed::Sealed for Result<Fingerprint, String> {}
+impl sealed::Sealed for Option<Result<Fingerprint, String>> {}
 
 impl SingleFingerprint for NoFingerprint {
     fn fingerprint(&self) -> Option<Result<Fingerprint, String>> {
@@ -841,6 +880,13 @@ impl SingleFingerprint for Fingerprint {
 impl SingleFingerprint for Result<Fingerprint, String> {
     fn fingerprint(&self) -> Option<Result<Fingerprint, String>> {
         Some(self.clone())
+    }
+}
+
+/// A fingerprint the caller may or may not have (the HTTP front door's).
+impl SingleFingerprint for Option<Result<Fingerprint, String>> {
+    fn fingerprint(&self) -> Option<Result<Fingerprint, String>> {
+        self.clone()
     }
 }
 

@@ -14,6 +14,18 @@ pub struct Codec<T> {
     decode: fn(&[u8]) -> Result<T, String>,
 }
 
+impl<T> Codec<T> {
+    /// A codec of the caller's own: how a value is stored and read back
+    /// (the HTTP front door's stored responses).
+    #[doc(hidden)]
+    pub const fn new(
+        encode: fn(&T) -> Result<Vec<u8>, String>,
+        decode: fn(&[u8]) -> Result<T, String>,
+    ) -> Self {
+        Codec { encode, decode }
+    }
+}
+
 impl<T> Clone for Codec<T> {
     fn clone(&self) -> Self {
         *self
@@ -29,6 +41,7 @@ impl<T> Copy for Codec<T> {}
 pub struct Options {
     fingerprint: Option<Result<Fingerprint, String>>,
     max_attempts: Option<u32>,
+    wait: Option<std::time::Duration>,
 }
 
 impl Options {
@@ -48,6 +61,14 @@ impl Options {
     /// refused when the call runs).
     pub(crate) fn max_attempts(mut self, max: u32) -> Self {
         self.max_attempts = Some(max);
+        self
+    }
+
+    /// Bounds the claim's wait for an in-flight claim of the same key
+    /// (`None`: the backend's own lock timeout).
+    #[cfg_attr(not(feature = "async"), allow(dead_code))] // the async terminals set it
+    pub(crate) fn wait(mut self, wait: Option<std::time::Duration>) -> Self {
+        self.wait = wait;
         self
     }
 
@@ -79,6 +100,7 @@ impl Options {
             fingerprint,
             stored_result: O::CODEC.is_some(),
             max_attempts: self.max_attempts,
+            wait: self.wait,
         })
     }
 }

@@ -61,3 +61,10 @@ pub fn cutoff_sql<B: crate::InboxBackend>(
 pub fn relay_sql<B: crate::InboxBackend>() -> (Option<&'static str>, &'static str, &'static str) {
     (B::RELAY_SETUP, B::NOW_MICROS, B::SKIP_LOCKED)
 }
+
+/// The HTTP front door's telemetry.
+pub use crate::telemetry::HttpTelemetry;
+
+/// How a stored value is written and read back, for a type of the
+/// caller's own (the HTTP front door's stored responses).
+pub use crate::options::Codec;

@@ -234,3 +234,60 @@ pub fn consumer_settled(consumer: &str, settlement: &'static str) {
     #[cfg(not(feature = "metrics"))]
     let _ = (consumer, settlement);
 }
+
+/// The telemetry of one request through the HTTP front door: a span
+/// `diesel_inbox.http` (the inbox call's `diesel_inbox.handle` runs
+/// inside it) with the endpoint and the request's outcome (`applied`,
+/// `replayed`, `conflict`, `mismatch`, `error`), and with `metrics`:
+/// `diesel_inbox.http.requests` and `diesel_inbox.http.duration`, labelled
+/// `http.route` (the endpoint) and `diesel_inbox.outcome`.
+#[doc(hidden)]
+pub struct HttpTelemetry {
+    span: tracing::Span,
+    started: Instant,
+    #[cfg(feature = "metrics")]
+    endpoint: String,
+}
+
+impl HttpTelemetry {
+    /// A request to `endpoint` starts.
+    pub fn start(endpoint: &str) -> Self {
+        let span = tracing::info_span!(
+            target: TARGET,
+            "diesel_inbox.http",
+            endpoint,
+            outcome = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        HttpTelemetry {
+            span,
+            started: Instant::now(),
+            #[cfg(feature = "metrics")]
+            endpoint: endpoint.to_owned(),
+        }
+    }
+
+    /// The request's span: enter it while the request runs.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// The request ended with `outcome`.
+    pub fn finished(&self, outcome: &'static str) {
+        let elapsed = self.started.elapsed();
+        self.span.record("outcome", outcome);
+        self.span
+            .record("duration_ms", elapsed.as_secs_f64() * 1000.0);
+        tracing::debug!(target: TARGET, parent: &self.span, outcome, "diesel-inbox: HTTP request");
+        #[cfg(feature = "metrics")]
+        {
+            let labels = [
+                ("http.route", self.endpoint.clone()),
+                ("diesel_inbox.outcome", outcome.to_owned()),
+            ];
+            metrics::counter!("diesel_inbox.http.requests", &labels).increment(1);
+            metrics::histogram!("diesel_inbox.http.duration", &labels)
+                .record(elapsed.as_secs_f64());
+        }
+    }
+}

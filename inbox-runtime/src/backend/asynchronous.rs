@@ -83,6 +83,43 @@ pub(crate) trait AsyncInternals:
         }
     }
 
+    /// [`inbox_begin_claim`](Self::inbox_begin_claim) with the claim's
+    /// wait for an in-flight claim of the same key bounded by `wait`
+    /// (`Inbox::wait`): by the backend's
+    /// [`wait_bound`](super::Internals::wait_bound) statements around the
+    /// claim; SQLite bounds its `BEGIN IMMEDIATE` instead.
+    fn inbox_begin_claim_waiting(
+        &mut self,
+        consumer: &str,
+        key: &str,
+        fingerprint: Option<&[u8]>,
+        wait: std::time::Duration,
+    ) -> impl Future<Output = BeginClaim> + Send {
+        async move {
+            let Some(bound) = <Self::Backend as super::Internals>::wait_bound(wait) else {
+                return self.inbox_begin_claim(consumer, key, fingerprint).await;
+            };
+            let begun = self.inbox_begin().await;
+            if begun.is_err() {
+                return (begun, None);
+            }
+            if let Err(e) = self.batch_execute(&bound.set).await {
+                return (begun, Some(Err(e)));
+            }
+            let claimed = self.inbox_claim(consumer, key, fingerprint).await;
+            let restored = match claimed.is_ok() || !bound.rollback_restores {
+                true => self.batch_execute(bound.restore).await,
+                false => Ok(()),
+            };
+            // A claim that worked and a bound that stayed would bound the
+            // body's own lock waits: the call fails instead.
+            (
+                begun,
+                Some(claimed.and_then(|claimed| restored.map(|()| claimed))),
+            )
+        }
+    }
+
     /// The batch claim, with each key's fingerprint if given: the keys
     /// inserted.
     fn inbox_claim_batch(

@@ -182,6 +182,22 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// serialization failures, deadlocks, lock timeouts, busy databases.
     fn is_transient(error: &Error) -> bool;
 
+    /// How a claim's wait for an in-flight claim of the same key is
+    /// bounded (`Inbox::wait`): the statement that sets the bound, run
+    /// right before the claim, and the one that restores the connection's
+    /// own, right after it. `None`: the backend bounds the wait elsewhere
+    /// (SQLite: around its `BEGIN IMMEDIATE`, with the busy timeout).
+    #[cfg_attr(not(feature = "async"), allow(dead_code))] // read by the async driver
+    fn wait_bound(wait: std::time::Duration) -> Option<WaitBound> {
+        let _ = wait;
+        None
+    }
+
+    /// Whether `error` is a claim's (or SQLite's begin's) wait for another
+    /// transaction running out, under a bound set by
+    /// [`wait_bound`](Self::wait_bound).
+    fn is_wait_timeout(error: &Error) -> bool;
+
     /// Whether `error`, raised by a statement of the body, ended the whole
     /// transaction even though the body went on and returned `Ok` (MySQL
     /// rolls back the transaction on a deadlock; later statements then run
@@ -280,6 +296,20 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
 
 #[cfg(feature = "_any-backend")]
 pub(crate) use errors::database_error;
+
+/// The statements that bound a claim's wait (see
+/// [`Internals::wait_bound`]).
+#[cfg_attr(not(feature = "async"), allow(dead_code))] // read by the async driver
+pub(crate) struct WaitBound {
+    /// Sets the bound, remembering the connection's own.
+    pub(crate) set: String,
+    /// Restores the connection's own.
+    pub(crate) restore: &'static str,
+    /// Whether the rollback that follows a failed claim restores it (a
+    /// transaction-local setting), so that `restore` runs only after a
+    /// claim that worked: the failed transaction refuses statements.
+    pub(crate) rollback_restores: bool,
+}
 
 /// Records in diesel's transaction manager a transaction boundary the
 /// runtime sent itself (MySQL's cached `BEGIN`/`COMMIT`/`ROLLBACK`,

@@ -278,6 +278,29 @@ impl Internals for Mysql {
         }
     }
 
+    /// The session's `innodb_lock_wait_timeout` (whole seconds, rounded
+    /// up, at least 1: MySQL's minimum), the caller's own remembered in a
+    /// user variable and restored after the claim whether it worked or
+    /// not (a session setting outlives the rollback).
+    fn wait_bound(wait: std::time::Duration) -> Option<super::WaitBound> {
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let seconds = seconds.clamp(1, 1_073_741_824);
+        Some(super::WaitBound {
+            set: format!(
+                "SET @diesel_inbox_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
+                 SESSION innodb_lock_wait_timeout = {seconds}"
+            ),
+            restore: "SET SESSION innodb_lock_wait_timeout = @diesel_inbox_lock_wait",
+            rollback_restores: false,
+        })
+    }
+
+    fn is_wait_timeout(error: &Error) -> bool {
+        // 1205.
+        database_error(error)
+            .is_some_and(|(_, message)| message.contains("Lock wait timeout exceeded"))
+    }
+
     fn ends_transaction(error: &Error) -> bool {
         // InnoDB rolls back the whole transaction on a deadlock (and Galera
         // on a certification conflict); a lock wait timeout undoes only the

@@ -534,6 +534,28 @@ impl Internals for Pg {
         }
     }
 
+    /// `lock_timeout`, transaction-local (`set_config(.., true)`: a
+    /// rollback restores it, and a proxy in transaction mode keeps it to
+    /// this transaction), the caller's own remembered in a placeholder
+    /// setting of ours. 0 would mean no bound: at least 1 ms.
+    fn wait_bound(wait: std::time::Duration) -> Option<super::WaitBound> {
+        let ms = wait.as_millis().clamp(1, i32::MAX as u128);
+        Some(super::WaitBound {
+            set: format!(
+                "SELECT set_config('diesel_inbox.lock_timeout', current_setting('lock_timeout'), true), \
+                 set_config('lock_timeout', '{ms}ms', true)"
+            ),
+            restore: "SELECT set_config('lock_timeout', current_setting('diesel_inbox.lock_timeout'), true)",
+            rollback_restores: true,
+        })
+    }
+
+    fn is_wait_timeout(error: &Error) -> bool {
+        // 55P03, by its message (see `is_transient`).
+        database_error(error)
+            .is_some_and(|(_, message)| message.contains("canceling statement due to lock timeout"))
+    }
+
     fn is_aborted_commit(error: &Error) -> bool {
         // The guard of `commit_top_level` fails with this (25P02) when a
         // statement of the body failed and the body went on.

@@ -112,6 +112,12 @@ impl Internals for Sqlite {
         })
     }
 
+    fn is_wait_timeout(error: &Error) -> bool {
+        // SQLITE_BUSY at `BEGIN IMMEDIATE`, once the busy timeout the
+        // bound set ran out.
+        database_error(error).is_some_and(|(_, message)| message.contains("database is locked"))
+    }
+
     fn is_missing_table(error: &Error) -> bool {
         database_error(error)
             .is_some_and(|(_, message)| message.contains("no such table: inbox_messages"))
@@ -278,6 +284,30 @@ mod tests {
     }
 }
 
+/// Runs `f` with the connection's busy timeout set to `wait` (at least
+/// 1 ms: 0 would mean no wait at all), then restores the one it had.
+#[cfg(feature = "async")]
+fn busy_timeout<T>(
+    conn: &mut diesel::SqliteConnection,
+    wait: std::time::Duration,
+    f: impl FnOnce(&mut diesel::SqliteConnection) -> T,
+) -> QueryResult<T> {
+    #[derive(diesel::QueryableByName)]
+    struct BusyTimeout {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        timeout: i32,
+    }
+    use diesel::RunQueryDsl;
+    let own = diesel::sql_query("PRAGMA busy_timeout")
+        .get_result::<BusyTimeout>(conn)?
+        .timeout;
+    let ms = wait.as_millis().clamp(1, i32::MAX as u128);
+    diesel::sql_query(format!("PRAGMA busy_timeout = {ms}")).execute(conn)?;
+    let out = f(conn);
+    diesel::sql_query(format!("PRAGMA busy_timeout = {own}")).execute(conn)?;
+    Ok(out)
+}
+
 #[cfg(feature = "async")]
 mod asynchronous {
     //! SQLite behind diesel-async's `SyncConnectionWrapper`: every step is
@@ -322,6 +352,33 @@ mod asynchronous {
             let fingerprint_bytes = fingerprint_bytes.map(<[u8]>::to_vec);
             self.spawn_blocking(move |conn| {
                 let begun = transaction::begin(conn);
+                let claimed = begun.is_ok().then(|| {
+                    Sqlite::claim(conn, &consumer_name, &key, fingerprint_bytes.as_deref())
+                });
+                Ok((begun, claimed))
+            })
+            .await
+            .unwrap_or_else(|e| (Err((Scope::TopLevel, e)), None))
+        }
+
+        /// The wait for an in-flight claim is SQLite's for the write
+        /// lock, at `BEGIN IMMEDIATE`: bounded by the connection's busy
+        /// timeout, set to `wait` for the begin and restored after it, all
+        /// in the one hop.
+        async fn inbox_begin_claim_waiting(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+            fingerprint_bytes: Option<&[u8]>,
+            wait: std::time::Duration,
+        ) -> BeginClaim {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            let fingerprint_bytes = fingerprint_bytes.map(<[u8]>::to_vec);
+            self.spawn_blocking(move |conn| {
+                let begun = match super::busy_timeout(conn, wait, transaction::begin) {
+                    Ok(begun) => begun,
+                    Err(e) => Err((Scope::TopLevel, e)),
+                };
                 let claimed = begun.is_ok().then(|| {
                     Sqlite::claim(conn, &consumer_name, &key, fingerprint_bytes.as_deref())
                 });
