@@ -1,0 +1,602 @@
+//! The client side: starts server processes, sends requests over TCP,
+//! and checks what a user cares about: statuses, bodies, the replay
+//! header, the business rows, the inbox rows.
+
+use crate::proxy::{Mode, Proxy};
+use crate::server;
+use diesel::connection::SimpleConnection;
+use diesel::sql_types::{BigInt, Text};
+use diesel::{Connection, RunQueryDsl};
+use diesel_inbox::http::{consumer_name, message_id, IdempotencyKey};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+type Check = Result<(), String>;
+
+/// A named scenario of one backend, given its key.
+type Scenario<'a> = (&'a str, &'a dyn Fn(&Backend, &str) -> Check);
+
+pub fn main() {
+    if let Ok(role) = std::env::var("INBOX_HTTP_ROLE") {
+        assert_eq!(role, "server");
+        // One line per panic (a scenario's body panics on purpose).
+        std::panic::set_hook(Box::new(|info| eprintln!("server: {info}")));
+        let url = std::env::var("INBOX_HTTP_DB").expect("INBOX_HTTP_DB");
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let served = runtime.block_on(async {
+            match std::env::var("INBOX_HTTP_BACKEND").as_deref() {
+                Ok("sqlite") => server::serve::<server::Sqlite>(url).await,
+                #[cfg(feature = "postgres")]
+                Ok("postgres") => server::serve::<server::Postgres>(url).await,
+                #[cfg(feature = "mysql")]
+                Ok("mysql") => server::serve::<server::Mysql>(url).await,
+                other => Err(format!("no such backend: {other:?}")),
+            }
+        });
+        if let Err(e) = served {
+            eprintln!("server: {e}");
+            std::process::exit(2);
+        }
+        return;
+    }
+    let run = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+    );
+    let sqlite_dir = std::env::temp_dir().join(format!("diesel-inbox-http-{run}"));
+    std::fs::create_dir_all(&sqlite_dir).expect("temp dir");
+    let mut backends = vec![Backend {
+        name: "sqlite",
+        url: sqlite_dir.join("http.db").to_string_lossy().into_owned(),
+        port: None,
+    }];
+    for (name, var, port, enabled) in [
+        (
+            "postgres",
+            "INBOX_TEST_POSTGRES_URL",
+            5432,
+            cfg!(feature = "postgres"),
+        ),
+        (
+            "mysql",
+            "INBOX_TEST_MYSQL_URL",
+            3306,
+            cfg!(feature = "mysql"),
+        ),
+    ] {
+        match std::env::var(var) {
+            Ok(url) if !url.is_empty() && enabled => backends.push(Backend {
+                name,
+                url,
+                port: Some(port),
+            }),
+            _ => println!("SKIPPED: {name}: set {var} (and build with the `{name}` feature)"),
+        }
+    }
+    let threads: Vec<_> = backends
+        .into_iter()
+        .map(|backend| {
+            let run = run.clone();
+            std::thread::spawn(move || backend.scenarios(&run))
+        })
+        .collect();
+    let mut failed = 0;
+    for thread in threads {
+        failed += thread.join().expect("a backend's thread panicked");
+    }
+    let _ = std::fs::remove_dir_all(&sqlite_dir);
+    if failed > 0 {
+        println!("{failed} scenario(s) FAILED");
+        std::process::exit(1);
+    }
+    println!("http: all scenarios passed");
+}
+
+struct Backend {
+    name: &'static str,
+    url: String,
+    /// The server's default port (for the proxy), `None` for SQLite.
+    port: Option<u16>,
+}
+
+/// A server process; killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A response as the client saw it.
+#[derive(Debug)]
+struct Got {
+    status: u16,
+    replayed: bool,
+    headers: reqwest::header::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Backend {
+    /// Runs every scenario; the number that failed.
+    fn scenarios(&self, run: &str) -> usize {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let scenarios: [Scenario<'_>; 9] = [
+            (
+                "100 concurrent requests with one key run the body once",
+                &|b, k| runtime.block_on(b.concurrent(k)),
+            ),
+            (
+                "a reused key, another scope, a missing or invalid key",
+                &|b, k| runtime.block_on(b.keys(k)),
+            ),
+            ("a body's error rolls back and frees the key", &|b, k| {
+                runtime.block_on(b.failed(k))
+            }),
+            ("a body's panic is a 500 and frees the key", &|b, k| {
+                runtime.block_on(b.panicked(k))
+            }),
+            ("a request in flight past the wait is a 409", &|b, k| {
+                runtime.block_on(b.in_flight(k))
+            }),
+            (
+                "binary bodies, Location, and a body over the cap",
+                &|b, k| runtime.block_on(b.blobs(k)),
+            ),
+            ("killed inside the body: the retry applies once", &|b, k| {
+                runtime.block_on(b.killed_before_commit(k))
+            }),
+            ("killed after the commit: the retry replays", &|b, k| {
+                runtime.block_on(b.killed_after_commit(k))
+            }),
+            (
+                "the database refusing connections: 503, then applied once",
+                &|b, k| runtime.block_on(b.database_down(k)),
+            ),
+        ];
+        let mut failed = 0;
+        for (i, (name, scenario)) in scenarios.iter().enumerate() {
+            let key = format!("{run}-{i}");
+            match scenario(self, &key) {
+                Ok(()) => println!("http {}: {name}: ok", self.name),
+                Err(e) => {
+                    failed += 1;
+                    println!("http {}: {name}: FAILED: {e}", self.name);
+                }
+            }
+        }
+        failed
+    }
+
+    /// A server process on `url`.
+    fn start(&self, url: &str) -> Result<Server, String> {
+        let mut child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+            .env("INBOX_HTTP_ROLE", "server")
+            .env("INBOX_HTTP_BACKEND", self.name)
+            .env("INBOX_HTTP_DB", url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("spawn the server: {e}"))?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        let port = line
+            .trim()
+            .strip_prefix("listening on ")
+            .ok_or_else(|| format!("the server did not start: {line:?}"))?;
+        Ok(Server {
+            base: format!("http://127.0.0.1:{port}"),
+            child,
+        })
+    }
+
+    /// Business rows of `(scope, key)`.
+    fn rows(&self, scope: &str, key: &str) -> Result<i64, String> {
+        self.count(
+            "SELECT COUNT(*) AS n FROM http_payments WHERE scope = ? AND idem_key = ?",
+            scope,
+            key,
+        )
+    }
+
+    /// Inbox rows (stored responses) of `(scope, key)` at `endpoint`.
+    fn stored(&self, endpoint: &str, scope: &str, key: &str) -> Result<i64, String> {
+        let key = IdempotencyKey::parse(key).map_err(|e| e.to_string())?;
+        self.count(
+            "SELECT COUNT(*) AS n FROM inbox_messages WHERE consumer = ? AND message_id = ?",
+            &consumer_name(endpoint),
+            &message_id(scope, &key),
+        )
+    }
+
+    fn count(&self, sql: &str, a: &str, b: &str) -> Result<i64, String> {
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = BigInt)]
+            n: i64,
+        }
+        macro_rules! count {
+            ($conn:ty, $sql:expr) => {{
+                let mut conn = <$conn>::establish(&self.url).map_err(|e| e.to_string())?;
+                let counted: Count = diesel::sql_query($sql)
+                    .bind::<Text, _>(a)
+                    .bind::<Text, _>(b)
+                    .get_result(&mut conn)
+                    .map_err(|e| e.to_string())?;
+                Ok(counted.n)
+            }};
+        }
+        match self.name {
+            "sqlite" => {
+                let mut conn =
+                    diesel::SqliteConnection::establish(&self.url).map_err(|e| e.to_string())?;
+                conn.batch_execute("PRAGMA busy_timeout = 10000")
+                    .map_err(|e| e.to_string())?;
+                let counted: Count = diesel::sql_query(sql)
+                    .bind::<Text, _>(a)
+                    .bind::<Text, _>(b)
+                    .get_result(&mut conn)
+                    .map_err(|e| e.to_string())?;
+                Ok(counted.n)
+            }
+            #[cfg(feature = "postgres")]
+            "postgres" => count!(
+                diesel::PgConnection,
+                sql.replacen('?', "$1", 1).replacen('?', "$2", 1)
+            ),
+            #[cfg(feature = "mysql")]
+            "mysql" => count!(diesel::MysqlConnection, sql),
+            other => Err(format!("no such backend {other}")),
+        }
+    }
+
+    async fn concurrent(&self, key: &str) -> Check {
+        let server = self.start(&self.url)?;
+        let client = reqwest::Client::new();
+        let handles: Vec<_> = (0..100)
+            .map(|_| tokio::spawn(pay(&client, &server, "u1", Some(key), 100, "sleep_ms=300")))
+            .collect();
+        let mut answers = Vec::new();
+        for handle in handles {
+            answers.push(handle.await.map_err(|e| e.to_string())??);
+        }
+        let first = &answers[0];
+        for got in &answers {
+            expect(
+                got.status == 201,
+                format!("every request gets 201, one got {got:?}"),
+            )?;
+            expect(got.body == first.body, "every request gets the same body")?;
+            expect(
+                got.headers.get("location") == first.headers.get("location"),
+                "every request gets the same Location",
+            )?;
+        }
+        let replayed = answers.iter().filter(|got| got.replayed).count();
+        expect(replayed == 99, format!("99 replays, got {replayed}"))?;
+        let rows = self.rows("u1", key)?;
+        expect(rows == 1, format!("the body ran once: {rows} rows"))
+    }
+
+    async fn keys(&self, key: &str) -> Check {
+        let server = self.start(&self.url)?;
+        let client = reqwest::Client::new();
+        let first = pay(&client, &server, "u1", Some(key), 1, "").await?;
+        expect(
+            first.status == 201 && !first.replayed,
+            format!("applied: {first:?}"),
+        )?;
+        let other = pay(&client, &server, "u1", Some(key), 2, "").await?;
+        expect(
+            other.status == 422,
+            format!("another request with the key: 422, got {other:?}"),
+        )?;
+        expect(problem(&other), "422 is problem+json")?;
+        expect(self.rows("u1", key)? == 1, "the 422 ran nothing")?;
+        let scoped = pay(&client, &server, "u2", Some(key), 2, "").await?;
+        expect(
+            scoped.status == 201 && !scoped.replayed,
+            format!("another scope applies: {scoped:?}"),
+        )?;
+        expect(self.rows("u2", key)? == 1, "another scope's row")?;
+        let missing = pay(&client, &server, "u1", None, 1, "").await?;
+        expect(
+            missing.status == 400 && problem(&missing),
+            format!("no key: 400 problem+json, got {missing:?}"),
+        )?;
+        let response = client
+            .post(format!("{}/payments", server.base))
+            .header("x-user", "u1")
+            .header("idempotency-key", "two words")
+            .header("content-type", "application/json")
+            .body(r#"{"amount": 1}"#)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let invalid = got(response).await?;
+        expect(
+            invalid.status == 400 && problem(&invalid),
+            format!("an invalid key: 400, got {invalid:?}"),
+        )
+    }
+
+    async fn failed(&self, key: &str) -> Check {
+        let server = self.start(&self.url)?;
+        let client = reqwest::Client::new();
+        let refused = pay(&client, &server, "u1", Some(key), 5, "fail=true").await?;
+        expect(
+            refused.status == 400,
+            format!("the body's error is the application's answer: {refused:?}"),
+        )?;
+        expect(self.rows("u1", key)? == 0, "the body's write rolled back")?;
+        expect(
+            self.stored("payments", "u1", key)? == 0,
+            "the key rolled back",
+        )?;
+        let retry = pay(&client, &server, "u1", Some(key), 5, "").await?;
+        expect(
+            retry.status == 201 && !retry.replayed,
+            format!("the retry runs: {retry:?}"),
+        )?;
+        expect(self.rows("u1", key)? == 1, "applied once")
+    }
+
+    async fn panicked(&self, key: &str) -> Check {
+        let server = self.start(&self.url)?;
+        let client = reqwest::Client::new();
+        let panicked = pay(&client, &server, "u1", Some(key), 5, "panic=true").await?;
+        expect(
+            panicked.status == 500 && problem(&panicked),
+            format!("a panic: 500 problem+json, got {panicked:?}"),
+        )?;
+        expect(self.rows("u1", key)? == 0, "the body's write rolled back")?;
+        expect(self.stored("payments", "u1", key)? == 0, "the key is free")?;
+        let retry = pay(&client, &server, "u1", Some(key), 5, "").await?;
+        expect(
+            retry.status == 201 && !retry.replayed,
+            format!("the retry runs: {retry:?}"),
+        )?;
+        expect(self.rows("u1", key)? == 1, "applied once")
+    }
+
+    async fn in_flight(&self, key: &str) -> Check {
+        let server = self.start(&self.url)?;
+        let client = reqwest::Client::new();
+        let slow = tokio::spawn(pay(&client, &server, "u1", Some(key), 7, "sleep_ms=3000"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let early = pay(&client, &server, "u1", Some(key), 7, "wait_ms=200").await?;
+        expect(
+            early.status == 409 && problem(&early),
+            format!("in flight past the wait: 409, got {early:?}"),
+        )?;
+        expect(
+            early.headers.contains_key("retry-after"),
+            "409 carries Retry-After",
+        )?;
+        let first = slow.await.map_err(|e| e.to_string())??;
+        expect(
+            first.status == 201 && !first.replayed,
+            format!("the first applies: {first:?}"),
+        )?;
+        let late = pay(&client, &server, "u1", Some(key), 7, "").await?;
+        expect(
+            late.status == 201 && late.replayed && late.body == first.body,
+            format!("then replays: {late:?}"),
+        )?;
+        expect(self.rows("u1", key)? == 1, "applied once")
+    }
+
+    async fn blobs(&self, key: &str) -> Check {
+        let server = self.start(&self.url)?;
+        let client = reqwest::Client::new();
+        let small = format!("{key}-small");
+        let first = blob(&client, &server, &small, 600).await?;
+        let expected: Vec<u8> = (0..600).map(|i| (i * 7 % 256) as u8).collect();
+        expect(
+            first.status == 200 && first.body == expected && !first.replayed,
+            "the binary body",
+        )?;
+        let again = blob(&client, &server, &small, 600).await?;
+        expect(
+            again.replayed && again.body == expected,
+            "the binary body replayed byte for byte",
+        )?;
+        for name in ["content-type", "etag", "x-blob-id"] {
+            expect(
+                again.headers.get(name) == first.headers.get(name),
+                format!("{name} replayed"),
+            )?;
+        }
+        expect(
+            !again.headers.contains_key("x-not-stored"),
+            "a header not named is not stored",
+        )?;
+        let big = format!("{key}-big");
+        let first = blob(&client, &server, &big, 5000).await?;
+        expect(
+            first.body.len() == 5000 && !first.replayed,
+            "the first gets the whole body over the cap",
+        )?;
+        let again = blob(&client, &server, &big, 5000).await?;
+        expect(
+            again.status == 200 && again.replayed && again.body.is_empty(),
+            format!("over the cap: status and headers replayed, no body: {again:?}"),
+        )?;
+        expect(
+            again.headers.get("x-blob-id") == first.headers.get("x-blob-id"),
+            "headers kept",
+        )?;
+        expect(self.rows("blob-user", &big)? == 1, "the body ran once")?;
+        // Location (the payments endpoint) replayed.
+        let paid = pay(&client, &server, "u1", Some(key), 3, "").await?;
+        let replay = pay(&client, &server, "u1", Some(key), 3, "").await?;
+        expect(
+            replay.replayed
+                && paid.headers.get("location").is_some()
+                && replay.headers.get("location") == paid.headers.get("location"),
+            "Location replayed",
+        )
+    }
+
+    async fn killed_before_commit(&self, key: &str) -> Check {
+        let doomed = self.start(&self.url)?;
+        let client = reqwest::Client::new();
+        let request = tokio::spawn(pay(&client, &doomed, "u1", Some(key), 9, "sleep_ms=5000"));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        drop(doomed); // SIGKILL, inside the body
+        let lost = request.await.map_err(|e| e.to_string())?;
+        expect(
+            lost.is_err(),
+            format!("the killed request got no answer: {lost:?}"),
+        )?;
+        let server = self.start(&self.url)?;
+        let retry = pay(&reqwest::Client::new(), &server, "u1", Some(key), 9, "").await?;
+        expect(
+            retry.status == 201 && !retry.replayed,
+            format!("the retry applies: {retry:?}"),
+        )?;
+        expect(self.rows("u1", key)? == 1, "applied once")
+    }
+
+    async fn killed_after_commit(&self, key: &str) -> Check {
+        let doomed = self.start(&self.url)?;
+        let lost = pay(
+            &reqwest::Client::new(),
+            &doomed,
+            "u1",
+            Some(key),
+            11,
+            "exit_after_commit=true",
+        )
+        .await;
+        expect(
+            lost.is_err(),
+            format!("the killed request got no answer: {lost:?}"),
+        )?;
+        drop(doomed);
+        let server = self.start(&self.url)?;
+        let retry = pay(&reqwest::Client::new(), &server, "u1", Some(key), 11, "").await?;
+        expect(
+            retry.status == 201 && retry.replayed,
+            format!("the retry replays: {retry:?}"),
+        )?;
+        expect(self.rows("u1", key)? == 1, "applied once")
+    }
+
+    async fn database_down(&self, key: &str) -> Check {
+        let Some(port) = self.port else {
+            // SQLite is a file in the server's process: no server to refuse.
+            return Ok(());
+        };
+        let proxy = Proxy::start(([127, 0, 0, 1], port).into())?;
+        let through = format!("127.0.0.1:{}/", proxy.port);
+        let routed = self
+            .url
+            .replacen(&format!("127.0.0.1:{port}/"), &through, 1)
+            .replacen("127.0.0.1/", &through, 1);
+        expect(
+            routed.contains(&through),
+            format!("a URL on 127.0.0.1: {}", self.url),
+        )?;
+        // mysql_async moves a loopback connection to the server's Unix
+        // socket unless told not to: that would bypass the proxy.
+        let routed = match self.name {
+            "mysql" if routed.contains('?') => format!("{routed}&prefer_socket=false"),
+            "mysql" => format!("{routed}?prefer_socket=false"),
+            _ => routed,
+        };
+        let server = self.start(&routed)?;
+        let client = reqwest::Client::new();
+        proxy.set(Mode::Refuse);
+        let down = pay(&client, &server, "u1", Some(key), 13, "").await?;
+        expect(
+            down.status == 503,
+            format!("the database refusing connections: 503, got {down:?}"),
+        )?;
+        expect(
+            self.rows("u1", key)? == 0 && self.stored("payments", "u1", key)? == 0,
+            "nothing stored",
+        )?;
+        proxy.set(Mode::Forward);
+        let retry = pay(&client, &server, "u1", Some(key), 13, "").await?;
+        expect(
+            retry.status == 201 && !retry.replayed,
+            format!("the retry applies: {retry:?}"),
+        )?;
+        expect(self.rows("u1", key)? == 1, "applied once")
+    }
+}
+
+fn expect(ok: bool, what: impl Into<String>) -> Check {
+    match ok {
+        true => Ok(()),
+        false => Err(what.into()),
+    }
+}
+
+fn problem(got: &Got) -> bool {
+    got.headers
+        .get("content-type")
+        .is_some_and(|v| v == "application/problem+json")
+}
+
+async fn got(response: reqwest::Response) -> Result<Got, String> {
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let replayed = headers
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    let body = response.bytes().await.map_err(|e| e.to_string())?.to_vec();
+    Ok(Got {
+        status,
+        replayed,
+        headers,
+        body,
+    })
+}
+
+fn pay(
+    client: &reqwest::Client,
+    server: &Server,
+    user: &str,
+    key: Option<&str>,
+    amount: i64,
+    knobs: &str,
+) -> impl std::future::Future<Output = Result<Got, String>> + Send + 'static {
+    let mut request = client
+        .post(format!("{}/payments?{knobs}", server.base))
+        .header("x-user", user)
+        .header("content-type", "application/json")
+        .body(serde_json::json!({ "amount": amount }).to_string());
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    async move { got(request.send().await.map_err(|e| e.to_string())?).await }
+}
+
+async fn blob(
+    client: &reqwest::Client,
+    server: &Server,
+    key: &str,
+    size: usize,
+) -> Result<Got, String> {
+    let response = client
+        .post(format!("{}/blobs?size={size}", server.base))
+        .header("x-user", "blob-user")
+        .header("idempotency-key", key)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    got(response).await
+}
