@@ -7,6 +7,8 @@
 //! - [`manual_api`]: the same calls without the attribute ([`Inbox`](crate::Inbox)).
 //! - [`async_handlers`]: `async fn` handlers on diesel-async, pools, cancellation.
 //! - [`brokers`]: RabbitMQ and NATS consumers that ack after the commit.
+//! - [`http`]: the HTTP front door: `Idempotency-Key` on axum handlers
+//!   (feature `axum`).
 //! - [`outbox`]: the transactional outbox: enqueue in the handler's
 //!   transaction, the relay, order per key, dead messages, retention.
 //! - [`operations`]: retention, inspection, replays, the CLI, observability.
@@ -29,6 +31,9 @@ pub mod async_handlers {}
 
 #[doc = include_str!("../docs/guide/brokers.md")]
 pub mod brokers {}
+
+#[doc = include_str!("../docs/guide/http.md")]
+pub mod http {}
 
 #[doc = include_str!("../docs/guide/outbox.md")]
 pub mod outbox {}
