@@ -572,3 +572,135 @@ fn a_refused_table_is_logged_as_a_failed_call() {
     assert_eq!(spans[0]["outcome"], "error");
     assert!(spans[0]["error"].contains("IncompatibleTable"));
 }
+
+/// The HTTP front door's requests: a `diesel_inbox.http` span with the
+/// endpoint and the outcome, and with `metrics` a counter and a histogram
+/// per endpoint and outcome: applied, replayed, mismatch (422), conflict
+/// (409: in flight past the wait).
+#[cfg(all(feature = "axum", feature = "metrics"))]
+#[test]
+fn http_requests_report_their_endpoint_and_outcome() {
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use diesel_async::AsyncConnection;
+    use diesel_inbox::http::{IdempotencyKey, Idempotent};
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use std::time::Duration;
+    type Conn = SyncConnectionWrapper<SqliteConnection>;
+
+    let dir = std::env::temp_dir().join(format!("inbox-http-telemetry-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let url = dir.join("t.db").to_string_lossy().into_owned();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        metrics::with_local_recorder(&recorder, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let mut conn = Conn::establish(&url).await.expect("connect");
+                let mut other = Conn::establish(&url).await.expect("connect");
+                diesel_inbox::migrate_async(&mut conn)
+                    .await
+                    .expect("migrate");
+                let key = IdempotencyKey::parse("k-1").expect("key");
+                let body = async |_: &mut Conn| Ok::<_, InboxError>("paid");
+                for (amount, status) in [(1, 200), (1, 200), (2, 422)] {
+                    let response = Idempotent::new("payments", "u1", &key)
+                        .fingerprint(&amount)
+                        .run_async(&mut conn, body)
+                        .await
+                        .expect("answered");
+                    assert_eq!(response.status(), status);
+                }
+                // In flight: the first holds SQLite's write lock until
+                // the second has been answered 409.
+                let busy = IdempotencyKey::parse("k-2").expect("key");
+                let gate = tokio::sync::Notify::new();
+                let slow = Idempotent::new("payments", "u1", &busy).run_async(
+                    &mut conn,
+                    async |_: &mut Conn| {
+                        gate.notified().await;
+                        Ok::<_, InboxError>("slow")
+                    },
+                );
+                let early = async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let answer = Idempotent::new("payments", "u1", &busy)
+                        .wait(Duration::from_millis(100))
+                        .run_async(&mut other, body)
+                        .await;
+                    gate.notify_one();
+                    answer
+                };
+                let (slow, early) = tokio::join!(slow, early);
+                assert_eq!(slow.expect("slow").status(), 200);
+                assert_eq!(early.expect("early").status(), 409);
+            });
+        });
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+    let mut timed: BTreeMap<String, usize> = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (_, key) = key.into_parts();
+        if !key.name().starts_with("diesel_inbox.http.") {
+            continue;
+        }
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{} {}", key.name(), labels.join(","));
+        match value {
+            DebugValue::Counter(n) => {
+                counted.insert(name, n);
+            }
+            DebugValue::Histogram(samples) => {
+                timed.insert(name, samples.len());
+            }
+            other => panic!("unexpected {name}: {other:?}"),
+        }
+    }
+    let route = "http.route=payments";
+    let expected: BTreeMap<String, u64> = [
+        ("applied", 2),
+        ("replayed", 1),
+        ("mismatch", 1),
+        ("conflict", 1),
+    ]
+    .into_iter()
+    .map(|(outcome, n)| {
+        (
+            format!("diesel_inbox.http.requests {route},diesel_inbox.outcome={outcome}"),
+            n,
+        )
+    })
+    .collect();
+    assert_eq!(counted, expected);
+    assert_eq!(timed.len(), 4, "a duration per outcome: {timed:?}");
+
+    let outcomes: Vec<String> = capture
+        .0
+        .lock()
+        .expect("capture")
+        .iter()
+        .filter_map(|seen| match seen {
+            Seen::Span { name, fields } if name == "diesel_inbox.http" => {
+                assert_eq!(fields.get("endpoint").map(String::as_str), Some("payments"));
+                fields.get("outcome").cloned()
+            }
+            _ => None,
+        })
+        .collect();
+    let mut sorted = outcomes.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        ["applied", "applied", "conflict", "mismatch", "replayed"]
+    );
+}

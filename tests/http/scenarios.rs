@@ -15,7 +15,10 @@ use std::time::Duration;
 type Check = Result<(), String>;
 
 /// A named scenario of one backend, given its key.
-type Scenario<'a> = (&'a str, &'a dyn Fn(&Backend, &str) -> Check);
+type Scenario = (
+    &'static str,
+    fn(&Backend, &tokio::runtime::Runtime, &str) -> Check,
+);
 
 pub fn main() {
     if let Ok(role) = std::env::var("INBOX_HTTP_ROLE") {
@@ -129,43 +132,49 @@ impl Backend {
     /// Runs every scenario; the number that failed.
     fn scenarios(&self, run: &str) -> usize {
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
-        let scenarios: [Scenario<'_>; 9] = [
+        let mut scenarios: Vec<Scenario> = vec![
             (
                 "100 concurrent requests with one key run the body once",
-                &|b, k| runtime.block_on(b.concurrent(k)),
+                |b, rt, k| rt.block_on(b.concurrent(k)),
             ),
             (
                 "a reused key, another scope, a missing or invalid key",
-                &|b, k| runtime.block_on(b.keys(k)),
+                |b, rt, k| rt.block_on(b.keys(k)),
             ),
-            ("a body's error rolls back and frees the key", &|b, k| {
-                runtime.block_on(b.failed(k))
+            ("a body's error rolls back and frees the key", |b, rt, k| {
+                rt.block_on(b.failed(k))
             }),
-            ("a body's panic is a 500 and frees the key", &|b, k| {
-                runtime.block_on(b.panicked(k))
+            ("a body's panic is a 500 and frees the key", |b, rt, k| {
+                rt.block_on(b.panicked(k))
             }),
-            ("a request in flight past the wait is a 409", &|b, k| {
-                runtime.block_on(b.in_flight(k))
+            ("a request in flight past the wait is a 409", |b, rt, k| {
+                rt.block_on(b.in_flight(k))
             }),
             (
                 "binary bodies, Location, and a body over the cap",
-                &|b, k| runtime.block_on(b.blobs(k)),
+                |b, rt, k| rt.block_on(b.blobs(k)),
             ),
-            ("killed inside the body: the retry applies once", &|b, k| {
-                runtime.block_on(b.killed_before_commit(k))
-            }),
-            ("killed after the commit: the retry replays", &|b, k| {
-                runtime.block_on(b.killed_after_commit(k))
+            (
+                "killed inside the body: the retry applies once",
+                |b, rt, k| rt.block_on(b.killed_before_commit(k)),
+            ),
+            ("killed after the commit: the retry replays", |b, rt, k| {
+                rt.block_on(b.killed_after_commit(k))
             }),
             (
                 "the database refusing connections: 503, then applied once",
-                &|b, k| runtime.block_on(b.database_down(k)),
+                |b, rt, k| rt.block_on(b.database_down(k)),
             ),
         ];
+        #[cfg(feature = "cli")]
+        scenarios.push((
+            "the CLI's status, forget and purge on an endpoint's keys",
+            |b, rt, k| rt.block_on(b.cli_scenario(k)),
+        ));
         let mut failed = 0;
         for (i, (name, scenario)) in scenarios.iter().enumerate() {
             let key = format!("{run}-{i}");
-            match scenario(self, &key) {
+            match scenario(self, &runtime, &key) {
                 Ok(()) => println!("http {}: {name}: ok", self.name),
                 Err(e) => {
                     failed += 1;
@@ -535,6 +544,64 @@ impl Backend {
             format!("the retry applies: {retry:?}"),
         )?;
         expect(self.rows("u1", key)? == 1, "applied once")
+    }
+}
+
+#[cfg(feature = "cli")]
+impl Backend {
+    /// `diesel-inbox ARGS` on this backend's database.
+    fn cli(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(env!("CARGO_BIN_EXE_diesel-inbox"))
+            .arg("--database-url")
+            .arg(&self.url)
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        match out.status.success() {
+            true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+            false => Err(format!(
+                "diesel-inbox {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )),
+        }
+    }
+
+    async fn cli_scenario(&self, key: &str) -> Check {
+        let server = self.start(&self.url)?;
+        let client = reqwest::Client::new();
+        let consumer = consumer_name("payments");
+        let id = message_id(
+            "u1",
+            &IdempotencyKey::parse(key).map_err(|e| e.to_string())?,
+        );
+        pay(&client, &server, "u1", Some(key), 17, "").await?;
+        let status = self.cli(&["status", &consumer, &id, "--json"])?;
+        expect(
+            status.contains("\"applied\":true"),
+            format!("status shows the key applied: {status}"),
+        )?;
+        self.cli(&["forget", &consumer, &id])?;
+        let again = pay(&client, &server, "u1", Some(key), 17, "").await?;
+        expect(
+            again.status == 201 && !again.replayed,
+            format!("forgotten: the retry runs again: {again:?}"),
+        )?;
+        expect(self.rows("u1", key)? == 2, "two rows after the forget")?;
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        self.cli(&[
+            "purge",
+            "--older-than",
+            "1s",
+            "--force",
+            "--consumer",
+            &consumer,
+        ])?;
+        expect(self.stored("payments", "u1", key)? == 0, "purged")?;
+        let after = pay(&client, &server, "u1", Some(key), 17, "").await?;
+        expect(
+            after.status == 201 && !after.replayed,
+            "purged: the retry runs again",
+        )
     }
 }
 
