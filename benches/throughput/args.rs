@@ -81,6 +81,17 @@ struct Cli {
     /// The latency run's length, seconds [default: 10; smoke 1].
     #[arg(long)]
     outbox_secs: Option<u64>,
+    /// The HTTP front door (PostgreSQL): requests/s of an idempotent axum
+    /// endpoint against the same endpoint without the inbox, replays, and
+    /// the latency of a storm of concurrent retries of one key.
+    #[arg(long)]
+    http: bool,
+    /// Concurrent keep-alive connections of the HTTP load [default: 16; smoke 4].
+    #[arg(long)]
+    http_conns: Option<usize>,
+    /// Storms of 100 concurrent retries of one key [default: 20; smoke 1].
+    #[arg(long)]
+    http_storms: Option<usize>,
     /// Passed by `cargo bench` to harness = false targets.
     #[arg(long, hide = true)]
     bench: bool,
@@ -121,6 +132,10 @@ pub struct Args {
     pub outbox_messages: usize,
     pub outbox_rate: usize,
     pub outbox_secs: u64,
+    /// `--http` and its counts.
+    pub http: bool,
+    pub http_conns: usize,
+    pub http_storms: usize,
 }
 
 /// The process's arguments; clap's error (exit 2) or help (exit 0) on a
@@ -159,6 +174,9 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         outbox_messages: pick(cli.outbox_messages, 5_000, 100),
         outbox_rate: pick(cli.outbox_rate, 1_000, 100),
         outbox_secs: cli.outbox_secs.unwrap_or(if smoke { 1 } else { 10 }),
+        http: cli.http,
+        http_conns: pick(cli.http_conns, 16, 4),
+        http_storms: pick(cli.http_storms, 20, 1),
         scale_rows: cli.scale_rows.unwrap_or(if smoke {
             vec![0, 1_000]
         } else {

@@ -10,6 +10,7 @@
 //!     [--purge [--purge-rows 1000000] [--purge-batch 10000] [--purge-pause-ms 0]]
 //!     [--memory]
 //!     [--outbox [--outbox-messages 5000] [--outbox-rate 1000] [--outbox-secs 10]]
+//!     [--http [--http-conns 16] [--http-storms 20]]
 //! ```
 //!
 //! Variants run interleaved, and the sync variants' order rotates each
@@ -37,6 +38,14 @@
 //! against publishing the same messages with confirms and no database,
 //! interleaved; then commit-to-delivery latency at a steady rate with a
 //! relay in the same process; it writes `outbox.json`.
+//! `--http` (PostgreSQL, feature `axum`) serves an axum application in
+//! this process and loads it over `--http-conns` keep-alive connections
+//! (reqwest): requests/s of `POST /idempotent` (`Idempotent::run_async`,
+//! a new key per request) against `POST /plain` (the same insert in a
+//! diesel-async transaction, no inbox) and against replays of applied
+//! keys, interleaved; then `--http-storms` storms of 100 concurrent
+//! requests with one new key: the replays' latency p50/p99; it writes
+//! `http.json`.
 //!
 //! The program's modules: [`args`] (the command line), [`backends`] (each
 //! database behind the `Bench` trait), [`variants`] (the handlers and one
@@ -49,6 +58,8 @@
 
 mod args;
 mod backends;
+#[cfg(all(feature = "axum", feature = "postgres"))]
+mod http;
 mod memory;
 #[cfg(all(feature = "async", feature = "lapin"))]
 mod outbox;
@@ -117,6 +128,12 @@ fn run(args: &Args) -> Result<(), String> {
     }
     if args.memory {
         return memory::run(&targets, args);
+    }
+    if args.http {
+        #[cfg(all(feature = "axum", feature = "postgres"))]
+        return http::run(args);
+        #[cfg(not(all(feature = "axum", feature = "postgres")))]
+        return Err("--http needs the axum and postgres features".into());
     }
     #[cfg(all(feature = "async", feature = "lapin"))]
     if args.outbox {
