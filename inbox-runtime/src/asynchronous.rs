@@ -330,17 +330,7 @@ where
     for<'c> F: AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
 {
     let mark = observe::mark_async(conn);
-    let result = {
-        let mut running = std::pin::pin!(body(&mut *conn));
-        std::future::poll_fn(|cx| {
-            match panic::catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx))) {
-                Ok(Poll::Ready(result)) => Poll::Ready(Ok(result)),
-                Ok(Poll::Pending) => Poll::Pending,
-                Err(panic) => Poll::Ready(Err(panic)),
-            }
-        })
-        .await
-    };
+    let result = caught(body(&mut *conn)).await;
     match result {
         Ok(result) => Event::Ran {
             result,
@@ -358,6 +348,21 @@ where
             panic::resume_unwind(panic)
         }
     }
+}
+
+/// Runs `future` to its end, or to a panic in one of its polls, which is
+/// returned instead of unwinding further (the body's panics, and the HTTP
+/// front door's).
+pub async fn caught<F: Future>(future: F) -> Result<F::Output, Box<dyn std::any::Any + Send>> {
+    let mut running = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        match panic::catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx))) {
+            Ok(Poll::Ready(result)) => Poll::Ready(Ok(result)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    })
+    .await
 }
 
 /// Counts a failure of `(consumer, key)` as the sync driver does: in a

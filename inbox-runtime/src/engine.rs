@@ -736,4 +736,39 @@ mod tests {
         assert_eq!(steps[4..], [Step::Begin, Step::Claim, Step::Rollback]);
         assert!(matches!(outcome, Some(Ok(Ended::Duplicate(None)))));
     }
+
+    #[test]
+    fn a_wait_that_runs_out_is_in_flight_and_not_retried() {
+        let busy = || {
+            Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::Unknown,
+                Box::new("database is locked".to_string()),
+            )
+        };
+        let wait = Duration::from_millis(250);
+        // At the begin (SQLite's wait) and at the claim: refused at once.
+        let (steps, outcome) = run(
+            engine().waiting(Some(wait)),
+            vec![Event::Begun(Err((Scope::TopLevel, busy())))],
+        );
+        assert!(steps.is_empty());
+        assert!(
+            matches!(&outcome, Some(Err(InboxError::InFlight { wait: w, .. })) if *w == wait),
+            "{outcome:?}"
+        );
+        let (steps, outcome) = run(
+            engine().waiting(Some(wait)),
+            vec![
+                Event::Begun(Ok(Scope::TopLevel)),
+                Event::Claimed(Err(busy())),
+                Event::RolledBack,
+                Event::ShapeChecked(Ok(())),
+            ],
+        );
+        assert_eq!(steps, vec![Step::Claim, Step::Rollback, Step::CheckShape]);
+        assert!(matches!(outcome, Some(Err(InboxError::InFlight { .. }))));
+        // Without a bound the same error is transient: retried.
+        let (steps, _) = run(engine(), vec![Event::Begun(Err((Scope::TopLevel, busy())))]);
+        assert!(matches!(steps[..], [Step::Sleep(_)]));
+    }
 }

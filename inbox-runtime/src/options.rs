@@ -199,7 +199,7 @@ pub(crate) fn describe<E: std::fmt::Debug>(error: &E) -> String {
 }
 
 /// How a panic of the body reads in the failure count.
-pub(crate) fn describe_panic(payload: &(dyn std::any::Any + Send)) -> String {
+pub fn describe_panic(payload: &(dyn std::any::Any + Send)) -> String {
     let message = payload
         .downcast_ref::<&str>()
         .copied()

@@ -68,3 +68,11 @@ pub use crate::telemetry::HttpTelemetry;
 /// How a stored value is written and read back, for a type of the
 /// caller's own (the HTTP front door's stored responses).
 pub use crate::options::Codec;
+
+/// Runs a future to its end or to a panic, returned (the HTTP front
+/// door's `500`).
+#[cfg(feature = "async")]
+pub use crate::asynchronous::caught;
+
+/// How a panic's payload reads: "the body panicked: ...".
+pub use crate::options::describe_panic;

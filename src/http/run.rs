@@ -8,12 +8,8 @@ use super::problem;
 use super::stored::{capture, Replay, StoredResponse};
 use bytes::Bytes;
 use http::{HeaderName, Response};
-use inbox_runtime::__private::{Codec, HttpTelemetry};
+use inbox_runtime::__private::{caught, describe_panic, Codec, HttpTelemetry};
 use inbox_runtime::{AsyncBody, AsyncInboxConnection, Fingerprint, Inbox, InboxError, Stored};
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::pin;
-use std::task::Poll;
 use std::time::Duration;
 use tracing::Instrument;
 
@@ -165,104 +161,83 @@ impl<'k> Idempotent<'k> {
     {
         let telemetry = HttpTelemetry::start(&self.endpoint);
         let span = telemetry.span().clone();
-        let running = pin!(self.claim_and_run(conn, body).instrument(span));
-        let mut running = running;
-        let caught = std::future::poll_fn(|cx| {
-            match std::panic::catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx))) {
-                Ok(Poll::Ready(done)) => Poll::Ready(Ok(done)),
-                Ok(Poll::Pending) => Poll::Pending,
-                Err(panic) => Poll::Ready(Err(panic)),
+        let claim_and_run = async move {
+            if self.endpoint.is_empty() {
+                return Err(
+                    InboxError::InvalidArgument("Idempotent::new: the endpoint is empty").into(),
+                );
             }
-        })
-        .await;
+            if self.scope.is_empty() {
+                return Err(InboxError::InvalidArgument(
+                    "Idempotent::new: the scope is empty (the tenant, user or account the key belongs to)",
+                )
+                .into());
+            }
+            let id = message_id(&self.scope, self.key);
+            let (max, headers) = (self.max_stored_body, self.store_headers.as_slice());
+            let run = async move |conn: &mut C| -> Result<Captured<B>, Failed<E>> {
+                let response = body(conn).await.map_err(Failed::Handler)?;
+                let (stored, live) = capture(response, max, headers)
+                    .await
+                    .map_err(Failed::Body)?;
+                Ok(Captured {
+                    stored,
+                    live: Some(live),
+                })
+            };
+            let outcome = Inbox::consumer(&self.consumer)
+                .wait(self.wait)
+                .store_result()
+                .fingerprint(self.fingerprint.clone())
+                .run_async(conn, &id, run)
+                .await;
+            Ok(match outcome {
+                Ok(Stored::Applied(Captured { live: Some(live), .. })) => Answer::Live(live),
+                Ok(Stored::Applied(Captured { live: None, .. })) => {
+                    unreachable!("the body's own value keeps its response")
+                }
+                Ok(Stored::Duplicate(Some(captured))) => {
+                    Answer::Own("replayed", captured.stored.replay())
+                }
+                Ok(Stored::Duplicate(None)) => {
+                    return Err(InboxError::StoredResultUnreadable {
+                        consumer: self.consumer.into(),
+                        key: id.into(),
+                        reason: "the key's inbox row has no stored response (was it written by something other than the HTTP front door?)".into(),
+                    }
+                    .into())
+                }
+                Err(Failed::Handler(e)) => return Err(e),
+                Err(Failed::Body(reason)) => {
+                    return Err(InboxError::ResultNotStored {
+                        consumer: self.consumer.into(),
+                        key: id.into(),
+                        reason: reason.into(),
+                    }
+                    .into())
+                }
+                Err(Failed::Inbox(InboxError::KeyReused { .. })) => {
+                    Answer::Own("mismatch", problem::key_reused())
+                }
+                Err(Failed::Inbox(InboxError::InFlight { .. })) => {
+                    Answer::Own("conflict", problem::in_flight(1))
+                }
+                Err(Failed::Inbox(e)) => return Err(e.into()),
+            })
+        };
+        let caught = caught(claim_and_run.instrument(span)).await;
         let (outcome, answer) = match caught {
             Ok(Ok(answer)) => (answer.outcome(), Ok(answer)),
             Ok(Err(e)) => ("error", Err(e)),
             // The engine rolled the claim back before the panic went on.
             Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .copied()
-                    .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-                    .unwrap_or("a non-string payload");
-                tracing::error!(target: "diesel_inbox", parent: telemetry.span(), panic = message, "diesel-inbox: the request's handler panicked; rolled back, answered 500");
+                let panic = describe_panic(&*panic);
+                tracing::error!(target: "diesel_inbox", parent: telemetry.span(), panic, "diesel-inbox: the request's handler panicked; rolled back, answered 500");
                 ("error", Ok(Answer::Own("error", problem::panicked())))
             }
         };
         telemetry.finished(outcome);
         answer
-    }
-
-    async fn claim_and_run<C, B, E, F>(self, conn: &mut C, body: F) -> Result<Answer<B>, E>
-    where
-        C: AsyncInboxConnection,
-        for<'c> F: AsyncBody<&'c mut C, Result<Response<B>, E>, Fut: Send> + Clone + Send,
-        B: http_body::Body<Data = Bytes> + Unpin + Send,
-        B::Error: std::fmt::Display,
-        E: From<InboxError> + Send,
-    {
-        if self.endpoint.is_empty() {
-            return Err(
-                InboxError::InvalidArgument("Idempotent::new: the endpoint is empty").into(),
-            );
-        }
-        if self.scope.is_empty() {
-            return Err(InboxError::InvalidArgument(
-                "Idempotent::new: the scope is empty (the tenant, user or account the key belongs to)",
-            )
-            .into());
-        }
-        let id = message_id(&self.scope, self.key);
-        let (max, headers) = (self.max_stored_body, self.store_headers.as_slice());
-        let run = async move |conn: &mut C| -> Result<Captured<B>, Failed<E>> {
-            let response = body(conn).await.map_err(Failed::Handler)?;
-            let (stored, live) = capture(response, max, headers)
-                .await
-                .map_err(Failed::Body)?;
-            Ok(Captured {
-                stored,
-                live: Some(live),
-            })
-        };
-        let outcome = Inbox::consumer(&self.consumer)
-            .wait(self.wait)
-            .store_result()
-            .fingerprint(self.fingerprint.clone())
-            .run_async(conn, &id, run)
-            .await;
-        Ok(match outcome {
-            Ok(Stored::Applied(Captured { live: Some(live), .. })) => Answer::Live(live),
-            Ok(Stored::Applied(Captured { live: None, .. })) => {
-                unreachable!("the body's own value keeps its response")
-            }
-            Ok(Stored::Duplicate(Some(captured))) => {
-                Answer::Own("replayed", captured.stored.replay())
-            }
-            Ok(Stored::Duplicate(None)) => {
-                return Err(InboxError::StoredResultUnreadable {
-                    consumer: self.consumer.into(),
-                    key: id.into(),
-                    reason: "the key's inbox row has no stored response (was it written by something other than the HTTP front door?)".into(),
-                }
-                .into())
-            }
-            Err(Failed::Handler(e)) => return Err(e),
-            Err(Failed::Body(reason)) => {
-                return Err(InboxError::ResultNotStored {
-                    consumer: self.consumer.into(),
-                    key: id.into(),
-                    reason: reason.into(),
-                }
-                .into())
-            }
-            Err(Failed::Inbox(InboxError::KeyReused { .. })) => {
-                Answer::Own("mismatch", problem::key_reused())
-            }
-            Err(Failed::Inbox(InboxError::InFlight { .. })) => {
-                Answer::Own("conflict", problem::in_flight(1))
-            }
-            Err(Failed::Inbox(e)) => return Err(e.into()),
-        })
     }
 }
 

@@ -229,6 +229,38 @@ impl Backend {
         )
     }
 
+    /// A fresh connection's lock wait setting (what the server's body
+    /// reports, see `Db::LOCK_WAIT`).
+    fn lock_wait(&self) -> Result<String, String> {
+        #[derive(diesel::QueryableByName)]
+        struct Setting {
+            #[diesel(sql_type = Text)]
+            v: String,
+        }
+        macro_rules! setting {
+            ($conn:ty, $sql:expr) => {{
+                let mut conn = <$conn>::establish(&self.url).map_err(|e| e.to_string())?;
+                let row: Setting = diesel::sql_query($sql)
+                    .get_result(&mut conn)
+                    .map_err(|e| e.to_string())?;
+                Ok(row.v)
+            }};
+        }
+        match self.name {
+            #[cfg(feature = "postgres")]
+            "postgres" => setting!(
+                diesel::PgConnection,
+                "SELECT current_setting('lock_timeout') AS v"
+            ),
+            #[cfg(feature = "mysql")]
+            "mysql" => setting!(
+                diesel::MysqlConnection,
+                "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS v"
+            ),
+            _ => Ok("busy timeout".into()),
+        }
+    }
+
     fn count(&self, sql: &str, a: &str, b: &str) -> Result<i64, String> {
         #[derive(diesel::QueryableByName)]
         struct Count {

@@ -124,6 +124,19 @@ pub trait Db: Send + Sync + 'static {
         key: &'a str,
         amount: i64,
     ) -> impl std::future::Future<Output = diesel::QueryResult<i64>> + Send + 'a;
+    /// The connection's own lock wait setting, as the body sees it (the
+    /// front door's bound must not reach the body): `SQL` selects it as
+    /// `v`.
+    const LOCK_WAIT: &'static str;
+    fn lock_wait<'a>(
+        conn: &'a mut Self::Conn,
+    ) -> impl std::future::Future<Output = diesel::QueryResult<String>> + Send + 'a;
+}
+
+#[derive(diesel::QueryableByName)]
+pub struct Setting {
+    #[diesel(sql_type = Text)]
+    v: String,
 }
 
 pub struct Sqlite;
@@ -133,9 +146,20 @@ pub struct Postgres;
 pub struct Mysql;
 
 macro_rules! db {
-    ($db:ty, $conn:ty, $create:expr, $insert:expr) => {
+    ($db:ty, $conn:ty, $create:expr, $insert:expr, $lock_wait:expr) => {
         impl Db for $db {
             type Conn = $conn;
+            const LOCK_WAIT: &'static str = $lock_wait;
+            fn lock_wait<'a>(
+                conn: &'a mut Self::Conn,
+            ) -> impl std::future::Future<Output = diesel::QueryResult<String>> + Send + 'a {
+                async move {
+                    diesel::sql_query(Self::LOCK_WAIT)
+                        .get_result::<Setting>(conn)
+                        .await
+                        .map(|row| row.v)
+                }
+            }
             type Pool = Pool<$conn>;
             type Pooled = diesel_async::pooled_connection::deadpool::Object<$conn>;
             const CREATE: &'static str = $create;
@@ -181,21 +205,24 @@ db!(
     Sqlite,
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
     "CREATE TABLE IF NOT EXISTS http_payments (id INTEGER PRIMARY KEY AUTOINCREMENT, scope TEXT NOT NULL, idem_key TEXT NOT NULL, amount BIGINT NOT NULL)",
-    "INSERT INTO http_payments (scope, idem_key, amount) VALUES (?, ?, ?) RETURNING id"
+    "INSERT INTO http_payments (scope, idem_key, amount) VALUES (?, ?, ?) RETURNING id",
+    "SELECT 'busy timeout' AS v"
 );
 #[cfg(feature = "postgres")]
 db!(
     Postgres,
     diesel_async::AsyncPgConnection,
     "CREATE TABLE IF NOT EXISTS http_payments (id BIGSERIAL PRIMARY KEY, scope TEXT NOT NULL, idem_key TEXT NOT NULL, amount BIGINT NOT NULL)",
-    "INSERT INTO http_payments (scope, idem_key, amount) VALUES ($1, $2, $3) RETURNING id"
+    "INSERT INTO http_payments (scope, idem_key, amount) VALUES ($1, $2, $3) RETURNING id",
+    "SELECT current_setting('lock_timeout') AS v"
 );
 #[cfg(feature = "mysql")]
 db!(
     Mysql,
     diesel_async::AsyncMysqlConnection,
     "CREATE TABLE IF NOT EXISTS http_payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, scope VARCHAR(255) NOT NULL, idem_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)",
-    "INSERT INTO http_payments (scope, idem_key, amount) VALUES (?, ?, ?) RETURNING id"
+    "INSERT INTO http_payments (scope, idem_key, amount) VALUES (?, ?, ?) RETURNING id",
+    "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS v"
 );
 
 pub struct App<D: Db> {
@@ -228,6 +255,7 @@ async fn create_payment<D: Db>(
     let response = idempotent
         .run_async(&mut *conn, async |conn: &mut D::Conn| {
             let id = D::insert(conn, &user, key.as_str(), req.amount).await?;
+            let lock_wait = D::lock_wait(conn).await?;
             if knobs.sleep_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(knobs.sleep_ms)).await;
             }
@@ -240,7 +268,7 @@ async fn create_payment<D: Db>(
             Ok::<_, AppError>((
                 StatusCode::CREATED,
                 [(header::LOCATION, format!("/payments/{}", id))],
-                Json(serde_json::json!({ "id": id, "amount": req.amount })),
+                Json(serde_json::json!({ "id": id, "amount": req.amount, "lock_wait": lock_wait })),
             ))
         })
         .await?;

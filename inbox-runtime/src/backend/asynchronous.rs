@@ -95,29 +95,7 @@ pub(crate) trait AsyncInternals:
         fingerprint: Option<&[u8]>,
         wait: std::time::Duration,
     ) -> impl Future<Output = BeginClaim> + Send {
-        async move {
-            let Some(bound) = <Self::Backend as super::Internals>::wait_bound(wait) else {
-                return self.inbox_begin_claim(consumer, key, fingerprint).await;
-            };
-            let begun = self.inbox_begin().await;
-            if begun.is_err() {
-                return (begun, None);
-            }
-            if let Err(e) = self.batch_execute(&bound.set).await {
-                return (begun, Some(Err(e)));
-            }
-            let claimed = self.inbox_claim(consumer, key, fingerprint).await;
-            let restored = match claimed.is_ok() || !bound.rollback_restores {
-                true => self.batch_execute(bound.restore).await,
-                false => Ok(()),
-            };
-            // A claim that worked and a bound that stayed would bound the
-            // body's own lock waits: the call fails instead.
-            (
-                begun,
-                Some(claimed.and_then(|claimed| restored.map(|()| claimed))),
-            )
-        }
+        begin_claim_waiting(self, consumer, key, fingerprint, wait)
     }
 
     /// The batch claim, with each key's fingerprint if given: the keys
@@ -289,6 +267,38 @@ where
     fn connection(&mut self) -> &mut C {
         self
     }
+}
+
+/// [`AsyncInternals::inbox_begin_claim_waiting`] as a sequence of steps:
+/// begin, the backend's bound, the claim, the connection's own bound back.
+pub(crate) async fn begin_claim_waiting<C: AsyncInternals + ?Sized>(
+    conn: &mut C,
+    consumer: &str,
+    key: &str,
+    fingerprint: Option<&[u8]>,
+    wait: std::time::Duration,
+) -> BeginClaim {
+    let Some(bound) = <C::Backend as super::Internals>::wait_bound(wait) else {
+        return conn.inbox_begin_claim(consumer, key, fingerprint).await;
+    };
+    let begun = conn.inbox_begin().await;
+    if begun.is_err() {
+        return (begun, None);
+    }
+    if let Err(e) = conn.batch_execute(&bound.set).await {
+        return (begun, Some(Err(e)));
+    }
+    let claimed = conn.inbox_claim(consumer, key, fingerprint).await;
+    let restored = match claimed.is_ok() || !bound.rollback_restores {
+        true => conn.batch_execute(bound.restore).await,
+        false => Ok(()),
+    };
+    // A claim that worked and a bound that stayed would bound the body's
+    // own lock waits: the call fails instead.
+    (
+        begun,
+        Some(claimed.and_then(|claimed| restored.map(|()| claimed))),
+    )
 }
 
 /// What [`AsyncInboxConnection::inbox_begin_claim`] did: the begin's

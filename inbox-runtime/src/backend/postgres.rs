@@ -208,8 +208,36 @@ struct Claim<'a, Id> {
     consumer: &'a str,
     key: &'a str,
     fingerprint: Option<&'a [u8]>,
+    /// Whether its `RETURNING` restores the caller's `lock_timeout`
+    /// ([`Restoring`]).
+    restores: bool,
     id: std::marker::PhantomData<Id>,
 }
+
+/// The claim of a call whose wait is bounded (`Inbox::wait`): its
+/// `RETURNING` also restores the `lock_timeout` that [`WAIT_BOUND`] set
+/// aside, in the row it returns for an inserted key, so that the body runs
+/// under the connection's own; a duplicate runs no body, and its rollback
+/// restores it. A statement of its own (its own query id).
+#[cfg(feature = "async")]
+#[derive(Debug, Clone, Copy)]
+struct Restoring<Id>(std::marker::PhantomData<Id>);
+
+/// Sets a claim's wait bound (`{ms}`), setting the caller's own
+/// `lock_timeout` aside in a placeholder setting of ours; both
+/// transaction-local (`set_config(.., true)`).
+const WAIT_BOUND: &str =
+    "SELECT set_config('diesel_inbox.lock_timeout', current_setting('lock_timeout'), true), \
+     set_config('lock_timeout', '{ms}ms', true)";
+
+/// Restores the `lock_timeout` that [`WAIT_BOUND`] set aside: an
+/// expression ([`WAIT_RESTORE`]) and a statement.
+macro_rules! wait_restore {
+    () => {
+        "set_config('lock_timeout', current_setting('diesel_inbox.lock_timeout'), true)"
+    };
+}
+const WAIT_RESTORE: &str = wait_restore!();
 
 impl<'a> Claim<'a, Plain> {
     fn plain(consumer_name: &'a str, key: &'a str) -> Self {
@@ -217,6 +245,7 @@ impl<'a> Claim<'a, Plain> {
             consumer: consumer_name,
             key,
             fingerprint: None,
+            restores: false,
             id: std::marker::PhantomData,
         }
     }
@@ -228,6 +257,21 @@ impl<'a> Claim<'a, Fingerprinted> {
             consumer: consumer_name,
             key,
             fingerprint: Some(fingerprint),
+            restores: false,
+            id: std::marker::PhantomData,
+        }
+    }
+}
+
+#[cfg(feature = "async")]
+impl<'a, Id> Claim<'a, Id> {
+    /// The same claim, restoring the caller's `lock_timeout` ([`Restoring`]).
+    fn restoring(self) -> Claim<'a, Restoring<Id>> {
+        Claim {
+            consumer: self.consumer,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            restores: true,
             id: std::marker::PhantomData,
         }
     }
@@ -314,6 +358,11 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
         out.push_sql(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING '");
         out.push_sql(self.marker());
         out.push_sql("'::text");
+        if self.restores {
+            out.push_sql(" || left(");
+            out.push_sql(WAIT_RESTORE);
+            out.push_sql(", 0)");
+        }
         Ok(())
     }
 }
@@ -541,11 +590,8 @@ impl Internals for Pg {
     fn wait_bound(wait: std::time::Duration) -> Option<super::WaitBound> {
         let ms = wait.as_millis().clamp(1, i32::MAX as u128);
         Some(super::WaitBound {
-            set: format!(
-                "SELECT set_config('diesel_inbox.lock_timeout', current_setting('lock_timeout'), true), \
-                 set_config('lock_timeout', '{ms}ms', true)"
-            ),
-            restore: "SELECT set_config('lock_timeout', current_setting('diesel_inbox.lock_timeout'), true)",
+            set: WAIT_BOUND.replace("{ms}", &ms.to_string()),
+            restore: concat!("SELECT ", wait_restore!()),
             rollback_restores: true,
         })
     }
@@ -740,7 +786,9 @@ mod tests {
 #[cfg(feature = "async")]
 mod asynchronous {
     use super::*;
-    use crate::backend::asynchronous::{AsyncInboxConnection, AsyncInternals, AsyncMigration};
+    use crate::backend::asynchronous::{
+        AsyncInboxConnection, AsyncInternals, AsyncMigration, BeginClaim,
+    };
     use crate::backend::transaction::{ansi, Scope};
     use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 
@@ -794,6 +842,60 @@ mod asynchronous {
                         .await
                 }
             }
+        }
+
+        /// At top level, two round trips: `BEGIN` and the bound in one
+        /// (the simple query protocol runs both), then the claim, whose
+        /// `RETURNING` restores the caller's `lock_timeout` ([`Restoring`]).
+        /// Inside the caller's transaction, the general sequence.
+        async fn inbox_begin_claim_waiting(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+            fingerprint_bytes: Option<&[u8]>,
+            wait: std::time::Duration,
+        ) -> BeginClaim {
+            use diesel_async::TransactionManager;
+            if crate::backend::transaction::transaction_open_async(self) {
+                return crate::backend::asynchronous::begin_claim_waiting(
+                    self,
+                    consumer_name,
+                    key,
+                    fingerprint_bytes,
+                    wait,
+                )
+                .await;
+            }
+            let bound = Pg::wait_bound(wait).expect("PostgreSQL bounds a claim's wait");
+            let begin = format!("BEGIN; {}", bound.set);
+            if let Err(e) = self.batch_execute(&begin).await {
+                // The BEGIN may have run: end what it opened.
+                let _ = self.batch_execute("ROLLBACK").await;
+                return (Err((Scope::TopLevel, e)), None);
+            }
+            let status = diesel_async::AnsiTransactionManager::transaction_manager_status_mut(self);
+            if let Err(e) = crate::backend::record_boundary(
+                status,
+                diesel::connection::TransactionDepthChange::IncreaseDepth,
+            ) {
+                let _ = self.batch_execute("ROLLBACK").await;
+                return (Err((Scope::TopLevel, e)), None);
+            }
+            let claimed = match fingerprint_bytes {
+                None => {
+                    Claim::plain(consumer_name, key)
+                        .restoring()
+                        .run_async(self)
+                        .await
+                }
+                Some(bytes) => {
+                    Claim::fingerprinted(consumer_name, key, bytes)
+                        .restoring()
+                        .run_async(self)
+                        .await
+                }
+            };
+            (Ok(Scope::TopLevel), Some(claimed))
         }
 
         async fn inbox_claim_batch(
