@@ -271,7 +271,7 @@ where
 
 /// [`AsyncInternals::inbox_begin_claim_waiting`] as a sequence of steps:
 /// begin, the backend's bound, the claim, the connection's own bound back.
-pub(crate) async fn begin_claim_waiting<C: AsyncInternals + ?Sized>(
+pub(crate) async fn begin_claim_waiting<C: AsyncInternals>(
     conn: &mut C,
     consumer: &str,
     key: &str,
