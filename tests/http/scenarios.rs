@@ -338,6 +338,13 @@ impl Backend {
             first.status == 201 && !first.replayed,
             format!("applied: {first:?}"),
         )?;
+        let seen: serde_json::Value =
+            serde_json::from_slice(&first.body).map_err(|e| e.to_string())?;
+        let own = self.lock_wait()?;
+        expect(
+            seen["lock_wait"] == own.as_str(),
+            format!("the body runs under the connection's own lock wait {own}, not the front door's: {seen}"),
+        )?;
         let other = pay(&client, &server, "u1", Some(key), 2, "").await?;
         expect(
             other.status == 422,
