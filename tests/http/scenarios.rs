@@ -54,17 +54,20 @@ pub fn main() {
     std::fs::create_dir_all(&sqlite_dir).expect("temp dir");
     let mut backends = vec![Backend {
         name: "sqlite",
+        kind: "sqlite",
         url: sqlite_dir.join("http.db").to_string_lossy().into_owned(),
         port: None,
     }];
-    for (name, var, port, enabled) in [
+    for (name, kind, var, port, enabled) in [
         (
+            "postgres",
             "postgres",
             "INBOX_TEST_POSTGRES_URL",
             5432,
             cfg!(feature = "postgres"),
         ),
         (
+            "mysql",
             "mysql",
             "INBOX_TEST_MYSQL_URL",
             3306,
@@ -74,6 +77,7 @@ pub fn main() {
         match std::env::var(var) {
             Ok(url) if !url.is_empty() && enabled => backends.push(Backend {
                 name,
+                kind,
                 url,
                 port: Some(port),
             }),
@@ -101,6 +105,8 @@ pub fn main() {
 
 struct Backend {
     name: &'static str,
+    /// The server's backend: `sqlite`, `postgres` or `mysql`.
+    kind: &'static str,
     url: String,
     /// The server's default port (for the proxy), `None` for SQLite.
     port: Option<u16>,
@@ -189,7 +195,7 @@ impl Backend {
     fn start(&self, url: &str) -> Result<Server, String> {
         let mut child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
             .env("INBOX_HTTP_ROLE", "server")
-            .env("INBOX_HTTP_BACKEND", self.name)
+            .env("INBOX_HTTP_BACKEND", self.kind)
             .env("INBOX_HTTP_DB", url)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -246,7 +252,7 @@ impl Backend {
                 Ok(row.v)
             }};
         }
-        match self.name {
+        match self.kind {
             #[cfg(feature = "postgres")]
             "postgres" => setting!(
                 diesel::PgConnection,
@@ -278,7 +284,7 @@ impl Backend {
                 Ok(counted.n)
             }};
         }
-        match self.name {
+        match self.kind {
             "sqlite" => {
                 let mut conn =
                     diesel::SqliteConnection::establish(&self.url).map_err(|e| e.to_string())?;
@@ -559,7 +565,7 @@ impl Backend {
         )?;
         // mysql_async moves a loopback connection to the server's Unix
         // socket unless told not to: that would bypass the proxy.
-        let routed = match self.name {
+        let routed = match self.kind {
             "mysql" if routed.contains('?') => format!("{routed}&prefer_socket=false"),
             "mysql" => format!("{routed}?prefer_socket=false"),
             _ => routed,
