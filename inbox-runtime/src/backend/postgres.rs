@@ -868,40 +868,8 @@ mod asynchronous {
             }
             let bound = Pg::wait_bound(wait).expect("PostgreSQL bounds a claim's wait");
             let begin = format!("BEGIN; {}", bound.set);
-            // One round trip: the claim is pipelined behind `BEGIN` and the
-            // bound (tokio-postgres sends a connection's requests in the
-            // order they are made, and the claim's is made after theirs).
-            let shared: &AsyncPgConnection = self;
-            let (mut first, mut second) = (shared, shared);
-            let claim = async {
-                let rows: QueryResult<Vec<String>> = match fingerprint_bytes {
-                    None => {
-                        let claim = Claim::plain(consumer_name, key).restoring();
-                        diesel_async::RunQueryDsl::load(claim, &mut second).await
-                    }
-                    Some(bytes) => {
-                        let claim = Claim::fingerprinted(consumer_name, key, bytes).restoring();
-                        diesel_async::RunQueryDsl::load(claim, &mut second).await
-                    }
-                };
-                rows
-            };
-            let (begun, rows) = both(first.batch_execute(&begin), claim).await;
-            let marker = match fingerprint_bytes {
-                None => CLAIM,
-                Some(_) => CLAIM_FINGERPRINTED,
-            };
-            if let Err(e) = begun {
-                // Nothing was opened, so the claim ran on its own: a row
-                // it inserted without its body must not stay.
-                if rows.is_ok_and(|rows| matches!(verdict(marker, &rows), Ok(Some(true)))) {
-                    let _ = crate::backend::asynchronous::AsyncStatements::inbox_forget(
-                        self,
-                        consumer_name,
-                        key,
-                    )
-                    .await;
-                }
+            if let Err(e) = self.batch_execute(&begin).await {
+                // The BEGIN may have run: end what it opened.
                 let _ = self.batch_execute("ROLLBACK").await;
                 return (Err((Scope::TopLevel, e)), None);
             }
@@ -913,18 +881,19 @@ mod asynchronous {
                 let _ = self.batch_execute("ROLLBACK").await;
                 return (Err((Scope::TopLevel, e)), None);
             }
-            let claimed = match rows.and_then(|rows| verdict(marker, &rows)) {
-                Ok(Some(inserted)) => Ok(inserted),
-                Ok(None) => {
-                    let present = Present {
-                        consumer: consumer_name,
-                        key,
-                    };
-                    diesel_async::RunQueryDsl::load(present, self)
+            let claimed = match fingerprint_bytes {
+                None => {
+                    Claim::plain(consumer_name, key)
+                        .restoring()
+                        .run_async(self)
                         .await
-                        .and_then(|rows| present_verdict(&rows))
                 }
-                Err(e) => Err(e),
+                Some(bytes) => {
+                    Claim::fingerprinted(consumer_name, key, bytes)
+                        .restoring()
+                        .run_async(self)
+                        .await
+                }
             };
             (Ok(Scope::TopLevel), Some(claimed))
         }
@@ -965,35 +934,6 @@ mod asynchronous {
         async fn inbox_rollback(&mut self) {
             ansi::rollback(self).await
         }
-    }
-
-    /// Runs two futures together, polling `a` first; both outputs.
-    async fn both<A: std::future::Future, B: std::future::Future>(
-        a: A,
-        b: B,
-    ) -> (A::Output, B::Output) {
-        use std::task::Poll;
-        let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
-        let (mut done_a, mut done_b) = (None, None);
-        std::future::poll_fn(|cx| {
-            if done_a.is_none() {
-                if let Poll::Ready(out) = a.as_mut().poll(cx) {
-                    done_a = Some(out);
-                }
-            }
-            if done_b.is_none() {
-                if let Poll::Ready(out) = b.as_mut().poll(cx) {
-                    done_b = Some(out);
-                }
-            }
-            match (done_a.is_some(), done_b.is_some()) {
-                (true, true) => {
-                    Poll::Ready((done_a.take().expect("ready"), done_b.take().expect("ready")))
-                }
-                _ => Poll::Pending,
-            }
-        })
-        .await
     }
 
     impl AsyncMigration for AsyncPgConnection {
