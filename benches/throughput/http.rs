@@ -6,6 +6,9 @@
 //! - `plain`: `POST /plain`, the insert in a diesel-async transaction;
 //! - `idempotent`: `POST /idempotent`, the insert through
 //!   `Idempotent::run_async` with a fingerprint, a new key per request;
+//! - `inbox`: `POST /inbox`, the insert through `Inbox::run_async` with
+//!   the key (no stored response, no fingerprint, no wait bound): what
+//!   the claim alone costs, against what the front door adds;
 //! - `replay`: `POST /idempotent` with keys applied before the round
 //!   (untimed), so every request is answered from the stored response.
 //!
@@ -35,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const VARIANTS: [&str; 3] = ["plain", "idempotent", "replay"];
+const VARIANTS: [&str; 4] = ["plain", "inbox", "idempotent", "replay"];
 const INSERT: &str = "INSERT INTO bench_http (id, amount) VALUES ($1, $2)";
 
 struct App {
@@ -49,6 +52,7 @@ struct Order {
 }
 
 /// The bench's error: every failure is a 500 (none is expected).
+#[derive(Debug)]
 struct Failed(String);
 
 impl From<InboxError> for Failed {
@@ -82,6 +86,23 @@ async fn plain(State(app): State<Arc<App>>, Json(order): Json<Order>) -> Result<
     let mut conn = app.pool.get().await.map_err(|e| Failed(e.to_string()))?;
     let order = &order;
     conn.transaction(async |c| insert(c, order).await).await?;
+    Ok((StatusCode::CREATED, Json(order)).into_response())
+}
+
+async fn inbox(
+    State(app): State<Arc<App>>,
+    key: IdempotencyKey,
+    Json(order): Json<Order>,
+) -> Result<Response, Failed> {
+    let mut conn = app.pool.get().await.map_err(|e| Failed(e.to_string()))?;
+    let order = &order;
+    diesel_inbox::Inbox::consumer("http:bench-inbox")
+        .run_async(
+            &mut *conn,
+            key.as_str(),
+            async |conn: &mut AsyncPgConnection| insert(conn, order).await,
+        )
+        .await?;
     Ok((StatusCode::CREATED, Json(order)).into_response())
 }
 
@@ -134,6 +155,7 @@ async fn measure(args: &Args, url: String) -> Result<(), String> {
     let app = Router::new()
         .route("/plain", post(plain))
         .route("/idempotent", post(idempotent))
+        .route("/inbox", post(inbox))
         .with_state(Arc::new(App { pool }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -182,10 +204,12 @@ async fn measure(args: &Args, url: String) -> Result<(), String> {
     };
     let (plain_rate, idem_rate, replay_rate) =
         (median("plain"), median("idempotent"), median("replay"));
+    let inbox_rate = median("inbox");
     println!(
-        "http postgres, {} connections, {} rounds: plain {plain_rate:.0}/s, idempotent {idem_rate:.0}/s (ratio {:.2}), replay {replay_rate:.0}/s ({:.2}x idempotent)",
+        "http postgres, {} connections, {} rounds: plain {plain_rate:.0}/s, inbox {inbox_rate:.0}/s ({:.2}), idempotent {idem_rate:.0}/s (ratio {:.2}), replay {replay_rate:.0}/s ({:.2}x idempotent)",
         args.http_conns,
         args.rounds,
+        inbox_rate / plain_rate,
         idem_rate / plain_rate,
         replay_rate / idem_rate
     );
@@ -237,7 +261,7 @@ async fn measure(args: &Args, url: String) -> Result<(), String> {
         replays.len()
     );
     let json = format!(
-        "{{\"backend\":\"postgres\",\"connections\":{},\"rounds\":{},\"min_secs\":{},\"plain\":{plain_rate:.1},\"idempotent\":{idem_rate:.1},\"replay\":{replay_rate:.1},\"ratio\":{:.3},\"replay_ratio\":{:.3},\"storms\":{},\"storm_replays\":{},\"storm_p50_ms\":{p50:.2},\"storm_p99_ms\":{p99:.2},\"storm_max_ms\":{max:.2}}}\n",
+        "{{\"backend\":\"postgres\",\"connections\":{},\"rounds\":{},\"min_secs\":{},\"plain\":{plain_rate:.1},\"inbox\":{inbox_rate:.1},\"idempotent\":{idem_rate:.1},\"replay\":{replay_rate:.1},\"ratio\":{:.3},\"replay_ratio\":{:.3},\"storms\":{},\"storm_replays\":{},\"storm_p50_ms\":{p50:.2},\"storm_p99_ms\":{p99:.2},\"storm_max_ms\":{max:.2}}}\n",
         args.http_conns,
         args.rounds,
         args.min_secs,
@@ -277,6 +301,7 @@ async fn load(
                     let n = counter.fetch_add(1, Ordering::Relaxed);
                     let (path, key) = match variant.as_str() {
                         "plain" => ("plain", None),
+                        "inbox" => ("inbox", Some(format!("{run}-i{n}"))),
                         "idempotent" => ("idempotent", Some(format!("{run}-{n}"))),
                         _ => (
                             "idempotent",
