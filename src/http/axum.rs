@@ -9,7 +9,7 @@ use axum_core::body::Body;
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
 use http::request::Parts;
-use inbox_runtime::{AsyncBody, AsyncInboxConnection, InboxError};
+use inbox_runtime::{AsAsyncConnection, AsyncBody, AsyncInboxConnection, InboxError};
 
 impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     type Rejection = InvalidIdempotencyKey;
@@ -36,7 +36,8 @@ impl IntoResponse for InvalidIdempotencyKey {
 
 impl Idempotent<'_> {
     /// Runs `body`, `async |conn| -> Result<impl IntoResponse, E>`, in one
-    /// transaction with the key's claim, and answers:
+    /// transaction with the key's claim, on `conn`: an async connection
+    /// (`&mut conn`) or one from a pool (`&mut pooled`), and answers:
     ///
     /// - the first time: the body's response, stored (status,
     ///   `Content-Type`, `Location`, `ETag`, `Content-Encoding`, the
@@ -60,8 +61,9 @@ impl Idempotent<'_> {
     /// statements (a deadlock, a serialization failure) reruns the
     /// transaction, so the body is `Clone` (an `async` closure that
     /// borrows what it uses is).
-    pub async fn run_async<C, R, E, F>(self, conn: &mut C, body: F) -> Result<Response, E>
+    pub async fn run_async<P, Via, C, R, E, F>(self, conn: &mut P, body: F) -> Result<Response, E>
     where
+        P: AsAsyncConnection<C, Via>,
         C: AsyncInboxConnection,
         for<'c> F: AsyncBody<&'c mut C, Result<R, E>, Fut: Send> + Clone + Send,
         R: IntoResponse,
@@ -70,7 +72,7 @@ impl Idempotent<'_> {
         let body = async move |conn: &mut C| -> Result<Response, E> {
             body(conn).await.map(IntoResponse::into_response)
         };
-        Ok(match self.run_http(conn, body).await? {
+        Ok(match self.run_http(conn.connection(), body).await? {
             Answer::Live(response) => response.map(Body::new),
             Answer::Own(_, response) => response.map(Body::from),
         })

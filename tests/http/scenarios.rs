@@ -144,7 +144,7 @@ impl Backend {
                 |b, rt, k| rt.block_on(b.concurrent(k)),
             ),
             (
-                "a reused key, another scope, a missing or invalid key",
+                "a reused key, another scope, a missing, invalid or optional key",
                 |b, rt, k| rt.block_on(b.keys(k)),
             ),
             ("a body's error rolls back and frees the key", |b, rt, k| {
@@ -382,7 +382,44 @@ impl Backend {
         expect(
             invalid.status == 400 && problem(&invalid),
             format!("an invalid key: 400, got {invalid:?}"),
-        )
+        )?;
+        self.optional_key(&client, &server, key).await
+    }
+
+    /// `Option<IdempotencyKey>`: without the header the body runs each
+    /// time; an invalid one is still a 400; a valid one deduplicates.
+    async fn optional_key(&self, client: &reqwest::Client, server: &Server, key: &str) -> Check {
+        let user = format!("notes-{key}");
+        let send = |key: Option<&str>| {
+            let mut request = client
+                .post(format!("{}/notes", server.base))
+                .header("x-user", &user);
+            if let Some(key) = key {
+                request = request.header("idempotency-key", key);
+            }
+            async move { got(request.send().await.map_err(|e| e.to_string())?).await }
+        };
+        for _ in 0..2 {
+            let plain = send(None).await?;
+            expect(
+                plain.status == 201 && !plain.replayed,
+                format!("no key: the body runs: {plain:?}"),
+            )?;
+        }
+        expect(self.rows(&user, "no key")? == 2, "no key: no deduplication")?;
+        let invalid = send(Some("a b")).await?;
+        expect(
+            invalid.status == 400 && problem(&invalid),
+            format!("an optional key that is invalid: 400, got {invalid:?}"),
+        )?;
+        let note = format!("{key}-note");
+        let first = send(Some(&note)).await?;
+        let again = send(Some(&note)).await?;
+        expect(
+            first.status == 201 && !first.replayed && again.replayed && again.body == first.body,
+            "an optional key given: deduplicated",
+        )?;
+        expect(self.rows(&user, &note)? == 1, "applied once")
     }
 
     async fn failed(&self, key: &str) -> Check {

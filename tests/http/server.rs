@@ -179,6 +179,7 @@ macro_rules! db {
                 Router::new()
                     .route("/payments", post(create_payment::<$db>))
                     .route("/blobs", post(create_blob::<$db>))
+                    .route("/notes", post(create_note::<$db>))
                     .with_state(app)
             }
             fn insert<'a>(
@@ -253,7 +254,7 @@ async fn create_payment<D: Db>(
         idempotent = idempotent.wait(Duration::from_millis(ms));
     }
     let response = idempotent
-        .run_async(&mut *conn, async |conn: &mut D::Conn| {
+        .run_async(&mut conn, async |conn| {
             let id = D::insert(conn, &user, key.as_str(), req.amount).await?;
             let lock_wait = D::lock_wait(conn).await?;
             if knobs.sleep_ms > 0 {
@@ -276,6 +277,26 @@ async fn create_payment<D: Db>(
         die();
     }
     Ok(response)
+}
+
+/// `POST /notes`: the key is optional (`Option<IdempotencyKey>`); without
+/// one the body runs without deduplication.
+async fn create_note<D: Db>(
+    State(app): State<std::sync::Arc<App<D>>>,
+    key: Option<IdempotencyKey>,
+    User(user): User,
+) -> Result<Response, AppError> {
+    let mut conn = D::get(&app.pool).await?;
+    let Some(key) = key else {
+        let id = D::insert(&mut conn, &user, "no key", 1).await?;
+        return Ok((StatusCode::CREATED, id.to_string()).into_response());
+    };
+    Idempotent::new("notes", &user, &key)
+        .run_async(&mut conn, async |conn| {
+            let id = D::insert(conn, &user, key.as_str(), 1).await?;
+            Ok::<_, AppError>((StatusCode::CREATED, id.to_string()))
+        })
+        .await
 }
 
 /// `POST /blobs?size=N`: a binary body of `size` bytes (every byte value),
