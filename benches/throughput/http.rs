@@ -96,14 +96,19 @@ async fn inbox(
 ) -> Result<Response, Failed> {
     let mut conn = app.pool.get().await.map_err(|e| Failed(e.to_string()))?;
     let order = &order;
-    diesel_inbox::Inbox::consumer("http:bench-inbox")
+    let outcome = diesel_inbox::Inbox::consumer("http:bench-inbox")
         .run_async(
             &mut *conn,
             key.as_str(),
             async |conn: &mut AsyncPgConnection| insert(conn, order).await,
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(order)).into_response())
+    match outcome {
+        diesel_inbox::Processed::Applied(()) => {
+            Ok((StatusCode::CREATED, Json(order)).into_response())
+        }
+        diesel_inbox::Processed::Duplicate => Err(Failed("every key is new".into())),
+    }
 }
 
 async fn idempotent(
