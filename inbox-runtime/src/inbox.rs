@@ -456,6 +456,11 @@ where
                 "max_attempts counts the failures of one message's key: a batch cannot use it",
             ));
         }
+        if self.wait.is_some() {
+            return Err(InboxError::InvalidArgument(
+                "Inbox::wait bounds a single call's claim (run_async, run_once_async): a batch cannot use it",
+            ));
+        }
         let consumer = self.consumer.consumer_name()?;
         let fingerprint = |m: &Msg| self.mode.fingerprint_of(m);
         let fingerprint: Option<&FingerprintOf<'_, Msg>> =

@@ -304,7 +304,11 @@ fn busy_timeout<T>(
     let ms = wait.as_millis().clamp(1, i32::MAX as u128);
     diesel::sql_query(format!("PRAGMA busy_timeout = {ms}")).execute(conn)?;
     let out = f(conn);
-    diesel::sql_query(format!("PRAGMA busy_timeout = {own}")).execute(conn)?;
+    // `f` ran (a transaction may be open): its result stands; a busy
+    // timeout left at `wait` only changes how long this connection waits.
+    if let Err(e) = diesel::sql_query(format!("PRAGMA busy_timeout = {own}")).execute(conn) {
+        tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: the busy timeout could not be restored");
+    }
     Ok(out)
 }
 
