@@ -29,7 +29,7 @@ LAYERS = [
         "backend::statements", "backend", "backend::shape",
     )),
     ("ground", (
-        "error", "handler", "key", "fingerprint", "processed", "schema", "rows", "wake",
+        "error", "handler", "key", "fingerprint", "processed", "schema", "rows", "wake", "fence",
         "backoff",
         "backend::errors",
     )),

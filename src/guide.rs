@@ -9,6 +9,8 @@
 //! - [`brokers`]: RabbitMQ and NATS consumers that ack after the commit.
 //! - [`http`]: the HTTP front door: `Idempotency-Key` on axum handlers
 //!   (feature `axum`).
+//! - [`kafka`]: Kafka consumers whose positions live in the handler's
+//!   transaction, and the outbox's Kafka publisher (feature `kafka`).
 //! - [`outbox`]: the transactional outbox: enqueue in the handler's
 //!   transaction, the relay, order per key, dead messages, retention.
 //! - [`operations`]: retention, inspection, replays, the CLI, observability.
@@ -40,6 +42,14 @@ pub mod brokers {}
     doc = "The HTTP front door (`Idempotency-Key` on axum handlers): this page is built with the `axum` feature, as docs.rs builds it."
 )]
 pub mod http {}
+
+// Its examples need the feature: without it the page is a pointer.
+#[cfg_attr(feature = "kafka", doc = include_str!("../docs/guide/kafka.md"))]
+#[cfg_attr(
+    not(feature = "kafka"),
+    doc = "Kafka consumers whose positions live in the handler's transaction, and the outbox's Kafka publisher: this page is built with the `kafka` feature, as docs.rs builds it."
+)]
+pub mod kafka {}
 
 #[doc = include_str!("../docs/guide/outbox.md")]
 pub mod outbox {}

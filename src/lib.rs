@@ -261,11 +261,12 @@ pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
     attempts, attempts_list, consumers, ddl, forget, inbox, inbox_messages, migrate,
-    outbox_messages, purge, schema_version, stats, status, validate_key, Attempts, Batch,
-    ConsumerName, ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend,
-    InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey, Outcome, Processed, Purge,
-    PurgeReport, RegisteredHandler, RetryableError, Stored, StoredResult, TableProblem,
-    DEFAULT_RETRIES, DEFAULT_SLEEP_COEF, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
+    outbox_messages, positions, purge, schema_version, stats, status, validate_key, Attempts,
+    Batch, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox,
+    InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey, Outcome,
+    Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored, StoredResult,
+    StreamPosition, TableProblem, DEFAULT_RETRIES, DEFAULT_SLEEP_COEF, MAX_KEY_BYTES,
+    MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.
@@ -273,8 +274,8 @@ extern crate self as diesel_inbox;
 
 #[cfg(feature = "async")]
 pub use inbox_runtime::{
-    attempts_async, attempts_list_async, forget_async, migrate_async, purge_async, stats_async,
-    status_async, AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+    attempts_async, attempts_list_async, forget_async, migrate_async, positions_async, purge_async,
+    stats_async, status_async, AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[doc(hidden)]
@@ -283,11 +284,14 @@ pub use inbox_runtime::__private;
 pub mod guide;
 pub mod outbox;
 
-#[cfg(any(feature = "lapin", feature = "nats"))]
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 pub mod brokers;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod http;
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub mod kafka;
 #[cfg(feature = "lapin")]
 pub mod lapin;
 #[cfg(feature = "nats")]

@@ -262,6 +262,15 @@ mod suite {
             not(inbox_test_mysql),
             ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
         )]
+        fn migrate_refuses_a_positions_table_without_its_columns() {
+            check::a_wrong_positions_table_is_refused(fresh, open);
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_mysql),
+            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+        )]
         fn migrate_refuses_a_newer_schema() {
             check::newer_schema_is_refused(fresh, open, |version| {
                 format!("ALTER TABLE inbox_messages COMMENT = 'diesel-inbox schema {version}'")

@@ -702,6 +702,15 @@ mod suite {
             not(inbox_test_postgres),
             ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
         )]
+        fn migrate_refuses_a_positions_table_without_its_columns() {
+            check::a_wrong_positions_table_is_refused(fresh, open);
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
         fn migrate_refuses_a_newer_schema() {
             check::newer_schema_is_refused(fresh, open, |version| {
                 format!("COMMENT ON TABLE inbox_messages IS 'diesel-inbox schema {version}'")

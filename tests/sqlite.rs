@@ -194,6 +194,11 @@ mod schema {
     }
 
     #[test]
+    fn migrate_refuses_a_positions_table_without_its_columns() {
+        check::a_wrong_positions_table_is_refused(fresh, open);
+    }
+
+    #[test]
     fn migrate_refuses_a_newer_schema() {
         check::newer_schema_is_refused(fresh, open, |version| {
             format!(

@@ -4,11 +4,13 @@
 //! statements next to its sync ones).
 
 use crate::backend::asynchronous::AsyncInboxConnection;
+use crate::backend::outbox::{Answer, Op};
 use crate::backend::shape;
 use crate::backend::transaction::Scope;
 use crate::claim::{single_key, BatchPlan, One, Read};
 use crate::engine::{Claimed, Ended, Engine, Event, Next, Step};
 use crate::error::InboxError;
+use crate::fence::Fenced;
 use crate::key::InboxKey;
 use crate::observe;
 use crate::options::{describe_panic, encoder, Options, SingleOutcome};
@@ -90,7 +92,8 @@ where
     let engine = Engine::new(consumer, &key, retries, classify)
         .storing(encoder::<T, O>())
         .counting(one.max_attempts.and(describe))
-        .waiting(one.wait);
+        .waiting(one.wait)
+        .fencing(crate::fence::take());
     let span = engine.span().clone();
     let ended = drive_one(conn, engine, &one, next_body)
         .instrument(span)
@@ -268,6 +271,16 @@ where
             }
             Claim::Many(consumer, plan) => claim_many(conn, consumer, plan, positions).await,
         }),
+        Step::Fence(position) => Event::Fenced(match claim {
+            Claim::One(one) => {
+                let op = Op::Fence {
+                    consumer: one.consumer.to_owned(),
+                    position,
+                };
+                conn.inbox_outbox(op).await.and_then(fenced)
+            }
+            Claim::Many(..) => unreachable!("a batch moves no stream position"),
+        }),
         Step::Store(value) => Event::Stored(match claim {
             Claim::One(one) => conn.inbox_store_result(one.consumer, one.key, &value).await,
             Claim::Many(..) => unreachable!("a batch stores no result"),
@@ -292,6 +305,14 @@ where
             Event::Slept
         }
         Step::Body => unreachable!("the driver runs the body itself"),
+    }
+}
+
+/// The statement layer's answer to a fence.
+fn fenced(answer: Answer) -> QueryResult<Fenced> {
+    match answer {
+        Answer::Fenced(fenced) => Ok(fenced),
+        other => unreachable!("a fence answered {other:?}"),
     }
 }
 

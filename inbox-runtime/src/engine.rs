@@ -30,6 +30,7 @@
 use crate::backend::transaction::Scope;
 use crate::backend::InboxBackend;
 use crate::error::InboxError;
+use crate::fence::{Fenced, Position, Taken, Verdict};
 use crate::observe::FailedStatement;
 use crate::retry::ErrorClass;
 use crate::telemetry::{Outcome, Telemetry};
@@ -50,6 +51,10 @@ pub(crate) enum Step {
     /// [`InboxBackend::CHECK_SHAPE_AFTER_CLAIM`](crate::InboxBackend::CHECK_SHAPE_AFTER_CLAIM).
     /// A driver answers at once when the connection was checked before.
     CheckShape,
+    /// Move the stream position in scope behind its fence (`fence`), in
+    /// the claim's transaction: after a new claim, before the body; after
+    /// a duplicate, before committing the move alone.
+    Fence(Position),
     /// Run the body (observing its failed statements).
     Body,
     /// Write the body's value, serialized, into the claimed row
@@ -74,6 +79,7 @@ pub(crate) enum Event<T, E> {
     /// The shape check: `Err` refuses the tables (or could not read them).
     ShapeChecked(Result<(), InboxError>),
     Stored(Result<(), Error>),
+    Fenced(Result<Fenced, Error>),
     /// The failure was counted (a failed count is logged, not returned:
     /// the body's error is what the caller gets).
     Counted,
@@ -160,9 +166,14 @@ enum State<T, E> {
     /// after the claim, with what it found (its verdict still unused) or
     /// its failure (already rolled back).
     CheckingShape(Option<Result<Claimed, Failure<E>>>),
+    /// Moving the stream position, then running the body (`None`), or
+    /// committing the move of a duplicate (with its stored value).
+    Fencing(Option<Option<Vec<u8>>>),
     Running,
     Storing(T),
     Committing(T),
+    /// Committing the position a duplicate moved.
+    CommittingDuplicate(Option<Vec<u8>>),
     /// Rolling back, then: a duplicate, or a failure to judge.
     RollingBack(Result<Option<Vec<u8>>, Failure<E>>),
     Sleeping,
@@ -195,6 +206,9 @@ pub(crate) struct Engine<'a, B, T, E, R> {
     /// The bound on waiting for an in-flight claim of the same key, if
     /// the call set one: its running out is [`InboxError::InFlight`].
     wait: Option<Duration>,
+    /// The stream position this call moves in its transaction (a Kafka
+    /// runner's), reported when the call ends.
+    fence: Option<Taken>,
 }
 
 impl<'a, B, T, E, R> Engine<'a, B, T, E, R>
@@ -224,7 +238,16 @@ where
             enqueues: 0,
             shape_checked: false,
             wait: None,
+            fence: None,
         }
+    }
+
+    /// Moves `fence`'s stream position in the call's transaction, and
+    /// reports what became of it.
+    #[cfg_attr(not(feature = "async"), allow(dead_code))] // taken by the async driver
+    pub(crate) fn fencing(mut self, fence: Option<Taken>) -> Self {
+        self.fence = fence;
+        self
     }
 
     /// Reports the claim's wait running out under `wait` as
@@ -383,12 +406,34 @@ where
                     if self.scope == Scope::TopLevel {
                         crate::wake::after_commit(self.enqueues);
                     }
+                    self.report_fence(Verdict::Written);
                     Next::Done(Ok(Ended::Applied(value)))
                 }
                 // The failed commit rolled back (the backend's commit does).
                 Err(e) if B::is_aborted_commit(&e) => self.judge(Failure::Ignored(e)),
                 Err(e) if B::is_transient(&e) => self.judge(Failure::Inbox(e)),
                 Err(e) => self.judge(Failure::Commit(e)),
+            },
+            (State::Fencing(duplicate), Event::Fenced(fenced)) => match (fenced, duplicate) {
+                (Ok(Fenced::Moved), None) => self.go(State::Running, Step::Body),
+                (Ok(Fenced::Moved), Some(stored)) => {
+                    self.go(State::CommittingDuplicate(stored), Step::Commit(self.scope))
+                }
+                // Nothing is applied past the fence: the call is a duplicate.
+                (Ok(Fenced::Refused(stored)), _) => {
+                    if let Some(fence) = &self.fence {
+                        fence.report(fence.position().refused(stored));
+                    }
+                    self.go(State::RollingBack(Ok(None)), Step::Rollback)
+                }
+                (Err(e), _) => self.go(State::RollingBack(Err(Failure::Inbox(e))), Step::Rollback),
+            },
+            (State::CommittingDuplicate(stored), Event::Committed(committed)) => match committed {
+                Ok(()) => {
+                    self.report_fence(Verdict::Written);
+                    Next::Done(Ok(Ended::Duplicate(stored)))
+                }
+                Err(e) => self.judge(Failure::Inbox(e)),
             },
             (State::RollingBack(ending), Event::RolledBack) => match ending {
                 Ok(stored) => Next::Done(Ok(Ended::Duplicate(stored))),
@@ -410,17 +455,30 @@ where
 
     /// What the claim found, once the tables can be trusted to say it.
     fn claimed(&mut self, claimed: Claimed) -> Next<T, E> {
-        match claimed {
-            Claimed::New => {
+        let fence = self.fence.as_ref().map(|fence| fence.position().clone());
+        match (claimed, fence) {
+            (Claimed::New, fence) => {
                 self.enqueues = crate::wake::mark();
-                self.go(State::Running, Step::Body)
+                match fence {
+                    None => self.go(State::Running, Step::Body),
+                    Some(position) => self.go(State::Fencing(None), Step::Fence(position)),
+                }
             }
             // Nothing was written; ending the transaction either way is the same.
-            Claimed::Duplicate(stored) => self.go(State::RollingBack(Ok(stored)), Step::Rollback),
-            Claimed::GaveUp {
-                failures,
-                last_error,
-            } => {
+            (Claimed::Duplicate(stored), None) => {
+                self.go(State::RollingBack(Ok(stored)), Step::Rollback)
+            }
+            // A duplicate settles like a success: the position moves past it.
+            (Claimed::Duplicate(stored), Some(position)) => {
+                self.go(State::Fencing(Some(stored)), Step::Fence(position))
+            }
+            (
+                Claimed::GaveUp {
+                    failures,
+                    last_error,
+                },
+                _,
+            ) => {
                 let refused = InboxError::AttemptsExhausted {
                     consumer: self.consumer.into(),
                     key: self.what.into(),
@@ -432,7 +490,7 @@ where
                     Step::Rollback,
                 )
             }
-            Claimed::Reused(key) => {
+            (Claimed::Reused(key), _) => {
                 let refused = InboxError::KeyReused {
                     consumer: self.consumer.to_owned(),
                     key,
@@ -456,6 +514,13 @@ where
                 wait,
             }),
             _ => Failure::Inbox(error),
+        }
+    }
+
+    /// Reports what became of the stream position this call moved.
+    fn report_fence(&self, verdict: Verdict) {
+        if let Some(fence) = &self.fence {
+            fence.report(verdict);
         }
     }
 

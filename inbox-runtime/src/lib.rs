@@ -51,6 +51,7 @@ mod backoff;
 mod claim;
 mod engine;
 mod error;
+mod fence;
 mod fingerprint;
 mod handler;
 pub mod inbox;
@@ -85,12 +86,13 @@ pub use migrate::migrate_async;
 pub use migrate::{migrate, schema_version};
 pub use observe::ErrorObserver;
 pub use ops::{
-    attempts, attempts_list, forget, purge, stats, status, Purge, PurgeReport, DEFAULT_SLEEP_COEF,
-    MAX_PURGE_BATCH,
+    attempts, attempts_list, forget, positions, purge, stats, status, Purge, PurgeReport,
+    StreamPosition, DEFAULT_SLEEP_COEF, MAX_PURGE_BATCH,
 };
 #[cfg(feature = "async")]
 pub use ops::{
-    attempts_async, attempts_list_async, forget_async, purge_async, stats_async, status_async,
+    attempts_async, attempts_list_async, forget_async, positions_async, purge_async, stats_async,
+    status_async,
 };
 pub use options::StoredResult;
 pub use processed::{Batch, Outcome, Processed, Stored};

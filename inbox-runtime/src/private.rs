@@ -10,10 +10,14 @@ pub use inventory;
 
 /// What the broker glue of `diesel-inbox` reports through the runtime's
 /// telemetry.
-pub use crate::telemetry::consumer_settled;
+pub use crate::telemetry::{consumer_settled, kafka_lag};
 
 /// The one backoff (the consumer runners' redeliveries, the outbox relay).
 pub use crate::backoff::backoff;
+/// Stream positions kept in the handler's transaction (the Kafka runner).
+#[cfg(feature = "async")]
+pub use crate::fence::at_position;
+pub use crate::fence::{Position, Verdict};
 #[cfg(feature = "async")]
 pub use crate::telemetry::settled_by_caller;
 

@@ -235,6 +235,22 @@ pub fn consumer_settled(consumer: &str, settlement: &'static str) {
     let _ = (consumer, settlement);
 }
 
+/// A Kafka partition's lag (messages not handled yet: the high watermark
+/// less the runner's position), as the gauge `diesel_inbox.kafka.lag`
+/// labelled `messaging.destination.name` and
+/// `messaging.destination.partition.id`.
+pub fn kafka_lag(topic: &str, partition: i32, lag: i64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(
+        "diesel_inbox.kafka.lag",
+        "messaging.destination.name" => topic.to_owned(),
+        "messaging.destination.partition.id" => partition.to_string()
+    )
+    .set(lag as f64);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (topic, partition, lag);
+}
+
 /// The telemetry of one request through the HTTP front door: a span
 /// `diesel_inbox.http` (the inbox call's `diesel_inbox.handle` runs
 /// inside it) with the endpoint and the request's outcome (`applied`,

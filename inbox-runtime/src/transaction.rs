@@ -320,6 +320,7 @@ where
             }
             Step::CheckShape => Event::ShapeChecked(check_shape(conn)),
             Step::Store(value) => Event::Stored(store(conn, &value)),
+            Step::Fence(_) => unreachable!("a sync call takes no stream position"),
             Step::Count(scope, error) => {
                 counted(count(conn, scope, &error));
                 Event::Counted

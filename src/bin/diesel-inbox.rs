@@ -48,12 +48,15 @@ enum Command {
     /// Create, verify or upgrade the inbox table.
     Migrate,
     /// Whether CONSUMER has applied the message KEY, and when; if not, its
-    /// failed attempts (max_attempts).
+    /// failed attempts (max_attempts). Without KEY: CONSUMER's stream
+    /// positions per Kafka partition (the next offset to apply).
     Status {
         consumer: String,
-        key: String,
+        key: Option<String>,
         /// JSON for scripts: {"consumer", "key", "applied", "received_at",
-        /// "attempts": null or {"failures", "last_error", "updated_at"}}.
+        /// "attempts": null or {"failures", "last_error", "updated_at"}};
+        /// without KEY, {"consumer", "positions": [{"topic", "partition",
+        /// "next_offset", "updated_at"}]}.
         #[arg(long)]
         json: bool,
     },
@@ -359,7 +362,47 @@ where
         }
         Command::Status {
             consumer,
-            key,
+            key: None,
+            json,
+        } => {
+            let positions = diesel_inbox::positions(conn, Some(consumer))?;
+            if *json {
+                let rows: Vec<_> = positions
+                    .iter()
+                    .map(|p| {
+                        serde_json::json!({
+                            "topic": p.topic,
+                            "partition": p.partition,
+                            "next_offset": p.next_offset,
+                            "updated_at": rfc3339(p.updated_at),
+                        })
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({ "consumer": consumer, "positions": rows })
+                );
+            } else if positions.is_empty() {
+                println!("no stream positions for consumer {consumer}");
+            } else {
+                println!(
+                    "{:<32} {:>9} {:>14}  updated_at",
+                    "topic", "partition", "next_offset"
+                );
+                for p in &positions {
+                    println!(
+                        "{:<32} {:>9} {:>14}  {}",
+                        p.topic,
+                        p.partition,
+                        p.next_offset,
+                        rfc3339(p.updated_at)
+                    );
+                }
+            }
+        }
+        Command::Status {
+            consumer,
+            key: Some(key),
             json,
         } => {
             let entry = diesel_inbox::status(conn, consumer, key)?;

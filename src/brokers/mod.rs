@@ -299,6 +299,11 @@ pub enum BrokerError {
     /// again and run again; what was not acked is redelivered.
     #[error("the broker connection failed: {0}")]
     Broker(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// The broker client is configured in a way the runner cannot use
+    /// safely (Kafka: offsets committed automatically): nothing was
+    /// consumed.
+    #[error("the consumer cannot be run as configured: {0}")]
+    Config(String),
 }
 
 /// A broker's message, as [`handle`] needs it: each broker module
@@ -317,6 +322,17 @@ pub trait Inbound: Sealed {
     /// Where it came from, for logs: the routing key, the JetStream
     /// consumer.
     fn origin(&self) -> String;
+    /// Its stream position, for a broker whose positions the handler's
+    /// transaction keeps (Kafka): the first inbox call of the handler
+    /// moves it behind the fence.
+    fn position(&self) -> Option<inbox_runtime::__private::Position> {
+        None
+    }
+    /// What the fence found, told before [`settle`](Self::settle) (`None`:
+    /// no inbox call moved the position).
+    fn fenced(&self, verdict: Option<inbox_runtime::__private::Verdict>) {
+        let _ = verdict;
+    }
     /// Tells the broker; `retry_delay` is the backoff's delay of a retry
     /// (already waited out when [`HOLDS_RETRIES`](Self::HOLDS_RETRIES)).
     fn settle(
@@ -377,7 +393,15 @@ where
         }
     };
     let deliveries = message.deliveries();
-    let outcome = inbox_runtime::__private::settled_by_caller(handler(&id, message.body())).await;
+    let call = inbox_runtime::__private::settled_by_caller(handler(&id, message.body()));
+    let outcome = match message.position() {
+        None => call.await,
+        Some(position) => {
+            let (outcome, verdict) = inbox_runtime::__private::at_position(position, call).await;
+            message.fenced(verdict);
+            outcome
+        }
+    };
     let settlement = policy.settlement(&outcome, deliveries);
     let delay = policy.retry_delay_for(deliveries);
     let mut released_early = false;

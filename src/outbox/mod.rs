@@ -53,3 +53,5 @@ pub use relay::{
 pub mod lapin;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "kafka")]
+pub mod kafka;

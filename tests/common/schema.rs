@@ -273,9 +273,12 @@ pub fn version_2_is_upgraded_with_the_outbox<C>(
     };
     let mut conn = open(&db);
     diesel_inbox::migrate(&mut conn).expect("migrate");
-    // Schema 2 as its release left it: no outbox table, version 2.
+    // Schema 2 as its release left it: no outbox table, no positions,
+    // version 2.
     conn.batch_execute("DROP TABLE outbox_messages")
         .expect("drop the outbox");
+    conn.batch_execute("DROP TABLE inbox_positions")
+        .expect("drop the positions");
     conn.batch_execute(&diesel_inbox::__private::record_version::<C::Backend>(2))
         .expect("record version 2");
     assert_eq!(
@@ -302,6 +305,11 @@ pub fn version_2_is_upgraded_with_the_outbox<C>(
         Processed::Duplicate
     );
     the_outbox_works(&mut conn);
+    // Schema 4's positions table is there, empty.
+    assert_eq!(
+        diesel_inbox::positions(&mut conn, None).expect("positions"),
+        Vec::new()
+    );
     // A later `migrate` finds it current.
     diesel_inbox::migrate(&mut conn).expect("migrate again");
 }
@@ -335,6 +343,38 @@ where
         diesel_inbox::schema_version(&mut conn).expect("version"),
         None
     );
+}
+
+/// A positions table that lost a column (schema 4, the Kafka runner's) is
+/// refused by `migrate`, naming the column and the fix.
+pub fn a_wrong_positions_table_is_refused<C>(
+    fresh: fn(&str) -> Option<TestDb>,
+    open: fn(&str) -> C,
+) where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+{
+    let Some(db) = fresh("wrong_positions") else {
+        return;
+    };
+    let mut conn = open(&db);
+    diesel_inbox::migrate(&mut conn).expect("migrate");
+    conn.batch_execute("DROP TABLE inbox_positions")
+        .expect("drop the positions");
+    conn.batch_execute(
+        "CREATE TABLE inbox_positions (consumer VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, next_offset BIGINT NOT NULL, updated_at BIGINT NOT NULL)",
+    )
+    .expect("a positions table without its partition");
+    match diesel_inbox::migrate(&mut conn) {
+        Err(e @ InboxError::IncompatibleTable(_)) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("column `partition_id` of `inbox_positions` is missing"),
+                "{text}"
+            );
+        }
+        other => panic!("expected IncompatibleTable, got {other:?}"),
+    }
 }
 
 /// A schema newer than this release (`record(v)` is the SQL with which

@@ -9,7 +9,10 @@
 // Without a backend feature nothing runs these.
 #![cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 
-use super::outbox::{Answer, ClaimedRow, DeadRow, Enqueue, MarkerRow, Op, SeqRow, StatusRow, Stmt};
+use super::outbox::{
+    Answer, ClaimedRow, DeadRow, Enqueue, MarkerRow, OffsetRow, Op, PositionRow, SeqRow, StatusRow,
+    Stmt,
+};
 use super::statements::{self as st, ExecuteOn, LoadOn, CLAIM_CHUNK};
 #[cfg(feature = "_counted-claim")]
 use super::statements::{Fingerprinted, Plain};
@@ -204,7 +207,9 @@ where
         + LoadOn<B, ClaimedRow>
         + LoadOn<B, StatusRow>
         + LoadOn<B, DeadRow>
-        + LoadOn<B, SeqRow>,
+        + LoadOn<B, SeqRow>
+        + LoadOn<B, OffsetRow>
+        + LoadOn<B, PositionRow>,
     Enqueue: ExecuteOn<B> + LoadOn<B, MarkerRow>,
     for<'a> st::Side<st::stored<'a>>: LoadOn<B, StoredRow>,
     for<'a> st::Side<st::store_result<'a>>: ExecuteOn<B>,
@@ -370,7 +375,8 @@ pub(crate) mod asynchronous {
     use super::st::{Fingerprinted, Plain};
     use crate::backend::asynchronous::AsyncStatements;
     use crate::backend::outbox::{
-        Answer, ClaimedRow, DeadRow, Enqueue, MarkerRow, Op, SeqRow, StatusRow, Stmt,
+        Answer, ClaimedRow, DeadRow, Enqueue, MarkerRow, OffsetRow, Op, PositionRow, SeqRow,
+        StatusRow, Stmt,
     };
     use crate::backend::Internals;
     use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
@@ -472,7 +478,9 @@ pub(crate) mod asynchronous {
             + LoadOnAsync<B, ClaimedRow>
             + LoadOnAsync<B, StatusRow>
             + LoadOnAsync<B, DeadRow>
-            + LoadOnAsync<B, SeqRow>,
+            + LoadOnAsync<B, SeqRow>
+            + LoadOnAsync<B, OffsetRow>
+            + LoadOnAsync<B, PositionRow>,
         Enqueue: QueryFragment<B> + QueryId + LoadOnAsync<B, MarkerRow>,
         for<'a> st::Side<st::stored<'a>>: LoadOnAsync<B, StoredRow>,
         for<'a> st::Side<st::store_result<'a>>: QueryFragment<B> + QueryId + Send,

@@ -40,11 +40,15 @@ pub(crate) use shape::Catalog;
 /// - Version 3 adds the transactional outbox's table, `outbox_messages`
 ///   (`diesel_inbox::outbox`); the upgrade creates it and touches no
 ///   inbox row.
+/// - Version 4 adds `inbox_positions`: the position of each (consumer,
+///   topic, partition) that the Kafka runner writes in the handler's own
+///   transaction (`diesel_inbox::kafka`); the upgrade creates it and
+///   touches no other row.
 ///
 /// ```
-/// assert_eq!(diesel_inbox::SCHEMA_VERSION, 3);
+/// assert_eq!(diesel_inbox::SCHEMA_VERSION, 4);
 /// ```
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// A diesel backend the inbox supports: `Pg`, `Mysql` (MySQL and MariaDB)
 /// and `Sqlite`, each behind the feature of the same name. Everything that
@@ -240,6 +244,12 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// whose immediate transaction serializes claims.
     const SKIP_LOCKED: &'static str;
 
+    /// What ends a select that locks the row it reads until the
+    /// transaction ends (the stream position's fence): `FOR UPDATE` where
+    /// rows can be locked, nothing on SQLite, whose immediate transaction
+    /// holds the database's write lock already.
+    const LOCK_ROW: &'static str;
+
     /// What the relay's short transactions (its claim, its settlement)
     /// run first. PostgreSQL: `SET LOCAL jit = off` (an outbox table
     /// churns, every row inserted once and deleted once, so its statistics
@@ -362,22 +372,25 @@ pub mod ddl {
     pub const POSTGRES: &str = concat!(
         include_str!("postgres.sql"),
         include_str!("postgres_attempts.sql"),
-        include_str!("postgres_outbox.sql")
+        include_str!("postgres_outbox.sql"),
+        include_str!("postgres_positions.sql")
     );
     /// MySQL 8 and MariaDB 10.5+. Keys are `VARBINARY` so that they compare
     /// byte for byte (the default collations ignore case, accents and
     /// trailing spaces). The attempts' table comes first: DDL is not
     /// transactional here, and the version recorded with `inbox_messages`
-    /// must not precede it; so does the outbox's.
+    /// must not precede it; so do the outbox's and the positions'.
     pub const MYSQL: &str = concat!(
         include_str!("mysql_attempts.sql"),
         include_str!("mysql_outbox.sql"),
+        include_str!("mysql_positions.sql"),
         include_str!("mysql.sql")
     );
     /// SQLite.
     pub const SQLITE: &str = concat!(
         include_str!("sqlite.sql"),
         include_str!("sqlite_attempts.sql"),
-        include_str!("sqlite_outbox.sql")
+        include_str!("sqlite_outbox.sql"),
+        include_str!("sqlite_positions.sql")
     );
 }

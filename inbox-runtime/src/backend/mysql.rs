@@ -58,6 +58,10 @@ UNION ALL
 SELECT CAST('outbox' AS CHAR), CAST(COLUMN_NAME AS CHAR), NULL, NULL, NULL, NULL
 FROM information_schema.COLUMNS
 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_messages'
+UNION ALL
+SELECT CAST('positions' AS CHAR), CAST(COLUMN_NAME AS CHAR), NULL, NULL, NULL, NULL
+FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_positions'
 "#;
 
 /// `migrate`'s lock: `GET_LOCK` (node-local on Galera), and its release.
@@ -190,7 +194,7 @@ impl Internals for Mysql {
     const UPGRADES: &'static [&'static str] = &[concat!(
         "ALTER TABLE inbox_messages ADD COLUMN fingerprint VARBINARY(64) NULL, ADD COLUMN result LONGBLOB NULL;\n",
         include_str!("mysql_attempts.sql")
-    ), include_str!("mysql_outbox.sql")];
+    ), include_str!("mysql_outbox.sql"), include_str!("mysql_positions.sql")];
 
     fn claim<C>(
         conn: &mut C,
@@ -342,6 +346,7 @@ impl Internals for Mysql {
     const NOW_MICROS: &'static str =
         "CAST(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(6)) * 1000000 AS SIGNED)";
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+    const LOCK_ROW: &'static str = " FOR UPDATE";
 
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where

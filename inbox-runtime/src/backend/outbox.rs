@@ -1,5 +1,6 @@
-//! The outbox's statements, written once for every backend, and their runs
-//! on a sync and an async connection. What differs between databases comes
+//! The outbox's statements (and the stream positions' of the inbox's
+//! Kafka runner), written once for every backend, and their runs on a sync
+//! and an async connection. What differs between databases comes
 //! in as the backend's constants (`Internals`): the clock (`NOW_MICROS`),
 //! the locking clause of the relay's claim (`SKIP_LOCKED`) and the guard of
 //! a cached write (`GUARDED`, `push_guard`). An operation is an owned [`Op`], so
@@ -16,6 +17,8 @@ use diesel::result::QueryResult;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, Binary, HasSqlType, Integer, Nullable, Text, Untyped};
 use diesel::QueryableByName;
+
+use crate::fence::{Fenced, Position};
 
 /// One outbox operation and its arguments. (The relay's operations run
 /// only with `async`.)
@@ -56,6 +59,15 @@ pub enum Op {
     /// Deletes up to `limit` messages dead for longer than `older_than`
     /// microseconds, in the caller's transaction.
     PurgeDead { older_than: i64, limit: i64 },
+    /// Moves the stream position of `consumer` to `position.offset + 1`
+    /// behind the fence ([`Position::admits`]), in the handler's
+    /// transaction: the stored row is read and locked first.
+    Fence {
+        consumer: String,
+        position: Position,
+    },
+    /// The stored stream positions (of `consumer`, or of all).
+    Positions { consumer: Option<String> },
 }
 
 /// A message to insert.
@@ -79,6 +91,33 @@ pub enum Answer {
     Claimed(Vec<ClaimedRow>),
     Status(Vec<StatusRow>),
     Dead(Vec<DeadRow>),
+    Fenced(Fenced),
+    Positions(Vec<PositionRow>),
+}
+
+/// A stored stream position.
+#[derive(Debug, Clone, QueryableByName)]
+#[doc(hidden)]
+pub struct PositionRow {
+    #[diesel(sql_type = Text)]
+    pub consumer: String,
+    #[diesel(sql_type = Text)]
+    pub topic: String,
+    #[diesel(sql_type = Integer)]
+    pub partition_id: i32,
+    #[diesel(sql_type = BigInt)]
+    pub next_offset: i64,
+    #[diesel(sql_type = BigInt)]
+    pub updated_at: i64,
+    #[diesel(sql_type = BigInt)]
+    pub now: i64,
+}
+
+/// The stored offset a fence read.
+#[derive(Debug, Clone, Copy, QueryableByName)]
+pub(crate) struct OffsetRow {
+    #[diesel(sql_type = BigInt)]
+    next_offset: i64,
 }
 
 /// A row the relay claimed.
@@ -399,6 +438,28 @@ fn plan<B: Internals>(op: Op) -> Plan {
                 None => all,
             })
         }
+        Op::Fence { consumer, position } => Plan::Fence(
+            Stmt::new()
+                .sql("SELECT next_offset FROM inbox_positions WHERE consumer = ")
+                .bind(Bind::Text(consumer.clone()))
+                .sql(" AND topic = ")
+                .bind(Bind::Text(position.topic.clone()))
+                .sql(" AND partition_id = ")
+                .bind(Bind::Int(position.partition))
+                .sql(B::LOCK_ROW),
+            Move { consumer, position },
+        ),
+        Op::Positions { consumer } => {
+            let all = Stmt::new()
+                .sql("SELECT consumer, topic, partition_id, next_offset, updated_at, ")
+                .sql(now)
+                .sql(" AS now FROM inbox_positions");
+            let some = match consumer {
+                Some(consumer) => all.sql(" WHERE consumer = ").bind(Bind::Text(consumer)),
+                None => all,
+            };
+            Plan::Positions(some.sql(" ORDER BY consumer, topic, partition_id"))
+        }
         Op::PurgeDead { older_than, limit } => Plan::Purge(
             Stmt::new()
                 .sql("SELECT seq FROM outbox_messages WHERE dead_at IS NOT NULL AND dead_at < ")
@@ -450,6 +511,63 @@ enum Plan {
     Dead(Stmt),
     /// The select of the rows, then their delete.
     Purge(Stmt),
+    /// The select of the stored position (locked), then its move.
+    Fence(Stmt, Move),
+    Positions(Stmt),
+}
+
+/// The move of a stream position a fence makes when its guard admits the
+/// stored one.
+struct Move {
+    consumer: String,
+    position: Position,
+}
+
+impl Move {
+    /// The statement that moves the position from `stored` (inserts it
+    /// when there is none), or the refusal.
+    fn of<B: Internals>(self, stored: &[OffsetRow]) -> Result<Stmt, Fenced> {
+        let stored = stored.first().map(|row| row.next_offset);
+        if !self.position.admits(stored) {
+            return Err(Fenced::Refused(stored.unwrap_or_default()));
+        }
+        let next = self.position.offset + 1;
+        Ok(match stored {
+            None => Stmt::new()
+                .sql("INSERT INTO inbox_positions (consumer, topic, partition_id, next_offset, updated_at) VALUES (")
+                .bind(Bind::Text(self.consumer))
+                .sql(", ")
+                .bind(Bind::Text(self.position.topic))
+                .sql(", ")
+                .bind(Bind::Int(self.position.partition))
+                .sql(", ")
+                .bind(Bind::Big(next))
+                .sql(", ")
+                .sql(B::NOW_MICROS)
+                .sql(")"),
+            Some(_) => Stmt::new()
+                .sql("UPDATE inbox_positions SET next_offset = ")
+                .bind(Bind::Big(next))
+                .sql(", updated_at = ")
+                .sql(B::NOW_MICROS)
+                .sql(" WHERE consumer = ")
+                .bind(Bind::Text(self.consumer))
+                .sql(" AND topic = ")
+                .bind(Bind::Text(self.position.topic))
+                .sql(" AND partition_id = ")
+                .bind(Bind::Int(self.position.partition)),
+        })
+    }
+}
+
+/// A fence's move must have written the one row it read (or inserted).
+fn moved(written: usize) -> QueryResult<Answer> {
+    match written {
+        1 => Ok(Answer::Fenced(Fenced::Moved)),
+        n => Err(diesel::result::Error::QueryBuilderError(
+            format!("moving the stream position wrote {n} rows, not 1").into(),
+        )),
+    }
 }
 
 /// The hold a claim puts on the rows it found: `token`'s, for `lease`
@@ -495,7 +613,9 @@ where
         + LoadOn<C::Backend, ClaimedRow>
         + LoadOn<C::Backend, StatusRow>
         + LoadOn<C::Backend, DeadRow>
-        + LoadOn<C::Backend, SeqRow>,
+        + LoadOn<C::Backend, SeqRow>
+        + LoadOn<C::Backend, OffsetRow>
+        + LoadOn<C::Backend, PositionRow>,
     Enqueue: ExecuteOn<C::Backend> + LoadOn<C::Backend, MarkerRow>,
 {
     Ok(match plan::<C::Backend>(op) {
@@ -515,6 +635,14 @@ where
             Some(delete) => Answer::Count(delete.execute_on(conn)?),
             None => Answer::Count(0),
         },
+        Plan::Fence(select, write) => {
+            let stored: Vec<OffsetRow> = select.load_on(conn)?;
+            match write.of::<C::Backend>(&stored) {
+                Ok(write) => moved(write.execute_on(conn)?)?,
+                Err(refused) => Answer::Fenced(refused),
+            }
+        }
+        Plan::Positions(stmt) => Answer::Positions(stmt.load_on(conn)?),
     })
 }
 
@@ -529,7 +657,9 @@ where
         + LoadOnAsync<C::Backend, ClaimedRow>
         + LoadOnAsync<C::Backend, StatusRow>
         + LoadOnAsync<C::Backend, DeadRow>
-        + LoadOnAsync<C::Backend, SeqRow>,
+        + LoadOnAsync<C::Backend, SeqRow>
+        + LoadOnAsync<C::Backend, OffsetRow>
+        + LoadOnAsync<C::Backend, PositionRow>,
     Enqueue: QueryFragment<C::Backend> + QueryId + LoadOnAsync<C::Backend, MarkerRow>,
 {
     use diesel_async::RunQueryDsl;
@@ -555,5 +685,13 @@ where
                 None => Answer::Count(0),
             }
         }
+        Plan::Fence(select, write) => {
+            let stored = LoadOnAsync::<C::Backend, OffsetRow>::load_on_async(select, conn).await?;
+            match write.of::<C::Backend>(&stored) {
+                Ok(write) => moved(write.execute(conn).await?)?,
+                Err(refused) => Answer::Fenced(refused),
+            }
+        }
+        Plan::Positions(stmt) => Answer::Positions(stmt.load_on_async(conn).await?),
     })
 }

@@ -67,6 +67,10 @@ UNION ALL
 SELECT 'outbox', att.attname::text, NULL, NULL, NULL, NULL
 FROM pg_attribute att
 WHERE att.attrelid = to_regclass('outbox_messages') AND att.attnum > 0 AND NOT att.attisdropped
+UNION ALL
+SELECT 'positions', att.attname::text, NULL, NULL, NULL, NULL
+FROM pg_attribute att
+WHERE att.attrelid = to_regclass('inbox_positions') AND att.attnum > 0 AND NOT att.attisdropped
 "#;
 
 /// PostgreSQL's claims do not trust an affected-row count. A proxy in
@@ -521,6 +525,7 @@ impl Internals for Pg {
             include_str!("postgres_attempts.sql")
         ),
         include_str!("postgres_outbox.sql"),
+        include_str!("postgres_positions.sql"),
     ];
 
     fn claim<C>(
@@ -645,6 +650,7 @@ impl Internals for Pg {
     const RELAY_SETUP: Option<&'static str> =
         Some("SET LOCAL jit = off; SET LOCAL synchronous_commit = off");
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+    const LOCK_ROW: &'static str = " FOR UPDATE";
 
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where

@@ -93,6 +93,7 @@ pub(crate) fn read<D: Dialect>(rows: Vec<CatalogRow>) -> Catalog {
             "check constraint" => table.constraints.push(("check constraint", row.name)),
             "attempts" => catalog.attempts_columns.push(row.name),
             "outbox" => catalog.outbox_columns.push(row.name),
+            "positions" => catalog.positions_columns.push(row.name),
             "trigger" => table.insert_hooks.push(("trigger", row.name)),
             "rule" => table.insert_hooks.push(("rule", row.name)),
             _ => {}
@@ -113,6 +114,8 @@ pub struct Catalog {
     pub(crate) attempts_columns: Vec<String>,
     /// The columns of `outbox_messages` (schema 3), empty without it.
     pub(crate) outbox_columns: Vec<String>,
+    /// The columns of `inbox_positions` (schema 4), empty without it.
+    pub(crate) positions_columns: Vec<String>,
 }
 
 /// The verdict on the catalog's tables: every problem of an existing
@@ -129,6 +132,7 @@ pub(crate) fn refuse(catalog: &Catalog, key_type: &str) -> Result<(), InboxError
     let mut found = problems(table, key_type, catalog.version);
     found.extend(attempts_problems(catalog));
     found.extend(outbox_problems(catalog));
+    found.extend(positions_problems(catalog));
     match found.is_empty() {
         true => Ok(()),
         false => Err(InboxError::IncompatibleTable(found)),
@@ -169,6 +173,31 @@ const OUTBOX_COLUMNS: [&str; 13] = [
     "last_error",
     "dead_at",
 ];
+
+/// The columns of `inbox_positions` the runtime reads and writes.
+const POSITIONS_COLUMNS: [&str; 5] = [
+    "consumer",
+    "topic",
+    "partition_id",
+    "next_offset",
+    "updated_at",
+];
+
+/// Problems of the stream positions' table, on a table recorded as
+/// schema 4 or later (an older one gets it from the upgrade).
+pub(crate) fn positions_problems(catalog: &Catalog) -> Vec<TableProblem> {
+    side_table_problems(
+        catalog.version,
+        SideTable {
+            name: "inbox_positions",
+            since: 4,
+            who: "the Kafka runner's handlers would fail",
+            columns: &POSITIONS_COLUMNS,
+            have: &catalog.positions_columns,
+            holds: "it holds where each Kafka partition's consumer stands: recreate it with the same rows",
+        },
+    )
+}
 
 /// Problems of the attempt counts' table, on a table recorded as schema 2
 /// or later (an older one gets it from the upgrade).

@@ -55,6 +55,8 @@ UNION ALL
 SELECT 'attempts', name, NULL, NULL, NULL, NULL FROM pragma_table_xinfo('inbox_attempts')
 UNION ALL
 SELECT 'outbox', name, NULL, NULL, NULL, NULL FROM pragma_table_xinfo('outbox_messages')
+UNION ALL
+SELECT 'positions', name, NULL, NULL, NULL, NULL FROM pragma_table_xinfo('inbox_positions')
 "#;
 
 impl InboxBackend for Sqlite {
@@ -75,6 +77,7 @@ impl Internals for Sqlite {
             include_str!("sqlite_attempts.sql")
         ),
         include_str!("sqlite_outbox.sql"),
+        include_str!("sqlite_positions.sql"),
     ];
 
     fn claim<C>(
@@ -145,6 +148,7 @@ impl Internals for Sqlite {
     const NOW_MICROS: &'static str =
         "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
     const SKIP_LOCKED: &'static str = "";
+    const LOCK_ROW: &'static str = "";
 
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where

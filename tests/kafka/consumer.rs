@@ -1,0 +1,236 @@
+//! The consumer process: `diesel_inbox::kafka::Consumer` over a
+//! deadpool pool, an inbox handler that writes one business row per
+//! message, and the faults a scenario asks for.
+
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::pooled_connection::deadpool::{Object, Pool};
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolableConnection};
+use diesel_async::RunQueryDsl;
+use diesel_inbox::brokers::Policy;
+use diesel_inbox::{AsyncInboxConnection, Inbox, InboxError, Processed};
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::ClientConfig;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The inbox consumer of every scenario (message ids are unique per run).
+pub const CONSUMER: &str = "kafka-orders";
+
+#[derive(Debug)]
+#[allow(dead_code)] // read through Debug
+pub enum AppError {
+    Db(diesel::result::Error),
+    Inbox(InboxError),
+    Pool(String),
+    BadPayload,
+}
+
+impl From<diesel::result::Error> for AppError {
+    fn from(e: diesel::result::Error) -> Self {
+        AppError::Db(e)
+    }
+}
+
+impl From<InboxError> for AppError {
+    fn from(e: InboxError) -> Self {
+        AppError::Inbox(e)
+    }
+}
+
+impl diesel_inbox::brokers::HasInboxError for AppError {
+    fn inbox_error(&self) -> Option<&InboxError> {
+        match self {
+            AppError::Inbox(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// What differs between the backends: the connection, its pool, and the
+/// business table's DDL and insert.
+pub trait Db: Send + Sync + 'static {
+    type Conn: AsyncInboxConnection + PoolableConnection + 'static;
+    type Pool: Send + Sync + 'static;
+    type Pooled: std::ops::DerefMut<Target = Self::Conn> + Send;
+    const CREATE: &'static str;
+    fn pool(url: String) -> Result<Self::Pool, String>;
+    fn get(
+        pool: &Self::Pool,
+    ) -> impl std::future::Future<Output = Result<Self::Pooled, String>> + Send;
+    /// Inserts a business row.
+    fn insert<'a>(
+        conn: &'a mut Self::Conn,
+        topic: &'a str,
+        id: &'a str,
+        key: &'a str,
+        seq: i64,
+    ) -> impl std::future::Future<Output = diesel::QueryResult<()>> + Send + 'a;
+}
+
+pub struct Sqlite;
+#[cfg(feature = "postgres")]
+pub struct Postgres;
+#[cfg(feature = "mysql")]
+pub struct Mysql;
+
+macro_rules! db {
+    ($db:ty, $conn:ty, $create:expr, $insert:expr) => {
+        impl Db for $db {
+            type Conn = $conn;
+            type Pool = Pool<$conn>;
+            type Pooled = Object<$conn>;
+            const CREATE: &'static str = $create;
+            fn pool(url: String) -> Result<Self::Pool, String> {
+                let manager = AsyncDieselConnectionManager::<$conn>::new(url);
+                Pool::builder(manager)
+                    .max_size(4)
+                    .build()
+                    .map_err(|e| e.to_string())
+            }
+            fn get(
+                pool: &Self::Pool,
+            ) -> impl std::future::Future<Output = Result<Self::Pooled, String>> + Send {
+                async move { pool.get().await.map_err(|e| e.to_string()) }
+            }
+            fn insert<'a>(
+                conn: &'a mut Self::Conn,
+                topic: &'a str,
+                id: &'a str,
+                key: &'a str,
+                seq: i64,
+            ) -> impl std::future::Future<Output = diesel::QueryResult<()>> + Send + 'a {
+                async move {
+                    diesel::sql_query($insert)
+                        .bind::<Text, _>(topic)
+                        .bind::<Text, _>(id)
+                        .bind::<Text, _>(key)
+                        .bind::<BigInt, _>(seq)
+                        .execute(conn)
+                        .await
+                        .map(drop)
+                }
+            }
+        }
+    };
+}
+
+db!(
+    Sqlite,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    "CREATE TABLE IF NOT EXISTS kafka_effects (id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, message_id TEXT NOT NULL, k TEXT NOT NULL, seq BIGINT NOT NULL)",
+    "INSERT INTO kafka_effects (topic, message_id, k, seq) VALUES (?, ?, ?, ?)"
+);
+#[cfg(feature = "postgres")]
+db!(
+    Postgres,
+    diesel_async::AsyncPgConnection,
+    "CREATE TABLE IF NOT EXISTS kafka_effects (id BIGSERIAL PRIMARY KEY, topic TEXT NOT NULL, message_id TEXT NOT NULL, k TEXT NOT NULL, seq BIGINT NOT NULL)",
+    "INSERT INTO kafka_effects (topic, message_id, k, seq) VALUES ($1, $2, $3, $4)"
+);
+#[cfg(feature = "mysql")]
+db!(
+    Mysql,
+    diesel_async::AsyncMysqlConnection,
+    "CREATE TABLE IF NOT EXISTS kafka_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, topic VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL, k VARCHAR(64) NOT NULL, seq BIGINT NOT NULL)",
+    "INSERT INTO kafka_effects (topic, message_id, k, seq) VALUES (?, ?, ?, ?)"
+);
+
+/// A message's body: `key:seq`.
+fn parse(body: &[u8]) -> Result<(String, i64), AppError> {
+    let text = std::str::from_utf8(body).map_err(|_| AppError::BadPayload)?;
+    let (key, seq) = text.split_once(':').ok_or(AppError::BadPayload)?;
+    Ok((
+        key.to_owned(),
+        seq.parse().map_err(|_| AppError::BadPayload)?,
+    ))
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Runs the consumer until SIGTERM; prints `REPORT <RunReport>` at the end.
+pub async fn run<D: Db>() -> Result<(), String> {
+    let url = env("INBOX_KAFKA_DB").ok_or("INBOX_KAFKA_DB")?;
+    let topic = env("INBOX_KAFKA_TOPIC").ok_or("INBOX_KAFKA_TOPIC")?;
+    let brokers = env("INBOX_KAFKA_BROKERS").ok_or("INBOX_KAFKA_BROKERS")?;
+    let group = env("INBOX_KAFKA_GROUP").ok_or("INBOX_KAFKA_GROUP")?;
+    // SIGKILL after the nth message applied: its transaction committed,
+    // the runner has not committed its offset to Kafka.
+    let die_after: Option<u64> = env("INBOX_KAFKA_DIE_AFTER").and_then(|n| n.parse().ok());
+    // A message held before its inbox call (the zombie's), said on stdout.
+    let stall = env("INBOX_KAFKA_STALL");
+    // A slow handler (so that rebalances happen mid-run).
+    let delay = env("INBOX_KAFKA_DELAY_MS")
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis);
+    let pool = D::pool(url)?;
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set(
+            "session.timeout.ms",
+            env("INBOX_KAFKA_SESSION_MS").unwrap_or_else(|| "10000".into()),
+        )
+        .set("heartbeat.interval.ms", "1000")
+        .create()
+        .map_err(|e| e.to_string())?;
+    consumer.subscribe(&[&topic]).map_err(|e| e.to_string())?;
+    let applied = AtomicU64::new(0);
+    let (topic, pool, applied, stall) = (&topic, &pool, &applied, &stall);
+    println!("RUNNING");
+    let report = diesel_inbox::kafka::Consumer::new(consumer, Policy::new(|_: &AppError| false))
+        .in_flight(4)
+        .shutdown_deadline(Duration::from_secs(5))
+        .run(
+            async |id: &str, body: &[u8]| -> Result<Processed<()>, AppError> {
+                let (key, seq) = parse(body)?;
+                if let Some(delay) = delay {
+                    tokio::time::sleep(delay).await;
+                }
+                let stalled = stall.as_deref() == Some(id);
+                if stalled {
+                    // SIGSTOPped here; the timer has run out at SIGCONT.
+                    println!("STALL {id}");
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+                let mut conn = D::get(pool).await.map_err(AppError::Pool)?;
+                let (key, seq) = (&key, seq);
+                let done: Result<Processed<()>, AppError> = Inbox::consumer(CONSUMER)
+                    .run_async(&mut *conn, id, async |conn: &mut D::Conn| {
+                        D::insert(conn, topic, id, key, seq)
+                            .await
+                            .map_err(AppError::Db)
+                    })
+                    .await;
+                if stalled {
+                    println!("OUTCOME {id} {done:?}");
+                }
+                let done = done?;
+                if done == Processed::Applied(()) {
+                    let n = applied.fetch_add(1, Ordering::SeqCst) + 1;
+                    if die_after == Some(n) {
+                        println!("DYING after {n}");
+                        let _ = std::process::Command::new("kill")
+                            .args(["-KILL", &std::process::id().to_string()])
+                            .status();
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                    }
+                }
+                Ok(done)
+            },
+            async {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("SIGTERM handler");
+                term.recv().await;
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("REPORT {report:?}");
+    Ok(())
+}

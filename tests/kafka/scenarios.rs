@@ -1,0 +1,747 @@
+//! The parent side: creates topics, produces keyed records with their id
+//! header, starts, kills, stops and resumes consumer processes, and
+//! checks what a user cares about: the business rows (each message once,
+//! in order per key) and the stored positions.
+
+use crate::consumer::{self, Db, CONSUMER};
+use diesel::connection::SimpleConnection;
+use diesel::sql_types::{BigInt, Text};
+use diesel::{Connection, RunQueryDsl};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+type Check = Result<(), String>;
+type Scenario = (&'static str, fn(&Backend, &Env) -> Check);
+
+/// What every scenario of a backend shares.
+struct Env {
+    brokers: String,
+    /// Unique per run: topics, groups and message ids carry it.
+    run: String,
+    runtime: tokio::runtime::Runtime,
+}
+
+pub fn main() {
+    if let Ok(role) = std::env::var("INBOX_KAFKA_ROLE") {
+        assert_eq!(role, "consumer");
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let ran = runtime.block_on(async {
+            match std::env::var("INBOX_KAFKA_BACKEND").as_deref() {
+                Ok("sqlite") => consumer::run::<consumer::Sqlite>().await,
+                #[cfg(feature = "postgres")]
+                Ok("postgres") => consumer::run::<consumer::Postgres>().await,
+                #[cfg(feature = "mysql")]
+                Ok("mysql") => consumer::run::<consumer::Mysql>().await,
+                other => Err(format!("no such backend: {other:?}")),
+            }
+        });
+        if let Err(e) = ran {
+            eprintln!("consumer: {e}");
+            std::process::exit(2);
+        }
+        return;
+    }
+    let Some(brokers) = std::env::var("INBOX_TEST_KAFKA_BROKERS")
+        .ok()
+        .filter(|b| !b.is_empty())
+    else {
+        println!("SKIPPED: kafka: set INBOX_TEST_KAFKA_BROKERS (scripts/kafka.sh start; scripts/kafka.sh url)");
+        return;
+    };
+    let run = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+    );
+    let filter: Option<String> = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    let sqlite_dir = std::env::temp_dir().join(format!("diesel-inbox-kafka-{run}"));
+    std::fs::create_dir_all(&sqlite_dir).expect("temp dir");
+    let mut backends = vec![Backend {
+        name: "sqlite",
+        url: sqlite_dir.join("kafka.db").to_string_lossy().into_owned(),
+    }];
+    for (name, var, enabled) in [
+        (
+            "postgres",
+            "INBOX_TEST_POSTGRES_URL",
+            cfg!(feature = "postgres"),
+        ),
+        ("mysql", "INBOX_TEST_MYSQL_URL", cfg!(feature = "mysql")),
+    ] {
+        match std::env::var(var) {
+            Ok(url) if !url.is_empty() && enabled => backends.push(Backend { name, url }),
+            _ => println!("SKIPPED: kafka {name}: set {var} (and build with the `{name}` feature)"),
+        }
+    }
+    let threads: Vec<_> = backends
+        .into_iter()
+        .map(|backend| {
+            let (brokers, run, filter) = (brokers.clone(), run.clone(), filter.clone());
+            std::thread::spawn(move || {
+                let env = Env {
+                    brokers,
+                    run: format!("{run}-{}", backend.name),
+                    runtime: tokio::runtime::Runtime::new().expect("runtime"),
+                };
+                backend.scenarios(&env, filter.as_deref())
+            })
+        })
+        .collect();
+    let mut failed = 0;
+    for thread in threads {
+        failed += thread.join().expect("a backend's thread panicked");
+    }
+    let _ = std::fs::remove_dir_all(&sqlite_dir);
+    if failed > 0 {
+        println!("{failed} scenario(s) FAILED");
+        std::process::exit(1);
+    }
+    println!("kafka: all scenarios passed");
+}
+
+struct Backend {
+    name: &'static str,
+    url: String,
+}
+
+/// A business row: the message, its key and its sequence number.
+#[derive(Debug, Clone, PartialEq, Eq, diesel::QueryableByName)]
+struct Effect {
+    #[diesel(sql_type = Text)]
+    message_id: String,
+    #[diesel(sql_type = Text)]
+    k: String,
+    #[diesel(sql_type = BigInt)]
+    seq: i64,
+}
+
+/// A record to produce: its key, its id header and its body (`key:seq`).
+#[derive(Debug, Clone)]
+struct Record {
+    key: String,
+    id: String,
+    seq: i64,
+}
+
+/// What the producer's delivery reports said: each partition's next
+/// offset after the last record produced to it.
+type Ends = BTreeMap<i32, i64>;
+
+/// A consumer process; SIGKILLed when dropped. Its stdout lines arrive
+/// on `lines`.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    fn signal(&self, signal: &str) {
+        let _ = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status();
+    }
+
+    /// Waits for a line starting with `prefix`.
+    fn wait_line(&self, prefix: &str, within: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return Ok(line),
+                Ok(_) => continue,
+                Err(_) => return Err(format!("no `{prefix}` line within {within:?}")),
+            }
+        }
+    }
+
+    /// SIGTERM, then the exit status and the report line (within 30 s).
+    fn stop(mut self) -> Result<String, String> {
+        self.signal("TERM");
+        let report = self.wait_line("REPORT", Duration::from_secs(30));
+        let status = self.child.wait().map_err(|e| e.to_string())?;
+        match (status.success(), report) {
+            (true, Ok(report)) => Ok(report),
+            (ok, report) => Err(format!(
+                "the consumer did not stop cleanly: exit {status} (success {ok}), {report:?}"
+            )),
+        }
+    }
+}
+
+impl Backend {
+    /// Runs every scenario; the number that failed.
+    fn scenarios(&self, env: &Env, filter: Option<&str>) -> usize {
+        let scenarios: Vec<Scenario> = vec![
+            (
+                "the fence: a stored position never moves backwards",
+                Backend::fence,
+            ),
+            (
+                "each message once, in order per key, duplicates by id",
+                Backend::exact,
+            ),
+            (
+                "SIGKILLed between the commit and the offset commit",
+                Backend::killed,
+            ),
+            (
+                "three consumers, one SIGKILLed and one added mid-run",
+                Backend::rebalance,
+            ),
+            (
+                "a zombie past its session timeout is refused by the fence",
+                Backend::zombie,
+            ),
+        ];
+        if let Err(e) = self.prepare() {
+            println!("kafka {}: FAILED to prepare the database: {e}", self.name);
+            return scenarios.len();
+        }
+        let mut failed = 0;
+        for (name, scenario) in scenarios {
+            if filter.is_some_and(|f| !name.contains(f) && !self.name.contains(f)) {
+                continue;
+            }
+            let started = Instant::now();
+            match scenario(self, env) {
+                Ok(()) => println!(
+                    "kafka {}: {name}: ok ({:.1} s)",
+                    self.name,
+                    started.elapsed().as_secs_f64()
+                ),
+                Err(e) => {
+                    failed += 1;
+                    println!("kafka {}: {name}: FAILED: {e}", self.name);
+                }
+            }
+        }
+        failed
+    }
+
+    fn prepare(&self) -> Check {
+        self.with_conn(
+            |conn| {
+                diesel_inbox::migrate(conn).map_err(|e| e.to_string())?;
+                conn.batch_execute(consumer::Sqlite::CREATE)
+                    .map_err(|e| e.to_string())
+            },
+            |conn| {
+                diesel_inbox::migrate(conn).map_err(|e| e.to_string())?;
+                conn.batch_execute(PG_CREATE).map_err(|e| e.to_string())
+            },
+            |conn| {
+                diesel_inbox::migrate(conn).map_err(|e| e.to_string())?;
+                conn.batch_execute(MY_CREATE).map_err(|e| e.to_string())
+            },
+        )
+    }
+
+    /// Runs the function of this backend on a sync connection.
+    fn with_conn<T>(
+        &self,
+        sqlite: impl FnOnce(&mut diesel::SqliteConnection) -> Result<T, String>,
+        _postgres: impl FnOnce(&mut PgConn) -> Result<T, String>,
+        _mysql: impl FnOnce(&mut MyConn) -> Result<T, String>,
+    ) -> Result<T, String> {
+        match self.name {
+            "sqlite" => {
+                let mut conn =
+                    diesel::SqliteConnection::establish(&self.url).map_err(|e| e.to_string())?;
+                conn.batch_execute("PRAGMA busy_timeout = 10000")
+                    .map_err(|e| e.to_string())?;
+                sqlite(&mut conn)
+            }
+            #[cfg(feature = "postgres")]
+            "postgres" => _postgres(
+                &mut diesel::PgConnection::establish(&self.url).map_err(|e| e.to_string())?,
+            ),
+            #[cfg(feature = "mysql")]
+            "mysql" => _mysql(
+                &mut diesel::MysqlConnection::establish(&self.url).map_err(|e| e.to_string())?,
+            ),
+            other => Err(format!("no such backend: {other}")),
+        }
+    }
+
+    /// The business rows of `topic`, in the order they were inserted.
+    fn effects(&self, topic: &str) -> Result<Vec<Effect>, String> {
+        let sql = "SELECT message_id, k, seq FROM kafka_effects WHERE topic = ";
+        self.with_conn(
+            |conn| load(conn, &format!("{sql}? ORDER BY id"), topic),
+            |conn| load(conn, &format!("{sql}$1 ORDER BY id"), topic),
+            |conn| load(conn, &format!("{sql}? ORDER BY id"), topic),
+        )
+    }
+
+    /// The stored positions of `topic`: partition to next offset.
+    fn positions(&self, topic: &str) -> Result<Ends, String> {
+        fn of<C>(conn: &mut C, topic: &str) -> Result<Ends, String>
+        where
+            C: diesel_inbox::InboxConnection + diesel::connection::LoadConnection,
+        {
+            Ok(diesel_inbox::positions(conn, Some(CONSUMER))
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|p| p.topic == topic)
+                .map(|p| (p.partition, p.next_offset))
+                .collect())
+        }
+        self.with_conn(|c| of(c, topic), |c| of(c, topic), |c| of(c, topic))
+    }
+
+    /// Waits until `topic` has at least `n` business rows.
+    fn wait_rows(&self, topic: &str, n: usize, within: Duration) -> Result<Vec<Effect>, String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let rows = self.effects(topic)?;
+            if rows.len() >= n {
+                return Ok(rows);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} of {n} messages applied within {within:?}",
+                    rows.len()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn spawn(
+        &self,
+        env: &Env,
+        topic: &str,
+        group: &str,
+        extra: &[(&str, String)],
+    ) -> Result<Proc, String> {
+        let mut command = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
+        command
+            .env("INBOX_KAFKA_ROLE", "consumer")
+            .env("INBOX_KAFKA_BACKEND", self.name)
+            .env("INBOX_KAFKA_DB", &self.url)
+            .env("INBOX_KAFKA_BROKERS", &env.brokers)
+            .env("INBOX_KAFKA_TOPIC", topic)
+            .env("INBOX_KAFKA_GROUP", group)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (name, value) in extra {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().map_err(|e| e.to_string())?;
+        let stdout = child.stdout.take().expect("piped");
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let proc = Proc { child, lines };
+        proc.wait_line("RUNNING", Duration::from_secs(30))?;
+        Ok(proc)
+    }
+
+    // ---- the scenarios ----
+
+    /// The fence on the database alone, through the engine as the runner
+    /// calls it: a position moves forward only, a gap is admitted only
+    /// above the runner's floor, and a duplicate moves it too.
+    fn fence(&self, env: &Env) -> Check {
+        use diesel_inbox::__private::{Position, Verdict};
+        let topic = format!("fence-{}", env.run);
+        let at = |offset: i64, floor: Option<i64>| Position {
+            topic: topic.clone(),
+            partition: 0,
+            offset,
+            floor,
+        };
+        let id = |n: u32| format!("fence-{}-{n}", env.run);
+        let steps: Vec<(Position, String, bool, Option<Verdict>)> = vec![
+            // The first position of a partition.
+            (at(5, None), id(1), true, Some(Verdict::Written)),
+            // A message the stored position passed: refused, nothing applied.
+            (at(3, None), id(2), false, Some(Verdict::Passed(6))),
+            // A message past the stored position without a floor below it:
+            // the messages between were not applied.
+            (at(9, None), id(3), false, Some(Verdict::Behind(6))),
+            // The same with the runner's floor at the stored position: a gap.
+            (at(9, Some(6)), id(3), true, Some(Verdict::Written)),
+            // A duplicate by id at a new offset moves the position too.
+            (at(10, None), id(1), false, Some(Verdict::Written)),
+        ];
+        for (position, key, applies, verdict) in steps {
+            let offset = position.offset;
+            let (got, seen) = env.runtime.block_on(async {
+                match self.name {
+                    "sqlite" => {
+                        apply_at::<consumer::Sqlite>(&self.url, &topic, &key, position).await
+                    }
+                    #[cfg(feature = "postgres")]
+                    "postgres" => {
+                        apply_at::<consumer::Postgres>(&self.url, &topic, &key, position).await
+                    }
+                    #[cfg(feature = "mysql")]
+                    "mysql" => apply_at::<consumer::Mysql>(&self.url, &topic, &key, position).await,
+                    other => (Err(format!("no such backend: {other}")), None),
+                }
+            });
+            let got = got?;
+            if got != applies || seen != verdict {
+                return Err(format!(
+                    "{key} at offset {offset}: applied {got} with verdict {seen:?}, expected {applies} with {verdict:?}"
+                ));
+            }
+        }
+        let rows = self.effects(&topic)?;
+        let ids: Vec<&str> = rows.iter().map(|r| r.message_id.as_str()).collect();
+        if ids != [id(1), id(3)] {
+            return Err(format!(
+                "business rows {ids:?}, expected {:?}",
+                [id(1), id(3)]
+            ));
+        }
+        let positions = self.positions(&topic)?;
+        if positions != BTreeMap::from([(0, 11)]) {
+            return Err(format!(
+                "stored positions {positions:?}, expected {{0: 11}}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// 12 keys × 25 records over 6 partitions, 30 of them produced a
+    /// second time with the same id (a producer's retry at a new offset):
+    /// 300 rows, each message once, in order per key; the positions are
+    /// the partitions' ends; SIGTERM stops the consumer cleanly.
+    fn exact(&self, env: &Env) -> Check {
+        let topic = format!("exact-{}", env.run);
+        let records = records(&env.run, "exact", 12, 25);
+        let mut produced = records.clone();
+        produced.extend(records.iter().step_by(10).cloned());
+        let ends = env.produce(&topic, 6, &produced)?;
+        let consumer = self.spawn(env, &topic, &format!("exact-{}", env.run), &[])?;
+        let rows = self.wait_rows(&topic, records.len(), Duration::from_secs(60))?;
+        // The duplicates come after their originals: give them time.
+        self.wait_positions(&topic, &ends, Duration::from_secs(20))?;
+        let rows = self
+            .effects(&topic)
+            .map(|all| if all.len() > rows.len() { all } else { rows })?;
+        exactly_once(&rows, &records)?;
+        let report = consumer.stop()?;
+        if !report.contains("acked: ") {
+            return Err(format!("unexpected report: {report}"));
+        }
+        Ok(())
+    }
+
+    /// Waits until the stored positions are the partitions' ends.
+    fn wait_positions(&self, topic: &str, ends: &Ends, within: Duration) -> Check {
+        let deadline = Instant::now() + within;
+        loop {
+            let positions = self.positions(topic)?;
+            if &positions == ends {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "stored positions {positions:?}, expected the partitions' ends {ends:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The consumer dies (SIGKILL) right after its 40th commit, before its
+    /// offset commit; a new one takes over: every message once, in order.
+    fn killed(&self, env: &Env) -> Check {
+        let topic = format!("killed-{}", env.run);
+        let group = format!("killed-{}", env.run);
+        let records = records(&env.run, "killed", 6, 30);
+        let ends = env.produce(&topic, 3, &records)?;
+        let dying = self.spawn(
+            env,
+            &topic,
+            &group,
+            &[
+                ("INBOX_KAFKA_DIE_AFTER", "40".into()),
+                ("INBOX_KAFKA_SESSION_MS", "6000".into()),
+            ],
+        )?;
+        dying.wait_line("DYING", Duration::from_secs(60))?;
+        drop(dying);
+        let survivor = self.spawn(
+            env,
+            &topic,
+            &group,
+            &[("INBOX_KAFKA_SESSION_MS", "6000".into())],
+        )?;
+        self.wait_rows(&topic, records.len(), Duration::from_secs(90))?;
+        self.wait_positions(&topic, &ends, Duration::from_secs(20))?;
+        exactly_once(&self.effects(&topic)?, &records)?;
+        survivor.stop().map(drop)
+    }
+
+    /// Two consumers over 6 partitions; a third joins after 100 rows; the
+    /// first is SIGKILLed after 250: each message once, in order per key.
+    fn rebalance(&self, env: &Env) -> Check {
+        let topic = format!("rebalance-{}", env.run);
+        let group = format!("rebalance-{}", env.run);
+        let records = records(&env.run, "rebalance", 12, 40);
+        let ends = env.produce(&topic, 6, &records)?;
+        let slow = [
+            ("INBOX_KAFKA_DELAY_MS", "25".to_string()),
+            ("INBOX_KAFKA_SESSION_MS", "6000".into()),
+        ];
+        let first = self.spawn(env, &topic, &group, &slow)?;
+        let second = self.spawn(env, &topic, &group, &slow)?;
+        self.wait_rows(&topic, 100, Duration::from_secs(60))?;
+        let third = self.spawn(env, &topic, &group, &slow)?;
+        self.wait_rows(&topic, 250, Duration::from_secs(60))?;
+        drop(first);
+        self.wait_rows(&topic, records.len(), Duration::from_secs(120))?;
+        self.wait_positions(&topic, &ends, Duration::from_secs(30))?;
+        exactly_once(&self.effects(&topic)?, &records)?;
+        second.stop()?;
+        third.stop().map(drop)
+    }
+
+    /// One partition. Consumer A holds its 5th message before the inbox
+    /// call and is SIGSTOPped past its session timeout; B takes the
+    /// partition and applies everything. The 5th message's inbox row is
+    /// then forgotten (as retention would), so that only the fence stands
+    /// between A and a second apply; A is resumed: its transaction is
+    /// refused (`Duplicate`), B's row stands alone.
+    fn zombie(&self, env: &Env) -> Check {
+        let topic = format!("zombie-{}", env.run);
+        let group = format!("zombie-{}", env.run);
+        let records = records(&env.run, "zombie", 1, 20);
+        let held = records[4].id.clone();
+        env.produce(&topic, 1, &records)?;
+        let session = ("INBOX_KAFKA_SESSION_MS", "6000".to_string());
+        let a = self.spawn(
+            env,
+            &topic,
+            &group,
+            &[("INBOX_KAFKA_STALL", held.clone()), session.clone()],
+        )?;
+        a.wait_line(&format!("STALL {held}"), Duration::from_secs(60))?;
+        a.signal("STOP");
+        let b = self.spawn(env, &topic, &group, &[session])?;
+        let rows = self.wait_rows(&topic, records.len(), Duration::from_secs(90));
+        let forgotten = self.with_conn(
+            |c| diesel_inbox::forget(c, CONSUMER, &held).map_err(|e| e.to_string()),
+            |c| diesel_inbox::forget(c, CONSUMER, &held).map_err(|e| e.to_string()),
+            |c| diesel_inbox::forget(c, CONSUMER, &held).map_err(|e| e.to_string()),
+        );
+        a.signal("CONT");
+        rows?;
+        if !forgotten? {
+            return Err(format!("{held} had no inbox row to forget"));
+        }
+        let outcome = a.wait_line(&format!("OUTCOME {held}"), Duration::from_secs(30))?;
+        if !outcome.ends_with("Ok(Duplicate)") {
+            return Err(format!(
+                "the zombie's transaction was not refused: {outcome}"
+            ));
+        }
+        exactly_once(&self.effects(&topic)?, &records)?;
+        b.stop()?;
+        a.stop().map(drop)
+    }
+}
+
+/// The message ids and bodies of `keys` keys × `per_key` records.
+fn records(run: &str, scenario: &str, keys: usize, per_key: i64) -> Vec<Record> {
+    let mut all = Vec::new();
+    for seq in 0..per_key {
+        for k in 0..keys {
+            all.push(Record {
+                key: format!("k{k}"),
+                id: format!("{scenario}-{run}-k{k}-{seq}"),
+                seq,
+            });
+        }
+    }
+    all
+}
+
+/// Every record applied once, none other, and each key's in order.
+fn exactly_once(rows: &[Effect], records: &[Record]) -> Check {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for row in rows {
+        *seen.entry(row.message_id.as_str()).or_default() += 1;
+    }
+    let twice: Vec<_> = seen
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    if !twice.is_empty() {
+        return Err(format!(
+            "{} messages applied twice, e.g. {:?}",
+            twice.len(),
+            &twice[..twice.len().min(3)]
+        ));
+    }
+    let missing: Vec<_> = records
+        .iter()
+        .filter(|r| !seen.contains_key(r.id.as_str()))
+        .map(|r| r.id.as_str())
+        .collect();
+    if !missing.is_empty() || rows.len() != records.len() {
+        return Err(format!(
+            "{} rows for {} records; missing {:?}",
+            rows.len(),
+            records.len(),
+            &missing[..missing.len().min(3)]
+        ));
+    }
+    let mut last: HashMap<&str, i64> = HashMap::new();
+    for row in rows {
+        if let Some(before) = last.insert(row.k.as_str(), row.seq) {
+            if row.seq <= before {
+                return Err(format!(
+                    "key {} applied {} after {}",
+                    row.k, row.seq, before
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Env {
+    /// Creates `topic` with `partitions` partitions and produces `records`
+    /// (keyed, with the id header), in order; the partitions' ends.
+    fn produce(&self, topic: &str, partitions: i32, records: &[Record]) -> Result<Ends, String> {
+        self.runtime.block_on(async {
+            let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+                .set("bootstrap.servers", &self.brokers)
+                .create()
+                .map_err(|e| e.to_string())?;
+            let created = admin
+                .create_topics(
+                    &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+                    &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            for result in created {
+                result.map_err(|(topic, e)| format!("creating {topic}: {e}"))?;
+            }
+            let producer: FutureProducer = ClientConfig::new()
+                .set("bootstrap.servers", &self.brokers)
+                .set("enable.idempotence", "true")
+                .set("linger.ms", "5")
+                .create()
+                .map_err(|e| e.to_string())?;
+            let mut ends = Ends::new();
+            let mut pending = Vec::new();
+            for record in records {
+                let body = format!("{}:{}", record.key, record.seq);
+                let headers = OwnedHeaders::new().insert(Header {
+                    key: "message-id",
+                    value: Some(record.id.as_str()),
+                });
+                let delivery = producer
+                    .send_result(
+                        FutureRecord::to(topic)
+                            .key(&record.key)
+                            .payload(&body)
+                            .headers(headers),
+                    )
+                    .map_err(|(e, _)| e.to_string())?;
+                pending.push(delivery);
+            }
+            for delivery in pending {
+                let delivered = delivery
+                    .await
+                    .map_err(|_| "the producer was dropped".to_string())?
+                    .map_err(|(e, _)| e.to_string())?;
+                let end = ends.entry(delivered.partition).or_insert(0);
+                *end = (*end).max(delivered.offset + 1);
+            }
+            Ok(ends)
+        })
+    }
+}
+
+/// One inbox call under `position` on an async connection of `D`: whether
+/// it applied (a business row), and the fence's verdict.
+async fn apply_at<D: Db>(
+    url: &str,
+    topic: &str,
+    key: &str,
+    position: diesel_inbox::__private::Position,
+) -> (
+    Result<bool, String>,
+    Option<diesel_inbox::__private::Verdict>,
+) {
+    let call = async {
+        let pool = D::pool(url.to_owned())?;
+        let mut conn = D::get(&pool).await?;
+        let done = diesel_inbox::Inbox::consumer(CONSUMER)
+            .run_async(&mut *conn, key, async |conn: &mut D::Conn| {
+                D::insert(conn, topic, key, "fence", 0).await
+            })
+            .await
+            .map_err(|e: diesel::result::Error| e.to_string())?;
+        Ok(done == diesel_inbox::Processed::Applied(()))
+    };
+    diesel_inbox::__private::at_position(position, call).await
+}
+
+type PgConn = PgConnOf;
+type MyConn = MyConnOf;
+#[cfg(feature = "postgres")]
+type PgConnOf = diesel::PgConnection;
+#[cfg(not(feature = "postgres"))]
+type PgConnOf = diesel::SqliteConnection;
+#[cfg(feature = "mysql")]
+type MyConnOf = diesel::MysqlConnection;
+#[cfg(not(feature = "mysql"))]
+type MyConnOf = diesel::SqliteConnection;
+
+#[cfg(feature = "postgres")]
+const PG_CREATE: &str = <consumer::Postgres as Db>::CREATE;
+#[cfg(not(feature = "postgres"))]
+const PG_CREATE: &str = "";
+#[cfg(feature = "mysql")]
+const MY_CREATE: &str = <consumer::Mysql as Db>::CREATE;
+#[cfg(not(feature = "mysql"))]
+const MY_CREATE: &str = "";
+
+/// Loads the business rows with one text bind.
+fn load<C>(conn: &mut C, sql: &str, topic: &str) -> Result<Vec<Effect>, String>
+where
+    C: diesel::connection::LoadConnection,
+    C::Backend: diesel::backend::Backend + diesel::sql_types::HasSqlType<Text>,
+    Effect: diesel::QueryableByName<C::Backend>,
+    String: diesel::serialize::ToSql<Text, C::Backend>,
+    diesel::query_builder::BoxedSqlQuery<'static, C::Backend, diesel::query_builder::SqlQuery>:
+        diesel::query_dsl::LoadQuery<'static, C, Effect>,
+{
+    diesel::sql_query(sql.to_owned())
+        .into_boxed()
+        .bind::<Text, _>(topic.to_owned())
+        .load(conn)
+        .map_err(|e| e.to_string())
+}
