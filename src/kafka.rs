@@ -308,6 +308,8 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
     // Kafka has no redelivery of one message: the runner holds a retry
     // for its backoff, then hands it out again.
     const HOLDS_RETRIES: bool = true;
+    // A dead letter skips the message: only permanent errors do.
+    const LIMITS_DELIVERIES: bool = false;
 
     fn message_id(&self) -> Result<String, BrokerError> {
         self.record
@@ -384,6 +386,9 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
             }
             // Applied, a duplicate, or dead-lettered: the partition moves on.
             (Settlement::Ack | Settlement::DeadLetter, _) => {
+                if settlement == Settlement::DeadLetter {
+                    tracing::warn!(target: "diesel_inbox", topic, partition, offset = record.offset, "diesel-inbox: the partition moves past a dead-lettered message; it stays in Kafka at this offset");
+                }
                 shared.commit(topic, partition, record.offset + 1);
             }
         }

@@ -92,6 +92,15 @@ struct Cli {
     /// Storms of 100 concurrent retries of one key [default: 20; smoke 1].
     #[arg(long)]
     http_storms: Option<usize>,
+    /// Kafka (PostgreSQL, INBOX_TEST_KAFKA_BROKERS): messages/s of the
+    /// runner against a hand-written consumer doing the same inbox and
+    /// offset writes, and against an at-least-once consumer with no
+    /// database.
+    #[arg(long)]
+    kafka: bool,
+    /// Messages per variant and round of `--kafka` [default: 3000; smoke 30].
+    #[arg(long)]
+    kafka_messages: Option<usize>,
     /// Passed by `cargo bench` to harness = false targets.
     #[arg(long, hide = true)]
     bench: bool,
@@ -136,6 +145,9 @@ pub struct Args {
     pub http: bool,
     pub http_conns: usize,
     pub http_storms: usize,
+    /// `--kafka` and its count.
+    pub kafka: bool,
+    pub kafka_messages: usize,
 }
 
 /// The process's arguments; clap's error (exit 2) or help (exit 0) on a
@@ -177,6 +189,8 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         http: cli.http,
         http_conns: pick(cli.http_conns, 16, 4),
         http_storms: pick(cli.http_storms, 20, 1),
+        kafka: cli.kafka,
+        kafka_messages: pick(cli.kafka_messages, 3_000, 30),
         scale_rows: cli.scale_rows.unwrap_or(if smoke {
             vec![0, 1_000]
         } else {

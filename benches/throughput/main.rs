@@ -11,6 +11,7 @@
 //!     [--memory]
 //!     [--outbox [--outbox-messages 5000] [--outbox-rate 1000] [--outbox-secs 10]]
 //!     [--http [--http-conns 16] [--http-storms 20]]
+//!     [--kafka [--kafka-messages 3000]]
 //! ```
 //!
 //! Variants run interleaved, and the sync variants' order rotates each
@@ -46,6 +47,11 @@
 //! keys, interleaved; then `--http-storms` storms of 100 concurrent
 //! requests with one new key: the replays' latency p50/p99; it writes
 //! `http.json`.
+//! `--kafka` (PostgreSQL and `INBOX_TEST_KAFKA_BROKERS`, feature `kafka`):
+//! messages/s of `diesel_inbox::kafka::Consumer` against a hand-written
+//! rdkafka consumer doing the same inbox row, business row and position
+//! write in one transaction, and against an at-least-once consumer with no
+//! database, interleaved; it writes `kafka.json`.
 //!
 //! The program's modules: [`args`] (the command line), [`backends`] (each
 //! database behind the `Bench` trait), [`variants`] (the handlers and one
@@ -60,6 +66,8 @@ mod args;
 mod backends;
 #[cfg(all(feature = "axum", feature = "postgres"))]
 mod http;
+#[cfg(all(feature = "kafka", feature = "postgres"))]
+mod kafka;
 mod memory;
 #[cfg(all(feature = "async", feature = "lapin"))]
 mod outbox;
@@ -128,6 +136,12 @@ fn run(args: &Args) -> Result<(), String> {
     }
     if args.memory {
         return memory::run(&targets, args);
+    }
+    if args.kafka {
+        #[cfg(all(feature = "kafka", feature = "postgres"))]
+        return kafka::run(args);
+        #[cfg(not(all(feature = "kafka", feature = "postgres")))]
+        return Err("--kafka needs the kafka and postgres features".into());
     }
     if args.http {
         #[cfg(all(feature = "axum", feature = "postgres"))]

@@ -314,6 +314,12 @@ pub trait Inbound: Sealed {
     /// given back (AMQP has no delayed requeue), rather than given back at
     /// once with the delay (JetStream's `Nak(delay)`).
     const HOLDS_RETRIES: bool;
+    /// Whether [`Policy::max_deliveries`] dead-letters a message that keeps
+    /// failing transiently. Not on Kafka, where a dead letter moves the
+    /// partition past the message: a database outage must not skip
+    /// messages, so only a permanent error (`max_attempts` exhausted among
+    /// them) dead-letters there.
+    const LIMITS_DELIVERIES: bool = true;
     /// The id to deduplicate on, or why there is none.
     fn message_id(&self) -> Result<String, BrokerError>;
     /// How often the broker has delivered it, this time included.
@@ -402,7 +408,11 @@ where
             outcome
         }
     };
-    let settlement = policy.settlement(&outcome, deliveries);
+    let counted = match M::LIMITS_DELIVERIES {
+        true => deliveries,
+        false => 1,
+    };
+    let settlement = policy.settlement(&outcome, counted);
     let delay = policy.retry_delay_for(deliveries);
     let mut released_early = false;
     if settlement == Settlement::Retry {

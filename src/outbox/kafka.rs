@@ -89,12 +89,11 @@ impl Publish for Publisher {
     async fn publish<'a>(&'a self, messages: &'a [OutboxMessage]) -> Vec<Result<(), PublishError>> {
         let mut pending = Vec::with_capacity(messages.len());
         for message in messages {
-            let mut headers = OwnedHeaders::new_with_capacity(message.headers.len() + 1).insert(
-                Header {
+            let mut headers =
+                OwnedHeaders::new_with_capacity(message.headers.len() + 1).insert(Header {
                     key: &self.id_header,
                     value: Some(message.id.as_str()),
-                },
-            );
+                });
             for (name, value) in &message.headers {
                 if *name != self.id_header {
                     headers = headers.insert(Header {
@@ -109,7 +108,11 @@ impl Publish for Publisher {
             if let Some(key) = &message.ordering_key {
                 record = record.key(key);
             }
-            pending.push(self.producer.send_result(record).map_err(|(e, _)| failed(e)));
+            pending.push(
+                self.producer
+                    .send_result(record)
+                    .map_err(|(e, _)| failed(e)),
+            );
         }
         let mut results = Vec::with_capacity(messages.len());
         for sent in pending {

@@ -49,9 +49,9 @@ pub use relay::{
     MAX_OUTAGE_DELAY, MAX_RETRY_DELAY, OUTAGE_DELAY, RETRY_DELAY, SHUTDOWN_GRACE,
 };
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "lapin")]
 pub mod lapin;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(feature = "kafka")]
-pub mod kafka;

@@ -347,10 +347,8 @@ where
 
 /// A positions table that lost a column (schema 4, the Kafka runner's) is
 /// refused by `migrate`, naming the column and the fix.
-pub fn a_wrong_positions_table_is_refused<C>(
-    fresh: fn(&str) -> Option<TestDb>,
-    open: fn(&str) -> C,
-) where
+pub fn a_wrong_positions_table_is_refused<C>(fresh: fn(&str) -> Option<TestDb>, open: fn(&str) -> C)
+where
     C: LoadConnection<TransactionManager = AnsiTransactionManager>,
     C::Backend: InboxBackend,
 {

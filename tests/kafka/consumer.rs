@@ -50,13 +50,15 @@ impl diesel_inbox::brokers::HasInboxError for AppError {
 /// business table's DDL and insert.
 pub trait Db: Send + Sync + 'static {
     type Conn: AsyncInboxConnection + PoolableConnection + 'static;
-    type Pool: Send + Sync + 'static;
+    type Pool: diesel_inbox::outbox::RelayPool + Clone + 'static;
     type Pooled: std::ops::DerefMut<Target = Self::Conn> + Send;
     const CREATE: &'static str;
     fn pool(url: String) -> Result<Self::Pool, String>;
     fn get(
         pool: &Self::Pool,
     ) -> impl std::future::Future<Output = Result<Self::Pooled, String>> + Send;
+    /// Whether the database answers (the runner's health probe).
+    fn ping(pool: Self::Pool) -> impl std::future::Future<Output = bool> + Send + 'static;
     /// Inserts a business row.
     fn insert<'a>(
         conn: &'a mut Self::Conn,
@@ -91,6 +93,17 @@ macro_rules! db {
                 pool: &Self::Pool,
             ) -> impl std::future::Future<Output = Result<Self::Pooled, String>> + Send {
                 async move { pool.get().await.map_err(|e| e.to_string()) }
+            }
+            fn ping(pool: Self::Pool) -> impl std::future::Future<Output = bool> + Send + 'static {
+                async move {
+                    match pool.get().await {
+                        Ok(mut conn) => diesel::sql_query("SELECT 1")
+                            .execute(&mut *conn)
+                            .await
+                            .is_ok(),
+                        Err(_) => false,
+                    }
+                }
             }
             fn insert<'a>(
                 conn: &'a mut Self::Conn,
@@ -180,11 +193,14 @@ pub async fn run<D: Db>() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     consumer.subscribe(&[&topic]).map_err(|e| e.to_string())?;
     let applied = AtomicU64::new(0);
+    let probe = pool.clone();
     let (topic, pool, applied, stall) = (&topic, &pool, &applied, &stall);
     println!("RUNNING");
     let report = diesel_inbox::kafka::Consumer::new(consumer, Policy::new(|_: &AppError| false))
         .in_flight(4)
         .shutdown_deadline(Duration::from_secs(5))
+        .health_probe(move || D::ping(probe.clone()))
+        .health_probe_timeout(Duration::from_secs(2))
         .run(
             async |id: &str, body: &[u8]| -> Result<Processed<()>, AppError> {
                 let (key, seq) = parse(body)?;
@@ -229,6 +245,33 @@ pub async fn run<D: Db>() -> Result<(), String> {
                 term.recv().await;
             },
         )
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("REPORT {report:?}");
+    Ok(())
+}
+
+/// Runs the outbox relay, publishing to Kafka, until SIGTERM.
+pub async fn relay<D: Db>() -> Result<(), String> {
+    let url = env("INBOX_KAFKA_DB").ok_or("INBOX_KAFKA_DB")?;
+    let brokers = env("INBOX_KAFKA_BROKERS").ok_or("INBOX_KAFKA_BROKERS")?;
+    let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("enable.idempotence", "true")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let publisher = diesel_inbox::outbox::kafka::Publisher::new(producer);
+    println!("RUNNING");
+    let report = diesel_inbox::outbox::Relay::new(D::pool(url)?, publisher)
+        .batch_size(20)
+        .poll_interval(Duration::from_millis(50))
+        .lease(Duration::from_secs(5))
+        .run(async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            term.recv().await;
+        })
         .await
         .map_err(|e| e.to_string())?;
     println!("REPORT {report:?}");

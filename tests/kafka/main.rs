@@ -11,10 +11,17 @@
 //! consumer SIGKILLed between its commit and its offset commit; three
 //! consumers with one SIGKILLed and one added mid-run; a zombie
 //! (SIGSTOPped past its session timeout while holding a message) refused
-//! by the fence after the new owner passed it.
+//! by the fence after the new owner passed it; the outbox relay to Kafka
+//! with the relay and the consumer SIGKILLed; the database refusing
+//! connections for 12 s and for 60 s (PostgreSQL and MySQL, through a TCP
+//! proxy).
 
 #[cfg(all(feature = "kafka", feature = "sqlite"))]
 mod consumer;
+#[cfg(all(feature = "kafka", feature = "sqlite"))]
+#[allow(dead_code)] // the broker suite's proxy: not all of it is used here
+#[path = "../brokers/proxy.rs"]
+mod proxy;
 #[cfg(all(feature = "kafka", feature = "sqlite"))]
 mod scenarios;
 

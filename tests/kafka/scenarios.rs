@@ -19,6 +19,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 type Check = Result<(), String>;
+
+/// The scenarios that need a database server to refuse connections:
+/// skipped, and said so, on SQLite.
+const NEEDS_A_SERVER: &str = "the database refusing connections";
 type Scenario = (&'static str, fn(&Backend, &Env) -> Check);
 
 /// What every scenario of a backend shares.
@@ -31,16 +35,25 @@ struct Env {
 
 pub fn main() {
     if let Ok(role) = std::env::var("INBOX_KAFKA_ROLE") {
-        assert_eq!(role, "consumer");
+        let relay = match role.as_str() {
+            "consumer" => false,
+            "relay" => true,
+            other => panic!("no such role: {other}"),
+        };
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         let ran = runtime.block_on(async {
-            match std::env::var("INBOX_KAFKA_BACKEND").as_deref() {
-                Ok("sqlite") => consumer::run::<consumer::Sqlite>().await,
+            match (std::env::var("INBOX_KAFKA_BACKEND").as_deref(), relay) {
+                (Ok("sqlite"), false) => consumer::run::<consumer::Sqlite>().await,
+                (Ok("sqlite"), true) => consumer::relay::<consumer::Sqlite>().await,
                 #[cfg(feature = "postgres")]
-                Ok("postgres") => consumer::run::<consumer::Postgres>().await,
+                (Ok("postgres"), false) => consumer::run::<consumer::Postgres>().await,
+                #[cfg(feature = "postgres")]
+                (Ok("postgres"), true) => consumer::relay::<consumer::Postgres>().await,
                 #[cfg(feature = "mysql")]
-                Ok("mysql") => consumer::run::<consumer::Mysql>().await,
-                other => Err(format!("no such backend: {other:?}")),
+                (Ok("mysql"), false) => consumer::run::<consumer::Mysql>().await,
+                #[cfg(feature = "mysql")]
+                (Ok("mysql"), true) => consumer::relay::<consumer::Mysql>().await,
+                (other, _) => Err(format!("no such backend: {other:?}")),
             }
         });
         if let Err(e) = ran {
@@ -155,6 +168,7 @@ impl Proc {
     fn signal(&self, signal: &str) {
         let _ = Command::new("kill")
             .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .stderr(Stdio::null())
             .status();
     }
 
@@ -209,32 +223,73 @@ impl Backend {
                 "a zombie past its session timeout is refused by the fence",
                 Backend::zombie,
             ),
+            (
+                "the outbox relay to Kafka, both SIGKILLed: each once, in order per key",
+                Backend::chain,
+            ),
+            (
+                "the database refusing connections for 12 s: paused, nothing skipped or twice",
+                |b, env| b.outage(env, 12),
+            ),
+            (
+                "the database refusing connections for 60 s: paused, nothing skipped or twice",
+                |b, env| b.outage(env, 60),
+            ),
         ];
-        if let Err(e) = self.prepare() {
-            println!("kafka {}: FAILED to prepare the database: {e}", self.name);
-            return scenarios.len();
-        }
-        let mut failed = 0;
-        for (name, scenario) in scenarios {
-            if filter.is_some_and(|f| !name.contains(f) && !self.name.contains(f)) {
-                continue;
-            }
-            let started = Instant::now();
-            match scenario(self, env) {
-                Ok(()) => println!(
-                    "kafka {}: {name}: ok ({:.1} s)",
-                    self.name,
-                    started.elapsed().as_secs_f64()
-                ),
-                Err(e) => {
-                    failed += 1;
-                    println!("kafka {}: {name}: FAILED: {e}", self.name);
-                }
-            }
-        }
-        failed
+        // The scenarios run side by side (each has its own topic, group
+        // and ids; on SQLite, its own database file): most of their time is
+        // the broker's group joins and session timeouts.
+        std::thread::scope(|scope| {
+            let running: Vec<_> = scenarios
+                .into_iter()
+                .enumerate()
+                .filter(|(_, (name, _))| {
+                    filter.is_none_or(|f| name.contains(f) || self.name.contains(f))
+                })
+                .filter(|(_, (name, _))| {
+                    let skipped = self.name == "sqlite" && name.starts_with(NEEDS_A_SERVER);
+                    if skipped {
+                        println!("kafka {}: {name}: SKIPPED: SQLite is a file in the consumer's process, with nothing to refuse connections", self.name);
+                    }
+                    !skipped
+                })
+                .map(|(i, (name, scenario))| {
+                    let backend = Backend {
+                        name: self.name,
+                        url: match self.name {
+                            "sqlite" => self.url.replace("kafka.db", &format!("kafka-{i}.db")),
+                            _ => self.url.clone(),
+                        },
+                    };
+                    scope.spawn(move || {
+                        let started = Instant::now();
+                        let ran = backend.prepare().and_then(|()| scenario(&backend, env));
+                        match ran {
+                            Ok(()) => {
+                                println!(
+                                    "kafka {}: {name}: ok ({:.1} s)",
+                                    backend.name,
+                                    started.elapsed().as_secs_f64()
+                                );
+                                0
+                            }
+                            Err(e) => {
+                                println!("kafka {}: {name}: FAILED: {e}", backend.name);
+                                1
+                            }
+                        }
+                    })
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|t| t.join().expect("a scenario's thread panicked"))
+                .sum()
+        })
     }
 
+    /// The inbox tables and the business table (on a fresh SQLite file,
+    /// or the server's test database, which every scenario shares).
     fn prepare(&self) -> Check {
         self.with_conn(
             |conn| {
@@ -331,9 +386,20 @@ impl Backend {
         group: &str,
         extra: &[(&str, String)],
     ) -> Result<Proc, String> {
+        self.spawn_as("consumer", env, topic, group, extra)
+    }
+
+    fn spawn_as(
+        &self,
+        role: &str,
+        env: &Env,
+        topic: &str,
+        group: &str,
+        extra: &[(&str, String)],
+    ) -> Result<Proc, String> {
         let mut command = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
         command
-            .env("INBOX_KAFKA_ROLE", "consumer")
+            .env("INBOX_KAFKA_ROLE", role)
             .env("INBOX_KAFKA_BACKEND", self.name)
             .env("INBOX_KAFKA_DB", &self.url)
             .env("INBOX_KAFKA_BROKERS", &env.brokers)
@@ -482,7 +548,7 @@ impl Backend {
             &group,
             &[
                 ("INBOX_KAFKA_DIE_AFTER", "40".into()),
-                ("INBOX_KAFKA_SESSION_MS", "6000".into()),
+                ("INBOX_KAFKA_SESSION_MS", "3000".into()),
             ],
         )?;
         dying.wait_line("DYING", Duration::from_secs(60))?;
@@ -491,7 +557,7 @@ impl Backend {
             env,
             &topic,
             &group,
-            &[("INBOX_KAFKA_SESSION_MS", "6000".into())],
+            &[("INBOX_KAFKA_SESSION_MS", "3000".into())],
         )?;
         self.wait_rows(&topic, records.len(), Duration::from_secs(90))?;
         self.wait_positions(&topic, &ends, Duration::from_secs(20))?;
@@ -508,7 +574,7 @@ impl Backend {
         let ends = env.produce(&topic, 6, &records)?;
         let slow = [
             ("INBOX_KAFKA_DELAY_MS", "25".to_string()),
-            ("INBOX_KAFKA_SESSION_MS", "6000".into()),
+            ("INBOX_KAFKA_SESSION_MS", "3000".into()),
         ];
         let first = self.spawn(env, &topic, &group, &slow)?;
         let second = self.spawn(env, &topic, &group, &slow)?;
@@ -535,7 +601,7 @@ impl Backend {
         let records = records(&env.run, "zombie", 1, 20);
         let held = records[4].id.clone();
         env.produce(&topic, 1, &records)?;
-        let session = ("INBOX_KAFKA_SESSION_MS", "6000".to_string());
+        let session = ("INBOX_KAFKA_SESSION_MS", "3000".to_string());
         let a = self.spawn(
             env,
             &topic,
@@ -566,6 +632,193 @@ impl Backend {
         b.stop()?;
         a.stop().map(drop)
     }
+}
+
+impl Backend {
+    /// A database of its own for `name` (the relay publishes every pending
+    /// outbox row of its database): another SQLite file, or a new
+    /// database on the server.
+    fn own_database(&self, name: &str) -> Result<Backend, String> {
+        let url = match self.name {
+            "sqlite" => self.url.replace(".db", &format!("-{name}.db")),
+            _ => {
+                let (server, _) = self
+                    .url
+                    .rsplit_once('/')
+                    .ok_or_else(|| format!("no database in {}", self.url))?;
+                let drop = format!("DROP DATABASE IF EXISTS {name}");
+                let create = format!("CREATE DATABASE {name}");
+                let run = |c: &mut dyn FnMut(&str) -> Result<(), String>| {
+                    c(&drop)?;
+                    c(&create)
+                };
+                self.with_conn(
+                    |_| Ok(()),
+                    |c| run(&mut |sql| c.batch_execute(sql).map_err(|e| e.to_string())),
+                    |c| run(&mut |sql| c.batch_execute(sql).map_err(|e| e.to_string())),
+                )?;
+                format!("{server}/{name}")
+            }
+        };
+        let own = Backend {
+            name: self.name,
+            url,
+        };
+        own.prepare()?;
+        Ok(own)
+    }
+
+    /// 12 keys × 20 messages enqueued in the outbox with their key as the
+    /// ordering key; a relay publishes them to Kafka and a runner applies
+    /// them. The runner is SIGKILLed after its 60th commit, the relay once
+    /// 120 are applied; both start again. Each message is applied once
+    /// (the relay's republish after its kill carries the same outbox id),
+    /// each key's messages in order.
+    fn chain(&self, env: &Env) -> Check {
+        let topic = format!("chain-{}", env.run);
+        let group = format!("chain-{}", env.run);
+        let own = self.own_database(&format!("kafka_chain_{}", env.run.replace('-', "_")))?;
+        let records = records(&env.run, "chain", 12, 20);
+        env.create_topic(&topic, 6)?;
+        fn put<C>(conn: &mut C, topic: &str, records: &[Record]) -> Result<(), String>
+        where
+            C: diesel_inbox::InboxConnection
+                + diesel::connection::LoadConnection
+                + Connection<TransactionManager = diesel::connection::AnsiTransactionManager>,
+        {
+            for r in records {
+                conn.transaction(|conn| {
+                    diesel_inbox::outbox::enqueue(
+                        conn,
+                        diesel_inbox::outbox::Outgoing::new(topic, format!("{}:{}", r.key, r.seq))
+                            .ordering_key(&r.key),
+                    )
+                })
+                .map_err(|e: diesel_inbox::InboxError| e.to_string())?;
+            }
+            Ok(())
+        }
+        own.with_conn(
+            |c| put(c, &topic, &records),
+            |c| put(c, &topic, &records),
+            |c| put(c, &topic, &records),
+        )?;
+        let session = ("INBOX_KAFKA_SESSION_MS", "3000".to_string());
+        let runner = own.spawn(
+            env,
+            &topic,
+            &group,
+            &[("INBOX_KAFKA_DIE_AFTER", "60".into()), session.clone()],
+        )?;
+        let relay = own.spawn_as("relay", env, &topic, &group, &[])?;
+        runner.wait_line("DYING", Duration::from_secs(60))?;
+        drop(runner);
+        let runner = own.spawn(env, &topic, &group, &[session])?;
+        own.wait_rows(&topic, 120, Duration::from_secs(60))?;
+        drop(relay);
+        let relay = own.spawn_as("relay", env, &topic, &group, &[])?;
+        own.wait_rows(&topic, records.len(), Duration::from_secs(90))?;
+        // A republish after the relay's kill comes after its original.
+        std::thread::sleep(Duration::from_secs(2));
+        let rows = own.effects(&topic)?;
+        let mut by_body: HashMap<(String, i64), usize> = HashMap::new();
+        for row in &rows {
+            *by_body.entry((row.k.clone(), row.seq)).or_default() += 1;
+        }
+        let twice = by_body.values().filter(|n| **n > 1).count();
+        if rows.len() != records.len() || twice > 0 || by_body.len() != records.len() {
+            return Err(format!(
+                "{} rows for {} messages, {twice} applied twice",
+                rows.len(),
+                records.len()
+            ));
+        }
+        in_order(&rows)?;
+        relay.stop()?;
+        runner.stop().map(drop)
+    }
+}
+
+impl Backend {
+    /// The database refuses connections (through a TCP proxy) for `secs`
+    /// seconds mid-stream: the runner's health probe pauses intake, the
+    /// message in flight is retried, and after the outage every message is
+    /// applied once, in order per key. SQLite is a file in the consumer's
+    /// process, with nothing to refuse: skipped, and said so.
+    fn outage(&self, env: &Env, secs: u64) -> Check {
+        let port = match self.name {
+            "postgres" => 5432,
+            "mysql" => 3306,
+            other => return Err(format!("{other} has no server to refuse connections")),
+        };
+        let proxy = crate::proxy::Proxy::start(([127, 0, 0, 1], port).into())?;
+        let through = format!("127.0.0.1:{}/", proxy.port);
+        let routed = self
+            .url
+            .replacen(&format!("127.0.0.1:{port}/"), &through, 1)
+            .replacen("127.0.0.1/", &through, 1);
+        if !routed.contains(&through) {
+            return Err(format!("not a URL on 127.0.0.1: {}", self.url));
+        }
+        let routed = match (self.name, routed.contains('?')) {
+            // mysql_async moves a loopback connection onto the server's
+            // socket unless told not to, which would bypass the proxy.
+            ("mysql", true) => format!("{routed}&prefer_socket=false"),
+            ("mysql", false) => format!("{routed}?prefer_socket=false"),
+            _ => routed,
+        };
+        let topic = format!("outage{secs}-{}", env.run);
+        let group = topic.clone();
+        let records = records(&env.run, &format!("outage{secs}"), 6, 40);
+        env.produce(&topic, 3, &records)?;
+        let through_proxy = Backend {
+            name: self.name,
+            url: routed,
+        };
+        let consumer = through_proxy.spawn(
+            env,
+            &topic,
+            &group,
+            &[("INBOX_KAFKA_DELAY_MS", "20".into())],
+        )?;
+        self.wait_rows(&topic, 60, Duration::from_secs(60))?;
+        proxy.set(crate::proxy::Mode::Refuse);
+        std::thread::sleep(Duration::from_secs(2));
+        let during = self.effects(&topic)?.len();
+        std::thread::sleep(Duration::from_secs(secs.saturating_sub(2)));
+        let after = self.effects(&topic)?.len();
+        if after != during {
+            return Err(format!(
+                "{} messages applied while the database refused connections",
+                after - during
+            ));
+        }
+        proxy.set(crate::proxy::Mode::Forward);
+        self.wait_rows(&topic, records.len(), Duration::from_secs(120))?;
+        std::thread::sleep(Duration::from_secs(1));
+        exactly_once(&self.effects(&topic)?, &records)?;
+        let report = consumer.stop()?;
+        if report.contains("pauses: 0,") {
+            return Err(format!("intake never paused: {report}"));
+        }
+        Ok(())
+    }
+}
+
+/// Each key's rows in increasing sequence.
+fn in_order(rows: &[Effect]) -> Check {
+    let mut last: HashMap<&str, i64> = HashMap::new();
+    for row in rows {
+        if let Some(before) = last.insert(row.k.as_str(), row.seq) {
+            if row.seq <= before {
+                return Err(format!(
+                    "key {} applied {} after {}",
+                    row.k, row.seq, before
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The message ids and bodies of `keys` keys × `per_key` records.
@@ -614,24 +867,12 @@ fn exactly_once(rows: &[Effect], records: &[Record]) -> Check {
             &missing[..missing.len().min(3)]
         ));
     }
-    let mut last: HashMap<&str, i64> = HashMap::new();
-    for row in rows {
-        if let Some(before) = last.insert(row.k.as_str(), row.seq) {
-            if row.seq <= before {
-                return Err(format!(
-                    "key {} applied {} after {}",
-                    row.k, row.seq, before
-                ));
-            }
-        }
-    }
-    Ok(())
+    in_order(rows)
 }
 
 impl Env {
-    /// Creates `topic` with `partitions` partitions and produces `records`
-    /// (keyed, with the id header), in order; the partitions' ends.
-    fn produce(&self, topic: &str, partitions: i32, records: &[Record]) -> Result<Ends, String> {
+    /// Creates `topic` with `partitions` partitions.
+    fn create_topic(&self, topic: &str, partitions: i32) -> Check {
         self.runtime.block_on(async {
             let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
                 .set("bootstrap.servers", &self.brokers)
@@ -647,6 +888,15 @@ impl Env {
             for result in created {
                 result.map_err(|(topic, e)| format!("creating {topic}: {e}"))?;
             }
+            Ok(())
+        })
+    }
+
+    /// Creates `topic` with `partitions` partitions and produces `records`
+    /// (keyed, with the id header), in order; the partitions' ends.
+    fn produce(&self, topic: &str, partitions: i32, records: &[Record]) -> Result<Ends, String> {
+        self.create_topic(topic, partitions)?;
+        self.runtime.block_on(async {
             let producer: FutureProducer = ClientConfig::new()
                 .set("bootstrap.servers", &self.brokers)
                 .set("enable.idempotence", "true")

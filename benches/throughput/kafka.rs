@@ -1,0 +1,368 @@
+//! `--kafka`: the Kafka runner on PostgreSQL, against the broker in
+//! `INBOX_TEST_KAFKA_BROKERS` (`scripts/kafka.sh start`).
+//!
+//! Each variant consumes `--kafka-messages` messages (12 keys, 6
+//! partitions, produced beforehand to a topic of its own) in a consumer
+//! group of its own; its rate is the messages after the first over the
+//! time from the first message's start to the last one's end (the group
+//! join is not timed). The variants run interleaved, their order rotating
+//! each round; each reports its median over `--rounds`:
+//! - `runner`: `diesel_inbox::kafka::Consumer` with `in_flight(1)`, an
+//!   `Inbox::run_async` handler inserting the business row: the inbox row,
+//!   the row and the position in one transaction, then Kafka's offset;
+//! - `runner8`: the same with `in_flight(8)` (partitions at once, the
+//!   default);
+//! - `hand`: a hand-written rdkafka loop doing the same by hand, one
+//!   message at a time: in one transaction the inbox row (`ON CONFLICT DO
+//!   NOTHING`), the business row and the guarded position upsert, then an
+//!   asynchronous offset commit;
+//! - `floor`: an at-least-once consumer with no database: receive, commit
+//!   the offset asynchronously.
+
+use crate::args::Args;
+use crate::output::write_output;
+use crate::run_id;
+use diesel::sql_types::{BigInt, Integer, Text};
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_inbox::brokers::Policy;
+use diesel_inbox::{Inbox, InboxError, Processed};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message as _};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const VARIANTS: [&str; 4] = ["runner", "runner8", "hand", "floor"];
+const CONSUMER: &str = "bench-kafka";
+const INSERT: &str = "INSERT INTO bench_kafka (id, amount) VALUES ($1, $2)";
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let url = std::env::var("INBOX_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .ok_or("--kafka: INBOX_TEST_POSTGRES_URL is not set")?;
+    let brokers = std::env::var("INBOX_TEST_KAFKA_BROKERS")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .ok_or("--kafka: INBOX_TEST_KAFKA_BROKERS is not set (scripts/kafka.sh start)")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(measure(args, url, brokers))
+}
+
+/// The first message's start and the last one's end, and how many.
+#[derive(Default)]
+struct Clock {
+    first: Mutex<Option<Instant>>,
+    done: AtomicU64,
+    last: Mutex<Option<Instant>>,
+}
+
+impl Clock {
+    fn start(&self) {
+        self.first.lock().unwrap().get_or_insert_with(Instant::now);
+    }
+
+    /// Counts a message done; whether it was the last of `n`.
+    fn done(&self, n: u64) -> bool {
+        let done = self.done.fetch_add(1, Ordering::SeqCst) + 1;
+        if done == n {
+            *self.last.lock().unwrap() = Some(Instant::now());
+        }
+        done >= n
+    }
+
+    fn rate(&self, n: u64) -> Result<f64, String> {
+        let first = self.first.lock().unwrap().ok_or("no message")?;
+        let last = self.last.lock().unwrap().ok_or("not every message")?;
+        Ok((n.saturating_sub(1)) as f64 / (last - first).as_secs_f64().max(1e-9))
+    }
+}
+
+async fn measure(args: &Args, url: String, brokers: String) -> Result<(), String> {
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(url);
+    let pool = Pool::builder(manager)
+        .max_size(8)
+        .build()
+        .map_err(|e| e.to_string())?;
+    {
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        diesel_inbox::migrate_async(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        conn.batch_execute(
+            "DROP TABLE IF EXISTS bench_kafka; \
+             CREATE TABLE bench_kafka (id TEXT NOT NULL, amount BIGINT NOT NULL)",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+    let run = run_id();
+    let n = args.kafka_messages as u64;
+    let mut samples: Vec<(&str, Vec<f64>)> = VARIANTS.iter().map(|v| (*v, Vec::new())).collect();
+    for round in 0..args.rounds {
+        for i in 0..VARIANTS.len() {
+            let variant = VARIANTS[(i + round) % VARIANTS.len()];
+            let topic = format!("bench-{run}-{variant}-{round}");
+            produce(&brokers, &topic, n).await?;
+            let consumer: StreamConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("group.id", &topic)
+                .set("enable.auto.commit", "false")
+                .set("enable.auto.offset.store", "false")
+                .set("auto.offset.reset", "earliest")
+                // The brokers here hold a new group's join for a while
+                // with the default session timeout (45 s).
+                .set("session.timeout.ms", "6000")
+                .set("heartbeat.interval.ms", "1000")
+                .create()
+                .map_err(|e| e.to_string())?;
+            consumer.subscribe(&[&topic]).map_err(|e| e.to_string())?;
+            let clock = Clock::default();
+            match variant {
+                "runner" | "runner8" => {
+                    let in_flight = if variant == "runner" { 1 } else { 8 };
+                    runner(consumer, &pool, &clock, n, in_flight).await?
+                }
+                "hand" => hand(consumer, &pool, &clock, n).await?,
+                _ => floor(consumer, &clock, n).await?,
+            }
+            let rate = clock.rate(n)?;
+            samples
+                .iter_mut()
+                .find(|(v, _)| *v == variant)
+                .expect("a variant")
+                .1
+                .push(rate);
+        }
+    }
+    let median = |v: &str| {
+        let mut s = samples
+            .iter()
+            .find(|(n, _)| *n == v)
+            .expect("a variant")
+            .1
+            .clone();
+        s.sort_by(f64::total_cmp);
+        s[s.len() / 2]
+    };
+    let (runner_rate, runner8_rate, hand_rate, floor_rate) = (
+        median("runner"),
+        median("runner8"),
+        median("hand"),
+        median("floor"),
+    );
+    println!(
+        "kafka postgres, {n} messages x {} rounds: runner {runner_rate:.0}/s, hand-written {hand_rate:.0}/s (runner/hand {:.2}), runner in_flight 8 {runner8_rate:.0}/s ({:.2}x hand), no database {floor_rate:.0}/s (runner/floor {:.2}, runner8/floor {:.2})",
+        args.rounds,
+        runner_rate / hand_rate,
+        runner8_rate / hand_rate,
+        runner_rate / floor_rate,
+        runner8_rate / floor_rate
+    );
+    let json = format!(
+        "{{\"backend\":\"postgres\",\"messages\":{n},\"rounds\":{},\"runner\":{runner_rate:.1},\"runner8\":{runner8_rate:.1},\"hand\":{hand_rate:.1},\"floor\":{floor_rate:.1},\"runner_over_hand\":{:.3},\"runner8_over_hand\":{:.3},\"runner_over_floor\":{:.3}}}\n",
+        args.rounds,
+        runner_rate / hand_rate,
+        runner8_rate / hand_rate,
+        runner_rate / floor_rate
+    );
+    let dir = write_output("kafka.json", &json)?;
+    println!("wrote {}", dir.join("kafka.json").display());
+    Ok(())
+}
+
+/// Creates `topic` (6 partitions) and produces `n` messages over 12 keys,
+/// each with its id header.
+async fn produce(brokers: &str, topic: &str, n: u64) -> Result<(), String> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|e| e.to_string())?;
+    for created in admin
+        .create_topics(
+            &[NewTopic::new(topic, 6, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        created.map_err(|(t, e)| format!("creating {t}: {e}"))?;
+    }
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let mut pending = Vec::new();
+    for i in 0..n {
+        let id = format!("{topic}-{i}");
+        let key = format!("k{}", i % 12);
+        let body = i.to_string();
+        let record =
+            FutureRecord::to(topic)
+                .key(&key)
+                .payload(&body)
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: "message-id",
+                    value: Some(id.as_str()),
+                }));
+        pending.push(
+            producer
+                .send_result(record)
+                .map_err(|(e, _)| e.to_string())?,
+        );
+    }
+    for delivery in pending {
+        delivery
+            .await
+            .map_err(|_| "the producer was dropped".to_string())?
+            .map_err(|(e, _)| e.to_string())?;
+    }
+    Ok(())
+}
+
+async fn insert(conn: &mut AsyncPgConnection, id: &str, amount: i64) -> diesel::QueryResult<()> {
+    diesel::sql_query(INSERT)
+        .bind::<Text, _>(id)
+        .bind::<BigInt, _>(amount)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+async fn runner(
+    consumer: StreamConsumer,
+    pool: &Pool<AsyncPgConnection>,
+    clock: &Clock,
+    n: u64,
+    in_flight: usize,
+) -> Result<(), String> {
+    let finished = tokio::sync::Notify::new();
+    let report = diesel_inbox::kafka::Consumer::new(consumer, Policy::new(|_: &InboxError| false))
+        .in_flight(in_flight)
+        .shutdown_deadline(Duration::from_secs(10))
+        .run(
+            async |id: &str, body: &[u8]| -> Result<Processed<()>, InboxError> {
+                clock.start();
+                let amount: i64 = std::str::from_utf8(body)
+                    .ok()
+                    .and_then(|b| b.parse().ok())
+                    .unwrap_or_default();
+                let Ok(mut conn) = pool.get().await else {
+                    return Err(InboxError::InvalidArgument("no database connection"));
+                };
+                let done = Inbox::consumer(CONSUMER)
+                    .run_async(&mut *conn, id, async |conn: &mut AsyncPgConnection| {
+                        insert(conn, id, amount).await
+                    })
+                    .await
+                    .map_err(|e: diesel::result::Error| InboxError::Database(e))?;
+                if clock.done(n) {
+                    finished.notify_one();
+                }
+                Ok(done)
+            },
+            finished.notified(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if report.acked < n {
+        return Err(format!("the runner acked {} of {n}", report.acked));
+    }
+    Ok(())
+}
+
+/// The position write a careful hand-written consumer makes: moved only
+/// forward.
+const POSITION: &str =
+    "INSERT INTO inbox_positions (consumer, topic, partition_id, next_offset, updated_at) \
+     VALUES ($1, $2, $3, $4, (extract(epoch from now()) * 1000000)::bigint) \
+     ON CONFLICT (consumer, topic, partition_id) DO UPDATE SET next_offset = EXCLUDED.next_offset, \
+     updated_at = EXCLUDED.updated_at WHERE inbox_positions.next_offset <= $5";
+const CLAIM: &str =
+    "INSERT INTO inbox_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+
+async fn hand(
+    consumer: StreamConsumer,
+    pool: &Pool<AsyncPgConnection>,
+    clock: &Clock,
+    n: u64,
+) -> Result<(), String> {
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let mut handled = 0;
+    while handled < n {
+        let message = consumer.recv().await.map_err(|e| e.to_string())?;
+        clock.start();
+        let id = message
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "message-id"))
+            .and_then(|h| h.value)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
+                format!(
+                    "{}/{}/{}",
+                    message.topic(),
+                    message.partition(),
+                    message.offset()
+                )
+            });
+        let amount: i64 = message
+            .payload()
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(|b| b.parse().ok())
+            .unwrap_or_default();
+        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        conn.transaction(async |conn| {
+            let claimed = diesel::sql_query(CLAIM)
+                .bind::<Text, _>(CONSUMER)
+                .bind::<Text, _>(&id)
+                .execute(conn)
+                .await?;
+            if claimed == 1 {
+                insert(conn, &id, amount).await?;
+            }
+            diesel::sql_query(POSITION)
+                .bind::<Text, _>(CONSUMER)
+                .bind::<Text, _>(topic)
+                .bind::<Integer, _>(partition)
+                .bind::<BigInt, _>(offset + 1)
+                .bind::<BigInt, _>(offset)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+        .await
+        .map_err(|e: diesel::result::Error| e.to_string())?;
+        consumer
+            .commit_message(&message, CommitMode::Async)
+            .map_err(|e| e.to_string())?;
+        handled += 1;
+        clock.done(n);
+    }
+    Ok(())
+}
+
+async fn floor(consumer: StreamConsumer, clock: &Clock, n: u64) -> Result<(), String> {
+    let mut handled = 0;
+    while handled < n {
+        let message = consumer.recv().await.map_err(|e| e.to_string())?;
+        clock.start();
+        consumer
+            .commit_message(&message, CommitMode::Async)
+            .map_err(|e| e.to_string())?;
+        handled += 1;
+        clock.done(n);
+    }
+    Ok(())
+}
