@@ -238,12 +238,7 @@ pub async fn run<D: Db>() -> Result<(), String> {
                 }
                 Ok(done)
             },
-            async {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                        .expect("SIGTERM handler");
-                term.recv().await;
-            },
+            sigterm(),
         )
         .await
         .map_err(|e| e.to_string())?;
@@ -266,14 +261,16 @@ pub async fn relay<D: Db>() -> Result<(), String> {
         .batch_size(20)
         .poll_interval(Duration::from_millis(50))
         .lease(Duration::from_secs(5))
-        .run(async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
-            term.recv().await;
-        })
+        .run(sigterm())
         .await
         .map_err(|e| e.to_string())?;
     println!("REPORT {report:?}");
     Ok(())
+}
+
+/// Resolves at SIGTERM.
+async fn sigterm() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    term.recv().await;
 }

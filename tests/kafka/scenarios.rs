@@ -219,6 +219,7 @@ impl Backend {
                 "three consumers, one SIGKILLed and one added mid-run",
                 Backend::rebalance,
             ),
+            ("SIGTERM mid-stream, then a new consumer", Backend::sigterm),
             (
                 "a zombie past its session timeout is refused by the fence",
                 Backend::zombie,
@@ -563,6 +564,39 @@ impl Backend {
         self.wait_positions(&topic, &ends, Duration::from_secs(20))?;
         exactly_once(&self.effects(&topic)?, &records)?;
         survivor.stop().map(drop)
+    }
+
+    /// A consumer is stopped with SIGTERM mid-stream: it exits cleanly
+    /// within its shutdown deadline (5 s), with its report; a new one
+    /// finishes: every message once, in order per key.
+    fn sigterm(&self, env: &Env) -> Check {
+        let topic = format!("sigterm-{}", env.run);
+        let group = topic.clone();
+        let records = records(&env.run, "sigterm", 6, 40);
+        env.produce(&topic, 3, &records)?;
+        let slow = [
+            ("INBOX_KAFKA_DELAY_MS", "20".to_string()),
+            ("INBOX_KAFKA_SESSION_MS", "3000".into()),
+        ];
+        let first = self.spawn(env, &topic, &group, &slow)?;
+        self.wait_rows(&topic, 60, Duration::from_secs(60))?;
+        let stopping = Instant::now();
+        first.stop()?;
+        if stopping.elapsed() > Duration::from_secs(10) {
+            return Err(format!(
+                "SIGTERM took {:?} to stop the consumer",
+                stopping.elapsed()
+            ));
+        }
+        let before = self.effects(&topic)?.len();
+        if before >= records.len() {
+            return Err("the first consumer applied everything before SIGTERM".into());
+        }
+        let second = self.spawn(env, &topic, &group, &slow)?;
+        self.wait_rows(&topic, records.len(), Duration::from_secs(90))?;
+        std::thread::sleep(Duration::from_secs(1));
+        exactly_once(&self.effects(&topic)?, &records)?;
+        second.stop().map(drop)
     }
 
     /// Two consumers over 6 partitions; a third joins after 100 rows; the
