@@ -46,7 +46,7 @@
 //!     .set("enable.auto.offset.store", "false")
 //!     .create()?;
 //! consumer.subscribe(&["orders"])?;
-//! let report = diesel_inbox::kafka::Consumer::new(consumer, Policy::new(|_: &InboxError| false))?
+//! let report = diesel_inbox::kafka::Consumer::new(consumer, Policy::new(|_: &InboxError| false))
 //!     .in_flight(8)
 //!     .run(
 //!         async |id: &str, body: &[u8]| {

@@ -79,6 +79,7 @@ pub(crate) enum Event<T, E> {
     /// The shape check: `Err` refuses the tables (or could not read them).
     ShapeChecked(Result<(), InboxError>),
     Stored(Result<(), Error>),
+    #[cfg_attr(not(feature = "async"), allow(dead_code))] // the async driver's
     Fenced(Result<Fenced, Error>),
     /// The failure was counted (a failed count is logged, not returned:
     /// the body's error is what the caller gets).

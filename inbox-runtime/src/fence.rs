@@ -10,6 +10,9 @@
 //! last message applied: `offset + 1` of what committed, never assuming
 //! that offsets are contiguous.
 
+// Only async calls take a position (the runners are async).
+#![cfg_attr(not(feature = "async"), allow(dead_code))]
+
 use std::sync::{Arc, Mutex};
 
 /// The position of the message a handler runs for.

@@ -61,6 +61,7 @@ pub(crate) struct Holds(Option<watch::Receiver<u64>>);
 
 impl Holds {
     /// Holds that only their delay ends (the broker glue's `handle`).
+    #[cfg(any(feature = "lapin", feature = "nats"))]
     pub(crate) fn none() -> Self {
         Holds(None)
     }
