@@ -209,6 +209,33 @@ impl<C: ConsumerContext> Shared<C> {
         }
     }
 
+    /// Sets the lag gauge of the partition from librdkafka's cached high
+    /// watermark (no request to the broker), `next` being the runner's
+    /// position.
+    #[cfg(feature = "metrics")]
+    fn lag(&self, topic: &str, partition: i32, next: i64) {
+        let Ok(name) = std::ffi::CString::new(topic) else {
+            return;
+        };
+        let (mut low, mut high) = (-1i64, -1i64);
+        // SAFETY: the client pointer is live for the consumer's lifetime,
+        // `name` is NUL-terminated, and the two outputs are written by
+        // librdkafka under its own lock.
+        let found = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                self.consumer.client().native_ptr(),
+                name.as_ptr(),
+                partition,
+                &mut low,
+                &mut high,
+            )
+        };
+        if found == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0
+        {
+            inbox_runtime::__private::kafka_lag(topic, partition, (high - next).max(0));
+        }
+    }
+
     fn seek(&self, topic: &str, partition: i32, to: i64) {
         if let Err(e) = self
             .consumer
@@ -390,6 +417,8 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
                     tracing::warn!(target: "diesel_inbox", topic, partition, offset = record.offset, "diesel-inbox: the partition moves past a dead-lettered message; it stays in Kafka at this offset");
                 }
                 shared.commit(topic, partition, record.offset + 1);
+                #[cfg(feature = "metrics")]
+                shared.lag(topic, partition, record.offset + 1);
             }
         }
         match lane.pending.pop_front() {

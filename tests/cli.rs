@@ -57,7 +57,7 @@ fn cli_contract<B: TestBackend>() {
     let (code, out, err) = run(cli(url).arg("migrate"));
     assert_eq!(
         (code, out.trim()),
-        (0, "inbox table ready (schema version 3)"),
+        (0, "inbox table ready (schema version 4)"),
         "{err}"
     );
     // Idempotent.
@@ -132,6 +132,45 @@ fn cli_contract<B: TestBackend>() {
             && out.contains("last error: NotFound"),
         "{out}"
     );
+    // status CONSUMER (no key): the Kafka runner's stream positions.
+    let (code, out, _) = run(cli(url).args(["status", "shipping"]));
+    assert_eq!(
+        (code, out.trim()),
+        (0, "no stream positions for consumer shipping")
+    );
+    conn.batch_execute(
+        "INSERT INTO inbox_positions (consumer, topic, partition_id, next_offset, updated_at) \
+         VALUES ('shipping', 'orders', 2, 42, 1764720000000000), \
+                ('shipping', 'orders', 0, 7, 1764720000000000), \
+                ('billing', 'invoices', 0, 3, 1764720000000000)",
+    )
+    .expect("positions");
+    let (code, out, _) = run(cli(url).args(["status", "shipping"]));
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and a line per partition: {out}");
+    assert!(
+        lines[1].starts_with("orders") && lines[1].contains(" 0 ") && lines[1].contains(" 7 "),
+        "{out}"
+    );
+    assert!(
+        lines[2].contains(" 2 ")
+            && lines[2].contains(" 42 ")
+            && lines[2].ends_with("2025-12-03T00:00:00.000000Z"),
+        "{out}"
+    );
+    let (code, out, _) = run(cli(url).args(["status", "shipping", "--json"]));
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("status --json");
+    assert_eq!(json["consumer"], "shipping");
+    assert_eq!(
+        json["positions"].as_array().map(Vec::len),
+        Some(2),
+        "{json}"
+    );
+    assert_eq!(json["positions"][1]["topic"], "orders");
+    assert_eq!(json["positions"][1]["partition"], 2);
+    assert_eq!(json["positions"][1]["next_offset"], 42);
     // status --json: the same answers for scripts, with the same exit codes.
     let (code, out, _) = run(cli(url).args(["status", "billing", "order-25", "--json"]));
     assert_eq!(code, 0);

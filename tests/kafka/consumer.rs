@@ -178,6 +178,13 @@ pub async fn run<D: Db>() -> Result<(), String> {
         .and_then(|ms| ms.parse().ok())
         .map(Duration::from_millis);
     let pool = D::pool(url)?;
+    // The runner's metrics, when asked: which partitions got a lag gauge.
+    let metrics = env("INBOX_KAFKA_METRICS").map(|_| {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().expect("the only recorder");
+        snapshotter
+    });
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &brokers)
         .set("group.id", &group)
@@ -242,7 +249,24 @@ pub async fn run<D: Db>() -> Result<(), String> {
         )
         .await
         .map_err(|e| e.to_string())?;
-    println!("REPORT {report:?}");
+    let mut lagging: Vec<String> = Vec::new();
+    if let Some(snapshotter) = metrics {
+        for (key, _, _, _) in snapshotter.snapshot().into_vec() {
+            let (_, key) = key.into_parts();
+            let on_topic = key
+                .labels()
+                .any(|l| l.key() == "messaging.destination.name" && l.value() == topic.as_str());
+            if key.name() == "diesel_inbox.kafka.lag" && on_topic {
+                lagging.extend(
+                    key.labels()
+                        .filter(|l| l.key() == "messaging.destination.partition.id")
+                        .map(|l| l.value().to_owned()),
+                );
+            }
+        }
+        lagging.sort();
+    }
+    println!("REPORT {report:?} LAG GAUGES {}", lagging.join(","));
     Ok(())
 }
 
