@@ -6,12 +6,12 @@
 #[allow(unused_imports)]
 use diesel_inbox::{
     attempts, attempts_list, consumers, ddl, forget, guide, idempotent, inbox, inbox_messages,
-    migrate, outbox, outbox_messages, purge, schema_version, stats, status, validate_key, Attempts,
-    Batch, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox,
-    InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey, Outcome,
-    Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored, StoredResult,
-    TableProblem, DEFAULT_RETRIES, DEFAULT_SLEEP_COEF, MAX_KEY_BYTES, MAX_PURGE_BATCH,
-    SCHEMA_VERSION,
+    migrate, outbox, outbox_messages, positions, purge, schema_version, stats, status,
+    validate_key, Attempts, Batch, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver,
+    Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey,
+    InvalidKey, Outcome, Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored,
+    StoredResult, StreamPosition, TableProblem, DEFAULT_RETRIES, DEFAULT_SLEEP_COEF, MAX_KEY_BYTES,
+    MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 #[allow(unused_imports)]
@@ -23,8 +23,8 @@ use diesel_inbox::inbox::{
 #[cfg(feature = "async")]
 #[allow(unused_imports)]
 use diesel_inbox::{
-    attempts_async, attempts_list_async, forget_async, migrate_async, purge_async, stats_async,
-    status_async, AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+    attempts_async, attempts_list_async, forget_async, migrate_async, positions_async, purge_async,
+    stats_async, status_async, AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[allow(unused_imports)]
@@ -48,9 +48,19 @@ use diesel_inbox::outbox::{
     OUTAGE_DELAY, RETRY_DELAY,
 };
 
-#[cfg(any(feature = "lapin", feature = "nats"))]
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 #[allow(unused_imports)]
 use diesel_inbox::brokers::{BrokerError, Handled, Policy, Settlement, DEFAULT_MAX_DELIVERIES};
+
+#[cfg(feature = "kafka")]
+#[allow(unused_imports)]
+use diesel_inbox::kafka::{
+    message_id as kafka_message_id, Consumer as KafkaConsumer, Delivery, Partitions, ID_HEADER,
+};
+
+#[cfg(feature = "kafka")]
+#[allow(unused_imports)]
+use diesel_inbox::outbox::kafka::Publisher as KafkaPublisher;
 
 #[cfg(feature = "lapin")]
 #[allow(unused_imports)]

@@ -7,6 +7,7 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolableConnection};
 use diesel_async::RunQueryDsl;
 use diesel_inbox::brokers::Policy;
+use diesel_inbox::outbox::Outgoing;
 use diesel_inbox::{AsyncInboxConnection, Inbox, InboxError, Processed};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::ClientConfig;
@@ -173,6 +174,9 @@ pub async fn run<D: Db>() -> Result<(), String> {
     let die_after: Option<u64> = env("INBOX_KAFKA_DIE_AFTER").and_then(|n| n.parse().ok());
     // A message held before its inbox call (the zombie's), said on stdout.
     let stall = env("INBOX_KAFKA_STALL");
+    // Service A of a chain: each message is enqueued to this topic through
+    // the outbox instead of written.
+    let forward = env("INBOX_KAFKA_FORWARD_TO");
     // A slow handler (so that rebalances happen mid-run).
     let delay = env("INBOX_KAFKA_DELAY_MS")
         .and_then(|ms| ms.parse().ok())
@@ -201,7 +205,7 @@ pub async fn run<D: Db>() -> Result<(), String> {
     consumer.subscribe(&[&topic]).map_err(|e| e.to_string())?;
     let applied = AtomicU64::new(0);
     let probe = pool.clone();
-    let (topic, pool, applied, stall) = (&topic, &pool, &applied, &stall);
+    let (topic, pool, applied, stall, forward) = (&topic, &pool, &applied, &stall, &forward);
     println!("RUNNING");
     let report = diesel_inbox::kafka::Consumer::new(consumer, Policy::new(|_: &AppError| false))
         .in_flight(4)
@@ -222,11 +226,22 @@ pub async fn run<D: Db>() -> Result<(), String> {
                 }
                 let mut conn = D::get(pool).await.map_err(AppError::Pool)?;
                 let (key, seq) = (&key, seq);
+                let forward = forward.as_deref();
                 let done: Result<Processed<()>, AppError> = Inbox::consumer(CONSUMER)
-                    .run_async(&mut *conn, id, async |conn: &mut D::Conn| {
-                        D::insert(conn, topic, id, key, seq)
+                    .run_async(&mut *conn, id, async |conn: &mut D::Conn| match forward {
+                        // Service A of a chain: the message goes on to
+                        // `forward`, through the outbox, in this transaction.
+                        Some(next) => {
+                            let message =
+                                Outgoing::new(next, format!("{key}:{seq}")).ordering_key(key);
+                            diesel_inbox::outbox::enqueue_async(conn, message)
+                                .await
+                                .map(drop)
+                                .map_err(AppError::Inbox)
+                        }
+                        None => D::insert(conn, topic, id, key, seq)
                             .await
-                            .map_err(AppError::Db)
+                            .map_err(AppError::Db),
                     })
                     .await;
                 if stalled {

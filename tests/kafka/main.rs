@@ -11,8 +11,9 @@
 //! consumer SIGKILLed between its commit and its offset commit; three
 //! consumers with one SIGKILLed and one added mid-run; a zombie
 //! (SIGSTOPped past its session timeout while holding a message) refused
-//! by the fence after the new owner passed it; the outbox relay to Kafka
-//! with the relay and the consumer SIGKILLed; the database refusing
+//! by the fence after the new owner passed it; the chain A → outbox →
+//! relay → Kafka → B with all three SIGKILLed; SIGTERM mid-stream; a
+//! broker restart (noida-db); the database refusing
 //! connections for 12 s and for 60 s (PostgreSQL and MySQL, through a TCP
 //! proxy).
 

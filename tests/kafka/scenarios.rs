@@ -229,7 +229,7 @@ impl Backend {
                 Backend::zombie,
             ),
             (
-                "the outbox relay to Kafka, both SIGKILLed: each once, in order per key",
+                "the chain A → outbox relay → Kafka → B, all three SIGKILLed: each once, in order per key",
                 Backend::chain,
             ),
             (
@@ -804,41 +804,29 @@ impl Backend {
         Ok(own)
     }
 
-    /// 12 keys × 20 messages enqueued in the outbox with their key as the
-    /// ordering key; a relay publishes them to Kafka and a runner applies
-    /// them. The runner is SIGKILLed after its 60th commit, the relay once
-    /// 120 are applied; both start again. Each message is applied once
-    /// (the relay's republish after its kill carries the same outbox id),
-    /// each key's messages in order.
+    /// The chain A → outbox → Kafka → B: 12 keys × 20 messages on topic
+    /// `in`; service A (a runner) enqueues each to topic `out` through the
+    /// outbox in its inbox transaction; a relay publishes them; service B
+    /// (a runner) applies them. A is SIGKILLed after its 60th commit, B
+    /// after its 60th, the relay once B has 120; each starts again. B
+    /// applies each message once (A's redelivery is a duplicate, the
+    /// relay's republish carries the same outbox id), each key's messages
+    /// in order.
     fn chain(&self, env: &Env) -> Check {
-        let topic = format!("chain-{}", env.run);
+        let input = format!("chain-in-{}", env.run);
+        let topic = format!("chain-out-{}", env.run);
         let group = format!("chain-{}", env.run);
         let own = self.own_database(&format!("kafka_chain_{}", env.run.replace('-', "_")))?;
         let records = records(&env.run, "chain", 12, 20);
         env.create_topic(&topic, 6)?;
-        fn put<C>(conn: &mut C, topic: &str, records: &[Record]) -> Result<(), String>
-        where
-            C: diesel_inbox::InboxConnection
-                + diesel::connection::LoadConnection
-                + Connection<TransactionManager = diesel::connection::AnsiTransactionManager>,
-        {
-            for r in records {
-                conn.transaction(|conn| {
-                    diesel_inbox::outbox::enqueue(
-                        conn,
-                        diesel_inbox::outbox::Outgoing::new(topic, format!("{}:{}", r.key, r.seq))
-                            .ordering_key(&r.key),
-                    )
-                })
-                .map_err(|e: diesel_inbox::InboxError| e.to_string())?;
-            }
-            Ok(())
-        }
-        own.with_conn(
-            |c| put(c, &topic, &records),
-            |c| put(c, &topic, &records),
-            |c| put(c, &topic, &records),
-        )?;
+        env.produce(&input, 6, &records)?;
+        let a = [
+            ("INBOX_KAFKA_FORWARD_TO", topic.clone()),
+            ("INBOX_KAFKA_SESSION_MS", "3000".to_string()),
+        ];
+        let mut dying_a = a.to_vec();
+        dying_a.push(("INBOX_KAFKA_DIE_AFTER", "60".into()));
+        let service_a = own.spawn(env, &input, &format!("{group}-a"), &dying_a)?;
         let session = ("INBOX_KAFKA_SESSION_MS", "3000".to_string());
         let runner = own.spawn(
             env,
@@ -847,6 +835,9 @@ impl Backend {
             &[("INBOX_KAFKA_DIE_AFTER", "60".into()), session.clone()],
         )?;
         let relay = own.spawn_as("relay", env, &topic, &group, &[])?;
+        service_a.wait_line("DYING", Duration::from_secs(60))?;
+        drop(service_a);
+        let service_a = own.spawn(env, &input, &format!("{group}-a"), &a)?;
         runner.wait_line("DYING", Duration::from_secs(60))?;
         drop(runner);
         let runner = own.spawn(env, &topic, &group, &[session])?;
@@ -871,6 +862,7 @@ impl Backend {
         }
         in_order(&rows)?;
         relay.stop()?;
+        service_a.stop()?;
         runner.stop().map(drop)
     }
 }
