@@ -107,7 +107,19 @@ where
             let url = server_url(var, hint)?;
             let mut conn = open(&url);
             diesel_inbox::migrate(&mut conn).expect("migrate");
-            conn.batch_execute(EFFECTS_DDL).expect("effects table");
+            // Another test binary may create it at the same moment (the CI
+            // runs the waiting suites beside the rest): PostgreSQL's
+            // `CREATE TABLE IF NOT EXISTS` can then fail on its catalog's
+            // unique index; once the other one committed, it is a no-op.
+            let mut created = conn.batch_execute(EFFECTS_DDL);
+            for _ in 0..5 {
+                if created.is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                created = conn.batch_execute(EFFECTS_DDL);
+            }
+            created.expect("effects table");
             Some(url)
         })
         .clone()
