@@ -347,6 +347,26 @@ fn bad_urls_and_unreachable_servers_are_one_line_errors() {
 /// `outbox status|dead|retry|purge|relay` as the real binary: a relay run
 /// once on RabbitMQ publishes one message and makes an unroutable one dead;
 /// the dead one is listed, replayed, made dead again and purged.
+/// A RabbitMQ connection and a channel on it, with `queue` declared.
+#[cfg(all(feature = "lapin", feature = "async"))]
+fn rabbit_queue(amqp: &str, queue: &str) -> (lapin::Connection, lapin::Channel) {
+    common::modes::runtime().block_on(async {
+        let conn = lapin::Connection::connect(amqp, lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ");
+        let channel = conn.create_channel().await.expect("channel");
+        channel
+            .queue_declare(
+                queue.into(),
+                lapin::options::QueueDeclareOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .expect("declare");
+        (conn, channel)
+    })
+}
+
 #[cfg(all(feature = "lapin", feature = "async"))]
 fn outbox_cli<B: TestBackend>() {
     use diesel_inbox::outbox::{self, Outgoing};
@@ -365,21 +385,7 @@ fn outbox_cli<B: TestBackend>() {
     let queue = common::unique_identifier("cli_outbox");
     let nowhere = format!("{queue}-nowhere");
     let runtime = common::modes::runtime();
-    let channel = runtime.block_on(async {
-        let conn = lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default())
-            .await
-            .expect("RabbitMQ");
-        let channel = conn.create_channel().await.expect("channel");
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                lapin::options::QueueDeclareOptions::default(),
-                lapin::types::FieldTable::default(),
-            )
-            .await
-            .expect("declare");
-        (conn, channel)
-    });
+    let channel = rabbit_queue(&amqp, &queue);
     let mut conn = B::open(url);
     let dead_id = conn
         .transaction(|conn| {
@@ -442,7 +448,7 @@ fn outbox_cli<B: TestBackend>() {
     assert_eq!(code, 1, "nothing left to retry");
     let (code, out, _) = run(cli(url).args(["outbox", "status"]));
     assert_eq!(code, 0);
-    assert!(out.starts_with("pending 1, dead 0"), "{out}");
+    assert!(out.starts_with("pending 1, scheduled 0, dead 0"), "{out}");
     assert_eq!(relay_once().0, 0);
     let (code, _, err) = run(cli(url).args(["outbox", "purge", "--older-than", "1s"]));
     assert_eq!(code, 2);
@@ -452,6 +458,38 @@ fn outbox_cli<B: TestBackend>() {
     assert!(out.starts_with("purged 1 dead message(s)"), "{out}");
     let (code, out, _) = run(cli(url).args(["outbox", "dead"]));
     assert_eq!((code, out.trim()), (0, "no dead messages"));
+    // A delayed message is scheduled, apart from the pending ones, and a
+    // relay's pass leaves it.
+    conn.transaction(|conn| {
+        outbox::enqueue(
+            conn,
+            Outgoing::new(queue.as_str(), "later").deliver_after(Duration::from_secs(3600)),
+        )
+        .map_err(diesel::result::Error::from)
+    })
+    .expect("enqueue");
+    let (code, out, _) = run(cli(url).args(["outbox", "status"]));
+    assert_eq!(code, 0);
+    assert!(out.starts_with("pending 0, scheduled 1, dead 0"), "{out}");
+    assert!(out.contains("next scheduled in"), "{out}");
+    let (code, out, _) = run(cli(url).args(["outbox", "status", "--json"]));
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        (json["pending"].as_u64(), json["scheduled"].as_u64()),
+        (Some(0), Some(1)),
+        "{out}"
+    );
+    let next = json["next_scheduled_in_secs"].as_f64().expect("a number");
+    assert!(next > 3500.0 && next <= 3600.0, "{out}");
+    assert_eq!(
+        json["destinations"][0]["scheduled"].as_u64(),
+        Some(1),
+        "{out}"
+    );
+    let (code, out, err) = relay_once();
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("published 0,"), "{out}");
     let (code, _, err) = run(cli(url).args(["outbox", "relay", "--once"]));
     assert_eq!(code, 2, "{err}");
     runtime.block_on(async {
@@ -489,4 +527,140 @@ fn outbox_cli_on_postgres() {
 )]
 fn outbox_cli_on_mysql() {
     outbox_cli::<common::backends::mysql::Mysql>();
+}
+
+/// A relay in another process (the CLI's `outbox relay`, polling only
+/// every 60 s) publishes each message within moments of the commit that
+/// enqueued it, on PostgreSQL: the enqueue notified at its commit and the
+/// relay `LISTEN`s. With `outbox::set_notify(false)` in the enqueuing
+/// process, the same message waits for the poll.
+#[test]
+#[cfg(all(feature = "lapin", feature = "async", feature = "postgres"))]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn an_outbox_relay_in_another_process_wakes_at_the_commit_on_postgres() {
+    use common::backends::postgres::Postgres;
+    use diesel_inbox::outbox::{self, Outgoing};
+    use std::time::Instant;
+    let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        eprintln!("SKIPPED: INBOX_TEST_AMQP_URL is not set");
+        return;
+    };
+    // A database of its own (notifications are per database: another
+    // test's enqueue in a schema of the shared one would wake this relay).
+    let Some(server) = Postgres::prepare("cli_listen") else {
+        return;
+    };
+    fn discard(url: &str) {
+        let (server, name) = url.rsplit_once('/').expect("a URL with a database");
+        let _ = Postgres::open(&format!("{server}/postgres"))
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+    }
+    let name = common::unique_identifier("cli_listen");
+    Postgres::open(&server.url)
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .expect("create database");
+    let (base, _) = server.url.rsplit_once('/').expect("a URL with a database");
+    let db = common::TestDb::owned(format!("{base}/{name}"), discard);
+    let url = &db.url;
+    assert_eq!(run(cli(url).arg("migrate")).0, 0);
+    let queue = name.clone();
+    let runtime = common::modes::runtime();
+    let (_rabbit, channel) = rabbit_queue(&amqp, &queue);
+    // The body of the next message in the queue, waiting up to `within`.
+    let take = |within: Duration| {
+        runtime.block_on(async {
+            let deadline = Instant::now() + within;
+            while Instant::now() < deadline {
+                let got = channel
+                    .basic_get(
+                        queue.as_str().into(),
+                        lapin::options::BasicGetOptions { no_ack: true },
+                    )
+                    .await
+                    .expect("basic.get");
+                if let Some(message) = got {
+                    return Some(message.delivery.data);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            None
+        })
+    };
+    let mut relay = std::process::Command::new(assert_cmd::cargo::cargo_bin("diesel-inbox"))
+        .env_remove("DATABASE_URL")
+        .args(["--database-url", url, "outbox", "relay", "--amqp", &amqp])
+        .args(["--exchange", "", "--poll-interval", "60s"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the relay");
+    let mut conn = Postgres::open(url);
+    let mut enqueue = |body: &str| {
+        conn.transaction(|conn| {
+            outbox::enqueue(conn, Outgoing::new(queue.as_str(), body))
+                .map_err(diesel::result::Error::from)
+        })
+        .expect("enqueue");
+    };
+    // Its first pass, or its wake-up once it listens, publishes the first.
+    enqueue("first");
+    assert_eq!(
+        take(Duration::from_secs(10)).as_deref(),
+        Some(&b"first"[..])
+    );
+    let mut waits = Vec::new();
+    for n in 0..5 {
+        std::thread::sleep(Duration::from_millis(200));
+        let body = format!("woken-{n}");
+        let committed = Instant::now();
+        enqueue(&body);
+        let got = take(Duration::from_secs(10));
+        waits.push(committed.elapsed());
+        assert_eq!(got.as_deref(), Some(body.as_bytes()), "after {waits:?}");
+    }
+    assert!(
+        waits.iter().all(|w| *w < Duration::from_secs(2)),
+        "published {waits:?} after the commits, not at them (the poll is 60 s)"
+    );
+    outbox::set_notify(false);
+    enqueue("quiet");
+    outbox::set_notify(true);
+    assert_eq!(
+        take(Duration::from_secs(3)),
+        None,
+        "a commit that did not notify woke the relay"
+    );
+    std::process::Command::new("kill")
+        .args(["-TERM", &relay.id().to_string()])
+        .status()
+        .expect("kill");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = relay.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut relay.stdout.take().expect("stdout"), &mut out)
+        .expect("stdout");
+    assert!(status.success(), "{status:?} {out}");
+    assert!(out.contains("published 6,"), "{out}");
+    runtime.block_on(async {
+        let _ = channel
+            .queue_delete(
+                queue.as_str().into(),
+                lapin::options::QueueDeleteOptions::default(),
+            )
+            .await;
+    });
 }

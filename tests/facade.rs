@@ -29,8 +29,8 @@ use diesel_inbox::{
 
 #[allow(unused_imports)]
 use diesel_inbox::outbox::{
-    dead, enqueue, purge as outbox_purge, retry, status as outbox_status, wake, AllDead,
-    DeadMessage, DestinationStatus, OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
+    dead, enqueue, purge as outbox_purge, retry, set_notify, status as outbox_status, wake,
+    AllDead, DeadMessage, DestinationStatus, OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
 };
 
 #[cfg(feature = "async")]

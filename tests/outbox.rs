@@ -594,6 +594,140 @@ where
     });
 }
 
+/// Delayed messages (`deliver_after`, `deliver_at`) are scheduled, not
+/// pending, until their time, by the database's clock; a relay stopped
+/// while they wait publishes nothing early, and one started after that
+/// publishes them when due; a delayed message holds back the later ones of
+/// its ordering key, and one without a key holds back nothing; a time
+/// already past publishes at once; out-of-range delays are refused.
+fn delayed_messages_wait_for_their_time_across_a_relay_restart<B: Backend>()
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    let Some(db) = database::<B>("outbox_delayed") else {
+        return;
+    };
+    let mut conn = B::open(&db);
+    for refused in [
+        Outgoing::new("stock", "x").deliver_after(Duration::MAX),
+        Outgoing::new("stock", "x").deliver_at(std::time::UNIX_EPOCH - Duration::from_secs(1)),
+    ] {
+        let enqueued = conn
+            .transaction::<_, diesel::result::Error, _>(|conn| {
+                Ok(outbox::enqueue(conn, refused.clone()))
+            })
+            .expect("the transaction");
+        assert!(
+            matches!(enqueued, Err(InboxError::InvalidOutgoing(_))),
+            "{refused:?}: {enqueued:?}"
+        );
+    }
+    let pool = B::pool(&db);
+    runtime().block_on(async {
+        let Some((rabbit, queue)) = Rabbit::with_queue("outbox_delayed").await else {
+            return;
+        };
+        const DELAY: Duration = Duration::from_secs(3);
+        let started = Instant::now();
+        let q = queue.as_str();
+        let messages = [
+            (
+                "late",
+                Outgoing::new(q, "late")
+                    .ordering_key("k")
+                    .deliver_after(DELAY),
+            ),
+            ("held", Outgoing::new(q, "held").ordering_key("k")),
+            ("free", Outgoing::new(q, "free")),
+            (
+                "at",
+                Outgoing::new(q, "at").deliver_at(std::time::SystemTime::now() + DELAY),
+            ),
+            (
+                "past",
+                Outgoing::new(q, "past").deliver_at(std::time::UNIX_EPOCH + DELAY),
+            ),
+        ];
+        let mut pooled = B::pooled(&pool).await;
+        for (key, message) in messages {
+            enqueue_in_handler(&mut *pooled, "orders", key, message)
+                .await
+                .expect("applied");
+        }
+        drop(pooled);
+        let status = outbox::status(&mut conn).expect("status");
+        assert_eq!(
+            (status.pending, status.scheduled, status.dead),
+            (3, 2, 0),
+            "{status:?}"
+        );
+        let next = status.next_scheduled_in.expect("next scheduled");
+        assert!(next > Duration::from_secs(1) && next <= DELAY, "{status:?}");
+        assert_eq!(status.destinations[0].scheduled, 2, "{status:?}");
+
+        // A relay that runs for a second and stops: the due messages only,
+        // and "held" waits for "late".
+        let relay = || {
+            Relay::new(pool.clone(), rabbit.publisher()).poll_interval(Duration::from_millis(100))
+        };
+        let first = relay();
+        let report = first
+            .run(tokio::time::sleep(Duration::from_secs(1)))
+            .await
+            .expect("first relay");
+        assert_eq!(report.published, 2, "{report:?}");
+        let got = rabbit.take(&queue, 3, Duration::from_millis(500)).await;
+        let mut bodies: Vec<&[u8]> = got.iter().map(|r| r.body.as_slice()).collect();
+        bodies.sort();
+        assert_eq!(bodies, [&b"free"[..], b"past"], "{got:?}");
+        assert!(
+            started.elapsed() < DELAY,
+            "the test itself was too slow to tell"
+        );
+
+        // The relay again (a restart): the rest, not before their time, and
+        // "late" before "held".
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let second = relay();
+        let running = tokio::spawn(async move {
+            second
+                .run(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+                .expect("second relay")
+        });
+        let mut arrived = Vec::new();
+        while arrived.len() < 3 && started.elapsed() < DELAY + Duration::from_secs(10) {
+            for message in rabbit.take(&queue, 1, Duration::from_millis(200)).await {
+                arrived.push((
+                    String::from_utf8(message.body).expect("utf-8"),
+                    started.elapsed(),
+                ));
+            }
+        }
+        stop.send(true).expect("stop");
+        assert_eq!(running.await.expect("relay task").published, 3);
+        let order: Vec<&str> = arrived.iter().map(|(body, _)| body.as_str()).collect();
+        assert_eq!(order.len(), 3, "{arrived:?}");
+        let position = |body: &str| order.iter().position(|b| *b == body).expect(body);
+        assert!(position("late") < position("held"), "{arrived:?}");
+        // By the database's clock, which is this machine's: the enqueuing
+        // transactions began after `started` (and SQLite's clock has
+        // milliseconds).
+        for (body, at) in &arrived {
+            assert!(
+                *at + Duration::from_millis(5) >= DELAY,
+                "{body} published {at:?} after the start, before its time"
+            );
+        }
+        let status = outbox::status(&mut conn).expect("status");
+        assert_eq!((status.pending, status.scheduled), (0, 0), "{status:?}");
+        rabbit.delete(&queue).await;
+    });
+}
+
 macro_rules! outbox_tests {
     ($backend:ty) => {
         #[test]
@@ -625,6 +759,11 @@ macro_rules! outbox_tests {
         fn a_relay_in_the_same_process_wakes_at_the_commit() {
             super::a_relay_in_the_same_process_wakes_at_the_commit::<$backend>();
         }
+
+        #[test]
+        fn delayed_messages_wait_for_their_time_across_a_relay_restart() {
+            super::delayed_messages_wait_for_their_time_across_a_relay_restart::<$backend>();
+        }
     };
 }
 
@@ -640,6 +779,68 @@ mod postgres {
 #[cfg(feature = "mysql")]
 mod mysql {
     outbox_tests!(crate::common::backends::mysql::Mysql);
+}
+
+/// Behind PgBouncer in transaction mode no notification reaches a
+/// relay's `LISTEN` (the proxy keeps no session): the relay finds that out
+/// at start, says so once (WARN), polls, and publishes what was enqueued.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_relay_behind_a_transaction_mode_proxy_polls_with_one_warning() {
+    type B = common::backends::pgbouncer::PgBouncer;
+    let Some(db) = database::<B>("outbox_proxy_listen") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    let mut conn = B::open(&db);
+    let (published, events) = common::events_during(|| {
+        runtime().block_on(async {
+            let (rabbit, queue) = Rabbit::with_queue("outbox_proxy_listen").await?;
+            let relay = Relay::new(pool.clone(), rabbit.publisher())
+                .poll_interval(Duration::from_millis(300));
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let running = relay.run(async {
+                let _ = stopped.await;
+            });
+            let test = async {
+                // Past the relay's check of its LISTEN connection (2 s).
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                conn.transaction(|conn| {
+                    outbox::enqueue(conn, Outgoing::new(queue.as_str(), "polled"))
+                        .map_err(diesel::result::Error::from)
+                })
+                .expect("enqueue");
+                let got = rabbit.take(&queue, 1, Duration::from_secs(10)).await;
+                let _ = stop.send(());
+                got
+            };
+            let stopping = Instant::now();
+            let (report, got) = tokio::join!(running, test);
+            assert!(
+                stopping.elapsed() < Duration::from_secs(20),
+                "the relay hung"
+            );
+            rabbit.delete(&queue).await;
+            assert_eq!(
+                got.iter().map(|r| r.body.as_slice()).collect::<Vec<_>>(),
+                [&b"polled"[..]]
+            );
+            Some(report.expect("relay").published)
+        })
+    });
+    if published.is_none() {
+        return;
+    }
+    assert_eq!(published, Some(1));
+    let warnings: Vec<_> = events
+        .iter()
+        .filter(|e| e.level == tracing::Level::WARN && e.fields.contains("LISTEN"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one WARN about LISTEN: {events:#?}");
+    assert!(
+        warnings[0].fields.contains("transaction mode"),
+        "{warnings:?}"
+    );
 }
 
 /// The real RabbitMQ publisher, whose first batch's confirms are lost
@@ -892,6 +1093,7 @@ fn the_relay_and_status_report_metrics() {
         ("diesel_inbox.outbox.failed diesel_inbox.outcome=dead", 1.0),
         ("diesel_inbox.outbox.confirm_latency ", 2.0),
         ("diesel_inbox.outbox.pending ", 0.0),
+        ("diesel_inbox.outbox.scheduled ", 0.0),
         ("diesel_inbox.outbox.dead ", 1.0),
         ("diesel_inbox.outbox.oldest_pending_age ", 0.0),
     ] {

@@ -17,6 +17,12 @@
 //! and a consumer on the queue: the time from each call's return (its
 //! commit) to the message's delivery, p50 and p99. Delivery comes after
 //! the confirm, so this bounds commit-to-confirm from above.
+//!
+//! On PostgreSQL, with the CLI built (feature `cli`), the same latency with
+//! the relay in another process (the CLI's `outbox relay`, 1 s poll),
+//! before (`outbox::set_notify(false)`: it polls) and after (notified at
+//! each commit); and the enqueue's cost of its NOTIFY: 4 threads of calls
+//! enqueueing one message each, notify against quiet, interleaved rounds.
 
 use crate::args::Args;
 use crate::backends::{Bench, Target};
@@ -265,13 +271,24 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         rate("relay") / rate("broker"),
         args.rounds
     );
-    let (p50, p99, achieved) = latency::<B>(&runtime, url, args, amqp, &queue, &channel)?;
+    let (p50, p99, achieved) = latency::<B>(
+        &runtime,
+        url,
+        args,
+        amqp,
+        &queue,
+        &channel,
+        RelayAt::ThisProcess,
+    )?;
     println!(
         "{}: commit to delivery at {achieved:.0} msg/s: p50 {:.1} ms, p99 {:.1} ms",
         B::LABEL,
         p50 * 1000.0,
         p99 * 1000.0
     );
+    let across = across_processes::<B>(&runtime, url, args, amqp, &queue, &channel)?
+        .unwrap_or_else(|| "null".into());
+    let notify = notify_cost::<B>(url, args)?.unwrap_or_else(|| "null".into());
     runtime.block_on(async {
         let _ = channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
@@ -285,7 +302,8 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         "{{\"backend\": \"{}\", \"messages\": {n}, \"batch\": {BATCH}, \"samples\": {{{}}}, \
          \"relay_over_hand_relay\": {:.3}, \"relay_over_broker\": {:.3}, \
          \"ratio_of_medians\": {{\"relay_over_hand_relay\": {:.3}, \"relay_over_broker\": {:.3}}}, \
-         \"latency\": {{\"rate\": {achieved:.1}, \"p50_ms\": {:.2}, \"p99_ms\": {:.2}}}}}",
+         \"latency\": {{\"rate\": {achieved:.1}, \"p50_ms\": {:.2}, \"p99_ms\": {:.2}}}, \
+         \"latency_other_process\": {across}, \"notify_cost\": {notify}}}",
         B::NAME,
         per_variant.join(", "),
         over_hand,
@@ -307,6 +325,7 @@ fn latency<B: Bench>(
     amqp: &str,
     queue: &str,
     channel: &lapin::Channel,
+    at: RelayAt,
 ) -> Result<(f64, f64, f64), String> {
     B::open(url)
         .batch_execute("DELETE FROM outbox_messages")
@@ -317,6 +336,23 @@ fn latency<B: Bench>(
         B::relay_pool(url, 2),
         outbox::lapin::Publisher::connect(amqp, ""),
     );
+    // The relay in another process: the CLI's `outbox relay` (default
+    // poll, 1 s), given time to open and check its LISTEN connection.
+    let other = match at {
+        RelayAt::ThisProcess => None,
+        RelayAt::OtherProcess { notify, cli } => {
+            outbox::set_notify(notify);
+            let child = std::process::Command::new(cli)
+                .env_remove("DATABASE_URL")
+                .args(["--database-url", url, "outbox", "relay", "--amqp", amqp])
+                .args(["--exchange", "", "--poll-interval", "1s"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| format!("the CLI relay: {e}"))?;
+            std::thread::sleep(Duration::from_secs(3));
+            Some(OtherRelay(child))
+        }
+    };
     let pool = Arc::new(B::pool(url, 8));
     let queue = queue.to_string();
     runtime.block_on(async {
@@ -333,7 +369,12 @@ fn latency<B: Bench>(
             .await
             .map_err(|e| e.to_string())?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let in_process = other.is_none();
         let relaying = async {
+            if !in_process {
+                let _ = stopped.await;
+                return Ok(Default::default());
+            }
             relay
                 .run(async {
                     let _ = stopped.await;
@@ -406,6 +447,8 @@ fn latency<B: Bench>(
             Ok::<_, String>(total as f64 / began.elapsed().as_secs_f64())
         };
         let (relayed, mut latencies, achieved) = tokio::join!(relaying, consuming, producing);
+        outbox::set_notify(true);
+        drop(other);
         relayed?;
         let achieved = achieved?;
         if latencies.len() < total {
@@ -418,4 +461,135 @@ fn latency<B: Bench>(
             achieved,
         ))
     })
+}
+
+/// Where `latency` runs the relay.
+#[derive(Clone, Copy)]
+enum RelayAt {
+    ThisProcess,
+    /// The CLI binary at `cli`, with enqueues that notify or not.
+    OtherProcess {
+        notify: bool,
+        cli: &'static str,
+    },
+}
+
+/// The CLI relay's process, stopped (SIGTERM) when dropped.
+struct OtherRelay(std::process::Child);
+
+impl Drop for OtherRelay {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+/// The relay in another process, before (it polls: enqueues do not
+/// notify) and after (it is notified at each commit): commit-to-delivery
+/// p50 and p99 at `--outbox-rate`. PostgreSQL only (the others poll), and
+/// only with the CLI built (feature `cli`).
+fn across_processes<B: Bench>(
+    runtime: &tokio::runtime::Runtime,
+    url: &str,
+    args: &Args,
+    amqp: &str,
+    queue: &str,
+    channel: &lapin::Channel,
+) -> Result<Option<String>, String> {
+    let Some(cli) = option_env!("CARGO_BIN_EXE_diesel-inbox") else {
+        println!(
+            "{}: the relay in another process: SKIPPED (the CLI is not built: --features cli)",
+            B::LABEL
+        );
+        return Ok(None);
+    };
+    if B::NAME != "postgres" {
+        return Ok(None);
+    }
+    let mut figures = Vec::new();
+    for (name, notify) in [("polling", false), ("notified", true)] {
+        let at = RelayAt::OtherProcess { notify, cli };
+        let (p50, p99, achieved) = latency::<B>(runtime, url, args, amqp, queue, channel, at)?;
+        println!(
+            "{}: commit to delivery, the relay in another process, {name}, at {achieved:.0} msg/s: p50 {:.1} ms, p99 {:.1} ms",
+            B::LABEL,
+            p50 * 1000.0,
+            p99 * 1000.0
+        );
+        figures.push(format!(
+            "\"{name}\": {{\"rate\": {achieved:.1}, \"p50_ms\": {:.2}, \"p99_ms\": {:.2}}}",
+            p50 * 1000.0,
+            p99 * 1000.0
+        ));
+    }
+    Ok(Some(format!("{{{}}}", figures.join(", "))))
+}
+
+/// The enqueue's cost of its NOTIFY (PostgreSQL): 4 threads of
+/// `#[idempotent]`-style calls, each enqueueing one message, with
+/// `set_notify(true)` and `(false)` in interleaved rounds; calls/s of each
+/// and the median of the rounds' ratios.
+fn notify_cost<B: Bench>(url: &str, args: &Args) -> Result<Option<String>, String> {
+    const THREADS: usize = 4;
+    if B::NAME != "postgres" {
+        return Ok(None);
+    }
+    let calls = (args.outbox_messages / THREADS).max(10);
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(), Vec::new()];
+    for round in 0..args.rounds {
+        for k in 0..2 {
+            let i = (k + round) % 2;
+            outbox::set_notify(i == 0);
+            B::open(url)
+                .batch_execute("DELETE FROM outbox_messages")
+                .map_err(|e| e.to_string())?;
+            let began = Instant::now();
+            let threads: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let url = url.to_string();
+                    let run = run_id();
+                    std::thread::spawn(move || {
+                        let mut conn = B::open(&url);
+                        for c in 0..calls {
+                            let key = format!("notify-{run}-{round}-{i}-{t}-{c}");
+                            let _applied = Inbox::consumer("bench-outbox-notify")
+                                .run(&mut conn, &key, |conn| {
+                                    outbox::enqueue(conn, Outgoing::new("bench.notify", "x"))
+                                        .map_err(diesel::result::Error::from)
+                                })
+                                .map_err(|e| e.to_string())?;
+                        }
+                        Ok::<_, String>(())
+                    })
+                })
+                .collect();
+            for thread in threads {
+                thread
+                    .join()
+                    .map_err(|_| "a thread panicked".to_string())??;
+            }
+            samples[i].push((calls * THREADS) as f64 / began.elapsed().as_secs_f64());
+        }
+    }
+    outbox::set_notify(true);
+    let mut ratios: Vec<f64> = samples[0]
+        .iter()
+        .zip(&samples[1])
+        .map(|(a, b)| a / b)
+        .collect();
+    let ratio = median(&mut ratios);
+    let (notify, quiet) = (
+        median(&mut samples[0].clone()),
+        median(&mut samples[1].clone()),
+    );
+    println!(
+        "{}: enqueue with NOTIFY {notify:.0} calls/s, without {quiet:.0} ({THREADS} threads); notify/quiet {ratio:.3} (median of {} rounds' ratios)",
+        B::LABEL,
+        args.rounds
+    );
+    Ok(Some(format!(
+        "{{\"threads\": {THREADS}, \"notify_calls_per_sec\": {notify:.1}, \"quiet_calls_per_sec\": {quiet:.1}, \"notify_over_quiet\": {ratio:.3}}}"
+    )))
 }

@@ -82,7 +82,25 @@ pub struct Outgoing {
     ordering_key: Option<String>,
     headers: Vec<(String, String)>,
     id: Option<String>,
+    deliver: Deliver,
 }
+
+/// When a message may be published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deliver {
+    /// After the commit.
+    Now,
+    /// This long after the enqueuing transaction's time, by the
+    /// database's clock.
+    After(Duration),
+    /// At this time, by the database's clock.
+    At(SystemTime),
+}
+
+/// The longest delay (and the latest time) a message may have: its time
+/// in microseconds stays far from `i64`'s end, so the database's `now +
+/// delay` never overflows.
+const LATEST_MICROS: u128 = (i64::MAX / 4) as u128;
 
 impl Outgoing {
     /// A message to `destination` with `payload`.
@@ -93,6 +111,7 @@ impl Outgoing {
             ordering_key: None,
             headers: Vec::new(),
             id: None,
+            deliver: Deliver::Now,
         }
     }
 
@@ -126,6 +145,54 @@ impl Outgoing {
     /// unique, e.g. the order it announces.
     pub fn id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
+        self
+    }
+
+    /// Publishes the message no earlier than `delay` after the enqueuing
+    /// transaction's time, by the database's clock (not the
+    /// application's). The relay finds it at its first poll after that
+    /// (within [`Relay::poll_interval`](https://docs.rs/diesel-inbox/latest/diesel_inbox/outbox/struct.Relay.html#method.poll_interval), 1 s by default).
+    /// Until then [`status`] counts it as `scheduled`, not `pending`.
+    ///
+    /// **Order.** A delayed message keeps its place in the order of its
+    /// [`ordering_key`](Self::ordering_key): the later messages of that
+    /// key wait for it, as they wait for a message being retried. Give a
+    /// delayed message no ordering key (or one of its own) when the
+    /// others should not wait.
+    ///
+    /// A delay of more than about 73,000 years is refused at enqueue
+    /// ([`InboxError::InvalidOutgoing`]). The last of `deliver_after` and
+    /// [`deliver_at`](Self::deliver_at) counts.
+    ///
+    /// ```
+    /// use diesel_inbox::outbox::Outgoing;
+    /// use std::time::Duration;
+    ///
+    /// let reminder = Outgoing::new("cart.reminder", b"{}".to_vec())
+    ///     .deliver_after(Duration::from_secs(600));
+    /// # let _ = reminder;
+    /// ```
+    pub fn deliver_after(mut self, delay: Duration) -> Self {
+        self.deliver = Deliver::After(delay);
+        self
+    }
+
+    /// Publishes the message no earlier than `time`, by the database's
+    /// clock; a time already past publishes it at once. Otherwise as
+    /// [`deliver_after`](Self::deliver_after) (the order of its key, the
+    /// status). A time before 1970 or after about 73,000 years from then is
+    /// refused at enqueue.
+    ///
+    /// ```
+    /// use diesel_inbox::outbox::Outgoing;
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let at = SystemTime::now() + Duration::from_secs(3600);
+    /// let invoice = Outgoing::new("invoice.send", b"{}".to_vec()).deliver_at(at);
+    /// # let _ = invoice;
+    /// ```
+    pub fn deliver_at(mut self, time: SystemTime) -> Self {
+        self.deliver = Deliver::At(time);
         self
     }
 
@@ -164,12 +231,38 @@ impl Outgoing {
                 ));
             }
         }
+        let too_late = |what: String| {
+            InboxError::InvalidOutgoing(
+                format!("{what} is too far in the future (at most about 73,000 years)").into(),
+            )
+        };
+        let (after, at) = match self.deliver {
+            Deliver::Now => (0, None),
+            Deliver::After(delay) => match delay.as_micros() {
+                micros if micros <= LATEST_MICROS => (micros as i64, None),
+                _ => return Err(too_late(format!("its delay {delay:?}"))),
+            },
+            Deliver::At(time) => match time.duration_since(UNIX_EPOCH) {
+                Err(_) => {
+                    return Err(InboxError::InvalidOutgoing(
+                        format!("its delivery time {time:?} is before 1970").into(),
+                    ))
+                }
+                Ok(since) if since.as_micros() <= LATEST_MICROS => {
+                    (0, Some(since.as_micros() as i64))
+                }
+                Ok(_) => return Err(too_late(format!("its delivery time {time:?}"))),
+            },
+        };
         Ok(NewRow {
             id,
             destination: self.destination,
             key: self.ordering_key,
             payload: self.payload,
             headers: encode_headers(&self.headers),
+            after,
+            at,
+            notify: NOTIFY.load(std::sync::atomic::Ordering::Relaxed),
         })
     }
 }
@@ -258,13 +351,22 @@ pub fn wake() {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct OutboxStatus {
-    /// Messages not yet published (nor dead).
+    /// Messages due and not yet published (nor dead): waiting for the
+    /// relay, or for a retry after a failed publish.
     pub pending: u64,
+    /// Messages not yet due: delayed by
+    /// [`deliver_after`](Outgoing::deliver_after) or
+    /// [`deliver_at`](Outgoing::deliver_at).
+    pub scheduled: u64,
     /// Dead messages ([`dead`]).
     pub dead: u64,
-    /// How long the oldest pending message has waited, by the database's
-    /// clock; `None` when nothing is pending.
+    /// How long the oldest pending message has waited since it became
+    /// due (its enqueue, its delivery time, or its replay by [`retry`]), by
+    /// the database's clock; `None` when nothing is pending.
     pub oldest_pending_age: Option<Duration>,
+    /// How long until the next scheduled message is due; `None` when
+    /// nothing is scheduled.
+    pub next_scheduled_in: Option<Duration>,
     /// The same per destination, in name order.
     pub destinations: Vec<DestinationStatus>,
 }
@@ -277,37 +379,52 @@ pub struct DestinationStatus {
     pub destination: String,
     /// Pending messages.
     pub pending: u64,
+    /// Scheduled messages (not yet due).
+    pub scheduled: u64,
     /// Dead messages.
     pub dead: u64,
     /// The age of its oldest pending message.
     pub oldest_pending_age: Option<Duration>,
+    /// How long until its next scheduled message is due.
+    pub next_scheduled_in: Option<Duration>,
 }
 
 fn status_of(rows: Vec<StatusRow>) -> OutboxStatus {
     let mut status = OutboxStatus::default();
     for row in rows {
         let age = row.oldest_pending.map(|t| micros(row.now - t));
+        let next = row.next_scheduled.map(|t| micros(t - row.now));
         status.pending += row.pending as u64;
+        status.scheduled += row.scheduled as u64;
         status.dead += row.dead as u64;
         status.oldest_pending_age = status.oldest_pending_age.max(age);
+        status.next_scheduled_in = match (status.next_scheduled_in, next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         status.destinations.push(DestinationStatus {
             destination: row.destination,
             pending: row.pending as u64,
+            scheduled: row.scheduled as u64,
             dead: row.dead as u64,
             oldest_pending_age: age,
+            next_scheduled_in: next,
         });
     }
     crate::telemetry::outbox_status(
         status.pending,
+        status.scheduled,
         status.dead,
         status.oldest_pending_age.unwrap_or_default(),
     );
     status
 }
 
-/// Pending and dead messages, in all and per destination, and the age of
-/// the oldest pending one. With the `metrics` feature it also sets the
-/// gauges `diesel_inbox.outbox.pending`, `diesel_inbox.outbox.dead` and
+/// Pending, scheduled and dead messages, in all and per destination, the
+/// age of the oldest pending one and when the next scheduled one is due.
+/// With the `metrics` feature it also sets the gauges
+/// `diesel_inbox.outbox.pending`, `diesel_inbox.outbox.scheduled`,
+/// `diesel_inbox.outbox.dead` and
 /// `diesel_inbox.outbox.oldest_pending_age` (seconds); a relay calls it
 /// every few seconds.
 ///
@@ -318,7 +435,8 @@ fn status_of(rows: Vec<StatusRow>) -> OutboxStatus {
 /// let mut conn = SqliteConnection::establish(":memory:")?;
 /// diesel_inbox::migrate(&mut conn)?;
 /// let status = diesel_inbox::outbox::status(&mut conn)?;
-/// assert_eq!((status.pending, status.dead, status.oldest_pending_age), (0, 0, None));
+/// assert_eq!((status.pending, status.scheduled, status.dead), (0, 0, 0));
+/// assert_eq!((status.oldest_pending_age, status.next_scheduled_in), (None, None));
 /// # Ok(())
 /// # }
 /// ```
@@ -874,6 +992,116 @@ impl SettlePlan {
 fn unexpected_end() -> InboxError {
     InboxError::Database(Error::QueryBuilderError(
         "an outbox settlement returned fewer answers than statements".into(),
+    ))
+}
+
+/// Whether enqueues notify the relays of other processes at commit.
+static NOTIFY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether an enqueue wakes the relays of **other processes** at its
+/// transaction's commit (default: on). On PostgreSQL the enqueue then
+/// notifies the channel `diesel_inbox_outbox` (once per transaction
+/// however many messages it enqueued: the server folds equal
+/// notifications), and a running [`Relay`] listens on a connection of its
+/// own and claims at once instead of at its next poll. MySQL/MariaDB and
+/// SQLite have no notifications: their relays poll, and this changes
+/// nothing.
+///
+/// `NOTIFY` takes a lock at commit that serializes the committing
+/// transactions that notified; turn it off when no relay runs in another
+/// process and the commit rate is high (docs/performance.md has the
+/// figures). The relays of the enqueuing process wake at the commit either
+/// way. It applies to the enqueues that follow, in the whole process.
+///
+/// ```
+/// diesel_inbox::outbox::set_notify(false);
+/// # diesel_inbox::outbox::set_notify(true);
+/// ```
+///
+/// [`Relay`]: https://docs.rs/diesel-inbox/latest/diesel_inbox/outbox/struct.Relay.html
+pub fn set_notify(on: bool) {
+    NOTIFY.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How a relay hears of the enqueues of other processes
+/// ([`listen_async`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listening {
+    /// At each commit that enqueued (PostgreSQL's `LISTEN`).
+    Notified,
+    /// The backend has no notifications: the relay polls.
+    Polls,
+    /// The backend has them, but a notification sent to this connection
+    /// did not arrive within the wait: a connection proxy in transaction
+    /// mode (PgBouncer's `pool_mode = transaction`) keeps no session for
+    /// `LISTEN`. The relay polls.
+    Unreachable,
+}
+
+/// Listens on `listener`, a connection kept for it alone, for the
+/// enqueues of every process, and checks that it hears: it notifies a
+/// probe channel of its own through `notifier` (another connection, as an
+/// enqueue's would be) and waits up to `wait` for it on `listener`. An
+/// enqueue's notification that arrives meanwhile wakes the relays.
+#[cfg(feature = "async")]
+#[doc(hidden)]
+pub async fn listen_async<C: AsyncInboxConnection>(
+    listener: &mut C,
+    notifier: &mut C,
+    wait: Duration,
+) -> Result<Listening, InboxError> {
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let probe = format!(
+        "diesel_inbox_probe_{}_{}",
+        std::process::id(),
+        PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    if !listener.outbox_listen(&probe).await? {
+        return Ok(Listening::Polls);
+    }
+    notifier.outbox_notify(&probe).await?;
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, listener.outbox_notified()).await {
+            Err(_) => return Ok(Listening::Unreachable),
+            Ok(None) => return Err(listener_gone()),
+            Ok(Some(Err(e))) => return Err(e.into()),
+            Ok(Some(Ok(channel))) if channel == probe => return Ok(Listening::Notified),
+            Ok(Some(Ok(_))) => crate::wake::wake(),
+        }
+    }
+}
+
+/// Whether relays on `C` can hear enqueues ([`listen_async`]) rather
+/// than only poll.
+#[cfg(feature = "async")]
+#[doc(hidden)]
+pub fn notifies<C: AsyncInboxConnection>() -> bool {
+    <C as crate::backend::asynchronous::AsyncInternals>::NOTIFIES
+}
+
+/// Waits on a connection [`listen_async`] made listen for the next
+/// notification, and wakes the relays of this process. An error once the
+/// connection is gone.
+#[cfg(feature = "async")]
+#[doc(hidden)]
+pub async fn notified_async<C: AsyncInboxConnection>(listener: &mut C) -> Result<(), InboxError> {
+    match listener.outbox_notified().await {
+        None => Err(listener_gone()),
+        Some(Err(e)) => Err(e.into()),
+        Some(Ok(_)) => {
+            crate::wake::wake();
+            Ok(())
+        }
+    }
+}
+
+#[cfg(feature = "async")]
+fn listener_gone() -> InboxError {
+    InboxError::Database(Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::ClosedConnection,
+        Box::new("the relay's listening connection closed".to_string()),
     ))
 }
 

@@ -15,6 +15,7 @@
 //! | `diesel_inbox.consumer.settled` | counter | `messaging.consumer.group.name` (the queue or JetStream consumer), `diesel_inbox.settlement` (`ack`, `retry`, `dead_letter`, `unsettled`) | broker deliveries settled by the broker glue and the consumer runners, as each is settled |
 //! | `diesel_inbox.purged.rows` | counter | `messaging.consumer.group.name` (`*` for all) | rows a purge deleted |
 //! | `diesel_inbox.outbox.pending` | gauge | | pending outbox messages, as `outbox::status` last counted them |
+//! | `diesel_inbox.outbox.scheduled` | gauge | | outbox messages not yet due (`deliver_after`, `deliver_at`), likewise |
 //! | `diesel_inbox.outbox.dead` | gauge | | dead outbox messages, likewise |
 //! | `diesel_inbox.outbox.oldest_pending_age` | gauge (seconds) | | the oldest pending message's wait, likewise |
 //! | `messaging.client.sent.messages` | counter | | outbox messages the broker confirmed |
@@ -146,15 +147,16 @@ pub(crate) fn purged(consumer: Option<&str>, rows: u64) {
 }
 
 /// `outbox::status` counted the outbox.
-pub(crate) fn outbox_status(pending: u64, dead: u64, oldest: std::time::Duration) {
+pub(crate) fn outbox_status(pending: u64, scheduled: u64, dead: u64, oldest: std::time::Duration) {
     #[cfg(feature = "metrics")]
     {
         metrics::gauge!("diesel_inbox.outbox.pending").set(pending as f64);
+        metrics::gauge!("diesel_inbox.outbox.scheduled").set(scheduled as f64);
         metrics::gauge!("diesel_inbox.outbox.dead").set(dead as f64);
         metrics::gauge!("diesel_inbox.outbox.oldest_pending_age").set(oldest.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (pending, dead, oldest);
+    let _ = (pending, scheduled, dead, oldest);
 }
 
 /// A relay published messages that waited `latencies` from enqueue to

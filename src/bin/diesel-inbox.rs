@@ -129,12 +129,14 @@ enum Command {
 
 #[derive(Subcommand)]
 enum OutboxCommand {
-    /// Pending and dead messages per destination, and the oldest pending
-    /// message's age.
+    /// Pending, scheduled (delayed, not yet due) and dead messages per
+    /// destination, the oldest pending message's age and when the next
+    /// scheduled one is due.
     Status {
-        /// JSON for scripts: {"pending", "dead", "oldest_pending_age_secs",
-        /// "destinations": [{"destination", "pending", "dead",
-        /// "oldest_pending_age_secs"}]}.
+        /// JSON for scripts: {"pending", "scheduled", "dead",
+        /// "oldest_pending_age_secs", "next_scheduled_in_secs",
+        /// "destinations": [{"destination", "pending", "scheduled", "dead",
+        /// "oldest_pending_age_secs", "next_scheduled_in_secs"}]}.
         #[arg(long)]
         json: bool,
     },
@@ -795,8 +797,10 @@ where
                         serde_json::json!({
                             "destination": d.destination,
                             "pending": d.pending,
+                            "scheduled": d.scheduled,
                             "dead": d.dead,
                             "oldest_pending_age_secs": secs(d.oldest_pending_age),
+                            "next_scheduled_in_secs": secs(d.next_scheduled_in),
                         })
                     })
                     .collect();
@@ -804,26 +808,32 @@ where
                     "{}",
                     serde_json::json!({
                         "pending": status.pending,
+                        "scheduled": status.scheduled,
                         "dead": status.dead,
                         "oldest_pending_age_secs": secs(status.oldest_pending_age),
+                        "next_scheduled_in_secs": secs(status.next_scheduled_in),
                         "destinations": destinations,
                     })
                 );
             } else {
                 let age = |a: Option<Duration>| a.map_or("-".to_string(), human);
                 println!(
-                    "pending {}, dead {}, oldest pending {}",
+                    "pending {}, scheduled {}, dead {}, oldest pending {}, next scheduled in {}",
                     status.pending,
+                    status.scheduled,
                     status.dead,
-                    age(status.oldest_pending_age)
+                    age(status.oldest_pending_age),
+                    age(status.next_scheduled_in)
                 );
                 for d in &status.destinations {
                     println!(
-                        "  {}: pending {}, dead {}, oldest pending {}",
+                        "  {}: pending {}, scheduled {}, dead {}, oldest pending {}, next scheduled in {}",
                         d.destination,
                         d.pending,
+                        d.scheduled,
                         d.dead,
-                        age(d.oldest_pending_age)
+                        age(d.oldest_pending_age),
+                        age(d.next_scheduled_in)
                     );
                 }
             }

@@ -31,7 +31,7 @@
 
 #[doc(inline)]
 pub use inbox_runtime::outbox::{
-    dead, enqueue, purge, retry, status, wake, AllDead, DeadMessage, DestinationStatus,
+    dead, enqueue, purge, retry, set_notify, status, wake, AllDead, DeadMessage, DestinationStatus,
     OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
 };
 #[cfg(feature = "async")]

@@ -207,6 +207,13 @@ pub trait RelayPool: Send + Sync + sealed::Sealed {
         &self,
     ) -> impl Future<Output = Result<Self::Guard, Box<dyn std::error::Error + Send + Sync + 'static>>>
            + Send;
+    /// A connection of the relay's own, outside the pool (its `LISTEN`).
+    #[doc(hidden)]
+    fn dedicated(
+        &self,
+    ) -> impl Future<
+        Output = Result<Self::Connection, Box<dyn std::error::Error + Send + Sync + 'static>>,
+    > + Send;
 }
 
 mod sealed {
@@ -237,6 +244,16 @@ where
     ) -> Result<Self::Guard, Box<dyn std::error::Error + Send + Sync + 'static>> {
         Ok(self.get().await?)
     }
+
+    /// A connection taken out of the pool for good (the pool may open
+    /// another in its place).
+    async fn dedicated(
+        &self,
+    ) -> Result<Self::Connection, Box<dyn std::error::Error + Send + Sync + 'static>> {
+        Ok(diesel_async::pooled_connection::deadpool::Object::take(
+            self.get().await?,
+        ))
+    }
 }
 
 /// A bb8 pool (feature `bb8`).
@@ -266,10 +283,23 @@ where
     ) -> Result<Self::Guard, Box<dyn std::error::Error + Send + Sync + 'static>> {
         Ok(self.get_owned().await?)
     }
+
+    async fn dedicated(
+        &self,
+    ) -> Result<Self::Connection, Box<dyn std::error::Error + Send + Sync + 'static>> {
+        Ok(self.dedicated_connection().await?)
+    }
 }
 
 /// The default [`Relay::batch_size`].
 pub const DEFAULT_BATCH_SIZE: usize = 100;
+/// How long the relay waits for the notification it sends its own
+/// `LISTEN` connection before it decides that none can reach it.
+const PROBE_WAIT: Duration = Duration::from_secs(2);
+/// How long opening and checking the `LISTEN` connection may take before
+/// it is tried again.
+const LISTEN_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The default [`Relay::poll_interval`].
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// The default [`Relay::max_publish_attempts`].
@@ -309,8 +339,14 @@ pub const MAX_OUTAGE_DELAY: Duration = Duration::from_secs(30);
 ///   broker or database is waited out ([`OUTAGE_DELAY`] doubling to
 ///   [`MAX_OUTAGE_DELAY`]) and never makes a message dead.
 /// - **Latency:** after an `#[idempotent]` call that enqueued commits, the
-///   relays of its process wake at once; other rows are found by polling
-///   every [`poll_interval`](Self::poll_interval).
+///   relays of its process wake at once. On PostgreSQL, `run` also
+///   `LISTEN`s on a connection of its own (taken out of the pool), so that
+///   the commits of other processes wake it too ([`outbox::set_notify`](super::set_notify));
+///   it checks at start that a notification reaches it, and behind a
+///   connection proxy in transaction mode (PgBouncer), where none can, it
+///   says so once (WARN) and polls. Otherwise (MySQL/MariaDB, SQLite) rows
+///   are found by polling every [`poll_interval`](Self::poll_interval),
+///   which stays the safety net everywhere.
 ///
 /// ```no_run
 /// # #[cfg(all(feature = "lapin", feature = "postgres"))]
@@ -378,8 +414,10 @@ where
     }
 
     /// How often `run` looks for messages when nothing woke it (default
-    /// 1 s): the latency of messages enqueued by other processes, or in a
-    /// transaction of your own without [`outbox::wake`](super::wake).
+    /// 1 s): the latency of delayed messages, and of messages enqueued by
+    /// other processes where no notification reaches the relay (MySQL,
+    /// SQLite, a transaction-mode proxy) or in a transaction of your own
+    /// without [`outbox::wake`](super::wake).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval.max(Duration::from_millis(1));
         self
@@ -477,6 +515,65 @@ where
     /// are logged (WARN, target `diesel_inbox`) and waited out; only
     /// [`PublishError::Closed`] stops it early.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<RelayReport, RelayError> {
+        tokio::select! {
+            biased;
+            ran = self.run_polling(shutdown) => ran,
+            never = self.listen() => match never {},
+        }
+    }
+
+    /// Hears the enqueues of other processes where the backend notifies
+    /// (PostgreSQL), on a connection of its own, and wakes the relays of
+    /// this process at each; never returns (`run` drops it). Where nothing
+    /// can reach it (another backend; a proxy that keeps no session, said
+    /// once at WARN) it does nothing more: the relay polls. A lost or
+    /// failed connection is opened again after a backoff, and the relays
+    /// woken once it listens (for what was enqueued meanwhile).
+    async fn listen(&self) -> std::convert::Infallible {
+        if !steps::notifies::<D::Connection>() {
+            return std::future::pending().await;
+        }
+        let mut failures = 0u32;
+        loop {
+            let opened = tokio::time::timeout(LISTEN_OPEN_TIMEOUT, async {
+                let mut listener = self.pool.dedicated().await.map_err(RelayError::Pool)?;
+                let mut notifier = self.pool.connection().await.map_err(RelayError::Pool)?;
+                let how = steps::listen_async(&mut listener, &mut *notifier, PROBE_WAIT).await?;
+                Ok::<_, RelayError>((listener, how))
+            })
+            .await;
+            let error = match opened {
+                Ok(Ok((_, steps::Listening::Polls))) => return std::future::pending().await,
+                Ok(Ok((_, steps::Listening::Unreachable))) => {
+                    tracing::warn!(target: "diesel_inbox", probe_wait = ?PROBE_WAIT, poll_interval = ?self.poll_interval, "diesel-inbox: outbox relay: a notification sent to its own LISTEN connection did not arrive: a connection proxy in transaction mode (PgBouncer's pool_mode = transaction) keeps no session for LISTEN. The relay polls instead; give it a direct connection (or session pooling) for wake-ups from other processes");
+                    return std::future::pending().await;
+                }
+                Ok(Ok((mut listener, steps::Listening::Notified))) => {
+                    failures = 0;
+                    tracing::debug!(target: "diesel_inbox", "diesel-inbox: outbox relay: listening for the enqueues of other processes");
+                    steps::wake();
+                    loop {
+                        if let Err(e) = steps::notified_async(&mut listener).await {
+                            break RelayError::Database(e);
+                        }
+                    }
+                }
+                Ok(Err(e)) => e,
+                Err(_) => RelayError::Pool(
+                    format!("no listening connection within {LISTEN_OPEN_TIMEOUT:?}").into(),
+                ),
+            };
+            failures += 1;
+            tracing::debug!(target: "diesel_inbox", error = %error, "diesel-inbox: outbox relay: its LISTEN connection failed; polling until it is open again");
+            tokio::time::sleep(backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, failures)).await;
+        }
+    }
+
+    /// `run` without the listener.
+    async fn run_polling(
+        &self,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<RelayReport, RelayError> {
         let mut shutdown = pin!(shutdown);
         let mut report = RelayReport::default();
         let mut outages = 0u32;

@@ -113,6 +113,32 @@ pub(crate) trait AsyncInternals:
 
     /// Rolls back the innermost transaction or savepoint, if one is open.
     fn inbox_rollback(&mut self) -> impl Future<Output = ()> + Send;
+
+    /// Whether the backend notifies relays of enqueues
+    /// ([`outbox_listen`](Self::outbox_listen)).
+    const NOTIFIES: bool = false;
+
+    /// Listens, on this connection (one the caller keeps for it alone),
+    /// for the outbox's enqueue notifications and for `probe` (a channel
+    /// name of lower-case letters, digits and `_`): `false` where the
+    /// backend has no notifications (its relays poll).
+    fn outbox_listen(&mut self, probe: &str) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = probe;
+        std::future::ready(Ok(false))
+    }
+
+    /// Notifies `probe`, from a connection other than the listener's.
+    fn outbox_notify(&mut self, probe: &str) -> impl Future<Output = QueryResult<()>> + Send {
+        let _ = probe;
+        std::future::ready(Ok(()))
+    }
+
+    /// The channel of the next notification on a listening connection;
+    /// `None` once the connection is gone. Pending where the backend has
+    /// no notifications.
+    fn outbox_notified(&mut self) -> impl Future<Output = Option<QueryResult<String>>> + Send {
+        std::future::pending()
+    }
 }
 
 /// The sync `Statements` on a diesel-async connection: one

@@ -281,6 +281,21 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
         Ok(())
     }
 
+    /// What makes an outbox enqueue wake the relays of other processes at
+    /// its transaction's commit, pushed between the enqueue's `SELECT`
+    /// list and its guard (only where [`GUARDED`](Self::GUARDED): the
+    /// enqueue is then `INSERT .. SELECT`). PostgreSQL: ` FROM (SELECT
+    /// CASE WHEN $n THEN pg_notify(..) END)`, one notification at commit
+    /// however many rows the transaction enqueued (the server folds equal
+    /// notifications of one transaction); nothing where relays poll.
+    fn push_enqueue_notify<'b>(
+        out: &mut diesel::query_builder::AstPass<'_, 'b, Self>,
+        notify: &'b bool,
+    ) -> QueryResult<()> {
+        let _ = (out, notify);
+        Ok(())
+    }
+
     /// What the catalog says about `inbox_messages`, in one query.
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where

@@ -79,6 +79,13 @@ pub struct NewRow {
     pub key: Option<String>,
     pub payload: Vec<u8>,
     pub headers: Option<Vec<u8>>,
+    /// Microseconds after the transaction's time before it is due.
+    pub after: i64,
+    /// Or the time it is due (microseconds since 1970).
+    pub at: Option<i64>,
+    /// Whether its commit wakes the relays of other processes, where the
+    /// backend can (`Internals::push_enqueue_notify`).
+    pub notify: bool,
 }
 
 /// What an [`Op`] returned.
@@ -152,9 +159,13 @@ pub struct StatusRow {
     #[diesel(sql_type = BigInt)]
     pub pending: i64,
     #[diesel(sql_type = BigInt)]
+    pub scheduled: i64,
+    #[diesel(sql_type = BigInt)]
     pub dead: i64,
     #[diesel(sql_type = Nullable<BigInt>)]
     pub oldest_pending: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub next_scheduled: Option<i64>,
     #[diesel(sql_type = BigInt)]
     pub now: i64,
 }
@@ -290,9 +301,10 @@ pub(crate) struct Enqueue(NewRow);
 
 impl<B> QueryFragment<B> for Enqueue
 where
-    B: Internals + HasSqlType<Text> + HasSqlType<Binary>,
+    B: Internals + HasSqlType<Text> + HasSqlType<Binary> + HasSqlType<BigInt>,
     String: ToSql<Text, B>,
     Vec<u8>: ToSql<Binary, B>,
+    i64: ToSql<BigInt, B>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
         let row = &self.0;
@@ -312,10 +324,17 @@ where
         out.push_bind_param::<Nullable<Binary>, Option<Vec<u8>>>(&row.headers)?;
         out.push_sql(", ");
         out.push_sql(B::NOW_MICROS);
+        // Due at `at`, or `after` past the transaction's time (the same
+        // statement for every message: one cached statement).
+        out.push_sql(", COALESCE(");
+        out.push_bind_param::<Nullable<BigInt>, Option<i64>>(&row.at)?;
         out.push_sql(", ");
         out.push_sql(B::NOW_MICROS);
-        out.push_sql(", 0");
+        out.push_sql(" + ");
+        out.push_bind_param::<BigInt, i64>(&row.after)?;
+        out.push_sql("), 0");
         if B::GUARDED {
+            B::push_enqueue_notify(&mut out, &row.notify)?;
             B::push_guard(&mut out, ENQUEUE_STATEMENT)?;
             out.push_sql(" RETURNING '");
             out.push_sql(ENQUEUED);
@@ -408,12 +427,34 @@ fn plan<B: Internals>(op: Op) -> Plan {
                 .sql(" AND seq IN ")
                 .seq_list(&seqs),
         ),
+        // Scheduled: never tried and not yet due (a retried row's
+        // `available_at` is its backoff: pending). A pending row became due
+        // at its `available_at` if never tried (its enqueue, its delivery
+        // time or its replay), else at its enqueue.
         Op::Status => Plan::Status(
             Stmt::new()
                 .sql(
-                    "SELECT destination, COUNT(*) - COUNT(dead_at) AS pending, COUNT(dead_at) AS dead, \
-                     MIN(CASE WHEN dead_at IS NULL THEN created_at END) AS oldest_pending, ",
+                    "SELECT destination, \
+                     COUNT(CASE WHEN dead_at IS NULL AND NOT (attempts = 0 AND available_at > ",
                 )
+                .sql(now)
+                .sql(
+                    ") THEN 1 END) AS pending, \
+                     COUNT(CASE WHEN dead_at IS NULL AND attempts = 0 AND available_at > ",
+                )
+                .sql(now)
+                .sql(
+                    " THEN 1 END) AS scheduled, COUNT(dead_at) AS dead, \
+                     MIN(CASE WHEN dead_at IS NULL AND NOT (attempts = 0 AND available_at > ",
+                )
+                .sql(now)
+                .sql(
+                    ") THEN CASE WHEN attempts = 0 THEN available_at ELSE created_at END END) \
+                     AS oldest_pending, \
+                     MIN(CASE WHEN dead_at IS NULL AND attempts = 0 AND available_at > ",
+                )
+                .sql(now)
+                .sql(" THEN available_at END) AS next_scheduled, ")
                 .sql(now)
                 .sql(" AS now FROM outbox_messages GROUP BY destination ORDER BY destination"),
         ),

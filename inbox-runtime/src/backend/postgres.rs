@@ -94,6 +94,11 @@ WHERE att.attrelid = to_regclass('inbox_positions') AND att.attnum > 0 AND NOT a
 /// other statements of a call run unnamed (`CACHE_SIDE_STATEMENTS`).
 const GUARD: &str = "diesel-inbox";
 
+/// The channel an outbox enqueue notifies at commit and relays `LISTEN`
+/// on (`outbox::set_notify`). Notifications are per database: relays of
+/// other schemas in the same database wake too, find nothing, and wait.
+pub(crate) const OUTBOX_CHANNEL: &str = "diesel_inbox_outbox";
+
 /// What a guarded statement is called in the error of another client's
 /// statement run under its name (an SQL literal: no quotes in it).
 const CLAIM_STATEMENT: &str = "inbox claim";
@@ -638,6 +643,18 @@ impl Internals for Pg {
     }
 
     const NOW_MICROS: &'static str = "(extract(epoch from now()) * 1000000)::bigint";
+    fn push_enqueue_notify<'b>(
+        out: &mut diesel::query_builder::AstPass<'_, 'b, Pg>,
+        notify: &'b bool,
+    ) -> QueryResult<()> {
+        out.push_sql(" FROM (SELECT CASE WHEN ");
+        out.push_bind_param::<diesel::sql_types::Bool, bool>(notify)?;
+        out.push_sql(" THEN pg_notify('");
+        out.push_sql(OUTBOX_CHANNEL);
+        out.push_sql("', '') END) AS notified");
+        Ok(())
+    }
+
     const GUARDED: bool = true;
 
     fn push_guard(
@@ -832,6 +849,36 @@ mod asynchronous {
     impl AsyncInternals for AsyncPgConnection {
         async fn inbox_begin(&mut self) -> Result<Scope, (Scope, Error)> {
             ansi::begin(self).await
+        }
+
+        const NOTIFIES: bool = true;
+
+        /// `LISTEN` on the outbox's channel and the probe's, in the simple
+        /// query protocol (no prepared statement: it may pass a proxy).
+        async fn outbox_listen(&mut self, probe: &str) -> QueryResult<bool> {
+            debug_assert!(probe
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+            self.batch_execute(&format!("LISTEN {OUTBOX_CHANNEL}; LISTEN {probe}"))
+                .await?;
+            Ok(true)
+        }
+
+        async fn outbox_notify(&mut self, probe: &str) -> QueryResult<()> {
+            debug_assert!(probe
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+            self.batch_execute(&format!("SELECT pg_notify('{probe}', '')"))
+                .await
+        }
+
+        /// The next notification diesel-async's driver task received; its
+        /// stream ends when the connection is gone.
+        async fn outbox_notified(&mut self) -> Option<QueryResult<String>> {
+            let mut notifications = std::pin::pin!(self.notifications_stream());
+            std::future::poll_fn(|cx| futures_core::Stream::poll_next(notifications.as_mut(), cx))
+                .await
+                .map(|notified| notified.map(|n| n.channel))
         }
 
         async fn inbox_claim(
