@@ -234,10 +234,15 @@ mod suite {
             };
             assert!(enqueue(&mut conn, "e1").expect("first").is_applied());
             let (name, types) = prepared(&mut conn, "INSERT INTO outbox_messages");
-            assert_eq!(types, "text, text, text, bytea, bytea, text");
+            // id, destination, key, payload, headers, due time, delay,
+            // notify, guard.
+            assert_eq!(
+                types,
+                "text, text, text, bytea, bytea, bigint, bigint, boolean, text"
+            );
             // The enqueue run with another statement's values.
             let foreign = conn.batch_execute(&format!(
-                "EXECUTE {name} ('a', 'b', NULL, '\\x00', NULL, 'not the guard')"
+                "EXECUTE {name} ('a', 'b', NULL, '\\x00', NULL, NULL, 0, false, 'not the guard')"
             ));
             let text = format!("{foreign:?}");
             assert!(
@@ -247,7 +252,8 @@ mod suite {
             assert_eq!(count(&mut conn, "SELECT count(*) FROM outbox_messages"), 1);
             // Another statement under the enqueue's name.
             conn.batch_execute(&format!(
-                "DEALLOCATE {name}; PREPARE {name} (text, text, text, bytea, bytea, text) AS \
+                "DEALLOCATE {name}; PREPARE {name} \
+                 (text, text, text, bytea, bytea, bigint, bigint, boolean, text) AS \
                  INSERT INTO proxy_orders (a, b) SELECT $1, $2"
             ))
             .expect("swap the prepared statement");
