@@ -282,6 +282,9 @@ struct Record {
     payload: Vec<u8>,
     id: Result<String, String>,
     deliveries: u32,
+    /// The trace context's headers (feature `otel`).
+    #[cfg(feature = "otel")]
+    trace: Vec<(String, String)>,
 }
 
 /// The message's id: the `header`'s value when the message has it, else
@@ -357,6 +360,26 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
         format!("{}/{}", self.record.topic, self.record.partition)
     }
 
+    #[cfg(feature = "otel")]
+    const SYSTEM: &'static str = "kafka";
+
+    #[cfg(feature = "otel")]
+    fn destination(&self) -> String {
+        self.record.topic.to_string()
+    }
+
+    #[cfg(feature = "otel")]
+    fn group(&self) -> Option<String> {
+        config(&self.shared.consumer, "group.id")
+    }
+
+    #[cfg(feature = "otel")]
+    fn headers_named(&self, names: &[String]) -> Vec<(String, String)> {
+        let mut found = self.record.trace.clone();
+        found.retain(|(name, _)| names.iter().any(|n| n.eq_ignore_ascii_case(name)));
+        found
+    }
+
     fn position(&self) -> Option<Position> {
         Some(Position {
             topic: self.record.topic.to_string(),
@@ -397,6 +420,8 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
                     payload: record.payload.clone(),
                     id: record.id.clone(),
                     deliveries: record.deliveries.saturating_add(1),
+                    #[cfg(feature = "otel")]
+                    trace: record.trace.clone(),
                 }));
             }
             // The stored position is elsewhere: continue from it. What was
@@ -460,8 +485,28 @@ fn receive<C: ConsumerContext + 'static>(
             payload: message.payload().unwrap_or_default().to_vec(),
             id: id_of(&message, &shared.id_header),
             deliveries: 1,
+            #[cfg(feature = "otel")]
+            trace: trace_headers(&message),
         }))
     })
+}
+
+/// The headers of the trace context (the global propagator's fields) a
+/// message carries, as text.
+#[cfg(feature = "otel")]
+fn trace_headers(message: &BorrowedMessage<'_>) -> Vec<(String, String)> {
+    let Some(headers) = message.headers() else {
+        return Vec::new();
+    };
+    let names = inbox_runtime::__private::otel::fields();
+    headers
+        .iter()
+        .filter(|h| names.iter().any(|n| n.eq_ignore_ascii_case(h.key)))
+        .filter_map(|h| {
+            let value = std::str::from_utf8(h.value?).ok()?;
+            Some((h.key.to_owned(), value.to_owned()))
+        })
+        .collect()
 }
 
 impl<C: ConsumerContext + 'static> Deliveries<C> {

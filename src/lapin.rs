@@ -147,6 +147,36 @@ impl Inbound for Delivery {
         format!("{}/{}", self.exchange, self.routing_key)
     }
 
+    #[cfg(feature = "otel")]
+    const SYSTEM: &'static str = "rabbitmq";
+
+    #[cfg(feature = "otel")]
+    fn destination(&self) -> String {
+        match self.exchange.as_str() {
+            "" => self.routing_key.to_string(),
+            exchange => exchange.to_owned(),
+        }
+    }
+
+    #[cfg(feature = "otel")]
+    fn headers_named(&self, names: &[String]) -> Vec<(String, String)> {
+        let Some(headers) = self.properties.headers().as_ref() else {
+            return Vec::new();
+        };
+        headers
+            .inner()
+            .iter()
+            .filter(|(name, _)| names.iter().any(|n| n.eq_ignore_ascii_case(name.as_str())))
+            .filter_map(|(name, value)| match value {
+                AMQPValue::LongString(text) => std::str::from_utf8(text.as_bytes())
+                    .ok()
+                    .map(|text| (name.to_string(), text.to_owned())),
+                AMQPValue::ShortString(text) => Some((name.to_string(), text.to_string())),
+                _ => None,
+            })
+            .collect()
+    }
+
     async fn settle(&self, settlement: Settlement, _held: Duration) -> Result<(), BrokerError> {
         let acker = &self.acker;
         let done = match settlement {

@@ -76,6 +76,13 @@
 //! - `cli`: the `diesel-inbox` ops binary.
 //! - `lapin`: RabbitMQ consumers (`diesel_inbox::lapin`, implies `async`).
 //! - `nats`: NATS JetStream consumers (`diesel_inbox::nats`, implies `async`).
+//! - `kafka`: Kafka consumers and the outbox's Kafka publisher
+//!   (`diesel_inbox::kafka`, librdkafka built from source).
+//! - `relay`: the outbox relay without a broker client, for a publisher of
+//!   your own.
+//! - `axum`: the HTTP front door (`diesel_inbox::http`).
+//! - `otel`: trace context through the outbox and the brokers
+//!   (OpenTelemetry, through `tracing-opentelemetry`; guide: outbox).
 //!
 //! [Diesel]: https://diesel.rs
 // docs.rs (nightly) marks the items of each backend feature with it.

@@ -141,6 +141,34 @@ impl Inbound for Message {
         }
     }
 
+    #[cfg(feature = "otel")]
+    const SYSTEM: &'static str = "nats";
+
+    #[cfg(feature = "otel")]
+    fn destination(&self) -> String {
+        self.subject.to_string()
+    }
+
+    #[cfg(feature = "otel")]
+    fn group(&self) -> Option<String> {
+        self.info().ok().map(|info| info.consumer.to_owned())
+    }
+
+    #[cfg(feature = "otel")]
+    fn headers_named(&self, names: &[String]) -> Vec<(String, String)> {
+        let Some(headers) = self.headers.as_ref() else {
+            return Vec::new();
+        };
+        headers
+            .iter()
+            .filter(|(name, _)| names.iter().any(|n| n.eq_ignore_ascii_case(name.as_ref())))
+            .filter_map(|(name, values)| {
+                let value = values.first()?;
+                Some((name.to_string(), value.as_str().to_owned()))
+            })
+            .collect()
+    }
+
     async fn settle(
         &self,
         settlement: Settlement,

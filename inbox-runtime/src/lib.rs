@@ -60,6 +60,8 @@ mod migrate;
 mod observe;
 mod ops;
 mod options;
+#[cfg(feature = "otel")]
+mod otel;
 pub mod outbox;
 mod processed;
 mod registry;

@@ -202,7 +202,10 @@ impl Outgoing {
     }
 
     /// The row to insert, checked; its id.
-    fn row(self) -> Result<NewRow, InboxError> {
+    #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+    fn row(mut self) -> Result<NewRow, InboxError> {
+        #[cfg(feature = "otel")]
+        crate::otel::capture(&mut self.headers);
         let invalid = |what: &str, why: crate::key::InvalidKey| {
             InboxError::InvalidOutgoing(format!("its {what}: {why}").into())
         };

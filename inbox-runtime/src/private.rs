@@ -14,6 +14,13 @@ pub use crate::telemetry::{consumer_settled, kafka_lag};
 
 /// The one backoff (the consumer runners' redeliveries, the outbox relay).
 pub use crate::backoff::backoff;
+/// Trace context (feature `otel`): the relay's and the runners' spans.
+#[cfg(feature = "otel")]
+pub mod otel {
+    pub use crate::otel::{
+        consumer_span, extract, failed, fields, producer_span, set_capture, Messaging,
+    };
+}
 /// Stream positions kept in the handler's transaction (the Kafka runner).
 #[cfg(feature = "async")]
 pub use crate::fence::at_position;

@@ -339,6 +339,21 @@ pub trait Inbound: Sealed {
     fn fenced(&self, verdict: Option<inbox_runtime::__private::Verdict>) {
         let _ = verdict;
     }
+    /// `messaging.system` on the consumer span (feature `otel`).
+    #[cfg(feature = "otel")]
+    const SYSTEM: &'static str;
+    /// Where it was sent: the routing key, subject or topic.
+    #[cfg(feature = "otel")]
+    fn destination(&self) -> String;
+    /// Its consumer group, when the message says (else the runner's name).
+    #[cfg(feature = "otel")]
+    fn group(&self) -> Option<String> {
+        None
+    }
+    /// The headers of `names` it carries (the trace context's), with
+    /// their values.
+    #[cfg(feature = "otel")]
+    fn headers_named(&self, names: &[String]) -> Vec<(String, String)>;
     /// Tells the broker; `retry_delay` is the backoff's delay of a retry
     /// (already waited out when [`HOLDS_RETRIES`](Self::HOLDS_RETRIES)).
     fn settle(
@@ -400,6 +415,21 @@ where
     };
     let deliveries = message.deliveries();
     let call = inbox_runtime::__private::settled_by_caller(handler(&id, message.body()));
+    // The handler runs in a consumer span, the child of the context the
+    // message carries.
+    #[cfg(feature = "otel")]
+    let call = {
+        use inbox_runtime::__private::otel;
+        let (destination, group) = (message.destination(), message.group());
+        let messaging = otel::Messaging {
+            system: Some(M::SYSTEM),
+            destination: &destination,
+            message_id: &id,
+            group: group.as_deref().or(Some(consumer)),
+        };
+        let span = otel::consumer_span(messaging, &message.headers_named(&otel::fields()));
+        tracing::Instrument::instrument(call, span)
+    };
     let outcome = match message.position() {
         None => call.await,
         Some(position) => {

@@ -86,6 +86,10 @@ fn failed(e: KafkaError) -> PublishError {
 }
 
 impl Publish for Publisher {
+    fn messaging_system(&self) -> Option<&str> {
+        Some("kafka")
+    }
+
     async fn publish<'a>(&'a self, messages: &'a [OutboxMessage]) -> Vec<Result<(), PublishError>> {
         let mut pending = Vec::with_capacity(messages.len());
         for message in messages {

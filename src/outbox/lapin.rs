@@ -150,6 +150,10 @@ fn properties(message: &OutboxMessage) -> BasicProperties {
 }
 
 impl Publish for Publisher {
+    fn messaging_system(&self) -> Option<&str> {
+        Some("rabbitmq")
+    }
+
     async fn publish<'a>(&'a self, messages: &'a [OutboxMessage]) -> Vec<Result<(), PublishError>> {
         let mut state = self.state.lock().await;
         let channel = match self.channel(&mut state).await {

@@ -45,6 +45,10 @@ fn failed(e: async_nats::jetstream::context::PublishError) -> PublishError {
 }
 
 impl Publish for Publisher {
+    fn messaging_system(&self) -> Option<&str> {
+        Some("nats")
+    }
+
     async fn publish<'a>(&'a self, messages: &'a [OutboxMessage]) -> Vec<Result<(), PublishError>> {
         let mut pending = Vec::with_capacity(messages.len());
         for message in messages {

@@ -84,6 +84,14 @@ pub trait Publish: Send + Sync {
         &'a self,
         messages: &'a [OutboxMessage],
     ) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send + 'a;
+
+    /// The broker, as the OpenTelemetry messaging conventions name it
+    /// (`messaging.system`: `rabbitmq`, `nats`, `kafka`, ...) on the
+    /// relay's producer spans (feature `otel`). `None` (the default)
+    /// leaves the attribute out.
+    fn messaging_system(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Why a message was not published. Each variant keeps the error that
@@ -695,9 +703,27 @@ where
     }
 
     /// Publishes one claimed batch: how each message's publish ended.
-    async fn publish(&self, claim: steps::Claim) -> Delivered {
+    #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+    async fn publish(&self, mut claim: steps::Claim) -> Delivered {
         let claimed = claim.messages.len();
         let span = tracing::info_span!(target: "diesel_inbox", "diesel_inbox.outbox.publish", messages = claimed);
+        // One producer span per message, the child of the context stored
+        // at enqueue; its own context replaces that one in the headers.
+        #[cfg(feature = "otel")]
+        let sends: Vec<tracing::Span> = claim
+            .messages
+            .iter_mut()
+            .map(|message| {
+                use inbox_runtime::__private::otel;
+                let messaging = otel::Messaging {
+                    system: self.publisher.messaging_system(),
+                    destination: &message.destination,
+                    message_id: &message.id,
+                    group: None,
+                };
+                otel::producer_span(messaging, &mut message.headers, &span)
+            })
+            .collect();
         let started = Instant::now();
         let publish = self.publisher.publish(&claim.messages);
         let results =
@@ -726,6 +752,12 @@ where
                 Some(Err(PublishError::Unavailable(_))) | None => PublishOutcome::Released,
             })
             .collect();
+        #[cfg(feature = "otel")]
+        for (send, outcome) in sends.iter().zip(&outcomes) {
+            if *outcome != PublishOutcome::Published {
+                inbox_runtime::__private::otel::failed(send);
+            }
+        }
         tracing::debug!(
             target: "diesel_inbox",
             parent: &span,
