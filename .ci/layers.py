@@ -30,7 +30,7 @@ LAYERS = [
     )),
     ("ground", (
         "error", "handler", "key", "fingerprint", "processed", "schema", "rows", "wake", "fence",
-        "backoff",
+        "backoff", "otel",
         "backend::errors",
     )),
 ]
