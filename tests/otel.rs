@@ -1,5 +1,6 @@
 //! Trace context end to end (feature `otel`), on the real brokers
-//! (`INBOX_TEST_AMQP_URL`, `INBOX_TEST_NATS_URL`; a test without its broker
+//! (`INBOX_TEST_AMQP_URL`, `INBOX_TEST_NATS_URL`, and with the feature
+//! `kafka` `INBOX_TEST_KAFKA_BROKERS`; a test without its broker
 //! says so and returns): service A enqueues in a request's span, the relay
 //! publishes, the broker carries the headers, service B's consumer runner
 //! handles the message. Spans go to OpenTelemetry's in-memory exporter
@@ -99,6 +100,16 @@ struct Seen {
 enum Broker {
     Rabbit,
     Nats,
+    #[cfg(feature = "kafka")]
+    Kafka,
+}
+
+/// The broker's side of a run: what the relay and the runner need.
+enum Side {
+    Rabbit,
+    Nats(async_nats::jetstream::Context),
+    #[cfg(feature = "kafka")]
+    Kafka,
 }
 
 fn attribute<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
@@ -152,6 +163,8 @@ fn end_to_end(broker: Broker) {
     let url = match broker {
         Broker::Rabbit => env("INBOX_TEST_AMQP_URL"),
         Broker::Nats => env("INBOX_TEST_NATS_URL"),
+        #[cfg(feature = "kafka")]
+        Broker::Kafka => env("INBOX_TEST_KAFKA_BROKERS"),
     };
     let Some(url) = url else { return };
     let telemetry = telemetry();
@@ -166,8 +179,8 @@ fn end_to_end(broker: Broker) {
     diesel_inbox::migrate(&mut Sqlite::open(&b)).expect("migrate B");
     let run = common::unique_identifier(&format!("otel_{name}"));
     let destination = match broker {
-        Broker::Rabbit => run.clone(),
         Broker::Nats => format!("otel.{run}"),
+        _ => run.clone(),
     };
     let id = |what: &str| format!("{what}-{run}");
 
@@ -253,7 +266,7 @@ fn end_to_end(broker: Broker) {
     let seen: Mutex<HashMap<String, Seen>> = Mutex::new(HashMap::new());
     runtime().block_on(async {
         // The broker's side of the destination.
-        let nats = match broker {
+        let side = match broker {
             Broker::Rabbit => {
                 let connection =
                     lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
@@ -268,7 +281,7 @@ fn end_to_end(broker: Broker) {
                     )
                     .await
                     .expect("declare the queue");
-                None
+                Side::Rabbit
             }
             Broker::Nats => {
                 let client = async_nats::connect(&url).await.expect("connect to NATS");
@@ -288,20 +301,51 @@ fn end_to_end(broker: Broker) {
                     })
                     .await
                     .expect("create the consumer");
-                Some(js)
+                Side::Nats(js)
+            }
+            #[cfg(feature = "kafka")]
+            Broker::Kafka => {
+                use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+                let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+                    rdkafka::ClientConfig::new()
+                        .set("bootstrap.servers", &url)
+                        .create()
+                        .expect("a Kafka admin client");
+                let created = admin
+                    .create_topics(
+                        &[NewTopic::new(&destination, 1, TopicReplication::Fixed(1))],
+                        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+                    )
+                    .await
+                    .expect("create the topic");
+                for result in created {
+                    result.expect("the topic");
+                }
+                Side::Kafka
             }
         };
 
         // The relay, in service A.
         let pool = Sqlite::pool(&a);
-        let report = match &nats {
-            None => {
+        let report = match &side {
+            Side::Rabbit => {
                 Relay::new(pool, outbox::lapin::Publisher::connect(url.clone(), ""))
                     .run_once()
                     .await
             }
-            Some(js) => {
+            Side::Nats(js) => {
                 Relay::new(pool, outbox::nats::Publisher::new(js.clone()))
+                    .run_once()
+                    .await
+            }
+            #[cfg(feature = "kafka")]
+            Side::Kafka => {
+                let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+                    .set("bootstrap.servers", &url)
+                    .set("enable.idempotence", "true")
+                    .create()
+                    .expect("a Kafka producer");
+                Relay::new(pool, outbox::kafka::Publisher::new(producer))
                     .run_once()
                     .await
             }
@@ -330,9 +374,9 @@ fn end_to_end(broker: Broker) {
         };
         let policy = || Policy::new(|_: &InboxError| false);
         let quiet = Duration::from_millis(500);
-        let ran = tokio::time::timeout(Duration::from_secs(30), async {
-            match nats {
-                None => {
+        let ran = tokio::time::timeout(Duration::from_secs(60), async {
+            match side {
+                Side::Rabbit => {
                     diesel_inbox::lapin::Consumer::connect(
                         url.clone(),
                         destination.clone(),
@@ -342,7 +386,7 @@ fn end_to_end(broker: Broker) {
                     .run(handler, std::future::pending())
                     .await
                 }
-                Some(js) => {
+                Side::Nats(js) => {
                     let consumer = js
                         .get_stream(run.as_str())
                         .await
@@ -358,6 +402,34 @@ fn end_to_end(broker: Broker) {
                         .await
                         .expect("delete the stream");
                     ran
+                }
+                #[cfg(feature = "kafka")]
+                Side::Kafka => {
+                    use rdkafka::consumer::Consumer as _;
+                    let consumer: rdkafka::consumer::StreamConsumer = rdkafka::ClientConfig::new()
+                        .set("bootstrap.servers", &url)
+                        .set("group.id", &run)
+                        .set("session.timeout.ms", "6000")
+                        .set("heartbeat.interval.ms", "1000")
+                        .set("enable.auto.commit", "false")
+                        .set("enable.auto.offset.store", "false")
+                        .set("auto.offset.reset", "earliest")
+                        .create()
+                        .expect("a Kafka consumer");
+                    consumer
+                        .subscribe(&[destination.as_str()])
+                        .expect("subscribe");
+                    // Until the four have been handled: `exit_when_idle`
+                    // can end the run before the group has assigned the
+                    // partition.
+                    let handled = async {
+                        while seen.lock().expect("not poisoned").len() < 4 {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    };
+                    diesel_inbox::kafka::Consumer::new(consumer, policy())
+                        .run(handler, handled)
+                        .await
                 }
             }
         })
@@ -382,6 +454,8 @@ fn end_to_end(broker: Broker) {
     let system = match broker {
         Broker::Rabbit => "rabbitmq",
         Broker::Nats => "nats",
+        #[cfg(feature = "kafka")]
+        Broker::Kafka => "kafka",
     };
 
     // Sampled: one trace from the request through the relay's producer
@@ -413,6 +487,8 @@ fn end_to_end(broker: Broker) {
     let group = match broker {
         Broker::Rabbit => destination.clone(),
         Broker::Nats => "service-b".to_owned(),
+        #[cfg(feature = "kafka")]
+        Broker::Kafka => run.clone(),
     };
     assert_eq!(text(process, "messaging.consumer.group.name"), Some(group));
     // The relay's batch span is linked from the producer span.
@@ -471,4 +547,10 @@ fn one_trace_from_the_request_through_the_relay_and_rabbitmq_to_the_consumer() {
 #[test]
 fn one_trace_from_the_request_through_the_relay_and_nats_to_the_consumer() {
     end_to_end(Broker::Nats);
+}
+
+#[cfg(feature = "kafka")]
+#[test]
+fn one_trace_from_the_request_through_the_relay_and_kafka_to_the_consumer() {
+    end_to_end(Broker::Kafka);
 }

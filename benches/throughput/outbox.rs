@@ -23,6 +23,10 @@
 //! before (`outbox::set_notify(false)`: it polls) and after (notified at
 //! each commit); and the enqueue's cost of its NOTIFY: 4 threads of calls
 //! enqueueing one message each, notify against quiet, interleaved rounds.
+//!
+//! With the feature `otel` (and no OpenTelemetry layer installed), every
+//! backend: the same calls with the enqueue's capture of the trace context
+//! on and off, interleaved rounds.
 
 use crate::args::Args;
 use crate::backends::{Bench, Target};
@@ -289,6 +293,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
     let across = across_processes::<B>(&runtime, url, args, amqp, &queue, &channel)?
         .unwrap_or_else(|| "null".into());
     let notify = notify_cost::<B>(url, args)?.unwrap_or_else(|| "null".into());
+    let trace = trace_cost::<B>(url, args)?.unwrap_or_else(|| "null".into());
     runtime.block_on(async {
         let _ = channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
@@ -303,7 +308,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
          \"relay_over_hand_relay\": {:.3}, \"relay_over_broker\": {:.3}, \
          \"ratio_of_medians\": {{\"relay_over_hand_relay\": {:.3}, \"relay_over_broker\": {:.3}}}, \
          \"latency\": {{\"rate\": {achieved:.1}, \"p50_ms\": {:.2}, \"p99_ms\": {:.2}}}, \
-         \"latency_other_process\": {across}, \"notify_cost\": {notify}}}",
+         \"latency_other_process\": {across}, \"notify_cost\": {notify}, \"trace_cost\": {trace}}}",
         B::NAME,
         per_variant.join(", "),
         over_hand,
@@ -527,21 +532,51 @@ fn across_processes<B: Bench>(
     Ok(Some(format!("{{{}}}", figures.join(", "))))
 }
 
-/// The enqueue's cost of its NOTIFY (PostgreSQL): 4 threads of
-/// `#[idempotent]`-style calls, each enqueueing one message, with
-/// `set_notify(true)` and `(false)` in interleaved rounds; calls/s of each
-/// and the median of the rounds' ratios.
+/// The enqueue's cost of its NOTIFY (PostgreSQL): [`switch_cost`] of
+/// `outbox::set_notify`.
 fn notify_cost<B: Bench>(url: &str, args: &Args) -> Result<Option<String>, String> {
-    const THREADS: usize = 4;
     if B::NAME != "postgres" {
         return Ok(None);
     }
+    switch_cost::<B>(url, args, "NOTIFY", outbox::set_notify).map(Some)
+}
+
+/// The enqueue's cost of capturing the trace context (feature `otel`, no
+/// OpenTelemetry layer installed: what an application without an
+/// exporter pays): [`switch_cost`] of the capture, on and off.
+#[cfg(feature = "otel")]
+fn trace_cost<B: Bench>(url: &str, args: &Args) -> Result<Option<String>, String> {
+    switch_cost::<B>(
+        url,
+        args,
+        "the trace context's capture",
+        diesel_inbox::__private::otel::set_capture,
+    )
+    .map(Some)
+}
+
+#[cfg(not(feature = "otel"))]
+fn trace_cost<B: Bench>(_: &str, _: &Args) -> Result<Option<String>, String> {
+    Ok(None)
+}
+
+/// What one switch of the enqueue costs: 4 threads of
+/// `#[idempotent]`-style calls, each enqueueing one message, with
+/// `set(true)` and `set(false)` in interleaved rounds; calls/s of each and
+/// the median of the rounds' ratios (on over off). Leaves it on.
+fn switch_cost<B: Bench>(
+    url: &str,
+    args: &Args,
+    what: &str,
+    set: fn(bool),
+) -> Result<String, String> {
+    const THREADS: usize = 4;
     let calls = (args.outbox_messages / THREADS).max(10);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(), Vec::new()];
     for round in 0..args.rounds {
         for k in 0..2 {
             let i = (k + round) % 2;
-            outbox::set_notify(i == 0);
+            set(i == 0);
             B::open(url)
                 .batch_execute("DELETE FROM outbox_messages")
                 .map_err(|e| e.to_string())?;
@@ -553,10 +588,10 @@ fn notify_cost<B: Bench>(url: &str, args: &Args) -> Result<Option<String>, Strin
                     std::thread::spawn(move || {
                         let mut conn = B::open(&url);
                         for c in 0..calls {
-                            let key = format!("notify-{run}-{round}-{i}-{t}-{c}");
-                            let _applied = Inbox::consumer("bench-outbox-notify")
+                            let key = format!("switch-{run}-{round}-{i}-{t}-{c}");
+                            let _applied = Inbox::consumer("bench-outbox-switch")
                                 .run(&mut conn, &key, |conn| {
-                                    outbox::enqueue(conn, Outgoing::new("bench.notify", "x"))
+                                    outbox::enqueue(conn, Outgoing::new("bench.switch", "x"))
                                         .map_err(diesel::result::Error::from)
                                 })
                                 .map_err(|e| e.to_string())?;
@@ -573,23 +608,23 @@ fn notify_cost<B: Bench>(url: &str, args: &Args) -> Result<Option<String>, Strin
             samples[i].push((calls * THREADS) as f64 / began.elapsed().as_secs_f64());
         }
     }
-    outbox::set_notify(true);
+    set(true);
     let mut ratios: Vec<f64> = samples[0]
         .iter()
         .zip(&samples[1])
         .map(|(a, b)| a / b)
         .collect();
     let ratio = median(&mut ratios);
-    let (notify, quiet) = (
+    let (on, off) = (
         median(&mut samples[0].clone()),
         median(&mut samples[1].clone()),
     );
     println!(
-        "{}: enqueue with NOTIFY {notify:.0} calls/s, without {quiet:.0} ({THREADS} threads); notify/quiet {ratio:.3} (median of {} rounds' ratios)",
+        "{}: enqueue with {what} {on:.0} calls/s, without {off:.0} ({THREADS} threads); on/off {ratio:.3} (median of {} rounds' ratios)",
         B::LABEL,
         args.rounds
     );
-    Ok(Some(format!(
-        "{{\"threads\": {THREADS}, \"notify_calls_per_sec\": {notify:.1}, \"quiet_calls_per_sec\": {quiet:.1}, \"notify_over_quiet\": {ratio:.3}}}"
-    )))
+    Ok(format!(
+        "{{\"threads\": {THREADS}, \"on_calls_per_sec\": {on:.1}, \"off_calls_per_sec\": {off:.1}, \"on_over_off\": {ratio:.3}}}"
+    ))
 }
