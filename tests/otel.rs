@@ -107,7 +107,7 @@ enum Broker {
 /// The broker's side of a run: what the relay and the runner need.
 enum Side {
     Rabbit,
-    Nats(async_nats::jetstream::Context),
+    Nats(Box<async_nats::jetstream::Context>),
     #[cfg(feature = "kafka")]
     Kafka,
 }
@@ -301,7 +301,7 @@ fn end_to_end(broker: Broker) {
                     })
                     .await
                     .expect("create the consumer");
-                Side::Nats(js)
+                Side::Nats(Box::new(js))
             }
             #[cfg(feature = "kafka")]
             Broker::Kafka => {
@@ -334,7 +334,7 @@ fn end_to_end(broker: Broker) {
                     .await
             }
             Side::Nats(js) => {
-                Relay::new(pool, outbox::nats::Publisher::new(js.clone()))
+                Relay::new(pool, outbox::nats::Publisher::new((**js).clone()))
                     .run_once()
                     .await
             }
