@@ -93,7 +93,7 @@ impl Extractor for Headers<'_> {
 /// At enqueue: writes the current trace context (sampled or not, with its
 /// baggage) into `headers` with the global propagator. A header the user
 /// set (any case) wins: it is left as it is.
-pub(crate) fn capture(headers: &mut Vec<(String, String)>) {
+pub fn capture(headers: &mut Vec<(String, String)>) {
     if !CAPTURE.load(Ordering::Relaxed) {
         return;
     }
