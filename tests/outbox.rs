@@ -25,11 +25,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 fn env(var: &str) -> Option<String> {
-    let value = std::env::var(var).ok().filter(|v| !v.is_empty());
-    if value.is_none() {
-        eprintln!("SKIPPED: {var} is not set (bash .ci/run sets it)");
-    }
-    value
+    common::server_var(var)
 }
 
 /// A message as a consumer received it.

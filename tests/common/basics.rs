@@ -269,3 +269,13 @@ pub fn events_during<T>(f: impl FnOnce() -> T) -> (T, Vec<LoggedEvent>) {
         .unwrap_or_default();
     (value, events)
 }
+
+/// The value of the server variable `var`, or `None` after a line saying
+/// the test is skipped (`bash .ci/run` sets them all).
+pub fn server_var(var: &str) -> Option<String> {
+    let value = std::env::var(var).ok().filter(|v| !v.is_empty());
+    if value.is_none() {
+        eprintln!("SKIPPED: {var} is not set (bash .ci/run sets it)");
+    }
+    value
+}
