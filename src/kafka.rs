@@ -117,6 +117,8 @@ impl<E, C: ConsumerContext + 'static> crate::brokers::Consumer<Partitions<C>, E>
                     id_header: ID_HEADER.to_owned(),
                     lanes: Mutex::new(Lanes::default()),
                 }),
+                opened: None,
+                assigned: false,
             },
             policy,
         )
@@ -161,7 +163,19 @@ fn config<C: ConsumerContext>(consumer: &StreamConsumer<C>, name: &str) -> Optio
 /// of each partition's lane.
 pub struct Partitions<C: ConsumerContext + 'static = DefaultConsumerContext> {
     shared: Arc<Shared<C>>,
+    /// When the runner opened it, and whether the group has assigned it a
+    /// partition since: until then its backlog is unknown, not empty.
+    opened: Option<std::time::Instant>,
+    assigned: bool,
 }
+
+/// How long a runner with [`exit_when_idle`](crate::brokers::Consumer::exit_when_idle)
+/// waits for its group to assign it a partition before it counts an empty
+/// assignment as nothing left (a group with more members than partitions
+/// leaves some without any). A first join, or one after a member left
+/// without leaving the group, can take the group's session timeout (45 s
+/// by default).
+pub const GROUP_JOIN_WAIT: Duration = Duration::from_secs(60);
 
 impl<C: ConsumerContext> std::fmt::Debug for Partitions<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -621,6 +635,7 @@ impl<C: ConsumerContext + 'static> crate::brokers::Source for Partitions<C> {
                 }
             }
         }
+        self.opened.get_or_insert_with(std::time::Instant::now);
         Ok(Deliveries {
             shared: self.shared.clone(),
             next: receive(self.shared.clone()),
@@ -633,9 +648,23 @@ impl<C: ConsumerContext + 'static> crate::brokers::Source for Partitions<C> {
 
     async fn backlog(&mut self) -> Result<u64, BrokerError> {
         let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || backlog(&shared))
+        let (left, assigned) = tokio::task::spawn_blocking(move || backlog(&shared))
             .await
-            .map_err(|e| BrokerError::Broker(e.into()))?
+            .map_err(|e| BrokerError::Broker(e.into()))??;
+        self.assigned |= assigned;
+        let subscribed = self
+            .shared
+            .consumer
+            .subscription()
+            .is_ok_and(|list| list.count() > 0);
+        let joining = self
+            .opened
+            .is_some_and(|opened| opened.elapsed() < GROUP_JOIN_WAIT);
+        match !self.assigned && subscribed && joining {
+            // Not assigned yet: what is left is unknown, not nothing.
+            true => Ok(left.max(1)),
+            false => Ok(left),
+        }
     }
 
     fn can_reconnect(&self) -> bool {
@@ -649,8 +678,9 @@ impl<C: ConsumerContext + 'static> crate::brokers::Source for Partitions<C> {
 }
 
 /// Messages of the assigned partitions not handled yet: the high
-/// watermark less the position, per partition (transaction markers count).
-fn backlog<C: ConsumerContext + 'static>(shared: &Shared<C>) -> Result<u64, BrokerError> {
+/// watermark less the position, per partition (transaction markers count);
+/// and whether any partition is assigned.
+fn backlog<C: ConsumerContext + 'static>(shared: &Shared<C>) -> Result<(u64, bool), BrokerError> {
     let consumer = &shared.consumer;
     let broker = |e: KafkaError| BrokerError::Broker(e.into());
     let positions = consumer.position().map_err(broker)?;
@@ -673,5 +703,5 @@ fn backlog<C: ConsumerContext + 'static>(shared: &Shared<C>) -> Result<u64, Brok
         inbox_runtime::__private::kafka_lag(element.topic(), element.partition(), lag);
         left += lag as u64;
     }
-    Ok(left)
+    Ok((left, positions.count() > 0))
 }

@@ -235,7 +235,10 @@ impl<S, E> Consumer<S, E> {
     /// or held for a retry, none has arrived or finished for `quiet`, and
     /// the broker says it has nothing left for this consumer (RabbitMQ: no
     /// ready message in the queue; JetStream: nothing pending or awaiting
-    /// an ack). For batch jobs and for tests; a service runs until its
+    /// an ack; Kafka: no lag on its assigned partitions, and, until the
+    /// group has assigned it one, not idle for up to
+    /// `diesel_inbox::kafka::GROUP_JOIN_WAIT`, so that a group's join is not
+    /// taken for an empty topic). For batch jobs and for tests; a service runs until its
     /// shutdown future resolves. [`RunReport::idle`] says which ended it.
     pub fn exit_when_idle(mut self, quiet: Duration) -> Self {
         self.runner.idle = Some(quiet);
