@@ -545,3 +545,121 @@ fn one_trace_from_the_request_through_the_relay_and_nats_to_the_consumer() {
 fn one_trace_from_the_request_through_the_relay_and_kafka_to_the_consumer() {
     end_to_end(Broker::Kafka);
 }
+
+/// A subscriber whose filter drops the library's spans (target
+/// `diesel_inbox`): the relay forwards the stored context as it is, and
+/// the handler's own spans still continue the request's trace.
+#[test]
+fn a_filter_that_drops_the_librarys_spans_still_continues_the_trace_in_the_handler() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer;
+    let Some(url) = env("INBOX_TEST_AMQP_URL") else {
+        return;
+    };
+    let telemetry = telemetry();
+    let (Some(a), Some(b)) = (
+        Sqlite::fresh("otel_filtered_a"),
+        Sqlite::fresh("otel_filtered_b"),
+    ) else {
+        return;
+    };
+    diesel_inbox::migrate(&mut Sqlite::open(&a)).expect("migrate A");
+    diesel_inbox::migrate(&mut Sqlite::open(&b)).expect("migrate B");
+    let queue = common::unique_identifier("otel_filtered");
+    let id = format!("filtered-{queue}");
+    let layer = tracing_opentelemetry::layer()
+        .with_tracer(telemetry.provider.tracer("otel-test-filtered"))
+        .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+            !meta.target().starts_with("diesel_inbox")
+        }));
+    let applied_in: Mutex<Option<TraceId>> = Mutex::new(None);
+    let (trace, request_span) =
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+            let request = tracing::info_span!("POST /filtered", otel.kind = "server");
+            let (trace, request_span) = {
+                let cx = request.context();
+                let span = cx.span().span_context().clone();
+                (span.trace_id(), span.span_id())
+            };
+            {
+                let _entered = request.enter();
+                Sqlite::open(&a)
+                    .transaction(|conn| {
+                        outbox::enqueue(conn, Outgoing::new(queue.as_str(), "x").id(id.as_str()))
+                    })
+                    .expect("enqueued");
+            }
+            drop(request);
+            // One thread, so that every task sees this subscriber.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let connection =
+                    lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+                        .await
+                        .expect("connect to RabbitMQ");
+                let channel = connection.create_channel().await.expect("a channel");
+                channel
+                    .queue_declare(
+                        queue.as_str().into(),
+                        lapin::options::QueueDeclareOptions::default(),
+                        lapin::types::FieldTable::default(),
+                    )
+                    .await
+                    .expect("declare the queue");
+                let report = Relay::new(
+                    Sqlite::pool(&a),
+                    outbox::lapin::Publisher::connect(url.clone(), ""),
+                )
+                .run_once()
+                .await
+                .expect("the relay");
+                assert_eq!(report.published, 1, "{report:?}");
+                let pool = Sqlite::pool(&b);
+                let handler = async |id: &str, _body: &[u8]| {
+                    let apply = tracing::info_span!("apply");
+                    *applied_in.lock().expect("not poisoned") =
+                        Some(apply.context().span().span_context().trace_id());
+                    let _entered = apply.enter();
+                    let mut conn = Sqlite::pooled(&pool).await;
+                    Inbox::consumer("service-b")
+                        .run_async(&mut *conn, id, async |_conn| Ok::<_, InboxError>(()))
+                        .await
+                };
+                let ran = tokio::time::timeout(
+                    Duration::from_secs(30),
+                    diesel_inbox::lapin::Consumer::connect(
+                        url.clone(),
+                        queue.clone(),
+                        Policy::new(|_: &InboxError| false),
+                    )
+                    .exit_when_idle(Duration::from_millis(500))
+                    .run(handler, std::future::pending()),
+                )
+                .await
+                .expect("the runner drained the queue")
+                .expect("the runner");
+                assert_eq!(ran.acked, 1, "{ran:?}");
+            });
+            (trace, request_span)
+        });
+    assert_eq!(*applied_in.lock().expect("not poisoned"), Some(trace));
+    let spans = telemetry.spans();
+    let apply: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| s.name == "apply" && s.span_context.trace_id() == trace)
+        .collect();
+    assert_eq!(apply.len(), 1, "{spans:#?}");
+    // No span of the library's in between: the handler's span is the
+    // child of the request's, across the outbox and the broker.
+    assert_eq!(apply[0].parent_span_id, request_span);
+    assert!(apply[0].parent_span_is_remote);
+    assert!(
+        spans
+            .iter()
+            .all(|s| text(s, "messaging.message.id").as_deref() != Some(id.as_str())),
+        "a span of the library was exported through the filter"
+    );
+}

@@ -181,10 +181,18 @@ pub fn failed(span: &tracing::Span) {
     span.record("otel.status_code", "error");
 }
 
-/// A consumer runner's span for one delivery: a CONSUMER span, the child
-/// of the context the message carries (`headers`: the propagator's
-/// [`fields`] the delivery has); with none, the child of the current span.
-pub fn consumer_span(messaging: Messaging<'_>, headers: &[(String, String)]) -> tracing::Span {
+/// A consumer runner's handler call `call` for one delivery, run in a
+/// CONSUMER span, the child of the context the message carries
+/// (`headers`: the propagator's [`fields`] the delivery has); with none,
+/// the child of the current span. The carried context is also attached
+/// as OpenTelemetry's current context while `call` runs, so that where a
+/// filter drops the span (target `diesel_inbox`, level INFO) the spans
+/// the handler opens still continue the message's trace.
+pub fn consume<F: std::future::Future>(
+    messaging: Messaging<'_>,
+    headers: &[(String, String)],
+    call: F,
+) -> opentelemetry::trace::WithContext<tracing::instrument::Instrumented<F>> {
     let span = tracing::info_span!(
         target: "diesel_inbox",
         "diesel_inbox.consume",
@@ -197,8 +205,15 @@ pub fn consumer_span(messaging: Messaging<'_>, headers: &[(String, String)]) -> 
         messaging.consumer.group.name = messaging.group,
     );
     let carried = extract(headers);
-    if carries(&carried) {
-        let _ = span.set_parent(carried);
-    }
-    span
+    let attached = match carries(&carried) {
+        true => {
+            let _ = span.set_parent(carried.clone());
+            carried
+        }
+        false => Context::current(),
+    };
+    opentelemetry::trace::FutureExt::with_context(
+        tracing::Instrument::instrument(call, span),
+        attached,
+    )
 }

@@ -18,7 +18,7 @@ pub use crate::backoff::backoff;
 #[cfg(feature = "otel")]
 pub mod otel {
     pub use crate::otel::{
-        capture, consumer_span, extract, failed, fields, producer_span, set_capture, Messaging,
+        capture, consume, extract, failed, fields, producer_span, set_capture, Messaging,
     };
 }
 /// Stream positions kept in the handler's transaction (the Kafka runner).

@@ -427,8 +427,7 @@ where
             message_id: &id,
             group: group.as_deref().or(Some(consumer)),
         };
-        let span = otel::consumer_span(messaging, &message.headers_named(&otel::fields()));
-        tracing::Instrument::instrument(call, span)
+        otel::consume(messaging, &message.headers_named(&otel::fields()), call)
     };
     let outcome = match message.position() {
         None => call.await,
