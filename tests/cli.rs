@@ -344,29 +344,15 @@ fn bad_urls_and_unreachable_servers_are_one_line_errors() {
     );
 }
 
-/// `outbox status|dead|retry|purge|relay` as the real binary: a relay run
-/// once on RabbitMQ publishes one message and makes an unroutable one dead;
-/// the dead one is listed, replayed, made dead again and purged.
 /// A RabbitMQ connection and a channel on it, with `queue` declared.
 #[cfg(all(feature = "lapin", feature = "async"))]
 fn rabbit_queue(amqp: &str, queue: &str) -> (lapin::Connection, lapin::Channel) {
-    common::modes::runtime().block_on(async {
-        let conn = lapin::Connection::connect(amqp, lapin::ConnectionProperties::default())
-            .await
-            .expect("RabbitMQ");
-        let channel = conn.create_channel().await.expect("channel");
-        channel
-            .queue_declare(
-                queue.into(),
-                lapin::options::QueueDeclareOptions::default(),
-                lapin::types::FieldTable::default(),
-            )
-            .await
-            .expect("declare");
-        (conn, channel)
-    })
+    common::modes::runtime().block_on(common::rabbit_queue(amqp, queue))
 }
 
+/// `outbox status|dead|retry|purge|relay` as the real binary: a relay run
+/// once on RabbitMQ publishes one message and makes an unroutable one dead;
+/// the dead one is listed, replayed, made dead again and purged.
 #[cfg(all(feature = "lapin", feature = "async"))]
 fn outbox_cli<B: TestBackend>() {
     use diesel_inbox::outbox::{self, Outgoing};

@@ -264,19 +264,7 @@ fn end_to_end(broker: Broker) {
         // The broker's side of the destination.
         let side = match broker {
             Broker::Rabbit => {
-                let connection =
-                    lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
-                        .await
-                        .expect("connect to RabbitMQ");
-                let channel = connection.create_channel().await.expect("a channel");
-                channel
-                    .queue_declare(
-                        destination.as_str().into(),
-                        lapin::options::QueueDeclareOptions::default(),
-                        lapin::types::FieldTable::default(),
-                    )
-                    .await
-                    .expect("declare the queue");
+                common::rabbit_queue(&url, &destination).await;
                 Side::Rabbit
             }
             Broker::Nats => {
@@ -596,19 +584,7 @@ fn a_filter_that_drops_the_librarys_spans_still_continues_the_trace_in_the_handl
                 .build()
                 .expect("a runtime");
             runtime.block_on(async {
-                let connection =
-                    lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
-                        .await
-                        .expect("connect to RabbitMQ");
-                let channel = connection.create_channel().await.expect("a channel");
-                channel
-                    .queue_declare(
-                        queue.as_str().into(),
-                        lapin::options::QueueDeclareOptions::default(),
-                        lapin::types::FieldTable::default(),
-                    )
-                    .await
-                    .expect("declare the queue");
+                common::rabbit_queue(&url, &queue).await;
                 let report = Relay::new(
                     Sqlite::pool(&a),
                     outbox::lapin::Publisher::connect(url.clone(), ""),

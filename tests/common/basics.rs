@@ -279,3 +279,22 @@ pub fn server_var(var: &str) -> Option<String> {
     }
     value
 }
+
+/// A RabbitMQ connection and a channel on it, with `queue` declared (its
+/// name is the routing key on the default exchange).
+#[cfg(feature = "lapin")]
+pub async fn rabbit_queue(url: &str, queue: &str) -> (lapin::Connection, lapin::Channel) {
+    let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .expect("connect to RabbitMQ");
+    let channel = connection.create_channel().await.expect("a channel");
+    channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("declare the queue");
+    (connection, channel)
+}
