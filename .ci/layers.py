@@ -4,8 +4,10 @@
 Reads every `crate::<module>` and `super::` path in inbox-runtime/src (comments
 and doc comments stripped), maps each file to its module, and fails when
 
-- the modules' imports form a cycle, or
-- a module imports from a layer above its own (LAYERS, top first).
+- the modules' imports form a cycle,
+- a module imports from a layer above its own (LAYERS, top first), or
+- a library source file (inbox-runtime/src, inbox-macros/src, src) is
+  longer than MAX_LINES: one file, one job (STYLE.md).
 
 Run it from the repository root: `python3 .ci/layers.py` (CI does, in the
 "Layers" step). `--graph` prints each module's imports.
@@ -16,17 +18,27 @@ import sys
 
 SRC = "inbox-runtime/src"
 
+# The library's source folders, and the longest a file of them may be.
+LIBRARY = ("inbox-runtime/src", "inbox-macros/src", "src")
+MAX_LINES = 800
+
 # Top first. A module imports only from layers below its own, and, within
 # its layer, from the modules listed after it.
 LAYERS = [
     ("facade", ("lib", "__private")),
-    ("operations", ("outbox", "ops", "migrate")),
-    ("drivers", ("inbox", "asynchronous", "transaction")),
+    ("operations", (
+        "outbox", "outbox::message", "outbox::operations", "outbox::relay", "outbox::notify",
+        "outbox::statements", "outbox::headers", "outbox::id",
+        "ops", "ops::entries", "ops::positions", "ops::purge", "ops::transaction",
+        "migrate",
+    )),
+    ("drivers", ("inbox", "inbox::modes", "asynchronous", "transaction")),
     ("engine", ("options", "claim", "engine", "retry", "registry", "observe", "telemetry")),
     ("backends", (
-        "backend::postgres", "backend::mysql", "backend::sqlite",
+        "backend::postgres::connection", "backend::postgres", "backend::postgres::claim",
+        "backend::mysql", "backend::sqlite",
         "backend::execute", "backend::asynchronous", "backend::transaction", "backend::outbox",
-        "backend::statements", "backend", "backend::shape",
+        "backend::positions", "backend::stmt", "backend::statements", "backend", "backend::shape",
     )),
     ("ground", (
         "error", "handler", "key", "fingerprint", "processed", "schema", "rows", "wake", "fence",
@@ -105,10 +117,25 @@ def imports(path, module):
 
 
 def files():
+    """The runtime's modules, but unit-test files (`tests.rs`, a module
+    `#[cfg(test)] mod tests;`), which may reach anywhere."""
     for root, _, names in os.walk(SRC):
         for name in names:
-            if name.endswith(".rs"):
+            if name.endswith(".rs") and name != "tests.rs":
                 yield os.path.join(root, name)
+
+
+def oversized():
+    """The library's source files longer than MAX_LINES."""
+    for folder in LIBRARY:
+        for root, _, names in os.walk(folder):
+            for name in sorted(names):
+                if name.endswith(".rs"):
+                    path = os.path.join(root, name)
+                    with open(path, encoding="utf-8") as f:
+                        count = sum(1 for _ in f)
+                    if count > MAX_LINES:
+                        yield path, count
 
 
 def without_tests(path):
@@ -201,12 +228,17 @@ def main():
             visit(v)
     for comp in cycles:
         problems.append(f"import cycle of {len(comp)} modules: {', '.join(comp)}")
+    for path, count in oversized():
+        problems.append(f"{path}: {count} lines, over {MAX_LINES}: split it by job")
     if problems:
         print("layers: FAILED")
         for p in problems:
             print("  " + p)
         return 1
-    print(f"layers: {len(graph)} modules in {len(LAYERS)} layers, no cycle, no upward import")
+    print(
+        f"layers: {len(graph)} modules in {len(LAYERS)} layers, no cycle, no upward import; "
+        f"no library file over {MAX_LINES} lines"
+    )
     return 0
 
 

@@ -87,6 +87,8 @@
 //! [Diesel]: https://diesel.rs
 // docs.rs (nightly) marks the items of each backend feature with it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The only `unsafe` code is `kafka::ffi` (two reads of librdkafka's state).
+#![deny(unsafe_code)]
 
 /// Makes a Diesel handler idempotent: its message key is claimed in the inbox
 /// table in the same transaction as its body.

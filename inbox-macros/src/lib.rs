@@ -1,6 +1,8 @@
 //! The `#[idempotent]` attribute of diesel-inbox. An implementation detail:
 //! depend on `diesel-inbox`, which re-exports it and documents it.
 
+#![forbid(unsafe_code)]
+
 mod attr;
 mod expand;
 mod item;

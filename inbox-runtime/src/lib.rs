@@ -38,6 +38,7 @@
 //! classes, the commit guard, `migrate`'s locks) lives once in each
 //! backend's module and serves both drivers.
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 // docs.rs (nightly) marks the items of each backend feature with it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -41,12 +41,20 @@ pub use inbox_runtime::outbox::{
 };
 
 #[cfg(feature = "relay")]
+mod pool;
+#[cfg(feature = "relay")]
+mod publish;
+#[cfg(feature = "relay")]
 mod relay;
 #[cfg(feature = "relay")]
+pub use pool::RelayPool;
+#[cfg(feature = "relay")]
+pub use publish::{ErrorSource, Publish, PublishError};
+#[cfg(feature = "relay")]
 pub use relay::{
-    ErrorSource, Publish, PublishError, Relay, RelayError, RelayPool, RelayReport,
-    DEFAULT_BATCH_SIZE, DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE,
-    MAX_OUTAGE_DELAY, MAX_RETRY_DELAY, OUTAGE_DELAY, RETRY_DELAY, SHUTDOWN_GRACE,
+    Relay, RelayError, RelayReport, DEFAULT_BATCH_SIZE, DEFAULT_MAX_PUBLISH_ATTEMPTS,
+    DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY, OUTAGE_DELAY, RETRY_DELAY,
+    SHUTDOWN_GRACE,
 };
 
 #[cfg(feature = "kafka")]

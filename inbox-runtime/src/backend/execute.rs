@@ -11,11 +11,11 @@
 
 use super::outbox::{
     Answer, ClaimedRow, DeadRow, Enqueue, MarkerRow, OffsetRow, Op, PositionRow, SeqRow, StatusRow,
-    Stmt,
 };
 use super::statements::{self as st, ExecuteOn, LoadOn, CLAIM_CHUNK};
 #[cfg(feature = "_counted-claim")]
 use super::statements::{Fingerprinted, Plain};
+use super::stmt::Stmt;
 use super::Internals;
 use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
 #[cfg(feature = "_counted-claim")]
@@ -376,8 +376,9 @@ pub(crate) mod asynchronous {
     use crate::backend::asynchronous::AsyncStatements;
     use crate::backend::outbox::{
         Answer, ClaimedRow, DeadRow, Enqueue, MarkerRow, OffsetRow, Op, PositionRow, SeqRow,
-        StatusRow, Stmt,
+        StatusRow,
     };
+    use crate::backend::stmt::Stmt;
     use crate::backend::Internals;
     use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
     use diesel::query_builder::{QueryFragment, QueryId};

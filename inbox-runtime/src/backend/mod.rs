@@ -15,12 +15,14 @@ pub(crate) mod execute;
 #[cfg(feature = "mysql")]
 mod mysql;
 pub(crate) mod outbox;
+pub(crate) mod positions;
 #[cfg(feature = "postgres")]
 mod postgres;
 pub(crate) mod shape;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod statements;
+pub(crate) mod stmt;
 pub(crate) mod transaction;
 
 pub(crate) use execute::Statements;

@@ -1,3 +1,12 @@
+//! MySQL 8 and MariaDB: what this backend knows. The claim is `INSERT
+//! IGNORE` (diesel connects with `CLIENT_FOUND_ROWS`, so `ON DUPLICATE KEY`
+//! reports a duplicate as a write) over `VARBINARY(255)` keys that compare
+//! byte for byte; deadlocks (1213) and lock wait timeouts (1205) are
+//! transient; DDL commits implicitly, so `migrate` refuses to run inside a
+//! transaction and serializes itself with `GET_LOCK`. This file holds the
+//! backend's constants and error classes (`Internals`), the catalog query
+//! and table checks (`Dialect`), and the async connection's impls.
+
 use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
 use super::transaction::Scope;
 use super::{database_error, Catalog, InboxBackend, Internals};

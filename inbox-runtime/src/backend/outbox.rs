@@ -5,6 +5,7 @@
 //! the locking clause of the relay's claim (`SKIP_LOCKED`) and the guard of
 //! a cached write (`GUARDED`, `push_guard`). An operation is an owned [`Op`], so
 //! that SQLite's async connection can hand it to its blocking thread whole.
+//! The stream positions' own statements are in [`positions`].
 // Without a backend feature nothing runs these.
 #![cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 
@@ -18,6 +19,10 @@ use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, Binary, HasSqlType, Integer, Nullable, Text, Untyped};
 use diesel::QueryableByName;
 
+pub(crate) use super::positions::OffsetRow;
+pub use super::positions::PositionRow;
+use super::positions::{self, moved, Move};
+use super::stmt::{Bind, Stmt};
 use crate::fence::{Fenced, Position};
 
 /// One outbox operation and its arguments. (The relay's operations run
@@ -102,31 +107,6 @@ pub enum Answer {
     Positions(Vec<PositionRow>),
 }
 
-/// A stored stream position.
-#[derive(Debug, Clone, QueryableByName)]
-#[doc(hidden)]
-pub struct PositionRow {
-    #[diesel(sql_type = Text)]
-    pub consumer: String,
-    #[diesel(sql_type = Text)]
-    pub topic: String,
-    #[diesel(sql_type = Integer)]
-    pub partition_id: i32,
-    #[diesel(sql_type = BigInt)]
-    pub next_offset: i64,
-    #[diesel(sql_type = BigInt)]
-    pub updated_at: i64,
-    #[diesel(sql_type = BigInt)]
-    pub now: i64,
-}
-
-/// The stored offset a fence read.
-#[derive(Debug, Clone, Copy, QueryableByName)]
-pub(crate) struct OffsetRow {
-    #[diesel(sql_type = BigInt)]
-    next_offset: i64,
-}
-
 /// A row the relay claimed.
 #[derive(Debug, Clone, QueryableByName)]
 #[doc(hidden)]
@@ -196,99 +176,6 @@ pub(crate) struct SeqRow {
     #[diesel(sql_type = BigInt)]
     seq: i64,
 }
-
-/// A bind parameter of a [`Stmt`].
-#[derive(Debug, Clone)]
-enum Bind {
-    Text(String),
-    Big(i64),
-    Int(i32),
-}
-
-#[derive(Debug, Clone)]
-enum Part {
-    Sql(&'static str),
-    Bind(Bind),
-}
-
-/// One of the relay's and the operations' statements as static SQL pieces
-/// and bind parameters in order: the placeholders are the backend's own
-/// (`$n` or `?`). Statements with an `IN` list of varying length are never
-/// cached; on PostgreSQL none is (a proxy in transaction mode shares
-/// prepared statements' names between clients:
-/// `Internals::CACHE_SIDE_STATEMENTS`). The enqueue, on the handler's
-/// path, is a statement of its own ([`Enqueue`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Stmt {
-    parts: Vec<Part>,
-    cache: bool,
-}
-
-impl Stmt {
-    fn new() -> Self {
-        Stmt {
-            parts: Vec::new(),
-            cache: true,
-        }
-    }
-
-    fn sql(mut self, sql: &'static str) -> Self {
-        self.parts.push(Part::Sql(sql));
-        self
-    }
-
-    fn bind(mut self, value: Bind) -> Self {
-        self.parts.push(Part::Bind(value));
-        self
-    }
-
-    /// `(v1, v2, ...)` of `seqs`; the statement is not cached.
-    fn seq_list(mut self, seqs: &[i64]) -> Self {
-        self.cache = false;
-        self = self.sql("(");
-        for (i, seq) in seqs.iter().enumerate() {
-            if i > 0 {
-                self = self.sql(", ");
-            }
-            self = self.bind(Bind::Big(*seq));
-        }
-        self.sql(")")
-    }
-}
-
-impl<B> QueryFragment<B> for Stmt
-where
-    B: Internals + HasSqlType<Text> + HasSqlType<BigInt> + HasSqlType<Integer>,
-    String: ToSql<Text, B>,
-    i64: ToSql<BigInt, B>,
-    i32: ToSql<Integer, B>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
-        if !self.cache || !B::CACHE_SIDE_STATEMENTS {
-            out.unsafe_to_cache_prepared();
-        }
-        for part in &self.parts {
-            match part {
-                Part::Sql(sql) => out.push_sql(sql),
-                Part::Bind(Bind::Text(v)) => out.push_bind_param::<Text, String>(v)?,
-                Part::Bind(Bind::Big(v)) => out.push_bind_param::<BigInt, i64>(v)?,
-                Part::Bind(Bind::Int(v)) => out.push_bind_param::<Integer, i32>(v)?,
-            }
-        }
-        Ok(())
-    }
-}
-
-impl QueryId for Stmt {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
-impl Query for Stmt {
-    type SqlType = Untyped;
-}
-
-impl<Conn> diesel::RunQueryDsl<Conn> for Stmt {}
 
 /// The outbox's enqueue: one fixed statement per backend, cached as the
 /// claims are (its query id is its own type), its SQL all static pieces
@@ -479,28 +366,11 @@ fn plan<B: Internals>(op: Op) -> Plan {
                 None => all,
             })
         }
-        Op::Fence { consumer, position } => Plan::Fence(
-            Stmt::new()
-                .sql("SELECT next_offset FROM inbox_positions WHERE consumer = ")
-                .bind(Bind::Text(consumer.clone()))
-                .sql(" AND topic = ")
-                .bind(Bind::Text(position.topic.clone()))
-                .sql(" AND partition_id = ")
-                .bind(Bind::Int(position.partition))
-                .sql(B::LOCK_ROW),
-            Move { consumer, position },
-        ),
-        Op::Positions { consumer } => {
-            let all = Stmt::new()
-                .sql("SELECT consumer, topic, partition_id, next_offset, updated_at, ")
-                .sql(now)
-                .sql(" AS now FROM inbox_positions");
-            let some = match consumer {
-                Some(consumer) => all.sql(" WHERE consumer = ").bind(Bind::Text(consumer)),
-                None => all,
-            };
-            Plan::Positions(some.sql(" ORDER BY consumer, topic, partition_id"))
+        Op::Fence { consumer, position } => {
+            let (select, write) = positions::fence::<B>(consumer, position);
+            Plan::Fence(select, write)
         }
+        Op::Positions { consumer } => Plan::Positions(positions::list::<B>(consumer)),
         Op::PurgeDead { older_than, limit } => Plan::Purge(
             Stmt::new()
                 .sql("SELECT seq FROM outbox_messages WHERE dead_at IS NOT NULL AND dead_at < ")
@@ -555,60 +425,6 @@ enum Plan {
     /// The select of the stored position (locked), then its move.
     Fence(Stmt, Move),
     Positions(Stmt),
-}
-
-/// The move of a stream position a fence makes when its guard admits the
-/// stored one.
-struct Move {
-    consumer: String,
-    position: Position,
-}
-
-impl Move {
-    /// The statement that moves the position from `stored` (inserts it
-    /// when there is none), or the refusal.
-    fn of<B: Internals>(self, stored: &[OffsetRow]) -> Result<Stmt, Fenced> {
-        let stored = stored.first().map(|row| row.next_offset);
-        if !self.position.admits(stored) {
-            return Err(Fenced::Refused(stored.unwrap_or_default()));
-        }
-        let next = self.position.offset + 1;
-        Ok(match stored {
-            None => Stmt::new()
-                .sql("INSERT INTO inbox_positions (consumer, topic, partition_id, next_offset, updated_at) VALUES (")
-                .bind(Bind::Text(self.consumer))
-                .sql(", ")
-                .bind(Bind::Text(self.position.topic))
-                .sql(", ")
-                .bind(Bind::Int(self.position.partition))
-                .sql(", ")
-                .bind(Bind::Big(next))
-                .sql(", ")
-                .sql(B::NOW_MICROS)
-                .sql(")"),
-            Some(_) => Stmt::new()
-                .sql("UPDATE inbox_positions SET next_offset = ")
-                .bind(Bind::Big(next))
-                .sql(", updated_at = ")
-                .sql(B::NOW_MICROS)
-                .sql(" WHERE consumer = ")
-                .bind(Bind::Text(self.consumer))
-                .sql(" AND topic = ")
-                .bind(Bind::Text(self.position.topic))
-                .sql(" AND partition_id = ")
-                .bind(Bind::Int(self.position.partition)),
-        })
-    }
-}
-
-/// A fence's move must have written the one row it read (or inserted).
-fn moved(written: usize) -> QueryResult<Answer> {
-    match written {
-        1 => Ok(Answer::Fenced(Fenced::Moved)),
-        n => Err(diesel::result::Error::QueryBuilderError(
-            format!("moving the stream position wrote {n} rows, not 1").into(),
-        )),
-    }
 }
 
 /// The hold a claim puts on the rows it found: `token`'s, for `lease`
@@ -679,7 +495,7 @@ where
         Plan::Fence(select, write) => {
             let stored: Vec<OffsetRow> = select.load_on(conn)?;
             match write.of::<C::Backend>(&stored) {
-                Ok(write) => moved(write.execute_on(conn)?)?,
+                Ok(write) => Answer::Fenced(moved(write.execute_on(conn)?)?),
                 Err(refused) => Answer::Fenced(refused),
             }
         }
@@ -729,7 +545,7 @@ where
         Plan::Fence(select, write) => {
             let stored = LoadOnAsync::<C::Backend, OffsetRow>::load_on_async(select, conn).await?;
             match write.of::<C::Backend>(&stored) {
-                Ok(write) => moved(write.execute(conn).await?)?,
+                Ok(write) => Answer::Fenced(moved(write.execute(conn).await?)?),
                 Err(refused) => Answer::Fenced(refused),
             }
         }

@@ -1,3 +1,12 @@
+//! SQLite: what this backend knows. A top-level call begins with `BEGIN
+//! IMMEDIATE` (a deferred transaction that later writes fails at once with
+//! "database is locked"), the claim is `INSERT .. ON CONFLICT DO NOTHING`,
+//! busy and locked errors are transient, and the async connection
+//! (`SyncConnectionWrapper`) hands each step to its blocking thread whole.
+//! This file holds the backend's constants and error classes
+//! (`Internals`), the schema query and table checks (`Dialect`), and the
+//! async connection's impls.
+
 use super::shape::{read, CatalogRow, Dialect};
 use super::transaction::{begin, end_migrations, Scope};
 use super::{database_error, Catalog, InboxBackend, Internals};

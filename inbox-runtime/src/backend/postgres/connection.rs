@@ -1,0 +1,188 @@
+//! PostgreSQL's async connection (diesel-async's `AsyncPgConnection`):
+//! its transactions, the claim's round trips, the migration lock, and the
+//! outbox's `LISTEN`/`NOTIFY`.
+
+use super::claim::{Claim, ClaimBatch};
+use super::*;
+use crate::backend::asynchronous::{
+    AsyncInboxConnection, AsyncInternals, AsyncMigration, BeginClaim,
+};
+use crate::backend::transaction::{ansi, Scope};
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+
+impl crate::backend::execute::asynchronous::RunsStatements for AsyncPgConnection {}
+
+impl AsyncInboxConnection for AsyncPgConnection {}
+
+impl AsyncInternals for AsyncPgConnection {
+    async fn inbox_begin(&mut self) -> Result<Scope, (Scope, Error)> {
+        ansi::begin(self).await
+    }
+
+    const NOTIFIES: bool = true;
+
+    /// `LISTEN` on the outbox's channel and the probe's, in the simple
+    /// query protocol (no prepared statement: it may pass a proxy).
+    async fn outbox_listen(&mut self, probe: &str) -> QueryResult<bool> {
+        debug_assert!(probe
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+        self.batch_execute(&format!("LISTEN {OUTBOX_CHANNEL}; LISTEN {probe}"))
+            .await?;
+        Ok(true)
+    }
+
+    async fn outbox_notify(&mut self, probe: &str) -> QueryResult<()> {
+        debug_assert!(probe
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+        self.batch_execute(&format!("SELECT pg_notify('{probe}', '')"))
+            .await
+    }
+
+    /// The next notification diesel-async's driver task received; its
+    /// stream ends when the connection is gone.
+    async fn outbox_notified(&mut self) -> Option<QueryResult<String>> {
+        let mut notifications = std::pin::pin!(self.notifications_stream());
+        std::future::poll_fn(|cx| futures_core::Stream::poll_next(notifications.as_mut(), cx))
+            .await
+            .map(|notified| notified.map(|n| n.channel))
+    }
+
+    async fn inbox_claim(
+        &mut self,
+        consumer_name: &str,
+        key: &str,
+        fingerprint_bytes: Option<&[u8]>,
+    ) -> QueryResult<bool> {
+        match fingerprint_bytes {
+            None => Claim::plain(consumer_name, key).run_async(self).await,
+            Some(bytes) => {
+                Claim::fingerprinted(consumer_name, key, bytes)
+                    .run_async(self)
+                    .await
+            }
+        }
+    }
+
+    /// At top level, two round trips: `BEGIN` and the bound in one
+    /// (the simple query protocol runs both), then the claim, whose
+    /// `RETURNING` restores the caller's `lock_timeout` ([`Restoring`]).
+    /// Inside the caller's transaction, the general sequence.
+    async fn inbox_begin_claim_waiting(
+        &mut self,
+        consumer_name: &str,
+        key: &str,
+        fingerprint_bytes: Option<&[u8]>,
+        wait: std::time::Duration,
+    ) -> BeginClaim {
+        use diesel_async::TransactionManager;
+        if crate::backend::transaction::transaction_open_async(self) {
+            return crate::backend::asynchronous::begin_claim_waiting(
+                self,
+                consumer_name,
+                key,
+                fingerprint_bytes,
+                wait,
+            )
+            .await;
+        }
+        let bound = Pg::wait_bound(wait).expect("PostgreSQL bounds a claim's wait");
+        let begin = format!("BEGIN; {}", bound.set);
+        if let Err(e) = self.batch_execute(&begin).await {
+            // The BEGIN may have run: end what it opened.
+            let _ = self.batch_execute("ROLLBACK").await;
+            return (Err((Scope::TopLevel, e)), None);
+        }
+        let status = diesel_async::AnsiTransactionManager::transaction_manager_status_mut(self);
+        if let Err(e) = crate::backend::record_boundary(
+            status,
+            diesel::connection::TransactionDepthChange::IncreaseDepth,
+        ) {
+            let _ = self.batch_execute("ROLLBACK").await;
+            return (Err((Scope::TopLevel, e)), None);
+        }
+        let claimed = match fingerprint_bytes {
+            None => {
+                Claim::plain(consumer_name, key)
+                    .restoring()
+                    .run_async(self)
+                    .await
+            }
+            Some(bytes) => {
+                Claim::fingerprinted(consumer_name, key, bytes)
+                    .restoring()
+                    .run_async(self)
+                    .await
+            }
+        };
+        (Ok(Scope::TopLevel), Some(claimed))
+    }
+
+    async fn inbox_claim_batch(
+        &mut self,
+        consumer_name: &str,
+        keys: &[&str],
+        fingerprints: Option<&[&[u8]]>,
+    ) -> QueryResult<Vec<String>> {
+        match fingerprints {
+            None => ClaimBatch::plain(consumer_name, keys).run_async(self).await,
+            Some(fingerprints) => {
+                ClaimBatch::fingerprinted(consumer_name, keys, fingerprints)
+                    .run_async(self)
+                    .await
+            }
+        }
+    }
+
+    async fn inbox_commit(&mut self, scope: Scope) -> QueryResult<()> {
+        if scope == Scope::Savepoint {
+            return ansi::commit(self).await;
+        }
+        // diesel-async does not read the session's transaction status:
+        // record the end of the transaction the guard's COMMIT ended.
+        // Cancelled before that, the connection still counts as in a
+        // transaction, which pools discard.
+        match self.batch_execute(GUARDED_COMMIT).await {
+            Ok(()) => ansi::ended(self),
+            Err(e) => {
+                ansi::rollback(self).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn inbox_rollback(&mut self) {
+        ansi::rollback(self).await
+    }
+}
+
+impl AsyncMigration for AsyncPgConnection {
+    async fn catalog(&mut self) -> QueryResult<Catalog> {
+        let rows = diesel_async::RunQueryDsl::load(diesel::sql_query(CATALOG), self).await?;
+        Ok(read::<Pg>(rows))
+    }
+
+    async fn lock(&mut self) -> Result<Scope, InboxError> {
+        // DDL is transactional: the lock and every change end together.
+        let scope = ansi::begin(self).await.map_err(|(_, e)| e)?;
+        let lock = format!("SELECT pg_advisory_xact_lock({MIGRATE_LOCK})");
+        if let Err(e) = self.batch_execute(&lock).await {
+            ansi::rollback(self).await;
+            return Err(InboxError::MigrationFailed(e));
+        }
+        Ok(scope)
+    }
+
+    async fn unlock(&mut self, scope: Scope, keep: bool) -> Result<(), InboxError> {
+        if !keep {
+            ansi::rollback(self).await;
+            return Ok(());
+        }
+        // A commit at top level, a release inside the caller's transaction.
+        let _ = scope;
+        ansi::commit(self)
+            .await
+            .map_err(InboxError::MigrationFailed)
+    }
+}

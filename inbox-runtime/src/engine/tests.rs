@@ -1,0 +1,232 @@
+//! The engine's decisions, step by step, without a database.
+
+use super::*;
+use diesel::sqlite::Sqlite;
+
+type Outcome = Result<Ended<i32>, InboxError>;
+type Classify = fn(&InboxError) -> ErrorClass<InboxError>;
+type TestEngine<'a> = Engine<'a, Sqlite, i32, InboxError, Classify>;
+
+fn engine<'a>() -> TestEngine<'a> {
+    Engine::new("consumer", "key", 3, |_| ErrorClass::permanent())
+}
+
+/// Feeds `events` and returns the steps asked for and the outcome.
+fn run(
+    mut engine: TestEngine<'_>,
+    events: Vec<Event<i32, InboxError>>,
+) -> (Vec<Step>, Option<Outcome>) {
+    let mut steps = Vec::new();
+    for event in events {
+        match engine.next(event) {
+            Next::Do(step) => steps.push(step),
+            Next::Done(result) => return (steps, Some(result)),
+        }
+    }
+    (steps, None)
+}
+
+fn ran(result: Result<i32, InboxError>) -> Event<i32, InboxError> {
+    Event::Ran {
+        result,
+        failed: Vec::new(),
+    }
+}
+
+#[test]
+fn a_reused_key_rolls_back_and_is_refused_once() {
+    let (steps, outcome) = run(
+        engine(),
+        vec![
+            Event::Begun(Ok(Scope::TopLevel)),
+            Event::Claimed(Ok(Claimed::Reused("key".into()))),
+            Event::ShapeChecked(Ok(())),
+            Event::RolledBack,
+        ],
+    );
+    assert_eq!(steps, vec![Step::Claim, Step::CheckShape, Step::Rollback]);
+    assert!(matches!(outcome, Some(Err(InboxError::KeyReused { ref key, .. })) if key == "key"));
+}
+
+#[test]
+fn a_stored_value_is_written_before_the_commit() {
+    let engine = engine().storing(Some(|v: &i32| Ok(v.to_string().into_bytes())));
+    let (steps, outcome) = run(
+        engine,
+        vec![
+            Event::Begun(Ok(Scope::TopLevel)),
+            Event::Claimed(Ok(Claimed::New)),
+            Event::ShapeChecked(Ok(())),
+            ran(Ok(7)),
+            Event::Stored(Ok(())),
+            Event::Committed(Ok(())),
+        ],
+    );
+    assert_eq!(
+        steps,
+        vec![
+            Step::Claim,
+            Step::CheckShape,
+            Step::Body,
+            Step::Store(b"7".to_vec()),
+            Step::Commit(Scope::TopLevel)
+        ]
+    );
+    assert_eq!(outcome.map(|o| o.ok()), Some(Some(Ended::Applied(7))));
+}
+
+#[test]
+fn a_counted_failure_is_counted_after_the_rollback() {
+    let engine = engine().counting(Some(|e: &InboxError| e.to_string()));
+    let (steps, outcome) = run(
+        engine,
+        vec![
+            Event::Begun(Ok(Scope::TopLevel)),
+            Event::Claimed(Ok(Claimed::New)),
+            Event::ShapeChecked(Ok(())),
+            ran(Err(InboxError::InvalidArgument("rejected"))),
+            Event::RolledBack,
+            Event::Counted,
+        ],
+    );
+    assert_eq!(
+        steps,
+        vec![
+            Step::Claim,
+            Step::CheckShape,
+            Step::Body,
+            Step::Rollback,
+            Step::Count(Scope::TopLevel, "invalid argument: rejected".into())
+        ]
+    );
+    assert!(matches!(
+        outcome,
+        Some(Err(InboxError::InvalidArgument("rejected")))
+    ));
+}
+
+#[test]
+fn a_key_given_up_on_is_not_counted_again() {
+    let engine = engine().counting(Some(|e: &InboxError| e.to_string()));
+    let (steps, outcome) = run(
+        engine,
+        vec![
+            Event::Begun(Ok(Scope::TopLevel)),
+            Event::Claimed(Ok(Claimed::GaveUp {
+                failures: 3,
+                last_error: "boom".into(),
+            })),
+            Event::ShapeChecked(Ok(())),
+            Event::RolledBack,
+        ],
+    );
+    assert_eq!(steps, vec![Step::Claim, Step::CheckShape, Step::Rollback]);
+    assert!(matches!(
+        outcome,
+        Some(Err(InboxError::AttemptsExhausted { failures: 3, .. }))
+    ));
+}
+
+fn wrong_table() -> InboxError {
+    InboxError::IncompatibleTable(Vec::new())
+}
+
+#[test]
+fn the_shape_is_checked_once_after_the_claims_write() {
+    let (steps, outcome) = run(
+        engine(),
+        vec![
+            Event::Begun(Ok(Scope::Savepoint)),
+            Event::Claimed(Ok(Claimed::New)),
+            Event::ShapeChecked(Err(wrong_table())),
+            Event::RolledBack,
+        ],
+    );
+    assert_eq!(steps, vec![Step::Claim, Step::CheckShape, Step::Rollback]);
+    assert!(matches!(
+        outcome,
+        Some(Err(InboxError::IncompatibleTable(_)))
+    ));
+}
+
+#[test]
+fn a_claim_that_failed_on_a_wrong_table_is_refused_for_the_table() {
+    let failed = Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::NotNullViolation,
+        Box::new("NOT NULL constraint failed: inbox_messages.note".to_string()),
+    );
+    let (steps, outcome) = run(
+        engine(),
+        vec![
+            Event::Begun(Ok(Scope::TopLevel)),
+            Event::Claimed(Err(failed)),
+            Event::RolledBack,
+            Event::ShapeChecked(Err(wrong_table())),
+        ],
+    );
+    assert_eq!(steps, vec![Step::Claim, Step::Rollback, Step::CheckShape]);
+    assert!(matches!(
+        outcome,
+        Some(Err(InboxError::IncompatibleTable(_)))
+    ));
+}
+
+#[test]
+fn a_retried_call_checks_the_shape_once() {
+    let busy = Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::Unknown,
+        Box::new("database is locked".to_string()),
+    );
+    let (steps, outcome) = run(
+        engine(),
+        vec![
+            Event::Begun(Ok(Scope::TopLevel)),
+            Event::Claimed(Err(busy)),
+            Event::RolledBack,
+            Event::ShapeChecked(Ok(())),
+            Event::Slept,
+            Event::Begun(Ok(Scope::TopLevel)),
+            Event::Claimed(Ok(Claimed::Duplicate(None))),
+            Event::RolledBack,
+        ],
+    );
+    assert_eq!(steps[..3], [Step::Claim, Step::Rollback, Step::CheckShape]);
+    assert!(matches!(steps[3], Step::Sleep(_)));
+    assert_eq!(steps[4..], [Step::Begin, Step::Claim, Step::Rollback]);
+    assert!(matches!(outcome, Some(Ok(Ended::Duplicate(None)))));
+}
+
+#[test]
+fn a_wait_that_runs_out_is_in_flight_and_not_retried() {
+    let busy = || {
+        Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::Unknown,
+            Box::new("database is locked".to_string()),
+        )
+    };
+    let wait = Duration::from_millis(250);
+    // At the begin (SQLite's wait) and at the claim: refused at once.
+    let (steps, outcome) = run(
+        engine().waiting(Some(wait)),
+        vec![Event::Begun(Err((Scope::TopLevel, busy())))],
+    );
+    assert!(steps.is_empty());
+    assert!(
+        matches!(&outcome, Some(Err(InboxError::InFlight { wait: w, .. })) if *w == wait),
+        "{outcome:?}"
+    );
+    let (steps, outcome) = run(
+        engine().waiting(Some(wait)),
+        vec![
+            Event::Begun(Ok(Scope::TopLevel)),
+            Event::Claimed(Err(busy())),
+            Event::RolledBack,
+            Event::ShapeChecked(Ok(())),
+        ],
+    );
+    assert_eq!(steps, vec![Step::Claim, Step::Rollback, Step::CheckShape]);
+    assert!(matches!(outcome, Some(Err(InboxError::InFlight { .. }))));
+    // Without a bound the same error is transient: retried.
+    let (steps, _) = run(engine(), vec![Event::Begun(Err((Scope::TopLevel, busy())))]);
+    assert!(matches!(steps[..], [Step::Sleep(_)]));
+}

@@ -1,0 +1,76 @@
+//! The transactional outbox: messages written in the same transaction as
+//! the change they announce (and, in an `#[idempotent]` body, as the inbox
+//! claim), published after the commit by a relay, at least once and with a
+//! stable id.
+//!
+//! - [`enqueue`] / `enqueue_async` write an [`Outgoing`] message in the
+//!   caller's transaction and return its id; outside a transaction they
+//!   are refused ([`InboxError::NotInTransaction`]).
+//! - The relay (`diesel_inbox::outbox::Relay`, features `lapin` / `nats`)
+//!   publishes committed rows and deletes each once the broker confirmed
+//!   it. A message that fails [`Relay::max_publish_attempts`] times becomes dead:
+//!   kept, listed by [`dead`], replayed by [`retry`], deleted by [`purge`].
+//! - [`status`] counts pending and dead messages per destination.
+//!
+//! ```
+//! use diesel::prelude::*;
+//! use diesel_inbox::outbox::{self, Outgoing};
+//! use diesel_inbox::{idempotent, Processed};
+//!
+//! #[idempotent(key = "order_id")]
+//! fn place(conn: &mut SqliteConnection, order_id: i64) -> QueryResult<String> {
+//!     // ... the order's own rows ...
+//!     let id = outbox::enqueue(
+//!         conn,
+//!         Outgoing::new("stock.reserve", format!("{{\"order\":{order_id}}}"))
+//!             .ordering_key(&order_id)
+//!             .header("content-type", "application/json"),
+//!     )?;
+//!     Ok(id)
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! diesel_inbox::migrate(&mut conn)?;
+//! let Processed::Applied(id) = place(&mut conn, 7)? else { panic!() };
+//! assert_eq!(id.len(), 36); // a UUIDv7
+//! assert_eq!(place(&mut conn, 7)?, Processed::Duplicate); // nothing enqueued twice
+//! assert_eq!(outbox::status(&mut conn)?.pending, 1);
+//!
+//! // Outside a transaction, an outbox row would be a plain publish.
+//! let refused = outbox::enqueue(&mut conn, Outgoing::new("stock.reserve", "{}"));
+//! assert!(matches!(refused, Err(diesel_inbox::InboxError::NotInTransaction { .. })));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`Relay::max_publish_attempts`]: https://docs.rs/diesel-inbox/latest/diesel_inbox/outbox/struct.Relay.html#method.max_publish_attempts
+//!
+//! The files: [`message`] (what a transaction enqueues), [`operations`]
+//! (status, dead messages, retry, purge), [`relay`] (a relay's claim and
+//! settlement), [`notify`] (wake-ups across processes), [`statements`]
+//! (running the backend's outbox statements), [`headers`] and [`id`] (how a
+//! row stores headers and ids).
+
+mod headers;
+mod id;
+mod message;
+mod notify;
+mod operations;
+mod relay;
+mod statements;
+
+#[cfg(feature = "async")]
+pub use message::enqueue_async;
+pub use message::{enqueue, wake, Outgoing};
+#[cfg(feature = "async")]
+pub use notify::{listen_async, notified_async, notifies};
+pub use notify::{set_notify, Listening};
+pub use operations::{
+    dead, purge, retry, status, AllDead, DeadMessage, DestinationStatus, OutboxStatus, RetryTarget,
+};
+#[cfg(feature = "async")]
+pub use operations::{dead_async, purge_async, retry_async, status_async};
+#[cfg(feature = "async")]
+pub use relay::{step_async, Claim, PublishOutcome, Settled, Stepped};
+pub use relay::{wake_generation, woken, OutboxMessage};

@@ -1,0 +1,395 @@
+//! The outbox's operations: [`status`], [`dead`], [`retry`], [`purge`]
+//! and their async twins.
+
+#[cfg(feature = "async")]
+use super::statements::short_transaction_async;
+use super::statements::{checked_limit, count_of, counted, micros, time, unexpected};
+#[cfg(feature = "async")]
+use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
+use crate::backend::outbox::{Answer, DeadRow, Op, StatusRow};
+use crate::backend::transaction;
+use crate::backend::{Internals, Statements};
+use crate::error::InboxError;
+use crate::ops::PurgeReport;
+use crate::ops::{ops_error, short_transaction, PurgeLoop, PurgeStep};
+use crate::transaction::InboxConnection;
+use diesel::connection::LoadConnection;
+use std::time::{Duration, SystemTime};
+
+/// What the outbox holds: see [`status`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutboxStatus {
+    /// Messages due and not yet published (nor dead): waiting for the
+    /// relay, or for a retry after a failed publish.
+    pub pending: u64,
+    /// Messages not yet due: delayed by
+    /// [`deliver_after`](Outgoing::deliver_after) or
+    /// [`deliver_at`](Outgoing::deliver_at).
+    pub scheduled: u64,
+    /// Dead messages ([`dead`]).
+    pub dead: u64,
+    /// How long the oldest pending message has waited since it became
+    /// due (its enqueue, its delivery time, or its replay by [`retry`]), by
+    /// the database's clock; `None` when nothing is pending.
+    pub oldest_pending_age: Option<Duration>,
+    /// How long until the next scheduled message is due; `None` when
+    /// nothing is scheduled.
+    pub next_scheduled_in: Option<Duration>,
+    /// The same per destination, in name order.
+    pub destinations: Vec<DestinationStatus>,
+}
+
+/// One destination's part of an [`OutboxStatus`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DestinationStatus {
+    /// The destination (routing key or subject).
+    pub destination: String,
+    /// Pending messages.
+    pub pending: u64,
+    /// Scheduled messages (not yet due).
+    pub scheduled: u64,
+    /// Dead messages.
+    pub dead: u64,
+    /// The age of its oldest pending message.
+    pub oldest_pending_age: Option<Duration>,
+    /// How long until its next scheduled message is due.
+    pub next_scheduled_in: Option<Duration>,
+}
+
+fn status_of(rows: Vec<StatusRow>) -> OutboxStatus {
+    let mut status = OutboxStatus::default();
+    for row in rows {
+        let age = row.oldest_pending.map(|t| micros(row.now - t));
+        let next = row.next_scheduled.map(|t| micros(t - row.now));
+        status.pending += row.pending as u64;
+        status.scheduled += row.scheduled as u64;
+        status.dead += row.dead as u64;
+        status.oldest_pending_age = status.oldest_pending_age.max(age);
+        status.next_scheduled_in = match (status.next_scheduled_in, next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        status.destinations.push(DestinationStatus {
+            destination: row.destination,
+            pending: row.pending as u64,
+            scheduled: row.scheduled as u64,
+            dead: row.dead as u64,
+            oldest_pending_age: age,
+            next_scheduled_in: next,
+        });
+    }
+    crate::telemetry::outbox_status(
+        status.pending,
+        status.scheduled,
+        status.dead,
+        status.oldest_pending_age.unwrap_or_default(),
+    );
+    status
+}
+
+/// Pending, scheduled and dead messages, in all and per destination, the
+/// age of the oldest pending one and when the next scheduled one is due.
+/// With the `metrics` feature it also sets the gauges
+/// `diesel_inbox.outbox.pending`, `diesel_inbox.outbox.scheduled`,
+/// `diesel_inbox.outbox.dead` and
+/// `diesel_inbox.outbox.oldest_pending_age` (seconds); a relay calls it
+/// every few seconds.
+///
+/// ```
+/// use diesel::prelude::*;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// diesel_inbox::migrate(&mut conn)?;
+/// let status = diesel_inbox::outbox::status(&mut conn)?;
+/// assert_eq!((status.pending, status.scheduled, status.dead), (0, 0, 0));
+/// assert_eq!((status.oldest_pending_age, status.next_scheduled_in), (None, None));
+/// # Ok(())
+/// # }
+/// ```
+pub fn status<C>(conn: &mut C) -> Result<OutboxStatus, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    match C::Backend::outbox(conn, Op::Status).map_err(ops_error::<C::Backend>)? {
+        Answer::Status(rows) => Ok(status_of(rows)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// The async twin of [`status`].
+#[cfg(feature = "async")]
+pub async fn status_async<P, C, Via>(conn: &mut P) -> Result<OutboxStatus, InboxError>
+where
+    P: AsAsyncConnection<C, Via>,
+    C: AsyncInboxConnection,
+{
+    match conn.connection().inbox_outbox(Op::Status).await {
+        Ok(Answer::Status(rows)) => Ok(status_of(rows)),
+        Ok(other) => Err(unexpected(other)),
+        Err(e) => Err(ops_error::<C::Backend>(e)),
+    }
+}
+
+/// A dead message: it failed to publish as often as the relay's
+/// `max_publish_attempts` allows. It stays until [`retry`] or [`purge`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadMessage {
+    /// The message id.
+    pub id: String,
+    /// The destination.
+    pub destination: String,
+    /// The ordering key, if any.
+    pub ordering_key: Option<String>,
+    /// Failed publishes.
+    pub attempts: u32,
+    /// The last failure's error.
+    pub last_error: String,
+    /// When it was enqueued.
+    pub enqueued_at: SystemTime,
+    /// When it became dead.
+    pub dead_at: SystemTime,
+}
+
+fn dead_of(rows: Vec<DeadRow>) -> Vec<DeadMessage> {
+    rows.into_iter()
+        .map(|row| DeadMessage {
+            id: row.id,
+            destination: row.destination,
+            ordering_key: row.ordering_key,
+            attempts: row.attempts.max(0) as u32,
+            last_error: row.last_error.unwrap_or_default(),
+            enqueued_at: time(row.created_at),
+            dead_at: time(row.dead_at),
+        })
+        .collect()
+}
+
+/// The dead messages, oldest first, at most `limit` (1 to 100,000).
+///
+/// ```
+/// use diesel::prelude::*;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// diesel_inbox::migrate(&mut conn)?;
+/// assert!(diesel_inbox::outbox::dead(&mut conn, 100)?.is_empty());
+/// # Ok(())
+/// # }
+/// ```
+pub fn dead<C>(conn: &mut C, limit: usize) -> Result<Vec<DeadMessage>, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    let limit = checked_limit(limit)?;
+    match C::Backend::outbox(conn, Op::Dead { limit }).map_err(ops_error::<C::Backend>)? {
+        Answer::Dead(rows) => Ok(dead_of(rows)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// The async twin of [`dead`].
+#[cfg(feature = "async")]
+pub async fn dead_async<P, C, Via>(
+    conn: &mut P,
+    limit: usize,
+) -> Result<Vec<DeadMessage>, InboxError>
+where
+    P: AsAsyncConnection<C, Via>,
+    C: AsyncInboxConnection,
+{
+    let limit = checked_limit(limit)?;
+    match conn.connection().inbox_outbox(Op::Dead { limit }).await {
+        Ok(Answer::Dead(rows)) => Ok(dead_of(rows)),
+        Ok(other) => Err(unexpected(other)),
+        Err(e) => Err(ops_error::<C::Backend>(e)),
+    }
+}
+
+/// Every dead message, for [`retry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllDead;
+
+/// What [`retry`] replays: one dead message by id (`&str`, `String`), or
+/// [`AllDead`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryTarget {
+    /// The dead message with this id.
+    Id(String),
+    /// Every dead message.
+    AllDead,
+}
+
+impl From<&str> for RetryTarget {
+    fn from(id: &str) -> Self {
+        RetryTarget::Id(id.to_owned())
+    }
+}
+
+impl From<String> for RetryTarget {
+    fn from(id: String) -> Self {
+        RetryTarget::Id(id)
+    }
+}
+
+impl From<&String> for RetryTarget {
+    fn from(id: &String) -> Self {
+        RetryTarget::Id(id.clone())
+    }
+}
+
+impl From<AllDead> for RetryTarget {
+    fn from(_: AllDead) -> Self {
+        RetryTarget::AllDead
+    }
+}
+
+impl RetryTarget {
+    fn op(self) -> Op {
+        Op::Retry {
+            id: match self {
+                RetryTarget::Id(id) => Some(id),
+                RetryTarget::AllDead => None,
+            },
+        }
+    }
+}
+
+/// Makes dead messages pending again, with their attempts reset: one by
+/// id, or [`AllDead`]. Returns how many. A replayed message is published
+/// as soon as a relay finds it; a message of an ordering key that was
+/// published past goes out after the later ones of its key.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use diesel_inbox::outbox::{self, AllDead};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// diesel_inbox::migrate(&mut conn)?;
+/// assert_eq!(outbox::retry(&mut conn, "no-such-id")?, 0);
+/// assert_eq!(outbox::retry(&mut conn, AllDead)?, 0);
+/// # Ok(())
+/// # }
+/// ```
+pub fn retry<C>(conn: &mut C, which: impl Into<RetryTarget>) -> Result<u64, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    let replayed = C::Backend::outbox(conn, which.into().op()).map_err(ops_error::<C::Backend>)?;
+    crate::wake::wake();
+    count_of(replayed)
+}
+
+/// The async twin of [`retry`].
+#[cfg(feature = "async")]
+pub async fn retry_async<P, C, Via>(
+    conn: &mut P,
+    which: impl Into<RetryTarget>,
+) -> Result<u64, InboxError>
+where
+    P: AsAsyncConnection<C, Via>,
+    C: AsyncInboxConnection,
+{
+    let replayed = conn
+        .connection()
+        .inbox_outbox(which.into().op())
+        .await
+        .map_err(ops_error::<C::Backend>)?;
+    crate::wake::wake();
+    count_of(replayed)
+}
+
+/// Deletes the messages dead for longer than `older_than`, in batches of
+/// `batch_size` (1 to 100,000), each in a short transaction of its own,
+/// with the inbox purge's duty cycle (a pause of
+/// [`DEFAULT_SLEEP_COEF`](crate::DEFAULT_SLEEP_COEF) times each batch's
+/// time). Published messages need no purge: the relay deletes each row
+/// once the broker confirmed it. Refused inside a transaction.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// diesel_inbox::migrate(&mut conn)?;
+/// let report = diesel_inbox::outbox::purge(&mut conn, Duration::from_secs(7 * 24 * 3600), 1_000)?;
+/// assert_eq!(report.rows, 0);
+/// # Ok(())
+/// # }
+/// ```
+pub fn purge<C>(
+    conn: &mut C,
+    older_than: Duration,
+    batch_size: usize,
+) -> Result<PurgeReport, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    let (older_than, limit) = purge_args(older_than, batch_size)?;
+    if transaction::transaction_open(conn) {
+        return Err(InboxError::InTransaction {
+            operation: "outbox::purge",
+        });
+    }
+    let mut purge = PurgeLoop::outbox(limit);
+    loop {
+        let batch = short_transaction(conn, |conn| {
+            C::Backend::outbox(conn, Op::PurgeDead { older_than, limit }).and_then(counted)
+        });
+        match purge.next(batch, C::Backend::is_transient) {
+            PurgeStep::Again => {}
+            PurgeStep::Sleep(delay) => std::thread::sleep(delay),
+            PurgeStep::Done(report) => return report.map_err(ops_error::<C::Backend>),
+        }
+    }
+}
+
+/// The async twin of [`purge`].
+#[cfg(feature = "async")]
+pub async fn purge_async<P, C, Via>(
+    conn: &mut P,
+    older_than: Duration,
+    batch_size: usize,
+) -> Result<PurgeReport, InboxError>
+where
+    P: AsAsyncConnection<C, Via>,
+    C: AsyncInboxConnection,
+{
+    let conn = conn.connection();
+    let (older_than, limit) = purge_args(older_than, batch_size)?;
+    if transaction::transaction_open_async(conn) {
+        return Err(InboxError::InTransaction {
+            operation: "outbox::purge_async",
+        });
+    }
+    let mut purge = PurgeLoop::outbox(limit);
+    loop {
+        let batch = short_transaction_async(conn, Op::PurgeDead { older_than, limit })
+            .await
+            .and_then(counted);
+        match purge.next(batch, <C::Backend as Internals>::is_transient) {
+            PurgeStep::Again => {}
+            PurgeStep::Sleep(delay) => tokio::time::sleep(delay).await,
+            PurgeStep::Done(report) => return report.map_err(ops_error::<C::Backend>),
+        }
+    }
+}
+
+fn purge_args(older_than: Duration, batch_size: usize) -> Result<(i64, i64), InboxError> {
+    if older_than > Duration::from_secs(100 * 366 * 24 * 3600) {
+        return Err(InboxError::InvalidArgument(
+            "an outbox purge's older_than must be at most 100 years",
+        ));
+    }
+    if batch_size == 0 || batch_size > crate::ops::MAX_PURGE_BATCH {
+        return Err(InboxError::InvalidArgument(
+            "the purge batch size must be between 1 and 100000",
+        ));
+    }
+    Ok((older_than.as_micros() as i64, batch_size as i64))
+}

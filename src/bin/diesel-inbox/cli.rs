@@ -1,0 +1,216 @@
+//! The arguments: one struct per command's options (clap derive).
+
+use crate::format::{parse_age, parse_pause};
+use clap::{Args, Parser, Subcommand};
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "diesel-inbox",
+    version,
+    about = "Operate a diesel-inbox table: migrate, inspect, purge, replay",
+    after_help = "Exit status: 0 done; 1 `status` or `forget` found no row; 2 an error."
+)]
+pub(crate) struct Cli {
+    /// The database: postgres://…, mysql://…, or a SQLite file (a path, or
+    /// sqlite://path).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub(crate) database_url: Option<String>,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Create, verify or upgrade the inbox table.
+    Migrate,
+    /// Whether CONSUMER has applied the message KEY, and when; if not, its
+    /// failed attempts (max_attempts). Without KEY: CONSUMER's stream
+    /// positions per Kafka partition (the next offset to apply).
+    Status(StatusArgs),
+    /// Rows, oldest and newest claim per consumer.
+    Stats {
+        /// JSON for scripts instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete rows older than a retention period, in short batches.
+    ///
+    /// Retention must exceed the longest redelivery horizon (broker
+    /// redelivery, dead-letter replays, consumer downtime): a message
+    /// redelivered after its row is purged is applied again.
+    Purge(PurgeArgs),
+    /// Remove the row of KEY for CONSUMER, so that its next delivery is
+    /// applied again (a deliberate replay).
+    Forget(ForgetArgs),
+    /// The failing keys (max_attempts): failures, last error and time, the
+    /// latest failure first.
+    Attempts(AttemptsArgs),
+    /// The transactional outbox: inspect, replay, purge, or run a relay.
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum OutboxCommand {
+    /// Pending, scheduled (delayed, not yet due) and dead messages per
+    /// destination, the oldest pending message's age and when the next
+    /// scheduled one is due.
+    Status {
+        /// JSON for scripts: {"pending", "scheduled", "dead",
+        /// "oldest_pending_age_secs", "next_scheduled_in_secs",
+        /// "destinations": [{"destination", "pending", "scheduled", "dead",
+        /// "oldest_pending_age_secs", "next_scheduled_in_secs"}]}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The dead messages (refused by the broker max_attempts times),
+    /// oldest first.
+    Dead(DeadArgs),
+    /// Make a dead message (or every one) pending again.
+    Retry(RetryArgs),
+    /// Delete messages dead for longer than a period, in short batches.
+    Purge(OutboxPurgeArgs),
+    /// Publish the outbox until SIGTERM or Ctrl-C: to a RabbitMQ exchange
+    /// (the destination is the routing key), to NATS JetStream (the
+    /// destination is the subject) or to Kafka (the destination is the
+    /// topic).
+    Relay(RelayArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct StatusArgs {
+    pub(crate) consumer: String,
+    pub(crate) key: Option<String>,
+    /// JSON for scripts: {"consumer", "key", "applied", "received_at",
+    /// "attempts": null or {"failures", "last_error", "updated_at"}};
+    /// without KEY, {"consumer", "positions": [{"topic", "partition",
+    /// "next_offset", "updated_at"}]}.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct PurgeArgs {
+    /// The retention period: a number and a unit, s, m, h, d or w
+    /// (e.g. 30d).
+    #[arg(long, value_parser = parse_age)]
+    pub(crate) older_than: Duration,
+    /// Only this consumer's rows.
+    #[arg(long)]
+    pub(crate) consumer: Option<String>,
+    /// Rows per batch; each batch is one short transaction.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) batch: usize,
+    /// A fixed pause after each batch (e.g. 10ms), on top of
+    /// --sleep-coef's.
+    #[arg(long, value_parser = parse_pause, default_value = "0ms")]
+    pub(crate) pause: Duration,
+    /// The duty cycle: after each batch, pause this many times as long
+    /// as the batch took (0: back to back; the library's default).
+    #[arg(long, default_value_t = diesel_inbox::DEFAULT_SLEEP_COEF)]
+    pub(crate) sleep_coef: f64,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Allow an --older-than under 1 hour.
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct AttemptsArgs {
+    /// Only this consumer's keys.
+    #[arg(long)]
+    pub(crate) consumer: Option<String>,
+    /// Only the keys given up on: at least --max-attempts failures
+    /// (the handlers' max_attempts, which the table does not record).
+    #[arg(long, requires = "max_attempts")]
+    pub(crate) exhausted: bool,
+    /// The handlers' max_attempts, for --exhausted.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: Option<u32>,
+    /// At most this many keys.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) limit: usize,
+    /// JSON for scripts: [{"consumer", "key", "failures", "last_error", "updated_at"}].
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct ForgetArgs {
+    pub(crate) consumer: String,
+    pub(crate) key: String,
+}
+
+#[derive(Args)]
+pub(crate) struct DeadArgs {
+    /// At most this many.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) limit: usize,
+    /// JSON for scripts: [{"id", "destination", "key", "attempts",
+    /// "last_error", "enqueued_at", "dead_at"}].
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct RetryArgs {
+    /// The message id.
+    #[arg(required_unless_present = "all_dead", conflicts_with = "all_dead")]
+    pub(crate) id: Option<String>,
+    /// Every dead message.
+    #[arg(long)]
+    pub(crate) all_dead: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct OutboxPurgeArgs {
+    /// How long a message has been dead: a number and a unit, s, m, h,
+    /// d or w (e.g. 7d).
+    #[arg(long, value_parser = parse_age)]
+    pub(crate) older_than: Duration,
+    /// Rows per batch; each batch is one short transaction.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) batch: usize,
+    /// Allow an --older-than under 1 hour.
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct RelayArgs {
+    /// The RabbitMQ URL (amqp://...), with --exchange.
+    #[arg(
+        long,
+        required_unless_present_any = ["nats", "kafka"],
+        conflicts_with_all = ["nats", "kafka"],
+        requires = "exchange"
+    )]
+    pub(crate) amqp: Option<String>,
+    /// The exchange to publish to ("" is the default exchange).
+    #[arg(long)]
+    pub(crate) exchange: Option<String>,
+    /// The NATS URL (nats://...).
+    #[arg(long, conflicts_with = "kafka")]
+    pub(crate) nats: Option<String>,
+    /// The Kafka brokers (host:port[,host:port...]): the destination is the
+    /// topic, the ordering key the record's key; an idempotent producer.
+    #[arg(long)]
+    pub(crate) kafka: Option<String>,
+    /// Messages per batch.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) batch_size: usize,
+    /// How often to look for new messages (e.g. 500ms, 1s).
+    #[arg(long, value_parser = parse_pause, default_value = "1s")]
+    pub(crate) poll_interval: Duration,
+    /// Refusals by the broker after which a message is dead.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) max_publish_attempts: u32,
+    /// Stop after one pass (what is due now) instead of running.
+    #[arg(long)]
+    pub(crate) once: bool,
+}

@@ -1,0 +1,88 @@
+//! `diesel-inbox`: operate the inbox table from a shell.
+//!
+//! ```text
+//! diesel-inbox [--database-url URL] migrate
+//! diesel-inbox status <CONSUMER> <KEY> [--json]
+//! diesel-inbox stats [--json]
+//! diesel-inbox purge --older-than 30d [--consumer C] [--batch 10000] [--pause 10ms] [--sleep-coef 1] [--dry-run] [--force]
+//! diesel-inbox forget <CONSUMER> <KEY>
+//! diesel-inbox attempts [--consumer C] [--exhausted --max-attempts N] [--limit 100] [--json]
+//! diesel-inbox outbox status [--json]
+//! diesel-inbox outbox dead [--limit 100] [--json]
+//! diesel-inbox outbox retry <ID> | --all-dead
+//! diesel-inbox outbox purge --older-than 7d [--batch 10000] [--force]
+//! diesel-inbox outbox relay (--amqp URL --exchange X | --nats URL | --kafka BROKERS) [--batch-size 100] [--poll-interval 1s] [--max-publish-attempts 10]
+//! ```
+//!
+//! The URL comes from `--database-url` or `DATABASE_URL`; its scheme picks
+//! the backend: `postgres://` (feature `postgres`), `mysql://` (feature
+//! `mysql`), anything else is a SQLite file (`sqlite://path` or a path).
+//! Exit codes: 0 done, 1 `status`/`forget` found no row, 2 an error (one
+//! line on stderr).
+
+//!
+//! The files, as diesel_cli lays them out: `cli.rs` the arguments (clap),
+//! `database.rs` the backend a URL names and its connection, `inbox.rs` and
+//! `outbox.rs` the commands on a connection, `relay.rs` the relay process,
+//! `format.rs` how durations and times read and print.
+
+mod cli;
+mod database;
+mod format;
+mod inbox;
+mod outbox;
+mod relay;
+
+use clap::Parser;
+use cli::{Cli, Command, OutboxCommand};
+use diesel_inbox::InboxError;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// A failure: its one-line message.
+struct Failure(String);
+
+impl From<InboxError> for Failure {
+    fn from(e: InboxError) -> Self {
+        Failure(e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(Failure(message)) => {
+            eprintln!("error: {}", message.replace('\n', " "));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let url = cli
+        .database_url
+        .ok_or_else(|| Failure("no database: pass --database-url or set DATABASE_URL".into()))?;
+    match &cli.command {
+        Command::Outbox {
+            command: OutboxCommand::Relay(relay),
+        } => return relay::run(&url, relay),
+        Command::Purge(purge) => check_retention(purge.older_than, purge.force)?,
+        Command::Outbox {
+            command: OutboxCommand::Purge(purge),
+        } => check_retention(purge.older_than, purge.force)?,
+        _ => {}
+    }
+    database::execute(&url, &cli.command)
+}
+
+/// Refuses a purge under an hour without `--force`.
+fn check_retention(older_than: Duration, force: bool) -> Result<(), Failure> {
+    if older_than < Duration::from_secs(3600) && !force {
+        return Err(Failure(format!(
+            "refusing --older-than {}: under 1 hour, a message still being redelivered after its row is purged would be applied again (retention must exceed the longest redelivery horizon); pass --force to purge anyway",
+            format::human(older_than)
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! The outbox's commands on a connection: status, dead, retry, purge.
+
+use crate::cli::{DeadArgs, OutboxCommand, OutboxPurgeArgs, RetryArgs};
+use crate::format::{human, rfc3339};
+use crate::Failure;
+use diesel::connection::LoadConnection;
+use diesel_inbox::InboxConnection;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// `outbox status|dead|retry|purge`.
+pub(crate) fn execute<C>(conn: &mut C, command: &OutboxCommand) -> Result<ExitCode, Failure>
+where
+    C: InboxConnection + LoadConnection,
+{
+    use diesel_inbox::outbox;
+    let secs = |age: Option<Duration>| age.map(|a| a.as_secs_f64());
+    match command {
+        OutboxCommand::Status { json } => {
+            let status = outbox::status(conn)?;
+            if *json {
+                let destinations: Vec<_> = status
+                    .destinations
+                    .iter()
+                    .map(|d| {
+                        serde_json::json!({
+                            "destination": d.destination,
+                            "pending": d.pending,
+                            "scheduled": d.scheduled,
+                            "dead": d.dead,
+                            "oldest_pending_age_secs": secs(d.oldest_pending_age),
+                            "next_scheduled_in_secs": secs(d.next_scheduled_in),
+                        })
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "pending": status.pending,
+                        "scheduled": status.scheduled,
+                        "dead": status.dead,
+                        "oldest_pending_age_secs": secs(status.oldest_pending_age),
+                        "next_scheduled_in_secs": secs(status.next_scheduled_in),
+                        "destinations": destinations,
+                    })
+                );
+            } else {
+                let age = |a: Option<Duration>| a.map_or("-".to_string(), human);
+                println!(
+                    "pending {}, scheduled {}, dead {}, oldest pending {}, next scheduled in {}",
+                    status.pending,
+                    status.scheduled,
+                    status.dead,
+                    age(status.oldest_pending_age),
+                    age(status.next_scheduled_in)
+                );
+                for d in &status.destinations {
+                    println!(
+                        "  {}: pending {}, scheduled {}, dead {}, oldest pending {}, next scheduled in {}",
+                        d.destination,
+                        d.pending,
+                        d.scheduled,
+                        d.dead,
+                        age(d.oldest_pending_age),
+                        age(d.next_scheduled_in)
+                    );
+                }
+            }
+        }
+        OutboxCommand::Dead(DeadArgs { limit, json }) => {
+            let dead = outbox::dead(conn, *limit)?;
+            if *json {
+                let rows: Vec<_> = dead
+                    .iter()
+                    .map(|d| {
+                        serde_json::json!({
+                            "id": d.id,
+                            "destination": d.destination,
+                            "ordering_key": d.ordering_key,
+                            "attempts": d.attempts,
+                            "last_error": d.last_error,
+                            "enqueued_at": rfc3339(d.enqueued_at),
+                            "dead_at": rfc3339(d.dead_at),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(rows));
+            } else if dead.is_empty() {
+                println!("no dead messages");
+            } else {
+                for d in &dead {
+                    println!(
+                        "{} to {} ({} attempts, dead since {}): {}",
+                        d.id,
+                        d.destination,
+                        d.attempts,
+                        rfc3339(d.dead_at),
+                        d.last_error
+                    );
+                }
+            }
+        }
+        OutboxCommand::Retry(RetryArgs { id, all_dead }) => {
+            let replayed = match (id, all_dead) {
+                (Some(id), false) => outbox::retry(conn, id.as_str())?,
+                _ => outbox::retry(conn, outbox::AllDead)?,
+            };
+            println!("{replayed} dead message(s) pending again");
+            if replayed == 0 {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        OutboxCommand::Purge(OutboxPurgeArgs {
+            older_than, batch, ..
+        }) => {
+            let report = outbox::purge(conn, *older_than, *batch)?;
+            println!(
+                "purged {} dead message(s) in {} batch(es), {:.1}s",
+                report.rows,
+                report.batches,
+                report.elapsed.as_secs_f64()
+            );
+        }
+        OutboxCommand::Relay(_) => unreachable!("run() starts the relay"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,203 @@
+//! `outbox relay`: a relay as a process of its own, publishing to RabbitMQ,
+//! NATS JetStream or Kafka.
+
+use crate::cli::RelayArgs;
+use crate::Failure;
+use std::process::ExitCode;
+
+/// The relay on the database `url`, until SIGTERM or Ctrl-C (or one pass
+/// with `--once`).
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+pub(crate) fn run(url: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure(format!("no async runtime: {e}")))?;
+    runtime.block_on(async {
+        if let Some(amqp) = &options.amqp {
+            return to_rabbitmq(url, amqp, options).await;
+        }
+        if let Some(nats) = &options.nats {
+            return to_nats(url, nats, options).await;
+        }
+        if let Some(brokers) = &options.kafka {
+            return to_kafka(url, brokers, options).await;
+        }
+        Err(Failure(
+            "pass --amqp URL --exchange X, --nats URL or --kafka BROKERS".into(),
+        ))
+    })
+}
+
+#[cfg(not(any(feature = "lapin", feature = "nats", feature = "kafka")))]
+pub(crate) fn run(_: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
+    Err(Failure(
+        "this diesel-inbox was built without a broker: cargo install diesel-inbox --features cli,lapin (or nats, or kafka)".into(),
+    ))
+}
+
+/// The failure of a broker this binary was built without.
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+#[allow(dead_code)]
+fn without(broker: &str, feature: &str) -> Result<ExitCode, Failure> {
+    Err(Failure(format!(
+        "this diesel-inbox was built without {broker}: cargo install diesel-inbox --features cli,{feature}"
+    )))
+}
+
+#[cfg(feature = "lapin")]
+async fn to_rabbitmq(url: &str, amqp: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
+    let exchange = options.exchange.clone().unwrap_or_default();
+    let publisher = diesel_inbox::outbox::lapin::Publisher::connect(amqp, exchange);
+    database::relay(url, publisher, options).await
+}
+
+#[cfg(all(not(feature = "lapin"), any(feature = "nats", feature = "kafka")))]
+async fn to_rabbitmq(_: &str, _: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
+    without("RabbitMQ", "lapin")
+}
+
+#[cfg(feature = "nats")]
+async fn to_nats(url: &str, nats: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(nats)
+        .await
+        .map_err(|e| Failure(format!("cannot connect to NATS at {nats}: {e}")))?;
+    let publisher = diesel_inbox::outbox::nats::Publisher::new(async_nats::jetstream::new(client));
+    database::relay(url, publisher, options).await
+}
+
+#[cfg(all(not(feature = "nats"), any(feature = "lapin", feature = "kafka")))]
+async fn to_nats(_: &str, _: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
+    without("NATS", "nats")
+}
+
+/// An idempotent producer (a send librdkafka retries is written once, in
+/// order) to `brokers`.
+#[cfg(feature = "kafka")]
+async fn to_kafka(url: &str, brokers: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .create()
+        .map_err(|e| Failure(format!("cannot create a Kafka producer for {brokers}: {e}")))?;
+    let publisher = diesel_inbox::outbox::kafka::Publisher::new(producer);
+    database::relay(url, publisher, options).await
+}
+
+#[cfg(all(not(feature = "kafka"), any(feature = "lapin", feature = "nats")))]
+async fn to_kafka(_: &str, _: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
+    without("Kafka", "kafka")
+}
+
+/// The relay's pool on the database a URL names.
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+mod database {
+    use crate::cli::RelayArgs;
+    use crate::database::Backend;
+    use crate::Failure;
+    use diesel_async::pooled_connection::deadpool::Pool;
+    use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolableConnection};
+    use diesel_inbox::outbox::{Publish, Relay, RelayPool};
+    use diesel_inbox::AsyncInboxConnection;
+    use std::process::ExitCode;
+
+    /// A small pool (a claim and a status) of `C`s on `url`.
+    #[allow(dead_code)]
+    fn pool<C>(url: &str) -> Result<Pool<C>, Failure>
+    where
+        C: PoolableConnection + AsyncInboxConnection + 'static,
+        for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+            diesel_async::methods::LoadQuery<'a, C, i32>,
+        diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+    {
+        Pool::builder(AsyncDieselConnectionManager::<C>::new(url))
+            .max_size(2)
+            .build()
+            .map_err(|e| Failure(format!("no connection pool: {e}")))
+    }
+
+    /// Runs a relay from the database `url` names to `publisher`.
+    pub(super) async fn relay<P: Publish>(
+        url: &str,
+        publisher: P,
+        options: &RelayArgs,
+    ) -> Result<ExitCode, Failure> {
+        match Backend::of(url)? {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => {
+                run(
+                    pool::<diesel_async::AsyncPgConnection>(url)?,
+                    publisher,
+                    options,
+                )
+                .await
+            }
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => {
+                run(
+                    pool::<diesel_async::AsyncMysqlConnection>(url)?,
+                    publisher,
+                    options,
+                )
+                .await
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(path) => {
+                type Sqlite = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
+                    diesel::SqliteConnection,
+                >;
+                run(pool::<Sqlite>(path)?, publisher, options).await
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(Failure(
+                "this diesel-inbox was built without this database's feature".into(),
+            )),
+        }
+    }
+
+    async fn run<D: RelayPool, P: Publish>(
+        pool: D,
+        publisher: P,
+        options: &RelayArgs,
+    ) -> Result<ExitCode, Failure> {
+        let relay = Relay::new(pool, publisher)
+            .batch_size(options.batch_size)
+            .poll_interval(options.poll_interval)
+            .max_publish_attempts(options.max_publish_attempts);
+        let report = if options.once {
+            relay.run_once().await.map_err(|e| Failure(e.to_string()))?
+        } else {
+            relay
+                .run(stop())
+                .await
+                .map_err(|e| Failure(e.to_string()))?
+        };
+        println!(
+            "published {}, failed {}, dead {}, given back {}",
+            report.published, report.failed, report.dead, report.released
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+
+    /// Resolves at SIGTERM or Ctrl-C.
+    async fn stop() {
+        #[cfg(unix)]
+        {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,320 @@
+//! One record as the runner hands it to the handler ([`Delivery`]): its
+//! id, its position and its settlement; and the stream of them
+//! ([`Deliveries`]).
+
+use super::partitions::{Lanes, Record, Shared, LANE_BUFFER};
+use crate::brokers::{usable_id, BrokerError, Inbound, Settlement};
+use futures_util::Stream;
+use inbox_runtime::__private::{Position, Verdict};
+use rdkafka::consumer::{ConsumerContext, DefaultConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers, Message as _};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// The message's id: the `header`'s value when the message has it, else
+/// `topic/partition/offset`; a valid inbox key either way.
+pub fn message_id(message: &BorrowedMessage<'_>, header: &str) -> Result<String, BrokerError> {
+    id_of(message, header).map_err(|why| BrokerError::NoMessageId { why })
+}
+
+pub(super) fn id_of(message: &BorrowedMessage<'_>, header: &str) -> Result<String, String> {
+    let from_header = message.headers().and_then(|headers| {
+        headers
+            .iter()
+            .find(|h| h.key == header)
+            .map(|h| h.value.map(|v| String::from_utf8(v.to_vec())))
+    });
+    match from_header {
+        Some(Some(Ok(id))) => usable_id(Some(&id), &format!("{header} header")),
+        Some(Some(Err(_))) => Err(format!("the {header} header is not UTF-8")),
+        Some(None) => Err(format!("the {header} header has no value")),
+        None => usable_id(
+            Some(&format!(
+                "{}/{}/{}",
+                message.topic(),
+                message.partition(),
+                message.offset()
+            )),
+            "topic, partition and offset",
+        ),
+    }
+}
+
+/// A message handed to the runner.
+pub struct Delivery<C: ConsumerContext + 'static = DefaultConsumerContext> {
+    pub(super) record: Arc<Record>,
+    pub(super) floor: Option<i64>,
+    pub(super) verdict: Mutex<Option<Verdict>>,
+    pub(super) shared: Arc<Shared<C>>,
+}
+
+impl<C: ConsumerContext> std::fmt::Debug for Delivery<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("record", &self.record)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: ConsumerContext> crate::brokers::Sealed for Delivery<C> {}
+
+impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
+    // Kafka has no redelivery of one message: the runner holds a retry
+    // for its backoff, then hands it out again.
+    const HOLDS_RETRIES: bool = true;
+    // A dead letter skips the message: only permanent errors do.
+    const LIMITS_DELIVERIES: bool = false;
+
+    fn message_id(&self) -> Result<String, BrokerError> {
+        self.record
+            .id
+            .clone()
+            .map_err(|why| BrokerError::NoMessageId { why })
+    }
+
+    fn deliveries(&self) -> u32 {
+        self.record.deliveries
+    }
+
+    fn body(&self) -> &[u8] {
+        &self.record.payload
+    }
+
+    fn origin(&self) -> String {
+        format!("{}/{}", self.record.topic, self.record.partition)
+    }
+
+    #[cfg(feature = "otel")]
+    const SYSTEM: &'static str = "kafka";
+
+    #[cfg(feature = "otel")]
+    fn destination(&self) -> String {
+        self.record.topic.to_string()
+    }
+
+    #[cfg(feature = "otel")]
+    fn group(&self) -> Option<String> {
+        super::ffi::config(&self.shared.consumer, "group.id")
+    }
+
+    #[cfg(feature = "otel")]
+    fn headers_named(&self, names: &[String]) -> Vec<(String, String)> {
+        let mut found = self.record.trace.clone();
+        found.retain(|(name, _)| names.iter().any(|n| n.eq_ignore_ascii_case(name)));
+        found
+    }
+
+    fn position(&self) -> Option<Position> {
+        Some(Position {
+            topic: self.record.topic.to_string(),
+            partition: self.record.partition,
+            offset: self.record.offset,
+            floor: self.floor,
+        })
+    }
+
+    fn fenced(&self, verdict: Option<Verdict>) {
+        *self.verdict.lock().unwrap_or_else(|e| e.into_inner()) = verdict;
+    }
+
+    async fn settle(&self, settlement: Settlement, _delay: Duration) -> Result<(), BrokerError> {
+        let verdict = self
+            .verdict
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let record = &self.record;
+        let (topic, partition) = (&*record.topic, record.partition);
+        let shared = &self.shared;
+        let mut lanes = shared.lanes();
+        let Lanes {
+            lanes: all,
+            ready,
+            waker,
+        } = &mut *lanes;
+        let lane = all.entry((record.topic.clone(), partition)).or_default();
+        lane.busy = false;
+        match (settlement, verdict) {
+            (Settlement::Retry, _) => {
+                // Handed out again, first.
+                lane.pending.push_front(Arc::new(Record {
+                    topic: record.topic.clone(),
+                    partition,
+                    offset: record.offset,
+                    payload: record.payload.clone(),
+                    id: record.id.clone(),
+                    deliveries: record.deliveries.saturating_add(1),
+                    #[cfg(feature = "otel")]
+                    trace: record.trace.clone(),
+                }));
+            }
+            // The stored position is elsewhere: continue from it. What was
+            // received past this message came from before the seek.
+            (Settlement::Ack, Some(Verdict::Passed(to) | Verdict::Behind(to))) => {
+                lane.pending.clear();
+                lane.received = None;
+                lane.start = Some(to);
+                shared.seek(topic, partition, to);
+                if matches!(verdict, Some(Verdict::Passed(_))) {
+                    shared.commit(topic, partition, to);
+                }
+                tracing::debug!(target: "diesel_inbox", topic, partition, offset = record.offset, stored = to, "diesel-inbox: the stored position is elsewhere; continuing from it");
+            }
+            // Applied, a duplicate, or dead-lettered: the partition moves on.
+            (Settlement::Ack | Settlement::DeadLetter, _) => {
+                if settlement == Settlement::DeadLetter {
+                    tracing::warn!(target: "diesel_inbox", topic, partition, offset = record.offset, "diesel-inbox: the partition moves past a dead-lettered message; it stays in Kafka at this offset");
+                }
+                shared.commit(topic, partition, record.offset + 1);
+                #[cfg(feature = "metrics")]
+                shared.lag(topic, partition, record.offset + 1);
+            }
+        }
+        match lane.pending.pop_front() {
+            Some(next) => {
+                lane.busy = true;
+                ready.push_back(next);
+            }
+            None if lane.paused => {
+                lane.paused = false;
+                shared.pause(topic, partition, false);
+            }
+            None => {}
+        }
+        if let Some(waker) = waker.take() {
+            waker.wake();
+        }
+        Ok(())
+    }
+}
+
+/// The messages of [`Partitions`], as the runner reads them: each
+/// partition's next message only once the one before it is settled.
+#[doc(hidden)]
+pub struct Deliveries<C: ConsumerContext + 'static = DefaultConsumerContext> {
+    pub(super) shared: Arc<Shared<C>>,
+    pub(super) next:
+        Pin<Box<dyn std::future::Future<Output = Result<Arc<Record>, KafkaError>> + Send>>,
+}
+
+/// Receives the next message and owns it.
+pub(super) fn receive<C: ConsumerContext + 'static>(
+    shared: Arc<Shared<C>>,
+) -> Pin<Box<dyn std::future::Future<Output = Result<Arc<Record>, KafkaError>> + Send>> {
+    Box::pin(async move {
+        let message = shared.consumer.recv().await?;
+        Ok(Arc::new(Record {
+            topic: Arc::from(message.topic()),
+            partition: message.partition(),
+            offset: message.offset(),
+            payload: message.payload().unwrap_or_default().to_vec(),
+            id: id_of(&message, &shared.id_header),
+            deliveries: 1,
+            #[cfg(feature = "otel")]
+            trace: trace_headers(&message),
+        }))
+    })
+}
+
+/// The headers of the trace context (the global propagator's fields) a
+/// message carries, as text.
+#[cfg(feature = "otel")]
+pub(super) fn trace_headers(message: &BorrowedMessage<'_>) -> Vec<(String, String)> {
+    let Some(headers) = message.headers() else {
+        return Vec::new();
+    };
+    let names = inbox_runtime::__private::otel::fields();
+    headers
+        .iter()
+        .filter(|h| names.iter().any(|n| n.eq_ignore_ascii_case(h.key)))
+        .filter_map(|h| {
+            let value = std::str::from_utf8(h.value?).ok()?;
+            Some((h.key.to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+impl<C: ConsumerContext + 'static> Deliveries<C> {
+    pub(super) fn deliver(&self, record: Arc<Record>, floor: Option<i64>) -> Delivery<C> {
+        Delivery {
+            record,
+            floor,
+            verdict: Mutex::new(None),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<C: ConsumerContext + 'static> Stream for Deliveries<C> {
+    type Item = Result<Delivery<C>, BrokerError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            {
+                let mut lanes = self.shared.lanes();
+                if let Some(record) = lanes.ready.pop_front() {
+                    let floor = lanes
+                        .lanes
+                        .get(&(record.topic.clone(), record.partition))
+                        .and_then(|lane| lane.start);
+                    drop(lanes);
+                    return Poll::Ready(Some(Ok(self.deliver(record, floor))));
+                }
+                lanes.waker = Some(cx.waker().clone());
+            }
+            let received = match self.next.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(received) => received,
+            };
+            self.next = receive(self.shared.clone());
+            let record = match received {
+                Ok(record) => record,
+                Err(KafkaError::MessageConsumptionFatal(code)) => {
+                    return Poll::Ready(Some(Err(BrokerError::Broker(
+                        KafkaError::MessageConsumptionFatal(code).into(),
+                    ))));
+                }
+                Err(KafkaError::PartitionEOF(_)) => continue,
+                Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) => {
+                    return Poll::Ready(Some(Err(BrokerError::Broker(e.into()))));
+                }
+                Err(e) => {
+                    tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: the Kafka consumer reported an error; going on");
+                    continue;
+                }
+            };
+            let shared = self.shared.clone();
+            let mut lanes = shared.lanes();
+            let lane = lanes
+                .lanes
+                .entry((record.topic.clone(), record.partition))
+                .or_default();
+            // Behind what was received before: the partition was assigned
+            // again (from the committed offset), or librdkafka delivered
+            // an offset twice. What waits from before is stale.
+            if lane.received.is_some_and(|last| record.offset <= last) {
+                lane.pending.retain(|r| r.offset < record.offset);
+                lane.start = Some(record.offset);
+            }
+            if lane.start.is_none() {
+                lane.start = Some(record.offset);
+            }
+            lane.received = Some(record.offset);
+            if lane.busy {
+                lane.pending.push_back(record.clone());
+                if lane.pending.len() >= LANE_BUFFER && !lane.paused {
+                    lane.paused = true;
+                    shared.pause(&record.topic, record.partition, true);
+                }
+                continue;
+            }
+            lane.busy = true;
+            let floor = lane.start;
+            drop(lanes);
+            return Poll::Ready(Some(Ok(self.deliver(record, floor))));
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The runner's source: the partitions the group assigned, a lane of
+//! waiting records per partition (paused when full), Kafka's committed
+//! offsets kept in step with the database's positions, and the backlog.
+
+use crate::brokers::BrokerError;
+use rdkafka::consumer::{
+    CommitMode, Consumer as _, ConsumerContext, DefaultConsumerContext, StreamConsumer,
+};
+use rdkafka::error::KafkaError;
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+use std::time::Duration;
+
+use super::delivery::{receive, Deliveries, Delivery};
+use super::ffi;
+
+/// How long a seek may take (a local operation of librdkafka's).
+pub(super) const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many messages of one partition wait in the runner while the one
+/// before them runs, before the partition is paused (librdkafka then drops
+/// what it fetched past them, and fetches again from after the last one
+/// when resumed).
+pub(super) const LANE_BUFFER: usize = 256;
+
+/// The partitions a [`Consumer`] reads: the user's consumer and the state
+/// of each partition's lane.
+pub struct Partitions<C: ConsumerContext + 'static = DefaultConsumerContext> {
+    pub(super) shared: Arc<Shared<C>>,
+    /// When the runner opened it, and whether the group has assigned it a
+    /// partition since: until then its backlog is unknown, not empty.
+    pub(super) opened: Option<std::time::Instant>,
+    pub(super) assigned: bool,
+}
+
+/// How long a runner with [`exit_when_idle`](crate::brokers::Consumer::exit_when_idle)
+/// waits for its group to assign it a partition before it counts an empty
+/// assignment as nothing left (a group with more members than partitions
+/// leaves some without any). A first join, or one after a member left
+/// without leaving the group, can take the group's session timeout (45 s
+/// by default).
+pub const GROUP_JOIN_WAIT: Duration = Duration::from_secs(60);
+
+impl<C: ConsumerContext> std::fmt::Debug for Partitions<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Partitions")
+            .field("id_header", &self.shared.id_header)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(super) struct Shared<C: ConsumerContext + 'static> {
+    pub(super) consumer: StreamConsumer<C>,
+    pub(super) id_header: String,
+    pub(super) lanes: Mutex<Lanes>,
+}
+
+impl<C: ConsumerContext> Partitions<C> {
+    pub(super) fn new(consumer: StreamConsumer<C>, id_header: &str) -> Self {
+        Partitions {
+            shared: Arc::new(Shared {
+                consumer,
+                id_header: id_header.to_owned(),
+                lanes: Mutex::new(Lanes::default()),
+            }),
+            opened: None,
+            assigned: false,
+        }
+    }
+
+    /// Sets the id header, before the runner shares the state.
+    pub(super) fn set_id_header(&mut self, name: String) {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.id_header = name;
+        }
+    }
+}
+
+impl<C: ConsumerContext> Shared<C> {
+    pub(super) fn lanes(&self) -> MutexGuard<'_, Lanes> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn pause(&self, topic: &str, partition: i32, pause: bool) {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(topic, partition);
+        let done = match pause {
+            true => self.consumer.pause(&list),
+            false => self.consumer.resume(&list),
+        };
+        if let Err(e) = done {
+            tracing::debug!(target: "diesel_inbox", topic, partition, error = %e, "diesel-inbox: pausing or resuming a partition failed (revoked?)");
+        }
+    }
+
+    /// Commits `next` as the partition's offset in Kafka (for lag tools),
+    /// without waiting.
+    pub(super) fn commit(&self, topic: &str, partition: i32, next: i64) {
+        let mut list = TopicPartitionList::new();
+        if list
+            .add_partition_offset(topic, partition, Offset::Offset(next))
+            .is_err()
+        {
+            return;
+        }
+        if let Err(e) = self.consumer.commit(&list, CommitMode::Async) {
+            tracing::debug!(target: "diesel_inbox", topic, partition, next, error = %e, "diesel-inbox: committing the Kafka offset failed (the database's position stands)");
+        }
+    }
+
+    /// Sets the lag gauge of the partition from librdkafka's cached high
+    /// watermark (no request to the broker), `next` being the runner's
+    /// position.
+    #[cfg(feature = "metrics")]
+    pub(super) fn lag(&self, topic: &str, partition: i32, next: i64) {
+        let Ok(name) = std::ffi::CString::new(topic) else {
+            return;
+        };
+        if let Some(high) = ffi::high_watermark(&self.consumer, &name, partition) {
+            inbox_runtime::__private::kafka_lag(topic, partition, (high - next).max(0));
+        }
+    }
+
+    pub(super) fn seek(&self, topic: &str, partition: i32, to: i64) {
+        if let Err(e) = self
+            .consumer
+            .seek(topic, partition, Offset::Offset(to), SEEK_TIMEOUT)
+        {
+            tracing::warn!(target: "diesel_inbox", topic, partition, offset = to, error = %e, "diesel-inbox: seeking the partition to the database's position failed (revoked?)");
+        }
+    }
+}
+
+/// Every partition's lane, and the messages ready to hand out.
+#[derive(Default)]
+pub(super) struct Lanes {
+    pub(super) lanes: HashMap<(Arc<str>, i32), Lane>,
+    /// The next message of lanes that are free, oldest lane first.
+    pub(super) ready: VecDeque<Arc<Record>>,
+    /// The stream's task, woken when a message becomes ready.
+    pub(super) waker: Option<Waker>,
+}
+
+/// One partition: at most one message handed out at a time.
+#[derive(Default)]
+pub(super) struct Lane {
+    /// A message of this partition is being handled.
+    pub(super) busy: bool,
+    /// Messages received while it was, in offset order (at most
+    /// [`LANE_BUFFER`]: the partition is paused then).
+    pub(super) pending: VecDeque<Arc<Record>>,
+    pub(super) paused: bool,
+    /// The offset of the last message received.
+    pub(super) received: Option<i64>,
+    /// Where the current contiguous run of received messages began (the
+    /// first message received, or where the runner sought to): the lowest
+    /// stored position the fence accepts.
+    pub(super) start: Option<i64>,
+}
+
+/// A received message, owned.
+#[derive(Debug)]
+pub(super) struct Record {
+    pub(super) topic: Arc<str>,
+    pub(super) partition: i32,
+    pub(super) offset: i64,
+    pub(super) payload: Vec<u8>,
+    pub(super) id: Result<String, String>,
+    pub(super) deliveries: u32,
+    /// The trace context's headers (feature `otel`).
+    #[cfg(feature = "otel")]
+    pub(super) trace: Vec<(String, String)>,
+}
+
+impl<C: ConsumerContext> crate::brokers::Sealed for Partitions<C> {}
+
+impl<C: ConsumerContext + 'static> crate::brokers::Source for Partitions<C> {
+    type Message = Delivery<C>;
+    type Deliveries = Deliveries<C>;
+
+    fn name(&self) -> String {
+        let topics: Vec<String> = match self.shared.consumer.subscription() {
+            Ok(list) => list
+                .elements()
+                .iter()
+                .map(|e| e.topic().to_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        format!("kafka:{}", topics.join(","))
+    }
+
+    async fn open(&mut self, _prefetch: usize) -> Result<Deliveries<C>, BrokerError> {
+        for setting in ["enable.auto.commit", "enable.auto.offset.store"] {
+            match ffi::config(&self.shared.consumer, setting).as_deref() {
+                Some("false") => {}
+                found => {
+                    return Err(BrokerError::Config(format!(
+                        "the Kafka consumer has `{setting}` = {}: the runner commits each partition's offset itself, after the database; set `{setting}` to \"false\"",
+                        found.unwrap_or("(unreadable)")
+                    )))
+                }
+            }
+        }
+        self.opened.get_or_insert_with(std::time::Instant::now);
+        Ok(Deliveries {
+            shared: self.shared.clone(),
+            next: receive(self.shared.clone()),
+        })
+    }
+
+    async fn stop(&mut self, _deliveries: &mut Deliveries<C>) {
+        // The consumer is yours: it leaves its group when you drop it.
+    }
+
+    async fn backlog(&mut self) -> Result<u64, BrokerError> {
+        let shared = self.shared.clone();
+        let (left, assigned) = tokio::task::spawn_blocking(move || backlog(&shared))
+            .await
+            .map_err(|e| BrokerError::Broker(e.into()))??;
+        self.assigned |= assigned;
+        let subscribed = self
+            .shared
+            .consumer
+            .subscription()
+            .is_ok_and(|list| list.count() > 0);
+        let joining = self
+            .opened
+            .is_some_and(|opened| opened.elapsed() < GROUP_JOIN_WAIT);
+        match !self.assigned && subscribed && joining {
+            // Not assigned yet: what is left is unknown, not nothing.
+            true => Ok(left.max(1)),
+            false => Ok(left),
+        }
+    }
+
+    fn can_reconnect(&self) -> bool {
+        true
+    }
+
+    async fn reconnect(&mut self) -> Result<(), BrokerError> {
+        // librdkafka reconnects by itself.
+        Ok(())
+    }
+}
+
+/// Messages of the assigned partitions not handled yet: the high
+/// watermark less the position, per partition (transaction markers count);
+/// and whether any partition is assigned.
+pub(super) fn backlog<C: ConsumerContext + 'static>(
+    shared: &Shared<C>,
+) -> Result<(u64, bool), BrokerError> {
+    let consumer = &shared.consumer;
+    let broker = |e: KafkaError| BrokerError::Broker(e.into());
+    let positions = consumer.position().map_err(broker)?;
+    let waiting: u64 = shared
+        .lanes()
+        .lanes
+        .values()
+        .map(|lane| lane.pending.len() as u64)
+        .sum();
+    let mut left = waiting;
+    for element in positions.elements() {
+        let (low, high) = consumer
+            .fetch_watermarks(element.topic(), element.partition(), Duration::from_secs(5))
+            .map_err(broker)?;
+        let at = match element.offset() {
+            Offset::Offset(at) => at,
+            _ => low,
+        };
+        let lag = (high - at).max(0);
+        inbox_runtime::__private::kafka_lag(element.topic(), element.partition(), lag);
+        left += lag as u64;
+    }
+    Ok((left, positions.count() > 0))
+}
