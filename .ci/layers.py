@@ -25,7 +25,7 @@ MAX_LINES = 800
 # Top first. A module imports only from layers below its own, and, within
 # its layer, from the modules listed after it.
 LAYERS = [
-    ("facade", ("lib", "__private")),
+    ("facade", ("lib", "__private", "__facade", "__testing")),
     ("operations", (
         "outbox", "outbox::message", "outbox::operations", "outbox::relay", "outbox::notify",
         "outbox::statements", "outbox::headers", "outbox::id",
@@ -55,6 +55,8 @@ def module_of(path):
         parts = parts[:-1]
     if parts == ["private"]:
         return "__private"
+    if parts in (["facade"], ["testing"]):
+        return "__" + parts[0]
     return "::".join(parts)
 
 

@@ -288,7 +288,7 @@ pub use inbox_runtime::{
 };
 
 #[doc(hidden)]
-pub use inbox_runtime::__private;
+pub use inbox_runtime::{__private, __testing};
 
 pub mod guide;
 pub mod outbox;

@@ -70,7 +70,7 @@ fn cli_contract<B: TestBackend>() {
     for n in 0..5 {
         claim(&mut conn, "mailer", &format!("mail-{n}"));
     }
-    let two_days_ago = diesel_inbox::__private::cutoff_sql::<<B::Conn as Connection>::Backend>(
+    let two_days_ago = diesel_inbox::__testing::cutoff_sql::<<B::Conn as Connection>::Backend>(
         Duration::from_secs(2 * 86_400),
     );
     conn.batch_execute(&format!(

@@ -337,7 +337,7 @@ macro_rules! orders_access {
             type B = <$Conn as diesel::Connection>::Backend;
             // The relay's own settings (PostgreSQL: no JIT, no wait for the
             // WAL flush).
-            let (setup, now, skip_locked) = diesel_inbox::__private::relay_sql::<B>();
+            let (setup, now, skip_locked) = diesel_inbox::__testing::relay_sql::<B>();
             if let Some(setup) = setup {
                 diesel::connection::SimpleConnection::batch_execute(conn, setup)?;
             }

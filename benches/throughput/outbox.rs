@@ -547,7 +547,7 @@ fn notify_cost<B: Bench>(url: &str, args: &Args) -> Result<Option<String>, Strin
 /// Also the capture alone, timed over a million calls in this thread.
 #[cfg(feature = "otel")]
 fn trace_cost<B: Bench>(url: &str, args: &Args) -> Result<Option<String>, String> {
-    use diesel_inbox::__private::otel;
+    use diesel_inbox::__testing::otel;
     const CALLS: u32 = 1_000_000;
     let began = Instant::now();
     for _ in 0..CALLS {

@@ -108,3 +108,11 @@ pub use transaction::InboxConnection;
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
+
+#[doc(hidden)]
+#[path = "facade.rs"]
+pub mod __facade;
+
+#[doc(hidden)]
+#[path = "testing.rs"]
+pub mod __testing;

@@ -221,7 +221,7 @@ impl<E: HasInboxError> Policy<E> {
     /// assert!(policy.retry_delay_for(50) <= Duration::from_secs(2));
     /// ```
     pub fn retry_delay_for(&self, deliveries: u32) -> Duration {
-        inbox_runtime::__private::backoff(self.retry_delay, self.max_retry_delay, deliveries)
+        inbox_runtime::__facade::backoff(self.retry_delay, self.max_retry_delay, deliveries)
     }
 
     /// What to do with a message delivered `deliveries` times (this one
@@ -331,12 +331,12 @@ pub trait Inbound: Sealed {
     /// Its stream position, for a broker whose positions the handler's
     /// transaction keeps (Kafka): the first inbox call of the handler
     /// moves it behind the fence.
-    fn position(&self) -> Option<inbox_runtime::__private::Position> {
+    fn position(&self) -> Option<inbox_runtime::__facade::Position> {
         None
     }
     /// What the fence found, told before [`settle`](Self::settle) (`None`:
     /// no inbox call moved the position).
-    fn fenced(&self, verdict: Option<inbox_runtime::__private::Verdict>) {
+    fn fenced(&self, verdict: Option<inbox_runtime::__facade::Verdict>) {
         let _ = verdict;
     }
     /// `messaging.system` on the consumer span (feature `otel`).
@@ -404,7 +404,7 @@ where
         Ok(id) => id,
         Err(e) => {
             let settled = message.settle(Settlement::DeadLetter, Duration::ZERO).await;
-            inbox_runtime::__private::consumer_settled(
+            inbox_runtime::__facade::consumer_settled(
                 consumer,
                 settled_label(&settled, Settlement::DeadLetter),
             );
@@ -414,12 +414,12 @@ where
         }
     };
     let deliveries = message.deliveries();
-    let call = inbox_runtime::__private::settled_by_caller(handler(&id, message.body()));
+    let call = inbox_runtime::__facade::settled_by_caller(handler(&id, message.body()));
     // The handler runs in a consumer span, the child of the context the
     // message carries.
     #[cfg(feature = "otel")]
     let call = {
-        use inbox_runtime::__private::otel;
+        use inbox_runtime::__facade::otel;
         let (destination, group) = (message.destination(), message.group());
         let messaging = otel::Messaging {
             system: Some(M::SYSTEM),
@@ -432,7 +432,7 @@ where
     let outcome = match message.position() {
         None => call.await,
         Some(position) => {
-            let (outcome, verdict) = inbox_runtime::__private::at_position(position, call).await;
+            let (outcome, verdict) = inbox_runtime::__facade::at_position(position, call).await;
             message.fenced(verdict);
             outcome
         }
@@ -453,7 +453,7 @@ where
         }
     }
     let settled = message.settle(settlement, delay).await;
-    inbox_runtime::__private::consumer_settled(consumer, settled_label(&settled, settlement));
+    inbox_runtime::__facade::consumer_settled(consumer, settled_label(&settled, settlement));
     match (&settled, settlement, &outcome) {
         (Err(e), _, _) => {
             tracing::warn!(target: "diesel_inbox", message_id = %id, consumer, error = %e, "diesel-inbox: the broker did not take the settlement; it will redeliver the message");

@@ -8,7 +8,7 @@ use super::problem;
 use super::stored::{capture, Replay, StoredResponse};
 use bytes::Bytes;
 use http::{HeaderName, Response};
-use inbox_runtime::__private::{caught, describe_panic, Codec, HttpTelemetry};
+use inbox_runtime::__facade::{caught, describe_panic, Codec, HttpTelemetry};
 use inbox_runtime::{AsyncBody, AsyncInboxConnection, Fingerprint, Inbox, InboxError, Stored};
 use std::time::Duration;
 use tracing::Instrument;

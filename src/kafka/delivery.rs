@@ -5,7 +5,7 @@
 use super::partitions::{Lanes, Record, Shared, LANE_BUFFER};
 use crate::brokers::{usable_id, BrokerError, Inbound, Settlement};
 use futures_util::Stream;
-use inbox_runtime::__private::{Position, Verdict};
+use inbox_runtime::__facade::{Position, Verdict};
 use rdkafka::consumer::{ConsumerContext, DefaultConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message as _};
@@ -226,7 +226,7 @@ pub(super) fn trace_headers(message: &BorrowedMessage<'_>) -> Vec<(String, Strin
     let Some(headers) = message.headers() else {
         return Vec::new();
     };
-    let names = inbox_runtime::__private::otel::fields();
+    let names = inbox_runtime::__facade::otel::fields();
     headers
         .iter()
         .filter(|h| names.iter().any(|n| n.eq_ignore_ascii_case(h.key)))

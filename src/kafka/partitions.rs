@@ -119,7 +119,7 @@ impl<C: ConsumerContext> Shared<C> {
             return;
         };
         if let Some(high) = ffi::high_watermark(&self.consumer, &name, partition) {
-            inbox_runtime::__private::kafka_lag(topic, partition, (high - next).max(0));
+            inbox_runtime::__facade::kafka_lag(topic, partition, (high - next).max(0));
         }
     }
 
@@ -271,7 +271,7 @@ pub(super) fn backlog<C: ConsumerContext + 'static>(
             _ => low,
         };
         let lag = (high - at).max(0);
-        inbox_runtime::__private::kafka_lag(element.topic(), element.partition(), lag);
+        inbox_runtime::__facade::kafka_lag(element.topic(), element.partition(), lag);
         left += lag as u64;
     }
     Ok((left, positions.count() > 0))

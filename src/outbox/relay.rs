@@ -6,7 +6,7 @@
 
 use super::pool::RelayPool;
 use super::publish::{Publish, PublishError};
-use inbox_runtime::__private::backoff;
+use inbox_runtime::__facade::backoff;
 use inbox_runtime::outbox::{self as steps, PublishOutcome};
 use inbox_runtime::InboxError;
 use std::future::Future;
@@ -446,7 +446,7 @@ where
             match steps::step_async(&mut *conn, &settle, next).await {
                 Err(InboxError::Database(e))
                     if attempt < STEP_ATTEMPTS
-                        && inbox_runtime::__private::is_transient::<Backend<D>>(&e) =>
+                        && inbox_runtime::__facade::is_transient::<Backend<D>>(&e) =>
                 {
                     drop(conn);
                     tokio::time::sleep(OUTAGE_DELAY / 10 * attempt).await;
@@ -475,7 +475,7 @@ where
             .messages
             .iter_mut()
             .map(|message| {
-                use inbox_runtime::__private::otel;
+                use inbox_runtime::__facade::otel;
                 let messaging = otel::Messaging {
                     system: self.publisher.messaging_system(),
                     destination: &message.destination,
@@ -516,7 +516,7 @@ where
         #[cfg(feature = "otel")]
         for (send, outcome) in sends.iter().zip(&outcomes) {
             if *outcome != PublishOutcome::Published {
-                inbox_runtime::__private::otel::failed(send);
+                inbox_runtime::__facade::otel::failed(send);
             }
         }
         tracing::debug!(

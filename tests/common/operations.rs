@@ -29,7 +29,7 @@ fn fresh_session<M: Mode>(test: &str) -> Option<(M, super::TestDb)> {
 /// `age`, with the backend's own clock expression (the claim's default).
 fn backdate<M: Mode>(session: &mut M, consumer: &str, prefix: &str, age: Duration) {
     type Backend<M> = <<<M as Mode>::B as TestBackend>::Conn as Connection>::Backend;
-    let when = diesel_inbox::__private::cutoff_sql::<Backend<M>>(age);
+    let when = diesel_inbox::__testing::cutoff_sql::<Backend<M>>(age);
     session
         .check()
         .batch_execute(&format!(
@@ -231,7 +231,7 @@ pub fn purge_also_deletes_old_failure_counts<M: Mode>() {
         assert!(s.flaky(m, &runs, Fail::Error).is_some_and(|o| o.is_err()));
     }
     type Backend<M> = <<<M as Mode>::B as TestBackend>::Conn as Connection>::Backend;
-    let when = diesel_inbox::__private::cutoff_sql::<Backend<M>>(2 * DAY);
+    let when = diesel_inbox::__testing::cutoff_sql::<Backend<M>>(2 * DAY);
     s.check()
         .batch_execute(&format!(
             "UPDATE inbox_attempts SET updated_at = {when} WHERE message_id = '{}'",

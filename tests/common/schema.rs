@@ -205,7 +205,7 @@ pub fn version_1_table_is_upgraded_in_place<C>(
     };
     let mut conn = open(&db);
     conn.batch_execute(legacy_ddl).expect("the version 1 table");
-    conn.batch_execute(&diesel_inbox::__private::record_version::<C::Backend>(1))
+    conn.batch_execute(&diesel_inbox::__testing::record_version::<C::Backend>(1))
         .expect("record version 1");
     assert_eq!(
         diesel_inbox::schema_version(&mut conn).expect("version"),
@@ -279,7 +279,7 @@ pub fn version_2_is_upgraded_with_the_outbox<C>(
         .expect("drop the outbox");
     conn.batch_execute("DROP TABLE inbox_positions")
         .expect("drop the positions");
-    conn.batch_execute(&diesel_inbox::__private::record_version::<C::Backend>(2))
+    conn.batch_execute(&diesel_inbox::__testing::record_version::<C::Backend>(2))
         .expect("record version 2");
     assert_eq!(
         diesel_inbox::schema_version(&mut conn).expect("version"),

@@ -448,7 +448,7 @@ impl Backend {
     /// calls it: a position moves forward only, a gap is admitted only
     /// above the runner's floor, and a duplicate moves it too.
     fn fence(&self, env: &Env) -> Check {
-        use diesel_inbox::__private::{Position, Verdict};
+        use diesel_inbox::__testing::{Position, Verdict};
         let topic = format!("fence-{}", env.run);
         let at = |offset: i64, floor: Option<i64>| Position {
             topic: topic.clone(),
@@ -1080,10 +1080,10 @@ async fn apply_at<D: Db>(
     url: &str,
     topic: &str,
     key: &str,
-    position: diesel_inbox::__private::Position,
+    position: diesel_inbox::__testing::Position,
 ) -> (
     Result<bool, String>,
-    Option<diesel_inbox::__private::Verdict>,
+    Option<diesel_inbox::__testing::Verdict>,
 ) {
     let call = async {
         let pool = D::pool(url.to_owned())?;
@@ -1096,7 +1096,7 @@ async fn apply_at<D: Db>(
             .map_err(|e: diesel::result::Error| e.to_string())?;
         Ok(done == diesel_inbox::Processed::Applied(()))
     };
-    diesel_inbox::__private::at_position(position, call).await
+    diesel_inbox::__testing::at_position(position, call).await
 }
 
 type PgConn = PgConnOf;

@@ -34,12 +34,11 @@ pub(super) fn decode_headers(bytes: Option<&[u8]>) -> Vec<(String, String)> {
 
 /// A new UUIDv7 (RFC 9562) in its text form: 48 bits of Unix milliseconds,
 
-#[cfg(test)]
+#[cfg(all(test, feature = "async"))]
 mod tests {
     use super::*;
 
     #[test]
-    #[cfg(feature = "async")]
     fn headers_round_trip() {
         let headers = vec![
             ("content-type".to_owned(), "application/json".to_owned()),
