@@ -274,8 +274,7 @@ pub use inbox_runtime::{
     Batch, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox,
     InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey, Outcome,
     Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored, StoredResult,
-    StreamPosition, TableProblem, DEFAULT_RETRIES, DEFAULT_SLEEP_COEF, MAX_KEY_BYTES,
-    MAX_PURGE_BATCH, SCHEMA_VERSION,
+    StreamPosition, TableProblem, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.

@@ -10,8 +10,7 @@ use diesel_inbox::{
     validate_key, Attempts, Batch, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver,
     Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey,
     InvalidKey, Outcome, Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored,
-    StoredResult, StreamPosition, TableProblem, DEFAULT_RETRIES, DEFAULT_SLEEP_COEF, MAX_KEY_BYTES,
-    MAX_PURGE_BATCH, SCHEMA_VERSION,
+    StoredResult, StreamPosition, TableProblem, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
 };
 
 #[allow(unused_imports)]
@@ -43,14 +42,12 @@ use diesel_inbox::outbox::{
 #[cfg(feature = "relay")]
 #[allow(unused_imports)]
 use diesel_inbox::outbox::{
-    Publish, PublishError, Relay, RelayError, RelayPool, RelayReport, DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY,
-    OUTAGE_DELAY, RETRY_DELAY,
+    ErrorSource, Publish, PublishError, Relay, RelayError, RelayPool, RelayReport,
 };
 
 #[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 #[allow(unused_imports)]
-use diesel_inbox::brokers::{BrokerError, Handled, Policy, Settlement, DEFAULT_MAX_DELIVERIES};
+use diesel_inbox::brokers::{BrokerError, Handled, Policy, Settlement};
 
 #[cfg(feature = "kafka")]
 #[allow(unused_imports)]

@@ -64,8 +64,8 @@ struct Cli {
     #[arg(long, default_value_t = 0)]
     purge_pause_ms: usize,
     /// The purge's duty cycle: a pause of this many times each batch's
-    /// duration [default: the library's DEFAULT_SLEEP_COEF].
-    #[arg(long, default_value_t = diesel_inbox::DEFAULT_SLEEP_COEF)]
+    /// duration (the library's default, `Purge::sleep_coef`'s docs).
+    #[arg(long, default_value_t = 6.0)]
     purge_sleep_coef: f64,
     /// The outbox relay: msgs/s against a hand-written relay and the
     /// broker alone, and commit-to-delivery latency at a steady rate

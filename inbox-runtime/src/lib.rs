@@ -81,7 +81,7 @@ pub use backend::{ddl, InboxBackend, SCHEMA_VERSION};
 pub use error::{InboxError, TableProblem};
 pub use fingerprint::Fingerprint;
 pub use handler::{consumers, RegisteredHandler};
-pub use inbox::{Inbox, DEFAULT_RETRIES};
+pub use inbox::Inbox;
 pub use inbox_macros::idempotent;
 pub use key::{validate_key, InboxKey, InvalidKey, MAX_KEY_BYTES};
 #[cfg(feature = "async")]
@@ -90,7 +90,7 @@ pub use migrate::{migrate, schema_version};
 pub use observe::ErrorObserver;
 pub use ops::{
     attempts, attempts_list, forget, positions, purge, stats, status, Purge, PurgeReport,
-    StreamPosition, DEFAULT_SLEEP_COEF, MAX_PURGE_BATCH,
+    StreamPosition, MAX_PURGE_BATCH,
 };
 #[cfg(feature = "async")]
 pub use ops::{

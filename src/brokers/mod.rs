@@ -10,10 +10,7 @@ use crate::{validate_key, InboxError, InvalidKey, Outcome};
 use std::time::Duration;
 
 pub(crate) mod runner;
-pub use runner::{
-    Consumer, RunReport, Source, HEALTH_PROBE_TIMEOUT, MAX_PROBE_INTERVAL, MAX_RECONNECT_DELAY,
-    PROBE_INTERVAL, RECONNECT_DELAY,
-};
+pub use runner::{Consumer, RunReport, Source};
 pub(crate) use runner::{Holds, Sealed};
 
 /// What to tell the broker about a message.
@@ -34,7 +31,7 @@ pub enum Settlement {
 /// The safety-net delivery limit of a new [`Policy`]: with the default
 /// backoff, 20 deliveries of a failing message span 7 to 14 minutes, so a
 /// database outage shorter than that dead-letters nothing.
-pub const DEFAULT_MAX_DELIVERIES: u32 = 20;
+pub(crate) const DEFAULT_MAX_DELIVERIES: u32 = 20;
 
 /// A handler error type that can hold an [`InboxError`]: where it keeps
 /// one, so that the inbox's permanent refusals ([`is_inbox_permanent`]:
@@ -154,7 +151,7 @@ impl<E: HasInboxError> Policy<E> {
     /// are permanent whatever it says ([`is_inbox_permanent`]): a key
     /// reused with other content, attempts exhausted, an invalid key,
     /// found in the error through [`HasInboxError`]. A safety-net delivery
-    /// limit of [`DEFAULT_MAX_DELIVERIES`]; a first retry delay of 1 s,
+    /// limit of 20 deliveries; a first retry delay of 1 s,
     /// doubled per delivery up to 60 s.
     pub fn new(permanent: impl Fn(&E) -> bool + Send + Sync + 'static) -> Self {
         Policy {
@@ -171,7 +168,9 @@ impl<E: HasInboxError> Policy<E> {
     /// Every delivery counts, whatever failed, a database outage's too: it
     /// is a safety net, not the poison limit, which is the handler's
     /// `max_attempts` (body failures only, guide: brokers). Keep it well
-    /// above `max_attempts`; the default is [`DEFAULT_MAX_DELIVERIES`].
+    /// above `max_attempts`; the default is 20: with the default backoff,
+    /// 20 deliveries of a failing message span 7 to 14 minutes, so a
+    /// database outage shorter than that dead-letters nothing.
     pub fn max_deliveries(mut self, n: u32) -> Self {
         self.max_deliveries = Some(n);
         self

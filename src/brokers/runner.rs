@@ -22,17 +22,17 @@ type Probing = Pin<Box<dyn Future<Output = Result<bool, tokio::time::error::Elap
 
 /// The first wait between two health probes while intake is paused; each
 /// failed probe doubles it, up to [`MAX_PROBE_INTERVAL`].
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// The longest wait between two health probes while intake is paused:
 /// intake resumes at most about this long (plus one probe) after the
 /// database is back.
-pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a health probe may take (default of
 /// [`health_probe_timeout`](Consumer::health_probe_timeout)): one that has
 /// not answered by then has failed. A database that accepts connections
 /// and answers nothing (a stalled server, a blackholed route) never fails a
 /// pool's `get` by itself.
-pub const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What every broker's consumer runner is configured with.
 pub(crate) struct Runner<E> {
@@ -142,9 +142,8 @@ pub trait Sealed {}
 /// - After a transient failure, a [`health_probe`](Self::health_probe)
 ///   runs beside the deliveries in flight, under a time limit
 ///   ([`health_probe_timeout`](Self::health_probe_timeout), default
-///   [`HEALTH_PROBE_TIMEOUT`]); while it fails, no new delivery is taken,
-///   and it is run again after [`PROBE_INTERVAL`], doubling up to
-///   [`MAX_PROBE_INTERVAL`]. When it succeeds again, intake resumes and
+///   5 s); while it fails, no new delivery is taken, and it is run again
+///   after 250 ms, doubling up to 1 s (with jitter). When it succeeds again, intake resumes and
 ///   the retries held for their backoff (RabbitMQ) are given back at once.
 ///   During a database outage the deliveries wait instead of cycling
 ///   through the broker towards its delivery limit.
@@ -161,7 +160,7 @@ pub trait Sealed {}
 ///   broker has nothing left for it (drain, then exit).
 /// - The runner reconnects: if the broker connection fails, `run` finishes
 ///   what is in flight and connects again with a backoff
-///   ([`RECONNECT_DELAY`] doubling up to [`MAX_RECONNECT_DELAY`]); nothing
+///   (0.5 s doubling up to 30 s, with jitter); nothing
 ///   unacked is lost. `lapin::Consumer::connect` and every
 ///   `nats::Consumer` do; a RabbitMQ runner made on a channel of yours
 ///   (`lapin::Consumer::new`) cannot, and returns [`BrokerError::Broker`].
@@ -225,7 +224,7 @@ impl<S, E> Consumer<S, E> {
     }
 
     /// How long a health probe may take before it counts as failed
-    /// (default [`HEALTH_PROBE_TIMEOUT`], 5 s; at least 1 ms).
+    /// (default 5 s; at least 1 ms).
     pub fn health_probe_timeout(mut self, timeout: Duration) -> Self {
         self.runner.probe_timeout = timeout.max(Duration::from_millis(1));
         self
@@ -237,7 +236,7 @@ impl<S, E> Consumer<S, E> {
     /// ready message in the queue; JetStream: nothing pending or awaiting
     /// an ack; Kafka: no lag on its assigned partitions, and, until the
     /// group has assigned it one, not idle for up to
-    /// `diesel_inbox::kafka::GROUP_JOIN_WAIT`, so that a group's join is not
+    /// 60 s, so that a group's join is not
     /// taken for an empty topic). For batch jobs and for tests; a service runs until its
     /// shutdown future resolves. [`RunReport::idle`] says which ended it.
     pub fn exit_when_idle(mut self, quiet: Duration) -> Self {
@@ -250,8 +249,8 @@ impl<S, E> Consumer<S, E> {
     /// drained), running `handler` on each delivery's id and body. When
     /// the broker connection fails (or the broker ends the consumer), the
     /// deliveries in flight are finished and the runner connects again,
-    /// after [`RECONNECT_DELAY`] doubled per failed attempt up to
-    /// [`MAX_RECONNECT_DELAY`], where its source can
+    /// after 0.5 s doubled per failed attempt up to 30 s (with jitter),
+    /// where its source can
     /// (`lapin::Consumer::connect`, every `nats::Consumer`); one that cannot
     /// (`lapin::Consumer::new` on a channel of yours) returns
     /// [`BrokerError::Broker`] instead.
@@ -320,8 +319,13 @@ impl<S, E> Consumer<S, E> {
                 return Err(why);
             }
             tracing::warn!(target: "diesel_inbox", consumer = %name, error = %why, "diesel-inbox: the broker connection failed; connecting again");
-            let mut wait = RECONNECT_DELAY;
+            let mut attempts = 1;
             deliveries = loop {
+                let wait = inbox_runtime::__facade::backoff(
+                    RECONNECT_DELAY,
+                    MAX_RECONNECT_DELAY,
+                    attempts,
+                );
                 let reopened = tokio::select! {
                     biased;
                     () = shutdown.as_mut() => return Ok(total),
@@ -335,7 +339,7 @@ impl<S, E> Consumer<S, E> {
                     Ok(deliveries) => break deliveries,
                     Err(e) => {
                         tracing::warn!(target: "diesel_inbox", consumer = %name, error = %e, "diesel-inbox: connecting again failed; retrying");
-                        wait = (wait * 2).min(MAX_RECONNECT_DELAY);
+                        attempts += 1;
                     }
                 }
             };
@@ -372,9 +376,9 @@ enum Ended {
 /// The first wait before a consumer runner connects again after the
 /// broker connection failed; doubled per failed attempt up to
 /// [`MAX_RECONNECT_DELAY`].
-pub const RECONNECT_DELAY: Duration = Duration::from_millis(500);
+pub(crate) const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 /// The longest wait between two attempts to connect again.
-pub const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(30);
+pub(crate) const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(30);
 
 /// What a consumer runner did, when it returned. The same counts are
 /// reported as each settlement happens (guide: brokers, "What a runner
@@ -465,7 +469,9 @@ where
     let mut probing: Option<Probing> = None;
     let mut next_probe: Option<Instant> = None;
     let mut paused = false;
-    let mut probe_wait = PROBE_INTERVAL;
+    // Failed probes in a row: the next probe waits the backoff of that
+    // many failures.
+    let mut probe_failures = 0;
     let mut last_activity = Instant::now();
     let mut ended = Ended::Shutdown;
     let handler = &handler;
@@ -492,7 +498,7 @@ where
             }, if probing.is_some() => {
                 probing = None;
                 if answer == Ok(true) {
-                    probe_wait = PROBE_INTERVAL;
+                    probe_failures = 0;
                     if paused {
                         paused = false;
                         // The database is back: the retries held for
@@ -513,8 +519,15 @@ where
                         };
                         tracing::warn!(target: "diesel_inbox", consumer, "diesel-inbox: the health probe {why} after a transient error; taking no new deliveries until it succeeds");
                     }
-                    next_probe = Some(Instant::now() + probe_wait);
-                    probe_wait = (probe_wait * 2).min(MAX_PROBE_INTERVAL);
+                    probe_failures += 1;
+                    next_probe = Some(
+                        Instant::now()
+                            + inbox_runtime::__facade::backoff(
+                                PROBE_INTERVAL,
+                                MAX_PROBE_INTERVAL,
+                                probe_failures,
+                            ),
+                    );
                 }
             }
             () = tokio::time::sleep_until(next_probe.unwrap_or_else(Instant::now)), if next_probe.is_some() => {

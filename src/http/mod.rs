@@ -67,9 +67,7 @@ mod run;
 mod stored;
 
 pub use key::{IdempotencyKey, InvalidIdempotencyKey, MAX_IDEMPOTENCY_KEY_BYTES};
-pub use run::{
-    consumer_name, message_id, Idempotent, DEFAULT_MAX_STORED_BODY, DEFAULT_WAIT, RETENTION,
-};
+pub use run::{consumer_name, message_id, Idempotent, RETENTION};
 
 /// The request header that carries the key: `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");

@@ -15,11 +15,11 @@ use tracing::Instrument;
 
 /// How long a request waits for an in-flight request with the same key
 /// by default (see [`Idempotent::wait`]).
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
 /// The largest response body stored by default (1 MiB; see
 /// [`Idempotent::max_stored_body`]).
-pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
+pub(crate) const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
 
 /// How long stored responses are meant to be kept: 24 hours, as Stripe
 /// keeps keys. The inbox's purge removes them (`diesel-inbox purge
@@ -120,7 +120,7 @@ impl<'k> Idempotent<'k> {
     }
 
     /// How long a request waits for an in-flight one with the same key
-    /// (default [`DEFAULT_WAIT`]): it waits on the first's uncommitted
+    /// (default 5 s): it waits on the first's uncommitted
     /// claim, then replays the first's response if it committed, runs the
     /// body if it rolled back, or answers `409 Conflict` with
     /// `Retry-After: 1` when the wait runs out. PostgreSQL rounds to
@@ -131,8 +131,7 @@ impl<'k> Idempotent<'k> {
         self
     }
 
-    /// The largest response body stored (default
-    /// [`DEFAULT_MAX_STORED_BODY`], 1 MiB). A larger body is sent whole to
+    /// The largest response body stored (default 1 MiB). A larger body is sent whole to
     /// the first request, but only the status and headers are stored: a
     /// retry gets them with an empty body, and the handler never runs
     /// again.

@@ -74,7 +74,7 @@ mod ffi;
 mod partitions;
 
 pub use delivery::{message_id, Deliveries, Delivery};
-pub use partitions::{Partitions, GROUP_JOIN_WAIT};
+pub use partitions::Partitions;
 
 /// The header that carries a message's id, unless
 /// [`id_header`](crate::brokers::Consumer::id_header) names another (the
@@ -92,7 +92,7 @@ impl<E, C: ConsumerContext + 'static> crate::brokers::Consumer<Partitions<C>, E>
     /// as `policy` says.
     ///
     /// [`run`](crate::brokers::Consumer::run) refuses
-    /// ([`BrokerError::Config`]) a consumer that has `enable.auto.commit`
+    /// ([`BrokerError::Config`](crate::brokers::BrokerError::Config)) a consumer that has `enable.auto.commit`
     /// or `enable.auto.offset.store` on: librdkafka would then commit the
     /// offsets of messages it handed out before their transactions
     /// committed. Set both to `"false"`.

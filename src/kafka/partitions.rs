@@ -25,7 +25,7 @@ pub(super) const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 /// when resumed).
 pub(super) const LANE_BUFFER: usize = 256;
 
-/// The partitions a [`Consumer`] reads: the user's consumer and the state
+/// The partitions a [`Consumer`](super::Consumer) reads: the user's consumer and the state
 /// of each partition's lane.
 pub struct Partitions<C: ConsumerContext + 'static = DefaultConsumerContext> {
     pub(super) shared: Arc<Shared<C>>,
@@ -41,7 +41,7 @@ pub struct Partitions<C: ConsumerContext + 'static = DefaultConsumerContext> {
 /// leaves some without any). A first join, or one after a member left
 /// without leaving the group, can take the group's session timeout (45 s
 /// by default).
-pub const GROUP_JOIN_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const GROUP_JOIN_WAIT: Duration = Duration::from_secs(60);
 
 impl<C: ConsumerContext> std::fmt::Debug for Partitions<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

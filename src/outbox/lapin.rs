@@ -12,16 +12,18 @@ use std::time::Duration;
 
 /// How long a publish waits for the broker's confirm before the batch is
 /// given back as unavailable.
-pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The largest payload the publisher sends by default: RabbitMQ 3.x's
 /// default `max_message_size` (128 MiB). RabbitMQ closes the channel on a
 /// larger message instead of refusing just that one, so the publisher
 /// refuses it first ([`max_message_size`](Publisher::max_message_size);
 /// RabbitMQ 4's default is 16 MiB).
-pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
 
-/// A [`Publish`]er to a RabbitMQ exchange.
+/// A [`Publish`]er to a RabbitMQ exchange. A publish waits 10 s for the
+/// broker's confirm; without one by then, the batch is given back as
+/// unavailable (counted against no message).
 ///
 /// ```no_run
 /// # async fn start(channel: lapin::Channel) {
@@ -86,7 +88,8 @@ impl Publisher {
         }
     }
 
-    /// The largest payload sent (default [`DEFAULT_MAX_MESSAGE_SIZE`]); a
+    /// The largest payload sent (default 128 MiB, RabbitMQ
+    /// 3.x's default `max_message_size`; RabbitMQ 4's is 16 MiB); a
     /// larger message is refused, and dead after `max_publish_attempts`. Set it to
     /// the broker's `max_message_size`.
     pub fn max_message_size(mut self, bytes: usize) -> Self {

@@ -51,11 +51,7 @@ pub use pool::RelayPool;
 #[cfg(feature = "relay")]
 pub use publish::{ErrorSource, Publish, PublishError};
 #[cfg(feature = "relay")]
-pub use relay::{
-    Relay, RelayError, RelayReport, DEFAULT_BATCH_SIZE, DEFAULT_MAX_PUBLISH_ATTEMPTS,
-    DEFAULT_POLL_INTERVAL, LEASE, MAX_OUTAGE_DELAY, MAX_RETRY_DELAY, OUTAGE_DELAY, RETRY_DELAY,
-    SHUTDOWN_GRACE,
-};
+pub use relay::{Relay, RelayError, RelayReport};
 
 #[cfg(feature = "kafka")]
 pub mod kafka;

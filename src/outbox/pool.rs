@@ -7,7 +7,7 @@ use inbox_runtime::AsyncInboxConnection;
 use std::future::Future;
 use std::ops::DerefMut;
 
-/// Where a [`Relay`] takes its database connections from: a diesel-async
+/// Where a [`Relay`](super::Relay) takes its database connections from: a diesel-async
 /// deadpool [`Pool`] of an [`AsyncInboxConnection`] (`AsyncPgConnection`,
 /// `AsyncMysqlConnection`, `SyncConnectionWrapper<SqliteConnection>`).
 /// Sealed.

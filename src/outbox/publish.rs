@@ -4,7 +4,7 @@
 use inbox_runtime::outbox::OutboxMessage;
 use std::future::Future;
 
-/// A broker a [`Relay`] publishes to: `outbox::lapin::Publisher`
+/// A broker a [`Relay`](super::Relay) publishes to: `outbox::lapin::Publisher`
 /// (RabbitMQ), `outbox::nats::Publisher` (NATS JetStream), or one of
 /// your own.
 ///
@@ -113,7 +113,7 @@ pub enum PublishError {
     #[error("the broker is unavailable: {0}")]
     Unavailable(#[source] ErrorSource),
     /// The publisher cannot publish again (its channel closed and it
-    /// cannot open another): the relay stops with [`RelayError::Publisher`].
+    /// cannot open another): the relay stops with [`RelayError::Publisher`](super::RelayError::Publisher).
     #[error("the publisher cannot publish any more: {0}")]
     Closed(#[source] ErrorSource),
 }

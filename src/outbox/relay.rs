@@ -61,7 +61,7 @@ impl RelayReport {
 }
 
 /// The default [`Relay::batch_size`].
-pub const DEFAULT_BATCH_SIZE: usize = 100;
+pub(crate) const DEFAULT_BATCH_SIZE: usize = 100;
 /// How long the relay waits for the notification it sends its own
 /// `LISTEN` connection before it decides that none can reach it.
 const PROBE_WAIT: Duration = Duration::from_secs(2);
@@ -70,26 +70,26 @@ const PROBE_WAIT: Duration = Duration::from_secs(2);
 const LISTEN_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default [`Relay::poll_interval`].
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// The default [`Relay::max_publish_attempts`].
-pub const DEFAULT_MAX_PUBLISH_ATTEMPTS: u32 = 10;
+pub(crate) const DEFAULT_MAX_PUBLISH_ATTEMPTS: u32 = 10;
 /// How long a relay holds the rows of a batch it claimed; another relay
 /// takes them over only after this. The publisher's confirm wait is far
 /// shorter, and a batch whose publish outlasts half of it is given back.
-pub const LEASE: Duration = Duration::from_secs(60);
+pub(crate) const LEASE: Duration = Duration::from_secs(60);
 
 /// How long [`Relay::run`] lets a pass under way finish after shutdown.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// The first wait after a refused publish; each further failure of the
 /// message doubles it, up to [`MAX_RETRY_DELAY`], with jitter.
-pub const RETRY_DELAY: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// The longest wait between two publishes of a refused message.
-pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
+pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 /// The first wait after the broker or the database was unavailable; it
 /// doubles per failed pass, up to [`MAX_OUTAGE_DELAY`], with jitter.
-pub const OUTAGE_DELAY: Duration = Duration::from_millis(500);
+pub(crate) const OUTAGE_DELAY: Duration = Duration::from_millis(500);
 /// The longest wait between two passes during an outage.
-pub const MAX_OUTAGE_DELAY: Duration = Duration::from_secs(30);
+pub(crate) const MAX_OUTAGE_DELAY: Duration = Duration::from_secs(30);
 
 /// The outbox relay: publishes committed outbox rows through a broker and
 /// deletes each once the broker confirmed it.
@@ -97,16 +97,16 @@ pub const MAX_OUTAGE_DELAY: Duration = Duration::from_secs(30);
 /// - **Claiming:** a batch of due messages, the oldest pending one of each
 ///   ordering key, in a short transaction (`FOR UPDATE SKIP LOCKED` on
 ///   PostgreSQL, MySQL 8 and MariaDB 10.6+; SQLite's immediate transaction
-///   serializes claims); the rows are then held by this relay for
-///   [`LEASE`]. Several relays share the work without publishing one row
+///   serializes claims); the rows are then held by this relay for its
+///   lease ([`lease`](Self::lease), 60 s by default). Several relays share the work without publishing one row
 ///   at once.
 /// - **Order:** a key's next message is claimed only after the previous
 ///   one is published (its row deleted) or dead.
 /// - **Failures:** a refused message is retried with backoff
-///   ([`RETRY_DELAY`] doubling to [`MAX_RETRY_DELAY`]) and becomes dead
+///   (1 s doubling to 60 s, with jitter) and becomes dead
 ///   after [`max_publish_attempts`](Self::max_publish_attempts) refusals; an unavailable
-///   broker or database is waited out ([`OUTAGE_DELAY`] doubling to
-///   [`MAX_OUTAGE_DELAY`]) and never makes a message dead.
+///   broker or database is waited out (0.5 s doubling to 30 s, with
+///   jitter) and never makes a message dead.
 /// - **Latency:** after an `#[idempotent]` call that enqueued commits, the
 ///   relays of its process wake at once. On PostgreSQL, `run` also
 ///   `LISTEN`s on a connection of its own (taken out of the pool), so that
@@ -199,7 +199,7 @@ where
         self
     }
 
-    /// How long a claimed batch is this relay's (default [`LEASE`], at
+    /// How long a claimed batch is this relay's (default 60 s, at
     /// least 1 s): a relay that dies leaves its rows to the others after
     /// it. A batch whose publish outlasts half of it is given back, so
     /// keep it well above the broker's confirm time.
@@ -278,7 +278,7 @@ where
     /// Publishes until `shutdown` resolves, then returns what it did.
     ///
     /// A pass under way when `shutdown` resolves is finished within
-    /// [`SHUTDOWN_GRACE`]; one still running then (a database or broker
+    /// 10 s; one still running then (a database or broker
     /// that does not answer) is dropped, and the rows it held are claimed
     /// again when their lease runs out. Database, pool and broker outages
     /// are logged (WARN, target `diesel_inbox`) and waited out; only

@@ -23,8 +23,8 @@ mod modes;
 pub use modes::*;
 
 /// How often a transient failure reruns the transaction by default (the
-/// attribute's default too).
-pub const DEFAULT_RETRIES: u32 = 3;
+/// attribute's default too: `inbox-macros` states it once more).
+pub(crate) const DEFAULT_RETRIES: u32 = 3;
 
 /// A handler call without the attribute: claims a message's key for a
 /// consumer and runs a body in the same transaction, with the options the
@@ -43,8 +43,8 @@ pub const DEFAULT_RETRIES: u32 = 3;
 /// The options, each set once here:
 /// - [`retries`](Inbox::retries): how often a transient failure (a
 ///   deadlock, a serialization failure, a lock timeout, SQLite busy)
-///   reruns the whole transaction, claim and commit included (default
-///   [`DEFAULT_RETRIES`]);
+///   reruns the whole transaction, claim and commit included (default 3,
+///   the attribute's too);
 /// - [`classify`](Inbox::classify): which errors of the body are transient
 ///   (default: [`ErrorClass::by_statements`], a failed statement of the
 ///   body says so, whatever `E` is);
@@ -52,7 +52,7 @@ pub const DEFAULT_RETRIES: u32 = 3;
 ///   checked against a redelivery's ([`InboxError::KeyReused`]); for a
 ///   batch, a closure giving each message's;
 /// - [`store_result`](Inbox::store_result): the body's value is stored and
-///   returned to duplicates ([`Stored::Duplicate`]);
+///   returned to duplicates ([`Stored::Duplicate`](crate::Stored::Duplicate));
 /// - [`max_attempts`](Inbox::max_attempts): failures of the body are
 ///   counted per key, and a key that failed that often is given up on
 ///   ([`InboxError::AttemptsExhausted`]).
@@ -100,7 +100,7 @@ impl<N: ?Sized, M, R> std::fmt::Debug for Inbox<'_, N, M, R> {
 }
 
 impl<'n, N: ConsumerName + ?Sized> Inbox<'n, N> {
-    /// The calls of `consumer`, with the defaults: [`DEFAULT_RETRIES`]
+    /// The calls of `consumer`, with the defaults: 3
     /// retries, errors classified by the body's statements, no
     /// fingerprint, nothing stored or counted.
     pub fn consumer(consumer: &'n N) -> Self {
@@ -253,7 +253,7 @@ impl<'n, N: ?Sized, M: Mode, R> Inbox<'n, N, M, R> {
     /// Stores the body's value as JSON in the claimed row, in the body's
     /// transaction; a duplicate returns it as `Stored::Duplicate(Some(v))`
     /// (feature `serde`; `T: Serialize + DeserializeOwned`). The call then
-    /// returns [`Stored<T>`]. Not for batches: a batch's value belongs to
+    /// returns [`Stored<T>`](crate::Stored). Not for batches: a batch's value belongs to
     /// none of its rows.
     pub fn store_result(self) -> Inbox<'n, N, Checked<StoreResult, M::Fingerprint>, R> {
         let max_attempts = self.mode.max_attempts();
@@ -493,7 +493,7 @@ where
     /// `COMMIT` is in flight, the transaction may have committed,
     /// exactly as when the connection drops at that moment: treat a
     /// cancelled delivery as not acked, and its redelivery reports
-    /// [`Processed::Duplicate`] if it had. Either way the connection is
+    /// [`Processed::Duplicate`](crate::Processed::Duplicate) if it had. Either way the connection is
     /// left inside its transaction as diesel-async's transaction
     /// manager sees it, which diesel-async's pools treat as broken and
     /// discard; a connection of your own must be dropped.

@@ -207,7 +207,7 @@ where
     C::Backend::stats(conn).map_err(ops_error::<C::Backend>)
 }
 
-/// The async twin of [`status`] (example: [`purge_async`]).
+/// The async twin of [`status`] (example: [`purge_async`](crate::purge_async)).
 #[cfg(feature = "async")]
 pub async fn status_async<P, C, Via>(
     conn: &mut P,
@@ -264,7 +264,7 @@ where
         .map_err(ops_error::<C::Backend>)
 }
 
-/// The async twin of [`forget`] (example: [`purge_async`]).
+/// The async twin of [`forget`] (example: [`purge_async`](crate::purge_async)).
 #[cfg(feature = "async")]
 pub async fn forget_async<P, C, Via>(
     conn: &mut P,
@@ -282,7 +282,7 @@ where
         .map_err(ops_error::<C::Backend>)
 }
 
-/// The async twin of [`stats`] (example: [`purge_async`]).
+/// The async twin of [`stats`] (example: [`purge_async`](crate::purge_async)).
 #[cfg(feature = "async")]
 pub async fn stats_async<P, C, Via>(conn: &mut P) -> Result<Vec<ConsumerStats>, InboxError>
 where

@@ -26,6 +26,6 @@ pub use positions::positions_async;
 pub use positions::{positions, StreamPosition};
 #[cfg(feature = "async")]
 pub use purge::purge_async;
-pub use purge::{purge, Purge, PurgeReport, DEFAULT_SLEEP_COEF, MAX_PURGE_BATCH};
+pub use purge::{purge, Purge, PurgeReport, MAX_PURGE_BATCH};
 pub(crate) use purge::{PurgeLoop, PurgeStep};
 pub(crate) use transaction::{ops_error, short_transaction};

@@ -54,7 +54,7 @@ pub const MAX_PURGE_BATCH: usize = 100_000;
 /// p99 latency within 2× of their p99 without a purge on PostgreSQL and
 /// MariaDB (the benchmark's `--purge`, `docs/performance.md`), at 30,000 to
 /// 12,000 rows/s.
-pub const DEFAULT_SLEEP_COEF: f64 = 6.0;
+pub(crate) const DEFAULT_SLEEP_COEF: f64 = 6.0;
 
 /// A purge with options: the consumer it is scoped to, a callback after
 /// each batch (progress), and a dry run ([`Purge::count`]).
@@ -152,7 +152,7 @@ impl<'a> Purge<'a> {
     /// that batch took (on top of [`pause`](Self::pause)), as pt-archiver's
     /// `--sleep-coef` does. The pause follows the database's load: a batch
     /// slowed by busy handlers waits longer, so a purge of millions of rows
-    /// cannot stall the handlers. The default, [`DEFAULT_SLEEP_COEF`], is
+    /// cannot stall the handlers. The default, 6, is
     /// what the benchmark's `--purge` measured (`docs/performance.md`);
     /// 0 runs the batches back to back. At most 100.
     pub fn sleep_coef(mut self, coef: f64) -> Self {

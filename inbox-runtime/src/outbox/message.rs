@@ -105,7 +105,7 @@ impl Outgoing {
     /// transaction's time, by the database's clock (not the
     /// application's). The relay finds it at its first poll after that
     /// (within [`Relay::poll_interval`](https://docs.rs/diesel-inbox/latest/diesel_inbox/outbox/struct.Relay.html#method.poll_interval), 1 s by default).
-    /// Until then [`status`] counts it as `scheduled`, not `pending`.
+    /// Until then [`status`](super::status) counts it as `scheduled`, not `pending`.
     ///
     /// **Order.** A delayed message keeps its place in the order of its
     /// [`ordering_key`](Self::ordering_key): the later messages of that

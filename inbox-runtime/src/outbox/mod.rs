@@ -5,7 +5,7 @@
 //!
 //! - [`enqueue`] / `enqueue_async` write an [`Outgoing`] message in the
 //!   caller's transaction and return its id; outside a transaction they
-//!   are refused ([`InboxError::NotInTransaction`]).
+//!   are refused ([`InboxError::NotInTransaction`](crate::InboxError::NotInTransaction)).
 //! - The relay (`diesel_inbox::outbox::Relay`, features `lapin` / `nats`)
 //!   publishes committed rows and deletes each once the broker confirmed
 //!   it. A message that fails [`Relay::max_publish_attempts`] times becomes dead:
@@ -46,11 +46,11 @@
 //!
 //! [`Relay::max_publish_attempts`]: https://docs.rs/diesel-inbox/latest/diesel_inbox/outbox/struct.Relay.html#method.max_publish_attempts
 //!
-//! The files: [`message`] (what a transaction enqueues), [`operations`]
-//! (status, dead messages, retry, purge), [`relay`] (a relay's claim and
-//! settlement), [`notify`] (wake-ups across processes), [`statements`]
-//! (running the backend's outbox statements), [`headers`] and [`id`] (how a
-//! row stores headers and ids).
+//! The files: `message.rs` (what a transaction enqueues), `operations.rs`
+//! (status, dead messages, retry, purge), `relay.rs` (a relay's claim and
+//! settlement), `notify.rs` (wake-ups across processes), `statements.rs`
+//! (running the backend's outbox statements), `headers.rs` and `id.rs`
+//! (how a row stores headers and ids).
 
 mod headers;
 mod id;

@@ -24,8 +24,8 @@ pub struct OutboxStatus {
     /// relay, or for a retry after a failed publish.
     pub pending: u64,
     /// Messages not yet due: delayed by
-    /// [`deliver_after`](Outgoing::deliver_after) or
-    /// [`deliver_at`](Outgoing::deliver_at).
+    /// [`deliver_after`](super::Outgoing::deliver_after) or
+    /// [`deliver_at`](super::Outgoing::deliver_at).
     pub scheduled: u64,
     /// Dead messages ([`dead`]).
     pub dead: u64,
@@ -305,9 +305,8 @@ where
 
 /// Deletes the messages dead for longer than `older_than`, in batches of
 /// `batch_size` (1 to 100,000), each in a short transaction of its own,
-/// with the inbox purge's duty cycle (a pause of
-/// [`DEFAULT_SLEEP_COEF`](crate::DEFAULT_SLEEP_COEF) times each batch's
-/// time). Published messages need no purge: the relay deletes each row
+/// with the inbox purge's default duty cycle (a pause of 6 times each
+/// batch's time, [`Purge::sleep_coef`](crate::Purge::sleep_coef)). Published messages need no purge: the relay deletes each row
 /// once the broker confirmed it. Refused inside a transaction.
 ///
 /// ```

@@ -109,9 +109,9 @@ pub(crate) struct PurgeArgs {
     #[arg(long, value_parser = parse_pause, default_value = "0ms")]
     pub(crate) pause: Duration,
     /// The duty cycle: after each batch, pause this many times as long
-    /// as the batch took (0: back to back; the library's default).
-    #[arg(long, default_value_t = diesel_inbox::DEFAULT_SLEEP_COEF)]
-    pub(crate) sleep_coef: f64,
+    /// as the batch took (0: back to back) [default: the library's, 6].
+    #[arg(long)]
+    pub(crate) sleep_coef: Option<f64>,
     /// Count what would be deleted; delete nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,

@@ -182,8 +182,11 @@ where
     let purge = || {
         let purge = Purge::new(older_than)
             .batch_size(options.batch)
-            .pause(options.pause)
-            .sleep_coef(options.sleep_coef);
+            .pause(options.pause);
+        let purge = match options.sleep_coef {
+            Some(coef) => purge.sleep_coef(coef),
+            None => purge,
+        };
         match consumer {
             Some(c) => purge.consumer(c),
             None => purge,
