@@ -42,7 +42,7 @@ LAYERS = [
     )),
     ("ground", (
         "error", "handler", "key", "fingerprint", "processed", "schema", "rows", "wake", "fence",
-        "backoff", "otel",
+        "backoff", "otel", "target",
         "backend::errors",
     )),
 ]

@@ -80,6 +80,8 @@
 //!   (`diesel_inbox::kafka`, librdkafka built from source).
 //! - `relay`: the outbox relay without a broker client, for a publisher of
 //!   your own.
+//! - `bb8`: the relay also on a bb8 pool (`diesel_async`'s), besides
+//!   deadpool.
 //! - `axum`: the HTTP front door (`diesel_inbox::http`).
 //! - `otel`: trace context through the outbox and the brokers
 //!   (OpenTelemetry, through `tracing-opentelemetry`; guide: outbox).
@@ -288,6 +290,19 @@ pub use inbox_runtime::{
 
 #[doc(hidden)]
 pub use inbox_runtime::{__private, __testing};
+
+/// The `tracing` target of the library's events and spans, the runtime's
+/// (used by the brokers, the relay and the HTTP front door).
+#[cfg_attr(
+    not(any(
+        feature = "relay",
+        feature = "lapin",
+        feature = "nats",
+        feature = "axum"
+    )),
+    allow(unused_imports)
+)]
+pub(crate) use inbox_runtime::__facade::TRACING_TARGET;
 
 pub mod guide;
 pub mod outbox;

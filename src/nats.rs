@@ -273,7 +273,7 @@ impl futures_util::Stream for Messages {
             ) {
                 return Poll::Ready(Some(Err(BrokerError::Broker(error.into()))));
             }
-            tracing::warn!(target: "diesel_inbox", error = %error, "diesel-inbox: the JetStream pull stream reported an error; going on");
+            tracing::warn!(target: crate::TRACING_TARGET, error = %error, "diesel-inbox: the JetStream pull stream reported an error; going on");
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Parsing `#[idempotent(key = "...", consumer = "...", shared, conn = "...", retries = N, batch = "...", fingerprint = "...", store_result, crate = "...")]`.
+//! Parsing `#[idempotent(key = "...", consumer = "...", shared, conn = "...", retries = N, batch = "...", fingerprint = "...", store_result, max_attempts = N, crate = "...")]`.
 
 use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};

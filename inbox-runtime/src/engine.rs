@@ -556,7 +556,7 @@ where
         };
         let (consumer, key, attempts) = (self.consumer, self.what, self.attempts);
         if attempts > self.retries {
-            tracing::debug!(target: "diesel_inbox", consumer, key, attempts, error = %cause, "diesel-inbox: giving up on a transient error");
+            tracing::debug!(target: crate::target::TARGET, consumer, key, attempts, error = %cause, "diesel-inbox: giving up on a transient error");
             let counted = self.count_text(&failure);
             let error = match (failure, class) {
                 (Failure::Inbox(source), _) => {
@@ -567,7 +567,7 @@ where
             };
             return self.give_up(error, counted);
         }
-        tracing::debug!(target: "diesel_inbox", consumer, key, attempt = attempts, error = %cause, "diesel-inbox: transient error, retrying");
+        tracing::debug!(target: crate::target::TARGET, consumer, key, attempt = attempts, error = %cause, "diesel-inbox: transient error, retrying");
         self.telemetry.retried();
         self.go(
             State::Sleeping,

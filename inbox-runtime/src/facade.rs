@@ -17,6 +17,8 @@ pub use crate::options::Codec;
 pub use crate::telemetry::settled_by_caller;
 /// The HTTP front door's telemetry.
 pub use crate::telemetry::HttpTelemetry;
+/// The `tracing` target of every event and span of the library.
+pub const TRACING_TARGET: &str = crate::target::TARGET;
 /// What the broker glue reports through the runtime's telemetry.
 pub use crate::telemetry::{consumer_settled, kafka_lag};
 

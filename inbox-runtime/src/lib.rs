@@ -69,6 +69,7 @@ mod registry;
 mod retry;
 mod rows;
 mod schema;
+mod target;
 mod telemetry;
 mod transaction;
 mod wake;

@@ -140,7 +140,7 @@ pub fn producer_span(
 ) -> tracing::Span {
     let stored = extract(headers);
     let span = tracing::info_span!(
-        target: "diesel_inbox",
+        target: crate::target::TARGET,
         parent: batch,
         "diesel_inbox.outbox.send",
         otel.name = %format_args!("send {}", messaging.destination),
@@ -194,7 +194,7 @@ pub fn consume<F: std::future::Future>(
     call: F,
 ) -> opentelemetry::trace::WithContext<tracing::instrument::Instrumented<F>> {
     let span = tracing::info_span!(
-        target: "diesel_inbox",
+        target: crate::target::TARGET,
         "diesel_inbox.consume",
         otel.name = %format_args!("process {}", messaging.destination),
         otel.kind = "consumer",

@@ -25,9 +25,7 @@
 
 use std::time::Instant;
 
-/// The target of every span and event of the library: filter on it
-/// (`RUST_LOG=info,diesel_inbox=warn`).
-pub(crate) const TARGET: &str = "diesel_inbox";
+pub(crate) use crate::target::TARGET;
 
 /// How a handler call ended; a failure with the error's `Debug` text.
 #[derive(Clone, Debug, PartialEq, Eq)]

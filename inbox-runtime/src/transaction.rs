@@ -368,6 +368,6 @@ where
 /// A failed count is logged: the caller gets the body's failure either way.
 pub(crate) fn counted(result: Result<(), Error>) {
     if let Err(e) = result {
-        tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: the failure could not be counted");
+        tracing::warn!(target: crate::target::TARGET, error = %e, "diesel-inbox: the failure could not be counted");
     }
 }

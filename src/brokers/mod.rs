@@ -408,7 +408,7 @@ where
                 settled_label(&settled, Settlement::DeadLetter),
             );
             settled?;
-            tracing::warn!(target: "diesel_inbox", consumer, error = %e, "diesel-inbox: a message without a usable id was dead-lettered");
+            tracing::warn!(target: crate::TRACING_TARGET, consumer, error = %e, "diesel-inbox: a message without a usable id was dead-lettered");
             return Err(e);
         }
     };
@@ -455,20 +455,20 @@ where
     inbox_runtime::__facade::consumer_settled(consumer, settled_label(&settled, settlement));
     match (&settled, settlement, &outcome) {
         (Err(e), _, _) => {
-            tracing::warn!(target: "diesel_inbox", message_id = %id, consumer, error = %e, "diesel-inbox: the broker did not take the settlement; it will redeliver the message");
+            tracing::warn!(target: crate::TRACING_TARGET, message_id = %id, consumer, error = %e, "diesel-inbox: the broker did not take the settlement; it will redeliver the message");
         }
         (Ok(()), Settlement::Ack, _) => {
-            tracing::debug!(target: "diesel_inbox", message_id = %id, consumer, delivery = deliveries, "diesel-inbox: acked");
+            tracing::debug!(target: crate::TRACING_TARGET, message_id = %id, consumer, delivery = deliveries, "diesel-inbox: acked");
         }
         (Ok(()), Settlement::Retry, Err(e)) => {
             let next = match released_early {
                 true => "given back early (shutdown, or the database is back)".to_string(),
                 false => format!("redelivered in {:.1} s", delay.as_secs_f64()),
             };
-            tracing::warn!(target: "diesel_inbox", message_id = %id, consumer, delivery = deliveries, error = ?e, "diesel-inbox: delivery failed; {next}");
+            tracing::warn!(target: crate::TRACING_TARGET, message_id = %id, consumer, delivery = deliveries, error = ?e, "diesel-inbox: delivery failed; {next}");
         }
         (Ok(()), Settlement::DeadLetter, Err(e)) => {
-            tracing::warn!(target: "diesel_inbox", message_id = %id, consumer, delivery = deliveries, error = ?e, "diesel-inbox: delivery failed; dead-lettered");
+            tracing::warn!(target: crate::TRACING_TARGET, message_id = %id, consumer, delivery = deliveries, error = ?e, "diesel-inbox: delivery failed; dead-lettered");
         }
         (Ok(()), _, Ok(_)) => {}
     }

@@ -122,9 +122,10 @@ pub trait Source: Sealed {
 pub trait Sealed {}
 
 /// A consumer runner: the loop of a production consumer, written once for
-/// every broker; `diesel_inbox::lapin::Consumer` and
-/// `diesel_inbox::nats::Consumer` are its two forms (features `lapin`,
-/// `nats`), each made by its module's constructor.
+/// every broker; `diesel_inbox::lapin::Consumer`,
+/// `diesel_inbox::nats::Consumer` and `diesel_inbox::kafka::Consumer` are
+/// its three forms (features `lapin`, `nats`, `kafka`), each made by its
+/// module's constructor.
 ///
 /// - [`in_flight`](Self::in_flight) deliveries at once (default 8), and
 ///   the broker's prefetch set to the same number: size it to the
@@ -295,13 +296,13 @@ impl<S, E> Consumer<S, E> {
                             return Ok(total);
                         }
                         Ok(Ok(left)) => {
-                            tracing::debug!(target: "diesel_inbox", consumer = %name, left, "diesel-inbox: quiet, but the broker still has messages for this consumer");
+                            tracing::debug!(target: crate::TRACING_TARGET, consumer = %name, left, "diesel-inbox: quiet, but the broker still has messages for this consumer");
                         }
                         Ok(Err(e)) => {
-                            tracing::debug!(target: "diesel_inbox", consumer = %name, error = %e, "diesel-inbox: could not ask the broker what is left; consuming on");
+                            tracing::debug!(target: crate::TRACING_TARGET, consumer = %name, error = %e, "diesel-inbox: could not ask the broker what is left; consuming on");
                         }
                         Err(_) => {
-                            tracing::debug!(target: "diesel_inbox", consumer = %name, "diesel-inbox: the broker did not say in time what is left; consuming on");
+                            tracing::debug!(target: crate::TRACING_TARGET, consumer = %name, "diesel-inbox: the broker did not say in time what is left; consuming on");
                         }
                     }
                     deliveries = rest;
@@ -318,7 +319,7 @@ impl<S, E> Consumer<S, E> {
             if !self.source.can_reconnect() {
                 return Err(why);
             }
-            tracing::warn!(target: "diesel_inbox", consumer = %name, error = %why, "diesel-inbox: the broker connection failed; connecting again");
+            tracing::warn!(target: crate::TRACING_TARGET, consumer = %name, error = %why, "diesel-inbox: the broker connection failed; connecting again");
             let mut attempts = 1;
             deliveries = loop {
                 let wait = inbox_runtime::__facade::backoff(
@@ -338,7 +339,7 @@ impl<S, E> Consumer<S, E> {
                 match reopened {
                     Ok(deliveries) => break deliveries,
                     Err(e) => {
-                        tracing::warn!(target: "diesel_inbox", consumer = %name, error = %e, "diesel-inbox: connecting again failed; retrying");
+                        tracing::warn!(target: crate::TRACING_TARGET, consumer = %name, error = %e, "diesel-inbox: connecting again failed; retrying");
                         attempts += 1;
                     }
                 }
@@ -504,7 +505,7 @@ where
                         // The database is back: the retries held for
                         // their backoff go back to the broker now.
                         release.send_modify(|generation| *generation += 1);
-                        tracing::info!(target: "diesel_inbox", consumer, "diesel-inbox: the health probe succeeded; taking deliveries again");
+                        tracing::info!(target: crate::TRACING_TARGET, consumer, "diesel-inbox: the health probe succeeded; taking deliveries again");
                     }
                 } else {
                     if answer.is_err() {
@@ -517,7 +518,7 @@ where
                             Err(_) => format!("did not answer within {:?}", runner.probe_timeout),
                             Ok(_) => "failed".to_string(),
                         };
-                        tracing::warn!(target: "diesel_inbox", consumer, "diesel-inbox: the health probe {why} after a transient error; taking no new deliveries until it succeeds");
+                        tracing::warn!(target: crate::TRACING_TARGET, consumer, "diesel-inbox: the health probe {why} after a transient error; taking no new deliveries until it succeeds");
                     }
                     probe_failures += 1;
                     next_probe = Some(
@@ -570,7 +571,7 @@ where
     if drained.is_err() {
         let abandoned = running.len() as u64;
         report.abandoned += abandoned;
-        tracing::warn!(target: "diesel_inbox", consumer, abandoned, "diesel-inbox: shutdown deadline passed with deliveries in flight; they were rolled back and will be redelivered");
+        tracing::warn!(target: crate::TRACING_TARGET, consumer, abandoned, "diesel-inbox: shutdown deadline passed with deliveries in flight; they were rolled back and will be redelivered");
     }
     drop(running);
     (ended, deliveries)

@@ -231,7 +231,7 @@ impl<'k> Idempotent<'k> {
             // The engine rolled the claim back before the panic went on.
             Err(panic) => {
                 let panic = describe_panic(&*panic);
-                tracing::error!(target: "diesel_inbox", parent: telemetry.span(), panic, "diesel-inbox: the request's handler panicked; rolled back, answered 500");
+                tracing::error!(target: crate::TRACING_TARGET, parent: telemetry.span(), panic, "diesel-inbox: the request's handler panicked; rolled back, answered 500");
                 ("error", Ok(Answer::Own("error", problem::panicked())))
             }
         };

@@ -161,12 +161,12 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
                 if matches!(verdict, Some(Verdict::Passed(_))) {
                     shared.commit(topic, partition, to);
                 }
-                tracing::debug!(target: "diesel_inbox", topic, partition, offset = record.offset, stored = to, "diesel-inbox: the stored position is elsewhere; continuing from it");
+                tracing::debug!(target: crate::TRACING_TARGET, topic, partition, offset = record.offset, stored = to, "diesel-inbox: the stored position is elsewhere; continuing from it");
             }
             // Applied, a duplicate, or dead-lettered: the partition moves on.
             (Settlement::Ack | Settlement::DeadLetter, _) => {
                 if settlement == Settlement::DeadLetter {
-                    tracing::warn!(target: "diesel_inbox", topic, partition, offset = record.offset, "diesel-inbox: the partition moves past a dead-lettered message; it stays in Kafka at this offset");
+                    tracing::warn!(target: crate::TRACING_TARGET, topic, partition, offset = record.offset, "diesel-inbox: the partition moves past a dead-lettered message; it stays in Kafka at this offset");
                 }
                 shared.commit(topic, partition, record.offset + 1);
                 #[cfg(feature = "metrics")]
@@ -282,7 +282,7 @@ impl<C: ConsumerContext + 'static> Stream for Deliveries<C> {
                     return Poll::Ready(Some(Err(BrokerError::Broker(e.into()))));
                 }
                 Err(e) => {
-                    tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: the Kafka consumer reported an error; going on");
+                    tracing::warn!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: the Kafka consumer reported an error; going on");
                     continue;
                 }
             };

@@ -91,7 +91,7 @@ impl<C: ConsumerContext> Shared<C> {
             false => self.consumer.resume(&list),
         };
         if let Err(e) = done {
-            tracing::debug!(target: "diesel_inbox", topic, partition, error = %e, "diesel-inbox: pausing or resuming a partition failed (revoked?)");
+            tracing::debug!(target: crate::TRACING_TARGET, topic, partition, error = %e, "diesel-inbox: pausing or resuming a partition failed (revoked?)");
         }
     }
 
@@ -106,7 +106,7 @@ impl<C: ConsumerContext> Shared<C> {
             return;
         }
         if let Err(e) = self.consumer.commit(&list, CommitMode::Async) {
-            tracing::debug!(target: "diesel_inbox", topic, partition, next, error = %e, "diesel-inbox: committing the Kafka offset failed (the database's position stands)");
+            tracing::debug!(target: crate::TRACING_TARGET, topic, partition, next, error = %e, "diesel-inbox: committing the Kafka offset failed (the database's position stands)");
         }
     }
 
@@ -128,7 +128,7 @@ impl<C: ConsumerContext> Shared<C> {
             .consumer
             .seek(topic, partition, Offset::Offset(to), SEEK_TIMEOUT)
         {
-            tracing::warn!(target: "diesel_inbox", topic, partition, offset = to, error = %e, "diesel-inbox: seeking the partition to the database's position failed (revoked?)");
+            tracing::warn!(target: crate::TRACING_TARGET, topic, partition, offset = to, error = %e, "diesel-inbox: seeking the partition to the database's position failed (revoked?)");
         }
     }
 }

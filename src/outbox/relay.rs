@@ -314,12 +314,12 @@ where
             let error = match opened {
                 Ok(Ok((_, steps::Listening::Polls))) => return std::future::pending().await,
                 Ok(Ok((_, steps::Listening::Unreachable))) => {
-                    tracing::warn!(target: "diesel_inbox", probe_wait = ?PROBE_WAIT, poll_interval = ?self.poll_interval, "diesel-inbox: outbox relay: a notification sent to its own LISTEN connection did not arrive: a connection proxy in transaction mode (PgBouncer's pool_mode = transaction) keeps no session for LISTEN. The relay polls instead; give it a direct connection (or session pooling) for wake-ups from other processes");
+                    tracing::warn!(target: crate::TRACING_TARGET, probe_wait = ?PROBE_WAIT, poll_interval = ?self.poll_interval, "diesel-inbox: outbox relay: a notification sent to its own LISTEN connection did not arrive: a connection proxy in transaction mode (PgBouncer's pool_mode = transaction) keeps no session for LISTEN. The relay polls instead; give it a direct connection (or session pooling) for wake-ups from other processes");
                     return std::future::pending().await;
                 }
                 Ok(Ok((mut listener, steps::Listening::Notified))) => {
                     failures = 0;
-                    tracing::debug!(target: "diesel_inbox", "diesel-inbox: outbox relay: listening for the enqueues of other processes");
+                    tracing::debug!(target: crate::TRACING_TARGET, "diesel-inbox: outbox relay: listening for the enqueues of other processes");
                     steps::wake();
                     loop {
                         if let Err(e) = steps::notified_async(&mut listener).await {
@@ -333,7 +333,7 @@ where
                 ),
             };
             failures += 1;
-            tracing::debug!(target: "diesel_inbox", error = %error, "diesel-inbox: outbox relay: its LISTEN connection failed; polling until it is open again");
+            tracing::debug!(target: crate::TRACING_TARGET, error = %error, "diesel-inbox: outbox relay: its LISTEN connection failed; polling until it is open again");
             tokio::time::sleep(backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, failures)).await;
         }
     }
@@ -360,7 +360,7 @@ where
                         match tokio::time::timeout(SHUTDOWN_GRACE, &mut running).await {
                             Ok(passed) => (passed, true),
                             Err(_) => {
-                                tracing::warn!(target: "diesel_inbox", grace = ?SHUTDOWN_GRACE, "diesel-inbox: outbox relay: a pass did not finish within the shutdown grace; its rows are claimed again when their lease ends");
+                                tracing::warn!(target: crate::TRACING_TARGET, grace = ?SHUTDOWN_GRACE, "diesel-inbox: outbox relay: a pass did not finish within the shutdown grace; its rows are claimed again when their lease ends");
                                 (Ok(()), true)
                             }
                         }
@@ -373,7 +373,7 @@ where
                     Err(RelayError::Publisher(e)) => Err(RelayError::Publisher(e)),
                     Err(e) => {
                         report.errors += 1;
-                        tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: outbox relay: the last pass before shutdown failed");
+                        tracing::warn!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay: the last pass before shutdown failed");
                         Ok(report)
                     }
                     Ok(()) => Ok(report),
@@ -383,7 +383,7 @@ where
                 Ok(()) => {
                     if pass.released > 0 {
                         outages += 1;
-                        tracing::warn!(target: "diesel_inbox", released = pass.released, "diesel-inbox: outbox relay: the broker is unavailable; backing off");
+                        tracing::warn!(target: crate::TRACING_TARGET, released = pass.released, "diesel-inbox: outbox relay: the broker is unavailable; backing off");
                         backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
                     } else {
                         outages = 0;
@@ -394,7 +394,7 @@ where
                 Err(e) => {
                     report.errors += 1;
                     outages += 1;
-                    tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: outbox relay pass failed; backing off");
+                    tracing::warn!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay pass failed; backing off");
                     backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
                 }
             };
@@ -467,7 +467,7 @@ where
     #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
     async fn publish(&self, mut claim: steps::Claim) -> Delivered {
         let claimed = claim.messages.len();
-        let span = tracing::info_span!(target: "diesel_inbox", "diesel_inbox.outbox.publish", messages = claimed);
+        let span = tracing::info_span!(target: crate::TRACING_TARGET, "diesel_inbox.outbox.publish", messages = claimed);
         // One producer span per message, the child of the context stored
         // at enqueue; its own context replaces that one in the headers.
         #[cfg(feature = "otel")]
@@ -520,7 +520,7 @@ where
             }
         }
         tracing::debug!(
-            target: "diesel_inbox",
+            target: crate::TRACING_TARGET,
             parent: &span,
             claimed,
             published = outcomes.iter().filter(|o| **o == PublishOutcome::Published).count(),

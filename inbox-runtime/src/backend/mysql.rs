@@ -7,7 +7,7 @@
 //! backend's constants and error classes (`Internals`), the catalog query
 //! and table checks (`Dialect`), and the async connection's impls.
 
-use super::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
+use super::shape::{parse_version_marker, version_marker, CatalogRow, Dialect};
 use super::transaction::Scope;
 use super::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
@@ -361,7 +361,7 @@ impl Internals for Mysql {
     where
         C: LoadConnection<Backend = Self>,
     {
-        Ok(read::<Self>(diesel::sql_query(CATALOG).load(conn)?))
+        crate::backend::shape::catalog(conn)
     }
 
     fn record_version(version: u32) -> String {
@@ -395,6 +395,7 @@ impl Internals for Mysql {
 }
 
 impl Dialect for Mysql {
+    const CATALOG: &'static str = CATALOG;
     fn version(record: &str) -> Option<u32> {
         parse_version_marker(record)
     }
@@ -571,8 +572,7 @@ mod asynchronous {
 
     impl AsyncMigration for AsyncMysqlConnection {
         async fn catalog(&mut self) -> QueryResult<Catalog> {
-            let rows = diesel_async::RunQueryDsl::load(diesel::sql_query(CATALOG), self).await?;
-            Ok(read::<Mysql>(rows))
+            crate::backend::shape::catalog_async(self).await
         }
 
         async fn lock(&mut self) -> Result<Scope, InboxError> {

@@ -50,6 +50,9 @@ impl CatalogRow {
 ///   INSERT): the name.
 #[cfg(feature = "_any-backend")]
 pub(crate) trait Dialect {
+    /// The catalog query: the rows above, for the table the connection
+    /// resolves `inbox_messages` to.
+    const CATALOG: &'static str;
     /// The schema version in the table row's record.
     fn version(record: &str) -> Option<u32>;
     /// Problems with the table object itself (a view, an engine without
@@ -60,6 +63,33 @@ pub(crate) trait Dialect {
     fn key_problem(column: &CatalogRow) -> Option<String>;
     /// Why an index does not cover whole values.
     fn index_problem(index: &CatalogRow) -> Option<String>;
+}
+
+/// What the catalog says about `inbox_messages`, on a sync connection: the
+/// backend's [`Dialect::CATALOG`], read.
+#[cfg(feature = "_any-backend")]
+pub(crate) fn catalog<C>(conn: &mut C) -> diesel::QueryResult<Catalog>
+where
+    C: diesel::connection::LoadConnection<Backend: Dialect>,
+    for<'a> diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'a, C, CatalogRow>,
+{
+    let rows =
+        diesel::RunQueryDsl::load(diesel::sql_query(<C::Backend as Dialect>::CATALOG), conn)?;
+    Ok(read::<C::Backend>(rows))
+}
+
+/// [`catalog`] on a diesel-async connection (SQLite's hands [`catalog`]
+/// to its blocking thread).
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+pub(crate) async fn catalog_async<C>(conn: &mut C) -> diesel::QueryResult<Catalog>
+where
+    C: diesel_async::AsyncConnection<Backend: Dialect>,
+    for<'a> diesel::query_builder::SqlQuery: diesel_async::methods::LoadQuery<'a, C, CatalogRow>,
+{
+    let rows =
+        diesel_async::RunQueryDsl::load(diesel::sql_query(<C::Backend as Dialect>::CATALOG), conn)
+            .await?;
+    Ok(read::<C::Backend>(rows))
 }
 
 /// The catalog that the rows of a backend's catalog query describe.

@@ -7,7 +7,7 @@
 //! (`Internals`), the schema query and table checks (`Dialect`), and the
 //! async connection's impls.
 
-use super::shape::{read, CatalogRow, Dialect};
+use super::shape::{CatalogRow, Dialect};
 use super::transaction::{begin, end_migrations, Scope};
 use super::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
@@ -163,7 +163,7 @@ impl Internals for Sqlite {
     where
         C: LoadConnection<Backend = Self>,
     {
-        Ok(read::<Self>(diesel::sql_query(CATALOG).load(conn)?))
+        crate::backend::shape::catalog(conn)
     }
 
     fn record_version(version: u32) -> String {
@@ -191,6 +191,7 @@ impl Internals for Sqlite {
 }
 
 impl Dialect for Sqlite {
+    const CATALOG: &'static str = CATALOG;
     /// The version in `CREATE VIEW inbox_schema_version AS SELECT 1 AS version`.
     fn version(record: &str) -> Option<u32> {
         let mut words = record.split_whitespace();
@@ -320,7 +321,7 @@ fn busy_timeout<T>(
     // `f` ran (a transaction may be open): its result stands; a busy
     // timeout left at `wait` only changes how long this connection waits.
     if let Err(e) = diesel::sql_query(format!("PRAGMA busy_timeout = {own}")).execute(conn) {
-        tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: the busy timeout could not be restored");
+        tracing::warn!(target: crate::target::TARGET, error = %e, "diesel-inbox: the busy timeout could not be restored");
     }
     Ok(out)
 }
@@ -452,7 +453,7 @@ mod asynchronous {
                 })
                 .await;
             if let Err(e) = rolled_back {
-                tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: rollback failed");
+                tracing::warn!(target: crate::target::TARGET, error = %e, "diesel-inbox: rollback failed");
             }
         }
     }

@@ -83,7 +83,7 @@ where
     // A failed rollback leaves diesel's manager marked broken (pools discard
     // such connections) and the server rolls back when the session ends.
     if let Err(e) = rolled_back {
-        tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: rollback failed");
+        tracing::warn!(target: crate::target::TARGET, error = %e, "diesel-inbox: rollback failed");
     }
 }
 
@@ -163,7 +163,7 @@ pub(crate) mod ansi {
                 *AnsiTransactionManager::transaction_manager_status_mut(conn) = Default::default();
                 return;
             }
-            tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: rollback failed");
+            tracing::warn!(target: crate::target::TARGET, error = %e, "diesel-inbox: rollback failed");
         }
     }
 

@@ -2,8 +2,8 @@
 //! [`stats`]) and deliberate replays ([`forget`]), for sync connections and,
 //! with the `async` feature, their async twins.
 //!
-//! The statements are written once (`backend::ops_statements`) and run by
-//! each backend on its sync and its async connection; the purge loop's
+//! The statements are written once (`backend::statements` and
+//! `backend::execute`) and run by each backend on its sync and its async connection; the purge loop's
 //! decisions (when a batch was the last, which errors to retry, the report)
 //! live once in [`PurgeLoop`], driven by a sync and an async loop of a few
 //! lines.

@@ -382,7 +382,7 @@ impl<'a> PurgeLoop<'a> {
             Err(e) if transient(&e) && self.failures < PURGE_BATCH_RETRIES => {
                 self.failures += 1;
                 self.report.retries += 1;
-                tracing::debug!(target: "diesel_inbox", error = %e, attempt = self.failures, "diesel-inbox: purge batch failed transiently, retrying");
+                tracing::debug!(target: crate::target::TARGET, error = %e, attempt = self.failures, "diesel-inbox: purge batch failed transiently, retrying");
                 let delay = crate::backoff::rerun(self.failures);
                 self.batch_began = Instant::now() + delay;
                 PurgeStep::Sleep(delay)

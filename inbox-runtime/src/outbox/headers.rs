@@ -32,8 +32,6 @@ pub(super) fn decode_headers(bytes: Option<&[u8]>) -> Vec<(String, String)> {
     headers
 }
 
-/// A new UUIDv7 (RFC 9562) in its text form: 48 bits of Unix milliseconds,
-
 #[cfg(all(test, feature = "async"))]
 mod tests {
     use super::*;

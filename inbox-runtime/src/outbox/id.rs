@@ -2,6 +2,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// A new UUIDv7 (RFC 9562) in its text form: 48 bits of Unix milliseconds,
 /// then 74 random bits (SipHash of a process-wide counter and the clock,
 /// keyed at random per process), so ids sort by creation time.
 pub(crate) fn uuid_v7() -> String {

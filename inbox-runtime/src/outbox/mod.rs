@@ -6,7 +6,8 @@
 //! - [`enqueue`] / `enqueue_async` write an [`Outgoing`] message in the
 //!   caller's transaction and return its id; outside a transaction they
 //!   are refused ([`InboxError::NotInTransaction`](crate::InboxError::NotInTransaction)).
-//! - The relay (`diesel_inbox::outbox::Relay`, features `lapin` / `nats`)
+//! - The relay (`diesel_inbox::outbox::Relay`: feature `relay`, which
+//!   `lapin`, `nats` and `kafka` turn on with their publishers)
 //!   publishes committed rows and deletes each once the broker confirmed
 //!   it. A message that fails [`Relay::max_publish_attempts`] times becomes dead:
 //!   kept, listed by [`dead`], replayed by [`retry`], deleted by [`purge`].

@@ -254,7 +254,7 @@ impl SettlePlan {
             if updated == 1 && message.attempts + 1 >= max_attempts {
                 settled.dead += 1;
                 tracing::warn!(
-                    target: crate::telemetry::TARGET,
+                    target: crate::target::TARGET,
                     id = %message.id,
                     destination = %message.destination,
                     attempts = message.attempts + 1,

@@ -159,8 +159,7 @@ impl AsyncInternals for AsyncPgConnection {
 
 impl AsyncMigration for AsyncPgConnection {
     async fn catalog(&mut self) -> QueryResult<Catalog> {
-        let rows = diesel_async::RunQueryDsl::load(diesel::sql_query(CATALOG), self).await?;
-        Ok(read::<Pg>(rows))
+        crate::backend::shape::catalog_async(self).await
     }
 
     async fn lock(&mut self) -> Result<Scope, InboxError> {

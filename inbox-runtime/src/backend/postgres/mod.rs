@@ -4,7 +4,7 @@
 //! backend's constants and error classes (`Internals`), the catalog query
 //! and the table checks (`Dialect`), and the migration lock.
 
-use crate::backend::shape::{parse_version_marker, read, version_marker, CatalogRow, Dialect};
+use crate::backend::shape::{parse_version_marker, version_marker, CatalogRow, Dialect};
 use crate::backend::transaction::{begin, end_migrations, rollback, Scope};
 use crate::backend::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
@@ -257,7 +257,7 @@ impl Internals for Pg {
     where
         C: LoadConnection<Backend = Self>,
     {
-        Ok(read::<Self>(diesel::sql_query(CATALOG).load(conn)?))
+        crate::backend::shape::catalog(conn)
     }
 
     fn record_version(version: u32) -> String {
@@ -290,6 +290,7 @@ impl Internals for Pg {
 }
 
 impl Dialect for Pg {
+    const CATALOG: &'static str = CATALOG;
     fn version(record: &str) -> Option<u32> {
         parse_version_marker(record)
     }
