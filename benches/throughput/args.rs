@@ -1,6 +1,5 @@
 //! The command line: `cargo bench --bench throughput -- --help`.
 
-use crate::variants::{redelivers, VARIANTS};
 use clap::Parser;
 
 /// What `--smoke` sets unless given: tiny counts, so that CI keeps each
@@ -227,4 +226,32 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         return Err("--min-secs must be a number of seconds, 0 or more".into());
     }
     Ok(args)
+}
+
+pub const VARIANTS: [&str; 16] = [
+    "bare",
+    "idempotent",
+    "raw_sql",
+    "naive",
+    "duplicate",
+    "batch",
+    "batch_loop",
+    "bare_batch",
+    "fingerprinted",
+    "fingerprinted_duplicate",
+    "stored",
+    "attempts",
+    "connect_idempotent",
+    "connect_raw_sql",
+    "outbox",
+    "outbox_by_hand",
+];
+
+/// The variant whose applied keys a redelivery variant delivers again.
+pub fn redelivers(variant: &str) -> Option<&'static str> {
+    match variant {
+        "duplicate" => Some("idempotent"),
+        "fingerprinted_duplicate" => Some("fingerprinted"),
+        _ => None,
+    }
 }

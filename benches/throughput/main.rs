@@ -64,6 +64,7 @@
 
 mod args;
 mod backends;
+mod bench;
 #[cfg(all(feature = "axum", feature = "postgres"))]
 mod http;
 #[cfg(all(feature = "kafka", feature = "postgres"))]
@@ -74,15 +75,16 @@ mod outbox;
 mod output;
 mod purge;
 mod scale;
+mod targets;
 mod variants;
 
+use args::redelivers;
 use args::Args;
-use backends::Target;
-use output::{draw_svg, print_cell, provenance, to_json, write_output, Cell};
-use variants::redelivers;
+use args::VARIANTS;
+use bench::{Cell, Target};
+use output::{draw_svg, print_cell, provenance, to_json, write_output};
 #[cfg(feature = "async")]
 use variants::ASYNC_VARIANTS;
-use variants::VARIANTS;
 
 diesel::table! {
     bench_orders (id) {
@@ -124,7 +126,7 @@ fn main() {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let targets = backends::targets(args);
+    let targets = targets::targets(args);
     if targets.is_empty() {
         return Err("no backend to measure (features and URLs)".into());
     }

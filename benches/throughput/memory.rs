@@ -5,7 +5,7 @@
 use crate::args::Args;
 #[cfg(feature = "async")]
 use crate::async_consumer;
-use crate::backends::Target;
+use crate::bench::Target;
 use crate::output::{provenance, write_output};
 use crate::quickstart;
 

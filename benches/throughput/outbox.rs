@@ -29,7 +29,7 @@
 //! on and off, interleaved rounds.
 
 use crate::args::Args;
-use crate::backends::{Bench, Target};
+use crate::bench::{Bench, Target};
 use crate::output::write_output;
 use crate::run_id;
 use diesel::connection::SimpleConnection;

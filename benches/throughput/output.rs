@@ -3,21 +3,9 @@
 //! as SVG plots.
 
 use crate::args::Args;
-use crate::backends::Target;
+use crate::bench::{Cell, Target};
 use crate::variants::{ASYNC_RATIOS, RATIOS};
 use std::fmt::Write as _;
-
-/// One (backend, mode, threads or tasks) cell: the samples of each variant
-/// in messages/s.
-pub struct Cell {
-    pub backend: &'static str,
-    /// The backend's name in print (MariaDB, not mysql).
-    pub label: &'static str,
-    /// `sync` (threads, a connection each) or `async` (tasks over a pool).
-    pub mode: &'static str,
-    pub threads: usize,
-    pub samples: Vec<(&'static str, Vec<f64>)>,
-}
 
 /// The `q` quantile of `samples` (linear interpolation between the sorted
 /// samples; 0 when there are none): `q = 0.5` is the median.

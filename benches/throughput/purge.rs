@@ -10,7 +10,7 @@
 //! the two kinds of window.
 
 use crate::args::Args;
-use crate::backends::{Bench, Server, Target};
+use crate::bench::{Bench, Server, Target};
 use crate::output::write_output;
 use crate::{run_id, Order, ORDERS_DDL};
 use diesel::connection::SimpleConnection;

@@ -10,14 +10,11 @@
 //! per-round ratios to the first size, with their interquartile range.
 
 use crate::args::Args;
-use crate::backends::{execute, Server, Target};
-use crate::output::{print_cell, provenance, quantile, write_output, Cell};
+use crate::bench::{execute, Cell, KeySizes, Server, Target};
+use crate::output::{print_cell, provenance, quantile, write_output};
 use crate::run_id;
 use std::fmt::Write as _;
 use std::time::Instant;
-
-/// (backend, inbox rows, primary-key bytes) of each size.
-pub type KeySizes = Vec<(&'static str, i64, i64)>;
 
 /// Rows per fill statement (a transaction each). Each chunk is inserted in
 /// key order: it sweeps the whole B-tree once, splitting pages as random

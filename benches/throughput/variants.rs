@@ -3,41 +3,14 @@
 //! hand (`raw_sql`) and the usual SELECT-then-INSERT (`naive`), each
 //! generic over the [`Bench`] backend; and the measurement of one sample.
 
-use crate::backends::Bench;
+use crate::args::redelivers;
+use crate::bench::Bench;
 use crate::{Order, ORDERS_DDL};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_inbox::{idempotent, Processed, Stored};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
-
-pub const VARIANTS: [&str; 16] = [
-    "bare",
-    "idempotent",
-    "raw_sql",
-    "naive",
-    "duplicate",
-    "batch",
-    "batch_loop",
-    "bare_batch",
-    "fingerprinted",
-    "fingerprinted_duplicate",
-    "stored",
-    "attempts",
-    "connect_idempotent",
-    "connect_raw_sql",
-    "outbox",
-    "outbox_by_hand",
-];
-
-/// The variant whose applied keys a redelivery variant delivers again.
-pub fn redelivers(variant: &str) -> Option<&'static str> {
-    match variant {
-        "duplicate" => Some("idempotent"),
-        "fingerprinted_duplicate" => Some("fingerprinted"),
-        _ => None,
-    }
-}
 
 /// The ratios reported for a sync cell (those whose variants it has).
 pub const RATIOS: [(&str, &str); 13] = [

@@ -2,7 +2,7 @@
 //! id, its position and its settlement; and the stream of them
 //! ([`Deliveries`]).
 
-use super::partitions::{Lanes, Record, Shared, LANE_BUFFER};
+use super::state::{Lanes, Record, Shared, LANE_BUFFER};
 use crate::brokers::{usable_id, BrokerError, Inbound, Settlement};
 use futures_util::Stream;
 use inbox_runtime::__facade::{Position, Verdict};

@@ -72,6 +72,7 @@ mod delivery;
 #[allow(unsafe_code)]
 mod ffi;
 mod partitions;
+mod state;
 
 pub use delivery::{message_id, Deliveries, Delivery};
 pub use partitions::Partitions;

@@ -1,7 +1,7 @@
 //! MySQL/MariaDB: `INBOX_TEST_MYSQL_URL`; `--scale` and `--purge` in a
 //! database of their own.
 
-use super::{Bench, Server};
+use crate::bench::{Bench, Server};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_inbox::inbox_messages as inbox;

@@ -1,7 +1,7 @@
 //! PostgreSQL: `INBOX_TEST_POSTGRES_URL`; `--scale` and `--purge` in a
 //! schema of their own.
 
-use super::{Bench, Server};
+use crate::bench::{Bench, Server};
 use crate::Order;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;

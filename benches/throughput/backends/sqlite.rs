@@ -1,6 +1,6 @@
 //! SQLite: a temporary file (WAL, `synchronous = NORMAL`).
 
-use super::Bench;
+use crate::bench::Bench;
 #[cfg(feature = "async")]
 use crate::Order;
 use diesel::connection::SimpleConnection;
