@@ -3,6 +3,7 @@
 #![cfg(feature = "cli")]
 
 mod common;
+mod support;
 
 use assert_cmd::Command;
 use common::backend::TestBackend;

@@ -4,8 +4,7 @@
 //! registry is the same for every backend; these tests use SQLite.
 #![cfg(feature = "sqlite")]
 
-#[path = "common/basics.rs"]
-mod common;
+mod support;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
@@ -20,13 +19,13 @@ struct Event {
 fn open() -> SqliteConnection {
     let mut conn = SqliteConnection::establish(":memory:").expect("in-memory SQLite");
     diesel_inbox::migrate(&mut conn).expect("migrate");
-    conn.batch_execute(common::EFFECTS_DDL)
+    conn.batch_execute(support::EFFECTS_DDL)
         .expect("effects table");
     conn
 }
 
 fn write(conn: &mut SqliteConnection, event: &Event, team: &str) -> QueryResult<usize> {
-    use common::inbox_test_effects as effects;
+    use support::inbox_test_effects as effects;
     diesel::insert_into(effects::table)
         .values((
             effects::run_id.eq(&event.run),
@@ -37,7 +36,7 @@ fn write(conn: &mut SqliteConnection, event: &Event, team: &str) -> QueryResult<
 }
 
 fn rows(conn: &mut SqliteConnection) -> (i64, i64) {
-    let effects: i64 = common::inbox_test_effects::table
+    let effects: i64 = support::inbox_test_effects::table
         .count()
         .get_result(conn)
         .expect("count effects");
@@ -92,7 +91,7 @@ fn same_named_functions_in_two_modules_are_refused_naming_both() {
     let mut conn = open();
     let evt = Event {
         id: "evt-1".into(),
-        run: common::unique_run_id("modules"),
+        run: support::unique_run_id("modules"),
     };
     for result in [
         billing::handle(&mut conn, &evt),
@@ -136,7 +135,7 @@ fn two_trait_impls_of_one_method_are_refused() {
     let mut conn = open();
     let evt = Event {
         id: "evt-2".into(),
-        run: common::unique_run_id("impls"),
+        run: support::unique_run_id("impls"),
     };
     let handlers: [&dyn Handler; 2] = [&Audit, &Metrics];
     for handler in handlers {
@@ -167,7 +166,7 @@ fn deliberate_sharing_is_accepted_and_deduplicates_across_the_handlers() {
     let mut conn = open();
     let evt = Event {
         id: "evt-3".into(),
-        run: common::unique_run_id("shared"),
+        run: support::unique_run_id("shared"),
     };
     assert_eq!(
         ledger_from_orders(&mut conn, &evt).expect("first"),
@@ -196,7 +195,7 @@ fn sharing_must_be_declared_by_every_handler_of_the_scope() {
     let mut conn = open();
     let evt = Event {
         id: "evt-4".into(),
-        run: common::unique_run_id("half"),
+        run: support::unique_run_id("half"),
     };
     let (_, handlers, message) = conflict(mailer_welcome(&mut conn, &evt));
     assert_eq!(handlers.len(), 2);

@@ -8,9 +8,9 @@
 #![cfg_attr(not(feature = "mysql"), allow(unused))]
 
 mod common;
+mod support;
 #[cfg(feature = "mysql")]
-#[path = "common/galera.rs"]
-mod hot;
+use common::galera_hot as hot;
 
 #[cfg(not(feature = "mysql"))]
 #[test]

@@ -2,8 +2,7 @@
 //! (the README's "Tracing" section states these results).
 #![cfg(feature = "sqlite")]
 
-#[path = "common/basics.rs"]
-mod common;
+mod support;
 
 use diesel::prelude::*;
 use diesel_inbox::{idempotent, Processed};
@@ -35,7 +34,7 @@ fn instrumented_handler(conn: &mut SqliteConnection, id: i64) -> QueryResult<i64
     Ok(id * 10)
 }
 
-fn returned(events: &[common::LoggedEvent], span: &str) -> Vec<String> {
+fn returned(events: &[support::LoggedEvent], span: &str) -> Vec<String> {
     events
         .iter()
         .filter(|e| e.span == Some(span) && e.fields.starts_with("return="))
@@ -46,7 +45,7 @@ fn returned(events: &[common::LoggedEvent], span: &str) -> Vec<String> {
 #[test]
 fn instrument_above_idempotent_records_the_body_and_skips_duplicates() {
     let mut conn = open();
-    let (outcomes, events) = common::events_during(|| {
+    let (outcomes, events) = support::events_during(|| {
         [
             instrumented_body(&mut conn, 1).expect("first"),
             instrumented_body(&mut conn, 1).expect("again"),
@@ -62,7 +61,7 @@ fn instrument_above_idempotent_records_the_body_and_skips_duplicates() {
 #[test]
 fn instrument_below_idempotent_records_every_outcome() {
     let mut conn = open();
-    let (outcomes, events) = common::events_during(|| {
+    let (outcomes, events) = support::events_during(|| {
         [
             instrumented_handler(&mut conn, 2).expect("first"),
             instrumented_handler(&mut conn, 2).expect("again"),

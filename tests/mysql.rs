@@ -5,6 +5,7 @@
 #![cfg_attr(not(feature = "mysql"), allow(unused))]
 
 mod common;
+mod support;
 
 #[cfg(not(feature = "mysql"))]
 #[test]

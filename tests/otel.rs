@@ -15,6 +15,7 @@
 #![deny(warnings, clippy::all)]
 
 mod common;
+mod support;
 
 use common::backend::TestBackend;
 use common::backends::sqlite::Sqlite;

@@ -8,6 +8,7 @@
 #![deny(warnings, clippy::all)]
 
 mod common;
+mod support;
 
 use common::backend::TestBackend;
 use diesel::connection::{AnsiTransactionManager, LoadConnection};
@@ -559,15 +560,7 @@ where
         };
         let relay =
             Relay::new(pool.clone(), rabbit.publisher()).poll_interval(Duration::from_secs(60));
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let running = tokio::spawn(async move {
-            relay
-                .run(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-                .expect("relay")
-        });
+        let (stop, running) = crate::support::relay::spawn(relay);
         // The relay's first pass found nothing; it now waits.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let mut conn = B::pooled(&pool).await;
@@ -578,7 +571,10 @@ where
         let got = rabbit.take(&queue, 1, Duration::from_secs(10)).await;
         let waited = started.elapsed();
         stop.send(true).expect("stop");
-        assert_eq!(running.await.expect("relay task").published, 1);
+        assert_eq!(
+            running.await.expect("relay task").expect("relay").published,
+            1
+        );
         assert_eq!(
             got.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
             [id.as_str()]
@@ -685,16 +681,7 @@ where
 
         // The relay again (a restart): the rest, not before their time, and
         // "late" before "held".
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let second = relay();
-        let running = tokio::spawn(async move {
-            second
-                .run(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-                .expect("second relay")
-        });
+        let (stop, running) = crate::support::relay::spawn(relay());
         let mut arrived = Vec::new();
         while arrived.len() < 3 && started.elapsed() < DELAY + Duration::from_secs(10) {
             for message in rabbit.take(&queue, 1, Duration::from_millis(200)).await {
@@ -705,7 +692,14 @@ where
             }
         }
         stop.send(true).expect("stop");
-        assert_eq!(running.await.expect("relay task").published, 3);
+        assert_eq!(
+            running
+                .await
+                .expect("relay task")
+                .expect("second relay")
+                .published,
+            3
+        );
         let order: Vec<&str> = arrived.iter().map(|(body, _)| body.as_str()).collect();
         assert_eq!(order.len(), 3, "{arrived:?}");
         let position = |body: &str| order.iter().position(|b| *b == body).expect(body);

@@ -11,6 +11,7 @@
 #![cfg_attr(not(feature = "postgres"), allow(unused))]
 
 mod common;
+mod support;
 
 #[cfg(not(feature = "postgres"))]
 #[test]

@@ -5,6 +5,7 @@
 #![cfg_attr(not(feature = "postgres"), allow(unused))]
 
 mod common;
+mod support;
 
 #[cfg(not(feature = "postgres"))]
 #[test]

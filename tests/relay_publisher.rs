@@ -8,8 +8,8 @@
 //! PostgreSQL at `INBOX_TEST_POSTGRES_URL` (set when the tests are built).
 #![cfg(all(feature = "postgres", feature = "relay"))]
 
-#[path = "brokers/proxy.rs"]
-mod proxy;
+mod support;
+use support::proxy;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
@@ -213,14 +213,7 @@ fn the_relay_stops_within_its_grace_while_the_database_stalls() {
                 .expect("a pool");
         let endpoint = Endpoint::default();
         let relay = Relay::new(pool, endpoint.clone()).poll_interval(Duration::from_millis(200));
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let running = tokio::spawn(async move {
-            relay
-                .run(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-        });
+        let (stop, running) = support::relay::spawn(relay);
         let began = Instant::now();
         while endpoint.0.received.lock().expect("lock").is_empty() {
             assert!(

@@ -7,6 +7,7 @@
 #![deny(warnings, clippy::all)]
 
 mod common;
+mod support;
 
 use common::backends::sqlite::{fresh, open, Sqlite};
 

@@ -5,7 +5,7 @@ use diesel::connection::SimpleConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use diesel_inbox::brokers::{Handled, Policy, Settlement};
-use diesel_inbox::{idempotent, InboxError, Processed};
+use diesel_inbox::{idempotent, Processed};
 use std::time::Duration;
 
 pub type Conn = SyncConnectionWrapper<diesel::SqliteConnection>;
@@ -23,39 +23,7 @@ diesel::table! {
 pub const EFFECTS_DDL: &str = "CREATE TABLE IF NOT EXISTS broker_effects (\
     id INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL, amount BIGINT NOT NULL)";
 
-#[derive(Debug)]
-#[allow(dead_code)] // read through Debug
-pub enum AppError {
-    Db(diesel::result::Error),
-    Inbox(InboxError),
-    /// The poison message: fails every time, transiently.
-    Poison,
-    /// A body that is not a number: permanent.
-    BadPayload,
-    /// No connection from the pool (the database is down): transient.
-    Pool(String),
-}
-
-impl From<diesel::result::Error> for AppError {
-    fn from(e: diesel::result::Error) -> Self {
-        AppError::Db(e)
-    }
-}
-
-impl From<InboxError> for AppError {
-    fn from(e: InboxError) -> Self {
-        AppError::Inbox(e)
-    }
-}
-
-impl diesel_inbox::brokers::HasInboxError for AppError {
-    fn inbox_error(&self) -> Option<&InboxError> {
-        match self {
-            AppError::Inbox(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+pub use crate::support::AppError;
 
 /// An order's amount: its body as a number; the poison fails every time.
 pub fn order_amount(body: &[u8]) -> Result<i64, AppError> {

@@ -20,6 +20,9 @@
 //! scenarios are reported as skipped. `cargo test --test brokers -- nats`
 //! runs the scenarios whose name contains `nats`.
 
+#[path = "../support/mod.rs"]
+mod support;
+
 #[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
 mod chain;
 #[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
@@ -33,7 +36,7 @@ mod nats;
     feature = "postgres",
     any(feature = "lapin", feature = "nats")
 ))]
-mod proxy;
+use support::proxy;
 #[cfg(all(feature = "sqlite", feature = "lapin"))]
 mod rabbit;
 #[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]

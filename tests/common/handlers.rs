@@ -4,7 +4,8 @@
 //! holds both).
 
 use super::backend::{Msg, TestBackend};
-use diesel_inbox::{idempotent, InboxError};
+pub use crate::support::AppError;
+use diesel_inbox::idempotent;
 
 /// What the `store_result` handlers return and the inbox stores.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -28,26 +29,6 @@ pub struct ReceiptV2 {
     pub key: String,
     pub amount: i64,
     pub currency: String,
-}
-
-/// The README's kind of error type: only `Debug`, no `RetryableError`.
-#[derive(Debug)]
-pub enum AppError {
-    Db(diesel::result::Error),
-    Inbox(InboxError),
-    Rejected,
-}
-
-impl From<diesel::result::Error> for AppError {
-    fn from(e: diesel::result::Error) -> Self {
-        AppError::Db(e)
-    }
-}
-
-impl From<InboxError> for AppError {
-    fn from(e: InboxError) -> Self {
-        AppError::Inbox(e)
-    }
 }
 
 pub mod sync {

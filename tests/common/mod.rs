@@ -1,16 +1,17 @@
-//! Shared by the backend test files: everything in `basics.rs`, the
+//! Shared by the backend test files: everything in `tests/support`, the
 //! test-backend trait, the handlers and the behaviour tests, generic over
 //! it.
 #![allow(dead_code, unused_macros)]
 
-mod basics;
-pub use basics::*;
+pub use crate::support::*;
 
 pub mod async_suite;
 pub mod backend;
 pub mod backends;
 pub mod checks;
 pub mod contract;
+#[cfg(feature = "mysql")]
+pub mod galera_hot;
 pub mod handlers;
 pub mod modes;
 pub mod operations;

@@ -123,7 +123,7 @@ macro_rules! fault_data_access {
         }
 
         fn add(conn: &mut $Conn, name: &str, amount: i64) -> QueryResult<usize> {
-            use $crate::support::inbox_fault_counters as counters;
+            use $crate::scenario::inbox_fault_counters as counters;
             diesel::update(counters::table.find(name))
                 .set(counters::value.eq(counters::value + amount))
                 .execute(conn)
@@ -135,14 +135,14 @@ macro_rules! fault_data_access {
             name: &str,
             amount: i64,
         ) -> QueryResult<usize> {
-            use $crate::support::inbox_fault_counters as counters;
+            use $crate::scenario::inbox_fault_counters as counters;
             let update = diesel::update(counters::table.find(name))
                 .set(counters::value.eq(counters::value + amount));
             diesel_async::RunQueryDsl::execute(update, conn).await
         }
 
         fn counter(conn: &mut $Conn, name: &str) -> QueryResult<i64> {
-            use $crate::support::inbox_fault_counters as counters;
+            use $crate::scenario::inbox_fault_counters as counters;
             counters::table
                 .find(name)
                 .select(counters::value)
@@ -150,7 +150,7 @@ macro_rules! fault_data_access {
         }
 
         fn new_counter(conn: &mut $Conn, name: &str) -> QueryResult<usize> {
-            use $crate::support::inbox_fault_counters as counters;
+            use $crate::scenario::inbox_fault_counters as counters;
             diesel::insert_into(counters::table)
                 .values((counters::name.eq(name), counters::value.eq(0_i64)))
                 .execute(conn)
@@ -171,7 +171,7 @@ macro_rules! fault_data_access {
             run: &str,
             messages: &[(i64, String, i64)],
         ) -> QueryResult<usize> {
-            use $crate::support::inbox_fault_queue as queue;
+            use $crate::scenario::inbox_fault_queue as queue;
             let rows: Vec<_> = messages
                 .iter()
                 .map(|(seq, key, amount)| {
@@ -189,7 +189,7 @@ macro_rules! fault_data_access {
         }
 
         fn receive(conn: &mut $Conn, run: &str) -> QueryResult<Option<(i64, i32)>> {
-            use $crate::support::inbox_fault_queue as queue;
+            use $crate::scenario::inbox_fault_queue as queue;
             conn.transaction(|c| {
                 let row: Option<(i64, i32)> = queue::table
                     .filter(queue::run_id.eq(run))
@@ -213,7 +213,7 @@ macro_rules! fault_data_access {
             seq: i64,
             before_commit: impl FnOnce(),
         ) -> QueryResult<()> {
-            use $crate::support::inbox_fault_queue as queue;
+            use $crate::scenario::inbox_fault_queue as queue;
             conn.transaction(|c| {
                 diesel::update(queue::table.find((run, seq)))
                     .set(queue::acked.eq(true))
@@ -224,7 +224,7 @@ macro_rules! fault_data_access {
         }
 
         fn unacked(conn: &mut $Conn, run: &str) -> QueryResult<i64> {
-            use $crate::support::inbox_fault_queue as queue;
+            use $crate::scenario::inbox_fault_queue as queue;
             queue::table
                 .filter(queue::run_id.eq(run))
                 .filter(queue::acked.eq(false))

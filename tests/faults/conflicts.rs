@@ -4,8 +4,8 @@
 use crate::backend::{Deadlock, FaultBackend};
 use crate::common::backend::TestBackend;
 use crate::ensure;
+use crate::scenario::{setup, text};
 use crate::session::Session;
-use crate::support::{setup, text};
 use crate::{fault_run_id, message, Outcome, ScenarioResult};
 use diesel_inbox::{InboxError, Processed};
 use std::sync::atomic::{AtomicU32, Ordering};

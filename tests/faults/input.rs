@@ -2,8 +2,8 @@
 
 use crate::backend::FaultBackend;
 use crate::ensure;
+use crate::scenario::{check_exact, setup};
 use crate::session::sync;
-use crate::support::{check_exact, setup};
 use crate::{fault_run_id, message, Outcome, ScenarioResult};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;

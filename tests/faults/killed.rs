@@ -3,8 +3,8 @@
 use crate::backend::FaultBackend;
 use crate::common::backend::TestBackend;
 use crate::ensure;
+use crate::scenario::{check_exact, setup, text};
 use crate::session::Session;
-use crate::support::{check_exact, setup, text};
 use crate::{fault_run_id, message, Outcome, ScenarioResult, CONSUMER};
 use diesel::connection::SimpleConnection;
 use std::sync::mpsc;

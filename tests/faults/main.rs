@@ -13,6 +13,8 @@
 //! longer (default 24 cases per backend). The table of the last run is
 //! written to `target/inbox-faults/report.md`.
 
+#[path = "../support/mod.rs"]
+mod support;
 #[path = "../common/mod.rs"]
 #[macro_use]
 mod common;
@@ -23,9 +25,9 @@ mod input;
 mod killed;
 mod nesting;
 mod processes;
+mod scenario;
 mod schedules;
 mod session;
-mod support;
 
 use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};

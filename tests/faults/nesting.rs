@@ -3,8 +3,8 @@
 
 use crate::backend::{short_lock_wait, FaultBackend};
 use crate::ensure;
+use crate::scenario::{check_exact, setup, text};
 use crate::session::sync;
-use crate::support::{check_exact, setup, text};
 use crate::{fault_run_id, message, Message, Outcome, ScenarioResult, CONSUMER};
 use diesel::prelude::*;
 use diesel_inbox::idempotent;

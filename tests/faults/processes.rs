@@ -4,8 +4,8 @@
 use crate::backend::FaultBackend;
 use crate::common::backend::TestBackend;
 use crate::ensure;
+use crate::scenario::{check_exact, env_num, env_var, setup, spawn_worker, text};
 use crate::session::Session;
-use crate::support::{check_exact, env_num, env_var, setup, spawn_worker, text};
 use crate::{delivery_stream, fault_run_id, message, CrashPoint, Outcome, ScenarioResult};
 use diesel_inbox::Processed;
 use std::os::unix::process::ExitStatusExt;

@@ -2,8 +2,8 @@
 //! commit and redeliveries over several sessions, in random order.
 
 use crate::backend::FaultBackend;
+use crate::scenario::{check_exact, setup};
 use crate::session::{Fate, Session};
-use crate::support::{check_exact, setup};
 use crate::{fault_run_id, message, Outcome, ScenarioResult};
 use diesel_inbox::Processed;
 use std::panic::AssertUnwindSafe;

@@ -12,10 +12,10 @@
 //! after the commit; the database refusing connections (PostgreSQL and
 //! MySQL, through a TCP proxy).
 
+#[path = "../support/mod.rs"]
+mod support;
 #[cfg(all(feature = "axum", feature = "sqlite"))]
-#[allow(dead_code)] // the broker suite's proxy: not all of it is used here
-#[path = "../brokers/proxy.rs"]
-mod proxy;
+use support::proxy;
 #[cfg(all(feature = "axum", feature = "sqlite"))]
 mod scenarios;
 #[cfg(all(feature = "axum", feature = "sqlite"))]

@@ -47,13 +47,7 @@ pub fn main() {
         }
         return;
     }
-    let run = format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_micros()
-    );
+    let run = crate::support::run_stamp();
     let sqlite_dir = std::env::temp_dir().join(format!("diesel-inbox-http-{run}"));
     std::fs::create_dir_all(&sqlite_dir).expect("temp dir");
     let mut backends = vec![Backend {
@@ -95,16 +89,9 @@ pub fn main() {
             std::thread::spawn(move || backend.scenarios(&run))
         })
         .collect();
-    let mut failed = 0;
-    for thread in threads {
-        failed += thread.join().expect("a backend's thread panicked");
-    }
-    let _ = std::fs::remove_dir_all(&sqlite_dir);
-    if failed > 0 {
-        println!("{failed} scenario(s) FAILED");
-        std::process::exit(1);
-    }
-    println!("http: all scenarios passed");
+    crate::support::pools::side_by_side("http", threads, || {
+        let _ = std::fs::remove_dir_all(&sqlite_dir);
+    });
 }
 
 struct Backend {

@@ -14,7 +14,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::pooled_connection::deadpool::{Pool, PoolError};
-use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolableConnection};
+use diesel_async::pooled_connection::PoolableConnection;
 use diesel_async::RunQueryDsl;
 use diesel_inbox::http::{IdempotencyKey, Idempotent};
 use diesel_inbox::{AsyncInboxConnection, InboxError};
@@ -164,11 +164,7 @@ macro_rules! db {
             type Pooled = diesel_async::pooled_connection::deadpool::Object<$conn>;
             const CREATE: &'static str = $create;
             fn pool(url: String) -> Result<Self::Pool, String> {
-                let manager = AsyncDieselConnectionManager::<$conn>::new(url);
-                Pool::builder(manager)
-                    .max_size(8)
-                    .build()
-                    .map_err(|e| e.to_string())
+                crate::support::pools::deadpool(url, 8)
             }
             fn get(
                 pool: &Self::Pool,

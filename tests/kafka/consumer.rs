@@ -4,11 +4,11 @@
 
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
-use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolableConnection};
+use diesel_async::pooled_connection::PoolableConnection;
 use diesel_async::RunQueryDsl;
 use diesel_inbox::brokers::Policy;
 use diesel_inbox::outbox::Outgoing;
-use diesel_inbox::{AsyncInboxConnection, Inbox, InboxError, Processed};
+use diesel_inbox::{AsyncInboxConnection, Inbox, Processed};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::ClientConfig;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,35 +17,7 @@ use std::time::Duration;
 /// The inbox consumer of every scenario (message ids are unique per run).
 pub const CONSUMER: &str = "kafka-orders";
 
-#[derive(Debug)]
-#[allow(dead_code)] // read through Debug
-pub enum AppError {
-    Db(diesel::result::Error),
-    Inbox(InboxError),
-    Pool(String),
-    BadPayload,
-}
-
-impl From<diesel::result::Error> for AppError {
-    fn from(e: diesel::result::Error) -> Self {
-        AppError::Db(e)
-    }
-}
-
-impl From<InboxError> for AppError {
-    fn from(e: InboxError) -> Self {
-        AppError::Inbox(e)
-    }
-}
-
-impl diesel_inbox::brokers::HasInboxError for AppError {
-    fn inbox_error(&self) -> Option<&InboxError> {
-        match self {
-            AppError::Inbox(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+pub use crate::support::AppError;
 
 /// What differs between the backends: the connection, its pool, and the
 /// business table's DDL and insert.
@@ -84,11 +56,7 @@ macro_rules! db {
             type Pooled = Object<$conn>;
             const CREATE: &'static str = $create;
             fn pool(url: String) -> Result<Self::Pool, String> {
-                let manager = AsyncDieselConnectionManager::<$conn>::new(url);
-                Pool::builder(manager)
-                    .max_size(4)
-                    .build()
-                    .map_err(|e| e.to_string())
+                crate::support::pools::deadpool(url, 4)
             }
             fn get(
                 pool: &Self::Pool,

@@ -19,10 +19,10 @@
 
 #[cfg(all(feature = "kafka", feature = "sqlite"))]
 mod consumer;
+#[path = "../support/mod.rs"]
+mod support;
 #[cfg(all(feature = "kafka", feature = "sqlite"))]
-#[allow(dead_code)] // the broker suite's proxy: not all of it is used here
-#[path = "../brokers/proxy.rs"]
-mod proxy;
+use support::proxy;
 #[cfg(all(feature = "kafka", feature = "sqlite"))]
 mod scenarios;
 

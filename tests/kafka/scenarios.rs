@@ -69,13 +69,7 @@ pub fn main() {
         println!("SKIPPED: kafka: set INBOX_TEST_KAFKA_BROKERS (scripts/kafka.sh start; scripts/kafka.sh url)");
         return;
     };
-    let run = format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_micros()
-    );
+    let run = crate::support::run_stamp();
     let filter: Option<String> = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
     let sqlite_dir = std::env::temp_dir().join(format!("diesel-inbox-kafka-{run}"));
     std::fs::create_dir_all(&sqlite_dir).expect("temp dir");
@@ -110,16 +104,9 @@ pub fn main() {
             })
         })
         .collect();
-    let mut failed = 0;
-    for thread in threads {
-        failed += thread.join().expect("a backend's thread panicked");
-    }
-    let _ = std::fs::remove_dir_all(&sqlite_dir);
-    if failed > 0 {
-        println!("{failed} scenario(s) FAILED");
-        std::process::exit(1);
-    }
-    println!("kafka: all scenarios passed");
+    crate::support::pools::side_by_side("kafka", threads, || {
+        let _ = std::fs::remove_dir_all(&sqlite_dir);
+    });
 }
 
 struct Backend {

@@ -1,9 +1,5 @@
-//! What every test binary shares: the business table, unique run ids,
-//! test databases, server URLs and captured `tracing` events. Binaries
-//! that define handlers of their own (`consumers.rs`, `instrument.rs`)
-//! include only this file, so that the suite's handlers do not join their
-//! registry of consumers.
-#![allow(dead_code)]
+//! The business table, unique run ids, test databases, server URLs and
+//! captured `tracing` events.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -57,6 +53,16 @@ impl Drop for TestDb {
             discard(&self.url);
         }
     }
+}
+
+/// A run's stamp: the current time in microseconds, in hex (short enough
+/// for a topic, a queue or a database name).
+pub fn run_stamp() -> String {
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0);
+    format!("{micros:x}")
 }
 
 /// A prefix no other test, thread or earlier run uses.

@@ -1,6 +1,5 @@
 //! The Galera cluster scenarios' pieces: hot accounts credited by handlers
 //! on every node, and the check that every node holds the exact result.
-//! Included (`#[path]`) by the two Galera test binaries only.
 #![allow(dead_code)] // each binary uses part of it
 
 use crate::common::backends::galera::{nodes, on_node, open_node};

@@ -1,0 +1,40 @@
+//! Async pools for the harnesses that run servers (HTTP) or consumers
+//! (Kafka) on each backend.
+#![cfg(feature = "async")]
+
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolableConnection};
+
+/// A deadpool pool of at most `size` connections `C` on `url`.
+pub fn deadpool<C>(url: String, size: usize) -> Result<Pool<C>, String>
+where
+    C: PoolableConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    Pool::builder(AsyncDieselConnectionManager::<C>::new(url))
+        .max_size(size)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// Each backend's scenarios, one thread each, side by side: `runs` yields
+/// each thread's count of failed scenarios. Prints the suite's verdict and
+/// exits 1 when one failed.
+pub fn side_by_side(
+    suite: &str,
+    runs: Vec<std::thread::JoinHandle<usize>>,
+    cleanup: impl FnOnce(),
+) {
+    let mut failed = 0;
+    for run in runs {
+        failed += run.join().expect("a backend's thread panicked");
+    }
+    cleanup();
+    if failed > 0 {
+        println!("{failed} scenario(s) FAILED");
+        std::process::exit(1);
+    }
+    println!("{suite}: all scenarios passed");
+}
