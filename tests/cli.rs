@@ -651,3 +651,117 @@ fn an_outbox_relay_in_another_process_wakes_at_the_commit_on_postgres() {
             .await;
     });
 }
+
+/// `outbox relay --kafka BROKERS` as the real binary: each message goes to
+/// the topic its destination names, its ordering key as the record's key,
+/// its id in the `message-id` header (what `diesel_inbox::kafka`'s runner
+/// deduplicates on), its headers copied; the rows are deleted.
+#[test]
+#[cfg(all(feature = "kafka", feature = "sqlite"))]
+fn the_outbox_relay_publishes_to_kafka() {
+    use common::backends::sqlite::Sqlite;
+    use diesel_inbox::outbox::{self, Outgoing};
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use rdkafka::message::{Headers as _, Message as _};
+    use rdkafka::ClientConfig;
+    let Some(brokers) = support::server_var("INBOX_TEST_KAFKA_BROKERS") else {
+        return;
+    };
+    let Some(db) = Sqlite::fresh("cli_kafka") else {
+        return;
+    };
+    let url = &db.url;
+    assert_eq!(run(cli(url).arg("migrate")).0, 0);
+    let topic = support::unique_identifier("cli_kafka");
+    common::modes::runtime().block_on(async {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .expect("an admin client");
+        let created = admin
+            .create_topics(
+                &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .expect("create the topic");
+        for result in created {
+            result.expect("the topic");
+        }
+    });
+    let mut conn = Sqlite::open(url);
+    let ids = conn
+        .transaction(|conn| {
+            let first = outbox::enqueue(
+                conn,
+                Outgoing::new(topic.as_str(), "first")
+                    .ordering_key("order-7")
+                    .header("content-type", "text/plain"),
+            )?;
+            let second = outbox::enqueue(conn, Outgoing::new(topic.as_str(), "second"))?;
+            Ok::<_, diesel::result::Error>(vec![first, second])
+        })
+        .expect("enqueue");
+
+    let (code, out, err) = run(cli(url).args(["outbox", "relay", "--kafka", &brokers, "--once"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("published 2, failed 0, dead 0"), "{out}");
+    let (code, out, _) = run(cli(url).args(["outbox", "status", "--json"]));
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(json["pending"].as_u64(), Some(0), "{out}");
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", topic.as_str())
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("a Kafka consumer");
+    let mut partitions = rdkafka::TopicPartitionList::new();
+    partitions
+        .add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
+        .expect("the partition");
+    consumer.assign(&partitions).expect("assign");
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while got.len() < 2 && std::time::Instant::now() < deadline {
+        let Some(record) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let record = record.expect("a record");
+        let headers: Vec<(String, String)> = record
+            .headers()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .map(|h| {
+                        let value = String::from_utf8_lossy(h.value.unwrap_or_default());
+                        (h.key.to_owned(), value.into_owned())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        got.push((
+            record.payload().map(<[u8]>::to_vec),
+            record.key().map(<[u8]>::to_vec),
+            headers,
+        ));
+    }
+    assert_eq!(got.len(), 2, "the relay's records did not arrive");
+    let header = |i: usize, name: &str| {
+        got[i]
+            .2
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(got[0].0.as_deref(), Some(&b"first"[..]));
+    assert_eq!(got[0].1.as_deref(), Some(&b"order-7"[..]));
+    assert_eq!(header(0, "message-id").as_deref(), Some(ids[0].as_str()));
+    assert_eq!(header(0, "content-type").as_deref(), Some("text/plain"));
+    assert_eq!(got[1].0.as_deref(), Some(&b"second"[..]));
+    assert_eq!(got[1].1, None);
+    assert_eq!(header(1, "message-id").as_deref(), Some(ids[1].as_str()));
+}

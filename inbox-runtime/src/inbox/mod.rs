@@ -115,7 +115,8 @@ impl<'n, N: ConsumerName + ?Sized> Inbox<'n, N> {
 }
 
 impl<'n, N: ?Sized, M, R> Inbox<'n, N, M, R> {
-    /// How often a transient failure reruns the transaction (0: never).
+    /// How often a transient failure reruns the transaction (default 3;
+    /// 0: never).
     pub fn retries(mut self, retries: u32) -> Self {
         self.retries = Some(retries);
         self

@@ -134,7 +134,7 @@ impl<'a> Purge<'a> {
         }
     }
 
-    /// Rows per batch (1 to [`MAX_PURGE_BATCH`]).
+    /// Rows per batch (default 10,000; 1 to [`MAX_PURGE_BATCH`]).
     pub fn batch_size(mut self, batch_size: usize) -> Self {
         self.batch_size = batch_size;
         self

@@ -201,15 +201,17 @@ pub(crate) struct RelayArgs {
     /// topic, the ordering key the record's key; an idempotent producer.
     #[arg(long)]
     pub(crate) kafka: Option<String>,
-    /// Messages per batch.
-    #[arg(long, default_value_t = 100)]
-    pub(crate) batch_size: usize,
-    /// How often to look for new messages (e.g. 500ms, 1s).
-    #[arg(long, value_parser = parse_pause, default_value = "1s")]
-    pub(crate) poll_interval: Duration,
-    /// Refusals by the broker after which a message is dead.
-    #[arg(long, default_value_t = 10)]
-    pub(crate) max_publish_attempts: u32,
+    /// Messages per batch [default: the library's, 100].
+    #[arg(long)]
+    pub(crate) batch_size: Option<usize>,
+    /// How often to look for new messages (e.g. 500ms, 1s) [default: the
+    /// library's, 1s].
+    #[arg(long, value_parser = parse_pause)]
+    pub(crate) poll_interval: Option<Duration>,
+    /// Refusals by the broker after which a message is dead [default: the
+    /// library's, 10].
+    #[arg(long)]
+    pub(crate) max_publish_attempts: Option<u32>,
     /// Stop after one pass (what is due now) instead of running.
     #[arg(long)]
     pub(crate) once: bool,

@@ -162,10 +162,16 @@ mod database {
         publisher: P,
         options: &RelayArgs,
     ) -> Result<ExitCode, Failure> {
-        let relay = Relay::new(pool, publisher)
-            .batch_size(options.batch_size)
-            .poll_interval(options.poll_interval)
-            .max_publish_attempts(options.max_publish_attempts);
+        let mut relay = Relay::new(pool, publisher);
+        if let Some(size) = options.batch_size {
+            relay = relay.batch_size(size);
+        }
+        if let Some(interval) = options.poll_interval {
+            relay = relay.poll_interval(interval);
+        }
+        if let Some(attempts) = options.max_publish_attempts {
+            relay = relay.max_publish_attempts(attempts);
+        }
         let report = if options.once {
             relay.run_once().await.map_err(|e| Failure(e.to_string()))?
         } else {
