@@ -50,7 +50,7 @@ mod suite {
 
     mod schema {
         use super::{fresh, open};
-        use crate::common::schema::{self as check, WrongShape};
+        use crate::common::schema::WrongShape;
 
         /// The table of diesel-inbox 0.1, as its `migrate` created it.
         const LEGACY_DDL: &str = "CREATE TABLE IF NOT EXISTS inbox_messages (
@@ -186,97 +186,14 @@ mod suite {
             },
         ];
 
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_mysql),
-            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
-        )]
-        fn migrate_refuses_each_wrong_table_shape() {
-            check::wrong_shapes_are_refused(fresh, open, SHAPES);
-        }
-
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_mysql),
-            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
-        )]
-        fn the_first_claim_refuses_each_wrong_table_shape_without_migrate() {
-            check::wrong_shapes_are_refused_at_the_first_claim::<crate::suite::Mysql>(SHAPES);
-        }
-
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_mysql),
-            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
-        )]
-        fn the_table_shape_is_checked_once_per_connection() {
-            check::the_shape_is_checked_once_per_connection::<crate::suite::Mysql>();
-        }
-
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_mysql),
-            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
-        )]
-        fn a_table_made_after_a_failed_claim_is_checked() {
-            check::a_table_made_after_a_failed_claim_is_checked::<crate::suite::Mysql>(&SHAPES[0]);
-        }
-
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_mysql),
-            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
-        )]
-        fn migrate_upgrades_a_table_of_release_0_1_in_place() {
-            check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
-        }
-
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_mysql),
-            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
-        )]
-        fn migrate_upgrades_a_version_1_table_in_place() {
-            check::version_1_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
-        }
-
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_mysql),
-            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
-        )]
-        fn migrate_upgrades_a_version_2_database_with_the_outbox() {
-            check::version_2_is_upgraded_with_the_outbox(fresh, open);
-        }
-
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_mysql),
-            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
-        )]
-        fn migrate_refuses_an_outbox_table_of_the_application() {
-            check::a_foreign_outbox_table_is_refused(fresh, open);
-        }
-
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_mysql),
-            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
-        )]
-        fn migrate_refuses_a_positions_table_without_its_columns() {
-            check::a_wrong_positions_table_is_refused(fresh, open);
-        }
-
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_mysql),
-            ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
-        )]
-        fn migrate_refuses_a_newer_schema() {
-            check::newer_schema_is_refused(fresh, open, |version| {
+        crate::schema_tests!(
+            crate::suite::Mysql,
+            runs_if = inbox_test_mysql,
+            else_ignored = "INBOX_TEST_MYSQL_URL was not set when the tests were built",
+            newer = |version| {
                 format!("ALTER TABLE inbox_messages COMMENT = 'diesel-inbox schema {version}'")
-            });
-        }
+            }
+        );
     }
 
     diesel::table! {

@@ -40,7 +40,7 @@ mod asynchronous {
 
 mod schema {
     use super::{common, fresh, open};
-    use common::schema::{self as check, WrongShape};
+    use common::schema::WrongShape;
     use diesel::connection::SimpleConnection;
 
     /// The table of diesel-inbox 0.1, as its `migrate` created it.
@@ -154,60 +154,17 @@ mod schema {
         },
     ];
 
-    #[test]
-    fn migrate_refuses_each_wrong_table_shape() {
-        check::wrong_shapes_are_refused(fresh, open, SHAPES);
-    }
-
-    #[test]
-    fn the_first_claim_refuses_each_wrong_table_shape_without_migrate() {
-        check::wrong_shapes_are_refused_at_the_first_claim::<crate::Sqlite>(SHAPES);
-    }
-
-    #[test]
-    fn the_table_shape_is_checked_once_per_connection() {
-        check::the_shape_is_checked_once_per_connection::<crate::Sqlite>();
-    }
-
-    #[test]
-    fn a_table_made_after_a_failed_claim_is_checked() {
-        check::a_table_made_after_a_failed_claim_is_checked::<crate::Sqlite>(&SHAPES[0]);
-    }
-
-    #[test]
-    fn migrate_upgrades_a_table_of_release_0_1_in_place() {
-        check::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
-    }
-
-    #[test]
-    fn migrate_upgrades_a_version_1_table_in_place() {
-        check::version_1_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
-    }
-
-    #[test]
-    fn migrate_upgrades_a_version_2_database_with_the_outbox() {
-        check::version_2_is_upgraded_with_the_outbox(fresh, open);
-    }
-
-    #[test]
-    fn migrate_refuses_an_outbox_table_of_the_application() {
-        check::a_foreign_outbox_table_is_refused(fresh, open);
-    }
-
-    #[test]
-    fn migrate_refuses_a_positions_table_without_its_columns() {
-        check::a_wrong_positions_table_is_refused(fresh, open);
-    }
-
-    #[test]
-    fn migrate_refuses_a_newer_schema() {
-        check::newer_schema_is_refused(fresh, open, |version| {
+    crate::schema_tests!(
+        crate::Sqlite,
+        runs_if = all(),
+        else_ignored = "SQLite always runs",
+        newer = |version| {
             format!(
                 "DROP VIEW inbox_schema_version; \
                  CREATE VIEW inbox_schema_version AS SELECT {version} AS version;"
             )
-        });
-    }
+        }
+    );
 
     /// A failure that is not about privileges (here a read-only file) is
     /// reported as it is, without the privilege hint.

@@ -570,3 +570,72 @@ pub fn a_table_made_after_a_failed_claim_is_checked<B: super::backend::TestBacke
     assert_refused(shape, "after the table was made", deliver(&mut conn));
     assert_eq!(B::inbox_rows(&mut conn, "later", "m-1"), 0);
 }
+
+/// The schema checks' `#[test]` shims for one backend `$B`. In scope where
+/// it is invoked: the backend's `fresh` and `open`, its `SHAPES` and its
+/// `LEGACY_DDL`; `newer` makes the statement that records a newer schema
+/// version.
+#[macro_export]
+macro_rules! schema_tests {
+    ($B:ty, runs_if = $runs_if:meta, else_ignored = $why:literal, newer = $newer:expr) => {
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn migrate_refuses_each_wrong_table_shape() {
+            $crate::common::schema::wrong_shapes_are_refused(fresh, open, SHAPES);
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn the_first_claim_refuses_each_wrong_table_shape_without_migrate() {
+            $crate::common::schema::wrong_shapes_are_refused_at_the_first_claim::<$B>(SHAPES);
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn the_table_shape_is_checked_once_per_connection() {
+            $crate::common::schema::the_shape_is_checked_once_per_connection::<$B>();
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn a_table_made_after_a_failed_claim_is_checked() {
+            $crate::common::schema::a_table_made_after_a_failed_claim_is_checked::<$B>(&SHAPES[0]);
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn migrate_upgrades_a_table_of_release_0_1_in_place() {
+            $crate::common::schema::unversioned_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn migrate_upgrades_a_version_1_table_in_place() {
+            $crate::common::schema::version_1_table_is_upgraded_in_place(fresh, open, LEGACY_DDL);
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn migrate_upgrades_a_version_2_database_with_the_outbox() {
+            $crate::common::schema::version_2_is_upgraded_with_the_outbox(fresh, open);
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn migrate_refuses_an_outbox_table_of_the_application() {
+            $crate::common::schema::a_foreign_outbox_table_is_refused(fresh, open);
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn migrate_refuses_a_positions_table_without_its_columns() {
+            $crate::common::schema::a_wrong_positions_table_is_refused(fresh, open);
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn migrate_refuses_a_newer_schema() {
+            $crate::common::schema::newer_schema_is_refused(fresh, open, $newer);
+        }
+    };
+}
