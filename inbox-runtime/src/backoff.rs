@@ -22,7 +22,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// # use inbox_runtime::__private::backoff;
+/// # use inbox_runtime::__facade::backoff;
 /// let (first, cap) = (Duration::from_millis(100), Duration::from_secs(2));
 /// let third = backoff(first, cap, 3);
 /// assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
