@@ -10,6 +10,7 @@ use crate::error::InboxError;
 use diesel::result::Error;
 #[cfg(feature = "async")]
 use std::time::Duration;
+
 /// Whether enqueues notify the relays of other processes at commit.
 static NOTIFY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 

@@ -20,6 +20,7 @@ use diesel::result::Error;
 #[cfg(feature = "async")]
 use std::time::Duration;
 use std::time::SystemTime;
+
 /// A message a relay claimed, as its publisher sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
