@@ -183,24 +183,11 @@ pub(crate) struct OutboxPurgeArgs {
 
 #[derive(Args)]
 pub(crate) struct RelayArgs {
-    /// The RabbitMQ URL (amqp://...), with --exchange.
-    #[arg(
-        long,
-        required_unless_present_any = ["nats", "kafka"],
-        conflicts_with_all = ["nats", "kafka"],
-        requires = "exchange"
-    )]
-    pub(crate) amqp: Option<String>,
-    /// The exchange to publish to ("" is the default exchange).
+    #[command(flatten)]
+    pub(crate) broker: Broker,
+    /// The exchange to publish to, with --amqp ("" is the default exchange).
     #[arg(long)]
     pub(crate) exchange: Option<String>,
-    /// The NATS URL (nats://...).
-    #[arg(long, conflicts_with = "kafka")]
-    pub(crate) nats: Option<String>,
-    /// The Kafka brokers (host:port[,host:port...]): the destination is the
-    /// topic, the ordering key the record's key; an idempotent producer.
-    #[arg(long)]
-    pub(crate) kafka: Option<String>,
     /// Messages per batch [default: the library's, 100].
     #[arg(long)]
     pub(crate) batch_size: Option<usize>,
@@ -215,4 +202,20 @@ pub(crate) struct RelayArgs {
     /// Stop after one pass (what is due now) instead of running.
     #[arg(long)]
     pub(crate) once: bool,
+}
+
+/// The broker a relay publishes to: exactly one.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub(crate) struct Broker {
+    /// The RabbitMQ URL (amqp://...), with --exchange.
+    #[arg(long, requires = "exchange")]
+    pub(crate) amqp: Option<String>,
+    /// The NATS URL (nats://...).
+    #[arg(long)]
+    pub(crate) nats: Option<String>,
+    /// The Kafka brokers (host:port[,host:port...]): the destination is the
+    /// topic, the ordering key the record's key; an idempotent producer.
+    #[arg(long)]
+    pub(crate) kafka: Option<String>,
 }

@@ -14,13 +14,13 @@ pub(crate) fn run(url: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
         .build()
         .map_err(|e| Failure(format!("no async runtime: {e}")))?;
     runtime.block_on(async {
-        if let Some(amqp) = &options.amqp {
+        if let Some(amqp) = &options.broker.amqp {
             return to_rabbitmq(url, amqp, options).await;
         }
-        if let Some(nats) = &options.nats {
+        if let Some(nats) = &options.broker.nats {
             return to_nats(url, nats, options).await;
         }
-        if let Some(brokers) = &options.kafka {
+        if let Some(brokers) = &options.broker.kafka {
             return to_kafka(url, brokers, options).await;
         }
         Err(Failure(
