@@ -89,7 +89,7 @@ pub fn main() {
             std::thread::spawn(move || backend.scenarios(&run))
         })
         .collect();
-    crate::support::pools::side_by_side("http", threads, || {
+    crate::support::side_by_side("http", threads, || {
         let _ = std::fs::remove_dir_all(&sqlite_dir);
     });
 }

@@ -104,7 +104,7 @@ pub fn main() {
             })
         })
         .collect();
-    crate::support::pools::side_by_side("kafka", threads, || {
+    crate::support::side_by_side("kafka", threads, || {
         let _ = std::fs::remove_dir_all(&sqlite_dir);
     });
 }

@@ -1,8 +1,9 @@
 //! What every test binary shares: the business table, unique run ids, test
-//! databases, server variables and captured `tracing` events
-//! (`basics.rs`), the handlers' error type (`errors.rs`), a TCP proxy that
-//! can refuse or stall connections (`proxy.rs`), and async pools
-//! (`pools.rs`), and a relay in a task (`relay.rs`). The behaviour suites' handlers and tests are `common/`,
+//! databases, server variables, captured `tracing` events and the
+//! side-by-side runner of the scenario harnesses (`basics.rs`), the
+//! handlers' error type (`errors.rs`), a TCP proxy that can refuse or stall
+//! connections (`proxy.rs`), async pools (`pools.rs`) and a relay in a task
+//! (`relay.rs`). The behaviour suites' handlers and tests are `common/`,
 //! which only the backend binaries include, so that its handlers do not
 //! join the registry of consumers of the binaries that check it.
 #![allow(dead_code, unused_imports)]

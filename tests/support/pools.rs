@@ -18,23 +18,3 @@ where
         .build()
         .map_err(|e| e.to_string())
 }
-
-/// Each backend's scenarios, one thread each, side by side: `runs` yields
-/// each thread's count of failed scenarios. Prints the suite's verdict and
-/// exits 1 when one failed.
-pub fn side_by_side(
-    suite: &str,
-    runs: Vec<std::thread::JoinHandle<usize>>,
-    cleanup: impl FnOnce(),
-) {
-    let mut failed = 0;
-    for run in runs {
-        failed += run.join().expect("a backend's thread panicked");
-    }
-    cleanup();
-    if failed > 0 {
-        println!("{failed} scenario(s) FAILED");
-        std::process::exit(1);
-    }
-    println!("{suite}: all scenarios passed");
-}

@@ -37,8 +37,10 @@ pub(crate) fn run(_: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
 }
 
 /// The failure of a broker this binary was built without.
-#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
-#[allow(dead_code)]
+#[cfg(all(
+    any(feature = "lapin", feature = "nats", feature = "kafka"),
+    not(all(feature = "lapin", feature = "nats", feature = "kafka"))
+))]
 fn without(broker: &str, feature: &str) -> Result<ExitCode, Failure> {
     Err(Failure(format!(
         "this diesel-inbox was built without {broker}: cargo install diesel-inbox --features cli,{feature}"
@@ -104,7 +106,7 @@ mod database {
     use std::process::ExitCode;
 
     /// A small pool (a claim and a status) of `C`s on `url`.
-    #[allow(dead_code)]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     fn pool<C>(url: &str) -> Result<Pool<C>, Failure>
     where
         C: PoolableConnection + AsyncInboxConnection + 'static,
