@@ -123,7 +123,7 @@ where
 {
     let what = plan.describe();
     let mut engine: Engine<'_, C::Backend, T, E, R> =
-        Engine::new(consumer, &what, retries, classify);
+        Engine::new(consumer, &what, retries, classify).fencing(crate::fence::take());
     let claim = Claim::Many(consumer, plan);
     let mut positions = Vec::new();
     let mut step = engine.first();
@@ -271,16 +271,17 @@ where
             }
             Claim::Many(consumer, plan) => claim_many(conn, consumer, plan, positions).await,
         }),
-        Step::Fence(position) => Event::Fenced(match claim {
-            Claim::One(one) => {
-                let op = Op::Fence {
-                    consumer: one.consumer.to_owned(),
-                    position,
-                };
-                conn.inbox_outbox(op).await.and_then(fenced)
-            }
-            Claim::Many(..) => unreachable!("a batch moves no stream position"),
-        }),
+        Step::Fence(positions) => {
+            let consumer = match claim {
+                Claim::One(one) => one.consumer,
+                Claim::Many(consumer, _) => consumer,
+            };
+            let op = Op::Fence {
+                consumer: consumer.to_owned(),
+                positions,
+            };
+            Event::Fenced(conn.inbox_outbox(op).await.and_then(fenced))
+        }
         Step::Store(value) => Event::Stored(match claim {
             Claim::One(one) => conn.inbox_store_result(one.consumer, one.key, &value).await,
             Claim::Many(..) => unreachable!("a batch stores no result"),

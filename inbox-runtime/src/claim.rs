@@ -241,14 +241,18 @@ impl BatchPlan {
             .collect()
     }
 
-    /// The outcome of a batch that ended as `ended` (a duplicate: the body
-    /// did not run) for the messages at `applied`.
-    pub(crate) fn outcome<T>(&self, ended: Ended<T>, applied: Vec<usize>) -> Batch<T> {
+    /// The outcome of a batch that ended as `ended` for the messages
+    /// `claimed` for the first time (a duplicate applied none of them).
+    pub(crate) fn outcome<T>(&self, ended: Ended<T>, claimed: Vec<usize>) -> Batch<T> {
+        let (value, applied) = match ended {
+            Ended::Applied(value) => (Some(value), claimed),
+            // Nothing committed: every message was a duplicate, or the
+            // stream position's fence refused the batch after its claim
+            // (rolled back).
+            Ended::Duplicate(_) => (None, Vec::new()),
+        };
         Batch {
-            value: match ended {
-                Ended::Applied(value) => Some(value),
-                Ended::Duplicate(_) => None,
-            },
+            value,
             duplicates: self.keys.len() - applied.len(),
             applied,
         }

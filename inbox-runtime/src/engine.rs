@@ -30,7 +30,7 @@
 use crate::backend::transaction::Scope;
 use crate::backend::InboxBackend;
 use crate::error::InboxError;
-use crate::fence::{Fenced, Position, Taken, Verdict};
+use crate::fence::{Fenced, Position, Taken};
 use crate::observe::FailedStatement;
 use crate::retry::ErrorClass;
 use crate::telemetry::{Outcome, Telemetry};
@@ -54,7 +54,7 @@ pub(crate) enum Step {
     /// Move the stream position in scope behind its fence (`fence`), in
     /// the claim's transaction: after a new claim, before the body; after
     /// a duplicate, before committing the move alone.
-    Fence(Position),
+    Fence(Vec<Position>),
     /// Run the body (observing its failed statements).
     Body,
     /// Write the body's value, serialized, into the claimed row
@@ -407,7 +407,7 @@ where
                     if self.scope == Scope::TopLevel {
                         crate::wake::after_commit(self.enqueues);
                     }
-                    self.report_fence(Verdict::Written);
+                    self.report_fence();
                     Next::Done(Ok(Ended::Applied(value)))
                 }
                 // The failed commit rolled back (the backend's commit does).
@@ -421,9 +421,9 @@ where
                     self.go(State::CommittingDuplicate(stored), Step::Commit(self.scope))
                 }
                 // Nothing is applied past the fence: the call is a duplicate.
-                (Ok(Fenced::Refused(stored)), _) => {
+                (Ok(Fenced::Refused { index, stored }), _) => {
                     if let Some(fence) = &self.fence {
-                        fence.report(fence.position().refused(stored));
+                        fence.refused(index, stored);
                     }
                     self.go(State::RollingBack(Ok(None)), Step::Rollback)
                 }
@@ -431,7 +431,7 @@ where
             },
             (State::CommittingDuplicate(stored), Event::Committed(committed)) => match committed {
                 Ok(()) => {
-                    self.report_fence(Verdict::Written);
+                    self.report_fence();
                     Next::Done(Ok(Ended::Duplicate(stored)))
                 }
                 Err(e) => self.judge(Failure::Inbox(e)),
@@ -456,7 +456,7 @@ where
 
     /// What the claim found, once the tables can be trusted to say it.
     fn claimed(&mut self, claimed: Claimed) -> Next<T, E> {
-        let fence = self.fence.as_ref().map(|fence| fence.position().clone());
+        let fence = self.fence.as_ref().map(|fence| fence.positions().to_vec());
         match (claimed, fence) {
             (Claimed::New, fence) => {
                 self.enqueues = crate::wake::mark();
@@ -518,10 +518,10 @@ where
         }
     }
 
-    /// Reports what became of the stream position this call moved.
-    fn report_fence(&self, verdict: Verdict) {
+    /// Reports that the stream positions this call moved are written.
+    fn report_fence(&self) {
         if let Some(fence) = &self.fence {
-            fence.report(verdict);
+            fence.written();
         }
     }
 

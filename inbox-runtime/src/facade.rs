@@ -6,7 +6,7 @@
 pub use crate::backoff::backoff;
 /// Stream positions kept in the handler's transaction (the Kafka runner).
 #[cfg(feature = "async")]
-pub use crate::fence::at_position;
+pub use crate::fence::{at_position, at_positions};
 pub use crate::fence::{Position, Verdict};
 /// How a panic's payload reads: "the body panicked: ...".
 pub use crate::options::describe_panic;

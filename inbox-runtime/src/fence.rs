@@ -1,10 +1,11 @@
 //! Stream positions kept in the handler's own transaction (Kafka): a
-//! consumer runner puts the position of the message it hands to a handler
-//! in scope ([`at_position`]); the first single async inbox call inside
-//! takes it ([`take`]), writes it to `inbox_positions` in its transaction,
-//! behind a guard that never moves it backwards (the fence), and reports
-//! what it found ([`Verdict`]). The runner reads the verdict when the
-//! handler returns.
+//! consumer runner puts the positions of the messages it hands to a
+//! handler in scope ([`at_position`] for one message, [`at_positions`] for
+//! a batch: one per partition); the first async inbox call inside (single
+//! or batch) takes them ([`take`]), writes them to `inbox_positions` in its
+//! transaction, behind a guard that never moves one backwards (the fence),
+//! and reports what it found ([`Verdict`], per position). The runner reads
+//! the verdicts when the handler returns.
 //!
 //! A position is `(consumer, topic, partition)` to the offset after the
 //! last message applied: `offset + 1` of what committed, never assuming
@@ -22,8 +23,12 @@ pub struct Position {
     pub topic: String,
     /// The partition.
     pub partition: i32,
-    /// The message's offset.
+    /// The message's offset (a batch's: its first message's on this
+    /// partition): the guard admits a stored position up to it.
     pub offset: i64,
+    /// The offset of the last message the call applies on this partition
+    /// (`offset` for one message): the position moves to `last + 1`.
+    pub last: i64,
     /// The lowest stored position the runner accepts as its own: the
     /// stored position it last wrote or learned for this partition (a
     /// message it dead-lettered, or one of a handler without the inbox,
@@ -54,8 +59,14 @@ pub enum Verdict {
 pub enum Fenced {
     /// The position was written (inserted, or moved forward).
     Moved,
-    /// The stored position, which the guard refused to move.
-    Refused(i64),
+    /// The stored position of the `index`th position of the call, which
+    /// the guard refused to move (the positions after it were not read).
+    Refused {
+        /// Which of the call's positions.
+        index: usize,
+        /// What is stored for it.
+        stored: i64,
+    },
 }
 
 impl Position {
@@ -77,21 +88,22 @@ impl Position {
     }
 }
 
-/// A position in scope, and what became of it.
+/// The positions in scope, and what became of them.
 #[derive(Debug)]
 struct Slot {
-    position: Position,
+    positions: Vec<Position>,
     state: Mutex<State>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum State {
-    /// No inbox call has taken it.
+    /// No inbox call has taken them.
     Open,
-    /// An inbox call holds it.
+    /// An inbox call holds them.
     Taken,
-    /// An inbox call reported it.
-    Done(Verdict),
+    /// An inbox call reported them: a verdict per position (`None`: not
+    /// read, after another position was refused).
+    Done(Vec<Option<Verdict>>),
 }
 
 #[cfg(feature = "async")]
@@ -100,23 +112,39 @@ tokio::task_local! {
 }
 
 /// Runs `call` with `position` in scope, and returns what the first
-/// inbox call that took it reported (`None`: no single async inbox call
-/// ran to its end, or the handler's transaction did not commit).
+/// inbox call that took it reported (`None`: no async inbox call ran to
+/// its end, or the handler's transaction did not commit).
 #[cfg(feature = "async")]
 pub async fn at_position<F: std::future::Future>(
     position: Position,
     call: F,
 ) -> (F::Output, Option<Verdict>) {
+    let (output, mut verdicts) = at_positions(vec![position], call).await;
+    (output, verdicts.pop().flatten())
+}
+
+/// Runs `call` (a batch's handler) with `positions` in scope (one per
+/// partition, in the order their rows are locked: sort them), and returns
+/// what the first inbox call that took them reported, per position
+/// (`None`: no async inbox call ran to its end, the handler's transaction
+/// did not commit, or another position was refused before this one was
+/// read).
+#[cfg(feature = "async")]
+pub async fn at_positions<F: std::future::Future>(
+    positions: Vec<Position>,
+    call: F,
+) -> (F::Output, Vec<Option<Verdict>>) {
+    let count = positions.len();
     let slot = Arc::new(Slot {
-        position,
+        positions,
         state: Mutex::new(State::Open),
     });
     let output = SLOT.scope(slot.clone(), call).await;
-    let verdict = match *slot.state.lock().unwrap_or_else(|e| e.into_inner()) {
-        State::Done(verdict) => Some(verdict),
-        State::Open | State::Taken => None,
+    let verdicts = match &*slot.state.lock().unwrap_or_else(|e| e.into_inner()) {
+        State::Done(verdicts) => verdicts.clone(),
+        State::Open | State::Taken => vec![None; count],
     };
-    (output, verdict)
+    (output, verdicts)
 }
 
 /// The position in scope, for the inbox call that takes it: `None` when
@@ -146,13 +174,25 @@ pub(crate) fn take() -> Option<Taken> {
 pub(crate) struct Taken(Arc<Slot>);
 
 impl Taken {
-    pub(crate) fn position(&self) -> &Position {
-        &self.0.position
+    pub(crate) fn positions(&self) -> &[Position] {
+        &self.0.positions
     }
 
-    /// Reports what the fence found.
-    pub(crate) fn report(&self, verdict: Verdict) {
-        *self.0.state.lock().unwrap_or_else(|e| e.into_inner()) = State::Done(verdict);
+    /// Reports that every position moved, and the transaction committed.
+    pub(crate) fn written(&self) {
+        let verdicts = vec![Some(Verdict::Written); self.0.positions.len()];
+        *self.0.state.lock().unwrap_or_else(|e| e.into_inner()) = State::Done(verdicts);
+    }
+
+    /// Reports that the guard refused the `index`th position, `stored`.
+    pub(crate) fn refused(&self, index: usize, stored: i64) {
+        let mut verdicts = vec![None; self.0.positions.len()];
+        if let (Some(verdict), Some(position)) =
+            (verdicts.get_mut(index), self.0.positions.get(index))
+        {
+            *verdict = Some(position.refused(stored));
+        }
+        *self.0.state.lock().unwrap_or_else(|e| e.into_inner()) = State::Done(verdicts);
     }
 }
 

@@ -9,7 +9,10 @@
 use crate::{validate_key, InboxError, InvalidKey, Outcome};
 use std::time::Duration;
 
+mod batch;
+mod message;
 pub(crate) mod runner;
+pub use message::Message;
 pub use runner::{Consumer, RunReport, Source};
 pub(crate) use runner::{Holds, Sealed};
 
@@ -360,6 +363,24 @@ pub trait Inbound: Sealed {
         settlement: Settlement,
         retry_delay: Duration,
     ) -> impl std::future::Future<Output = Result<(), BrokerError>>;
+    /// The message as a handler reads it, with its `id`.
+    fn view<'a>(&'a self, id: &'a str) -> Message<'a> {
+        Message {
+            deliveries: self.deliveries(),
+            ..Message::new(id, self.body())
+        }
+    }
+    /// Acks the messages of a batch whose transaction committed, in
+    /// delivery order, in as few requests as the broker allows (each
+    /// one's `settle` by default).
+    fn ack_batch(batch: &[&Self]) -> impl std::future::Future<Output = Result<(), BrokerError>> {
+        async move {
+            for message in batch {
+                message.settle(Settlement::Ack, Duration::ZERO).await?;
+            }
+            Ok(())
+        }
+    }
 }
 
 /// Where a delivery is handled: the consumer it is logged under (`None`:

@@ -18,7 +18,8 @@ use tokio::time::Instant;
 pub(crate) type Probe = Box<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
 /// A probe running under its time limit: `Err` when it timed out.
-type Probing = Pin<Box<dyn Future<Output = Result<bool, tokio::time::error::Elapsed>> + Send>>;
+pub(crate) type Probing =
+    Pin<Box<dyn Future<Output = Result<bool, tokio::time::error::Elapsed>> + Send>>;
 
 /// The first wait between two health probes while intake is paused; each
 /// failed probe doubles it, up to [`MAX_PROBE_INTERVAL`].
@@ -44,11 +45,23 @@ pub(crate) struct Runner<E> {
     /// `exit_when_idle`: how long nothing must happen before the runner
     /// asks the broker whether anything is left.
     pub(crate) idle: Option<Duration>,
+    /// `batch`: the most messages of a batch, and how long a batch waits
+    /// for more after its first.
+    pub(crate) batch: Option<(usize, Duration)>,
 }
 
 impl<E> Runner<E> {
+    /// How many deliveries the broker may have unsettled with the runner:
+    /// `in_flight`, or two batches (one handled, the next arriving).
+    pub(crate) fn prefetch(&self) -> usize {
+        match self.batch {
+            Some((max, _)) => max.saturating_mul(2),
+            None => self.in_flight,
+        }
+    }
+
     /// Starts the health probe, under its time limit.
-    fn probe(&self) -> Option<Probing> {
+    pub(crate) fn probe(&self) -> Option<Probing> {
         let probe = self.probe.as_ref()?;
         Some(Box::pin(tokio::time::timeout(self.probe_timeout, probe())))
     }
@@ -60,6 +73,11 @@ impl<E> Runner<E> {
 pub(crate) struct Holds(Option<watch::Receiver<u64>>);
 
 impl Holds {
+    /// Holds that `release` gives back when its value changes.
+    pub(crate) fn released_by(release: watch::Receiver<u64>) -> Self {
+        Holds(Some(release))
+    }
+
     /// Holds that only their delay ends (the broker glue's `handle`).
     #[cfg(any(feature = "lapin", feature = "nats"))]
     pub(crate) fn none() -> Self {
@@ -99,6 +117,11 @@ pub trait Source: Sealed {
     #[doc(hidden)]
     #[allow(async_fn_in_trait)]
     async fn open(&mut self, prefetch: usize) -> Result<Self::Deliveries, BrokerError>;
+    /// The runner will take batches: hand every message out as it
+    /// arrives (Kafka's lanes otherwise hold a partition's next message
+    /// until the one before it is settled).
+    #[doc(hidden)]
+    fn batching(&mut self) {}
     /// Stops the broker's deliveries (intake has stopped).
     #[doc(hidden)]
     #[allow(async_fn_in_trait)]
@@ -195,6 +218,7 @@ impl<S, E> Consumer<S, E> {
                 probe: None,
                 probe_timeout: HEALTH_PROBE_TIMEOUT,
                 idle: None,
+                batch: None,
             },
         }
     }
@@ -256,7 +280,7 @@ impl<S, E> Consumer<S, E> {
     /// (`lapin::Consumer::new` on a channel of yours) returns
     /// [`BrokerError::Broker`] instead.
     pub async fn run<O, F>(
-        mut self,
+        self,
         handler: F,
         shutdown: impl Future<Output = ()>,
     ) -> Result<RunReport, BrokerError>
@@ -266,24 +290,48 @@ impl<S, E> Consumer<S, E> {
         E: HasInboxError + std::fmt::Debug,
         F: AsyncFn(&str, &[u8]) -> Result<O, E>,
     {
+        self.drive(
+            &Single {
+                handler,
+                outcome: std::marker::PhantomData,
+            },
+            shutdown,
+        )
+        .await
+    }
+
+    /// The loop around the passes over a stream of deliveries: open,
+    /// reconnect, drain and exit, shut down.
+    pub(crate) async fn drive<P>(
+        mut self,
+        pass: &P,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<RunReport, BrokerError>
+    where
+        S: Source,
+        P: Pass<S::Message, E>,
+    {
+        if self.runner.batch.is_some() {
+            self.source.batching();
+        }
         let mut shutdown = pin!(shutdown);
         let mut total = RunReport::default();
         let name = self.source.name();
         let mut deliveries = tokio::select! {
             biased;
             () = shutdown.as_mut() => return Ok(total),
-            opened = self.source.open(self.runner.in_flight) => opened?,
+            opened = self.source.open(self.runner.prefetch()) => opened?,
         };
         loop {
-            let (ended, mut rest) = run(
-                &self.runner,
-                &name,
-                &mut total,
-                deliveries,
-                &handler,
-                shutdown.as_mut(),
-            )
-            .await;
+            let (ended, mut rest) = pass
+                .pass(
+                    &self.runner,
+                    &name,
+                    &mut total,
+                    deliveries,
+                    shutdown.as_mut(),
+                )
+                .await;
             let why = match ended {
                 Ended::Quiet => {
                     let backlog =
@@ -333,7 +381,7 @@ impl<S, E> Consumer<S, E> {
                     reopened = async {
                         tokio::time::sleep(wait).await;
                         self.source.reconnect().await?;
-                        self.source.open(self.runner.in_flight).await
+                        self.source.open(self.runner.prefetch()).await
                     } => reopened,
                 };
                 match reopened {
@@ -356,12 +404,65 @@ impl<S, E> Consumer<S, E> {
         S: Source,
     {
         let _ = tokio::time::timeout(self.runner.probe_timeout, self.source.stop(rest)).await;
-        report.returned += give_back(rest, self.runner.in_flight, Duration::from_millis(200)).await;
+        report.returned +=
+            give_back(rest, self.runner.prefetch(), Duration::from_millis(200)).await;
+    }
+}
+
+/// One pass of the loop over a stream of deliveries, until shutdown, the
+/// quiet time, or the stream's end or failure: one delivery at a time
+/// ([`Single`], `run`) or in batches (`run_batch`).
+pub(crate) trait Pass<M: Inbound, E> {
+    async fn pass<D>(
+        &self,
+        runner: &Runner<E>,
+        consumer: &str,
+        report: &mut RunReport,
+        deliveries: D,
+        shutdown: impl Future<Output = ()>,
+    ) -> (Ended, D)
+    where
+        D: Stream<Item = Result<M, BrokerError>> + Unpin;
+}
+
+/// `run`'s pass: each delivery through [`handle`], `in_flight` at once.
+struct Single<F, O> {
+    handler: F,
+    outcome: std::marker::PhantomData<fn() -> O>,
+}
+
+impl<M, E, O, F> Pass<M, E> for Single<F, O>
+where
+    M: Inbound,
+    O: Outcome,
+    E: HasInboxError + std::fmt::Debug,
+    F: AsyncFn(&str, &[u8]) -> Result<O, E>,
+{
+    async fn pass<D>(
+        &self,
+        runner: &Runner<E>,
+        consumer: &str,
+        report: &mut RunReport,
+        deliveries: D,
+        shutdown: impl Future<Output = ()>,
+    ) -> (Ended, D)
+    where
+        D: Stream<Item = Result<M, BrokerError>> + Unpin,
+    {
+        run(
+            runner,
+            consumer,
+            report,
+            deliveries,
+            &self.handler,
+            shutdown,
+        )
+        .await
     }
 }
 
 /// Why one pass of the loop over a stream of deliveries ended.
-enum Ended {
+pub(crate) enum Ended {
     /// The shutdown future resolved.
     Shutdown,
     /// Nothing ran, was held or arrived for the `exit_when_idle` quiet
@@ -416,6 +517,9 @@ pub struct RunReport {
     /// How often the runner connected again after the broker connection
     /// failed.
     pub reconnects: u64,
+    /// Batches handed to a `run_batch` handler (every run of one counts:
+    /// a retry, each half of a split).
+    pub batches: u64,
     /// Whether the runner ended because the queue was drained
     /// ([`Consumer::exit_when_idle`]) rather than by shutdown.
     pub idle: bool,

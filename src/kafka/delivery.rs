@@ -3,7 +3,7 @@
 //! ([`Deliveries`]).
 
 use super::state::{Lanes, Record, Shared, LANE_BUFFER};
-use crate::brokers::{usable_id, BrokerError, Inbound, Settlement};
+use crate::brokers::{usable_id, BrokerError, Inbound, Message, Settlement};
 use futures_util::Stream;
 use inbox_runtime::__facade::{Position, Verdict};
 use rdkafka::consumer::{ConsumerContext, DefaultConsumerContext};
@@ -102,9 +102,48 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
 
     #[cfg(feature = "otel")]
     fn headers_named(&self, names: &[String]) -> Vec<(String, String)> {
-        let mut found = self.record.trace.clone();
-        found.retain(|(name, _)| names.iter().any(|n| n.eq_ignore_ascii_case(name)));
-        found
+        self.record
+            .headers
+            .iter()
+            .filter(|(name, _)| names.iter().any(|n| n.eq_ignore_ascii_case(name)))
+            .filter_map(|(name, value)| {
+                Some((name.clone(), std::str::from_utf8(value).ok()?.to_owned()))
+            })
+            .collect()
+    }
+
+    fn view<'a>(&'a self, id: &'a str) -> Message<'a> {
+        let record = &self.record;
+        Message {
+            deliveries: record.deliveries,
+            headers: record
+                .headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_slice()))
+                .collect(),
+            key: record.key.as_deref(),
+            topic: Some(&record.topic),
+            partition: Some(record.partition),
+            offset: Some(record.offset),
+            timestamp: record.timestamp,
+            ..Message::new(id, &record.payload)
+        }
+    }
+
+    async fn ack_batch(batch: &[&Self]) -> Result<(), BrokerError> {
+        let Some(first) = batch.first() else {
+            return Ok(());
+        };
+        // Each partition's offset after the last message of the batch, in
+        // one commit request.
+        let mut next: std::collections::BTreeMap<(&str, i32), i64> = Default::default();
+        for delivery in batch {
+            let record = &delivery.record;
+            let at = next.entry((&record.topic, record.partition)).or_default();
+            *at = (*at).max(record.offset + 1);
+        }
+        first.shared.commit_all(&next);
+        Ok(())
     }
 
     fn position(&self) -> Option<Position> {
@@ -112,6 +151,7 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
             topic: self.record.topic.to_string(),
             partition: self.record.partition,
             offset: self.record.offset,
+            last: self.record.offset,
             floor: self.floor,
         })
     }
@@ -131,10 +171,16 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
         let shared = &self.shared;
         let mut lanes = shared.lanes();
         let Lanes {
+            batched,
             lanes: all,
             ready,
             waker,
         } = &mut *lanes;
+        // A batch given back at shutdown: nothing moves (what the group
+        // hands out next starts from the committed offset).
+        if *batched && settlement == Settlement::Retry {
+            return Ok(());
+        }
         let lane = all.entry((record.topic.clone(), partition)).or_default();
         lane.busy = false;
         match (settlement, verdict) {
@@ -147,8 +193,9 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
                     payload: record.payload.clone(),
                     id: record.id.clone(),
                     deliveries: record.deliveries.saturating_add(1),
-                    #[cfg(feature = "otel")]
-                    trace: record.trace.clone(),
+                    headers: record.headers.clone(),
+                    key: record.key.clone(),
+                    timestamp: record.timestamp,
                 }));
             }
             // The stored position is elsewhere: continue from it. What was
@@ -213,28 +260,19 @@ pub(super) fn receive<C: ConsumerContext + 'static>(
             payload: message.payload().unwrap_or_default().to_vec(),
             id: id_of(&message, &shared.id_header),
             deliveries: 1,
-            #[cfg(feature = "otel")]
-            trace: trace_headers(&message),
+            headers: message
+                .headers()
+                .map(|headers| {
+                    headers
+                        .iter()
+                        .filter_map(|h| Some((h.key.to_owned(), h.value?.to_vec())))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            key: message.key().map(<[u8]>::to_vec),
+            timestamp: message.timestamp().to_millis(),
         }))
     })
-}
-
-/// The headers of the trace context (the global propagator's fields) a
-/// message carries, as text.
-#[cfg(feature = "otel")]
-pub(super) fn trace_headers(message: &BorrowedMessage<'_>) -> Vec<(String, String)> {
-    let Some(headers) = message.headers() else {
-        return Vec::new();
-    };
-    let names = inbox_runtime::__facade::otel::fields();
-    headers
-        .iter()
-        .filter(|h| names.iter().any(|n| n.eq_ignore_ascii_case(h.key)))
-        .filter_map(|h| {
-            let value = std::str::from_utf8(h.value?).ok()?;
-            Some((h.key.to_owned(), value.to_owned()))
-        })
-        .collect()
 }
 
 impl<C: ConsumerContext + 'static> Deliveries<C> {
@@ -288,6 +326,7 @@ impl<C: ConsumerContext + 'static> Stream for Deliveries<C> {
             };
             let shared = self.shared.clone();
             let mut lanes = shared.lanes();
+            let batched = lanes.batched;
             let lane = lanes
                 .lanes
                 .entry((record.topic.clone(), record.partition))
@@ -303,6 +342,11 @@ impl<C: ConsumerContext + 'static> Stream for Deliveries<C> {
                 lane.start = Some(record.offset);
             }
             lane.received = Some(record.offset);
+            if batched {
+                let floor = lane.start;
+                drop(lanes);
+                return Poll::Ready(Some(Ok(self.deliver(record, floor))));
+            }
             if lane.busy {
                 lane.pending.push_back(record.clone());
                 if lane.pending.len() >= LANE_BUFFER && !lane.paused {

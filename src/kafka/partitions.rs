@@ -97,6 +97,10 @@ impl<C: ConsumerContext + 'static> crate::brokers::Source for Partitions<C> {
         })
     }
 
+    fn batching(&mut self) {
+        self.shared.lanes().batched = true;
+    }
+
     async fn stop(&mut self, _deliveries: &mut Deliveries<C>) {
         // The consumer is yours: it leaves its group when you drop it.
     }

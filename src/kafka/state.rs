@@ -59,6 +59,25 @@ impl<C: ConsumerContext> Shared<C> {
         }
     }
 
+    /// Commits each partition's `next` offset in Kafka in one request,
+    /// without waiting (a batch's).
+    pub(super) fn commit_all(&self, next: &std::collections::BTreeMap<(&str, i32), i64>) {
+        let mut list = TopicPartitionList::new();
+        for (&(topic, partition), &at) in next {
+            if list
+                .add_partition_offset(topic, partition, Offset::Offset(at))
+                .is_err()
+            {
+                return;
+            }
+            #[cfg(feature = "metrics")]
+            self.lag(topic, partition, at);
+        }
+        if let Err(e) = self.consumer.commit(&list, CommitMode::Async) {
+            tracing::debug!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: committing the Kafka offsets failed (the database's positions stand)");
+        }
+    }
+
     /// Sets the lag gauge of the partition from librdkafka's cached high
     /// watermark (no request to the broker), `next` being the runner's
     /// position.
@@ -85,6 +104,10 @@ impl<C: ConsumerContext> Shared<C> {
 /// Every partition's lane, and the messages ready to hand out.
 #[derive(Default)]
 pub(super) struct Lanes {
+    /// The runner takes batches ([`run_batch`](crate::brokers::Consumer::run_batch)):
+    /// every message is handed out as it arrives (the runner handles one
+    /// batch at a time, in offset order), and no lane waits or pauses.
+    pub(super) batched: bool,
     pub(super) lanes: HashMap<(Arc<str>, i32), Lane>,
     /// The next message of lanes that are free, oldest lane first.
     pub(super) ready: VecDeque<Arc<Record>>,
@@ -118,7 +141,9 @@ pub(super) struct Record {
     pub(super) payload: Vec<u8>,
     pub(super) id: Result<String, String>,
     pub(super) deliveries: u32,
-    /// The trace context's headers (feature `otel`).
-    #[cfg(feature = "otel")]
-    pub(super) trace: Vec<(String, String)>,
+    /// Its headers that have a value.
+    pub(super) headers: Vec<(String, Vec<u8>)>,
+    pub(super) key: Option<Vec<u8>>,
+    /// Milliseconds since 1970.
+    pub(super) timestamp: Option<i64>,
 }

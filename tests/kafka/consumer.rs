@@ -6,9 +6,9 @@ use diesel::sql_types::{BigInt, Text};
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::PoolableConnection;
 use diesel_async::RunQueryDsl;
-use diesel_inbox::brokers::Policy;
+use diesel_inbox::brokers::{Message, Policy};
 use diesel_inbox::outbox::Outgoing;
-use diesel_inbox::{AsyncInboxConnection, Inbox, Processed};
+use diesel_inbox::{AsyncInboxConnection, Batch, Inbox, Processed};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::ClientConfig;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -149,6 +149,8 @@ pub async fn run<D: Db>() -> Result<(), String> {
     let delay = env("INBOX_KAFKA_DELAY_MS")
         .and_then(|ms| ms.parse().ok())
         .map(Duration::from_millis);
+    // `run_batch` with batches of up to this many messages.
+    let batch: Option<usize> = env("INBOX_KAFKA_BATCH").and_then(|n| n.parse().ok());
     let pool = D::pool(url)?;
     // The runner's metrics, when asked: which partitions got a lag gauge.
     let metrics = env("INBOX_KAFKA_METRICS").map(|_| {
@@ -175,63 +177,88 @@ pub async fn run<D: Db>() -> Result<(), String> {
     let probe = pool.clone();
     let (topic, pool, applied, stall, forward) = (&topic, &pool, &applied, &stall, &forward);
     println!("RUNNING");
-    let report = diesel_inbox::kafka::Consumer::new(consumer, Policy::new(|_: &AppError| false))
+    // A body that is not `key:seq` is permanent (the poison of a batch).
+    let policy = Policy::new(|e: &AppError| matches!(e, AppError::BadPayload));
+    let runner = diesel_inbox::kafka::Consumer::new(consumer, policy)
         .in_flight(4)
         .shutdown_deadline(Duration::from_secs(5))
         .health_probe(move || D::ping(probe.clone()))
-        .health_probe_timeout(Duration::from_secs(2))
-        .run(
-            async |id: &str, body: &[u8]| -> Result<Processed<()>, AppError> {
-                let (key, seq) = parse(body)?;
-                if let Some(delay) = delay {
-                    tokio::time::sleep(delay).await;
-                }
-                let stalled = stall.as_deref() == Some(id);
-                if stalled {
-                    // SIGSTOPped here; the timer has run out at SIGCONT.
-                    println!("STALL {id}");
-                    tokio::time::sleep(Duration::from_secs(3)).await;
-                }
-                let mut conn = D::get(pool).await.map_err(AppError::Pool)?;
-                let (key, seq) = (&key, seq);
-                let forward = forward.as_deref();
-                let done: Result<Processed<()>, AppError> = Inbox::consumer(CONSUMER)
-                    .run_async(&mut *conn, id, async |conn: &mut D::Conn| match forward {
-                        // Service A of a chain: the message goes on to
-                        // `forward`, through the outbox, in this transaction.
-                        Some(next) => {
-                            let message =
-                                Outgoing::new(next, format!("{key}:{seq}")).ordering_key(key);
-                            diesel_inbox::outbox::enqueue_async(conn, message)
-                                .await
-                                .map(drop)
-                                .map_err(AppError::Inbox)
+        .health_probe_timeout(Duration::from_secs(2));
+    let report = match batch {
+        Some(max) => {
+            let handler = Batched::<D> {
+                pool,
+                topic,
+                stall,
+                forward,
+                applied,
+                die_after,
+                delay,
+            };
+            runner
+                .batch(max, Duration::from_millis(5))
+                .run_batch(
+                    async |messages: &[Message<'_>]| handler.handle(messages).await,
+                    sigterm(),
+                )
+                .await
+        }
+        None => {
+            runner
+                .run(
+                    async |id: &str, body: &[u8]| -> Result<Processed<()>, AppError> {
+                        let (key, seq) = parse(body)?;
+                        if let Some(delay) = delay {
+                            tokio::time::sleep(delay).await;
                         }
-                        None => D::insert(conn, topic, id, key, seq)
-                            .await
-                            .map_err(AppError::Db),
-                    })
-                    .await;
-                if stalled {
-                    println!("OUTCOME {id} {done:?}");
-                }
-                let done = done?;
-                if done == Processed::Applied(()) {
-                    let n = applied.fetch_add(1, Ordering::SeqCst) + 1;
-                    if die_after == Some(n) {
-                        println!("DYING after {n}");
-                        let _ = std::process::Command::new("kill")
-                            .args(["-KILL", &std::process::id().to_string()])
-                            .status();
-                        tokio::time::sleep(Duration::from_secs(30)).await;
-                    }
-                }
-                Ok(done)
-            },
-            sigterm(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+                        let stalled = stall.as_deref() == Some(id);
+                        if stalled {
+                            // SIGSTOPped here; the timer has run out at SIGCONT.
+                            println!("STALL {id}");
+                            tokio::time::sleep(Duration::from_secs(3)).await;
+                        }
+                        let mut conn = D::get(pool).await.map_err(AppError::Pool)?;
+                        let (key, seq) = (&key, seq);
+                        let forward = forward.as_deref();
+                        let done: Result<Processed<()>, AppError> = Inbox::consumer(CONSUMER)
+                            .run_async(&mut *conn, id, async |conn: &mut D::Conn| match forward {
+                                // Service A of a chain: the message goes on to
+                                // `forward`, through the outbox, in this transaction.
+                                Some(next) => {
+                                    let message = Outgoing::new(next, format!("{key}:{seq}"))
+                                        .ordering_key(key);
+                                    diesel_inbox::outbox::enqueue_async(conn, message)
+                                        .await
+                                        .map(drop)
+                                        .map_err(AppError::Inbox)
+                                }
+                                None => D::insert(conn, topic, id, key, seq)
+                                    .await
+                                    .map_err(AppError::Db),
+                            })
+                            .await;
+                        if stalled {
+                            println!("OUTCOME {id} {done:?}");
+                        }
+                        let done = done?;
+                        if done == Processed::Applied(()) {
+                            let n = applied.fetch_add(1, Ordering::SeqCst) + 1;
+                            if die_after == Some(n) {
+                                println!("DYING after {n}");
+                                let _ = std::process::Command::new("kill")
+                                    .args(["-KILL", &std::process::id().to_string()])
+                                    .status();
+                                tokio::time::sleep(Duration::from_secs(30)).await;
+                            }
+                        }
+                        Ok(done)
+                    },
+                    sigterm(),
+                )
+                .await
+        }
+    }
+    .map_err(|e| e.to_string())?;
     let mut lagging: Vec<String> = Vec::new();
     if let Some(snapshotter) = metrics {
         for (key, _, _, _) in snapshotter.snapshot().into_vec() {
@@ -251,6 +278,84 @@ pub async fn run<D: Db>() -> Result<(), String> {
     }
     println!("REPORT {report:?} LAG GAUGES {}", lagging.join(","));
     Ok(())
+}
+
+/// The batch handler (`INBOX_KAFKA_BATCH`): the same writes as the
+/// single one, for a batch in one inbox transaction.
+struct Batched<'a, D: Db> {
+    pool: &'a D::Pool,
+    topic: &'a str,
+    stall: &'a Option<String>,
+    forward: &'a Option<String>,
+    applied: &'a AtomicU64,
+    die_after: Option<u64>,
+    /// Per message: a batch sleeps its length times it.
+    delay: Option<Duration>,
+}
+
+impl<D: Db> Batched<'_, D> {
+    async fn handle(&self, messages: &[Message<'_>]) -> Result<Batch<()>, AppError> {
+        let mut items = Vec::with_capacity(messages.len());
+        for message in messages {
+            let (key, seq) = parse(message.body())?;
+            items.push((message.id(), key, seq));
+        }
+        if let Some(delay) = self.delay {
+            tokio::time::sleep(delay * messages.len() as u32).await;
+        }
+        let held = self
+            .stall
+            .as_deref()
+            .filter(|held| messages.iter().any(|m| m.id() == *held));
+        if let Some(held) = held {
+            // SIGSTOPped here; the timer has run out at SIGCONT.
+            println!("STALL {held}");
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        let mut conn = D::get(self.pool).await.map_err(AppError::Pool)?;
+        let (topic, forward) = (self.topic, self.forward.as_deref());
+        let done: Result<Batch<()>, AppError> = Inbox::consumer(CONSUMER)
+            .run_batch_async(
+                &mut *conn,
+                &items,
+                |(id, _, _)| id.to_string(),
+                async |conn: &mut D::Conn, fresh: Vec<&(&str, String, i64)>| {
+                    for (id, key, seq) in fresh {
+                        match forward {
+                            Some(next) => {
+                                let message =
+                                    Outgoing::new(next, format!("{key}:{seq}")).ordering_key(key);
+                                diesel_inbox::outbox::enqueue_async(conn, message)
+                                    .await
+                                    .map_err(AppError::Inbox)?;
+                            }
+                            None => D::insert(conn, topic, id, key, *seq)
+                                .await
+                                .map_err(AppError::Db)?,
+                        }
+                    }
+                    Ok(())
+                },
+            )
+            .await;
+        if let Some(held) = held {
+            match &done {
+                Ok(batch) if batch.applied.is_empty() => println!("OUTCOME {held} Ok(Duplicate)"),
+                other => println!("OUTCOME {held} {other:?}"),
+            }
+        }
+        let done = done?;
+        let now = done.applied.len() as u64;
+        let before = self.applied.fetch_add(now, Ordering::SeqCst);
+        if let Some(n) = self.die_after.filter(|n| before < *n && before + now >= *n) {
+            println!("DYING after {n}");
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &std::process::id().to_string()])
+                .status();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        Ok(done)
+    }
 }
 
 /// Runs the outbox relay, publishing to Kafka, until SIGTERM.

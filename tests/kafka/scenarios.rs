@@ -76,6 +76,7 @@ pub fn main() {
     let mut backends = vec![Backend {
         name: "sqlite",
         url: sqlite_dir.join("kafka.db").to_string_lossy().into_owned(),
+        batch: None,
     }];
     for (name, var, enabled) in [
         (
@@ -86,7 +87,11 @@ pub fn main() {
         ("mysql", "INBOX_TEST_MYSQL_URL", cfg!(feature = "mysql")),
     ] {
         match std::env::var(var) {
-            Ok(url) if !url.is_empty() && enabled => backends.push(Backend { name, url }),
+            Ok(url) if !url.is_empty() && enabled => backends.push(Backend {
+                name,
+                url,
+                batch: None,
+            }),
             _ => println!("SKIPPED: kafka {name}: set {var} (and build with the `{name}` feature)"),
         }
     }
@@ -112,7 +117,14 @@ pub fn main() {
 struct Backend {
     name: &'static str,
     url: String,
+    /// The consumers run `run_batch` with batches of up to this many
+    /// messages (`INBOX_KAFKA_BATCH`); `None`: `run`.
+    batch: Option<usize>,
 }
+
+/// The scenarios run again with `run_batch`: their names start with this,
+/// and then say the batch size.
+const BATCHES: &str = "batches of ";
 
 /// A business row: the message, its key and its sequence number.
 #[derive(Debug, Clone, PartialEq, Eq, diesel::QueryableByName)]
@@ -227,6 +239,30 @@ impl Backend {
                 "the database refusing connections for 60 s: paused, nothing skipped or twice",
                 |b, env| b.outage(env, 60),
             ),
+            (
+                "batches of 50: each message once, in order per key, duplicates by id",
+                Backend::exact,
+            ),
+            (
+                "batches of 50: SIGKILLed between the commit and the offset commit",
+                Backend::killed,
+            ),
+            (
+                "batches of 20: three consumers, one added and one SIGKILLed mid-run",
+                Backend::rebalance,
+            ),
+            (
+                "batches of 5: a zombie past its session timeout is refused by the fence",
+                Backend::zombie,
+            ),
+            (
+                "batches of 50: the database refusing connections for 12 s: paused, nothing skipped or twice",
+                |b, env| b.outage(env, 12),
+            ),
+            (
+                "batches of 500: a poison message in the middle: it alone dead-lettered, 499 applied once",
+                Backend::poison,
+            ),
         ];
         // The scenarios run side by side (each has its own topic, group
         // and ids; on SQLite, its own database file): most of their time is
@@ -247,7 +283,7 @@ impl Backend {
                     filter.is_none_or(|f| name.contains(f) || self.name.contains(f))
                 })
                 .filter(|(_, (name, _))| {
-                    let skipped = self.name == "sqlite" && name.starts_with(NEEDS_A_SERVER);
+                    let skipped = self.name == "sqlite" && name.contains(NEEDS_A_SERVER);
                     if skipped {
                         println!("kafka {}: {name}: SKIPPED: SQLite is a file in the consumer's process, with nothing to refuse connections", self.name);
                     }
@@ -260,8 +296,26 @@ impl Backend {
                             "sqlite" => self.url.replace("kafka.db", &format!("kafka-{i}.db")),
                             _ => self.url.clone(),
                         },
+                        batch: name
+                            .strip_prefix(BATCHES)
+                            .and_then(|rest| rest.split(':').next())
+                            .and_then(|n| n.parse().ok()),
                     };
                     scope.spawn(move || {
+                        // Topics, groups and ids of their own: a scenario
+                        // runs with batches beside its run without them.
+                        let batched;
+                        let env = match backend.batch {
+                            None => env,
+                            Some(n) => {
+                                batched = Env {
+                                    brokers: env.brokers.clone(),
+                                    run: format!("{}-b{n}", env.run),
+                                    runtime: tokio::runtime::Runtime::new().expect("runtime"),
+                                };
+                                &batched
+                            }
+                        };
                         let started = Instant::now();
                         let prepared = match backend.name {
                             "sqlite" => backend.prepare(),
@@ -411,6 +465,9 @@ impl Backend {
             .env("INBOX_KAFKA_GROUP", group)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if let Some(batch) = self.batch {
+            command.env("INBOX_KAFKA_BATCH", batch.to_string());
+        }
         for (name, value) in extra {
             command.env(name, value);
         }
@@ -441,6 +498,7 @@ impl Backend {
             topic: topic.clone(),
             partition: 0,
             offset,
+            last: offset,
             floor,
         };
         let id = |n: u32| format!("fence-{}-{n}", env.run);
@@ -770,6 +828,39 @@ impl Backend {
 }
 
 impl Backend {
+    /// 500 records on one partition, the 251st of them a body that is not
+    /// `key:seq` (a permanent error): the batch is split until it is
+    /// alone; it alone is dead-lettered, the 499 others are applied once,
+    /// in order, and the stored position is the partition's end.
+    fn poison(&self, env: &Env) -> Check {
+        let topic = format!("poison-{}", env.run);
+        let mut records = records(&env.run, "poison", 1, 500);
+        records[250].key = "k0:poison".into();
+        let ends = env.produce(&topic, 1, &records)?;
+        let started = Instant::now();
+        let consumer = self.spawn(env, &topic, &topic, &[])?;
+        records.remove(250);
+        let rows = self.wait_rows(&topic, records.len(), Duration::from_secs(60))?;
+        let isolated = started.elapsed();
+        self.wait_positions(&topic, &ends, Duration::from_secs(20))?;
+        exactly_once(
+            &self
+                .effects(&topic)
+                .map(|all| if all.len() > rows.len() { all } else { rows })?,
+            &records,
+        )?;
+        let report = consumer.stop()?;
+        if !report.contains("dead_lettered: 1,") {
+            return Err(format!("not one message dead-lettered: {report}"));
+        }
+        println!(
+            "kafka {}: the poison message isolated and the 499 others applied {:.2} s after the consumer started",
+            self.name,
+            isolated.as_secs_f64()
+        );
+        Ok(())
+    }
+
     /// A database of its own for `name` (the relay publishes every pending
     /// outbox row of its database): another SQLite file, or a new
     /// database on the server.
@@ -798,6 +889,7 @@ impl Backend {
         let own = Backend {
             name: self.name,
             url,
+            batch: self.batch,
         };
         own.prepare()?;
         Ok(own)
@@ -901,6 +993,7 @@ impl Backend {
         let through_proxy = Backend {
             name: self.name,
             url: routed,
+            batch: self.batch,
         };
         let consumer = through_proxy.spawn(
             env,

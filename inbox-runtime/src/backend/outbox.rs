@@ -64,12 +64,13 @@ pub enum Op {
     /// Deletes up to `limit` messages dead for longer than `older_than`
     /// microseconds, in the caller's transaction.
     PurgeDead { older_than: i64, limit: i64 },
-    /// Moves the stream position of `consumer` to `position.offset + 1`
-    /// behind the fence ([`Position::admits`]), in the handler's
-    /// transaction: the stored row is read and locked first.
+    /// Moves each stream position of `consumer` to `last + 1` behind the
+    /// fence ([`Position::admits`]), in the handler's transaction, in the
+    /// given order: each stored row is read and locked first; the first
+    /// refusal ends the op.
     Fence {
         consumer: String,
-        position: Position,
+        positions: Vec<Position>,
     },
     /// The stored stream positions (of `consumer`, or of all).
     Positions { consumer: Option<String> },
@@ -366,10 +367,14 @@ fn plan<B: Internals>(op: Op) -> Plan {
                 None => all,
             })
         }
-        Op::Fence { consumer, position } => {
-            let (select, write) = positions::fence::<B>(consumer, position);
-            Plan::Fence(select, write)
-        }
+        Op::Fence {
+            consumer,
+            positions: all,
+        } => Plan::Fence(
+            all.into_iter()
+                .map(|position| positions::fence::<B>(consumer.clone(), position))
+                .collect(),
+        ),
         Op::Positions { consumer } => Plan::Positions(positions::list::<B>(consumer)),
         Op::PurgeDead { older_than, limit } => Plan::Purge(
             Stmt::new()
@@ -422,8 +427,8 @@ enum Plan {
     Dead(Stmt),
     /// The select of the rows, then their delete.
     Purge(Stmt),
-    /// The select of the stored position (locked), then its move.
-    Fence(Stmt, Move),
+    /// Per position, the select of the stored one (locked), then its move.
+    Fence(Vec<(Stmt, Move)>),
     Positions(Stmt),
 }
 
@@ -492,12 +497,15 @@ where
             Some(delete) => Answer::Count(delete.execute_on(conn)?),
             None => Answer::Count(0),
         },
-        Plan::Fence(select, write) => {
-            let stored: Vec<OffsetRow> = select.load_on(conn)?;
-            match write.of::<C::Backend>(&stored) {
-                Ok(write) => Answer::Fenced(moved(write.execute_on(conn)?)?),
-                Err(refused) => Answer::Fenced(refused),
+        Plan::Fence(moves) => {
+            for (index, (select, write)) in moves.into_iter().enumerate() {
+                let stored: Vec<OffsetRow> = select.load_on(conn)?;
+                match write.of::<C::Backend>(&stored, index) {
+                    Ok(write) => moved(write.execute_on(conn)?)?,
+                    Err(refused) => return Ok(Answer::Fenced(refused)),
+                }
             }
+            Answer::Fenced(Fenced::Moved)
         }
         Plan::Positions(stmt) => Answer::Positions(stmt.load_on(conn)?),
     })
@@ -542,12 +550,16 @@ where
                 None => Answer::Count(0),
             }
         }
-        Plan::Fence(select, write) => {
-            let stored = LoadOnAsync::<C::Backend, OffsetRow>::load_on_async(select, conn).await?;
-            match write.of::<C::Backend>(&stored) {
-                Ok(write) => Answer::Fenced(moved(write.execute(conn).await?)?),
-                Err(refused) => Answer::Fenced(refused),
+        Plan::Fence(moves) => {
+            for (index, (select, write)) in moves.into_iter().enumerate() {
+                let stored =
+                    LoadOnAsync::<C::Backend, OffsetRow>::load_on_async(select, conn).await?;
+                match write.of::<C::Backend>(&stored, index) {
+                    Ok(write) => moved(write.execute(conn).await?)?,
+                    Err(refused) => return Ok(Answer::Fenced(refused)),
+                }
             }
+            Answer::Fenced(Fenced::Moved)
         }
         Plan::Positions(stmt) => Answer::Positions(stmt.load_on_async(conn).await?),
     })

@@ -74,13 +74,20 @@ pub(super) struct Move {
 
 impl Move {
     /// The statement that moves the position from `stored` (inserts it
-    /// when there is none), or the refusal.
-    pub(super) fn of<B: Internals>(self, stored: &[OffsetRow]) -> Result<Stmt, Fenced> {
+    /// when there is none), or the refusal of the op's `index`th position.
+    pub(super) fn of<B: Internals>(
+        self,
+        stored: &[OffsetRow],
+        index: usize,
+    ) -> Result<Stmt, Fenced> {
         let stored = stored.first().map(|row| row.next_offset);
         if !self.position.admits(stored) {
-            return Err(Fenced::Refused(stored.unwrap_or_default()));
+            return Err(Fenced::Refused {
+                index,
+                stored: stored.unwrap_or_default(),
+            });
         }
-        let next = self.position.offset + 1;
+        let next = self.position.last + 1;
         Ok(match stored {
             None => Stmt::new()
                 .sql("INSERT INTO inbox_positions (consumer, topic, partition_id, next_offset, updated_at) VALUES (")
@@ -110,9 +117,9 @@ impl Move {
 }
 
 /// A fence's move must have written the one row it read (or inserted).
-pub(super) fn moved(written: usize) -> QueryResult<Fenced> {
+pub(super) fn moved(written: usize) -> QueryResult<()> {
     match written {
-        1 => Ok(Fenced::Moved),
+        1 => Ok(()),
         n => Err(diesel::result::Error::QueryBuilderError(
             format!("moving the stream position wrote {n} rows, not 1").into(),
         )),
