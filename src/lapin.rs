@@ -177,6 +177,19 @@ impl Inbound for Delivery {
             .collect()
     }
 
+    async fn ack_batch(batch: &[&Self]) -> Result<(), BrokerError> {
+        // Every ack sent at once, not one after the other's turn; not one
+        // `multiple` ack, which would also ack deliveries of another
+        // consumer on a channel of yours (`Consumer::new`).
+        let acks = batch
+            .iter()
+            .map(|delivery| delivery.acker.ack(BasicAckOptions::default()));
+        for acked in futures_util::future::join_all(acks).await {
+            acked.map_err(|e| BrokerError::Settle(e.into()))?;
+        }
+        Ok(())
+    }
+
     async fn settle(&self, settlement: Settlement, _held: Duration) -> Result<(), BrokerError> {
         let acker = &self.acker;
         let done = match settlement {

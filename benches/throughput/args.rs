@@ -100,6 +100,14 @@ struct Cli {
     /// Messages per variant and round of `--kafka` [default: 3000; smoke 30].
     #[arg(long)]
     kafka_messages: Option<usize>,
+    /// RabbitMQ and NATS (PostgreSQL, INBOX_TEST_AMQP_URL and/or
+    /// INBOX_TEST_NATS_URL): messages/s of `run_batch` against `run` with
+    /// `in_flight(8)`.
+    #[arg(long)]
+    brokers: bool,
+    /// Messages per variant and round of `--brokers` [default: 5000; smoke 50].
+    #[arg(long)]
+    broker_messages: Option<usize>,
     /// Passed by `cargo bench` to harness = false targets.
     #[arg(long, hide = true)]
     bench: bool,
@@ -147,6 +155,9 @@ pub struct Args {
     /// `--kafka` and its count.
     pub kafka: bool,
     pub kafka_messages: usize,
+    /// `--brokers` and its count.
+    pub brokers: bool,
+    pub broker_messages: usize,
 }
 
 /// The process's arguments; clap's error (exit 2) or help (exit 0) on a
@@ -190,6 +201,8 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         http_storms: pick(cli.http_storms, 20, 1),
         kafka: cli.kafka,
         kafka_messages: pick(cli.kafka_messages, 3_000, 30),
+        brokers: cli.brokers,
+        broker_messages: pick(cli.broker_messages, 5_000, 50),
         scale_rows: cli.scale_rows.unwrap_or(if smoke {
             vec![0, 1_000]
         } else {

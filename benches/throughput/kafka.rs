@@ -16,29 +16,42 @@
 //!   message at a time: in one transaction the inbox row (`ON CONFLICT DO
 //!   NOTHING`), the business row and the guarded position upsert, then an
 //!   asynchronous offset commit;
+//! - `batch`: `diesel_inbox::kafka::Consumer::run_batch` with
+//!   `batch(500, 5 ms)`, an `Inbox::run_batch_async` handler inserting the
+//!   claimed messages' business rows in one statement: per batch, one
+//!   transaction (the batch claim, the rows, each partition's position),
+//!   then one offset commit;
+//! - `handbatch`: a hand-written batched rdkafka consumer: up to 500
+//!   messages (what arrived within 5 ms), one transaction per batch (a
+//!   multi-row inbox insert `ON CONFLICT DO NOTHING RETURNING`, a
+//!   multi-row business insert of the claimed ids, one guarded `unnest`
+//!   upsert of the partitions' positions), commit, then the offsets;
 //! - `floor`: an at-least-once consumer with no database: receive, commit
 //!   the offset asynchronously.
 
 use crate::args::Args;
 use crate::output::write_output;
 use crate::run_id;
-use diesel::sql_types::{BigInt, Integer, Text};
+use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use diesel_inbox::brokers::Policy;
-use diesel_inbox::{Inbox, InboxError, Processed};
+use diesel_inbox::brokers::{Message, Policy};
+use diesel_inbox::{Batch, Inbox, InboxError, Processed};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Message as _};
+use rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-const VARIANTS: [&str; 4] = ["runner", "runner8", "hand", "floor"];
+const VARIANTS: [&str; 6] = ["runner", "runner8", "hand", "batch", "handbatch", "floor"];
+/// The batches of `batch` and `handbatch`.
+const BATCH: usize = 500;
+const LINGER: Duration = Duration::from_millis(5);
 const CONSUMER: &str = "bench-kafka";
 const INSERT: &str = "INSERT INTO bench_kafka (id, amount) VALUES ($1, $2)";
 
@@ -73,11 +86,16 @@ impl Clock {
 
     /// Counts a message done; whether it was the last of `n`.
     fn done(&self, n: u64) -> bool {
-        let done = self.done.fetch_add(1, Ordering::SeqCst) + 1;
-        if done == n {
+        self.done_many(1, n)
+    }
+
+    /// Counts `k` messages done; whether the last of `n` was among them.
+    fn done_many(&self, k: u64, n: u64) -> bool {
+        let before = self.done.fetch_add(k, Ordering::SeqCst);
+        if before < n && before + k >= n {
             *self.last.lock().unwrap() = Some(Instant::now());
         }
-        done >= n
+        before + k >= n
     }
 
     fn rate(&self, n: u64) -> Result<f64, String> {
@@ -133,6 +151,8 @@ async fn measure(args: &Args, url: String, brokers: String) -> Result<(), String
                     runner(consumer, &pool, &clock, n, in_flight).await?
                 }
                 "hand" => hand(consumer, &pool, &clock, n).await?,
+                "batch" => batch(consumer, &pool, &clock, n).await?,
+                "handbatch" => hand_batch(consumer, &pool, &clock, n).await?,
                 _ => floor(consumer, &clock, n).await?,
             }
             let rate = clock.rate(n)?;
@@ -160,6 +180,7 @@ async fn measure(args: &Args, url: String, brokers: String) -> Result<(), String
         median("hand"),
         median("floor"),
     );
+    let (batch_rate, hand_batch_rate) = (median("batch"), median("handbatch"));
     println!(
         "kafka postgres, {n} messages x {} rounds: runner {runner_rate:.0}/s, hand-written {hand_rate:.0}/s (runner/hand {:.2}), runner in_flight 8 {runner8_rate:.0}/s ({:.2}x hand), no database {floor_rate:.0}/s (runner/floor {:.2}, runner8/floor {:.2})",
         args.rounds,
@@ -168,12 +189,20 @@ async fn measure(args: &Args, url: String, brokers: String) -> Result<(), String
         runner_rate / floor_rate,
         runner8_rate / floor_rate
     );
+    println!(
+        "kafka postgres batches of {BATCH}: run_batch {batch_rate:.0}/s, hand-written batched {hand_batch_rate:.0}/s (run_batch/hand-batched {:.2}; run_batch/runner8 {:.1}x; run_batch/floor {:.2})",
+        batch_rate / hand_batch_rate,
+        batch_rate / runner8_rate,
+        batch_rate / floor_rate
+    );
     let json = format!(
-        "{{\"backend\":\"postgres\",\"messages\":{n},\"rounds\":{},\"runner\":{runner_rate:.1},\"runner8\":{runner8_rate:.1},\"hand\":{hand_rate:.1},\"floor\":{floor_rate:.1},\"runner_over_hand\":{:.3},\"runner8_over_hand\":{:.3},\"runner_over_floor\":{:.3}}}\n",
+        "{{\"backend\":\"postgres\",\"messages\":{n},\"rounds\":{},\"runner\":{runner_rate:.1},\"runner8\":{runner8_rate:.1},\"hand\":{hand_rate:.1},\"batch\":{batch_rate:.1},\"handbatch\":{hand_batch_rate:.1},\"floor\":{floor_rate:.1},\"runner_over_hand\":{:.3},\"runner8_over_hand\":{:.3},\"runner_over_floor\":{:.3},\"batch_over_handbatch\":{:.3},\"batch_over_runner8\":{:.3}}}\n",
         args.rounds,
         runner_rate / hand_rate,
         runner8_rate / hand_rate,
-        runner_rate / floor_rate
+        runner_rate / floor_rate,
+        batch_rate / hand_batch_rate,
+        batch_rate / runner8_rate
     );
     let dir = write_output("kafka.json", &json)?;
     println!("wrote {}", dir.join("kafka.json").display());
@@ -363,6 +392,170 @@ async fn floor(consumer: StreamConsumer, clock: &Clock, n: u64) -> Result<(), St
             .map_err(|e| e.to_string())?;
         handled += 1;
         clock.done(n);
+    }
+    Ok(())
+}
+
+/// The business rows of a batch, in one statement.
+const INSERT_MANY: &str =
+    "INSERT INTO bench_kafka (id, amount) SELECT * FROM unnest($1::text[], $2::bigint[])";
+
+async fn insert_many(
+    conn: &mut AsyncPgConnection,
+    ids: Vec<&str>,
+    amounts: Vec<i64>,
+) -> diesel::QueryResult<()> {
+    diesel::sql_query(INSERT_MANY)
+        .bind::<Array<Text>, _>(ids)
+        .bind::<Array<BigInt>, _>(amounts)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+fn amount(body: &[u8]) -> i64 {
+    std::str::from_utf8(body)
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or_default()
+}
+
+async fn batch(
+    consumer: StreamConsumer,
+    pool: &Pool<AsyncPgConnection>,
+    clock: &Clock,
+    n: u64,
+) -> Result<(), String> {
+    let finished = tokio::sync::Notify::new();
+    let report = diesel_inbox::kafka::Consumer::new(consumer, Policy::new(|_: &InboxError| false))
+        .batch(BATCH, LINGER)
+        .shutdown_deadline(Duration::from_secs(10))
+        .run_batch(
+            async |messages: &[Message<'_>]| -> Result<Batch<()>, InboxError> {
+                clock.start();
+                let Ok(mut conn) = pool.get().await else {
+                    return Err(InboxError::InvalidArgument("no database connection"));
+                };
+                let done = Inbox::consumer(CONSUMER)
+                    .run_batch_async(
+                        &mut *conn,
+                        messages,
+                        |m| m.id().to_owned(),
+                        async |conn: &mut AsyncPgConnection, fresh: Vec<&Message<'_>>| {
+                            let ids = fresh.iter().map(|m| m.id()).collect();
+                            let amounts = fresh.iter().map(|m| amount(m.body())).collect();
+                            insert_many(conn, ids, amounts).await
+                        },
+                    )
+                    .await
+                    .map_err(|e: diesel::result::Error| InboxError::Database(e))?;
+                if clock.done_many(messages.len() as u64, n) {
+                    finished.notify_one();
+                }
+                Ok(done)
+            },
+            finished.notified(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if report.acked < n {
+        return Err(format!("run_batch acked {} of {n}", report.acked));
+    }
+    Ok(())
+}
+
+/// A batch's claim: the ids inserted now are the ones to apply.
+const CLAIM_MANY: &str = "INSERT INTO inbox_messages (consumer, message_id) \
+     SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id";
+/// Every partition's position of a batch, moved only forward.
+const POSITIONS: &str =
+    "INSERT INTO inbox_positions (consumer, topic, partition_id, next_offset, updated_at) \
+     SELECT $1, $2, p, o, (extract(epoch from now()) * 1000000)::bigint \
+     FROM unnest($3::int[], $4::bigint[]) AS t(p, o) \
+     ON CONFLICT (consumer, topic, partition_id) DO UPDATE SET next_offset = EXCLUDED.next_offset, \
+     updated_at = EXCLUDED.updated_at WHERE inbox_positions.next_offset <= EXCLUDED.next_offset";
+
+#[derive(diesel::QueryableByName)]
+struct Claimed {
+    #[diesel(sql_type = Text)]
+    message_id: String,
+}
+
+async fn hand_batch(
+    consumer: StreamConsumer,
+    pool: &Pool<AsyncPgConnection>,
+    clock: &Clock,
+    n: u64,
+) -> Result<(), String> {
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let mut handled = 0;
+    while handled < n {
+        let first = consumer.recv().await.map_err(|e| e.to_string())?;
+        clock.start();
+        let mut batch = vec![first];
+        let until = tokio::time::Instant::now() + LINGER;
+        while batch.len() < BATCH {
+            match tokio::time::timeout_at(until, consumer.recv()).await {
+                Ok(message) => batch.push(message.map_err(|e| e.to_string())?),
+                Err(_) => break,
+            }
+        }
+        let topic = batch[0].topic().to_owned();
+        let mut ids = Vec::with_capacity(batch.len());
+        let mut amounts = std::collections::HashMap::with_capacity(batch.len());
+        let mut next: std::collections::BTreeMap<i32, i64> = Default::default();
+        for message in &batch {
+            let id = message
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "message-id"))
+                .and_then(|h| h.value)
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .map(str::to_owned)
+                .unwrap_or_else(|| {
+                    format!(
+                        "{}/{}/{}",
+                        message.topic(),
+                        message.partition(),
+                        message.offset()
+                    )
+                });
+            amounts.insert(id.clone(), amount(message.payload().unwrap_or_default()));
+            ids.push(id);
+            let at = next.entry(message.partition()).or_default();
+            *at = (*at).max(message.offset() + 1);
+        }
+        let (partitions, offsets): (Vec<i32>, Vec<i64>) =
+            next.iter().map(|(p, o)| (*p, *o)).unzip();
+        conn.transaction(async |conn| {
+            let claimed: Vec<Claimed> = diesel::sql_query(CLAIM_MANY)
+                .bind::<Text, _>(CONSUMER)
+                .bind::<Array<Text>, _>(&ids)
+                .load(conn)
+                .await?;
+            let fresh: Vec<&str> = claimed.iter().map(|c| c.message_id.as_str()).collect();
+            let sums = fresh.iter().map(|id| amounts[*id]).collect();
+            insert_many(conn, fresh, sums).await?;
+            diesel::sql_query(POSITIONS)
+                .bind::<Text, _>(CONSUMER)
+                .bind::<Text, _>(&topic)
+                .bind::<Array<Integer>, _>(&partitions)
+                .bind::<Array<BigInt>, _>(&offsets)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+        .await
+        .map_err(|e: diesel::result::Error| e.to_string())?;
+        let mut list = TopicPartitionList::new();
+        for (partition, offset) in &next {
+            list.add_partition_offset(&topic, *partition, Offset::Offset(*offset))
+                .map_err(|e| e.to_string())?;
+        }
+        consumer
+            .commit(&list, CommitMode::Async)
+            .map_err(|e| e.to_string())?;
+        handled += batch.len() as u64;
+        clock.done_many(batch.len() as u64, n);
     }
     Ok(())
 }

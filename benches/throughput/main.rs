@@ -11,7 +11,7 @@
 //!     [--memory]
 //!     [--outbox [--outbox-messages 5000] [--outbox-rate 1000] [--outbox-secs 10]]
 //!     [--http [--http-conns 16] [--http-storms 20]]
-//!     [--kafka [--kafka-messages 3000]]
+//!     [--kafka [--kafka-messages 3000]] [--brokers [--broker-messages 5000]]
 //! ```
 //!
 //! Variants run interleaved, and the sync variants' order rotates each
@@ -51,7 +51,12 @@
 //! messages/s of `diesel_inbox::kafka::Consumer` against a hand-written
 //! rdkafka consumer doing the same inbox row, business row and position
 //! write in one transaction, and against an at-least-once consumer with no
-//! database, interleaved; it writes `kafka.json`.
+//! database, interleaved; and `run_batch` against a hand-written batched
+//! rdkafka consumer; it writes `kafka.json`.
+//! `--brokers` (PostgreSQL, `INBOX_TEST_AMQP_URL` and/or
+//! `INBOX_TEST_NATS_URL`): messages/s of the RabbitMQ and NATS runners'
+//! `run_batch` against their `run` with `in_flight(8)`, interleaved; it
+//! writes `brokers.json`.
 //!
 //! The program's modules: [`args`] (the command line), [`backends`] (each
 //! database behind the `Bench` trait), [`variants`] (the handlers and one
@@ -65,6 +70,12 @@
 mod args;
 mod backends;
 mod bench;
+#[cfg(all(
+    feature = "async",
+    feature = "postgres",
+    any(feature = "lapin", feature = "nats")
+))]
+mod brokers;
 #[cfg(all(feature = "axum", feature = "postgres"))]
 mod http;
 #[cfg(all(feature = "kafka", feature = "postgres"))]
@@ -144,6 +155,20 @@ fn run(args: &Args) -> Result<(), String> {
         return kafka::run(args);
         #[cfg(not(all(feature = "kafka", feature = "postgres")))]
         return Err("--kafka needs the kafka and postgres features".into());
+    }
+    if args.brokers {
+        #[cfg(all(
+            feature = "async",
+            feature = "postgres",
+            any(feature = "lapin", feature = "nats")
+        ))]
+        return brokers::run(args);
+        #[cfg(not(all(
+            feature = "async",
+            feature = "postgres",
+            any(feature = "lapin", feature = "nats")
+        )))]
+        return Err("--brokers needs the postgres feature and lapin or nats".into());
     }
     if args.http {
         #[cfg(all(feature = "axum", feature = "postgres"))]

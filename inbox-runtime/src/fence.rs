@@ -16,6 +16,13 @@
 
 use std::sync::{Arc, Mutex};
 
+/// How long a transaction that moves a stream position may sit idle (its
+/// client sends nothing) before PostgreSQL ends its session: a consumer
+/// stopped inside its transaction holds its partition's position row, and
+/// the new owner waits on it, for at most this long.
+#[cfg_attr(not(all(test, feature = "postgres")), allow(dead_code))] // the tests tie PostgreSQL's to it
+pub(crate) const FENCED_IDLE_LIMIT_SECS: u64 = 30;
+
 /// The position of the message a handler runs for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Position {

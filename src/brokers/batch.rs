@@ -391,7 +391,11 @@ async fn process<M, E, T, F>(
                     tracing::debug!(target: crate::TRACING_TARGET, consumer, messages = acked.len(), "diesel-inbox: batch acked");
                     continue;
                 }
-                let of = |at: usize| batch[at].position().map(|p| (p.topic, p.partition));
+                let of = |at: usize| {
+                    batch[at]
+                        .stream_offset()
+                        .map(|(topic, partition, _)| (topic.to_owned(), partition))
+                };
                 for (partition, verdict) in &refused {
                     let mut theirs = part
                         .iter()
@@ -540,16 +544,20 @@ async fn healthy<E>(runner: &Runner<E>, consumer: &str, holds: &Holds, done: &mu
 /// its first message's offset (with that message's floor) to its last's,
 /// sorted by partition (the order their rows are locked in).
 fn positions<M: Inbound>(batch: &[M], part: &[usize]) -> Vec<((String, i32), Position)> {
-    let mut by_partition: BTreeMap<(String, i32), Position> = BTreeMap::new();
+    let mut by_partition: BTreeMap<(&str, i32), (usize, i64)> = BTreeMap::new();
     for &at in part {
-        let Some(position) = batch[at].position() else {
-            continue;
-        };
-        let partition = (position.topic.clone(), position.partition);
-        by_partition
-            .entry(partition)
-            .and_modify(|span| span.last = span.last.max(position.offset))
-            .or_insert(position);
+        if let Some((topic, partition, offset)) = batch[at].stream_offset() {
+            by_partition
+                .entry((topic, partition))
+                .and_modify(|(_, last)| *last = (*last).max(offset))
+                .or_insert((at, offset));
+        }
     }
-    by_partition.into_iter().collect()
+    by_partition
+        .into_iter()
+        .filter_map(|((topic, partition), (first, last))| {
+            let position = batch[first].position()?;
+            Some(((topic.to_owned(), partition), Position { last, ..position }))
+        })
+        .collect()
 }

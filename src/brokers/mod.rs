@@ -336,6 +336,12 @@ pub trait Inbound: Sealed {
     fn position(&self) -> Option<inbox_runtime::__facade::Position> {
         None
     }
+    /// Its topic, partition and offset, for a broker whose positions the
+    /// handler's transaction keeps (Kafka), without copying: how a batch
+    /// groups its messages by partition.
+    fn stream_offset(&self) -> Option<(&str, i32, i64)> {
+        None
+    }
     /// What the fence found, told before [`settle`](Self::settle) (`None`:
     /// no inbox call moved the position).
     fn fenced(&self, verdict: Option<inbox_runtime::__facade::Verdict>) {

@@ -156,6 +156,11 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
         })
     }
 
+    fn stream_offset(&self) -> Option<(&str, i32, i64)> {
+        let record = &self.record;
+        Some((&record.topic, record.partition, record.offset))
+    }
+
     fn fenced(&self, verdict: Option<Verdict>) {
         *self.verdict.lock().unwrap_or_else(|e| e.into_inner()) = verdict;
     }

@@ -4,8 +4,8 @@
 use diesel::connection::SimpleConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, RunQueryDsl};
-use diesel_inbox::brokers::{Handled, Policy, Settlement};
-use diesel_inbox::{idempotent, Processed};
+use diesel_inbox::brokers::{Handled, Message, Policy, Settlement};
+use diesel_inbox::{idempotent, Batch, Processed};
 use std::time::Duration;
 
 pub type Conn = SyncConnectionWrapper<diesel::SqliteConnection>;
@@ -39,7 +39,7 @@ pub fn order_amount(body: &[u8]) -> Result<i64, AppError> {
 /// The consumers' handler: one business row per order. Fingerprinted on
 /// the body: an id published again with another body is `KeyReused`,
 /// which every runner dead-letters through `AppError`'s `HasInboxError`.
-#[idempotent(key = "id", consumer = "broker-orders", fingerprint = "body")]
+#[idempotent(key = "id", consumer = "broker-orders", fingerprint = "body", shared)]
 pub async fn apply_order(conn: &mut Conn, id: &str, body: &[u8]) -> Result<(), AppError> {
     let amount = order_amount(body)?;
     diesel::insert_into(broker_effects::table)
@@ -53,6 +53,61 @@ pub async fn apply_order(conn: &mut Conn, id: &str, body: &[u8]) -> Result<(), A
 }
 
 use diesel::ExpressionMethods;
+
+/// The batch runners' handler: one business row per order of the batch
+/// claimed for the first time (SQLite's async wrapper takes one row per
+/// insert).
+#[idempotent(
+    batch = "messages",
+    key = "|m| m.id()",
+    consumer = "broker-orders",
+    shared
+)]
+pub async fn apply_orders(conn: &mut Conn, messages: &[Message<'_>]) -> Result<(), AppError> {
+    let amounts = messages
+        .iter()
+        .map(|m| order_amount(m.body()))
+        .collect::<Result<Vec<_>, AppError>>()?;
+    for (m, amount) in messages.iter().zip(amounts) {
+        diesel::insert_into(broker_effects::table)
+            .values((
+                broker_effects::message_id.eq(m.id()),
+                broker_effects::amount.eq(amount),
+            ))
+            .execute(conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// [`apply_orders`] on PostgreSQL.
+#[cfg(feature = "postgres")]
+#[idempotent(
+    batch = "messages",
+    key = "|m| m.id()",
+    consumer = "broker-orders-pg",
+    shared
+)]
+pub async fn apply_orders_pg(
+    conn: &mut diesel_async::AsyncPgConnection,
+    messages: &[Message<'_>],
+) -> Result<(), AppError> {
+    let rows = messages
+        .iter()
+        .map(|m| {
+            let amount = order_amount(m.body())?;
+            Ok((
+                broker_effects::message_id.eq(m.id()),
+                broker_effects::amount.eq(amount),
+            ))
+        })
+        .collect::<Result<Vec<_>, AppError>>()?;
+    diesel::insert_into(broker_effects::table)
+        .values(rows)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
 
 /// The policy of the tests' consumers: a bad payload is permanent, the
 /// poison is retried until its fifth delivery.
@@ -268,7 +323,7 @@ pub const PG_EFFECTS_DDL: &str = "CREATE TABLE IF NOT EXISTS broker_effects (\
 /// [`apply_order`] on PostgreSQL (a consumer name of its own: one program,
 /// two handlers).
 #[cfg(feature = "postgres")]
-#[idempotent(key = "id", consumer = "broker-orders-pg")]
+#[idempotent(key = "id", consumer = "broker-orders-pg", shared)]
 pub async fn apply_order_pg(
     conn: &mut diesel_async::AsyncPgConnection,
     id: &str,
@@ -382,6 +437,25 @@ impl Shared {
         outcome
     }
 
+    /// A batch through [`apply_orders`] (or its PostgreSQL twin).
+    pub async fn apply_batch(&self, messages: &[Message<'_>]) -> Result<Batch<()>, AppError> {
+        let outcome = match &self.db {
+            Db::Sqlite(conn) => apply_orders(&mut *conn.lock().await, messages).await,
+            #[cfg(feature = "postgres")]
+            Db::Pg(pool) => match pool.get().await {
+                Ok(mut conn) => apply_orders_pg(&mut conn, messages).await,
+                Err(e) => Err(AppError::Pool(e.to_string())),
+            },
+        };
+        *self.last.lock().unwrap() = std::time::Instant::now();
+        if let Ok(batch) = &outcome {
+            let mut counts = self.counts.lock().unwrap();
+            counts.applied += batch.applied.len() as u64;
+            counts.duplicates += batch.duplicates as u64;
+        }
+        outcome
+    }
+
     /// Whether as many orders were applied as `INBOX_BROKER_EXPECT_APPLIED`
     /// says (unset: never).
     fn all_applied(&self) -> bool {
@@ -453,13 +527,30 @@ impl Shared {
                 None => self.stop(options.idle).await,
             }
         };
-        let report = consumer
-            .run(
-                async |id: &str, body: &[u8]| self.apply(id, body).await,
-                stop,
-            )
-            .await
-            .map_err(|e| e.to_string())?;
+        // `INBOX_BROKER_BATCH`: `run_batch` with batches of up to that many.
+        let batch = std::env::var("INBOX_BROKER_BATCH")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok());
+        let report = match batch {
+            Some(max) => {
+                consumer
+                    .batch(max, Duration::from_millis(10))
+                    .run_batch(
+                        async |messages: &[Message<'_>]| self.apply_batch(messages).await,
+                        stop,
+                    )
+                    .await
+            }
+            None => {
+                consumer
+                    .run(
+                        async |id: &str, body: &[u8]| self.apply(id, body).await,
+                        stop,
+                    )
+                    .await
+            }
+        }
+        .map_err(|e| e.to_string())?;
         if let Some(live) = live {
             println!("{}", live.line());
         }

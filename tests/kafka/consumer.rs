@@ -142,6 +142,9 @@ pub async fn run<D: Db>() -> Result<(), String> {
     let die_after: Option<u64> = env("INBOX_KAFKA_DIE_AFTER").and_then(|n| n.parse().ok());
     // A message held before its inbox call (the zombie's), said on stdout.
     let stall = env("INBOX_KAFKA_STALL");
+    // A message held inside its transaction, after the fence moved its
+    // position (the zombie that holds the position's row).
+    let stall_in_tx = env("INBOX_KAFKA_STALL_IN_TX");
     // Service A of a chain: each message is enqueued to this topic through
     // the outbox instead of written.
     let forward = env("INBOX_KAFKA_FORWARD_TO");
@@ -176,6 +179,7 @@ pub async fn run<D: Db>() -> Result<(), String> {
     let applied = AtomicU64::new(0);
     let probe = pool.clone();
     let (topic, pool, applied, stall, forward) = (&topic, &pool, &applied, &stall, &forward);
+    let stall_in_tx = &stall_in_tx;
     println!("RUNNING");
     // A body that is not `key:seq` is permanent (the poison of a batch).
     let policy = Policy::new(|e: &AppError| matches!(e, AppError::BadPayload));
@@ -190,6 +194,7 @@ pub async fn run<D: Db>() -> Result<(), String> {
                 pool,
                 topic,
                 stall,
+                stall_in_tx,
                 forward,
                 applied,
                 die_after,
@@ -221,20 +226,23 @@ pub async fn run<D: Db>() -> Result<(), String> {
                         let (key, seq) = (&key, seq);
                         let forward = forward.as_deref();
                         let done: Result<Processed<()>, AppError> = Inbox::consumer(CONSUMER)
-                            .run_async(&mut *conn, id, async |conn: &mut D::Conn| match forward {
-                                // Service A of a chain: the message goes on to
-                                // `forward`, through the outbox, in this transaction.
-                                Some(next) => {
-                                    let message = Outgoing::new(next, format!("{key}:{seq}"))
-                                        .ordering_key(key);
-                                    diesel_inbox::outbox::enqueue_async(conn, message)
+                            .run_async(&mut *conn, id, async |conn: &mut D::Conn| {
+                                stall_in_transaction(stall_in_tx, [id]).await;
+                                match forward {
+                                    // Service A of a chain: the message goes on to
+                                    // `forward`, through the outbox, in this transaction.
+                                    Some(next) => {
+                                        let message = Outgoing::new(next, format!("{key}:{seq}"))
+                                            .ordering_key(key);
+                                        diesel_inbox::outbox::enqueue_async(conn, message)
+                                            .await
+                                            .map(drop)
+                                            .map_err(AppError::Inbox)
+                                    }
+                                    None => D::insert(conn, topic, id, key, seq)
                                         .await
-                                        .map(drop)
-                                        .map_err(AppError::Inbox)
+                                        .map_err(AppError::Db),
                                 }
-                                None => D::insert(conn, topic, id, key, seq)
-                                    .await
-                                    .map_err(AppError::Db),
                             })
                             .await;
                         if stalled {
@@ -286,6 +294,7 @@ struct Batched<'a, D: Db> {
     pool: &'a D::Pool,
     topic: &'a str,
     stall: &'a Option<String>,
+    stall_in_tx: &'a Option<String>,
     forward: &'a Option<String>,
     applied: &'a AtomicU64,
     die_after: Option<u64>,
@@ -313,13 +322,14 @@ impl<D: Db> Batched<'_, D> {
             tokio::time::sleep(Duration::from_secs(3)).await;
         }
         let mut conn = D::get(self.pool).await.map_err(AppError::Pool)?;
-        let (topic, forward) = (self.topic, self.forward.as_deref());
+        let (topic, forward, stall_in_tx) = (self.topic, self.forward.as_deref(), self.stall_in_tx);
         let done: Result<Batch<()>, AppError> = Inbox::consumer(CONSUMER)
             .run_batch_async(
                 &mut *conn,
                 &items,
                 |(id, _, _)| id.to_string(),
                 async |conn: &mut D::Conn, fresh: Vec<&(&str, String, i64)>| {
+                    stall_in_transaction(stall_in_tx, fresh.iter().map(|(id, _, _)| *id)).await;
                     for (id, key, seq) in fresh {
                         match forward {
                             Some(next) => {
@@ -355,6 +365,18 @@ impl<D: Db> Batched<'_, D> {
             tokio::time::sleep(Duration::from_secs(30)).await;
         }
         Ok(done)
+    }
+}
+
+/// Holds the transaction for 3 s when one of `ids` is the `held` one
+/// (SIGSTOPped meanwhile), saying so on stdout.
+async fn stall_in_transaction<'a>(held: &Option<String>, ids: impl IntoIterator<Item = &'a str>) {
+    let Some(held) = held.as_deref() else {
+        return;
+    };
+    if ids.into_iter().any(|id| id == held) {
+        println!("STALL {held}");
+        tokio::time::sleep(Duration::from_secs(3)).await;
     }
 }
 

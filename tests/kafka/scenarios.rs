@@ -228,6 +228,10 @@ impl Backend {
                 Backend::zombie,
             ),
             (
+                "a zombie stopped inside its transaction: the new owner waits at most the idle limit",
+                Backend::zombie_in_transaction,
+            ),
+            (
                 "the chain A → outbox relay → Kafka → B, all three SIGKILLed: each once, in order per key",
                 Backend::chain,
             ),
@@ -258,6 +262,10 @@ impl Backend {
             (
                 "batches of 50: the database refusing connections for 12 s: paused, nothing skipped or twice",
                 |b, env| b.outage(env, 12),
+            ),
+            (
+                "batches of 5: a zombie stopped inside its transaction: the new owner waits at most the idle limit",
+                Backend::zombie_in_transaction,
             ),
             (
                 "batches of 500: a poison message in the middle: it alone dead-lettered, 499 applied once",
@@ -828,6 +836,58 @@ impl Backend {
 }
 
 impl Backend {
+    /// One partition. Consumer A holds its 5th message inside its
+    /// transaction, after the fence locked and moved the partition's
+    /// position, and is SIGSTOPped; B takes the partition and waits on that
+    /// row. PostgreSQL ends A's session once it has been idle in its
+    /// transaction for 30 s (`idle_in_transaction_session_timeout`, set for
+    /// the runner's transactions): B goes on, and applies everything within
+    /// that bound plus the group's rebalance; A, resumed, cannot commit.
+    /// MySQL and MariaDB have no such bound for one transaction, and SQLite
+    /// none between processes: skipped there, and said so.
+    fn zombie_in_transaction(&self, env: &Env) -> Check {
+        if self.name != "postgres" {
+            println!("kafka {}: a zombie stopped inside its transaction: SKIPPED: no idle-in-transaction bound on {} (guide: kafka)", self.name, self.name);
+            return Ok(());
+        }
+        let topic = format!("txzombie-{}", env.run);
+        let records = records(&env.run, "txzombie", 1, 20);
+        let held = records[4].id.clone();
+        env.produce(&topic, 1, &records)?;
+        let session = ("INBOX_KAFKA_SESSION_MS", "3000".to_string());
+        let a = self.spawn(
+            env,
+            &topic,
+            &topic,
+            &[("INBOX_KAFKA_STALL_IN_TX", held.clone()), session.clone()],
+        )?;
+        a.wait_line(&format!("STALL {held}"), Duration::from_secs(60))?;
+        a.signal("STOP");
+        let stopped = Instant::now();
+        let b = self.spawn(env, &topic, &topic, &[session])?;
+        let rows = self.wait_rows(&topic, records.len(), Duration::from_secs(90));
+        let waited = stopped.elapsed();
+        a.signal("CONT");
+        rows?;
+        // The idle limit, the group's session timeout and rebalance, and
+        // slack for the machine.
+        if waited > Duration::from_secs(30 + 20) {
+            return Err(format!(
+                "the new owner applied everything {:.1} s after the zombie stopped (bound: 30 s idle limit + 20 s)",
+                waited.as_secs_f64()
+            ));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        exactly_once(&self.effects(&topic)?, &records)?;
+        println!(
+            "kafka {}: the new owner applied everything {:.1} s after the zombie stopped inside its transaction",
+            self.name,
+            waited.as_secs_f64()
+        );
+        b.stop()?;
+        a.stop().map(drop)
+    }
+
     /// 500 records on one partition, the 251st of them a body that is not
     /// `key:seq` (a permanent error): the batch is split until it is
     /// alone; it alone is dead-lettered, the 499 others are applied once,

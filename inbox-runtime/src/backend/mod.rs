@@ -252,6 +252,17 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// holds the database's write lock already.
     const LOCK_ROW: &'static str;
 
+    /// What a transaction that moves a stream position (a Kafka runner's)
+    /// runs before the fence's locked read: on PostgreSQL, a transaction-
+    /// local `idle_in_transaction_session_timeout` of
+    /// [`FENCED_IDLE_LIMIT_SECS`](crate::fence::FENCED_IDLE_LIMIT_SECS), so that
+    /// a consumer stopped inside its transaction (SIGSTOP, a long stall)
+    /// cannot hold its partition's position row, and the new owner waiting
+    /// on it, for longer: the server ends the stopped session, and its
+    /// transaction never commits. `None` where the server has no such
+    /// bound for one transaction (MySQL, MariaDB, SQLite).
+    const FENCED_IDLE_LIMIT: Option<&'static str> = None;
+
     /// What the relay's short transactions (its claim, its settlement)
     /// run first. PostgreSQL: `SET LOCAL jit = off` (an outbox table
     /// churns, every row inserted once and deleted once, so its statistics

@@ -371,9 +371,8 @@ fn plan<B: Internals>(op: Op) -> Plan {
             consumer,
             positions: all,
         } => Plan::Fence(
-            all.into_iter()
-                .map(|position| positions::fence::<B>(consumer.clone(), position))
-                .collect(),
+            B::FENCED_IDLE_LIMIT.map(|bound| Stmt::new().sql(bound)),
+            positions::fence::<B>(consumer, all),
         ),
         Op::Positions { consumer } => Plan::Positions(positions::list::<B>(consumer)),
         Op::PurgeDead { older_than, limit } => Plan::Purge(
@@ -427,8 +426,10 @@ enum Plan {
     Dead(Stmt),
     /// The select of the rows, then their delete.
     Purge(Stmt),
-    /// Per position, the select of the stored one (locked), then its move.
-    Fence(Vec<(Stmt, Move)>),
+    /// Per topic, the select of the stored positions (locked), then their
+    /// moves.
+    /// First the transaction's idle bound, where the backend has one.
+    Fence(Option<Stmt>, Vec<(Stmt, Move)>),
     Positions(Stmt),
 }
 
@@ -497,11 +498,18 @@ where
             Some(delete) => Answer::Count(delete.execute_on(conn)?),
             None => Answer::Count(0),
         },
-        Plan::Fence(moves) => {
-            for (index, (select, write)) in moves.into_iter().enumerate() {
+        Plan::Fence(bound, moves) => {
+            if let Some(bound) = bound {
+                bound.execute_on(conn)?;
+            }
+            for (select, topic) in moves {
                 let stored: Vec<OffsetRow> = select.load_on(conn)?;
-                match write.of::<C::Backend>(&stored, index) {
-                    Ok(write) => moved(write.execute_on(conn)?)?,
+                match topic.of::<C::Backend>(&stored) {
+                    Ok(writes) => {
+                        for (write, rows) in writes {
+                            moved(write.execute_on(conn)?, rows)?;
+                        }
+                    }
                     Err(refused) => return Ok(Answer::Fenced(refused)),
                 }
             }
@@ -550,12 +558,19 @@ where
                 None => Answer::Count(0),
             }
         }
-        Plan::Fence(moves) => {
-            for (index, (select, write)) in moves.into_iter().enumerate() {
+        Plan::Fence(bound, moves) => {
+            if let Some(bound) = bound {
+                bound.execute(conn).await?;
+            }
+            for (select, topic) in moves {
                 let stored =
                     LoadOnAsync::<C::Backend, OffsetRow>::load_on_async(select, conn).await?;
-                match write.of::<C::Backend>(&stored, index) {
-                    Ok(write) => moved(write.execute(conn).await?)?,
+                match topic.of::<C::Backend>(&stored) {
+                    Ok(writes) => {
+                        for (write, rows) in writes {
+                            moved(write.execute(conn).await?, rows)?;
+                        }
+                    }
                     Err(refused) => return Ok(Answer::Fenced(refused)),
                 }
             }

@@ -29,27 +29,59 @@ pub struct PositionRow {
     pub now: i64,
 }
 
-/// The stored offset a fence read.
+/// A stored offset a fence read, with its partition.
 #[derive(Debug, Clone, Copy, QueryableByName)]
 pub(crate) struct OffsetRow {
+    #[diesel(sql_type = Integer)]
+    partition_id: i32,
     #[diesel(sql_type = BigInt)]
     next_offset: i64,
 }
 
-/// The select of the stored position of `consumer` on `position`'s
-/// partition (locked), and the move to make when the fence admits it.
-pub(super) fn fence<B: Internals>(consumer: String, position: Position) -> (Stmt, Move) {
-    (
-        Stmt::new()
-            .sql("SELECT next_offset FROM inbox_positions WHERE consumer = ")
-            .bind(Bind::Text(consumer.clone()))
-            .sql(" AND topic = ")
-            .bind(Bind::Text(position.topic.clone()))
-            .sql(" AND partition_id = ")
-            .bind(Bind::Int(position.partition))
-            .sql(B::LOCK_ROW),
-        Move { consumer, position },
-    )
+/// Per topic of `positions`, the select of the stored positions of
+/// `consumer` on its partitions (locked, in partition order), and the
+/// moves to make when the fence admits them. `positions` are a call's, in
+/// their order (a batch's: one per partition); the refusal names the
+/// first refused one by its index there.
+pub(super) fn fence<B: Internals>(consumer: String, positions: Vec<Position>) -> Vec<(Stmt, Move)> {
+    let mut topics: Vec<Move> = Vec::new();
+    for (index, position) in positions.into_iter().enumerate() {
+        match topics.iter_mut().find(|m| m.topic == position.topic) {
+            Some(topic) => topic.positions.push((index, position)),
+            None => topics.push(Move {
+                consumer: consumer.clone(),
+                topic: position.topic.clone(),
+                positions: vec![(index, position)],
+            }),
+        }
+    }
+    topics
+        .into_iter()
+        .map(|mut topic| {
+            topic.positions.sort_by_key(|(_, p)| p.partition);
+            let select = Stmt::new()
+                .sql("SELECT partition_id, next_offset FROM inbox_positions WHERE consumer = ")
+                .bind(Bind::Text(consumer.clone()))
+                .sql(" AND topic = ")
+                .bind(Bind::Text(topic.topic.clone()))
+                .sql(" AND partition_id IN (");
+            let select = in_list(select, &topic.positions)
+                .sql(") ORDER BY partition_id")
+                .sql(B::LOCK_ROW);
+            (select, topic)
+        })
+        .collect()
+}
+
+/// `$1, $2, ..`: the partitions of `positions`.
+fn in_list(mut stmt: Stmt, positions: &[(usize, Position)]) -> Stmt {
+    for (n, (_, position)) in positions.iter().enumerate() {
+        if n > 0 {
+            stmt = stmt.sql(", ");
+        }
+        stmt = stmt.bind(Bind::Int(position.partition));
+    }
+    stmt
 }
 
 /// The stored positions, of `consumer` or of all.
@@ -65,63 +97,97 @@ pub(super) fn list<B: Internals>(consumer: Option<String>) -> Stmt {
     some.sql(" ORDER BY consumer, topic, partition_id")
 }
 
-/// The move of a stream position a fence makes when its guard admits the
-/// stored one.
+/// The moves of one topic's stream positions a fence makes when its
+/// guard admits the stored ones.
 pub(super) struct Move {
     consumer: String,
-    position: Position,
+    topic: String,
+    /// The positions, with their index in the call, by partition.
+    positions: Vec<(usize, Position)>,
 }
 
+/// The statements that move a topic's positions: the update of the stored
+/// ones and the insert of the new ones (either may be absent), each with
+/// the rows it must write.
+pub(super) type Writes = Vec<(Stmt, usize)>;
+
 impl Move {
-    /// The statement that moves the position from `stored` (inserts it
-    /// when there is none), or the refusal of the op's `index`th position.
-    pub(super) fn of<B: Internals>(
-        self,
-        stored: &[OffsetRow],
-        index: usize,
-    ) -> Result<Stmt, Fenced> {
-        let stored = stored.first().map(|row| row.next_offset);
-        if !self.position.admits(stored) {
-            return Err(Fenced::Refused {
-                index,
-                stored: stored.unwrap_or_default(),
-            });
+    /// The statements that move the positions from `stored` (an update of
+    /// the stored ones, an insert of the others), or the refusal of the
+    /// first position the guard refuses.
+    pub(super) fn of<B: Internals>(self, stored: &[OffsetRow]) -> Result<Writes, Fenced> {
+        let stored_of = |partition: i32| {
+            stored
+                .iter()
+                .find(|row| row.partition_id == partition)
+                .map(|row| row.next_offset)
+        };
+        let mut refused: Option<(usize, i64)> = None;
+        for (index, position) in &self.positions {
+            let found = stored_of(position.partition);
+            if !position.admits(found) && refused.is_none_or(|(first, _)| *index < first) {
+                refused = Some((*index, found.unwrap_or_default()));
+            }
         }
-        let next = self.position.last + 1;
-        Ok(match stored {
-            None => Stmt::new()
-                .sql("INSERT INTO inbox_positions (consumer, topic, partition_id, next_offset, updated_at) VALUES (")
-                .bind(Bind::Text(self.consumer))
-                .sql(", ")
-                .bind(Bind::Text(self.position.topic))
-                .sql(", ")
-                .bind(Bind::Int(self.position.partition))
-                .sql(", ")
-                .bind(Bind::Big(next))
-                .sql(", ")
-                .sql(B::NOW_MICROS)
-                .sql(")"),
-            Some(_) => Stmt::new()
-                .sql("UPDATE inbox_positions SET next_offset = ")
-                .bind(Bind::Big(next))
-                .sql(", updated_at = ")
+        if let Some((index, stored)) = refused {
+            return Err(Fenced::Refused { index, stored });
+        }
+        let (known, new): (Vec<_>, Vec<_>) = self
+            .positions
+            .into_iter()
+            .partition(|(_, p)| stored_of(p.partition).is_some());
+        let mut writes = Writes::new();
+        if !known.is_empty() {
+            let mut update =
+                Stmt::new().sql("UPDATE inbox_positions SET next_offset = CASE partition_id");
+            for (_, position) in &known {
+                update = update
+                    .sql(" WHEN ")
+                    .bind(Bind::Int(position.partition))
+                    .sql(" THEN ")
+                    .bind(Bind::Big(position.last + 1));
+            }
+            update = update
+                .sql(" END, updated_at = ")
                 .sql(B::NOW_MICROS)
                 .sql(" WHERE consumer = ")
-                .bind(Bind::Text(self.consumer))
+                .bind(Bind::Text(self.consumer.clone()))
                 .sql(" AND topic = ")
-                .bind(Bind::Text(self.position.topic))
-                .sql(" AND partition_id = ")
-                .bind(Bind::Int(self.position.partition)),
-        })
+                .bind(Bind::Text(self.topic.clone()))
+                .sql(" AND partition_id IN (");
+            writes.push((in_list(update, &known).sql(")"), known.len()));
+        }
+        if !new.is_empty() {
+            let mut insert = Stmt::new().sql(
+                "INSERT INTO inbox_positions (consumer, topic, partition_id, next_offset, updated_at) VALUES ",
+            );
+            for (n, (_, position)) in new.iter().enumerate() {
+                insert = insert
+                    .sql(if n == 0 { "(" } else { ", (" })
+                    .bind(Bind::Text(self.consumer.clone()))
+                    .sql(", ")
+                    .bind(Bind::Text(self.topic.clone()))
+                    .sql(", ")
+                    .bind(Bind::Int(position.partition))
+                    .sql(", ")
+                    .bind(Bind::Big(position.last + 1))
+                    .sql(", ")
+                    .sql(B::NOW_MICROS)
+                    .sql(")");
+            }
+            writes.push((insert, new.len()));
+        }
+        Ok(writes)
     }
 }
 
-/// A fence's move must have written the one row it read (or inserted).
-pub(super) fn moved(written: usize) -> QueryResult<()> {
-    match written {
-        1 => Ok(()),
-        n => Err(diesel::result::Error::QueryBuilderError(
-            format!("moving the stream position wrote {n} rows, not 1").into(),
+/// A fence's write must have written each row it read (or inserted):
+/// `expected` of them.
+pub(super) fn moved(written: usize, expected: usize) -> QueryResult<()> {
+    match written == expected {
+        true => Ok(()),
+        false => Err(diesel::result::Error::QueryBuilderError(
+            format!("moving the stream positions wrote {written} rows, not {expected}").into(),
         )),
     }
 }

@@ -253,6 +253,9 @@ impl Internals for Pg {
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const LOCK_ROW: &'static str = " FOR UPDATE";
 
+    const FENCED_IDLE_LIMIT: Option<&'static str> =
+        Some("SELECT set_config('idle_in_transaction_session_timeout', '30s', true)");
+
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where
         C: LoadConnection<Backend = Self>,
@@ -352,6 +355,12 @@ mod tests {
 
     fn error(kind: DatabaseErrorKind, message: &str) -> Error {
         Error::DatabaseError(kind, Box::new(message.to_string()))
+    }
+
+    #[test]
+    fn the_fenced_idle_limit_is_the_documented_one() {
+        let limit = format!("'{}s'", crate::fence::FENCED_IDLE_LIMIT_SECS);
+        assert!(Pg::FENCED_IDLE_LIMIT.is_some_and(|sql| sql.contains(&limit)));
     }
 
     #[test]

@@ -1,0 +1,383 @@
+//! `--brokers`: the RabbitMQ and NATS runners on PostgreSQL
+//! (`INBOX_TEST_POSTGRES_URL`, and `INBOX_TEST_AMQP_URL` and/or
+//! `INBOX_TEST_NATS_URL`): messages/s of `run` with `in_flight(8)` against
+//! `run_batch` with `batch(250, 5 ms)`.
+//!
+//! Each variant consumes `--broker-messages` messages published
+//! beforehand to a queue (a durable classic queue) or stream (file
+//! storage, a durable pull consumer) of its own; its rate is the messages
+//! after the first over the time from the first handler call to the last
+//! one's end. The variants run interleaved, their order alternating each
+//! round; each reports its median over `--rounds`:
+//! - `run8`: an `Inbox::run_async` handler inserting the business row, 8
+//!   deliveries at once (8 pooled connections);
+//! - `batch`: an `Inbox::run_batch_async` handler inserting the claimed
+//!   messages' rows in one statement, one batch at a time.
+
+use crate::args::Args;
+use crate::output::write_output;
+use crate::run_id;
+use diesel::sql_types::{Array, BigInt, Text};
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_inbox::brokers::{Message, Policy};
+use diesel_inbox::{Batch, Inbox, InboxError, Processed};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const VARIANTS: [&str; 2] = ["run8", "batch"];
+const CONSUMER: &str = "bench-brokers";
+const BATCH: usize = 250;
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let url = std::env::var("INBOX_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .ok_or("--brokers: INBOX_TEST_POSTGRES_URL is not set")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(measure(args, url))
+}
+
+/// The first call's start, the last one's end, and how many are done.
+#[derive(Default)]
+struct Clock {
+    first: Mutex<Option<Instant>>,
+    done: AtomicU64,
+    last: Mutex<Option<Instant>>,
+    finished: tokio::sync::Notify,
+}
+
+impl Clock {
+    fn start(&self) {
+        self.first.lock().unwrap().get_or_insert_with(Instant::now);
+    }
+
+    fn done(&self, k: u64, n: u64) {
+        let before = self.done.fetch_add(k, Ordering::SeqCst);
+        if before < n && before + k >= n {
+            *self.last.lock().unwrap() = Some(Instant::now());
+            self.finished.notify_one();
+        }
+    }
+
+    fn rate(&self, n: u64) -> Result<f64, String> {
+        let first = self.first.lock().unwrap().ok_or("no message")?;
+        let last = self.last.lock().unwrap().ok_or("not every message")?;
+        Ok(n.saturating_sub(1) as f64 / (last - first).as_secs_f64().max(1e-9))
+    }
+}
+
+async fn measure(args: &Args, url: String) -> Result<(), String> {
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(url);
+    let pool = Pool::builder(manager)
+        .max_size(8)
+        .build()
+        .map_err(|e| e.to_string())?;
+    {
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        diesel_inbox::migrate_async(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        conn.batch_execute(
+            "DROP TABLE IF EXISTS bench_brokers; \
+             CREATE TABLE bench_brokers (id TEXT NOT NULL, amount BIGINT NOT NULL)",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let mut lines = Vec::new();
+    let mut json = Vec::new();
+    for (broker, url) in [
+        ("rabbitmq", var("INBOX_TEST_AMQP_URL")),
+        ("nats", var("INBOX_TEST_NATS_URL")),
+    ] {
+        let Some(url) = url else {
+            println!("brokers {broker}: SKIPPED (its URL variable is not set)");
+            continue;
+        };
+        let n = args.broker_messages as u64;
+        let run = run_id();
+        let mut samples: Vec<(&str, Vec<f64>)> =
+            VARIANTS.iter().map(|v| (*v, Vec::new())).collect();
+        for round in 0..args.rounds {
+            for i in 0..VARIANTS.len() {
+                let variant = VARIANTS[(i + round) % VARIANTS.len()];
+                let queue = format!("bench-{run}-{variant}-{round}");
+                let clock = Clock::default();
+                match broker {
+                    "rabbitmq" => rabbit(&url, &queue, &pool, &clock, n, variant).await?,
+                    _ => nats(&url, &queue, &pool, &clock, n, variant).await?,
+                }
+                let rate = clock.rate(n)?;
+                samples
+                    .iter_mut()
+                    .find(|(v, _)| *v == variant)
+                    .expect("a variant")
+                    .1
+                    .push(rate);
+            }
+        }
+        let median = |v: &str| {
+            let mut s = samples
+                .iter()
+                .find(|(n, _)| *n == v)
+                .expect("a variant")
+                .1
+                .clone();
+            s.sort_by(f64::total_cmp);
+            s[s.len() / 2]
+        };
+        let (single, batch) = (median("run8"), median("batch"));
+        lines.push(format!(
+            "{broker} postgres, {n} messages x {} rounds: run in_flight 8 {single:.0}/s, run_batch (batches of {BATCH}) {batch:.0}/s: {:.1}x",
+            args.rounds,
+            batch / single
+        ));
+        json.push(format!(
+            "{{\"broker\":\"{broker}\",\"messages\":{n},\"rounds\":{},\"run8\":{single:.1},\"batch\":{batch:.1},\"batch_over_run8\":{:.3}}}",
+            args.rounds,
+            batch / single
+        ));
+    }
+    for line in &lines {
+        println!("{line}");
+    }
+    let dir = write_output("brokers.json", &format!("[{}]\n", json.join(",")))?;
+    println!("wrote {}", dir.join("brokers.json").display());
+    Ok(())
+}
+
+/// The business row of one message.
+async fn insert(conn: &mut AsyncPgConnection, id: &str, amount: i64) -> diesel::QueryResult<()> {
+    insert_many(conn, vec![id], vec![amount]).await
+}
+
+/// The business rows of a batch, in one statement.
+async fn insert_many(
+    conn: &mut AsyncPgConnection,
+    ids: Vec<&str>,
+    amounts: Vec<i64>,
+) -> diesel::QueryResult<()> {
+    diesel::sql_query(
+        "INSERT INTO bench_brokers (id, amount) SELECT * FROM unnest($1::text[], $2::bigint[])",
+    )
+    .bind::<Array<Text>, _>(ids)
+    .bind::<Array<BigInt>, _>(amounts)
+    .execute(conn)
+    .await
+    .map(drop)
+}
+
+fn amount(body: &[u8]) -> i64 {
+    std::str::from_utf8(body)
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or_default()
+}
+
+/// Runs `consumer` (either broker's runner) as `variant` until `n`
+/// messages are done.
+async fn consume<S: diesel_inbox::brokers::Source>(
+    consumer: diesel_inbox::brokers::Consumer<S, InboxError>,
+    pool: &Pool<AsyncPgConnection>,
+    clock: &Clock,
+    n: u64,
+    variant: &str,
+) -> Result<(), String> {
+    let report = match variant {
+        "batch" => {
+            consumer
+                .batch(BATCH, Duration::from_millis(5))
+                .run_batch(
+                    async |messages: &[Message<'_>]| -> Result<Batch<()>, InboxError> {
+                        clock.start();
+                        let Ok(mut conn) = pool.get().await else {
+                            return Err(InboxError::InvalidArgument("no database connection"));
+                        };
+                        let done = Inbox::consumer(CONSUMER)
+                            .run_batch_async(
+                                &mut *conn,
+                                messages,
+                                |m| m.id().to_owned(),
+                                async |conn: &mut AsyncPgConnection, fresh: Vec<&Message<'_>>| {
+                                    let ids = fresh.iter().map(|m| m.id()).collect();
+                                    let amounts = fresh.iter().map(|m| amount(m.body())).collect();
+                                    insert_many(conn, ids, amounts).await
+                                },
+                            )
+                            .await
+                            .map_err(|e: diesel::result::Error| InboxError::Database(e))?;
+                        clock.done(messages.len() as u64, n);
+                        Ok(done)
+                    },
+                    clock.finished.notified(),
+                )
+                .await
+        }
+        _ => {
+            consumer
+                .in_flight(8)
+                .run(
+                    async |id: &str, body: &[u8]| -> Result<Processed<()>, InboxError> {
+                        clock.start();
+                        let Ok(mut conn) = pool.get().await else {
+                            return Err(InboxError::InvalidArgument("no database connection"));
+                        };
+                        let amount = amount(body);
+                        let done = Inbox::consumer(CONSUMER)
+                            .run_async(&mut *conn, id, async |conn: &mut AsyncPgConnection| {
+                                insert(conn, id, amount).await
+                            })
+                            .await
+                            .map_err(|e: diesel::result::Error| InboxError::Database(e))?;
+                        clock.done(1, n);
+                        Ok(done)
+                    },
+                    clock.finished.notified(),
+                )
+                .await
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    if report.acked < n {
+        return Err(format!("{variant} acked {} of {n}", report.acked));
+    }
+    Ok(())
+}
+
+fn policy() -> Policy<InboxError> {
+    Policy::new(|_: &InboxError| false)
+}
+
+#[cfg(feature = "lapin")]
+async fn rabbit(
+    url: &str,
+    queue: &str,
+    pool: &Pool<AsyncPgConnection>,
+    clock: &Clock,
+    n: u64,
+    variant: &str,
+) -> Result<(), String> {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+    let conn = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.into(), durable, FieldTable::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut confirms = Vec::new();
+    for i in 0..n {
+        let properties = BasicProperties::default()
+            .with_message_id(format!("{queue}-{i}").as_str().into())
+            .with_delivery_mode(2);
+        confirms.push(
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    i.to_string().as_bytes(),
+                    properties,
+                )
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    for confirm in confirms {
+        confirm.await.map_err(|e| e.to_string())?;
+    }
+    let consumer = diesel_inbox::lapin::Consumer::new(channel, queue, policy());
+    consume(consumer, pool, clock, n, variant).await
+}
+
+#[cfg(not(feature = "lapin"))]
+async fn rabbit(
+    _: &str,
+    _: &str,
+    _: &Pool<AsyncPgConnection>,
+    _: &Clock,
+    _: u64,
+    _: &str,
+) -> Result<(), String> {
+    Err("--brokers on RabbitMQ needs the `lapin` feature".into())
+}
+
+#[cfg(feature = "nats")]
+async fn nats(
+    url: &str,
+    queue: &str,
+    pool: &Pool<AsyncPgConnection>,
+    clock: &Clock,
+    n: u64,
+    variant: &str,
+) -> Result<(), String> {
+    use async_nats::jetstream::{self, consumer::pull, stream};
+    let client = async_nats::connect(url).await.map_err(|e| e.to_string())?;
+    let js = jetstream::new(client);
+    let name = queue.replace(['.', '-'], "_");
+    let subject = format!("bench.{name}");
+    let stream = js
+        .create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("bench".into()),
+            max_ack_pending: 2_000,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut acks = Vec::new();
+    for i in 0..n {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("{queue}-{i}").as_str());
+        acks.push(
+            js.publish_with_headers(subject.clone(), headers, i.to_string().into())
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    for ack in acks {
+        ack.await.map_err(|e| e.to_string())?;
+    }
+    let runner = diesel_inbox::nats::Consumer::new(consumer, policy());
+    let done = consume(runner, pool, clock, n, variant).await;
+    let _ = js.delete_stream(&name).await;
+    done
+}
+
+#[cfg(not(feature = "nats"))]
+async fn nats(
+    _: &str,
+    _: &str,
+    _: &Pool<AsyncPgConnection>,
+    _: &Clock,
+    _: u64,
+    _: &str,
+) -> Result<(), String> {
+    Err("--brokers on NATS needs the `nats` feature".into())
+}
