@@ -661,7 +661,10 @@ impl Backend {
         self.wait_rows(&topic, 60, Duration::from_secs(60))?;
         let stopping = Instant::now();
         first.stop()?;
-        if stopping.elapsed() > Duration::from_secs(10) {
+        // The 5 s deadline, then the consumer's close (librdkafka leaves
+        // the group): up to 11.7 s seen with every scenario of the suite
+        // running beside a build on the 2-core machine.
+        if stopping.elapsed() > Duration::from_secs(15) {
             return Err(format!(
                 "SIGTERM took {:?} to stop the consumer",
                 stopping.elapsed()
