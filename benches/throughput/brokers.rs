@@ -19,7 +19,9 @@ use crate::output::write_output;
 use crate::run_id;
 use diesel::sql_types::{Array, BigInt, Text};
 use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
+};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_inbox::brokers::{Message, Policy};
 use diesel_inbox::{Batch, Inbox, InboxError, Processed};
@@ -73,7 +75,11 @@ impl Clock {
 }
 
 async fn measure(args: &Args, url: String) -> Result<(), String> {
-    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(url);
+    // A production pool: `Fast` recycling (the default, `Verified`, sends
+    // a `SELECT 1` on every checkout, a round trip per handler call).
+    let mut config = ManagerConfig::default();
+    config.recycling_method = RecyclingMethod::Fast;
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(url, config);
     let pool = Pool::builder(manager)
         .max_size(8)
         .build()
@@ -105,14 +111,20 @@ async fn measure(args: &Args, url: String) -> Result<(), String> {
         let run = run_id();
         let mut samples: Vec<(&str, Vec<f64>)> =
             VARIANTS.iter().map(|v| (*v, Vec::new())).collect();
+        // `batch`'s commit-to-settlement median and p99 (ms), per round.
+        let mut settled: Vec<(f64, f64)> = Vec::new();
         for round in 0..args.rounds {
             for i in 0..VARIANTS.len() {
                 let variant = VARIANTS[(i + round) % VARIANTS.len()];
                 let queue = format!("bench-{run}-{variant}-{round}");
                 let clock = Clock::default();
+                crate::settle::start();
                 match broker {
                     "rabbitmq" => rabbit(&url, &queue, &pool, &clock, n, variant).await?,
                     _ => nats(&url, &queue, &pool, &clock, n, variant).await?,
+                }
+                if variant == "batch" {
+                    settled.push(crate::settle::percentiles()?);
                 }
                 let rate = clock.rate(n)?;
                 samples
@@ -134,13 +146,14 @@ async fn measure(args: &Args, url: String) -> Result<(), String> {
             s[s.len() / 2]
         };
         let (single, batch) = (median("run8"), median("batch"));
+        let (settle_p50, settle_p99) = crate::settle::median_of(&settled);
         lines.push(format!(
-            "{broker} postgres, {n} messages x {} rounds: run in_flight 8 {single:.0}/s, run_batch (batches of {BATCH}) {batch:.0}/s: {:.1}x",
+            "{broker} postgres, {n} messages x {} rounds: run in_flight 8 {single:.0}/s, run_batch (batches of {BATCH}) {batch:.0}/s: {:.1}x; a message's database commit to its ack, median {settle_p50:.2} ms, p99 {settle_p99:.2} ms",
             args.rounds,
             batch / single
         ));
         json.push(format!(
-            "{{\"broker\":\"{broker}\",\"messages\":{n},\"rounds\":{},\"run8\":{single:.1},\"batch\":{batch:.1},\"batch_over_run8\":{:.3}}}",
+            "{{\"broker\":\"{broker}\",\"messages\":{n},\"rounds\":{},\"run8\":{single:.1},\"batch\":{batch:.1},\"batch_over_run8\":{:.3},\"batch_settle_p50_ms\":{settle_p50:.3},\"batch_settle_p99_ms\":{settle_p99:.3}}}",
             args.rounds,
             batch / single
         ));
@@ -213,6 +226,7 @@ async fn consume<S: diesel_inbox::brokers::Source>(
                             )
                             .await
                             .map_err(|e: diesel::result::Error| InboxError::Database(e))?;
+                        crate::settle::committed(messages.len());
                         clock.done(messages.len() as u64, n);
                         Ok(done)
                     },

@@ -86,6 +86,14 @@ mod outbox;
 mod output;
 mod purge;
 mod scale;
+#[cfg(all(
+    feature = "postgres",
+    any(
+        feature = "kafka",
+        all(feature = "async", any(feature = "lapin", feature = "nats"))
+    )
+))]
+mod settle;
 mod targets;
 mod variants;
 

@@ -304,10 +304,10 @@ impl Process {
 }
 
 /// A small random generator for the kill schedule (its seed is printed).
-struct Lcg(u64);
+pub struct Lcg(pub u64);
 
 impl Lcg {
-    fn next(&mut self, below: u64) -> u64 {
+    pub fn next(&mut self, below: u64) -> u64 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)

@@ -362,6 +362,10 @@ pub struct Shared {
     pub db: Db,
     pub counts: std::sync::Mutex<Counts>,
     pub last: std::sync::Mutex<std::time::Instant>,
+    /// `INBOX_BROKER_CRASH_EVERY` (batches): SIGKILL after the commit of a
+    /// batch that applied an order whose sequence is a multiple of it, on
+    /// its first delivery, before the runner settles the batch (0: never).
+    pub crash_every: u64,
 }
 
 impl Shared {
@@ -385,6 +389,10 @@ impl Shared {
             db,
             counts: std::sync::Mutex::new(Counts::default()),
             last: std::sync::Mutex::new(std::time::Instant::now()),
+            crash_every: std::env::var("INBOX_BROKER_CRASH_EVERY")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
         })
     }
 
@@ -449,9 +457,33 @@ impl Shared {
         };
         *self.last.lock().unwrap() = std::time::Instant::now();
         if let Ok(batch) = &outcome {
+            // Line by line, as `Counts::add`: a process killed later has
+            // told them already.
+            for (at, message) in messages.iter().enumerate() {
+                if !batch.applied.contains(&at) {
+                    println!("duplicate {}", message.id());
+                }
+            }
             let mut counts = self.counts.lock().unwrap();
             counts.applied += batch.applied.len() as u64;
             counts.duplicates += batch.duplicates as u64;
+            drop(counts);
+            let crashes = |at: &usize| {
+                let message = &messages[*at];
+                let seq: u64 = message
+                    .id()
+                    .rsplit('-')
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(1);
+                seq % self.crash_every == 0 && message.deliveries() == 1
+            };
+            if self.crash_every > 0 {
+                if let Some(&at) = batch.applied.iter().find(|at| crashes(at)) {
+                    println!("crash {}", messages[at].id());
+                    crash_now();
+                }
+            }
         }
         outcome
     }

@@ -30,6 +30,7 @@ fn stream_name(queue: &str) -> String {
 impl Broker for Nats {
     const NAME: &'static str = "nats";
     const URL_VAR: &'static str = "INBOX_TEST_NATS_URL";
+    const REDELIVERS_IN_PLACE: bool = false;
 
     fn setup(url: &str, queue: &str) -> Result<(), String> {
         block_on(async {

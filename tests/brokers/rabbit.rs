@@ -28,6 +28,7 @@ async fn connect(url: &str) -> Result<Connection, String> {
 impl Broker for Rabbit {
     const NAME: &'static str = "rabbitmq";
     const URL_VAR: &'static str = "INBOX_TEST_AMQP_URL";
+    const REDELIVERS_IN_PLACE: bool = true;
 
     fn setup(url: &str, queue: &str) -> Result<(), String> {
         block_on(async {

@@ -36,6 +36,11 @@ pub trait Broker {
     /// Makes the broker unavailable for `down`, then available again;
     /// says how.
     fn outage(down: Duration) -> Result<String, String>;
+    /// Whether what a killed consumer had unacked comes back at its place
+    /// in the queue (RabbitMQ's classic queues), so that one consumer
+    /// applies in publish order across kills; JetStream redelivers it after
+    /// `ack_wait`, behind newer messages.
+    const REDELIVERS_IN_PLACE: bool;
 }
 
 macro_rules! ensure {
@@ -1005,6 +1010,129 @@ fn batches_isolate_a_bad_message<B: Broker>(url: &str) -> Result<String, String>
     ))
 }
 
+/// `run_batch` (batches of 50) under SIGKILL: the parent kills the first
+/// consumers at random moments once they apply (mid-batch, mid-ack), then
+/// each consumer kills itself after the commit and before the acks of a
+/// batch that applied a multiple of 200 for the first time; restarted
+/// until every order is in.
+/// Exactly once; each batch killed after its commit comes back as
+/// duplicates; on RabbitMQ, in publish order.
+fn batches_killed_at_random<B: Broker>(url: &str) -> Result<String, String> {
+    const N: u64 = 2_000;
+    const EVERY: u64 = 200;
+    const RANDOM_KILLS: u32 = 4;
+    let run = start::<B>(url)?;
+    B::publish(url, &run.queue, &orders(&run, N))?;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64);
+    let mut random = crate::chain::Lcg(seed);
+    let (mut crashes, mut kills, mut rounds) = (0u32, 0u32, 0u32);
+    let mut duplicates = std::collections::HashSet::new();
+    let mut crashed = Vec::new();
+    loop {
+        rounds += 1;
+        ensure!(
+            rounds <= 40,
+            "{rounds} consumers started and the orders are not all in (seed {seed})"
+        );
+        // The first consumers are killed by the parent (they do not kill
+        // themselves), the others kill themselves.
+        let by_parent = rounds <= 2 * RANDOM_KILLS && kills < RANDOM_KILLS;
+        let mut command = command::<B>(&run, 8, if by_parent { 0 } else { EVERY }, true)?;
+        command.env("INBOX_BROKER_BATCH", "50");
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("spawn consumer: {e}"))?;
+        if by_parent {
+            let before = applied_so_far(&run);
+            let began = Instant::now();
+            // Once this consumer applies, a random moment within its run.
+            while applied_so_far(&run) == before && began.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(random.next(60)));
+            if child.try_wait().map_err(|e| e.to_string())?.is_none()
+                && (applied_so_far(&run) as u64) < N
+            {
+                let _ = child.kill();
+                kills += 1;
+            }
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for line in stdout.lines() {
+            if let Some(id) = line.strip_prefix("duplicate ") {
+                duplicates.insert(id.to_owned());
+            }
+            if let Some(id) = line.strip_prefix("crash ") {
+                crashed.push(id.to_owned());
+            }
+        }
+        use std::os::unix::process::ExitStatusExt;
+        match out.status.signal() {
+            Some(9) => crashes += 1,
+            _ => {
+                ensure!(
+                    out.status.success(),
+                    "consumer failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                if applied_so_far(&run) as u64 == N {
+                    break;
+                }
+            }
+        }
+    }
+    check_exact(&run, N)?;
+    // The batches that killed themselves had committed: each one's
+    // message of the kill was redelivered and skipped.
+    ensure!(
+        !crashed.is_empty(),
+        "no batch killed itself after its commit"
+    );
+    let missed: Vec<&String> = crashed
+        .iter()
+        .filter(|id| !duplicates.contains(*id))
+        .collect();
+    ensure!(
+        missed.is_empty(),
+        "redeliveries not reported Duplicate: {missed:?} (seed {seed})"
+    );
+    let order = match B::REDELIVERS_IN_PLACE {
+        true => {
+            let applied = applied_in_order(&run)?;
+            let behind = applied.windows(2).filter(|w| w[1] <= w[0]).count();
+            ensure!(
+                behind == 0,
+                "{behind} orders applied after a later one (seed {seed}): {applied:?}"
+            );
+            "; applied in publish order"
+        }
+        false => "",
+    };
+    Ok(format!(
+        "{crashes} consumers SIGKILLed ({kills} at random moments, {} between a batch's commit and its acks; seed {seed}); those batches redelivered as duplicates; state exact{order}",
+        crashed.len()
+    ))
+}
+
+/// The orders' sequence numbers in the order they were applied.
+fn applied_in_order(run: &Run) -> Result<Vec<u64>, String> {
+    use diesel::prelude::*;
+    let mut conn = SqliteConnection::establish(&run.db).map_err(|e| e.to_string())?;
+    let ids: Vec<String> = diesel::dsl::sql::<diesel::sql_types::Text>(
+        "SELECT message_id FROM broker_effects ORDER BY id",
+    )
+    .load(&mut conn)
+    .map_err(|e| e.to_string())?;
+    Ok(ids
+        .iter()
+        .filter_map(|id| id.rsplit('-').next()?.parse().ok())
+        .collect())
+}
+
 fn runner_survives_a_broker_drop<B: Broker>(url: &str) -> Result<String, String> {
     dropped_mid_run::<B>(url, true)
 }
@@ -1043,6 +1171,7 @@ fn scenarios<B: Broker>() -> Vec<Scenario> {
             "batches_isolate_a_bad_message",
             batches_isolate_a_bad_message::<B>,
         ),
+        ("batches_killed_at_random", batches_killed_at_random::<B>),
         #[cfg(feature = "postgres")]
         (
             "runner_exits_on_sigterm_while_the_database_hangs",

@@ -252,9 +252,10 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// holds the database's write lock already.
     const LOCK_ROW: &'static str;
 
-    /// What a transaction that moves a stream position (a Kafka runner's)
-    /// runs before the fence's locked read: on PostgreSQL, a transaction-
-    /// local `idle_in_transaction_session_timeout` of
+    /// The expression a transaction that moves a stream position (a Kafka
+    /// runner's) evaluates in its fence (in the fence's update where
+    /// [`FENCE_IN_ONE`](Self::FENCE_IN_ONE), else selected before its
+    /// locked read): on PostgreSQL, the transaction-local `idle_in_transaction_session_timeout` of
     /// [`FENCED_IDLE_LIMIT_SECS`](crate::fence::FENCED_IDLE_LIMIT_SECS), so that
     /// a consumer stopped inside its transaction (SIGSTOP, a long stall)
     /// cannot hold its partition's position row, and the new owner waiting
@@ -262,6 +263,12 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// transaction never commits. `None` where the server has no such
     /// bound for one transaction (MySQL, MariaDB, SQLite).
     const FENCED_IDLE_LIMIT: Option<&'static str> = None;
+
+    /// Whether one `UPDATE .. FROM (VALUES ..) .. RETURNING` moves the
+    /// stored positions the fence admits ([`Move::admitted`](positions::Move::admitted)),
+    /// before any locked read: PostgreSQL. Elsewhere the fence reads the
+    /// stored positions (locked), then writes.
+    const FENCE_IN_ONE: bool = false;
 
     /// What the relay's short transactions (its claim, its settlement)
     /// run first. PostgreSQL: `SET LOCAL jit = off` (an outbox table

@@ -371,8 +371,8 @@ fn plan<B: Internals>(op: Op) -> Plan {
             consumer,
             positions: all,
         } => Plan::Fence(
-            B::FENCED_IDLE_LIMIT.map(|bound| Stmt::new().sql(bound)),
-            positions::fence::<B>(consumer, all),
+            B::FENCED_IDLE_LIMIT.map(|bound| Stmt::new().sql("SELECT ").sql(bound)),
+            positions::fence(consumer, all),
         ),
         Op::Positions { consumer } => Plan::Positions(positions::list::<B>(consumer)),
         Op::PurgeDead { older_than, limit } => Plan::Purge(
@@ -426,10 +426,11 @@ enum Plan {
     Dead(Stmt),
     /// The select of the rows, then their delete.
     Purge(Stmt),
-    /// Per topic, the select of the stored positions (locked), then their
-    /// moves.
-    /// First the transaction's idle bound, where the backend has one.
-    Fence(Option<Stmt>, Vec<(Stmt, Move)>),
+    /// Per topic, the moves of the stored positions the guard admits in
+    /// one statement where the backend can; then, for what that did not
+    /// move, the transaction's idle bound (where the backend has one, once),
+    /// the select of the stored positions (locked) and their moves.
+    Fence(Option<Stmt>, Vec<Move>),
     Positions(Stmt),
 }
 
@@ -498,12 +499,22 @@ where
             Some(delete) => Answer::Count(delete.execute_on(conn)?),
             None => Answer::Count(0),
         },
-        Plan::Fence(bound, moves) => {
-            if let Some(bound) = bound {
-                bound.execute_on(conn)?;
-            }
-            for (select, topic) in moves {
-                let stored: Vec<OffsetRow> = select.load_on(conn)?;
+        Plan::Fence(mut bound, moves) => {
+            for topic in moves {
+                let topic = match topic.admitted::<C::Backend>() {
+                    Some(update) => {
+                        let moved: Vec<OffsetRow> = update.load_on(conn)?;
+                        match topic.without(&moved) {
+                            Some(rest) => rest,
+                            None => continue,
+                        }
+                    }
+                    None => topic,
+                };
+                if let Some(bound) = bound.take() {
+                    bound.execute_on(conn)?;
+                }
+                let stored: Vec<OffsetRow> = topic.select::<C::Backend>().load_on(conn)?;
                 match topic.of::<C::Backend>(&stored) {
                     Ok(writes) => {
                         for (write, rows) in writes {
@@ -558,11 +569,24 @@ where
                 None => Answer::Count(0),
             }
         }
-        Plan::Fence(bound, moves) => {
-            if let Some(bound) = bound {
-                bound.execute(conn).await?;
-            }
-            for (select, topic) in moves {
+        Plan::Fence(mut bound, moves) => {
+            for topic in moves {
+                let topic = match topic.admitted::<C::Backend>() {
+                    Some(update) => {
+                        let moved =
+                            LoadOnAsync::<C::Backend, OffsetRow>::load_on_async(update, conn)
+                                .await?;
+                        match topic.without(&moved) {
+                            Some(rest) => rest,
+                            None => continue,
+                        }
+                    }
+                    None => topic,
+                };
+                if let Some(bound) = bound.take() {
+                    bound.execute(conn).await?;
+                }
+                let select = topic.select::<C::Backend>();
                 let stored =
                     LoadOnAsync::<C::Backend, OffsetRow>::load_on_async(select, conn).await?;
                 match topic.of::<C::Backend>(&stored) {

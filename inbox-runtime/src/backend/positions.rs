@@ -38,12 +38,11 @@ pub(crate) struct OffsetRow {
     next_offset: i64,
 }
 
-/// Per topic of `positions`, the select of the stored positions of
-/// `consumer` on its partitions (locked, in partition order), and the
-/// moves to make when the fence admits them. `positions` are a call's, in
-/// their order (a batch's: one per partition); the refusal names the
-/// first refused one by its index there.
-pub(super) fn fence<B: Internals>(consumer: String, positions: Vec<Position>) -> Vec<(Stmt, Move)> {
+/// Per topic of `positions`, the moves to make when the fence admits the
+/// stored positions. `positions` are a call's, in their order (a batch's:
+/// one per partition); the refusal names the first refused one by its
+/// index there.
+pub(super) fn fence(consumer: String, positions: Vec<Position>) -> Vec<Move> {
     let mut topics: Vec<Move> = Vec::new();
     for (index, position) in positions.into_iter().enumerate() {
         match topics.iter_mut().find(|m| m.topic == position.topic) {
@@ -55,22 +54,10 @@ pub(super) fn fence<B: Internals>(consumer: String, positions: Vec<Position>) ->
             }),
         }
     }
+    for topic in &mut topics {
+        topic.positions.sort_by_key(|(_, p)| p.partition);
+    }
     topics
-        .into_iter()
-        .map(|mut topic| {
-            topic.positions.sort_by_key(|(_, p)| p.partition);
-            let select = Stmt::new()
-                .sql("SELECT partition_id, next_offset FROM inbox_positions WHERE consumer = ")
-                .bind(Bind::Text(consumer.clone()))
-                .sql(" AND topic = ")
-                .bind(Bind::Text(topic.topic.clone()))
-                .sql(" AND partition_id IN (");
-            let select = in_list(select, &topic.positions)
-                .sql(") ORDER BY partition_id")
-                .sql(B::LOCK_ROW);
-            (select, topic)
-        })
-        .collect()
 }
 
 /// `$1, $2, ..`: the partitions of `positions`.
@@ -112,6 +99,69 @@ pub(super) struct Move {
 pub(super) type Writes = Vec<(Stmt, usize)>;
 
 impl Move {
+    /// The select of the stored positions (locked, in partition order).
+    pub(super) fn select<B: Internals>(&self) -> Stmt {
+        let select = Stmt::new()
+            .sql("SELECT partition_id, next_offset FROM inbox_positions WHERE consumer = ")
+            .bind(Bind::Text(self.consumer.clone()))
+            .sql(" AND topic = ")
+            .bind(Bind::Text(self.topic.clone()))
+            .sql(" AND partition_id IN (");
+        in_list(select, &self.positions)
+            .sql(") ORDER BY partition_id")
+            .sql(B::LOCK_ROW)
+    }
+
+    /// Where the backend can ([`Internals::FENCE_IN_ONE`]): one statement
+    /// that moves every stored position the guard admits and returns the
+    /// moved ones' partitions (the common case, a runner's own partitions:
+    /// all of them, in one round trip), with the transaction's idle bound
+    /// in its condition. What it did not move (no row yet, or a refused
+    /// one) goes through [`without`](Self::without), [`select`](Self::select)
+    /// and [`of`](Self::of).
+    pub(super) fn admitted<B: Internals>(&self) -> Option<Stmt> {
+        if !B::FENCE_IN_ONE {
+            return None;
+        }
+        let mut update = Stmt::new()
+            .sql("UPDATE inbox_positions AS p SET next_offset = v.next_offset, updated_at = ")
+            .sql(B::NOW_MICROS)
+            .sql(" FROM (VALUES ");
+        for (n, (_, position)) in self.positions.iter().enumerate() {
+            update = update
+                .sql(if n == 0 { "(" } else { ", (" })
+                .bind(Bind::Int(position.partition))
+                .sql(", ")
+                .bind(Bind::Big(position.floor.unwrap_or(position.offset)))
+                .sql(", ")
+                .bind(Bind::Big(position.offset))
+                .sql(", ")
+                .bind(Bind::Big(position.last + 1))
+                .sql(")");
+        }
+        update = update
+            .sql(
+                ") AS v (partition_id, low, high, next_offset) \
+                 WHERE p.partition_id = v.partition_id AND p.next_offset BETWEEN v.low AND v.high \
+                 AND p.consumer = ",
+            )
+            .bind(Bind::Text(self.consumer.clone()))
+            .sql(" AND p.topic = ")
+            .bind(Bind::Text(self.topic.clone()));
+        if let Some(bound) = B::FENCED_IDLE_LIMIT {
+            update = update.sql(" AND ").sql(bound).sql(" IS NOT NULL");
+        }
+        Some(update.sql(" RETURNING p.partition_id, p.next_offset"))
+    }
+
+    /// The positions [`admitted`](Self::admitted) did not move; `None`
+    /// when it moved them all.
+    pub(super) fn without(mut self, moved: &[OffsetRow]) -> Option<Move> {
+        self.positions
+            .retain(|(_, p)| !moved.iter().any(|row| row.partition_id == p.partition));
+        (!self.positions.is_empty()).then_some(self)
+    }
+
     /// The statements that move the positions from `stored` (an update of
     /// the stored ones, an insert of the others), or the refusal of the
     /// first position the guard refuses.

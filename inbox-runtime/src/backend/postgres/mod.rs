@@ -254,7 +254,8 @@ impl Internals for Pg {
     const LOCK_ROW: &'static str = " FOR UPDATE";
 
     const FENCED_IDLE_LIMIT: Option<&'static str> =
-        Some("SELECT set_config('idle_in_transaction_session_timeout', '30s', true)");
+        Some("set_config('idle_in_transaction_session_timeout', '30s', true)");
+    const FENCE_IN_ONE: bool = true;
 
     fn catalog<C>(conn: &mut C) -> QueryResult<Catalog>
     where
