@@ -640,3 +640,111 @@ fn a_filter_that_drops_the_librarys_spans_still_continues_the_trace_in_the_handl
         "a span of the library was exported through the filter"
     );
 }
+
+/// `run_batch` runs its handler in one CONSUMER span per batch, `process
+/// <queue>` with `messaging.batch.message_count`, linked to each message's
+/// producer span (a batch has no one parent).
+#[test]
+fn a_batch_is_processed_in_one_span_linked_to_each_message() {
+    let Some(url) = env("INBOX_TEST_AMQP_URL") else {
+        return;
+    };
+    let telemetry = telemetry();
+    let (Some(a), Some(b)) = (Sqlite::fresh("otel_batch_a"), Sqlite::fresh("otel_batch_b")) else {
+        return;
+    };
+    diesel_inbox::migrate(&mut Sqlite::open(&a)).expect("migrate A");
+    diesel_inbox::migrate(&mut Sqlite::open(&b)).expect("migrate B");
+    let queue = common::unique_identifier("otel_batch");
+    let ids: Vec<String> = (1..=3).map(|n| format!("batch-{n}-{queue}")).collect();
+    let mut conn = Sqlite::open(&a);
+    for id in &ids {
+        let request = tracing::info_span!("POST /batch", otel.kind = "server");
+        let _entered = request.enter();
+        conn.transaction(|conn| {
+            outbox::enqueue(conn, Outgoing::new(queue.as_str(), "x").id(id.as_str()))
+        })
+        .expect("enqueued");
+    }
+    let ran_in: Mutex<Vec<SpanId>> = Mutex::new(Vec::new());
+    runtime().block_on(async {
+        common::rabbit_queue(&url, &queue).await;
+        let report = Relay::new(
+            Sqlite::pool(&a),
+            outbox::lapin::Publisher::connect(url.clone(), ""),
+        )
+        .run_once()
+        .await
+        .expect("the relay");
+        assert_eq!(report.published, 3, "{report:?}");
+        let pool = Sqlite::pool(&b);
+        let handler = async |messages: &[diesel_inbox::brokers::Message<'_>]| {
+            ran_in.lock().expect("not poisoned").push(
+                tracing::Span::current()
+                    .context()
+                    .span()
+                    .span_context()
+                    .span_id(),
+            );
+            let mut conn = Sqlite::pooled(&pool).await;
+            Inbox::consumer("service-b-batch")
+                .run_batch_async(
+                    &mut *conn,
+                    messages,
+                    |m| m.id().to_owned(),
+                    async |_conn, _fresh| Ok::<_, InboxError>(()),
+                )
+                .await
+        };
+        let ran = tokio::time::timeout(
+            Duration::from_secs(30),
+            diesel_inbox::lapin::Consumer::connect(
+                url.clone(),
+                queue.clone(),
+                Policy::new(|_: &InboxError| false),
+            )
+            .batch(10, Duration::from_millis(300))
+            .exit_when_idle(Duration::from_millis(500))
+            .run_batch(handler, std::future::pending()),
+        )
+        .await
+        .expect("the runner drained the queue")
+        .expect("the runner");
+        assert_eq!((ran.acked, ran.batches), (3, 1), "{ran:?}");
+    });
+    let spans = telemetry.spans();
+    let process: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| s.span_kind == SpanKind::Consumer && s.name == format!("process {queue}"))
+        .collect();
+    assert_eq!(process.len(), 1, "{process:#?}");
+    let process = process[0];
+    assert_eq!(
+        attribute(process, "messaging.batch.message_count"),
+        Some(&Value::I64(3))
+    );
+    assert_eq!(
+        text(process, "messaging.system").as_deref(),
+        Some("rabbitmq")
+    );
+    assert_eq!(
+        *ran_in.lock().expect("not poisoned"),
+        vec![process.span_context.span_id()]
+    );
+    // The links are the producer spans, carried (remote) by the messages.
+    let key = |c: &SpanContext| format!("{:?}/{:?}", c.trace_id(), c.span_id());
+    let mut linked: Vec<String> = process
+        .links
+        .links
+        .iter()
+        .inspect(|l| assert!(l.span_context.is_remote()))
+        .map(|l| key(&l.span_context))
+        .collect();
+    let mut sent: Vec<String> = ids
+        .iter()
+        .map(|id| key(&messaging_span(&spans, SpanKind::Producer, id).span_context))
+        .collect();
+    linked.sort();
+    sent.sort();
+    assert_eq!(linked, sent);
+}

@@ -30,7 +30,9 @@ pub use crate::asynchronous::caught;
 /// Trace context (feature `otel`): the relay's and the runners' spans.
 #[cfg(feature = "otel")]
 pub mod otel {
-    pub use crate::otel::{consume, extract, failed, fields, producer_span, Messaging};
+    pub use crate::otel::{
+        consume, consume_batch, extract, failed, fields, producer_span, Messaging,
+    };
 }
 
 /// Whether rerunning the transaction that raised `error` on backend `B`

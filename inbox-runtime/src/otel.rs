@@ -217,3 +217,36 @@ pub fn consume<F: std::future::Future>(
         attached,
     )
 }
+
+/// A consumer runner's handler call `call` for a batch of deliveries
+/// (`run_batch`), run in one CONSUMER span, `process {destination}` with
+/// `messaging.batch.message_count`, the child of the current span and
+/// linked to each context the messages carry (`carried`: each message's
+/// propagator [`fields`]), as OpenTelemetry's conventions have a batch
+/// process: a batch has no one parent. Messages without a context add no
+/// link.
+pub fn consume_batch<F: std::future::Future>(
+    messaging: Messaging<'_>,
+    count: usize,
+    carried: &[Vec<(String, String)>],
+    call: F,
+) -> tracing::instrument::Instrumented<F> {
+    let span = tracing::info_span!(
+        target: crate::target::TARGET,
+        "diesel_inbox.consume",
+        otel.name = %format_args!("process {}", messaging.destination),
+        otel.kind = "consumer",
+        messaging.system = messaging.system,
+        messaging.operation.type = "process",
+        messaging.destination.name = messaging.destination,
+        messaging.batch.message_count = i64::try_from(count).unwrap_or(i64::MAX),
+        messaging.consumer.group.name = messaging.group,
+    );
+    for headers in carried {
+        let link = extract(headers).span().span_context().clone();
+        if link.is_valid() {
+            span.add_link(link);
+        }
+    }
+    tracing::Instrument::instrument(call, span)
+}

@@ -361,6 +361,29 @@ async fn process<M, E, T, F>(
         let call = inbox_runtime::__facade::caught(inbox_runtime::__facade::settled_by_caller(
             handler(&messages),
         ));
+        // One CONSUMER span for the batch, linked to the messages' contexts.
+        #[cfg(feature = "otel")]
+        let call = {
+            use inbox_runtime::__facade::otel;
+            let first = batch[part[0]].destination();
+            let destination = match part.iter().all(|&at| batch[at].destination() == first) {
+                true => first,
+                false => consumer.to_owned(),
+            };
+            let group = batch[part[0]].group();
+            let fields = otel::fields();
+            let carried: Vec<Vec<(String, String)>> = part
+                .iter()
+                .map(|&at| batch[at].headers_named(&fields))
+                .collect();
+            let messaging = otel::Messaging {
+                system: Some(M::SYSTEM),
+                destination: &destination,
+                message_id: "",
+                group: group.as_deref().or(Some(consumer)),
+            };
+            otel::consume_batch(messaging, part.len(), &carried, call)
+        };
         let (outcome, verdicts) = match positions.is_empty() {
             true => (call.await, Vec::new()),
             false => {
