@@ -100,6 +100,11 @@ struct Cli {
     /// Messages per variant and round of `--kafka` [default: 3000; smoke 30].
     #[arg(long)]
     kafka_messages: Option<usize>,
+    /// The variants `--kafka` runs, comma-separated (default: all of
+    /// runner, runner8, hand, batch, handbatch, floor); the ratios of the
+    /// missing ones print as NaN.
+    #[arg(long, value_delimiter = ',')]
+    kafka_variants: Vec<String>,
     /// RabbitMQ and NATS (PostgreSQL, INBOX_TEST_AMQP_URL and/or
     /// INBOX_TEST_NATS_URL): messages/s of `run_batch` against `run` with
     /// `in_flight(8)`.
@@ -155,6 +160,7 @@ pub struct Args {
     /// `--kafka` and its count.
     pub kafka: bool,
     pub kafka_messages: usize,
+    pub kafka_variants: Vec<String>,
     /// `--brokers` and its count.
     pub brokers: bool,
     pub broker_messages: usize,
@@ -201,6 +207,7 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         http_storms: pick(cli.http_storms, 20, 1),
         kafka: cli.kafka,
         kafka_messages: pick(cli.kafka_messages, 3_000, 30),
+        kafka_variants: cli.kafka_variants,
         brokers: cli.brokers,
         broker_messages: pick(cli.broker_messages, 5_000, 50),
         scale_rows: cli.scale_rows.unwrap_or(if smoke {

@@ -131,12 +131,32 @@ async fn measure(args: &Args, url: String, brokers: String) -> Result<(), String
     }
     let run = run_id();
     let n = args.kafka_messages as u64;
-    let mut samples: Vec<(&str, Vec<f64>)> = VARIANTS.iter().map(|v| (*v, Vec::new())).collect();
+    let variants: Vec<&str> = match args.kafka_variants.is_empty() {
+        true => VARIANTS.to_vec(),
+        false => {
+            let unknown: Vec<&String> = args
+                .kafka_variants
+                .iter()
+                .filter(|v| !VARIANTS.contains(&v.as_str()))
+                .collect();
+            if !unknown.is_empty() {
+                return Err(format!(
+                    "--kafka-variants: unknown {unknown:?} (known: {VARIANTS:?})"
+                ));
+            }
+            VARIANTS
+                .iter()
+                .copied()
+                .filter(|v| args.kafka_variants.iter().any(|w| w == v))
+                .collect()
+        }
+    };
+    let mut samples: Vec<(&str, Vec<f64>)> = variants.iter().map(|v| (*v, Vec::new())).collect();
     // `batch`'s commit-to-settlement median and p99 (ms), per round.
     let mut settled: Vec<(f64, f64)> = Vec::new();
     for round in 0..args.rounds {
-        for i in 0..VARIANTS.len() {
-            let variant = VARIANTS[(i + round) % VARIANTS.len()];
+        for i in 0..variants.len() {
+            let variant = variants[(i + round) % variants.len()];
             let topic = format!("bench-{run}-{variant}-{round}");
             produce(&brokers, &topic, n).await?;
             let consumer: StreamConsumer = ClientConfig::new()
@@ -177,12 +197,10 @@ async fn measure(args: &Args, url: String, brokers: String) -> Result<(), String
         }
     }
     let median = |v: &str| {
-        let mut s = samples
-            .iter()
-            .find(|(n, _)| *n == v)
-            .expect("a variant")
-            .1
-            .clone();
+        let Some((_, s)) = samples.iter().find(|(n, _)| *n == v) else {
+            return f64::NAN;
+        };
+        let mut s = s.clone();
         s.sort_by(f64::total_cmp);
         s[s.len() / 2]
     };

@@ -222,13 +222,13 @@ pub fn consume<F: std::future::Future>(
 /// (`run_batch`), run in one CONSUMER span, `process {destination}` with
 /// `messaging.batch.message_count`, the child of the current span and
 /// linked to each context the messages carry (`carried`: each message's
-/// propagator [`fields`]), as OpenTelemetry's conventions have a batch
+/// propagator [`fields`], read only when the span is recorded), as OpenTelemetry's conventions have a batch
 /// process: a batch has no one parent. Messages without a context add no
 /// link.
 pub fn consume_batch<F: std::future::Future>(
     messaging: Messaging<'_>,
     count: usize,
-    carried: &[Vec<(String, String)>],
+    carried: impl FnOnce() -> Vec<Vec<(String, String)>>,
     call: F,
 ) -> tracing::instrument::Instrumented<F> {
     let span = tracing::info_span!(
@@ -242,8 +242,12 @@ pub fn consume_batch<F: std::future::Future>(
         messaging.batch.message_count = i64::try_from(count).unwrap_or(i64::MAX),
         messaging.consumer.group.name = messaging.group,
     );
-    for headers in carried {
-        let link = extract(headers).span().span_context().clone();
+    // Read only for a span that is recorded.
+    if span.is_disabled() {
+        return tracing::Instrument::instrument(call, span);
+    }
+    for headers in carried() {
+        let link = extract(&headers).span().span_context().clone();
         if link.is_valid() {
             span.add_link(link);
         }

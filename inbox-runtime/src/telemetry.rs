@@ -221,18 +221,19 @@ fn settled_by_caller_now() -> bool {
     false
 }
 
-/// A broker delivery of `consumer` (a queue, a JetStream consumer) was
-/// settled: `settlement` is `ack`, `retry`, `dead_letter` or `unsettled`.
-pub fn consumer_settled(consumer: &str, settlement: &'static str) {
+/// `messages` broker deliveries of `consumer` (a queue, a JetStream
+/// consumer) were settled: `settlement` is `ack`, `retry`, `dead_letter`
+/// or `unsettled`.
+pub fn consumer_settled(consumer: &str, settlement: &'static str, messages: u64) {
     #[cfg(feature = "metrics")]
     metrics::counter!(
         "diesel_inbox.consumer.settled",
         "messaging.consumer.group.name" => consumer.to_owned(),
         "diesel_inbox.settlement" => settlement
     )
-    .increment(1);
+    .increment(messages);
     #[cfg(not(feature = "metrics"))]
-    let _ = (consumer, settlement);
+    let _ = (consumer, settlement, messages);
 }
 
 /// A Kafka partition's lag (messages not handled yet: the high watermark

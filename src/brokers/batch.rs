@@ -169,7 +169,7 @@ where
             }
             // What else arrives within the linger, up to the batch's size.
             let mut ended = None;
-            let until = Instant::now() + linger;
+            let mut lingered = pin!(tokio::time::sleep(linger));
             while batch.len() < max {
                 tokio::select! {
                     biased;
@@ -184,7 +184,7 @@ where
                             break;
                         }
                     },
-                    () = tokio::time::sleep_until(until) => break,
+                    () = &mut lingered => break,
                 }
             }
             // The batch runs to its end; shutdown gives back what waits for
@@ -276,9 +276,7 @@ impl Done {
                 "dead_letter"
             }
         };
-        for _ in 0..n {
-            inbox_runtime::__facade::consumer_settled(consumer, label);
-        }
+        inbox_runtime::__facade::consumer_settled(consumer, label, n64);
         if let Err(e) = settled {
             tracing::warn!(target: crate::TRACING_TARGET, consumer, messages = n, error = %e, "diesel-inbox: the broker did not take the settlement; it will redeliver the messages");
         }
@@ -371,18 +369,19 @@ async fn process<M, E, T, F>(
                 false => consumer.to_owned(),
             };
             let group = batch[part[0]].group();
-            let fields = otel::fields();
-            let carried: Vec<Vec<(String, String)>> = part
-                .iter()
-                .map(|&at| batch[at].headers_named(&fields))
-                .collect();
+            let carried = || {
+                let fields = otel::fields();
+                part.iter()
+                    .map(|&at| batch[at].headers_named(&fields))
+                    .collect()
+            };
             let messaging = otel::Messaging {
                 system: Some(M::SYSTEM),
                 destination: &destination,
                 message_id: "",
                 group: group.as_deref().or(Some(consumer)),
             };
-            otel::consume_batch(messaging, part.len(), &carried, call)
+            otel::consume_batch(messaging, part.len(), carried, call)
         };
         let (outcome, verdicts) = match positions.is_empty() {
             true => (call.await, Vec::new()),

@@ -433,6 +433,7 @@ where
             inbox_runtime::__facade::consumer_settled(
                 consumer,
                 settled_label(&settled, Settlement::DeadLetter),
+                1,
             );
             settled?;
             tracing::warn!(target: crate::TRACING_TARGET, consumer, error = %e, "diesel-inbox: a message without a usable id was dead-lettered");
@@ -479,7 +480,7 @@ where
         }
     }
     let settled = message.settle(settlement, delay).await;
-    inbox_runtime::__facade::consumer_settled(consumer, settled_label(&settled, settlement));
+    inbox_runtime::__facade::consumer_settled(consumer, settled_label(&settled, settlement), 1);
     match (&settled, settlement, &outcome) {
         (Err(e), _, _) => {
             tracing::warn!(target: crate::TRACING_TARGET, message_id = %id, consumer, error = %e, "diesel-inbox: the broker did not take the settlement; it will redeliver the message");

@@ -306,7 +306,10 @@ impl<C: ConsumerContext + 'static> Stream for Deliveries<C> {
                     drop(lanes);
                     return Poll::Ready(Some(Ok(self.deliver(record, floor))));
                 }
-                lanes.waker = Some(cx.waker().clone());
+                match &mut lanes.waker {
+                    Some(waker) if waker.will_wake(cx.waker()) => {}
+                    waker => *waker = Some(cx.waker().clone()),
+                }
             }
             let received = match self.next.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
