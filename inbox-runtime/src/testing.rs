@@ -4,7 +4,7 @@
 
 /// The fence of the Kafka runner, for the zombie tests.
 #[cfg(feature = "async")]
-pub use crate::fence::at_position;
+pub use crate::fence::{at_position, at_positions};
 pub use crate::fence::{Position, Verdict};
 
 /// The enqueue's trace capture and its switch (feature `otel`), for the

@@ -570,6 +570,109 @@ impl Backend {
                 "stored positions {positions:?}, expected {{0: 11}}"
             ));
         }
+        self.fence_many(env)
+    }
+
+    /// The fence with several partitions in one call (a batch's): new
+    /// partitions inserted, stored ones moved, new and stored ones mixed,
+    /// and one refused partition refusing the whole call (the others'
+    /// moves rolled back with it).
+    fn fence_many(&self, env: &Env) -> Check {
+        use diesel_inbox::__testing::{Position, Verdict};
+        let topic = format!("fence-many-{}", env.run);
+        let at = |partition: i32, offset: i64, last: i64| Position {
+            topic: topic.clone(),
+            partition,
+            offset,
+            last,
+            floor: None,
+        };
+        let key = |k: &str| format!("fence-many-{}-{k}", env.run);
+        type Step = (
+            Vec<Position>,
+            Vec<&'static str>,
+            usize,
+            Vec<Option<Verdict>>,
+            BTreeMap<i32, i64>,
+        );
+        let steps: Vec<Step> = vec![
+            // Two new partitions.
+            (
+                vec![at(1, 0, 4), at(2, 0, 4)],
+                vec!["a1", "a2"],
+                2,
+                vec![Some(Verdict::Written), Some(Verdict::Written)],
+                BTreeMap::from([(1, 5), (2, 5)]),
+            ),
+            // Two stored ones moved and a new one, in one call.
+            (
+                vec![at(1, 5, 9), at(2, 5, 9), at(3, 0, 4)],
+                vec!["b1", "b2", "b3"],
+                3,
+                vec![Some(Verdict::Written); 3],
+                BTreeMap::from([(1, 10), (2, 10), (3, 5)]),
+            ),
+            // Partition 1 admitted, partition 2 passed: nothing applied,
+            // partition 1 not moved either.
+            (
+                vec![at(1, 10, 14), at(2, 3, 7)],
+                vec!["c1", "c2"],
+                0,
+                vec![None, Some(Verdict::Passed(10))],
+                BTreeMap::from([(1, 10), (2, 10), (3, 5)]),
+            ),
+            // A gap without a floor: behind.
+            (
+                vec![at(3, 9, 9)],
+                vec!["d1"],
+                0,
+                vec![Some(Verdict::Behind(5))],
+                BTreeMap::from([(1, 10), (2, 10), (3, 5)]),
+            ),
+        ];
+        let mut applied_keys = Vec::new();
+        for (positions, keys, applies, verdicts, stored) in steps {
+            let keys: Vec<String> = keys.iter().map(|k| key(k)).collect();
+            let (got, seen) = env.runtime.block_on(async {
+                match self.name {
+                    "sqlite" => {
+                        apply_many_at::<consumer::Sqlite>(&self.url, &topic, &keys, positions).await
+                    }
+                    #[cfg(feature = "postgres")]
+                    "postgres" => {
+                        apply_many_at::<consumer::Postgres>(&self.url, &topic, &keys, positions)
+                            .await
+                    }
+                    #[cfg(feature = "mysql")]
+                    "mysql" => {
+                        apply_many_at::<consumer::Mysql>(&self.url, &topic, &keys, positions).await
+                    }
+                    other => (Err(format!("no such backend: {other}")), Vec::new()),
+                }
+            });
+            let got = got?;
+            if got != applies || seen != verdicts {
+                return Err(format!(
+                    "{keys:?}: applied {got} with verdicts {seen:?}, expected {applies} with {verdicts:?}"
+                ));
+            }
+            if got > 0 {
+                applied_keys.extend(keys);
+            }
+            let positions = self.positions(&topic)?;
+            if positions != stored {
+                return Err(format!(
+                    "stored positions {positions:?}, expected {stored:?}"
+                ));
+            }
+        }
+        let rows = self.effects(&topic)?;
+        let mut ids: Vec<String> = rows.into_iter().map(|r| r.message_id).collect();
+        ids.sort();
+        applied_keys.sort();
+        if ids != applied_keys {
+            return Err(format!("business rows {ids:?}, expected {applied_keys:?}"));
+        }
         Ok(())
     }
 
@@ -1250,6 +1353,39 @@ async fn apply_at<D: Db>(
         Ok(done == diesel_inbox::Processed::Applied(()))
     };
     diesel_inbox::__testing::at_position(position, call).await
+}
+
+/// [`apply_at`] for a batch: `keys` claimed in one call with `positions`
+/// in scope; how many it applied, and each position's verdict.
+async fn apply_many_at<D: Db>(
+    url: &str,
+    topic: &str,
+    keys: &[String],
+    positions: Vec<diesel_inbox::__testing::Position>,
+) -> (
+    Result<usize, String>,
+    Vec<Option<diesel_inbox::__testing::Verdict>>,
+) {
+    let call = async {
+        let pool = D::pool(url.to_owned())?;
+        let mut conn = D::get(&pool).await?;
+        let done = diesel_inbox::Inbox::consumer(CONSUMER)
+            .run_batch_async(
+                &mut *conn,
+                keys,
+                |k: &String| k.clone(),
+                async |conn: &mut D::Conn, fresh: Vec<&String>| {
+                    for key in fresh {
+                        D::insert(conn, topic, key, "fence", 0).await?;
+                    }
+                    Ok::<_, diesel::result::Error>(())
+                },
+            )
+            .await
+            .map_err(|e: diesel::result::Error| e.to_string())?;
+        Ok(done.applied.len())
+    };
+    diesel_inbox::__testing::at_positions(positions, call).await
 }
 
 type PgConn = PgConnOf;
