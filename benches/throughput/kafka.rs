@@ -211,6 +211,30 @@ async fn measure(args: &Args, url: String, brokers: String) -> Result<(), String
         median("floor"),
     );
     let (batch_rate, hand_batch_rate) = (median("batch"), median("handbatch"));
+    // Each round's batch / handbatch (the two ran one after the other in
+    // it), and their median: the rates drift over a run (the tables grow),
+    // a round's pair much less.
+    let paired = {
+        let of = |v: &str| {
+            samples
+                .iter()
+                .find(|(n, _)| *n == v)
+                .map(|(_, s)| s.clone())
+        };
+        let mut ratios: Vec<f64> = match (of("batch"), of("handbatch")) {
+            (Some(a), Some(b)) => a.iter().zip(&b).map(|(a, b)| a / b).collect(),
+            _ => Vec::new(),
+        };
+        ratios.sort_by(f64::total_cmp);
+        ratios.get(ratios.len() / 2).copied().map(|m| (m, ratios))
+    };
+    if let Some((median, ratios)) = &paired {
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "kafka postgres batches of {BATCH}: run_batch/hand-batched per round, sorted: {} (median {median:.2})",
+            each.join(" ")
+        );
+    }
     let (settle_p50, settle_p99) = crate::settle::median_of(&settled);
     println!(
         "kafka postgres, {n} messages x {} rounds: runner {runner_rate:.0}/s, hand-written {hand_rate:.0}/s (runner/hand {:.2}), runner in_flight 8 {runner8_rate:.0}/s ({:.2}x hand), no database {floor_rate:.0}/s (runner/floor {:.2}, runner8/floor {:.2})",
