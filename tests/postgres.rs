@@ -378,6 +378,65 @@ mod suite {
             );
         }
 
+        /// The replay's read before the transaction (`store_result`) is
+        /// cached and guarded: another client's statement run under its
+        /// name with its own values fails; another statement run under the
+        /// read's name (returning rows that look like a stored result) is
+        /// an error, never a replay.
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_postgres),
+            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+        )]
+        fn another_statement_under_the_replay_reads_name_is_an_error() {
+            let Some((_db, mut conn)) = setup("proxy_replay_read") else {
+                return;
+            };
+            let run = |conn: &mut PgConnection, key: &str| {
+                Inbox::consumer("proxy")
+                    .retries(0)
+                    .classify(|_: &diesel::result::Error| ErrorClass::permanent())
+                    .store_result()
+                    .run(conn, key, |conn| order(conn, key).map(|()| 7u32))
+            };
+            assert!(run(&mut conn, "r1").expect("applied").is_applied());
+            assert_eq!(
+                run(&mut conn, "r1").expect("replayed"),
+                diesel_inbox::Stored::Duplicate(Some(7))
+            );
+            let (name, types) = prepared(&mut conn, "SELECT 'diesel-inbox replay read'");
+            assert_eq!(types, "text, text, text");
+            let error = conn
+                .batch_execute(&format!("EXECUTE {name}('another value', 'proxy', 'r1')"))
+                .expect_err("the replay read with another statement's parameters fails");
+            assert!(
+                error
+                    .to_string()
+                    .contains("this prepared statement is the inbox replay read"),
+                "{error}"
+            );
+            // Another statement under the read's name, answering with a
+            // row shaped like a stored result of the key.
+            conn.batch_execute(&format!(
+                "DEALLOCATE {name}; PREPARE {name} (text, text, text) AS \
+                 SELECT 'another statement'::text, $3::text, NULL::bytea, '\\x0700'::bytea"
+            ))
+            .expect("swap the prepared statement");
+            let error = run(&mut conn, "r2").expect_err("an answer not the read's is an error");
+            assert!(
+                format!("{error:?}")
+                    .contains("was another statement under the inbox replay read's name"),
+                "{error:?}"
+            );
+            assert_eq!(
+                count(
+                    &mut conn,
+                    "SELECT count(*) FROM inbox_messages WHERE message_id = 'r2'"
+                ),
+                0
+            );
+        }
+
         /// diesel-async's cached statements have tokio-postgres' names
         /// (`sN`, per process): the same check on the async path.
         #[cfg(feature = "async")]
@@ -443,8 +502,9 @@ mod suite {
             assert_eq!(count(&mut sync, "SELECT count(*) FROM proxy_orders"), 1);
         }
 
-        /// The statements of a call other than its claim and the claim's
-        /// guarded duplicate check (a duplicate's stored row, the stored
+        /// The statements of a call other than its claim, the claim's
+        /// guarded duplicate check and the guarded replay read (a
+        /// duplicate's stored row, the stored
         /// result, the failure counts) are never prepared under a name that
         /// another client could reach.
         #[test]
@@ -482,7 +542,8 @@ mod suite {
                 "SELECT count(*) FROM pg_prepared_statements \
                  WHERE statement LIKE '%inbox_%' AND NOT starts_with(statement, 'WITH claim AS') \
                  AND NOT starts_with(statement, 'INSERT INTO inbox_messages') \
-                 AND NOT starts_with(statement, 'SELECT ''diesel-inbox claim, present''')",
+                 AND NOT starts_with(statement, 'SELECT ''diesel-inbox claim, present''') \
+                 AND NOT starts_with(statement, 'SELECT ''diesel-inbox replay read''')",
             );
             assert_eq!(named, 0);
         }

@@ -93,6 +93,7 @@ where
         .storing(encoder::<T, O>())
         .counting(one.max_attempts.and(describe))
         .waiting(one.wait)
+        .looking_up(one.looks_up())
         .fencing(crate::fence::take());
     let span = engine.span().clone();
     let ended = drive_one(conn, engine, &one, next_body)
@@ -296,6 +297,10 @@ where
             Event::Counted
         }
         Step::CheckShape => Event::ShapeChecked(check_shape(conn).await),
+        Step::Lookup => Event::LookedUp(match claim {
+            Claim::One(one) => look_up(conn, one).await,
+            Claim::Many(..) => unreachable!("a batch reads no stored result"),
+        }),
         Step::Commit(scope) => Event::Committed(conn.inbox_commit(scope).await),
         Step::Rollback => {
             conn.inbox_rollback().await;
@@ -307,6 +312,20 @@ where
         }
         Step::Body => unreachable!("the driver runs the body itself"),
     }
+}
+
+/// The replay's read of a single call, outside any transaction and once
+/// the connection's tables were checked; nothing found otherwise.
+async fn look_up<C: AsyncInboxConnection>(
+    conn: &mut C,
+    one: &One<'_>,
+) -> Result<Option<Claimed>, Error> {
+    if crate::backend::transaction::transaction_open_async(conn)
+        || observe::shape_unchecked::<C::Backend>(conn.instrumentation())
+    {
+        return Ok(None);
+    }
+    Ok(one.looked_up(conn.inbox_lookup(one.consumer, one.key).await?))
 }
 
 /// The statement layer's answer to a fence.

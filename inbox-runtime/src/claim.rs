@@ -87,6 +87,21 @@ impl One<'_> {
         }
     }
 
+    /// Whether the call reads its key's stored result before its
+    /// transaction: when it wants one.
+    pub(crate) fn looks_up(&self) -> bool {
+        self.stored_result
+    }
+
+    /// The verdict of the replay's read, which found `row` (a committed
+    /// row with a stored result) or nothing: a replay, a reused key, or
+    /// `None`, the claim's path.
+    pub(crate) fn looked_up(&self, row: Option<StoredRow>) -> Option<Claimed> {
+        let row = row?;
+        row.2.as_ref()?;
+        Some(self.duplicate(vec![row]))
+    }
+
     /// The verdict on a duplicate whose row read as `rows` (none: the row
     /// was purged or forgotten since the claim saw it, so there is nothing
     /// to compare).

@@ -51,6 +51,13 @@ pub(crate) enum Step {
     /// [`InboxBackend::CHECK_SHAPE_AFTER_CLAIM`](crate::InboxBackend::CHECK_SHAPE_AFTER_CLAIM).
     /// A driver answers at once when the connection was checked before.
     CheckShape,
+    /// Read the key's stored result before any transaction
+    /// (`store_result`): a committed row with one is the call's answer
+    /// at once (a replay, or a reused key); no row, or one without a
+    /// result, goes on to `Begin`. A driver answers "nothing found"
+    /// without reading inside the caller's transaction or before the
+    /// connection's tables were checked.
+    Lookup,
     /// Move the stream position in scope behind its fence (`fence`), in
     /// the claim's transaction: after a new claim, before the body; after
     /// a duplicate, before committing the move alone.
@@ -78,6 +85,10 @@ pub(crate) enum Event<T, E> {
     Claimed(Result<Claimed, Error>),
     /// The shape check: `Err` refuses the tables (or could not read them).
     ShapeChecked(Result<(), InboxError>),
+    /// The replay's read: a verdict found before any transaction
+    /// (`Claimed::Duplicate` with the stored result, or `Claimed::Reused`),
+    /// or `None`, the claim's path.
+    LookedUp(Result<Option<Claimed>, Error>),
     Stored(Result<(), Error>),
     #[cfg_attr(not(feature = "async"), allow(dead_code))] // the async driver's
     Fenced(Result<Fenced, Error>),
@@ -167,6 +178,8 @@ enum State<T, E> {
     /// after the claim, with what it found (its verdict still unused) or
     /// its failure (already rolled back).
     CheckingShape(Option<Result<Claimed, Failure<E>>>),
+    /// Reading the key's stored result before the first `Begin`.
+    LookingUp,
     /// Moving the stream position, then running the body (`None`), or
     /// committing the move of a duplicate (with its stored value).
     Fencing(Option<Option<Vec<u8>>>),
@@ -210,6 +223,9 @@ pub(crate) struct Engine<'a, B, T, E, R> {
     /// The stream position this call moves in its transaction (a Kafka
     /// runner's), reported when the call ends.
     fence: Option<Taken>,
+    /// Whether the call reads its key's stored result before its first
+    /// transaction ([`Step::Lookup`]).
+    lookup: bool,
 }
 
 impl<'a, B, T, E, R> Engine<'a, B, T, E, R>
@@ -240,7 +256,21 @@ where
             shape_checked: false,
             wait: None,
             fence: None,
+            lookup: false,
         }
+    }
+
+    /// Reads the key's stored result before the first transaction
+    /// ([`Step::Lookup`]) when `on`; never for a call that moves a stream
+    /// position (a duplicate moves it in a transaction).
+    pub(crate) fn looking_up(mut self, on: bool) -> Self {
+        self.lookup = on;
+        self
+    }
+
+    /// Whether the first `Begin` is preceded by the replay's read.
+    fn looks_up(&self) -> bool {
+        self.lookup && self.fence.is_none()
     }
 
     /// Moves `fence`'s stream position in the call's transaction, and
@@ -283,10 +313,15 @@ where
         self.telemetry.span()
     }
 
-    /// The call's first step: the shape check, or (SQLite) `Begin`.
-    pub(crate) fn first(&self) -> Step {
+    /// The call's first step: the shape check, or (SQLite) the replay's
+    /// read or `Begin`.
+    pub(crate) fn first(&mut self) -> Step {
         match self.state {
             State::CheckingShape(None) => Step::CheckShape,
+            _ if self.looks_up() => {
+                self.state = State::LookingUp;
+                Step::Lookup
+            }
             _ => Step::Begin,
         }
     }
@@ -346,6 +381,7 @@ where
             (State::CheckingShape(pending), Event::ShapeChecked(checked)) => {
                 self.shape_checked = true;
                 match (checked, pending) {
+                    (Ok(()), None) if self.looks_up() => self.go(State::LookingUp, Step::Lookup),
                     (Ok(()), None) => self.go(State::Beginning, Step::Begin),
                     (Ok(()), Some(Ok(claimed))) => self.claimed(claimed),
                     (Ok(()), Some(Err(failure))) => self.judge(failure),
@@ -360,6 +396,21 @@ where
                     (Err(refused), None | Some(Err(_))) => Next::Done(Err(refused.into())),
                 }
             }
+            (State::LookingUp, Event::LookedUp(found)) => match found {
+                Ok(None) => self.go(State::Beginning, Step::Begin),
+                Ok(Some(Claimed::Duplicate(stored))) => Next::Done(Ok(Ended::Duplicate(stored))),
+                Ok(Some(Claimed::Reused(key))) => Next::Done(Err(InboxError::KeyReused {
+                    consumer: self.consumer.to_owned(),
+                    key,
+                }
+                .into())),
+                Ok(Some(other)) => unreachable!("the replay's read found {other:?}"),
+                // Nothing was opened: judged like a failed begin.
+                Err(e) => {
+                    let failure = self.inbox_failure(e);
+                    self.judge(failure)
+                }
+            },
             (State::Running, Event::Ran { result, failed }) => {
                 let mut failed = failed.iter().map(FailedStatement::to_error);
                 match result {

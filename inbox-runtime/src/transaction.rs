@@ -79,10 +79,12 @@ where
     let one = options.one::<T, O>(consumer, &key)?;
     let engine = Engine::new(consumer, &key, retries, classify)
         .storing(encoder::<T, O>())
-        .counting(one.max_attempts.and(steps.describe));
+        .counting(one.max_attempts.and(steps.describe))
+        .looking_up(one.looks_up());
     let ended = drive(
         conn,
         engine,
+        |conn| (steps.lookup)(conn, &one),
         |conn| (steps.claim)(conn, &one).map(|claimed| (claimed, ())),
         |conn, value| (steps.store)(conn, consumer, &key, value),
         |conn, scope, error| (steps.count)(conn, scope, consumer, &key, error),
@@ -96,6 +98,7 @@ where
 /// counts failures.
 #[doc(hidden)]
 pub struct Steps<C, E> {
+    lookup: fn(&mut C, &One<'_>) -> Result<Option<Claimed>, Error>,
     claim: fn(&mut C, &One<'_>) -> Result<Claimed, Error>,
     store: fn(&mut C, &str, &str, &[u8]) -> Result<(), Error>,
     count: fn(&mut C, Scope, &str, &str, &str) -> Result<(), Error>,
@@ -108,6 +111,7 @@ impl<C: InboxConnection, E> Steps<C, E> {
     /// counted.
     pub(crate) fn plain() -> Self {
         Steps {
+            lookup: |_, _| unreachable!("a call without options reads no stored result"),
             claim: |conn, one| {
                 let inserted = <C::Backend as crate::backend::Internals>::claim(
                     conn,
@@ -131,12 +135,29 @@ impl<C: InboxConnection + LoadConnection, E: std::fmt::Debug> Steps<C, E> {
     /// With options.
     pub(crate) fn with_options() -> Self {
         Steps {
+            lookup: look_up,
             claim: claim_one,
             store: <C::Backend as crate::backend::Statements>::store_result,
             count: count_failure,
             describe: Some(describe::<E>),
         }
     }
+}
+
+/// The replay's read of a single call, outside any transaction and once
+/// the connection's tables were checked; nothing found otherwise.
+fn look_up<C: InboxConnection + LoadConnection>(
+    conn: &mut C,
+    one: &One<'_>,
+) -> Result<Option<Claimed>, Error> {
+    type B<C> = <C as Connection>::Backend;
+    if crate::backend::transaction::transaction_open(conn)
+        || observe::shape_unchecked::<B<C>>(conn.instrumentation())
+    {
+        return Ok(None);
+    }
+    let row = <B<C> as crate::backend::Internals>::lookup(conn, one.consumer, one.key)?;
+    Ok(one.looked_up(row))
 }
 
 /// The single claim: insert the row; for a duplicate, read its row when
@@ -263,6 +284,7 @@ where
     let (ended, applied) = drive(
         conn,
         engine,
+        |_| unreachable!("a batch reads no stored result"),
         claim,
         |_, _| unreachable!("a batch stores no result"),
         |_, _, _| unreachable!("a batch counts no failures"),
@@ -278,6 +300,7 @@ where
 fn drive<C, T, E, W: Default>(
     conn: &mut C,
     mut engine: Engine<'_, C::Backend, T, E, impl Fn(&E) -> ErrorClass<E>>,
+    mut lookup: impl FnMut(&mut C) -> Result<Option<Claimed>, Error>,
     mut claim: impl FnMut(&mut C) -> Result<(Claimed, W), Error>,
     mut store: impl FnMut(&mut C, &[u8]) -> Result<(), Error>,
     mut count: impl FnMut(&mut C, Scope, &str) -> Result<(), Error>,
@@ -319,6 +342,7 @@ where
                 }
             }
             Step::CheckShape => Event::ShapeChecked(check_shape(conn)),
+            Step::Lookup => Event::LookedUp(lookup(conn)),
             Step::Store(value) => Event::Stored(store(conn, &value)),
             Step::Fence(_) => unreachable!("a sync call takes no stream position"),
             Step::Count(scope, error) => {

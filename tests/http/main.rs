@@ -8,7 +8,8 @@
 //! Per backend: 100 concurrent requests with one key; a reused key, a
 //! key of another scope, a missing or invalid key; a body that fails or
 //! panics; a request in flight past the wait (409); a binary body, one
-//! over the stored-body cap; the server SIGKILLed inside the body and
+//! over the stored-body cap; a stored response not yet committed (never
+//! replayed); the server SIGKILLed inside the body and
 //! after the commit; the database refusing connections (PostgreSQL and
 //! MySQL, through a TCP proxy).
 

@@ -2,11 +2,10 @@
 //! and checks what a user cares about: statuses, bodies, the replay
 //! header, the business rows, the inbox rows.
 
+mod db;
+
 use crate::proxy::{Mode, Proxy};
 use crate::server;
-use diesel::connection::SimpleConnection;
-use diesel::sql_types::{BigInt, Text};
-use diesel::{Connection, RunQueryDsl};
 use diesel_inbox::http::{consumer_name, message_id, IdempotencyKey};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -117,6 +116,9 @@ impl Drop for Server {
 }
 
 /// A response as the client saw it.
+/// Rolls back a transaction [`Backend::hold`] keeps open.
+type Rollback = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
 #[derive(Debug)]
 struct Got {
     status: u16,
@@ -147,6 +149,10 @@ impl Backend {
             ("a request in flight past the wait is a 409", |b, rt, k| {
                 rt.block_on(b.in_flight(k))
             }),
+            (
+                "a stored response not yet committed is never replayed",
+                |b, rt, k| rt.block_on(b.uncommitted(k)),
+            ),
             (
                 "binary bodies, Location, and a body over the cap",
                 |b, rt, k| rt.block_on(b.blobs(k)),
@@ -215,98 +221,6 @@ impl Backend {
             base: format!("http://127.0.0.1:{port}"),
             child,
         })
-    }
-
-    /// Business rows of `(scope, key)`.
-    fn rows(&self, scope: &str, key: &str) -> Result<i64, String> {
-        self.count(
-            "SELECT COUNT(*) AS n FROM http_payments WHERE scope = ? AND idem_key = ?",
-            scope,
-            key,
-        )
-    }
-
-    /// Inbox rows (stored responses) of `(scope, key)` at `endpoint`.
-    fn stored(&self, endpoint: &str, scope: &str, key: &str) -> Result<i64, String> {
-        let key = IdempotencyKey::parse(key).map_err(|e| e.to_string())?;
-        self.count(
-            "SELECT COUNT(*) AS n FROM inbox_messages WHERE consumer = ? AND message_id = ?",
-            &consumer_name(endpoint),
-            &message_id(scope, &key),
-        )
-    }
-
-    /// A fresh connection's lock wait setting (what the server's body
-    /// reports, see `Db::LOCK_WAIT`).
-    fn lock_wait(&self) -> Result<String, String> {
-        #[derive(diesel::QueryableByName)]
-        struct Setting {
-            #[diesel(sql_type = Text)]
-            v: String,
-        }
-        macro_rules! setting {
-            ($conn:ty, $sql:expr) => {{
-                let mut conn = <$conn>::establish(&self.url).map_err(|e| e.to_string())?;
-                let row: Setting = diesel::sql_query($sql)
-                    .get_result(&mut conn)
-                    .map_err(|e| e.to_string())?;
-                Ok(row.v)
-            }};
-        }
-        match self.kind {
-            #[cfg(feature = "postgres")]
-            "postgres" => setting!(
-                diesel::PgConnection,
-                "SELECT current_setting('lock_timeout') AS v"
-            ),
-            #[cfg(feature = "mysql")]
-            "mysql" => setting!(
-                diesel::MysqlConnection,
-                "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR) AS v"
-            ),
-            _ => Ok("busy timeout".into()),
-        }
-    }
-
-    fn count(&self, sql: &str, a: &str, b: &str) -> Result<i64, String> {
-        #[derive(diesel::QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
-        macro_rules! count {
-            ($conn:ty, $sql:expr) => {{
-                let mut conn = <$conn>::establish(&self.url).map_err(|e| e.to_string())?;
-                let counted: Count = diesel::sql_query($sql)
-                    .bind::<Text, _>(a)
-                    .bind::<Text, _>(b)
-                    .get_result(&mut conn)
-                    .map_err(|e| e.to_string())?;
-                Ok(counted.n)
-            }};
-        }
-        match self.kind {
-            "sqlite" => {
-                let mut conn =
-                    diesel::SqliteConnection::establish(&self.url).map_err(|e| e.to_string())?;
-                conn.batch_execute("PRAGMA busy_timeout = 10000")
-                    .map_err(|e| e.to_string())?;
-                let counted: Count = diesel::sql_query(sql)
-                    .bind::<Text, _>(a)
-                    .bind::<Text, _>(b)
-                    .get_result(&mut conn)
-                    .map_err(|e| e.to_string())?;
-                Ok(counted.n)
-            }
-            #[cfg(feature = "postgres")]
-            "postgres" => count!(
-                diesel::PgConnection,
-                sql.replacen('?', "$1", 1).replacen('?', "$2", 1)
-            ),
-            #[cfg(feature = "mysql")]
-            "mysql" => count!(diesel::MysqlConnection, sql),
-            other => Err(format!("no such backend {other}")),
-        }
     }
 
     async fn concurrent(&self, key: &str) -> Check {
@@ -486,6 +400,47 @@ impl Backend {
         expect(
             late.status == 201 && late.replayed && late.body == first.body,
             format!("then replays: {late:?}"),
+        )?;
+        expect(self.rows("u1", key)? == 1, "applied once")
+    }
+
+    /// Another transaction holds the key's row, with a stored response
+    /// (one committed for another key, copied), uncommitted: the replay's
+    /// read before the transaction must not see it, so the request waits
+    /// on the row and answers 409; once that transaction rolls back, the
+    /// request applies.
+    async fn uncommitted(&self, key: &str) -> Check {
+        let server = self.start(&self.url)?;
+        let client = reqwest::Client::new();
+        let other = format!("{key}-committed");
+        let first = pay(&client, &server, "u1", Some(&other), 7, "").await?;
+        expect(
+            first.status == 201,
+            format!("the other key applies: {first:?}"),
+        )?;
+        let parse = |k: &str| IdempotencyKey::parse(k).map_err(|e| e.to_string());
+        let (from, to) = (
+            message_id("u1", &parse(&other)?),
+            message_id("u1", &parse(key)?),
+        );
+        let rollback = self.hold(
+            "INSERT INTO inbox_messages (consumer, message_id, fingerprint, result) \
+             SELECT consumer, ?, fingerprint, result FROM inbox_messages \
+             WHERE consumer = 'http:payments' AND message_id = ?",
+            &to,
+            &from,
+        )?;
+        let during = pay(&client, &server, "u1", Some(key), 7, "wait_ms=300").await;
+        rollback()?;
+        let during = during?;
+        expect(
+            during.status == 409 && !during.replayed,
+            format!("an uncommitted stored response: 409, not a replay, got {during:?}"),
+        )?;
+        let after = pay(&client, &server, "u1", Some(key), 7, "").await?;
+        expect(
+            after.status == 201 && !after.replayed,
+            format!("rolled back: the request applies, got {after:?}"),
         )?;
         expect(self.rows("u1", key)? == 1, "applied once")
     }

@@ -62,6 +62,14 @@ pub(crate) trait AsyncInternals:
         fingerprint: Option<&[u8]>,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// The replay's read ([`Internals::lookup`](super::Internals::lookup)),
+    /// before any transaction.
+    fn inbox_lookup(
+        &mut self,
+        consumer: &str,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<Option<crate::rows::StoredRow>>> + Send;
+
     /// Opens the transaction and, if that worked, claims: where the backend
     /// can do both in one trip (SQLite: one hop to the blocking thread,
     /// during which the write lock is held), it does; by default one step

@@ -88,6 +88,17 @@ where
     Ok(claimed)
 }
 
+/// The replay's read on a backend whose side statements are cached
+/// (`Internals::lookup`): the key's row if it holds a stored result.
+#[cfg(feature = "_counted-claim")]
+pub(crate) fn lookup<C>(conn: &mut C, consumer: &str, key: &str) -> QueryResult<Option<StoredRow>>
+where
+    C: LoadConnection,
+    for<'a> st::Side<st::lookup<'a>>: LoadOn<C::Backend, StoredRow> + diesel::RunQueryDsl<C>,
+{
+    st::looked_up(key, st::Side(st::lookup(consumer, key)).load_on(conn)?)
+}
+
 /// A unique violation of a batch claim means another transaction claimed
 /// one of the keys between the lookup and the insert: rerun the whole
 /// batch, which then sees that key as a duplicate.
@@ -391,6 +402,24 @@ pub(crate) mod asynchronous {
     use diesel_async::methods::LoadQuery;
     use diesel_async::{AsyncConnection, RunQueryDsl};
     use std::future::Future;
+
+    /// [`super::lookup`] on a diesel-async connection (MySQL/MariaDB).
+    #[cfg(feature = "mysql")]
+    pub(crate) async fn lookup<B, C>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<Option<StoredRow>>
+    where
+        B: diesel::backend::Backend,
+        C: AsyncConnection<Backend = B> + Send,
+        for<'a> st::Side<st::lookup<'a>>: LoadOnAsync<B, StoredRow>,
+    {
+        let rows = st::Side(st::lookup(consumer, key))
+            .load_on_async(conn)
+            .await?;
+        st::looked_up(key, rows)
+    }
 
     #[cfg(feature = "mysql")]
     pub(crate) async fn claim<'q, C>(

@@ -148,6 +148,17 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     where
         C: LoadConnection<Backend = Self>;
 
+    /// The replay's read (`Inbox::store_result`), before any
+    /// transaction: the key's row if it holds a stored result. One cached
+    /// statement; an answer that is not the key's own is an error.
+    fn lookup<C>(
+        conn: &mut C,
+        consumer: &str,
+        key: &str,
+    ) -> QueryResult<Option<crate::rows::StoredRow>>
+    where
+        C: LoadConnection<Backend = Self>;
+
     /// The upsert of [`count_failure`](Self::count_failure), binds:
     /// consumer, key, error text.
     const COUNT_FAILURE: &'static str;

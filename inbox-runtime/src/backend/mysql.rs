@@ -217,6 +217,17 @@ impl Internals for Mysql {
         super::execute::claim(conn, consumer_name, key, fingerprint_bytes)
     }
 
+    fn lookup<C>(
+        conn: &mut C,
+        consumer_name: &str,
+        key: &str,
+    ) -> QueryResult<Option<crate::rows::StoredRow>>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        super::execute::lookup(conn, consumer_name, key)
+    }
+
     fn claim_batch<C>(
         conn: &mut C,
         consumer_name: &str,
@@ -544,6 +555,14 @@ mod asynchronous {
                 fingerprint_bytes,
             )
             .await
+        }
+
+        async fn inbox_lookup(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<Option<crate::rows::StoredRow>> {
+            crate::backend::execute::asynchronous::lookup(self, consumer_name, key).await
         }
 
         async fn inbox_claim_batch(

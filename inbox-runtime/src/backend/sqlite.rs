@@ -101,6 +101,17 @@ impl Internals for Sqlite {
         super::execute::claim(conn, consumer_name, key, fingerprint_bytes)
     }
 
+    fn lookup<C>(
+        conn: &mut C,
+        consumer_name: &str,
+        key: &str,
+    ) -> QueryResult<Option<crate::rows::StoredRow>>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        super::execute::lookup(conn, consumer_name, key)
+    }
+
     fn claim_batch<C>(
         conn: &mut C,
         consumer_name: &str,
@@ -418,6 +429,16 @@ mod asynchronous {
                 Sqlite::claim(conn, &consumer_name, &key, fingerprint_bytes.as_deref())
             })
             .await
+        }
+
+        async fn inbox_lookup(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+        ) -> QueryResult<Option<crate::rows::StoredRow>> {
+            let (consumer_name, key) = (consumer_name.to_owned(), key.to_owned());
+            self.spawn_blocking(move |conn| Sqlite::lookup(conn, &consumer_name, &key))
+                .await
         }
 
         async fn inbox_claim_batch(

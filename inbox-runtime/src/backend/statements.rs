@@ -10,6 +10,7 @@
 #![cfg_attr(not(feature = "_any-backend"), allow(dead_code))]
 
 use super::Internals;
+use crate::rows::StoredRow;
 use crate::schema::{inbox_attempts as counts, inbox_messages as inbox};
 use diesel::dsl::{count_star, delete, sql, update};
 use diesel::expression::SqlLiteral;
@@ -254,6 +255,34 @@ pub(crate) fn stored<'a>(consumer: &'a str, keys: Vec<String>) -> _ {
         .filter(inbox::consumer.eq(consumer))
         .filter(inbox::message_id.eq_any(keys))
         .select((inbox::message_id, inbox::fingerprint, inbox::stored_result))
+}
+
+/// The replay's read of one key, before any transaction: the row only
+/// when it holds a stored result (a row without one takes the claim's
+/// path). `Side`: cached where side statements are (not on PostgreSQL,
+/// whose lookup is a guarded statement of its own).
+#[diesel::dsl::auto_type]
+pub(crate) fn lookup<'a>(consumer: &'a str, key: &'a str) -> _ {
+    inbox::table
+        .filter(inbox::consumer.eq(consumer))
+        .filter(inbox::message_id.eq(key))
+        .filter(inbox::stored_result.is_not_null())
+        .select((inbox::message_id, inbox::fingerprint, inbox::stored_result))
+}
+
+/// The replay read's row of `key`, from `rows`: none, or the key's own
+/// (anything else is another statement's answer: an error, never a
+/// replay).
+pub(crate) fn looked_up(key: &str, rows: Vec<StoredRow>) -> QueryResult<Option<StoredRow>> {
+    let mut rows = rows.into_iter();
+    match (rows.next(), rows.next()) {
+        (None, _) => Ok(None),
+        (Some(row), None) if row.0 == key && row.2.is_some() => Ok(Some(row)),
+        _ => Err(crate::backend::errors::misrouted(
+            "replay read",
+            "returned rows that are not the key's stored result",
+        )),
+    }
 }
 
 /// Writes the body's value into the row just claimed.

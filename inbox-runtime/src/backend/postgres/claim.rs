@@ -4,6 +4,7 @@
 //! and the duplicate's confirmation ([`Present`]).
 
 use crate::backend::statements::{Fingerprinted, Plain};
+use crate::rows::StoredRow;
 use diesel::connection::LoadConnection;
 use diesel::pg::Pg;
 use diesel::prelude::*;
@@ -35,6 +36,8 @@ pub(super) const GUARD: &str = "diesel-inbox";
 pub(super) const CLAIM_STATEMENT: &str = "inbox claim";
 /// The same for [`Present`].
 pub(super) const PRESENT_STATEMENT: &str = "inbox duplicate check";
+/// The same for [`Lookup`].
+pub(super) const LOOKUP_STATEMENT: &str = "inbox replay read";
 
 /// The markers of the single claim, without and with a fingerprint, and of
 /// the batch claim, without and with fingerprints.
@@ -44,6 +47,8 @@ pub(super) const BATCH: &str = "diesel-inbox batch claim";
 pub(super) const BATCH_FINGERPRINTED: &str = "diesel-inbox batch claim, fingerprinted";
 /// The marker of [`Present`], the duplicate's confirmation.
 pub(super) const PRESENT: &str = "diesel-inbox claim, present";
+/// The marker of [`Lookup`], the replay's read.
+pub(super) const LOOKUP: &str = "diesel-inbox replay read";
 
 /// Pushes ` WHERE` and the guard of `statement`: true for [`GUARD`], an
 /// error naming `statement` otherwise (evaluated per execution: a
@@ -282,6 +287,78 @@ impl diesel::query_builder::Query for Present<'_> {
 
 impl<Conn> diesel::RunQueryDsl<Conn> for Present<'_> {}
 
+/// The replay's read before any transaction (`Inbox::store_result`): the
+/// key's row when it holds a stored result, with [`LOOKUP`] and the key
+/// in each row. Cached, and guarded as the claim is: another client's
+/// statement under its name binds its own values to the guard and fails;
+/// this name reaching another statement returns rows without the marker
+/// (an error, never a replay) or none (the claim's path, which checks its
+/// own answer).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Lookup<'a> {
+    pub(super) consumer: &'a str,
+    pub(super) key: &'a str,
+}
+
+/// A row of [`Lookup`]: marker, key, fingerprint, result.
+type LookupRow = (String, String, Option<Vec<u8>>, Option<Vec<u8>>);
+
+impl Lookup<'_> {
+    /// The key's stored row, from the rows [`Lookup`] returned.
+    pub(super) fn verdict(&self, rows: Vec<LookupRow>) -> QueryResult<Option<StoredRow>> {
+        if rows.iter().any(|(marker, ..)| marker != LOOKUP) {
+            return Err(crate::backend::errors::misrouted(
+                LOOKUP_STATEMENT,
+                "returned rows that are not the replay read's",
+            ));
+        }
+        let rows = rows.into_iter().map(|(_, key, f, r)| (key, f, r)).collect();
+        crate::backend::statements::looked_up(self.key, rows)
+    }
+
+    pub(super) fn run<C: LoadConnection<Backend = Pg>>(
+        self,
+        conn: &mut C,
+    ) -> QueryResult<Option<StoredRow>> {
+        self.verdict(self.load(conn)?)
+    }
+}
+
+impl diesel::query_builder::QueryFragment<Pg> for Lookup<'_> {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, Pg>,
+    ) -> QueryResult<()> {
+        use diesel::sql_types::Text;
+        out.push_sql("SELECT '");
+        out.push_sql(LOOKUP);
+        out.push_sql("'::text, message_id::text, fingerprint, result FROM inbox_messages");
+        push_guard(&mut out, LOOKUP_STATEMENT)?;
+        out.push_sql(" AND consumer = ");
+        out.push_bind_param::<Text, _>(self.consumer)?;
+        out.push_sql(" AND message_id = ");
+        out.push_bind_param::<Text, _>(self.key)?;
+        out.push_sql(" AND result IS NOT NULL");
+        Ok(())
+    }
+}
+
+impl diesel::query_builder::QueryId for Lookup<'_> {
+    type QueryId = Lookup<'static>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl diesel::query_builder::Query for Lookup<'_> {
+    type SqlType = (
+        diesel::sql_types::Text,
+        diesel::sql_types::Text,
+        diesel::sql_types::Nullable<diesel::sql_types::Binary>,
+        diesel::sql_types::Nullable<diesel::sql_types::Binary>,
+    );
+}
+
+impl<Conn> diesel::RunQueryDsl<Conn> for Lookup<'_> {}
+
 impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
     fn walk_ast<'b>(
         &'b self,
@@ -461,6 +538,16 @@ mod asynchronous {
                     present_verdict(&diesel_async::RunQueryDsl::load(present, conn).await?)
                 }
             }
+        }
+    }
+
+    impl Lookup<'_> {
+        /// [`Lookup::run`] on a diesel-async connection.
+        pub(crate) async fn run_async(
+            self,
+            conn: &mut AsyncPgConnection,
+        ) -> QueryResult<Option<StoredRow>> {
+            self.verdict(diesel_async::RunQueryDsl::load(self, conn).await?)
         }
     }
 

@@ -65,6 +65,19 @@ impl AsyncInternals for AsyncPgConnection {
         }
     }
 
+    async fn inbox_lookup(
+        &mut self,
+        consumer_name: &str,
+        key: &str,
+    ) -> QueryResult<Option<crate::rows::StoredRow>> {
+        super::claim::Lookup {
+            consumer: consumer_name,
+            key,
+        }
+        .run_async(self)
+        .await
+    }
+
     /// At top level, two round trips: `BEGIN` and the bound in one
     /// (the simple query protocol runs both), then the claim, whose
     /// `RETURNING` restores the caller's `lock_timeout` ([`Restoring`]).

@@ -8,6 +8,7 @@ use crate::backend::shape::{parse_version_marker, version_marker, CatalogRow, Di
 use crate::backend::transaction::{begin, end_migrations, rollback, Scope};
 use crate::backend::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
+use crate::rows::StoredRow;
 use claim::push_guard;
 use claim::{Claim, ClaimBatch};
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
@@ -147,6 +148,17 @@ impl Internals for Pg {
                 ClaimBatch::fingerprinted(consumer_name, keys, fingerprints).run(conn)
             }
         }
+    }
+
+    fn lookup<C>(conn: &mut C, consumer_name: &str, key: &str) -> QueryResult<Option<StoredRow>>
+    where
+        C: LoadConnection<Backend = Self>,
+    {
+        claim::Lookup {
+            consumer: consumer_name,
+            key,
+        }
+        .run(conn)
     }
 
     fn commit_top_level<C>(conn: &mut C) -> QueryResult<()>
