@@ -156,6 +156,10 @@ pub(super) struct Claim<'a, Id> {
     /// Whether its `RETURNING` restores the caller's `lock_timeout`
     /// ([`Restoring`]).
     restores: bool,
+    /// Whether it is sent behind its `BEGIN`, in the same round trip, and
+    /// so refuses to run outside the transaction that `BEGIN` opened
+    /// ([`Behind`]).
+    behind: bool,
     id: std::marker::PhantomData<Id>,
 }
 
@@ -167,6 +171,28 @@ pub(super) struct Claim<'a, Id> {
 #[cfg(feature = "async")]
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Restoring<Id>(std::marker::PhantomData<Id>);
+
+/// The claim sent behind its `BEGIN` without waiting for it (one round
+/// trip for both: [`BEHIND_BEGIN`]): it inserts only when the
+/// transaction-local setting that the `BEGIN`'s batch set is there, so a
+/// `BEGIN` that failed can never leave the claim committed on its own,
+/// outside a transaction. A statement of its own (its own query id).
+#[cfg(feature = "async")]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Behind<Id>(std::marker::PhantomData<Id>);
+
+/// What the `BEGIN` of a claim sent behind it sets ([`Behind`]): an
+/// expression, run in the `BEGIN`'s batch.
+macro_rules! behind_begin {
+    () => {
+        "set_config('diesel_inbox.claiming', '1', true)"
+    };
+}
+#[cfg(feature = "async")]
+pub(super) const BEHIND_BEGIN: &str = behind_begin!();
+/// `BEGIN` and [`BEHIND_BEGIN`], one batch.
+#[cfg(feature = "async")]
+pub(super) const BEGIN_BEHIND: &str = concat!("BEGIN; SELECT ", behind_begin!());
 
 /// Sets a claim's wait bound (`{ms}`), setting the caller's own
 /// `lock_timeout` aside in a placeholder setting of ours; both
@@ -193,6 +219,7 @@ impl<'a> Claim<'a, Plain> {
             key,
             fingerprint: None,
             restores: false,
+            behind: false,
             id: std::marker::PhantomData,
         }
     }
@@ -209,6 +236,7 @@ impl<'a> Claim<'a, Fingerprinted> {
             key,
             fingerprint: Some(fingerprint),
             restores: false,
+            behind: false,
             id: std::marker::PhantomData,
         }
     }
@@ -223,6 +251,19 @@ impl<'a, Id> Claim<'a, Id> {
             key: self.key,
             fingerprint: self.fingerprint,
             restores: true,
+            behind: self.behind,
+            id: std::marker::PhantomData,
+        }
+    }
+
+    /// The same claim, sent behind its `BEGIN` ([`Behind`]).
+    pub(super) fn behind(self) -> Claim<'a, Behind<Id>> {
+        Claim {
+            consumer: self.consumer,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            restores: self.restores,
+            behind: true,
             id: std::marker::PhantomData,
         }
     }
@@ -378,6 +419,13 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
             out.push_bind_param::<Binary, _>(fingerprint)?;
         }
         push_guard(&mut out, CLAIM_STATEMENT)?;
+        if self.behind {
+            out.push_sql(
+                " AND CAST(CASE WHEN current_setting('diesel_inbox.claiming', true) = '1' \
+                 THEN '1' ELSE 'diesel-inbox: the claim sent behind its BEGIN found no \
+                 transaction of its own (the BEGIN failed); nothing was written' END AS integer) = 1",
+            );
+        }
         out.push_sql(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING '");
         out.push_sql(self.marker());
         out.push_sql("'::text");
@@ -527,8 +575,12 @@ mod asynchronous {
     use diesel_async::AsyncPgConnection;
 
     impl<Id: Send + Sync + 'static> Claim<'_, Id> {
-        /// [`Claim::run`] on a diesel-async connection.
-        pub(crate) async fn run_async(self, conn: &mut AsyncPgConnection) -> QueryResult<bool> {
+        /// [`Claim::run`] on a diesel-async connection (or a shared one,
+        /// `&AsyncPgConnection`, whose statements are pipelined).
+        pub(crate) async fn run_async<C>(self, conn: &mut C) -> QueryResult<bool>
+        where
+            C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
+        {
             let (marker, consumer, key) = (self.marker(), self.consumer, self.key);
             let rows: Vec<String> = diesel_async::RunQueryDsl::load(self, conn).await?;
             match verdict(marker, &rows)? {

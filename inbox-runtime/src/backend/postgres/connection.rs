@@ -78,10 +78,39 @@ impl AsyncInternals for AsyncPgConnection {
         .await
     }
 
-    /// At top level, two round trips: `BEGIN` and the bound in one
-    /// (the simple query protocol runs both), then the claim, whose
-    /// `RETURNING` restores the caller's `lock_timeout` ([`Restoring`]).
-    /// Inside the caller's transaction, the general sequence.
+    /// At top level, one round trip: `BEGIN` and the claim sent behind
+    /// it ([`begin_behind`]). Inside the caller's transaction, the general
+    /// sequence.
+    async fn inbox_begin_claim(
+        &mut self,
+        consumer_name: &str,
+        key: &str,
+        fingerprint_bytes: Option<&[u8]>,
+    ) -> BeginClaim {
+        if crate::backend::transaction::transaction_open_async(self) {
+            let begun = self.inbox_begin().await;
+            if begun.is_err() {
+                return (begun, None);
+            }
+            let claimed = self
+                .inbox_claim(consumer_name, key, fingerprint_bytes)
+                .await;
+            return (begun, Some(claimed));
+        }
+        let begin = claim::BEGIN_BEHIND;
+        match fingerprint_bytes {
+            None => begin_behind(self, begin, Claim::plain(consumer_name, key).behind()).await,
+            Some(bytes) => {
+                let claim = Claim::fingerprinted(consumer_name, key, bytes).behind();
+                begin_behind(self, begin, claim).await
+            }
+        }
+    }
+
+    /// At top level, one round trip: `BEGIN` with the bound, and the claim
+    /// sent behind it ([`begin_behind`]), whose `RETURNING` restores the
+    /// caller's `lock_timeout` ([`Restoring`]). Inside the caller's
+    /// transaction, the general sequence.
     async fn inbox_begin_claim_waiting(
         &mut self,
         consumer_name: &str,
@@ -89,7 +118,6 @@ impl AsyncInternals for AsyncPgConnection {
         fingerprint_bytes: Option<&[u8]>,
         wait: std::time::Duration,
     ) -> BeginClaim {
-        use diesel_async::TransactionManager;
         if crate::backend::transaction::transaction_open_async(self) {
             return crate::backend::asynchronous::begin_claim_waiting(
                 self,
@@ -101,35 +129,19 @@ impl AsyncInternals for AsyncPgConnection {
             .await;
         }
         let bound = Pg::wait_bound(wait).expect("PostgreSQL bounds a claim's wait");
-        let begin = format!("BEGIN; {}", bound.set);
-        if let Err(e) = self.batch_execute(&begin).await {
-            // The BEGIN may have run: end what it opened.
-            let _ = self.batch_execute("ROLLBACK").await;
-            return (Err((Scope::TopLevel, e)), None);
-        }
-        let status = diesel_async::AnsiTransactionManager::transaction_manager_status_mut(self);
-        if let Err(e) = crate::backend::record_boundary(
-            status,
-            diesel::connection::TransactionDepthChange::IncreaseDepth,
-        ) {
-            let _ = self.batch_execute("ROLLBACK").await;
-            return (Err((Scope::TopLevel, e)), None);
-        }
-        let claimed = match fingerprint_bytes {
+        let begin = format!("BEGIN; {}, {}", bound.set, claim::BEHIND_BEGIN);
+        match fingerprint_bytes {
             None => {
-                Claim::plain(consumer_name, key)
-                    .restoring()
-                    .run_async(self)
-                    .await
+                let claim = Claim::plain(consumer_name, key).restoring().behind();
+                begin_behind(self, &begin, claim).await
             }
             Some(bytes) => {
-                Claim::fingerprinted(consumer_name, key, bytes)
+                let claim = Claim::fingerprinted(consumer_name, key, bytes)
                     .restoring()
-                    .run_async(self)
-                    .await
+                    .behind();
+                begin_behind(self, &begin, claim).await
             }
-        };
-        (Ok(Scope::TopLevel), Some(claimed))
+        }
     }
 
     async fn inbox_claim_batch(
@@ -168,6 +180,64 @@ impl AsyncInternals for AsyncPgConnection {
     async fn inbox_rollback(&mut self) {
         ansi::rollback(self).await
     }
+}
+
+/// `begin` (a `BEGIN` batch that sets [`claim::BEHIND_BEGIN`]) and
+/// `claim` in one round trip: both are sent on the shared connection
+/// before either answer is read (tokio-postgres pipelines the requests of
+/// one connection, in the order they are first polled: the `BEGIN`
+/// first). The claim inserts only inside the transaction that `BEGIN`
+/// opened ([`claim::Behind`]); a `BEGIN` that failed is rolled back and
+/// reported, the claim's own failure too.
+async fn begin_behind<Id: Send + Sync + 'static>(
+    conn: &mut AsyncPgConnection,
+    begin: &str,
+    claim: Claim<'_, claim::Behind<Id>>,
+) -> BeginClaim {
+    use diesel_async::TransactionManager;
+    use std::future::Future;
+    let (begun, claimed) = {
+        let shared: &AsyncPgConnection = conn;
+        let (mut first, mut second) = (shared, shared);
+        let begin = SimpleAsyncConnection::batch_execute(&mut first, begin);
+        let claim = claim.run_async(&mut second);
+        let mut begin = std::pin::pin!(begin);
+        let mut claim = std::pin::pin!(claim);
+        let (mut begun, mut claimed) = (None, None);
+        std::future::poll_fn(|cx| {
+            use std::task::Poll;
+            if begun.is_none() {
+                if let Poll::Ready(r) = begin.as_mut().poll(cx) {
+                    begun = Some(r);
+                }
+            }
+            if claimed.is_none() {
+                if let Poll::Ready(r) = claim.as_mut().poll(cx) {
+                    claimed = Some(r);
+                }
+            }
+            match begun.is_some() && claimed.is_some() {
+                true => Poll::Ready(()),
+                false => Poll::Pending,
+            }
+        })
+        .await;
+        (begun.expect("ready"), claimed.expect("ready"))
+    };
+    if let Err(e) = begun {
+        // The BEGIN may have run: end what it opened.
+        let _ = conn.batch_execute("ROLLBACK").await;
+        return (Err((Scope::TopLevel, e)), None);
+    }
+    let status = diesel_async::AnsiTransactionManager::transaction_manager_status_mut(conn);
+    if let Err(e) = crate::backend::record_boundary(
+        status,
+        diesel::connection::TransactionDepthChange::IncreaseDepth,
+    ) {
+        let _ = conn.batch_execute("ROLLBACK").await;
+        return (Err((Scope::TopLevel, e)), None);
+    }
+    (Ok(Scope::TopLevel), Some(claimed))
 }
 
 impl AsyncMigration for AsyncPgConnection {
