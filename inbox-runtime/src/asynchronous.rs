@@ -190,12 +190,28 @@ where
     let mut positions = Vec::new();
     // The claim done together with the begin, for the engine's next step.
     let mut claimed = None;
+    // The transaction's scope, and the commit sent behind the stored
+    // result, for the engine's next step.
+    let mut scope = Scope::TopLevel;
+    let mut committed = None;
     let mut step = engine.first();
     loop {
+        let sent_commit = committed.take();
         let event = match step {
             Step::Body => {
                 let counted = engine.counted_scope().map(|scope| (scope, one));
                 run_body(conn, next_body(), counted).await
+            }
+            Step::Store(value) => {
+                let pipelined = observe::store_cached(conn.instrumentation());
+                let (stored, commit) = conn
+                    .inbox_store_commit(one.consumer, one.key, &value, scope, pipelined)
+                    .await;
+                committed = commit;
+                Event::Stored(stored)
+            }
+            Step::Commit(_) if sent_commit.is_some() => {
+                Event::Committed(sent_commit.expect("checked"))
             }
             Step::Begin => {
                 let (begun, inserted) = match one.wait {
@@ -214,6 +230,9 @@ where
                     }
                 };
                 claimed = inserted;
+                if let Ok(begun) = &begun {
+                    scope = *begun;
+                }
                 Event::Begun(begun)
             }
             Step::Claim if claimed.is_some() => {

@@ -115,6 +115,24 @@ pub(crate) trait AsyncInternals:
         fingerprints: Option<&[&[u8]]>,
     ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
 
+    /// Writes the body's value into the row just claimed and, at top
+    /// level where the backend sends both in one round trip (PostgreSQL),
+    /// commits behind it: the write's result, and the commit's if it was
+    /// sent (the driver answers the engine's next `Commit` with it). By
+    /// default the write alone. `pipelined`: the connection has the write
+    /// cached, so both may go out at once (else one after the other).
+    fn inbox_store_commit(
+        &mut self,
+        consumer: &str,
+        key: &str,
+        value: &[u8],
+        scope: Scope,
+        pipelined: bool,
+    ) -> impl Future<Output = (QueryResult<()>, Option<QueryResult<()>>)> + Send {
+        let _ = (scope, pipelined);
+        async move { (self.inbox_store_result(consumer, key, value).await, None) }
+    }
+
     /// Commits (through the backend's guarded commit at top level) or
     /// releases the savepoint; a failed top-level commit is rolled back.
     fn inbox_commit(&mut self, scope: Scope) -> impl Future<Output = QueryResult<()>> + Send;

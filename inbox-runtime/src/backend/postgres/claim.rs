@@ -400,6 +400,79 @@ impl diesel::query_builder::Query for Lookup<'_> {
 
 impl<Conn> diesel::RunQueryDsl<Conn> for Lookup<'_> {}
 
+/// The stored result's write on the async path at top level, sent with
+/// the commit behind it ([`STORED_COMMIT`], one round trip): it writes the
+/// body's value into the claimed row and returns [`STORED`] only when it
+/// updated exactly that row (any other count fails the statement, so the
+/// transaction cannot commit), and sets a transaction-local setting that
+/// the commit's batch requires: if another statement ran under this one's
+/// name, the commit refuses rather than committing the body without its
+/// stored result. Cached, and guarded as the claim is.
+#[cfg(feature = "async")]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Store<'a> {
+    pub(super) consumer: &'a str,
+    pub(super) key: &'a str,
+    pub(super) value: &'a [u8],
+}
+
+/// The marker of [`Store`].
+#[cfg(feature = "async")]
+pub(super) const STORED: &str = "diesel-inbox stored result";
+/// What [`Store`] is called in the error of another client's statement
+/// run under its name.
+#[cfg(feature = "async")]
+pub(super) const STORE_STATEMENT: &str = "inbox result store";
+
+/// The commit sent behind [`Store`]: it refuses (and so rolls back) unless
+/// `Store` ran in this transaction, and fails in a transaction that a
+/// statement's error aborted (25P02, as `GUARDED_COMMIT`'s savepoint
+/// does), rather than letting `COMMIT` roll back silently.
+#[cfg(feature = "async")]
+pub(super) const STORED_COMMIT: &str = "SELECT CAST(CASE WHEN current_setting('diesel_inbox.stored', true) = '1' \
+     THEN '1' ELSE 'diesel-inbox: the commit refused: the result was not stored in this transaction' \
+     END AS integer); COMMIT";
+
+#[cfg(feature = "async")]
+impl diesel::query_builder::QueryFragment<Pg> for Store<'_> {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, Pg>,
+    ) -> QueryResult<()> {
+        use diesel::sql_types::{Binary, Text};
+        out.push_sql(crate::backend::PIPELINED_STORE);
+        out.push_sql(" SET result = ");
+        out.push_bind_param::<Binary, _>(self.value)?;
+        push_guard(&mut out, STORE_STATEMENT)?;
+        out.push_sql(" AND consumer = ");
+        out.push_bind_param::<Text, _>(self.consumer)?;
+        out.push_sql(" AND message_id = ");
+        out.push_bind_param::<Text, _>(self.key)?;
+        out.push_sql(" RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN '");
+        out.push_sql(STORED);
+        out.push_sql(
+            "' || left(set_config('diesel_inbox.stored', '1', true), 0) \
+             ELSE CAST('diesel-inbox: storing the result updated ' || count(*) || \
+             ' inbox rows, not the 1 just claimed' AS integer)::text END FROM stored",
+        );
+        Ok(())
+    }
+}
+
+#[cfg(feature = "async")]
+impl diesel::query_builder::QueryId for Store<'_> {
+    type QueryId = Store<'static>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+#[cfg(feature = "async")]
+impl diesel::query_builder::Query for Store<'_> {
+    type SqlType = diesel::sql_types::Text;
+}
+
+#[cfg(feature = "async")]
+impl<Conn> diesel::RunQueryDsl<Conn> for Store<'_> {}
+
 impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
     fn walk_ast<'b>(
         &'b self,
@@ -589,6 +662,24 @@ mod asynchronous {
                     let present = Present { consumer, key };
                     present_verdict(&diesel_async::RunQueryDsl::load(present, conn).await?)
                 }
+            }
+        }
+    }
+
+    impl Store<'_> {
+        /// Runs [`Store`] (on a shared connection: pipelined with the
+        /// commit).
+        pub(crate) async fn run_async<C>(self, conn: &mut C) -> QueryResult<()>
+        where
+            C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
+        {
+            let rows: Vec<String> = diesel_async::RunQueryDsl::load(self, conn).await?;
+            match rows.as_slice() {
+                [marker] if marker == STORED => Ok(()),
+                _ => Err(crate::backend::errors::misrouted(
+                    STORE_STATEMENT,
+                    "returned rows that are not the store's",
+                )),
             }
         }
     }

@@ -5,7 +5,7 @@
 use super::claim::{Claim, ClaimBatch};
 use super::*;
 use crate::backend::asynchronous::{
-    AsyncInboxConnection, AsyncInternals, AsyncMigration, BeginClaim,
+    AsyncInboxConnection, AsyncInternals, AsyncMigration, AsyncStatements, BeginClaim,
 };
 use crate::backend::transaction::{ansi, Scope};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
@@ -160,6 +160,53 @@ impl AsyncInternals for AsyncPgConnection {
         }
     }
 
+    /// At top level, one round trip: the guarded write ([`claim::Store`])
+    /// and the commit that requires it ([`claim::STORED_COMMIT`]), sent
+    /// together on the shared connection once the write is cached (before,
+    /// its preparation would let the commit overtake it: one after the
+    /// other). A failed commit is rolled back.
+    async fn inbox_store_commit(
+        &mut self,
+        consumer_name: &str,
+        key: &str,
+        value: &[u8],
+        scope: Scope,
+        pipelined: bool,
+    ) -> (QueryResult<()>, Option<QueryResult<()>>) {
+        if scope == Scope::Savepoint {
+            let stored = AsyncStatements::inbox_store_result(self, consumer_name, key, value);
+            return (stored.await, None);
+        }
+        let store = claim::Store {
+            consumer: consumer_name,
+            key,
+            value,
+        };
+        let (stored, committed) = match pipelined {
+            true => {
+                let shared: &AsyncPgConnection = self;
+                let (mut first, mut second) = (shared, shared);
+                both(
+                    store.run_async(&mut first),
+                    SimpleAsyncConnection::batch_execute(&mut second, claim::STORED_COMMIT),
+                )
+                .await
+            }
+            false => {
+                let stored = store.run_async(self).await;
+                (stored, self.batch_execute(claim::STORED_COMMIT).await)
+            }
+        };
+        let committed = match committed {
+            Ok(()) => ansi::ended(self),
+            Err(e) => {
+                ansi::rollback(self).await;
+                Err(e)
+            }
+        };
+        (stored, Some(committed))
+    }
+
     async fn inbox_commit(&mut self, scope: Scope) -> QueryResult<()> {
         if scope == Scope::Savepoint {
             return ansi::commit(self).await;
@@ -182,6 +229,36 @@ impl AsyncInternals for AsyncPgConnection {
     }
 }
 
+/// Both futures' outputs, `first` polled first each time: on a shared
+/// connection its request is sent first, the second's right behind it,
+/// and both answers are read in one round trip.
+async fn both<A: std::future::Future, B: std::future::Future>(
+    first: A,
+    second: B,
+) -> (A::Output, B::Output) {
+    use std::task::Poll;
+    let (mut first, mut second) = (std::pin::pin!(first), std::pin::pin!(second));
+    let (mut a, mut b) = (None, None);
+    std::future::poll_fn(|cx| {
+        if a.is_none() {
+            if let Poll::Ready(out) = first.as_mut().poll(cx) {
+                a = Some(out);
+            }
+        }
+        if b.is_none() {
+            if let Poll::Ready(out) = second.as_mut().poll(cx) {
+                b = Some(out);
+            }
+        }
+        match a.is_some() && b.is_some() {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        }
+    })
+    .await;
+    (a.expect("ready"), b.expect("ready"))
+}
+
 /// `begin` (a `BEGIN` batch that sets [`claim::BEHIND_BEGIN`]) and
 /// `claim` in one round trip: both are sent on the shared connection
 /// before either answer is read (tokio-postgres pipelines the requests of
@@ -195,34 +272,14 @@ async fn begin_behind<Id: Send + Sync + 'static>(
     claim: Claim<'_, claim::Behind<Id>>,
 ) -> BeginClaim {
     use diesel_async::TransactionManager;
-    use std::future::Future;
     let (begun, claimed) = {
         let shared: &AsyncPgConnection = conn;
         let (mut first, mut second) = (shared, shared);
-        let begin = SimpleAsyncConnection::batch_execute(&mut first, begin);
-        let claim = claim.run_async(&mut second);
-        let mut begin = std::pin::pin!(begin);
-        let mut claim = std::pin::pin!(claim);
-        let (mut begun, mut claimed) = (None, None);
-        std::future::poll_fn(|cx| {
-            use std::task::Poll;
-            if begun.is_none() {
-                if let Poll::Ready(r) = begin.as_mut().poll(cx) {
-                    begun = Some(r);
-                }
-            }
-            if claimed.is_none() {
-                if let Poll::Ready(r) = claim.as_mut().poll(cx) {
-                    claimed = Some(r);
-                }
-            }
-            match begun.is_some() && claimed.is_some() {
-                true => Poll::Ready(()),
-                false => Poll::Pending,
-            }
-        })
-        .await;
-        (begun.expect("ready"), claimed.expect("ready"))
+        both(
+            SimpleAsyncConnection::batch_execute(&mut first, begin),
+            claim.run_async(&mut second),
+        )
+        .await
     };
     if let Err(e) = begun {
         // The BEGIN may have run: end what it opened.
