@@ -10,7 +10,16 @@
 //!   the key (no stored response, no fingerprint, no wait bound): what
 //!   the claim alone costs, against what the front door adds;
 //! - `replay`: `POST /idempotent` with keys applied before the round
-//!   (untimed), so every request is answered from the stored response.
+//!   (untimed), so every request is answered from the stored response;
+//! - `hand`: `POST /hand`, a hand-written endpoint with the same
+//!   guarantees (diesel DSL, its statements cached): the stored response
+//!   read first (a replay or `422` at once), else in a transaction the
+//!   wait bound (`SET LOCAL lock_timeout`), the claim (`ON CONFLICT DO
+//!   NOTHING`; a duplicate reads the row and replays), the insert, the
+//!   response's `UPDATE`, `COMMIT`.
+//!
+//! The pool recycles connections the way a production pool should
+//! (`RecyclingMethod::Fast`: no `SELECT 1` per checkout).
 //!
 //! `--http-conns` client tasks share one reqwest client (keep-alive: one
 //! connection each) and send requests back to back for `--min-secs`; the
@@ -30,7 +39,9 @@ use axum::routing::post;
 use axum::{Json, Router};
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
+};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_inbox::http::{IdempotencyKey, Idempotent};
 use diesel_inbox::InboxError;
@@ -38,7 +49,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const VARIANTS: [&str; 4] = ["plain", "inbox", "idempotent", "replay"];
+const VARIANTS: [&str; 5] = ["plain", "inbox", "idempotent", "replay", "hand"];
 const INSERT: &str = "INSERT INTO bench_http (id, amount) VALUES ($1, $2)";
 
 struct App {
@@ -126,6 +137,85 @@ async fn idempotent(
         .await
 }
 
+/// The hand-written endpoint's answer from a stored row: its response,
+/// or `422` for other content.
+fn hand_stored(stored: Vec<u8>, fingerprint: Option<Vec<u8>>, expected: &[u8]) -> Response {
+    match fingerprint.as_deref() {
+        Some(f) if f != expected => StatusCode::UNPROCESSABLE_ENTITY.into_response(),
+        _ => (
+            StatusCode::CREATED,
+            [("idempotent-replayed", "true"), ("content-type", "application/json")],
+            stored,
+        )
+            .into_response(),
+    }
+}
+
+async fn hand(
+    State(app): State<Arc<App>>,
+    key: IdempotencyKey,
+    Json(order): Json<Order>,
+) -> Result<Response, Failed> {
+    use diesel::{ExpressionMethods, OptionalExtension, QueryDsl};
+    use diesel_inbox::inbox_messages::dsl as inbox;
+    const CONSUMER: &str = "http:bench-hand";
+    let mut conn = app.pool.get().await.map_err(|e| Failed(e.to_string()))?;
+    let id = diesel_inbox::http::message_id("bench-user", &key);
+    let fingerprint = diesel_inbox::Fingerprint::of_serialize(&order)
+        .map_err(|e| Failed(e.to_string()))?
+        .as_bytes()
+        .to_vec();
+    let row = |id: String| {
+        inbox::inbox_messages
+            .filter(inbox::consumer.eq(CONSUMER))
+            .filter(inbox::message_id.eq(id))
+            .select((inbox::fingerprint, inbox::stored_result))
+    };
+    let stored: Option<(Option<Vec<u8>>, Option<Vec<u8>>)> = row(id.clone())
+        .filter(inbox::stored_result.is_not_null())
+        .first(&mut *conn)
+        .await
+        .optional()?;
+    if let Some((f, Some(stored))) = stored {
+        return Ok(hand_stored(stored, f, &fingerprint));
+    }
+    let (order, fingerprint) = (&order, &fingerprint);
+    conn.transaction(async |c| {
+        c.batch_execute("SET LOCAL lock_timeout = '5s'").await?;
+        let claimed = diesel::insert_into(inbox::inbox_messages)
+            .values((
+                inbox::consumer.eq(CONSUMER),
+                inbox::message_id.eq(&id),
+                inbox::fingerprint.eq(fingerprint),
+            ))
+            .on_conflict_do_nothing()
+            .execute(c)
+            .await?;
+        if claimed == 0 {
+            let (f, stored): (Option<Vec<u8>>, Option<Vec<u8>>) = row(id.clone()).first(c).await?;
+            let stored = stored.ok_or_else(|| Failed("a row without a response".into()))?;
+            return Ok(hand_stored(stored, f, fingerprint));
+        }
+        insert(c, order).await?;
+        let body = serde_json::to_vec(order).map_err(|e| Failed(e.to_string()))?;
+        diesel::update(inbox::inbox_messages)
+            .filter(inbox::consumer.eq(CONSUMER))
+            .filter(inbox::message_id.eq(&id))
+            .set(inbox::stored_result.eq(&body))
+            .execute(c)
+            .await?;
+        Ok::<_, Failed>(
+            (
+                StatusCode::CREATED,
+                [("content-type", "application/json")],
+                body,
+            )
+                .into_response(),
+        )
+    })
+    .await
+}
+
 pub fn run(args: &Args) -> Result<(), String> {
     let url = std::env::var("INBOX_TEST_POSTGRES_URL")
         .ok()
@@ -139,7 +229,9 @@ pub fn run(args: &Args) -> Result<(), String> {
 }
 
 async fn measure(args: &Args, url: String) -> Result<(), String> {
-    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(url);
+    let mut config = ManagerConfig::default();
+    config.recycling_method = RecyclingMethod::Fast;
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(url, config);
     let pool = Pool::builder(manager)
         .max_size(args.http_conns)
         .build()
@@ -161,6 +253,7 @@ async fn measure(args: &Args, url: String) -> Result<(), String> {
         .route("/plain", post(plain))
         .route("/idempotent", post(idempotent))
         .route("/inbox", post(inbox))
+        .route("/hand", post(hand))
         .with_state(Arc::new(App { pool }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -209,15 +302,20 @@ async fn measure(args: &Args, url: String) -> Result<(), String> {
     };
     let (plain_rate, idem_rate, replay_rate) =
         (median("plain"), median("idempotent"), median("replay"));
-    let inbox_rate = median("inbox");
+    let (inbox_rate, hand_rate) = (median("inbox"), median("hand"));
     println!(
-        "http postgres, {} connections, {} rounds: plain {plain_rate:.0}/s, inbox {inbox_rate:.0}/s ({:.2}), idempotent {idem_rate:.0}/s (ratio {:.2}), replay {replay_rate:.0}/s ({:.2}x idempotent)",
+        "http postgres, {} connections, {} rounds: plain {plain_rate:.0}/s, inbox {inbox_rate:.0}/s ({:.2}), idempotent {idem_rate:.0}/s (ratio {:.2}), replay {replay_rate:.0}/s ({:.2}x idempotent), hand-written {hand_rate:.0}/s (idempotent / hand {:.2})",
         args.http_conns,
         args.rounds,
         inbox_rate / plain_rate,
         idem_rate / plain_rate,
-        replay_rate / idem_rate
+        replay_rate / idem_rate,
+        idem_rate / hand_rate
     );
+    for (name, rounds) in &samples {
+        let rounds: Vec<String> = rounds.iter().map(|r| format!("{r:.0}")).collect();
+        println!("  {name}: {}", rounds.join(", "));
+    }
 
     // Storms: 100 concurrent requests with one new key.
     let mut replays = Vec::new();
@@ -266,7 +364,7 @@ async fn measure(args: &Args, url: String) -> Result<(), String> {
         replays.len()
     );
     let json = format!(
-        "{{\"backend\":\"postgres\",\"connections\":{},\"rounds\":{},\"min_secs\":{},\"plain\":{plain_rate:.1},\"inbox\":{inbox_rate:.1},\"idempotent\":{idem_rate:.1},\"replay\":{replay_rate:.1},\"ratio\":{:.3},\"replay_ratio\":{:.3},\"storms\":{},\"storm_replays\":{},\"storm_p50_ms\":{p50:.2},\"storm_p99_ms\":{p99:.2},\"storm_max_ms\":{max:.2}}}\n",
+        "{{\"backend\":\"postgres\",\"connections\":{},\"rounds\":{},\"min_secs\":{},\"plain\":{plain_rate:.1},\"inbox\":{inbox_rate:.1},\"idempotent\":{idem_rate:.1},\"replay\":{replay_rate:.1},\"hand\":{hand_rate:.1},\"ratio\":{:.3},\"replay_ratio\":{:.3},\"storms\":{},\"storm_replays\":{},\"storm_p50_ms\":{p50:.2},\"storm_p99_ms\":{p99:.2},\"storm_max_ms\":{max:.2}}}\n",
         args.http_conns,
         args.rounds,
         args.min_secs,
@@ -308,6 +406,7 @@ async fn load(
                         "plain" => ("plain", None),
                         "inbox" => ("inbox", Some(format!("{run}-i{n}"))),
                         "idempotent" => ("idempotent", Some(format!("{run}-{n}"))),
+                        "hand" => ("hand", Some(format!("{run}-h{n}"))),
                         _ => (
                             "idempotent",
                             Some(applied[(task + i * 7) % applied.len()].clone()),
