@@ -144,7 +144,10 @@ fn hand_stored(stored: Vec<u8>, fingerprint: Option<Vec<u8>>, expected: &[u8]) -
         Some(f) if f != expected => StatusCode::UNPROCESSABLE_ENTITY.into_response(),
         _ => (
             StatusCode::CREATED,
-            [("idempotent-replayed", "true"), ("content-type", "application/json")],
+            [
+                ("idempotent-replayed", "true"),
+                ("content-type", "application/json"),
+            ],
             stored,
         )
             .into_response(),

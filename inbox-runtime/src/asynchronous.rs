@@ -127,6 +127,8 @@ where
         Engine::new(consumer, &what, retries, classify).fencing(crate::fence::take());
     let claim = Claim::Many(consumer, plan);
     let mut positions = Vec::new();
+    // The claim done together with the begin, for the engine's next step.
+    let mut claimed = None;
     let mut step = engine.first();
     let span = engine.span().clone();
     let ended = async {
@@ -136,6 +138,22 @@ where
                     let fresh: Vec<&M> = positions.iter().map(|&i| &messages[i]).collect();
                     let body = body.clone();
                     run_body(conn, async move |conn| body(conn, fresh).await, None).await
+                }
+                Step::Begin => {
+                    let fingerprints = plan.distinct_fingerprints();
+                    let (begun, inserted) = conn
+                        .inbox_begin_claim_batch(
+                            consumer,
+                            &plan.distinct(),
+                            fingerprints.as_deref(),
+                        )
+                        .await;
+                    claimed = inserted;
+                    Event::Begun(begun)
+                }
+                Step::Claim if claimed.is_some() => {
+                    let inserted = claimed.take().expect("checked");
+                    Event::Claimed(judge_many(conn, consumer, plan, &mut positions, inserted).await)
                 }
                 other => perform(conn, other, &claim, &mut positions).await,
             };
@@ -366,7 +384,21 @@ async fn claim_many<C: AsyncInboxConnection>(
     let fingerprints = plan.distinct_fingerprints();
     let claimed = conn
         .inbox_claim_batch(consumer, &plan.distinct(), fingerprints.as_deref())
-        .await?;
+        .await;
+    judge_many(conn, consumer, plan, positions, claimed).await
+}
+
+/// The verdict of a batch claim that inserted `claimed` (or failed),
+/// reading the duplicates' rows when the batch checks fingerprints; the
+/// input positions claimed for the first time go to `positions`.
+async fn judge_many<C: AsyncInboxConnection>(
+    conn: &mut C,
+    consumer: &str,
+    plan: &BatchPlan,
+    positions: &mut Vec<usize>,
+    claimed: QueryResult<Vec<String>>,
+) -> Result<Claimed, Error> {
+    let claimed = claimed?;
     *positions = plan.applied(&claimed);
     let check = plan.to_check(&claimed);
     let rows = match check.is_empty() {

@@ -106,6 +106,26 @@ pub(crate) trait AsyncInternals:
         begin_claim_waiting(self, consumer, key, fingerprint, wait)
     }
 
+    /// Opens the transaction and, if that worked, runs the batch claim
+    /// ([`inbox_begin_claim`](Self::inbox_begin_claim) for a batch): in
+    /// one round trip where the backend can (PostgreSQL), by default one
+    /// step after the other.
+    fn inbox_begin_claim_batch(
+        &mut self,
+        consumer: &str,
+        keys: &[&str],
+        fingerprints: Option<&[&[u8]]>,
+    ) -> impl Future<Output = BeginClaimBatch> + Send {
+        async move {
+            let begun = self.inbox_begin().await;
+            if begun.is_err() {
+                return (begun, None);
+            }
+            let claimed = self.inbox_claim_batch(consumer, keys, fingerprints).await;
+            (begun, Some(claimed))
+        }
+    }
+
     /// The batch claim, with each key's fingerprint if given: the keys
     /// inserted.
     fn inbox_claim_batch(
@@ -357,6 +377,13 @@ pub(crate) async fn begin_claim_waiting<C: AsyncInternals>(
 /// result, and the claim's if the begin worked.
 #[doc(hidden)]
 pub type BeginClaim = (Result<Scope, (Scope, Error)>, Option<QueryResult<bool>>);
+
+/// What [`AsyncInternals::inbox_begin_claim_batch`] did: the begin's
+/// result, and the batch claim's (the keys inserted) if the begin worked.
+pub(crate) type BeginClaimBatch = (
+    Result<Scope, (Scope, Error)>,
+    Option<QueryResult<Vec<String>>>,
+);
 
 /// The steps of `migrate` a backend runs on its own async connection.
 pub(crate) trait AsyncMigration: AsyncConnection<Backend: InboxBackend> + Send {

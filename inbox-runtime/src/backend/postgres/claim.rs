@@ -72,6 +72,16 @@ pub(super) fn push_guard(
     Ok(())
 }
 
+/// Pushes the condition of a claim sent behind its `BEGIN` ([`Behind`]):
+/// true inside the transaction that `BEGIN` opened, an error outside it.
+fn push_behind(out: &mut diesel::query_builder::AstPass<'_, '_, Pg>) {
+    out.push_sql(
+        " AND CAST(CASE WHEN current_setting('diesel_inbox.claiming', true) = '1' \
+         THEN '1' ELSE 'diesel-inbox: the claim sent behind its BEGIN found no \
+         transaction of its own (the BEGIN failed); nothing was written' END AS integer) = 1",
+    );
+}
+
 pub(super) const fn has_quote(text: &str) -> bool {
     let bytes = text.as_bytes();
     let mut i = 0;
@@ -493,11 +503,7 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
         }
         push_guard(&mut out, CLAIM_STATEMENT)?;
         if self.behind {
-            out.push_sql(
-                " AND CAST(CASE WHEN current_setting('diesel_inbox.claiming', true) = '1' \
-                 THEN '1' ELSE 'diesel-inbox: the claim sent behind its BEGIN found no \
-                 transaction of its own (the BEGIN failed); nothing was written' END AS integer) = 1",
-            );
+            push_behind(&mut out);
         }
         out.push_sql(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING '");
         out.push_sql(self.marker());
@@ -538,6 +544,8 @@ pub(super) struct ClaimBatch<'a, Id> {
     consumer: &'a str,
     keys: &'a [&'a str],
     fingerprints: Option<&'a [&'a [u8]]>,
+    /// Sent behind its `BEGIN` ([`Behind`]).
+    behind: bool,
     id: std::marker::PhantomData<Id>,
 }
 
@@ -547,6 +555,7 @@ impl<'a> ClaimBatch<'a, Plain> {
             consumer: consumer_name,
             keys,
             fingerprints: None,
+            behind: false,
             id: std::marker::PhantomData,
         }
     }
@@ -562,6 +571,21 @@ impl<'a> ClaimBatch<'a, Fingerprinted> {
             consumer: consumer_name,
             keys,
             fingerprints: Some(fingerprints),
+            behind: false,
+            id: std::marker::PhantomData,
+        }
+    }
+}
+
+#[cfg(feature = "async")]
+impl<'a, Id> ClaimBatch<'a, Id> {
+    /// The same claim, sent behind its `BEGIN` ([`Behind`]).
+    pub(super) fn behind(self) -> ClaimBatch<'a, Behind<Id>> {
+        ClaimBatch {
+            consumer: self.consumer,
+            keys: self.keys,
+            fingerprints: self.fingerprints,
+            behind: true,
             id: std::marker::PhantomData,
         }
     }
@@ -616,6 +640,9 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_, Id> {
             }
         }
         push_guard(&mut out, CLAIM_STATEMENT)?;
+        if self.behind {
+            push_behind(&mut out);
+        }
         out.push_sql(
             " ORDER BY k.n ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id) \
              SELECT '",
@@ -695,11 +722,12 @@ mod asynchronous {
     }
 
     impl<Id: Send + Sync + 'static> ClaimBatch<'_, Id> {
-        /// [`ClaimBatch::run`] on a diesel-async connection.
-        pub(crate) async fn run_async(
-            self,
-            conn: &mut AsyncPgConnection,
-        ) -> QueryResult<Vec<String>> {
+        /// [`ClaimBatch::run`] on a diesel-async connection (or a shared
+        /// one, whose statements are pipelined).
+        pub(crate) async fn run_async<C>(self, conn: &mut C) -> QueryResult<Vec<String>>
+        where
+            C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
+        {
             let (marker, keys) = (self.marker(), self.keys);
             batch_verdict(
                 marker,

@@ -6,6 +6,7 @@ use super::claim::{Claim, ClaimBatch};
 use super::*;
 use crate::backend::asynchronous::{
     AsyncInboxConnection, AsyncInternals, AsyncMigration, AsyncStatements, BeginClaim,
+    BeginClaimBatch,
 };
 use crate::backend::transaction::{ansi, Scope};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
@@ -144,6 +145,46 @@ impl AsyncInternals for AsyncPgConnection {
         }
     }
 
+    /// At top level, one round trip: `BEGIN` and the batch claim sent
+    /// behind it ([`claim::Behind`]).
+    async fn inbox_begin_claim_batch(
+        &mut self,
+        consumer_name: &str,
+        keys: &[&str],
+        fingerprints: Option<&[&[u8]]>,
+    ) -> BeginClaimBatch {
+        if crate::backend::transaction::transaction_open_async(self) {
+            let begun = self.inbox_begin().await;
+            if begun.is_err() {
+                return (begun, None);
+            }
+            let claimed = self
+                .inbox_claim_batch(consumer_name, keys, fingerprints)
+                .await;
+            return (begun, Some(claimed));
+        }
+        let (begun, claimed) = {
+            let shared: &AsyncPgConnection = self;
+            let (mut first, mut second) = (shared, shared);
+            let begin = SimpleAsyncConnection::batch_execute(&mut first, claim::BEGIN_BEHIND);
+            match fingerprints {
+                None => {
+                    let claim = ClaimBatch::plain(consumer_name, keys).behind();
+                    both(begin, claim.run_async(&mut second)).await
+                }
+                Some(fingerprints) => {
+                    let claim =
+                        ClaimBatch::fingerprinted(consumer_name, keys, fingerprints).behind();
+                    both(begin, claim.run_async(&mut second)).await
+                }
+            }
+        };
+        match begun_behind(self, begun).await {
+            Ok(scope) => (Ok(scope), Some(claimed)),
+            Err(e) => (Err(e), None),
+        }
+    }
+
     async fn inbox_claim_batch(
         &mut self,
         consumer_name: &str,
@@ -271,7 +312,6 @@ async fn begin_behind<Id: Send + Sync + 'static>(
     begin: &str,
     claim: Claim<'_, claim::Behind<Id>>,
 ) -> BeginClaim {
-    use diesel_async::TransactionManager;
     let (begun, claimed) = {
         let shared: &AsyncPgConnection = conn;
         let (mut first, mut second) = (shared, shared);
@@ -281,10 +321,23 @@ async fn begin_behind<Id: Send + Sync + 'static>(
         )
         .await
     };
+    match begun_behind(conn, begun).await {
+        Ok(scope) => (Ok(scope), Some(claimed)),
+        Err(e) => (Err(e), None),
+    }
+}
+
+/// The transaction a `BEGIN` sent ahead of its claim opened (`begun`, its
+/// result): recorded as diesel-async's; a failed one rolled back.
+async fn begun_behind(
+    conn: &mut AsyncPgConnection,
+    begun: QueryResult<()>,
+) -> Result<Scope, (Scope, Error)> {
+    use diesel_async::TransactionManager;
     if let Err(e) = begun {
         // The BEGIN may have run: end what it opened.
         let _ = conn.batch_execute("ROLLBACK").await;
-        return (Err((Scope::TopLevel, e)), None);
+        return Err((Scope::TopLevel, e));
     }
     let status = diesel_async::AnsiTransactionManager::transaction_manager_status_mut(conn);
     if let Err(e) = crate::backend::record_boundary(
@@ -292,9 +345,9 @@ async fn begin_behind<Id: Send + Sync + 'static>(
         diesel::connection::TransactionDepthChange::IncreaseDepth,
     ) {
         let _ = conn.batch_execute("ROLLBACK").await;
-        return (Err((Scope::TopLevel, e)), None);
+        return Err((Scope::TopLevel, e));
     }
-    (Ok(Scope::TopLevel), Some(claimed))
+    Ok(Scope::TopLevel)
 }
 
 impl AsyncMigration for AsyncPgConnection {
