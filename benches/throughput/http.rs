@@ -154,6 +154,9 @@ fn hand_stored(stored: Vec<u8>, fingerprint: Option<Vec<u8>>, expected: &[u8]) -
     }
 }
 
+/// A stored row as the hand-written endpoint reads it: fingerprint, response.
+type StoredRow = (Option<Vec<u8>>, Option<Vec<u8>>);
+
 async fn hand(
     State(app): State<Arc<App>>,
     key: IdempotencyKey,
@@ -174,7 +177,7 @@ async fn hand(
             .filter(inbox::message_id.eq(id))
             .select((inbox::fingerprint, inbox::stored_result))
     };
-    let stored: Option<(Option<Vec<u8>>, Option<Vec<u8>>)> = row(id.clone())
+    let stored: Option<StoredRow> = row(id.clone())
         .filter(inbox::stored_result.is_not_null())
         .first(&mut *conn)
         .await
@@ -195,7 +198,7 @@ async fn hand(
             .execute(c)
             .await?;
         if claimed == 0 {
-            let (f, stored): (Option<Vec<u8>>, Option<Vec<u8>>) = row(id.clone()).first(c).await?;
+            let (f, stored): StoredRow = row(id.clone()).first(c).await?;
             let stored = stored.ok_or_else(|| Failed("a row without a response".into()))?;
             return Ok(hand_stored(stored, f, fingerprint));
         }
