@@ -261,6 +261,7 @@ pub(crate) fn stored<'a>(consumer: &'a str, keys: Vec<String>) -> _ {
 /// when it holds a stored result (a row without one takes the claim's
 /// path). `Side`: cached where side statements are (not on PostgreSQL,
 /// whose lookup is a guarded statement of its own).
+#[cfg(feature = "_counted-claim")]
 #[diesel::dsl::auto_type]
 pub(crate) fn lookup<'a>(consumer: &'a str, key: &'a str) -> _ {
     inbox::table

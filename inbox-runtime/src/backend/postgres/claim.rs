@@ -193,6 +193,7 @@ pub(super) struct Behind<Id>(std::marker::PhantomData<Id>);
 
 /// What the `BEGIN` of a claim sent behind it sets ([`Behind`]): an
 /// expression, run in the `BEGIN`'s batch.
+#[cfg(feature = "async")]
 macro_rules! behind_begin {
     () => {
         "set_config('diesel_inbox.claiming', '1', true)"
