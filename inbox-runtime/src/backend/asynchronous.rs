@@ -360,6 +360,21 @@ pub(crate) async fn begin_claim_waiting<C: AsyncInternals>(
     if let Err(e) = conn.batch_execute(&bound.set).await {
         return (begun, Some(Err(e)));
     }
+    (
+        begun,
+        Some(claim_bounded(conn, &bound, consumer, key, fingerprint).await),
+    )
+}
+
+/// The claim under the wait bound `bound` set (and the transaction open),
+/// then the caller's own setting restored.
+pub(crate) async fn claim_bounded<C: AsyncInternals>(
+    conn: &mut C,
+    bound: &super::WaitBound,
+    consumer: &str,
+    key: &str,
+    fingerprint: Option<&[u8]>,
+) -> QueryResult<bool> {
     let claimed = conn.inbox_claim(consumer, key, fingerprint).await;
     let restored = match claimed.is_ok() || !bound.rollback_restores {
         true => conn.batch_execute(bound.restore).await,
@@ -367,10 +382,7 @@ pub(crate) async fn begin_claim_waiting<C: AsyncInternals>(
     };
     // A claim that worked and a bound that stayed would bound the body's
     // own lock waits: the call fails instead.
-    (
-        begun,
-        Some(claimed.and_then(|claimed| restored.map(|()| claimed))),
-    )
+    claimed.and_then(|claimed| restored.map(|()| claimed))
 }
 
 /// What [`AsyncInboxConnection::inbox_begin_claim`] did: the begin's

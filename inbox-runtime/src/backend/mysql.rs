@@ -565,6 +565,34 @@ mod asynchronous {
             crate::backend::execute::asynchronous::lookup(self, consumer_name, key).await
         }
 
+        /// At top level, `BEGIN` and the wait bound in one round trip (one
+        /// text batch: mysql_async's connections take several statements),
+        /// then the claim and the restore. Inside the caller's
+        /// transaction, the general sequence.
+        async fn inbox_begin_claim_waiting(
+            &mut self,
+            consumer_name: &str,
+            key: &str,
+            fingerprint_bytes: Option<&[u8]>,
+            wait: std::time::Duration,
+        ) -> crate::backend::asynchronous::BeginClaim {
+            use crate::backend::asynchronous::{begin_claim_waiting, claim_bounded};
+            let bound = Mysql::wait_bound(wait).expect("MySQL bounds a claim's wait");
+            if crate::backend::transaction::transaction_open_async(self) {
+                return begin_claim_waiting(self, consumer_name, key, fingerprint_bytes, wait)
+                    .await;
+            }
+            // `BEGIN` first: a failed batch stops at its failed statement,
+            // and a `SET` that fails changes none of its variables, so a
+            // failed batch leaves no bound to restore.
+            let begun = self.batch_execute(&format!("BEGIN; {}", bound.set)).await;
+            if let Err(e) = ansi::begun_by_batch(self, begun).await {
+                return (Err(e), None);
+            }
+            let claimed = claim_bounded(self, &bound, consumer_name, key, fingerprint_bytes).await;
+            (Ok(Scope::TopLevel), Some(claimed))
+        }
+
         async fn inbox_claim_batch(
             &mut self,
             consumer_name: &str,

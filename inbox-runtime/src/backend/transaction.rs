@@ -176,6 +176,33 @@ pub(crate) mod ansi {
         AnsiTransactionManager::commit_transaction(conn).await
     }
 
+    /// A top-level transaction opened by a `BEGIN` the runtime sent in a
+    /// batch of its own (`begun`, the batch's result; PostgreSQL's `BEGIN`
+    /// ahead of its claim, MySQL's `BEGIN` with the wait bound): recorded
+    /// as diesel-async's. A failed batch may have run its `BEGIN`: it is
+    /// rolled back, and the error reported as the begin's.
+    pub(crate) async fn begun_by_batch<C>(
+        conn: &mut C,
+        begun: Result<(), Error>,
+    ) -> Result<Scope, (Scope, Error)>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        let recorded = begun.and_then(|()| {
+            crate::backend::record_boundary(
+                AnsiTransactionManager::transaction_manager_status_mut(conn),
+                diesel::connection::TransactionDepthChange::IncreaseDepth,
+            )
+        });
+        match recorded {
+            Ok(()) => Ok(Scope::TopLevel),
+            Err(e) => {
+                let _ = conn.batch_execute("ROLLBACK").await;
+                Err((Scope::TopLevel, e))
+            }
+        }
+    }
+
     /// Records that a top-level transaction ended by a statement the
     /// connection's transaction manager did not send (the commit guard's
     /// `COMMIT` on PostgreSQL).

@@ -179,7 +179,7 @@ impl AsyncInternals for AsyncPgConnection {
                 }
             }
         };
-        match begun_behind(self, begun).await {
+        match ansi::begun_by_batch(self, begun).await {
             Ok(scope) => (Ok(scope), Some(claimed)),
             Err(e) => (Err(e), None),
         }
@@ -321,33 +321,10 @@ async fn begin_behind<Id: Send + Sync + 'static>(
         )
         .await
     };
-    match begun_behind(conn, begun).await {
+    match ansi::begun_by_batch(conn, begun).await {
         Ok(scope) => (Ok(scope), Some(claimed)),
         Err(e) => (Err(e), None),
     }
-}
-
-/// The transaction a `BEGIN` sent ahead of its claim opened (`begun`, its
-/// result): recorded as diesel-async's; a failed one rolled back.
-async fn begun_behind(
-    conn: &mut AsyncPgConnection,
-    begun: QueryResult<()>,
-) -> Result<Scope, (Scope, Error)> {
-    use diesel_async::TransactionManager;
-    if let Err(e) = begun {
-        // The BEGIN may have run: end what it opened.
-        let _ = conn.batch_execute("ROLLBACK").await;
-        return Err((Scope::TopLevel, e));
-    }
-    let status = diesel_async::AnsiTransactionManager::transaction_manager_status_mut(conn);
-    if let Err(e) = crate::backend::record_boundary(
-        status,
-        diesel::connection::TransactionDepthChange::IncreaseDepth,
-    ) {
-        let _ = conn.batch_execute("ROLLBACK").await;
-        return Err((Scope::TopLevel, e));
-    }
-    Ok(Scope::TopLevel)
 }
 
 impl AsyncMigration for AsyncPgConnection {
