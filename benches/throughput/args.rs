@@ -88,7 +88,8 @@ struct Cli {
     /// Concurrent keep-alive connections of the HTTP load [default: 16; smoke 4].
     #[arg(long)]
     http_conns: Option<usize>,
-    /// Storms of 100 concurrent retries of one key [default: 20; smoke 1].
+    /// Storms of 100 concurrent requests with a new key, each followed by
+    /// one of 100 retries of that key committed [default: 20; smoke 1].
     #[arg(long)]
     http_storms: Option<usize>,
     /// Kafka (PostgreSQL, INBOX_TEST_KAFKA_BROKERS): messages/s of the

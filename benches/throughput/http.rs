@@ -25,9 +25,11 @@
 //! connection each) and send requests back to back for `--min-secs`; the
 //! variants run interleaved, their order rotating each round; each
 //! reports its median requests/s over `--rounds`. Then `--http-storms`
-//! storms: 100 requests with one new key sent at once (each on a
-//! connection of its own), the replays' latencies gathered over all storms
-//! (p50, p99, max).
+//! pairs of storms, each 100 requests with one key sent at once (each on
+//! a connection of its own): first with a new key (one applies, the
+//! others wait on its claim and replay), then with the same key,
+//! committed (every request a replay, answered by the replay's read);
+//! each kind's replay latencies gathered over all storms (p50, p99, max).
 
 use crate::args::Args;
 use crate::output::write_output;
@@ -323,65 +325,91 @@ async fn measure(args: &Args, url: String) -> Result<(), String> {
         println!("  {name}: {}", rounds.join(", "));
     }
 
-    // Storms: 100 concurrent requests with one new key.
-    let mut replays = Vec::new();
-    let mut applied_once = true;
+    // Storms: 100 concurrent requests with one new key (one applies, the
+    // others wait on its claim, then replay), then 100 more with the same
+    // key, now committed (every one a replay: the storm).
+    let (mut in_flight, mut committed) = (Vec::new(), Vec::new());
     for storm in 0..args.http_storms {
         let key = format!("{run}-storm{storm}");
-        let handles: Vec<_> = (0..100)
-            .map(|_| {
-                // A connection each: the storm arrives at once.
-                let client = reqwest::Client::new();
-                let (base, key) = (base.clone(), key.clone());
-                tokio::spawn(async move {
-                    let started = Instant::now();
-                    let headers = send(&client, &base, "idempotent", Some(&key), &key).await?;
-                    Ok::<_, String>((
-                        started.elapsed(),
-                        headers.contains_key("idempotent-replayed"),
-                    ))
-                })
-            })
-            .collect();
-        let mut fresh = 0;
-        for handle in handles {
-            let (latency, replayed) = handle.await.map_err(|e| e.to_string())??;
-            match replayed {
-                true => replays.push(latency),
-                false => fresh += 1,
-            }
+        let (replays, fresh) = storm_of(&base, &key).await?;
+        if fresh != 1 {
+            return Err(format!("a storm applied its key {fresh} times"));
         }
-        applied_once &= fresh == 1;
+        in_flight.extend(replays);
+        let (replays, fresh) = storm_of(&base, &key).await?;
+        if fresh != 0 {
+            return Err(format!("a committed key was applied again {fresh} times"));
+        }
+        committed.extend(replays);
     }
-    if !applied_once {
-        return Err("a storm applied its key more than once".into());
-    }
-    replays.sort();
-    let at = |q: f64| replays[((replays.len() as f64 * q) as usize).min(replays.len() - 1)];
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let (p50, p99, max) = (
-        ms(at(0.50)),
-        ms(at(0.99)),
-        ms(*replays.last().expect("replays")),
+    let (c50, c99, cmax) = quantiles(&mut committed);
+    let (f50, f99, fmax) = quantiles(&mut in_flight);
+    println!(
+        "http postgres storms: {} x 100 concurrent retries of a committed key: {} replays, p50 {c50:.1} ms, p99 {c99:.1} ms, max {cmax:.1} ms",
+        args.http_storms,
+        committed.len()
     );
     println!(
-        "http postgres storms: {} x 100 concurrent requests with one key: {} replays, p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms",
+        "http postgres storms: {} x 100 concurrent requests with a new key (one applies): {} replays, p50 {f50:.1} ms, p99 {f99:.1} ms, max {fmax:.1} ms",
         args.http_storms,
-        replays.len()
+        in_flight.len()
     );
     let json = format!(
-        "{{\"backend\":\"postgres\",\"connections\":{},\"rounds\":{},\"min_secs\":{},\"plain\":{plain_rate:.1},\"inbox\":{inbox_rate:.1},\"idempotent\":{idem_rate:.1},\"replay\":{replay_rate:.1},\"hand\":{hand_rate:.1},\"ratio\":{:.3},\"replay_ratio\":{:.3},\"storms\":{},\"storm_replays\":{},\"storm_p50_ms\":{p50:.2},\"storm_p99_ms\":{p99:.2},\"storm_max_ms\":{max:.2}}}\n",
+        "{{\"backend\":\"postgres\",\"connections\":{},\"rounds\":{},\"min_secs\":{},\"plain\":{plain_rate:.1},\"inbox\":{inbox_rate:.1},\"idempotent\":{idem_rate:.1},\"replay\":{replay_rate:.1},\"hand\":{hand_rate:.1},\"ratio\":{:.3},\"replay_ratio\":{:.3},\"storms\":{},\"storm_replays\":{},\"storm_p50_ms\":{c50:.2},\"storm_p99_ms\":{c99:.2},\"storm_max_ms\":{cmax:.2},\"in_flight_replays\":{},\"in_flight_p50_ms\":{f50:.2},\"in_flight_p99_ms\":{f99:.2},\"in_flight_max_ms\":{fmax:.2}}}\n",
         args.http_conns,
         args.rounds,
         args.min_secs,
         idem_rate / plain_rate,
         replay_rate / idem_rate,
         args.http_storms,
-        replays.len()
+        committed.len(),
+        in_flight.len()
     );
     let dir = write_output("http.json", &json)?;
     println!("wrote {}", dir.join("http.json").display());
     Ok(())
+}
+
+/// 100 requests with `key` sent at once, each on a connection of its own:
+/// the replays' latencies, and how many were applied.
+async fn storm_of(base: &str, key: &str) -> Result<(Vec<Duration>, usize), String> {
+    let handles: Vec<_> = (0..100)
+        .map(|_| {
+            let client = reqwest::Client::new();
+            let (base, key) = (base.to_owned(), key.to_owned());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let headers = send(&client, &base, "idempotent", Some(&key), &key).await?;
+                Ok::<_, String>((
+                    started.elapsed(),
+                    headers.contains_key("idempotent-replayed"),
+                ))
+            })
+        })
+        .collect();
+    let (mut replays, mut fresh) = (Vec::new(), 0);
+    for handle in handles {
+        match handle.await.map_err(|e| e.to_string())?? {
+            (latency, true) => replays.push(latency),
+            (_, false) => fresh += 1,
+        }
+    }
+    Ok((replays, fresh))
+}
+
+/// p50, p99 and max of `latencies`, in milliseconds (0 if none).
+fn quantiles(latencies: &mut [Duration]) -> (f64, f64, f64) {
+    if latencies.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    (
+        ms(at(0.50)),
+        ms(at(0.99)),
+        ms(latencies[latencies.len() - 1]),
+    )
 }
 
 /// Requests/s of `variant` from `--http-conns` tasks for `--min-secs`

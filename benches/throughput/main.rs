@@ -45,7 +45,8 @@
 //! a new key per request) against `POST /plain` (the same insert in a
 //! diesel-async transaction, no inbox) and against replays of applied
 //! keys, interleaved; then `--http-storms` storms of 100 concurrent
-//! requests with one new key: the replays' latency p50/p99; it writes
+//! requests with one new key and as many of 100 retries of it committed:
+//! each kind's replay latency p50/p99; it writes
 //! `http.json`.
 //! `--kafka` (PostgreSQL and `INBOX_TEST_KAFKA_BROKERS`, feature `kafka`):
 //! messages/s of `diesel_inbox::kafka::Consumer` against a hand-written
