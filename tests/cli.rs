@@ -16,6 +16,7 @@ use std::time::Duration;
 fn cli(url: &str) -> Command {
     let mut cmd = Command::cargo_bin("diesel-inbox").expect("the diesel-inbox binary");
     cmd.env_remove("DATABASE_URL")
+        .env_remove("RUST_LOG")
         .arg("--database-url")
         .arg(url);
     cmd
@@ -400,12 +401,38 @@ fn outbox_cli<B: TestBackend>() {
             "",
             "--max-publish-attempts",
             "1",
+            "--lease",
+            "5s",
             "--once",
         ]))
     };
     let (code, out, err) = relay_once();
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("published 1, failed 0, dead 1"), "{out}");
+    // It speaks on stderr: its start and the dead message, as an operator
+    // reads them (the library's events, target `diesel_inbox`).
+    assert!(
+        err.contains("INFO") && err.contains("outbox relay: started") && err.contains("lease"),
+        "{err}"
+    );
+    assert!(
+        err.contains("WARN") && err.contains("outbox message is dead"),
+        "{err}"
+    );
+    // A lease under the library's minimum is refused, not raised.
+    let (code, _, err) = run(cli(url).args([
+        "outbox",
+        "relay",
+        "--amqp",
+        &amqp,
+        "--exchange",
+        "",
+        "--lease",
+        "500ms",
+        "--once",
+    ]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("a lease is at least 1s"), "{err}");
     let got = runtime.block_on(async {
         channel
             .1

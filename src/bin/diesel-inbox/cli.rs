@@ -199,6 +199,10 @@ pub(crate) struct RelayArgs {
     /// library's, 10].
     #[arg(long)]
     pub(crate) max_publish_attempts: Option<u32>,
+    /// How long a claimed batch stays this relay's before the others may
+    /// take it (e.g. 30s; at least 1s) [default: the library's, 60s].
+    #[arg(long, value_parser = parse_lease)]
+    pub(crate) lease: Option<Duration>,
     /// Stop after one pass (what is due now) instead of running.
     #[arg(long)]
     pub(crate) once: bool,
@@ -218,4 +222,14 @@ pub(crate) struct Broker {
     /// topic, the ordering key the record's key; an idempotent producer.
     #[arg(long)]
     pub(crate) kafka: Option<String>,
+}
+
+/// A relay's lease: a pause of at least a second (the library's minimum,
+/// refused here rather than raised).
+fn parse_lease(text: &str) -> Result<Duration, String> {
+    let lease = parse_pause(text)?;
+    if lease < Duration::from_secs(1) {
+        return Err(format!("`{text}`: a lease is at least 1s"));
+    }
+    Ok(lease)
 }

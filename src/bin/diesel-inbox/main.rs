@@ -11,14 +11,16 @@
 //! diesel-inbox outbox dead [--limit 100] [--json]
 //! diesel-inbox outbox retry <ID> | --all-dead
 //! diesel-inbox outbox purge --older-than 7d [--batch 10000] [--force]
-//! diesel-inbox outbox relay (--amqp URL --exchange X | --nats URL | --kafka BROKERS) [--batch-size 100] [--poll-interval 1s] [--max-publish-attempts 10]
+//! diesel-inbox outbox relay (--amqp URL --exchange X | --nats URL | --kafka BROKERS) [--batch-size 100] [--poll-interval 1s] [--max-publish-attempts 10] [--lease 60s]
 //! ```
 //!
 //! The URL comes from `--database-url` or `DATABASE_URL`; its scheme picks
 //! the backend: `postgres://` (feature `postgres`), `mysql://` (feature
 //! `mysql`), anything else is a SQLite file (`sqlite://path` or a path).
 //! Exit codes: 0 done, 1 `status`/`forget` found no row, 2 an error (one
-//! line on stderr).
+//! line on stderr). `outbox relay` logs the library's events on stderr
+//! (`info` and above; `RUST_LOG` filters them, target `diesel_inbox`); the
+//! other commands only when `RUST_LOG` is set.
 
 //!
 //! The files, as diesel_cli lays them out: `cli.rs` the arguments (clap),
@@ -50,6 +52,13 @@ impl From<InboxError> for Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let relay = matches!(
+        &cli.command,
+        Command::Outbox {
+            command: OutboxCommand::Relay(_)
+        }
+    );
+    log(relay);
     match run(cli) {
         Ok(code) => code,
         Err(Failure(message)) => {
@@ -74,6 +83,31 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         _ => {}
     }
     database::execute(&url, &cli.command)
+}
+
+/// The library's events on stderr: the relay's at `info` and above
+/// (target `diesel_inbox`: its start, dead messages, a transaction-mode
+/// proxy), filtered by `RUST_LOG` if set (`RUST_LOG=diesel_inbox=debug`).
+/// The other commands log only when `RUST_LOG` asks: their errors are one
+/// line of their own.
+fn log(relay: bool) {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.trim().is_empty() => {
+            match tracing_subscriber::EnvFilter::try_new(&directives) {
+                Ok(filter) => filter,
+                Err(e) => {
+                    eprintln!("warning: RUST_LOG={directives} ignored: {e}");
+                    return;
+                }
+            }
+        }
+        _ if relay => tracing_subscriber::EnvFilter::new("warn,diesel_inbox=info"),
+        _ => return,
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .try_init();
 }
 
 /// Refuses a purge under an hour without `--force`.

@@ -174,6 +174,17 @@ mod database {
         if let Some(attempts) = options.max_publish_attempts {
             relay = relay.max_publish_attempts(attempts);
         }
+        if let Some(lease) = options.lease {
+            relay = relay.lease(lease);
+        }
+        tracing::info!(
+            target: "diesel_inbox",
+            once = options.once,
+            batch_size = ?options.batch_size,
+            poll_interval = ?options.poll_interval,
+            lease = ?options.lease,
+            "diesel-inbox: outbox relay: started (stop with SIGTERM or Ctrl-C)"
+        );
         let report = if options.once {
             relay.run_once().await.map_err(|e| Failure(e.to_string()))?
         } else {
