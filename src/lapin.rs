@@ -152,10 +152,12 @@ impl Inbound for Delivery {
 
     #[cfg(feature = "otel")]
     fn destination(&self) -> String {
-        match self.exchange.as_str() {
-            "" => self.routing_key.to_string(),
-            exchange => exchange.to_owned(),
-        }
+        self.exchange.to_string()
+    }
+
+    #[cfg(feature = "otel")]
+    fn routing_key(&self) -> Option<String> {
+        Some(self.routing_key.to_string())
     }
 
     #[cfg(feature = "otel")]

@@ -37,12 +37,33 @@ pub struct Messaging<'a> {
     /// `messaging.system`: `rabbitmq`, `nats`, `kafka`; `None` for a
     /// publisher that does not say.
     pub system: Option<&'a str>,
-    /// `messaging.destination.name`: the routing key, subject or topic.
+    /// `messaging.destination.name`: the exchange (`""` for RabbitMQ's
+    /// default one), subject or topic.
     pub destination: &'a str,
+    /// `messaging.rabbitmq.destination.routing_key`: RabbitMQ's routing
+    /// key (left out when `None` or empty).
+    pub routing_key: Option<&'a str>,
     /// `messaging.message.id`.
     pub message_id: &'a str,
     /// `messaging.consumer.group.name` (consumers only).
     pub group: Option<&'a str>,
+}
+
+impl Messaging<'_> {
+    /// A span's name, as the messaging conventions have it: the
+    /// operation and the destination, or the operation alone where the
+    /// destination has no name (RabbitMQ's default exchange).
+    fn span_name(&self, operation: &str) -> String {
+        match self.destination {
+            "" => operation.to_owned(),
+            destination => format!("{operation} {destination}"),
+        }
+    }
+
+    /// The routing key, where there is one to record.
+    fn routing_key(&self) -> Option<&str> {
+        self.routing_key.filter(|key| !key.is_empty())
+    }
 }
 
 /// The OpenTelemetry context of the current `tracing` span (through
@@ -143,12 +164,13 @@ pub fn producer_span(
         target: crate::target::TARGET,
         parent: batch,
         "diesel_inbox.outbox.send",
-        otel.name = %format_args!("send {}", messaging.destination),
+        otel.name = %messaging.span_name("send"),
         otel.kind = "producer",
         otel.status_code = tracing::field::Empty,
         messaging.system = messaging.system,
         messaging.operation.type = "send",
         messaging.destination.name = messaging.destination,
+        messaging.rabbitmq.destination.routing_key = messaging.routing_key(),
         messaging.message.id = messaging.message_id,
     );
     if stored.span().span_context().is_valid() {
@@ -196,11 +218,12 @@ pub fn consume<F: std::future::Future>(
     let span = tracing::info_span!(
         target: crate::target::TARGET,
         "diesel_inbox.consume",
-        otel.name = %format_args!("process {}", messaging.destination),
+        otel.name = %messaging.span_name("process"),
         otel.kind = "consumer",
         messaging.system = messaging.system,
         messaging.operation.type = "process",
         messaging.destination.name = messaging.destination,
+        messaging.rabbitmq.destination.routing_key = messaging.routing_key(),
         messaging.message.id = messaging.message_id,
         messaging.consumer.group.name = messaging.group,
     );
@@ -234,11 +257,12 @@ pub fn consume_batch<F: std::future::Future>(
     let span = tracing::info_span!(
         target: crate::target::TARGET,
         "diesel_inbox.consume",
-        otel.name = %format_args!("process {}", messaging.destination),
+        otel.name = %messaging.span_name("process"),
         otel.kind = "consumer",
         messaging.system = messaging.system,
         messaging.operation.type = "process",
         messaging.destination.name = messaging.destination,
+        messaging.rabbitmq.destination.routing_key = messaging.routing_key(),
         messaging.batch.message_count = i64::try_from(count).unwrap_or(i64::MAX),
         messaging.consumer.group.name = messaging.group,
     );

@@ -368,6 +368,14 @@ async fn process<M, E, T, F>(
                 true => first,
                 false => consumer.to_owned(),
             };
+            let routing_key = batch[part[0]].routing_key();
+            let routing_key = match part
+                .iter()
+                .all(|&at| batch[at].routing_key() == routing_key)
+            {
+                true => routing_key,
+                false => None,
+            };
             let group = batch[part[0]].group();
             let carried = || {
                 let fields = otel::fields();
@@ -378,6 +386,7 @@ async fn process<M, E, T, F>(
             let messaging = otel::Messaging {
                 system: Some(M::SYSTEM),
                 destination: &destination,
+                routing_key: routing_key.as_deref(),
                 message_id: "",
                 group: group.as_deref().or(Some(consumer)),
             };

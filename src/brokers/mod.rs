@@ -350,9 +350,15 @@ pub trait Inbound: Sealed {
     /// `messaging.system` on the consumer span (feature `otel`).
     #[cfg(feature = "otel")]
     const SYSTEM: &'static str;
-    /// Where it was sent: the routing key, subject or topic.
+    /// Where it was sent: the exchange (`""`: RabbitMQ's default one),
+    /// subject or topic (`messaging.destination.name`).
     #[cfg(feature = "otel")]
     fn destination(&self) -> String;
+    /// RabbitMQ's routing key (`messaging.rabbitmq.destination.routing_key`).
+    #[cfg(feature = "otel")]
+    fn routing_key(&self) -> Option<String> {
+        None
+    }
     /// Its consumer group, when the message says (else the runner's name).
     #[cfg(feature = "otel")]
     fn group(&self) -> Option<String> {
@@ -448,9 +454,11 @@ where
     let call = {
         use inbox_runtime::__facade::otel;
         let (destination, group) = (message.destination(), message.group());
+        let routing_key = message.routing_key();
         let messaging = otel::Messaging {
             system: Some(M::SYSTEM),
             destination: &destination,
+            routing_key: routing_key.as_deref(),
             message_id: &id,
             group: group.as_deref().or(Some(consumer)),
         };

@@ -157,6 +157,10 @@ impl Publish for Publisher {
         Some("rabbitmq")
     }
 
+    fn messaging_route<'a>(&'a self, destination: &'a str) -> (&'a str, Option<&'a str>) {
+        (&self.exchange, Some(destination))
+    }
+
     async fn publish<'a>(&'a self, messages: &'a [OutboxMessage]) -> Vec<Result<(), PublishError>> {
         let mut state = self.state.lock().await;
         let channel = match self.channel(&mut state).await {

@@ -81,6 +81,16 @@ pub trait Publish: Send + Sync {
     fn messaging_system(&self) -> Option<&str> {
         None
     }
+
+    /// Where a message for `destination` goes, as the messaging
+    /// conventions name it on the relay's producer spans (feature
+    /// `otel`): `messaging.destination.name` and RabbitMQ's routing key.
+    /// By default `destination` itself and no routing key; RabbitMQ's
+    /// publisher says its exchange and `destination` as the routing key,
+    /// as its consumers' spans do.
+    fn messaging_route<'a>(&'a self, destination: &'a str) -> (&'a str, Option<&'a str>) {
+        (destination, None)
+    }
 }
 
 /// Why a message was not published. Each variant keeps the error that

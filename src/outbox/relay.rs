@@ -476,9 +476,12 @@ where
             .iter_mut()
             .map(|message| {
                 use inbox_runtime::__facade::otel;
+                let (destination, routing_key) =
+                    self.publisher.messaging_route(&message.destination);
                 let messaging = otel::Messaging {
                     system: self.publisher.messaging_system(),
-                    destination: &message.destination,
+                    destination,
+                    routing_key,
                     message_id: &message.id,
                     group: None,
                 };
