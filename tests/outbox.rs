@@ -834,6 +834,54 @@ fn a_relay_behind_a_transaction_mode_proxy_polls_with_one_warning() {
     );
 }
 
+/// A relay reads the database server's durability settings at start and
+/// says once (WARN, with the fix) where the server may lose committed
+/// transactions: here `synchronous_commit = off` for the relay's database
+/// (no other test of this binary sets it).
+#[cfg(feature = "postgres")]
+#[test]
+fn a_relay_says_at_start_that_the_server_may_lose_commits() {
+    use diesel_inbox::outbox::{OutboxMessage, Publish, PublishError};
+    struct Nowhere;
+    impl Publish for Nowhere {
+        async fn publish<'a>(
+            &'a self,
+            messages: &'a [OutboxMessage],
+        ) -> Vec<Result<(), PublishError>> {
+            messages.iter().map(|_| Ok(())).collect()
+        }
+    }
+    type B = common::backends::postgres::Postgres;
+    let Some(db) = database::<B>("outbox_durability") else {
+        return;
+    };
+    diesel::sql_query(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = off', current_database()); END $$",
+    )
+    .execute(&mut B::open(&db))
+    .expect("ALTER DATABASE");
+    let pool = B::pool(&db);
+    let (report, events) = common::events_during(|| {
+        runtime().block_on(async {
+            Relay::new(pool.clone(), Nowhere)
+                .poll_interval(Duration::from_millis(200))
+                .run(tokio::time::sleep(Duration::from_millis(1500)))
+                .await
+        })
+    });
+    report.expect("relay");
+    let warnings: Vec<_> = events
+        .iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{events:#?}");
+    assert!(
+        warnings[0].fields.contains("synchronous_commit is off")
+            && warnings[0].fields.contains("synchronous_commit = on"),
+        "{warnings:#?}"
+    );
+}
+
 /// The real RabbitMQ publisher, whose first batch's confirms are lost
 /// after the broker took the messages: what a relay killed between the
 /// confirm and the row's delete leaves behind.

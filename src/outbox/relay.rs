@@ -284,10 +284,31 @@ where
     /// are logged (WARN, target `diesel_inbox`) and waited out; only
     /// [`PublishError::Closed`] stops it early.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<RelayReport, RelayError> {
+        let listen = async {
+            self.check_server().await;
+            self.listen().await
+        };
         tokio::select! {
             biased;
             ran = self.run_polling(shutdown) => ran,
-            never = self.listen() => match never {},
+            never = listen => match never {},
+        }
+    }
+
+    /// The database server's durability settings, read once at start
+    /// beside the first pass (a WARN, once per process, where the server
+    /// may lose committed transactions); bounded, and a failure left to
+    /// the passes to report.
+    async fn check_server(&self) {
+        let checked = tokio::time::timeout(LISTEN_OPEN_TIMEOUT, async {
+            let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
+            steps::check_server_async(&mut *conn)
+                .await
+                .map_err(|e| RelayError::Database(InboxError::Database(e)))
+        })
+        .await;
+        if let Ok(Err(e)) = checked {
+            tracing::debug!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay: its check of the database server's settings failed");
         }
     }
 

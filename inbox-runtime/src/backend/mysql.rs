@@ -71,6 +71,9 @@ UNION ALL
 SELECT CAST('positions' AS CHAR), CAST(COLUMN_NAME AS CHAR), NULL, NULL, NULL, NULL
 FROM information_schema.COLUMNS
 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'inbox_positions'
+UNION ALL
+SELECT CAST('setting' AS CHAR), CAST('innodb_flush_log_at_trx_commit' AS CHAR),
+       CAST(@@GLOBAL.innodb_flush_log_at_trx_commit AS CHAR), NULL, NULL, NULL
 "#;
 
 /// `migrate`'s lock: `GET_LOCK` (node-local on Galera), and its release.
@@ -411,6 +414,17 @@ impl Dialect for Mysql {
         parse_version_marker(record)
     }
 
+    fn durability(name: &str, value: Option<&str>) -> Option<(String, String)> {
+        match (name, value?) {
+            ("innodb_flush_log_at_trx_commit", "1") => None,
+            ("innodb_flush_log_at_trx_commit", value) => Some((
+                format!("innodb_flush_log_at_trx_commit is {value}: InnoDB flushes its log to disk about once a second, not at each commit, so a crash loses the last second's committed transactions (on a Galera cluster, a power loss can lose them on every node)"),
+                "SET GLOBAL innodb_flush_log_at_trx_commit = 1, and innodb_flush_log_at_trx_commit = 1 in the server's configuration".into(),
+            )),
+            _ => None,
+        }
+    }
+
     fn table_problems(table: &CatalogRow) -> Vec<TableProblem> {
         if table.a.as_deref() != Some("BASE TABLE") {
             vec![TableProblem::new(
@@ -486,6 +500,19 @@ mod tests {
 
     fn error(kind: DatabaseErrorKind, message: &str) -> Error {
         Error::DatabaseError(kind, Box::new(message.to_string()))
+    }
+
+    #[test]
+    fn a_log_flushed_once_a_second_is_a_durability_problem() {
+        use crate::backend::shape::Dialect;
+        let setting = "innodb_flush_log_at_trx_commit";
+        assert!(Mysql::durability(setting, Some("1")).is_none());
+        for value in ["0", "2"] {
+            let (problem, fix) = Mysql::durability(setting, Some(value)).expect("a problem");
+            assert!(problem.contains(&format!("is {value}")), "{problem}");
+            assert!(fix.contains("= 1"), "{fix}");
+        }
+        assert!(Mysql::durability("other", Some("0")).is_none());
     }
 
     #[test]

@@ -55,6 +55,14 @@ pub(crate) trait Dialect {
     const CATALOG: &'static str;
     /// The schema version in the table row's record.
     fn version(record: &str) -> Option<u32>;
+    /// What a `setting` row says about durability: a problem and its fix
+    /// where the server's `name` at `value` may lose a committed
+    /// transaction (a business change acknowledged to the broker, or an
+    /// enqueued message, gone after a crash). By default nothing.
+    fn durability(name: &str, value: Option<&str>) -> Option<(String, String)> {
+        let _ = (name, value);
+        None
+    }
     /// Problems with the table object itself (a view, an engine without
     /// transactions, an unlogged table).
     fn table_problems(table: &CatalogRow) -> Vec<TableProblem>;
@@ -126,11 +134,42 @@ pub(crate) fn read<D: Dialect>(rows: Vec<CatalogRow>) -> Catalog {
             "positions" => catalog.positions_columns.push(row.name),
             "trigger" => table.insert_hooks.push(("trigger", row.name)),
             "rule" => table.insert_hooks.push(("rule", row.name)),
+            "setting" => {
+                if let Some((problem, fix)) = D::durability(&row.name, row.a.as_deref()) {
+                    warn_once(&row.name, row.a.as_deref(), &problem, &fix);
+                }
+            }
             _ => {}
         }
     }
     catalog.table = exists.then_some(table);
     catalog
+}
+
+/// Says once per process, as a WARN, that the server's `setting` (at
+/// `value`) does not keep what it committed, which the guarantee stands on
+/// (read with every catalog query: `migrate`, and each connection's first
+/// claim).
+#[cfg(feature = "_any-backend")]
+fn warn_once(setting: &str, value: Option<&str>, problem: &str, fix: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let said = format!("{setting}={}", value.unwrap_or(""));
+    {
+        let mut seen = SAID
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.contains(&said) {
+            return;
+        }
+        seen.push(said);
+    }
+    tracing::warn!(
+        target: crate::target::TARGET,
+        setting,
+        value = value.unwrap_or(""),
+        fix,
+        "diesel-inbox: the database server may lose committed transactions: {problem}"
+    );
 }
 
 #[derive(Debug, Default)]

@@ -73,5 +73,5 @@ pub use operations::{
 #[cfg(feature = "async")]
 pub use operations::{dead_async, purge_async, retry_async, status_async};
 #[cfg(feature = "async")]
-pub use relay::{step_async, Claim, PublishOutcome, Settled, Stepped};
+pub use relay::{check_server_async, step_async, Claim, PublishOutcome, Settled, Stepped};
 pub use relay::{wake_generation, woken, OutboxMessage};

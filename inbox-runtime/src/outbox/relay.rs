@@ -131,6 +131,15 @@ pub struct Stepped {
 /// each held for `lease`. The claim sees the settlements before it: a
 /// published message lets its key's next one through.
 ///
+/// A relay's check of the database server at start: the catalog query,
+/// which reads the settings a commit's durability stands on and says once
+/// per process (WARN) where the server may lose committed transactions.
+#[doc(hidden)]
+#[cfg(feature = "async")]
+pub async fn check_server_async<C: AsyncInboxConnection>(conn: &mut C) -> Result<(), Error> {
+    conn.catalog().await.map(|_| ())
+}
+
 /// Reports published, failed and dead messages to telemetry (the
 /// commit-to-confirm latency of each published one, a WARN per dead one).
 #[doc(hidden)]

@@ -83,6 +83,10 @@ UNION ALL
 SELECT 'positions', att.attname::text, NULL, NULL, NULL, NULL
 FROM pg_attribute att
 WHERE att.attrelid = to_regclass('inbox_positions') AND att.attnum > 0 AND NOT att.attisdropped
+UNION ALL
+SELECT 'setting', name::text, setting::text, NULL, NULL, NULL
+FROM pg_settings
+WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')
 "#;
 /// The channel an outbox enqueue notifies at commit and relays `LISTEN`
 /// on (`outbox::set_notify`). Notifications are per database: relays of
@@ -309,6 +313,24 @@ impl Dialect for Pg {
     const CATALOG: &'static str = CATALOG;
     fn version(record: &str) -> Option<u32> {
         parse_version_marker(record)
+    }
+
+    fn durability(name: &str, value: Option<&str>) -> Option<(String, String)> {
+        match (name, value?) {
+            ("fsync", "off") => Some((
+                "fsync is off: a crash of the machine can lose or corrupt committed transactions".into(),
+                "fsync = on in postgresql.conf, then reload".into(),
+            )),
+            ("synchronous_commit", "off") => Some((
+                "synchronous_commit is off: a commit is acknowledged (a message acked to its broker, an enqueued message published) before it is on disk, and a crash of the server loses it".into(),
+                "synchronous_commit = on (or local, remote_write, remote_apply) in postgresql.conf, for the role (ALTER ROLE .. SET synchronous_commit = on) or the session".into(),
+            )),
+            ("full_page_writes", "off") => Some((
+                "full_page_writes is off: a crash of the machine can leave torn pages that recovery cannot repair".into(),
+                "full_page_writes = on in postgresql.conf, unless the file system writes pages atomically".into(),
+            )),
+            _ => None,
+        }
     }
 
     fn table_problems(table: &CatalogRow) -> Vec<TableProblem> {
