@@ -79,6 +79,55 @@ pub fn message_id(message: &Message) -> Result<String, BrokerError> {
     id.map_err(|why| BrokerError::NoMessageId { why })
 }
 
+/// Says once per stream and process, as a WARN with the fix, where a
+/// JetStream stream may lose messages it acknowledged: memory storage, or
+/// a single replica (whose server, by default, syncs to disk only every
+/// two minutes). Read with the stream's info (bounded; a failure is
+/// logged at DEBUG): by the runner at its first delivery, by the relay's
+/// publisher at its first confirm from each stream.
+pub(crate) async fn check_stream(context: async_nats::jetstream::Context, stream: String) {
+    use async_nats::jetstream::stream::StorageType;
+    static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    {
+        let mut checked = CHECKED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if checked.contains(&stream) {
+            return;
+        }
+        checked.push(stream.clone());
+    }
+    let info = match tokio::time::timeout(Duration::from_secs(5), context.get_stream(&stream)).await
+    {
+        Ok(Ok(found)) => found.cached_info().config.clone(),
+        Ok(Err(e)) => {
+            tracing::debug!(target: crate::TRACING_TARGET, stream, error = %e, "diesel-inbox: the JetStream stream's configuration could not be read");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(target: crate::TRACING_TARGET, stream, "diesel-inbox: the JetStream stream's configuration did not arrive within 5 s");
+            return;
+        }
+    };
+    if info.storage == StorageType::Memory {
+        tracing::warn!(
+            target: crate::TRACING_TARGET,
+            stream,
+            fix = "a stream with storage: file (a stream's storage cannot be changed in place)",
+            "diesel-inbox: the JetStream stream keeps its messages in memory: a server restart loses messages it acknowledged"
+        );
+    }
+    if info.num_replicas <= 1 {
+        tracing::warn!(
+            target: crate::TRACING_TARGET,
+            stream,
+            replicas = info.num_replicas,
+            fix = "num_replicas: 3 on a cluster of three or more servers, and sync_interval: always in each server's jetstream configuration",
+            "diesel-inbox: the JetStream stream has one replica: a crash or power loss of its server can lose messages it acknowledged (by default a server syncs to disk every two minutes)"
+        );
+    }
+}
+
 /// How often JetStream has delivered the message, this time included.
 pub fn deliveries(message: &Message) -> u32 {
     message
@@ -249,6 +298,9 @@ impl crate::brokers::Sealed for Pull {}
 #[doc(hidden)]
 pub struct Messages {
     inner: std::pin::Pin<Box<async_nats::jetstream::consumer::pull::Stream>>,
+    /// Whether the stream's durability was checked ([`check_stream`], at
+    /// the first delivery).
+    checked: bool,
 }
 
 impl futures_util::Stream for Messages {
@@ -262,7 +314,16 @@ impl futures_util::Stream for Messages {
         use std::task::Poll;
         loop {
             let error = match self.inner.as_mut().poll_next(cx) {
-                Poll::Ready(Some(Ok(message))) => return Poll::Ready(Some(Ok(message))),
+                Poll::Ready(Some(Ok(message))) => {
+                    if !self.checked {
+                        self.checked = true;
+                        if let Ok(info) = message.info() {
+                            let stream = info.stream.to_owned();
+                            tokio::spawn(check_stream(message.context.clone(), stream));
+                        }
+                    }
+                    return Poll::Ready(Some(Ok(message)));
+                }
                 Poll::Ready(Some(Err(e))) => e,
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
@@ -308,6 +369,7 @@ impl crate::brokers::Source for Pull {
             .map_err(|e| BrokerError::Broker(e.into()))?;
         Ok(Messages {
             inner: Box::pin(inner),
+            checked: false,
         })
     }
 

@@ -882,6 +882,71 @@ fn a_relay_says_at_start_that_the_server_may_lose_commits() {
     );
 }
 
+/// The relay's NATS publisher reads each stream's configuration at its
+/// first confirm and says once (WARN, with the fix) where the stream may
+/// lose what it acknowledged: here memory storage and one replica.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_jetstream_stream_in_memory_is_said_once() {
+    type B = common::backends::sqlite::Sqlite;
+    let Some(url) = env("INBOX_TEST_NATS_URL") else {
+        return;
+    };
+    let Some(db) = database::<B>("outbox_nats_memory") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    let (said, events) = common::events_during(|| {
+        runtime().block_on(async {
+            let client = async_nats::connect(&url).await.expect("connect to NATS");
+            let js = async_nats::jetstream::new(client);
+            let name = common::unique_identifier("outbox_nats_memory").replace('-', "_");
+            let subject = format!("outbox.{name}");
+            js.create_stream(async_nats::jetstream::stream::Config {
+                name: name.clone(),
+                subjects: vec![subject.clone()],
+                storage: async_nats::jetstream::stream::StorageType::Memory,
+                ..Default::default()
+            })
+            .await
+            .expect("create stream");
+            let relay = Relay::new(pool.clone(), outbox::nats::Publisher::new(js.clone()));
+            let mut published = 0;
+            for body in ["first", "second"] {
+                let mut conn = B::pooled(&pool).await;
+                enqueue_in_handler(&mut *conn, "o", body, Outgoing::new(subject.as_str(), body))
+                    .await
+                    .expect("applied");
+                drop(conn);
+                published += relay.run_once().await.expect("relay").published;
+            }
+            let _ = js.delete_stream(&name).await;
+            (published, name)
+        })
+    });
+    let (published, name) = said;
+    assert_eq!(published, 2);
+    let warnings: Vec<_> = events
+        .iter()
+        .filter(|e| e.level == tracing::Level::WARN && e.fields.contains(&name))
+        .collect();
+    assert_eq!(
+        warnings.len(),
+        2,
+        "once each, for two batches: {warnings:#?}"
+    );
+    assert!(
+        warnings[0].fields.contains("keeps its messages in memory")
+            && warnings[0].fields.contains("storage: file"),
+        "{warnings:#?}"
+    );
+    assert!(
+        warnings[1].fields.contains("one replica")
+            && warnings[1].fields.contains("sync_interval: always"),
+        "{warnings:#?}"
+    );
+}
+
 /// The real RabbitMQ publisher, whose first batch's confirms are lost
 /// after the broker took the messages: what a relay killed between the
 /// confirm and the row's delete leaves behind.

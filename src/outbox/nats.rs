@@ -65,11 +65,21 @@ impl Publish for Publisher {
             pending.push(sent.map_err(failed));
         }
         let mut results = Vec::with_capacity(messages.len());
+        let mut streams: Vec<String> = Vec::new();
         for sent in pending {
             results.push(match sent {
-                Ok(ack) => ack.await.map(drop).map_err(failed),
+                Ok(ack) => ack.await.map_err(failed).map(|ack| {
+                    if !streams.contains(&ack.stream) {
+                        streams.push(ack.stream);
+                    }
+                }),
                 Err(e) => Err(e),
             });
+        }
+        // Each stream's durability, once per process (a lookup after the
+        // first: the batch's confirms are in).
+        for stream in streams {
+            crate::nats::check_stream(self.context.clone(), stream).await;
         }
         results
     }
