@@ -543,6 +543,147 @@ fn outbox_cli_on_mysql() {
     outbox_cli::<common::backends::mysql::Mysql>();
 }
 
+/// A server that may lose committed transactions is said, as a WARN with
+/// the fix, by `migrate` (with `RUST_LOG`) and by the relay at start (its
+/// log is on by default), each once: here PostgreSQL with
+/// `synchronous_commit = off` for the connections of the URL (its
+/// `options`, which libpq and tokio-postgres both pass to the server).
+/// Without `RUST_LOG`, `migrate` says nothing.
+#[test]
+#[cfg(all(feature = "lapin", feature = "async", feature = "postgres"))]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn a_server_that_may_lose_commits_is_said_at_start() {
+    use common::backends::postgres::Postgres;
+    use std::io::Read;
+    use std::time::Instant;
+    let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        eprintln!("SKIPPED: INBOX_TEST_AMQP_URL is not set");
+        return;
+    };
+    let Some(db) = Postgres::fresh("cli_durability") else {
+        return;
+    };
+    let separator = if db.url.contains('?') { '&' } else { '?' };
+    let url = format!("{}{separator}options=-c%20synchronous_commit%3Doff", db.url);
+    let (code, _, quiet) = run(cli(&url).arg("migrate"));
+    assert_eq!(code, 0, "{quiet}");
+    assert!(!quiet.contains("WARN"), "{quiet}");
+    let (code, _, err) = run(cli(&url)
+        .env("RUST_LOG", "diesel_inbox=warn")
+        .arg("migrate"));
+    assert_eq!(code, 0, "{err}");
+    let said = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("WARN") && l.contains("synchronous_commit is off"))
+            .count()
+    };
+    assert_eq!(said(&err), 1, "{err}");
+    assert!(err.contains("synchronous_commit = on"), "{err}");
+
+    let mut relay = std::process::Command::new(assert_cmd::cargo::cargo_bin("diesel-inbox"))
+        .env_remove("DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .args(["--database-url", &url, "outbox", "relay", "--amqp", &amqp])
+        .args(["--exchange", "", "--poll-interval", "60s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the relay");
+    // Its stderr, read beside it until the warning (or 20 s).
+    let mut stderr = relay.stderr.take().expect("stderr");
+    let (lines, read) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut log = String::new();
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            log.push_str(&String::from_utf8_lossy(&chunk[..n]));
+            let _ = lines.send(log.clone());
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut log = String::new();
+    while said(&log) == 0 && Instant::now() < deadline {
+        if let Ok(more) = read.recv_timeout(Duration::from_millis(200)) {
+            log = more;
+        }
+    }
+    let _ = relay.kill();
+    let _ = relay.wait();
+    assert_eq!(said(&log), 1, "{log}");
+}
+
+/// The relay's NATS publisher reads each stream's configuration at its
+/// first confirm from it and says once (WARN, with the fix) where the
+/// stream may lose what it acknowledged: here memory storage and one
+/// replica, through the CLI's relay (its log is on by default).
+#[test]
+#[cfg(all(feature = "nats", feature = "async"))]
+fn a_jetstream_stream_in_memory_is_said_by_the_relay() {
+    use common::backends::sqlite::Sqlite;
+    use diesel_inbox::outbox::{self, Outgoing};
+    let Some(nats) = std::env::var("INBOX_TEST_NATS_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        eprintln!("SKIPPED: INBOX_TEST_NATS_URL is not set");
+        return;
+    };
+    let Some(db) = Sqlite::fresh("cli_nats_memory") else {
+        return;
+    };
+    let url = &db.url;
+    assert_eq!(run(cli(url).arg("migrate")).0, 0);
+    let name = common::unique_identifier("cli_nats_memory").replace('-', "_");
+    let subject = format!("outbox.{name}");
+    let js = common::modes::runtime().block_on(async {
+        let client = async_nats::connect(&nats).await.expect("connect to NATS");
+        let js = async_nats::jetstream::new(client);
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+        js
+    });
+    let mut conn = Sqlite::open(url);
+    for body in ["first", "second"] {
+        conn.transaction(|conn| {
+            outbox::enqueue(conn, Outgoing::new(subject.as_str(), body))
+                .map_err(diesel::result::Error::from)
+        })
+        .expect("enqueue");
+    }
+    let (code, out, err) = run(cli(url).args(["outbox", "relay", "--nats", &nats, "--once"]));
+    common::modes::runtime().block_on(async {
+        let _ = js.delete_stream(&name).await;
+    });
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("published 2"), "{out}");
+    let said = |what: &str| {
+        err.lines()
+            .filter(|l| l.contains("WARN") && l.contains(&name) && l.contains(what))
+            .count()
+    };
+    assert_eq!(said("keeps its messages in memory"), 1, "{err}");
+    assert_eq!(said("one replica"), 1, "{err}");
+    assert!(
+        err.contains("storage: file") && err.contains("sync_interval: always"),
+        "{err}"
+    );
+}
+
 /// A relay in another process (the CLI's `outbox relay`, polling only
 /// every 60 s) publishes each message within moments of the commit that
 /// enqueued it, on PostgreSQL: the enqueue notified at its commit and the

@@ -99,55 +99,6 @@ mod suite {
         }
     }
 
-    /// The settings a commit's durability stands on are read with the
-    /// catalog, and a server that may lose committed transactions is said
-    /// once per process, as a WARN with the fix: here `synchronous_commit
-    /// = off`, set for the session (no other test of this binary sets it).
-    mod durability {
-        use super::{fresh, open};
-        use diesel::prelude::*;
-
-        #[test]
-        #[cfg_attr(
-            not(inbox_test_postgres),
-            ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
-        )]
-        fn a_server_that_may_lose_commits_is_said_once() {
-            let Some(db) = fresh("durability") else {
-                return;
-            };
-            let mut conn = open(&db);
-            diesel_inbox::migrate(&mut conn).expect("migrate");
-            diesel::sql_query("SET synchronous_commit = off")
-                .execute(&mut conn)
-                .expect("SET");
-            let (migrated, warnings) =
-                crate::common::warnings_during(|| diesel_inbox::migrate(&mut conn));
-            migrated.expect("migrate");
-            assert_eq!(warnings.len(), 1, "{warnings:#?}");
-            assert!(
-                warnings[0].contains("may lose committed transactions")
-                    && warnings[0].contains("synchronous_commit is off"),
-                "{warnings:#?}"
-            );
-            assert!(
-                warnings[0].contains("synchronous_commit = on"),
-                "{warnings:#?}"
-            );
-            // Once: a new connection's first claim reads the same setting.
-            let mut other = open(&db);
-            diesel::sql_query("SET synchronous_commit = off")
-                .execute(&mut other)
-                .expect("SET");
-            let (outcome, again) = crate::common::warnings_during(|| {
-                diesel_inbox::Inbox::consumer("durability")
-                    .run(&mut other, "m-1", |_| Ok::<_, diesel::result::Error>(()))
-            });
-            assert!(matches!(outcome, Ok(diesel_inbox::Processed::Applied(()))));
-            assert!(again.is_empty(), "said twice: {again:#?}");
-        }
-    }
-
     mod schema {
         use super::{fresh, open};
         use crate::common::schema::WrongShape;
