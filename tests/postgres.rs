@@ -25,6 +25,10 @@ fn postgres_suite_needs_its_feature() {
 #[path = "postgres/proxies.rs"]
 mod proxies;
 
+#[cfg(all(feature = "postgres", feature = "async"))]
+#[path = "postgres/wakeups.rs"]
+mod wakeups;
+
 #[cfg(feature = "postgres")]
 mod suite {
     use super::common;

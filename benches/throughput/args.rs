@@ -77,6 +77,10 @@ struct Cli {
     /// The latency run's rate, messages/s [default: 1000; smoke 100].
     #[arg(long)]
     outbox_rate: Option<usize>,
+    /// The relay's batch size, and the broker-alone variant's publish
+    /// window [default: 100].
+    #[arg(long, default_value_t = 100)]
+    outbox_batch: usize,
     /// The latency run's length, seconds [default: 10; smoke 1].
     #[arg(long)]
     outbox_secs: Option<u64>,
@@ -153,6 +157,7 @@ pub struct Args {
     pub outbox: bool,
     pub outbox_messages: usize,
     pub outbox_rate: usize,
+    pub outbox_batch: usize,
     pub outbox_secs: u64,
     /// `--http` and its counts.
     pub http: bool,
@@ -202,6 +207,7 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         outbox: cli.outbox,
         outbox_messages: pick(cli.outbox_messages, 5_000, 100),
         outbox_rate: pick(cli.outbox_rate, 1_000, 100),
+        outbox_batch: cli.outbox_batch.clamp(1, 10_000),
         outbox_secs: cli.outbox_secs.unwrap_or(if smoke { 1 } else { 10 }),
         http: cli.http,
         http_conns: pick(cli.http_conns, 16, 4),

@@ -5,7 +5,8 @@
 //! Each round fills the outbox with `--outbox-messages` messages (untimed;
 //! one ordering key per message, so batches are full) and times, in a
 //! rotating order:
-//! - `relay`: `Relay::run_once` (batches of 100) to RabbitMQ;
+//! - `relay`: `Relay::run_once` (batches of `--outbox-batch`, 100 by
+//!   default) to RabbitMQ;
 //! - `hand_relay`: a transaction per batch with the relay's own claim SQL
 //!   (`FOR UPDATE SKIP LOCKED` where there is one), the batch published
 //!   with lapin (mandatory, confirms), the rows deleted, commit;
@@ -46,7 +47,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const BATCH: usize = 100;
 const VARIANTS: [&str; 3] = ["relay", "hand_relay", "broker"];
 
 pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
@@ -151,6 +151,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         .map_err(|e| e.to_string())?;
     let queue = format!("bench-outbox-{}", run_id());
     let n = args.outbox_messages;
+    let batch = args.outbox_batch;
     let connection = runtime
         .block_on(lapin::Connection::connect(
             amqp,
@@ -181,7 +182,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
     let route = format!("UPDATE outbox_messages SET destination = '{queue}'");
     let pool = B::relay_pool(url, 4);
     let relay =
-        Relay::new(pool.clone(), outbox::lapin::Publisher::connect(amqp, "")).batch_size(BATCH);
+        Relay::new(pool.clone(), outbox::lapin::Publisher::connect(amqp, "")).batch_size(batch);
     let mut samples: Vec<(&str, Vec<f64>)> = VARIANTS.iter().map(|v| (*v, Vec::new())).collect();
     for round in 0..args.rounds {
         for k in 0..VARIANTS.len() {
@@ -203,7 +204,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
                     let mut published = 0;
                     loop {
                         let rows = B::tx(&mut conn, |conn| {
-                            let rows = B::hand_claim(conn, BATCH)?;
+                            let rows = B::hand_claim(conn, batch)?;
                             let messages: Vec<(String, String, Vec<u8>)> = rows
                                 .iter()
                                 .map(|r| (r.id.clone(), r.destination.clone(), r.payload.clone()))
@@ -217,7 +218,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
                         })
                         .map_err(|e| e.to_string())?;
                         published += rows;
-                        if rows < BATCH {
+                        if rows < batch {
                             break;
                         }
                     }
@@ -230,7 +231,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
                         .map(|i| (format!("m{round}-{i}"), queue.clone(), vec![7u8; 64]))
                         .collect();
                     runtime.block_on(async {
-                        for chunk in messages.chunks(BATCH) {
+                        for chunk in messages.chunks(batch) {
                             publish(&channel, chunk).await?;
                         }
                         Ok::<_, String>(())
@@ -304,7 +305,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         .map(|(v, s)| format!("\"{v}\": {s:?}"))
         .collect();
     Ok(format!(
-        "{{\"backend\": \"{}\", \"messages\": {n}, \"batch\": {BATCH}, \"samples\": {{{}}}, \
+        "{{\"backend\": \"{}\", \"messages\": {n}, \"batch\": {batch}, \"samples\": {{{}}}, \
          \"relay_over_hand_relay\": {:.3}, \"relay_over_broker\": {:.3}, \
          \"ratio_of_medians\": {{\"relay_over_hand_relay\": {:.3}, \"relay_over_broker\": {:.3}}}, \
          \"latency\": {{\"rate\": {achieved:.1}, \"p50_ms\": {:.2}, \"p99_ms\": {:.2}}}, \

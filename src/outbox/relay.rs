@@ -6,6 +6,7 @@
 
 use super::pool::RelayPool;
 use super::publish::{Publish, PublishError};
+use wakeups::{Doze, Next, LISTEN_OPEN_TIMEOUT};
 use inbox_runtime::__facade::backoff;
 use inbox_runtime::outbox::{self as steps, PublishOutcome};
 use inbox_runtime::InboxError;
@@ -13,6 +14,8 @@ use std::future::Future;
 use std::pin::pin;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
+
+mod wakeups;
 
 /// Why a relay stopped. Each variant keeps its cause as its
 /// [`source`](std::error::Error::source).
@@ -62,12 +65,6 @@ impl RelayReport {
 
 /// The default [`Relay::batch_size`].
 pub(crate) const DEFAULT_BATCH_SIZE: usize = 100;
-/// How long the relay waits for the notification it sends its own
-/// `LISTEN` connection before it decides that none can reach it.
-const PROBE_WAIT: Duration = Duration::from_secs(2);
-/// How long opening and checking the `LISTEN` connection may take before
-/// it is tried again.
-const LISTEN_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default [`Relay::poll_interval`].
 pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -284,13 +281,14 @@ where
     /// are logged (WARN, target `diesel_inbox`) and waited out; only
     /// [`PublishError::Closed`] stops it early.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<RelayReport, RelayError> {
+        let (doze, mut asked) = Doze::new();
         let listen = async {
             self.check_server().await;
-            self.listen().await
+            self.listen(&mut asked).await
         };
         tokio::select! {
             biased;
-            ran = self.run_polling(shutdown) => ran,
+            ran = self.run_polling(shutdown, doze) => ran,
             never = listen => match never {},
         }
     }
@@ -312,57 +310,11 @@ where
         }
     }
 
-    /// Hears the enqueues of other processes where the backend notifies
-    /// (PostgreSQL), on a connection of its own, and wakes the relays of
-    /// this process at each; never returns (`run` drops it). Where nothing
-    /// can reach it (another backend; a proxy that keeps no session, said
-    /// once at WARN) it does nothing more: the relay polls. A lost or
-    /// failed connection is opened again after a backoff, and the relays
-    /// woken once it listens (for what was enqueued meanwhile).
-    async fn listen(&self) -> std::convert::Infallible {
-        if !steps::notifies::<D::Connection>() {
-            return std::future::pending().await;
-        }
-        let mut failures = 0u32;
-        loop {
-            let opened = tokio::time::timeout(LISTEN_OPEN_TIMEOUT, async {
-                let mut listener = self.pool.dedicated().await.map_err(RelayError::Pool)?;
-                let mut notifier = self.pool.connection().await.map_err(RelayError::Pool)?;
-                let how = steps::listen_async(&mut listener, &mut *notifier, PROBE_WAIT).await?;
-                Ok::<_, RelayError>((listener, how))
-            })
-            .await;
-            let error = match opened {
-                Ok(Ok((_, steps::Listening::Polls))) => return std::future::pending().await,
-                Ok(Ok((_, steps::Listening::Unreachable))) => {
-                    tracing::warn!(target: crate::TRACING_TARGET, probe_wait = ?PROBE_WAIT, poll_interval = ?self.poll_interval, "diesel-inbox: outbox relay: a notification sent to its own LISTEN connection did not arrive: a connection proxy in transaction mode (PgBouncer's pool_mode = transaction) keeps no session for LISTEN. The relay polls instead; give it a direct connection (or session pooling) for wake-ups from other processes");
-                    return std::future::pending().await;
-                }
-                Ok(Ok((mut listener, steps::Listening::Notified))) => {
-                    failures = 0;
-                    tracing::debug!(target: crate::TRACING_TARGET, "diesel-inbox: outbox relay: listening for the enqueues of other processes");
-                    steps::wake();
-                    loop {
-                        if let Err(e) = steps::notified_async(&mut listener).await {
-                            break RelayError::Database(e);
-                        }
-                    }
-                }
-                Ok(Err(e)) => e,
-                Err(_) => RelayError::Pool(
-                    format!("no listening connection within {LISTEN_OPEN_TIMEOUT:?}").into(),
-                ),
-            };
-            failures += 1;
-            tracing::debug!(target: crate::TRACING_TARGET, error = %error, "diesel-inbox: outbox relay: its LISTEN connection failed; polling until it is open again");
-            tokio::time::sleep(backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, failures)).await;
-        }
-    }
-
-    /// `run` without the listener.
+    /// `run` without the listener; `doze` tells it when the relay sleeps.
     async fn run_polling(
         &self,
         shutdown: impl Future<Output = ()>,
+        mut doze: Doze,
     ) -> Result<RelayReport, RelayError> {
         let mut shutdown = pin!(shutdown);
         let mut report = RelayReport::default();
@@ -408,7 +360,10 @@ where
                         backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
                     } else {
                         outages = 0;
-                        self.poll_interval
+                        match doze.after_pass(self.poll_interval).await {
+                            Next::Pass => Duration::ZERO,
+                            Next::Wait(wait) => wait,
+                        }
                     }
                 }
                 Err(RelayError::Publisher(e)) => return Err(RelayError::Publisher(e)),
@@ -431,13 +386,14 @@ where
                 })
                 .await;
             }
-            let woken = outages == 0;
-            tokio::select! {
+            let wakes = outages == 0;
+            let woken = tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(report),
-                () = steps::woken(seen), if woken => {}
-                () = tokio::time::sleep(wait) => {}
-            }
+                () = steps::woken(seen), if wakes => true,
+                () = tokio::time::sleep(wait) => false,
+            };
+            doze.before_pass(woken).await;
         }
     }
 

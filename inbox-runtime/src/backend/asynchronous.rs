@@ -185,6 +185,34 @@ pub(crate) trait AsyncInternals:
     fn outbox_notified(&mut self) -> impl Future<Output = Option<QueryResult<String>>> + Send {
         std::future::pending()
     }
+
+    /// On a listening connection, says that its relay sleeps: holds the
+    /// lock that makes enqueues notify (if it does not hold it yet), then
+    /// reads the transactions in progress. `Some((snapshot, settled))`:
+    /// `settled` when none of them is still in progress (`snapshot` is
+    /// for [`outbox_settled`](Self::outbox_settled)); `None` where the
+    /// backend has no notifications or the lock is not free within its
+    /// bound.
+    fn outbox_asleep(
+        &mut self,
+        held: bool,
+    ) -> impl Future<Output = QueryResult<Option<(String, bool)>>> + Send {
+        let _ = held;
+        std::future::ready(Ok(None))
+    }
+
+    /// Whether none of the transactions in progress at `snapshot` is
+    /// still in progress.
+    fn outbox_settled(&mut self, snapshot: &str) -> impl Future<Output = QueryResult<bool>> + Send {
+        let _ = snapshot;
+        std::future::ready(Ok(true))
+    }
+
+    /// On a listening connection, says that its relay is awake: gives the
+    /// lock of [`outbox_asleep`](Self::outbox_asleep) back.
+    fn outbox_awake(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+        std::future::ready(Ok(()))
+    }
 }
 
 /// The sync `Statements` on a diesel-async connection: one

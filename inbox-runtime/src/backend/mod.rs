@@ -321,9 +321,10 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// its transaction's commit, pushed between the enqueue's `SELECT`
     /// list and its guard (only where [`GUARDED`](Self::GUARDED): the
     /// enqueue is then `INSERT .. SELECT`). PostgreSQL: ` FROM (SELECT
-    /// CASE WHEN $n THEN pg_notify(..) END)`, one notification at commit
-    /// however many rows the transaction enqueued (the server folds equal
-    /// notifications of one transaction); nothing where relays poll.
+    /// CASE .. pg_notify(..) END)` when `$n` and a relay sleeps, one
+    /// notification at commit however many rows the transaction enqueued
+    /// (the server folds equal notifications of one transaction); nothing
+    /// where relays poll.
     fn push_enqueue_notify<'b>(
         out: &mut diesel::query_builder::AstPass<'_, 'b, Self>,
         notify: &'b bool,

@@ -1,6 +1,29 @@
 //! Wake-ups across processes: PostgreSQL's `LISTEN`/`NOTIFY` on the
 //! channel `diesel_inbox_outbox`, and the switch that turns the enqueue's
 //! notification off.
+//!
+//! An enqueue notifies only while a relay sleeps. `NOTIFY` takes a lock
+//! at commit that serializes the committing transactions that notified
+//! (their WAL flushes one after another); a relay that is awake finds the
+//! rows anyway. The protocol:
+//! - A relay going to sleep ([`asleep_async`]) takes an advisory lock,
+//!   shared, on its listening connection (keyed by the outbox table), then
+//!   reads the ids of the transactions in progress (by a statement of
+//!   its own), then passes once more, and sleeps until a notification (or its
+//!   poll) only once none of them is still in progress ([`settled_async`];
+//!   until then it passes again after a short wait). Woken, it gives the
+//!   lock back ([`awake_async`]).
+//! - An enqueue takes its transaction's id, then tries the same lock
+//!   exclusively and gives it back in the same expression: it notifies
+//!   when the try fails (a relay sleeps).
+//! - So an enqueue that did not notify probed before the relay held the
+//!   lock; its id was taken before that, so the relay's list has it
+//!   (or it had ended: its rows are visible). The relay sleeps only after
+//!   that transaction ended, and its last pass came after: the row is
+//!   published, not left to the poll. A relay's lost connection gives the
+//!   lock back (the enqueues stop notifying; the relay is woken when it
+//!   listens again, as before); a relay behind a proxy that keeps no
+//!   session never holds it (it polls).
 
 #[cfg(feature = "async")]
 use crate::backend::asynchronous::AsyncInboxConnection;
@@ -116,6 +139,45 @@ pub async fn notified_async<C: AsyncInboxConnection>(listener: &mut C) -> Result
             Ok(())
         }
     }
+}
+
+/// On a connection [`listen_async`] made listen: its relay goes to sleep
+/// (the module's protocol). `Some(settled)`: the enqueues notify from now
+/// on, and the relay may sleep until a notification once `settled` (else
+/// it passes again after a short wait and asks [`settled_async`] with the
+/// snapshot, which it keeps in `snapshot`); `None`: the relay polls (no
+/// notifications here, or the lock was not free within its bound).
+/// `held`: the lock is held already (by an earlier call without
+/// [`awake_async`] since).
+#[cfg(feature = "async")]
+#[doc(hidden)]
+pub async fn asleep_async<C: AsyncInboxConnection>(
+    listener: &mut C,
+    held: bool,
+    snapshot: &mut String,
+) -> Result<Option<bool>, InboxError> {
+    Ok(listener.outbox_asleep(held).await?.map(|(taken, settled)| {
+        *snapshot = taken;
+        settled
+    }))
+}
+
+/// Whether none of the transactions in progress at `snapshot` (of
+/// [`asleep_async`]) still is.
+#[cfg(feature = "async")]
+#[doc(hidden)]
+pub async fn settled_async<C: AsyncInboxConnection>(
+    listener: &mut C,
+    snapshot: &str,
+) -> Result<bool, InboxError> {
+    Ok(listener.outbox_settled(snapshot).await?)
+}
+
+/// The relay of `listener` is awake: enqueues need not notify for it.
+#[cfg(feature = "async")]
+#[doc(hidden)]
+pub async fn awake_async<C: AsyncInboxConnection>(listener: &mut C) -> Result<(), InboxError> {
+    Ok(listener.outbox_awake().await?)
 }
 
 #[cfg(feature = "async")]

@@ -28,8 +28,15 @@ impl AsyncInternals for AsyncPgConnection {
         debug_assert!(probe
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
-        self.batch_execute(&format!("LISTEN {OUTBOX_CHANNEL}; LISTEN {probe}"))
-            .await?;
+        // For this session: the bound of `outbox_asleep`'s lock wait, and
+        // no wait for the WAL flush of its `IN_PROGRESS` (it takes an id
+        // and writes nothing).
+        self.batch_execute(&format!(
+            "SET lock_timeout = '{}ms'; SET synchronous_commit = off; \
+             LISTEN {OUTBOX_CHANNEL}; LISTEN {probe}",
+            ASLEEP_LOCK_WAIT.as_millis()
+        ))
+        .await?;
         Ok(true)
     }
 
@@ -48,6 +55,44 @@ impl AsyncInternals for AsyncPgConnection {
         std::future::poll_fn(|cx| futures_core::Stream::poll_next(notifications.as_mut(), cx))
             .await
             .map(|notified| notified.map(|n| n.channel))
+    }
+
+    /// The lock waits at most `lock_timeout` (set when the connection
+    /// listens): only an enqueue's probe, one expression long, holds it.
+    /// The transactions in progress are read by a statement of its own,
+    /// after the lock: a transaction that probed before it has its id by
+    /// then ([`IN_PROGRESS`]).
+    async fn outbox_asleep(&mut self, held: bool) -> QueryResult<Option<(String, bool)>> {
+        if !held {
+            let lock = diesel::sql_query(format!(
+                "SELECT true AS held FROM pg_advisory_lock_shared({ASLEEP_LOCK})"
+            ));
+            let locked = diesel_async::RunQueryDsl::get_result::<Held>(lock, self).await;
+            match locked {
+                Ok(_) => {}
+                Err(e) if <Pg as Internals>::is_wait_timeout(&e) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        let read = diesel::sql_query(IN_PROGRESS);
+        let snapshot = diesel_async::RunQueryDsl::get_result::<Snapshot>(read, self).await?;
+        Ok(Some((snapshot.snapshot, snapshot.settled)))
+    }
+
+    async fn outbox_settled(&mut self, snapshot: &str) -> QueryResult<bool> {
+        let check = diesel::sql_query(
+            "SELECT NOT EXISTS (SELECT FROM unnest(string_to_array($1, ',')) AS x \
+             WHERE pg_xact_status(CAST(x AS xid8)) = 'in progress') AS held",
+        )
+        .bind::<diesel::sql_types::Text, _>(snapshot);
+        diesel_async::RunQueryDsl::get_result::<Held>(check, self)
+            .await
+            .map(|row| row.held)
+    }
+
+    async fn outbox_awake(&mut self) -> QueryResult<()> {
+        self.batch_execute(&format!("SELECT pg_advisory_unlock_shared({ASLEEP_LOCK})"))
+            .await
     }
 
     async fn inbox_claim(
@@ -355,3 +400,36 @@ impl AsyncMigration for AsyncPgConnection {
             .map_err(InboxError::MigrationFailed)
     }
 }
+
+/// How long a relay going to sleep waits for the lock an enqueue's probe
+/// holds for one expression.
+const ASLEEP_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A boolean answer.
+#[derive(diesel::QueryableByName)]
+struct Held {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    held: bool,
+}
+
+/// The transactions in progress, and whether they still are.
+#[derive(diesel::QueryableByName)]
+struct Snapshot {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    snapshot: String,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    settled: bool,
+}
+
+/// The transactions in progress now, as a list of ids, and whether none
+/// of them is (`settled`, checked in the same statement). A snapshot
+/// lists those below its `xmax` (the latest finished id, plus one); the
+/// ids from there up to one taken now (this statement's own, excluded)
+/// were all in progress at the snapshot and are added.
+const IN_PROGRESS: &str = "WITH t AS MATERIALIZED (SELECT pg_current_snapshot() AS s, \
+     pg_current_xact_id() AS me) \
+     SELECT COALESCE(string_agg(CAST(x AS text), ','), '') AS snapshot, \
+     NOT COALESCE(bool_or(pg_xact_status(x) = 'in progress'), false) AS settled \
+     FROM (SELECT pg_snapshot_xip(s) AS x FROM t UNION ALL \
+     SELECT CAST(CAST(g AS text) AS xid8) FROM t, generate_series(\
+     CAST(CAST(pg_snapshot_xmax(s) AS text) AS bigint), CAST(CAST(me AS text) AS bigint) - 1) AS g) AS w";

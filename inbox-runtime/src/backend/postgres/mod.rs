@@ -93,6 +93,15 @@ WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')
 /// other schemas in the same database wake too, find nothing, and wait.
 pub(crate) const OUTBOX_CHANNEL: &str = "diesel_inbox_outbox";
 
+/// The advisory lock a relay holds (shared, on its `LISTEN` connection)
+/// while it sleeps, keyed by the outbox table the search path resolves: an
+/// enqueue notifies only when it finds the lock held, so that while every
+/// relay is awake no commit takes `NOTIFY`'s commit-time lock. The
+/// protocol, and why no enqueue's message can wait for a poll because of
+/// it: `outbox::notify`.
+pub(crate) const ASLEEP_LOCK: &str =
+    "1684627297, CAST(CAST(CAST('outbox_messages' AS regclass) AS oid) AS integer)";
+
 /// The commit guard: PostgreSQL turns COMMIT of an aborted transaction (a
 /// statement failed and the body swallowed the error) into a silent
 /// ROLLBACK, which diesel reports as success. The guard fails in an aborted
@@ -247,11 +256,19 @@ impl Internals for Pg {
         out: &mut diesel::query_builder::AstPass<'_, 'b, Pg>,
         notify: &'b bool,
     ) -> QueryResult<()> {
-        out.push_sql(" FROM (SELECT CASE WHEN ");
+        // The transaction's id first (so that a relay's snapshot taken
+        // after this probe lists it, or sees it finished), then the probe:
+        // the exclusive lock is free unless a relay sleeps (it holds it
+        // shared), and taken and given back in one expression.
+        out.push_sql(" FROM (SELECT CASE WHEN NOT ");
         out.push_bind_param::<diesel::sql_types::Bool, bool>(notify)?;
-        out.push_sql(" THEN pg_notify('");
+        out.push_sql(" THEN NULL WHEN pg_current_xact_id() IS NULL THEN NULL WHEN pg_try_advisory_lock(");
+        out.push_sql(ASLEEP_LOCK);
+        out.push_sql(") THEN pg_advisory_unlock(");
+        out.push_sql(ASLEEP_LOCK);
+        out.push_sql(") AND NULL ELSE (SELECT true FROM pg_notify('");
         out.push_sql(OUTBOX_CHANNEL);
-        out.push_sql("', '') END) AS notified");
+        out.push_sql("', '')) END) AS notified");
         Ok(())
     }
 
