@@ -1091,3 +1091,106 @@ fn the_relay_and_status_report_metrics() {
         assert_eq!(seen.get(name), Some(&value), "{name} in {seen:#?}");
     }
 }
+
+/// A transaction held open (and with it PostgreSQL's vacuum horizon: the
+/// rows the relay deletes stay behind as dead tuples) for 60 s while
+/// 50,000 messages of 20 ordering keys flow through a running relay to
+/// RabbitMQ: every message arrives once, in its key's order, and the
+/// outbox is empty after the holder commits. The relay's rate before,
+/// during and after such a transaction is the benchmark's (`--outbox
+/// --outbox-horizon 60`); this prints the backlog it saw.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_long_transaction_holding_the_vacuum_horizon_does_not_stop_the_relay() {
+    use diesel::connection::SimpleConnection;
+    type B = common::backends::postgres::Postgres;
+    const HOLD: Duration = Duration::from_secs(60);
+    const KEYS: usize = 20;
+    const CHUNKS: usize = 100;
+    const PER_CHUNK: usize = 500;
+    let Some(db) = database::<B>("outbox_horizon") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    let mut holder = B::open(&db);
+    runtime().block_on(async {
+        let Some((rabbit, queue)) = Rabbit::with_queue("outbox_horizon").await else {
+            return;
+        };
+        // Its snapshot is taken by its first read, and holds the horizon
+        // until it ends.
+        holder
+            .batch_execute(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_messages",
+            )
+            .expect("hold a transaction");
+        let opened = Instant::now();
+        let relay = Relay::new(pool.clone(), rabbit.publisher())
+            .batch_size(100)
+            .poll_interval(Duration::from_millis(50));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = relay.run(async {
+            let _ = stopped.await;
+        });
+        let produce = async {
+            let mut conn = B::pooled(&pool).await;
+            for chunk in 0..CHUNKS {
+                let due = opened + HOLD.mul_f64(chunk as f64 / CHUNKS as f64);
+                tokio::time::sleep_until(due.into()).await;
+                let start = chunk * PER_CHUNK;
+                let queue = queue.as_str();
+                diesel_async::AsyncConnection::transaction(&mut *conn, async |conn| {
+                    for n in start..start + PER_CHUNK {
+                        let body = format!("{}:{}", n % KEYS, n / KEYS);
+                        let message =
+                            Outgoing::new(queue, body).ordering_key(&format!("k{}", n % KEYS));
+                        outbox::enqueue_async(&mut *conn, message).await?;
+                    }
+                    Ok::<_, InboxError>(())
+                })
+                .await
+                .expect("enqueue a chunk");
+                if chunk % 20 == 19 {
+                    let backlog = outbox::status_async(&mut *conn).await.expect("status");
+                    println!(
+                        "{:.0} s, {} enqueued: {} pending",
+                        opened.elapsed().as_secs_f64(),
+                        (chunk + 1) * PER_CHUNK,
+                        backlog.pending
+                    );
+                }
+            }
+        };
+        let consume = rabbit.take(&queue, KEYS * (CHUNKS * PER_CHUNK / KEYS), HOLD * 3);
+        let ((), got) = tokio::join!(produce, async {
+            let got = consume.await;
+            let _ = stop.send(());
+            got
+        });
+        let report = running.await.expect("relay");
+        let held = opened.elapsed();
+        holder
+            .batch_execute("COMMIT")
+            .expect("the held transaction");
+        println!(
+            "the transaction held {:.0} s; the relay published {}",
+            held.as_secs_f64(),
+            report.published
+        );
+        assert!(held >= HOLD, "held only {held:?}");
+        assert_eq!(got.len(), CHUNKS * PER_CHUNK);
+        assert_eq!(report.published, (CHUNKS * PER_CHUNK) as u64);
+        let ids: std::collections::HashSet<&str> = got.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids.len(), got.len(), "an id published twice");
+        let mut next = [0usize; KEYS];
+        for received in &got {
+            let body = String::from_utf8(received.body.clone()).expect("utf-8");
+            let (key, n) = body.split_once(':').expect("key:n");
+            let (key, n): (usize, usize) = (key.parse().expect("key"), n.parse().expect("n"));
+            assert_eq!(n, next[key], "key {key} out of order");
+            next[key] += 1;
+        }
+        assert_eq!(pending::<B>(&db), 0);
+        rabbit.delete(&queue).await;
+    });
+}

@@ -81,6 +81,11 @@ struct Cli {
     /// window [default: 100].
     #[arg(long, default_value_t = 100)]
     outbox_batch: usize,
+    /// PostgreSQL: also the relay's rate before, during and after a
+    /// transaction held open this many seconds (and so the vacuum
+    /// horizon), while at least 50,000 messages flow [default: 0, not run].
+    #[arg(long, default_value_t = 0)]
+    outbox_horizon: u64,
     /// The latency run's length, seconds [default: 10; smoke 1].
     #[arg(long)]
     outbox_secs: Option<u64>,
@@ -158,6 +163,7 @@ pub struct Args {
     pub outbox_messages: usize,
     pub outbox_rate: usize,
     pub outbox_batch: usize,
+    pub outbox_horizon: u64,
     pub outbox_secs: u64,
     /// `--http` and its counts.
     pub http: bool,
@@ -208,6 +214,7 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         outbox_messages: pick(cli.outbox_messages, 5_000, 100),
         outbox_rate: pick(cli.outbox_rate, 1_000, 100),
         outbox_batch: cli.outbox_batch.clamp(1, 10_000),
+        outbox_horizon: cli.outbox_horizon,
         outbox_secs: cli.outbox_secs.unwrap_or(if smoke { 1 } else { 10 }),
         http: cli.http,
         http_conns: pick(cli.http_conns, 16, 4),

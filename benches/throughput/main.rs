@@ -77,12 +77,13 @@ mod bench;
     any(feature = "lapin", feature = "nats")
 ))]
 mod brokers;
+#[cfg(all(feature = "async", feature = "lapin"))]
+mod horizon;
 #[cfg(all(feature = "axum", feature = "postgres"))]
 mod http;
 #[cfg(all(feature = "kafka", feature = "postgres"))]
 mod kafka;
 mod memory;
-#[cfg(all(feature = "async", feature = "lapin"))]
 mod outbox;
 mod output;
 mod purge;

@@ -23,7 +23,9 @@
 //! the relay in another process (the CLI's `outbox relay`, 1 s poll),
 //! before (`outbox::set_notify(false)`: it polls) and after (notified at
 //! each commit); and the enqueue's cost of its NOTIFY: 4 threads of calls
-//! enqueueing one message each, notify against quiet, interleaved rounds.
+//! enqueueing one message each, notify against quiet, interleaved rounds,
+//! with no relay running and with the CLI's relay in another process (an
+//! enqueue notifies only while a relay sleeps).
 //!
 //! With the feature `otel` (and no OpenTelemetry layer installed), every
 //! backend: the same calls with the enqueue's capture of the trace context
@@ -72,7 +74,7 @@ pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-fn median(samples: &mut [f64]) -> f64 {
+pub(crate) fn median(samples: &mut [f64]) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
 }
@@ -84,7 +86,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-fn fill<B: Bench>(url: &str, n: usize) -> Result<(), String> {
+pub(crate) fn fill<B: Bench>(url: &str, n: usize, destination: &str) -> Result<(), String> {
     let mut conn = B::open(url);
     conn.batch_execute("DELETE FROM outbox_messages")
         .map_err(|e| e.to_string())?;
@@ -98,7 +100,7 @@ fn fill<B: Bench>(url: &str, n: usize) -> Result<(), String> {
             let key = format!("k{i}");
             outbox::enqueue(
                 conn,
-                Outgoing::new("ignored", vec![7u8; 64]).ordering_key(&key),
+                Outgoing::new(destination, vec![7u8; 64]).ordering_key(&key),
             )?;
         }
         Ok(())
@@ -188,7 +190,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         for k in 0..VARIANTS.len() {
             let i = (k + round) % VARIANTS.len();
             let variant = VARIANTS[i];
-            fill::<B>(url, n)?;
+            fill::<B>(url, n, "ignored")?;
             conn.batch_execute(&route).map_err(|e| e.to_string())?;
             let began = Instant::now();
             match variant {
@@ -291,9 +293,15 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         p50 * 1000.0,
         p99 * 1000.0
     );
+    let horizon = match (B::NAME, args.outbox_horizon) {
+        ("postgres", secs) if secs > 0 => {
+            crate::horizon::measure::<B>(&runtime, url, args, &relay, &queue, &channel)?
+        }
+        _ => "null".into(),
+    };
     let across = across_processes::<B>(&runtime, url, args, amqp, &queue, &channel)?
         .unwrap_or_else(|| "null".into());
-    let notify = notify_cost::<B>(url, args)?.unwrap_or_else(|| "null".into());
+    let notify = notify_cost::<B>(url, args, amqp, &queue)?.unwrap_or_else(|| "null".into());
     let trace = trace_cost::<B>(url, args)?.unwrap_or_else(|| "null".into());
     runtime.block_on(async {
         let _ = channel
@@ -309,7 +317,8 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
          \"relay_over_hand_relay\": {:.3}, \"relay_over_broker\": {:.3}, \
          \"ratio_of_medians\": {{\"relay_over_hand_relay\": {:.3}, \"relay_over_broker\": {:.3}}}, \
          \"latency\": {{\"rate\": {achieved:.1}, \"p50_ms\": {:.2}, \"p99_ms\": {:.2}}}, \
-         \"latency_other_process\": {across}, \"notify_cost\": {notify}, \"trace_cost\": {trace}}}",
+         \"latency_other_process\": {across}, \"notify_cost\": {notify}, \"trace_cost\": {trace}, \
+         \"horizon\": {horizon}}}",
         B::NAME,
         per_variant.join(", "),
         over_hand,
@@ -534,12 +543,50 @@ fn across_processes<B: Bench>(
 }
 
 /// The enqueue's cost of its NOTIFY (PostgreSQL): [`switch_cost`] of
-/// `outbox::set_notify`.
-fn notify_cost<B: Bench>(url: &str, args: &Args) -> Result<Option<String>, String> {
+/// `outbox::set_notify`, with no relay running, then (with the CLI built)
+/// with the CLI's relay running in another process and publishing the
+/// messages: an enqueue notifies only while a relay sleeps.
+fn notify_cost<B: Bench>(
+    url: &str,
+    args: &Args,
+    amqp: &str,
+    queue: &str,
+) -> Result<Option<String>, String> {
     if B::NAME != "postgres" {
         return Ok(None);
     }
-    switch_cost::<B>(url, args, "NOTIFY", outbox::set_notify).map(Some)
+    let alone = switch_cost::<B>(url, args, "NOTIFY", outbox::set_notify, "bench.switch")?;
+    let Some(cli) = option_env!("CARGO_BIN_EXE_diesel-inbox") else {
+        return Ok(Some(format!("{{\"no_relay\": {alone}}}")));
+    };
+    // The messages of the rounds without a relay go nowhere. The relay
+    // polls every 10 ms: without notifications it starts each round's
+    // work as soon (a 1 s poll would leave the two cores to the enqueues
+    // for most of a round, and measure the relay's share of them).
+    B::open(url)
+        .batch_execute("DELETE FROM outbox_messages")
+        .map_err(|e| e.to_string())?;
+    let child = std::process::Command::new(cli)
+        .env_remove("DATABASE_URL")
+        .args(["--database-url", url, "outbox", "relay", "--amqp", amqp])
+        .args(["--exchange", "", "--poll-interval", "10ms"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("the CLI relay: {e}"))?;
+    let relay = OtherRelay(child);
+    std::thread::sleep(Duration::from_secs(3));
+    let beside = switch_cost::<B>(
+        url,
+        args,
+        "NOTIFY, a relay in another process",
+        outbox::set_notify,
+        queue,
+    );
+    drop(relay);
+    Ok(Some(format!(
+        "{{\"no_relay\": {alone}, \"relay_in_another_process\": {}}}",
+        beside?
+    )))
 }
 
 /// The enqueue's cost of capturing the trace context (feature `otel`, no
@@ -561,7 +608,13 @@ fn trace_cost<B: Bench>(url: &str, args: &Args) -> Result<Option<String>, String
         "{}: the trace context's capture alone (no OpenTelemetry layer): {ns:.1} ns per enqueue",
         B::LABEL
     );
-    let switched = switch_cost::<B>(url, args, "the trace context's capture", otel::set_capture)?;
+    let switched = switch_cost::<B>(
+        url,
+        args,
+        "the trace context's capture",
+        otel::set_capture,
+        "bench.switch",
+    )?;
     Ok(Some(format!(
         "{{\"capture_ns\": {ns:.1}, \"enqueue\": {switched}}}"
     )))
@@ -581,6 +634,7 @@ fn switch_cost<B: Bench>(
     args: &Args,
     what: &str,
     set: fn(bool),
+    destination: &str,
 ) -> Result<String, String> {
     const THREADS: usize = 4;
     let calls = (args.outbox_messages / THREADS).max(10);
@@ -597,13 +651,14 @@ fn switch_cost<B: Bench>(
                 .map(|t| {
                     let url = url.to_string();
                     let run = run_id();
+                    let destination = destination.to_string();
                     std::thread::spawn(move || {
                         let mut conn = B::open(&url);
                         for c in 0..calls {
                             let key = format!("switch-{run}-{round}-{i}-{t}-{c}");
                             let _applied = Inbox::consumer("bench-outbox-switch")
                                 .run(&mut conn, &key, |conn| {
-                                    outbox::enqueue(conn, Outgoing::new("bench.switch", "x"))
+                                    outbox::enqueue(conn, Outgoing::new(destination.as_str(), "x"))
                                         .map_err(diesel::result::Error::from)
                                 })
                                 .map_err(|e| e.to_string())?;

@@ -6,7 +6,6 @@
 
 use super::pool::RelayPool;
 use super::publish::{Publish, PublishError};
-use wakeups::{Doze, Next, LISTEN_OPEN_TIMEOUT};
 use inbox_runtime::__facade::backoff;
 use inbox_runtime::outbox::{self as steps, PublishOutcome};
 use inbox_runtime::InboxError;
@@ -14,6 +13,7 @@ use std::future::Future;
 use std::pin::pin;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
+use wakeups::{Doze, Next, LISTEN_OPEN_TIMEOUT};
 
 mod wakeups;
 
@@ -282,10 +282,9 @@ where
     /// [`PublishError::Closed`] stops it early.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<RelayReport, RelayError> {
         let (doze, mut asked) = Doze::new();
-        let listen = async {
-            self.check_server().await;
-            self.listen(&mut asked).await
-        };
+        // The server's check beside the listener (it must not hold the
+        // listener's answers).
+        let listen = async { tokio::join!(self.check_server(), self.listen(&mut asked)).1 };
         tokio::select! {
             biased;
             ran = self.run_polling(shutdown, doze) => ran,
@@ -324,6 +323,7 @@ where
         loop {
             let seen = steps::wake_generation();
             let mut pass = RelayReport::default();
+            let mut lingering = false;
             let (passed, stopping) = {
                 let mut running = pin!(self.pass(&mut pass));
                 tokio::select! {
@@ -360,9 +360,13 @@ where
                         backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
                     } else {
                         outages = 0;
-                        match doze.after_pass(self.poll_interval).await {
+                        match doze.after_pass(self.poll_interval, pass.batches > 0).await {
                             Next::Pass => Duration::ZERO,
                             Next::Wait(wait) => wait,
+                            Next::Linger(wait) => {
+                                lingering = true;
+                                wait
+                            }
                         }
                     }
                 }
@@ -386,7 +390,7 @@ where
                 })
                 .await;
             }
-            let wakes = outages == 0;
+            let wakes = outages == 0 && !lingering;
             let woken = tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(report),

@@ -59,8 +59,12 @@ fn an_enqueue_notifies_only_while_a_relay_sleeps_and_none_is_missed() {
     let runtime = common::modes::runtime();
     let quiet = Duration::from_millis(500);
     let (mut listener, mut notifier) = runtime.block_on(async {
-        let listener = AsyncPgConnection::establish(&db.url).await.expect("listener");
-        let notifier = AsyncPgConnection::establish(&db.url).await.expect("notifier");
+        let listener = AsyncPgConnection::establish(&db.url)
+            .await
+            .expect("listener");
+        let notifier = AsyncPgConnection::establish(&db.url)
+            .await
+            .expect("notifier");
         (listener, notifier)
     });
     let how = runtime
@@ -90,7 +94,11 @@ fn an_enqueue_notifies_only_while_a_relay_sleeps_and_none_is_missed() {
         let asleep = runtime
             .block_on(asleep_async(&mut listener, false, &mut snapshot))
             .expect("asleep");
-        assert_eq!(asleep, Some(false), "the enqueuing transaction is unsettled");
+        assert_eq!(
+            asleep,
+            Some(false),
+            "the enqueuing transaction is unsettled"
+        );
         let settled = runtime
             .block_on(settled_async(&mut listener, &snapshot))
             .expect("settled");
@@ -124,9 +132,7 @@ fn an_enqueue_notifies_only_while_a_relay_sleeps_and_none_is_missed() {
     assert!(again.is_some());
 
     // Awake again: no notification.
-    runtime
-        .block_on(awake_async(&mut listener))
-        .expect("awake");
+    runtime.block_on(awake_async(&mut listener)).expect("awake");
     enqueue(&mut conn, "while the relay is awake");
     assert!(
         !runtime.block_on(notified(&mut listener, quiet)),

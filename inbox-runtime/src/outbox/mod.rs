@@ -65,7 +65,9 @@ mod statements;
 pub use message::enqueue_async;
 pub use message::{enqueue, wake, Outgoing};
 #[cfg(feature = "async")]
-pub use notify::{asleep_async, awake_async, listen_async, notified_async, notifies, settled_async};
+pub use notify::{
+    asleep_async, awake_async, listen_async, notified_async, notifies, settled_async,
+};
 pub use notify::{set_notify, Listening};
 pub use operations::{
     dead, purge, retry, status, AllDead, DeadMessage, DestinationStatus, OutboxStatus, RetryTarget,

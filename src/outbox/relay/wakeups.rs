@@ -53,14 +53,24 @@ enum State {
     Asleep { settled: bool, waits: u32 },
 }
 
-/// What the relay loop does after a pass that found nothing left.
+/// What the relay loop does after a pass (which ends when nothing is
+/// left to claim).
 pub(super) enum Next {
     /// Pass again at once (it went to sleep just now: the pass sees what
     /// was committed before).
     Pass,
     /// Wait for a wake-up, at most this long.
     Wait(Duration),
+    /// Wait this long, wake-ups or not, and pass again (awake: enqueues do
+    /// not notify, and what they commit meanwhile is one batch).
+    Linger(Duration),
 }
+
+/// How long a relay whose pass published something waits before it
+/// passes again, awake: under a steady flow the relay claims what arrived
+/// meanwhile as one batch, and goes to sleep (enqueues then notify) only
+/// after a pass that found nothing.
+pub(super) const LINGER: Duration = Duration::from_millis(5);
 
 impl Doze {
     pub(super) fn new() -> (Self, mpsc::UnboundedReceiver<Ask>) {
@@ -72,10 +82,18 @@ impl Doze {
         (doze, asked)
     }
 
-    /// After a pass that ended with nothing due: go to sleep (then pass
-    /// once more), or wait for a notification (`poll` at most), or for the
-    /// transactions that may not have notified (a short wait).
-    pub(super) async fn after_pass(&mut self, poll: Duration) -> Next {
+    /// After a pass: if it `found` messages, linger awake; else go to
+    /// sleep (then pass once more), or wait for a notification (`poll` at
+    /// most), or for the transactions that may not have notified (a short
+    /// wait).
+    pub(super) async fn after_pass(&mut self, poll: Duration, found: bool) -> Next {
+        if found {
+            if self.state != State::Awake {
+                let _ = self.asks.send(Ask::Awake);
+                self.state = State::Awake;
+            }
+            return Next::Linger(LINGER.min(poll));
+        }
         match self.state {
             State::Awake => match self.ask(Ask::Asleep).await {
                 Some(settled) => {
@@ -195,7 +213,8 @@ where
             };
             failures += 1;
             tracing::debug!(target: crate::TRACING_TARGET, error = %error, "diesel-inbox: outbox relay: its LISTEN connection failed; polling until it is open again");
-            let pause = tokio::time::sleep(backoff(OUTAGE_DELAY, super::MAX_OUTAGE_DELAY, failures));
+            let pause =
+                tokio::time::sleep(backoff(OUTAGE_DELAY, super::MAX_OUTAGE_DELAY, failures));
             tokio::select! {
                 () = pause => {}
                 never = refuse(asked) => match never {},

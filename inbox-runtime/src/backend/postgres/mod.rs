@@ -262,7 +262,9 @@ impl Internals for Pg {
         // shared), and taken and given back in one expression.
         out.push_sql(" FROM (SELECT CASE WHEN NOT ");
         out.push_bind_param::<diesel::sql_types::Bool, bool>(notify)?;
-        out.push_sql(" THEN NULL WHEN pg_current_xact_id() IS NULL THEN NULL WHEN pg_try_advisory_lock(");
+        out.push_sql(
+            " THEN NULL WHEN pg_current_xact_id() IS NULL THEN NULL WHEN pg_try_advisory_lock(",
+        );
         out.push_sql(ASLEEP_LOCK);
         out.push_sql(") THEN pg_advisory_unlock(");
         out.push_sql(ASLEEP_LOCK);
