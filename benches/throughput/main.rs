@@ -84,6 +84,7 @@ mod http;
 #[cfg(all(feature = "kafka", feature = "postgres"))]
 mod kafka;
 mod memory;
+#[cfg(all(feature = "async", feature = "lapin"))]
 mod outbox;
 mod output;
 mod purge;
