@@ -1095,13 +1095,12 @@ fn the_relay_and_status_report_metrics() {
 /// A transaction held open (and with it PostgreSQL's vacuum horizon: the
 /// rows the relay deletes stay behind as dead tuples) for 60 s while
 /// 50,000 messages of 20 ordering keys flow through a running relay to
-/// RabbitMQ: every message arrives once, in its key's order, and the
-/// outbox is empty after the holder commits. The relay's rate before,
+/// RabbitMQ: every message arrives once, in its key's order, within
+/// twice the hold, and the outbox is empty after the holder commits. The relay's rate before,
 /// during and after such a transaction is the benchmark's (`--outbox
 /// --outbox-horizon 60`); this prints the backlog it saw.
 #[cfg(feature = "postgres")]
 #[test]
-#[ignore = "issue 44 item 2, open: with the horizon held the relay published about 270 msg/s here (debug build), too slow for this test's 180 s; run with --ignored"]
 fn a_long_transaction_holding_the_vacuum_horizon_does_not_stop_the_relay() {
     use diesel::connection::SimpleConnection;
     type B = common::backends::postgres::Postgres;
@@ -1162,13 +1161,19 @@ fn a_long_transaction_holding_the_vacuum_horizon_does_not_stop_the_relay() {
                 }
             }
         };
-        let consume = rabbit.take(&queue, KEYS * (CHUNKS * PER_CHUNK / KEYS), HOLD * 3);
+        // The producer enqueues about 833 messages a second: all of them
+        // within twice the hold means the relay kept at least half that
+        // pace with the horizon held (it keeps up here: the backlog stays
+        // at the chunk just enqueued).
+        let consume = rabbit.take(&queue, KEYS * (CHUNKS * PER_CHUNK / KEYS), HOLD * 2);
         let (report, (), got) = tokio::join!(running, produce, async {
             let got = consume.await;
             let _ = stop.send(());
             got
         });
         let report = report.expect("relay");
+        // Held for the whole minute, however soon the messages arrived.
+        tokio::time::sleep_until((opened + HOLD).into()).await;
         let held = opened.elapsed();
         holder
             .batch_execute("COMMIT")

@@ -176,6 +176,112 @@ fn a_publisher_of_the_users_own_publishes_through_the_relay() {
     }
 }
 
+/// A publisher that records the payloads of each call (a batch of the
+/// relay's) and refuses the payload `refuse` names.
+#[derive(Clone, Default)]
+struct Calls {
+    refuse: Arc<Mutex<Option<String>>>,
+    calls: Arc<Mutex<Vec<Vec<String>>>>,
+}
+
+impl Publish for Calls {
+    async fn publish(&self, messages: &[OutboxMessage]) -> Vec<Result<(), PublishError>> {
+        let refuse = self.refuse.lock().expect("not poisoned").clone();
+        let payloads: Vec<String> = messages
+            .iter()
+            .map(|m| String::from_utf8(m.payload.clone()).expect("utf-8"))
+            .collect();
+        let results = payloads
+            .iter()
+            .map(|p| match &refuse {
+                Some(r) if r == p => Err(PublishError::refused("422 from the endpoint")),
+                _ => Ok(()),
+            })
+            .collect();
+        self.calls.lock().expect("not poisoned").push(payloads);
+        results
+    }
+}
+
+/// One claim takes several messages of a key and publishes them in waves:
+/// each key's first message (and those without a key) together, then each
+/// key's next once the first was confirmed. A refused message keeps its
+/// key's later ones of the batch back (given back, uncounted), and they
+/// follow it, in order, once it is published.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_batch_publishes_a_keys_messages_in_waves_and_a_refusal_holds_back_the_rest() {
+    let db = Database::create("waves");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut conn = db.migrated().await;
+        conn.transaction(async |conn| -> Result<(), diesel_inbox::InboxError> {
+            for (key, payload) in [
+                (Some("a"), "a1"),
+                (Some("b"), "b1"),
+                (Some("a"), "a2"),
+                (None, "n1"),
+                (Some("a"), "a3"),
+                (Some("b"), "b2"),
+                (Some("a"), "a4"),
+            ] {
+                let mut message = Outgoing::new("orders", payload);
+                if let Some(key) = key {
+                    message = message.ordering_key(key);
+                }
+                outbox::enqueue_async(conn, message).await?;
+            }
+            Ok(())
+        })
+        .await
+        .expect("enqueue");
+        let pool: Pool<AsyncPgConnection> =
+            Pool::builder(AsyncDieselConnectionManager::new(db.url.clone()))
+                .max_size(2)
+                .build()
+                .expect("a pool");
+        let publisher = Calls::default();
+        *publisher.refuse.lock().expect("lock") = Some("a2".into());
+        let relay = Relay::new(pool, publisher.clone());
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!(
+            (
+                report.published,
+                report.failed,
+                report.dead,
+                report.released
+            ),
+            (4, 1, 0, 2),
+            "{report:?}"
+        );
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls, vec![vec!["a1", "b1", "n1"], vec!["a2", "b2"]]);
+        let status = outbox::status_async(&mut conn).await.expect("status");
+        assert_eq!((status.pending, status.dead), (3, 0));
+
+        // The refused one is due again after its backoff (1 s): it and its
+        // key's later messages, one wave each.
+        *publisher.refuse.lock().expect("lock") = None;
+        let began = Instant::now();
+        let mut published = 0;
+        while published < 3 {
+            assert!(began.elapsed() < Duration::from_secs(10), "not retried");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            published += relay.run_once().await.expect("a pass").published;
+        }
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls, vec![vec!["a2"], vec!["a3"], vec!["a4"]]);
+        let status = outbox::status_async(&mut conn).await.expect("status");
+        assert_eq!((status.pending, status.dead), (0, 0));
+    });
+}
+
 /// Shutdown while the database stalls: the relay reaches PostgreSQL
 /// through a TCP proxy that, after the first message is published,
 /// accepts and forwards nothing. The relay's next pass waits on the

@@ -86,6 +86,10 @@ struct Cli {
     /// horizon), while at least 50,000 messages flow [default: 0, not run].
     #[arg(long, default_value_t = 0)]
     outbox_horizon: u64,
+    /// The ordering keys the outbox runs' messages are spread over
+    /// [default: 0, a key of its own for each message].
+    #[arg(long, default_value_t = 0)]
+    outbox_keys: usize,
     /// The latency run's length, seconds [default: 10; smoke 1].
     #[arg(long)]
     outbox_secs: Option<u64>,
@@ -164,6 +168,7 @@ pub struct Args {
     pub outbox_rate: usize,
     pub outbox_batch: usize,
     pub outbox_horizon: u64,
+    pub outbox_keys: usize,
     pub outbox_secs: u64,
     /// `--http` and its counts.
     pub http: bool,
@@ -215,6 +220,7 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         outbox_rate: pick(cli.outbox_rate, 1_000, 100),
         outbox_batch: cli.outbox_batch.clamp(1, 10_000),
         outbox_horizon: cli.outbox_horizon,
+        outbox_keys: cli.outbox_keys,
         outbox_secs: cli.outbox_secs.unwrap_or(if smoke { 1 } else { 10 }),
         http: cli.http,
         http_conns: pick(cli.http_conns, 16, 4),

@@ -86,7 +86,14 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-pub(crate) fn fill<B: Bench>(url: &str, n: usize, destination: &str) -> Result<(), String> {
+/// Fills the outbox with `n` messages for `destination`, spread over
+/// `keys` ordering keys (0: a key of its own for each).
+pub(crate) fn fill<B: Bench>(
+    url: &str,
+    n: usize,
+    keys: usize,
+    destination: &str,
+) -> Result<(), String> {
     let mut conn = B::open(url);
     conn.batch_execute("DELETE FROM outbox_messages")
         .map_err(|e| e.to_string())?;
@@ -97,7 +104,7 @@ pub(crate) fn fill<B: Bench>(url: &str, n: usize, destination: &str) -> Result<(
     }
     B::tx(&mut conn, |conn| {
         for i in 0..n {
-            let key = format!("k{i}");
+            let key = format!("k{}", if keys == 0 { i } else { i % keys });
             outbox::enqueue(
                 conn,
                 Outgoing::new(destination, vec![7u8; 64]).ordering_key(&key),
@@ -190,7 +197,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         for k in 0..VARIANTS.len() {
             let i = (k + round) % VARIANTS.len();
             let variant = VARIANTS[i];
-            fill::<B>(url, n, "ignored")?;
+            fill::<B>(url, n, args.outbox_keys, "ignored")?;
             conn.batch_execute(&route).map_err(|e| e.to_string())?;
             let began = Instant::now();
             match variant {

@@ -470,20 +470,16 @@ where
             })
             .collect();
         let started = Instant::now();
-        let publish = self.publisher.publish(&claim.messages);
-        let results =
-            match tokio::time::timeout(self.lease / 2, publish.instrument(span.clone())).await {
-                Ok(results) => results,
-                Err(_) => vec![
-                    Err(PublishError::unavailable(
-                        "the publish outlasted half the lease"
-                    ));
-                    claimed
-                ],
-            };
+        let mut results = vec![None; claimed];
+        let publish = self.publish_waves(&claim, &mut results);
+        let mut stopped = tokio::time::timeout(self.lease / 2, publish.instrument(span.clone()))
+            .await
+            .unwrap_or(true);
         let mut closed = None;
-        let outcomes: Vec<PublishOutcome> = (0..claimed)
-            .map(|i| match results.get(i) {
+        let outcomes: Vec<PublishOutcome> = results
+            .into_iter()
+            .enumerate()
+            .map(|(i, result)| match result {
                 Some(Ok(())) => PublishOutcome::Published,
                 Some(Err(PublishError::Refused(why))) => PublishOutcome::Failed {
                     error: why.to_string(),
@@ -491,10 +487,18 @@ where
                     max_publish_attempts: self.max_publish_attempts,
                 },
                 Some(Err(e @ PublishError::Closed(_))) => {
-                    closed = Some(e.clone());
+                    closed = Some(e);
+                    stopped = true;
                     PublishOutcome::Released
                 }
-                Some(Err(PublishError::Unavailable(_))) | None => PublishOutcome::Released,
+                Some(Err(PublishError::Unavailable(_))) => {
+                    stopped = true;
+                    PublishOutcome::Released
+                }
+                // Kept back behind its key's unpublished message, or not
+                // reached (the broker became unavailable, the publish
+                // outlasted half the lease).
+                None => PublishOutcome::Released,
             })
             .collect();
         #[cfg(feature = "otel")]
@@ -515,7 +519,73 @@ where
             claim,
             outcomes,
             closed,
+            stopped,
         }
+    }
+
+    /// Publishes `claim`'s waves in turn, each as one batch, into
+    /// `results` (`None`: not published): a key's message is published
+    /// only once its key's message of the wave before was confirmed, so a
+    /// key's messages reach the broker in order, and a refused one keeps
+    /// its key's later ones back. Stops at a wave that found the broker
+    /// unavailable, or that a publisher answered for fewer messages than
+    /// it was given; returns whether it stopped so.
+    async fn publish_waves(
+        &self,
+        claim: &steps::Claim,
+        results: &mut [Option<Result<(), PublishError>>],
+    ) -> bool {
+        let mut behind = std::collections::HashSet::new();
+        let mut start = 0;
+        for &end in &claim.waves {
+            let wave = &claim.messages[start..end];
+            let kept: Vec<bool> = wave
+                .iter()
+                .map(|m| m.ordering_key.as_ref().is_some_and(|k| behind.contains(k)))
+                .collect();
+            let answers = if kept.contains(&true) {
+                let some: Vec<_> = wave
+                    .iter()
+                    .zip(&kept)
+                    .filter(|(_, kept)| !**kept)
+                    .map(|(m, _)| m.clone())
+                    .collect();
+                if some.is_empty() {
+                    start = end;
+                    continue;
+                }
+                self.publisher.publish(&some).await
+            } else {
+                self.publisher.publish(wave).await
+            };
+            let mut answers = answers.into_iter();
+            let mut stop = false;
+            for (i, kept) in (start..end).zip(kept) {
+                if kept {
+                    continue;
+                }
+                let answer = answers.next().unwrap_or_else(|| {
+                    Err(PublishError::unavailable(
+                        "the publisher answered for fewer messages than it was given",
+                    ))
+                });
+                stop |= matches!(
+                    answer,
+                    Err(PublishError::Unavailable(_) | PublishError::Closed(_))
+                );
+                if answer.is_err() {
+                    if let Some(key) = &claim.messages[i].ordering_key {
+                        behind.insert(key.clone());
+                    }
+                }
+                results[i] = Some(answer);
+            }
+            if stop {
+                return true;
+            }
+            start = end;
+        }
+        false
     }
 }
 
@@ -526,6 +596,9 @@ struct Delivered {
     outcomes: Vec<PublishOutcome>,
     /// The publisher cannot publish any more.
     closed: Option<PublishError>,
+    /// The broker was unavailable or the publisher closed: messages were
+    /// given back.
+    stopped: bool,
 }
 
 impl Delivered {
@@ -535,14 +608,14 @@ impl Delivered {
             outcomes: vec![PublishOutcome::Released; claim.messages.len()],
             claim,
             closed: None,
+            stopped: true,
         }
     }
 
-    /// Whether the pass ends after it: a message was given back, because
-    /// the broker was unavailable or the publisher closed (nothing else
-    /// gives one back).
+    /// Whether the pass ends after it: messages were given back because
+    /// the broker was unavailable or the publisher closed.
     fn stops(&self) -> bool {
-        self.outcomes.contains(&PublishOutcome::Released)
+        self.stopped
     }
 }
 

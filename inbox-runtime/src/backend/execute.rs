@@ -216,6 +216,7 @@ where
     for<'a> &'a str: ToSql<Text, B>,
     Stmt: ExecuteOn<B>
         + LoadOn<B, ClaimedRow>
+        + LoadOn<B, super::outbox::WindowRow>
         + LoadOn<B, StatusRow>
         + LoadOn<B, DeadRow>
         + LoadOn<B, SeqRow>
@@ -506,6 +507,7 @@ pub(crate) mod asynchronous {
         Stmt: QueryFragment<B>
             + QueryId
             + LoadOnAsync<B, ClaimedRow>
+            + LoadOnAsync<B, crate::backend::outbox::WindowRow>
             + LoadOnAsync<B, StatusRow>
             + LoadOnAsync<B, DeadRow>
             + LoadOnAsync<B, SeqRow>

@@ -15,6 +15,7 @@ pub(crate) mod execute;
 #[cfg(feature = "mysql")]
 mod mysql;
 pub(crate) mod outbox;
+pub(crate) mod outbox_claim;
 pub(crate) mod positions;
 #[cfg(feature = "postgres")]
 mod postgres;

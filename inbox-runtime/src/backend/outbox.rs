@@ -19,6 +19,8 @@ use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, Binary, HasSqlType, Integer, Nullable, Text, Untyped};
 use diesel::QueryableByName;
 
+use super::outbox_claim::ClaimPlan;
+pub use super::outbox_claim::WindowRow;
 pub(crate) use super::positions::OffsetRow;
 pub use super::positions::PositionRow;
 use super::positions::{self, moved, Move};
@@ -34,9 +36,10 @@ pub enum Op {
     /// Insert a message, in the caller's transaction.
     Enqueue(NewRow),
     /// The relay's claim, in a short transaction the caller opened: up to
-    /// `limit` due rows, each the oldest of its key that is not dead,
-    /// skipping rows other relays hold; each is held for `lease`
-    /// microseconds under `token`.
+    /// `limit` due rows, oldest first, skipping rows other relays hold: the
+    /// oldest live row of each key (or a row without a key), then the
+    /// later rows of those keys up to the first that is not due; each is
+    /// held for `lease` microseconds under `token`.
     Claim {
         limit: i64,
         lease: i64,
@@ -129,6 +132,13 @@ pub struct ClaimedRow {
     pub attempts: i32,
     #[diesel(sql_type = BigInt)]
     pub created_at: i64,
+    #[diesel(sql_type = BigInt)]
+    pub available_at: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub locked_until: Option<i64>,
+    /// The claim's clock.
+    #[diesel(sql_type = BigInt)]
+    pub now_micros: i64,
 }
 
 /// One destination's counts.
@@ -175,7 +185,7 @@ pub struct DeadRow {
 #[derive(Debug, Clone, Copy, QueryableByName)]
 pub(crate) struct SeqRow {
     #[diesel(sql_type = BigInt)]
-    seq: i64,
+    pub(crate) seq: i64,
 }
 
 /// The outbox's enqueue: one fixed statement per backend, cached as the
@@ -246,9 +256,6 @@ impl Query for Enqueue {
 
 impl<Conn> diesel::RunQueryDsl<Conn> for Enqueue {}
 
-const CLAIMED_COLUMNS: &str =
-    "o.seq, o.id, o.destination, o.ordering_key, o.payload, o.headers, o.attempts, o.created_at";
-
 /// The statements of `op`, as [`Plan`] says to run them (the op's values
 /// move into the binds: an enqueue's payload is not copied).
 fn plan<B: Internals>(op: Op) -> Plan {
@@ -259,23 +266,11 @@ fn plan<B: Internals>(op: Op) -> Plan {
             limit,
             lease,
             token,
-        } => Plan::Claim(
-            Stmt::new()
-                .sql("SELECT ")
-                .sql(CLAIMED_COLUMNS)
-                .sql(" FROM outbox_messages o WHERE o.dead_at IS NULL AND o.available_at <= ")
-                .sql(now)
-                .sql(" AND (o.locked_until IS NULL OR o.locked_until < ")
-                .sql(now)
-                .sql(
-                    ") AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_messages e \
-                     WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq AND e.dead_at IS NULL)) \
-                     ORDER BY o.seq LIMIT ",
-                )
-                .bind(Bind::Big(limit))
-                .sql(B::SKIP_LOCKED),
-            Hold { token, lease },
-        ),
+        } => Plan::Claim(ClaimPlan {
+            token,
+            lease,
+            limit,
+        }),
         Op::Published { token, seqs } => Plan::Execute(
             Stmt::new()
                 .sql("DELETE FROM outbox_messages WHERE locked_by = ")
@@ -420,8 +415,8 @@ enum Plan {
     Execute(Stmt),
     /// The enqueue: executed, or (guarded) its marker row checked.
     Enqueue(NewRow),
-    /// The select, then the hold of what it found.
-    Claim(Stmt, Hold),
+    /// The claim's statements ([`ClaimPlan`]).
+    Claim(ClaimPlan),
     Status(Stmt),
     Dead(Stmt),
     /// The select of the rows, then their delete.
@@ -432,31 +427,6 @@ enum Plan {
     /// the select of the stored positions (locked) and their moves.
     Fence(Option<Stmt>, Vec<Move>),
     Positions(Stmt),
-}
-
-/// The hold a claim puts on the rows it found: `token`'s, for `lease`
-/// microseconds.
-struct Hold {
-    token: String,
-    lease: i64,
-}
-
-impl Hold {
-    /// Its update of `rows`; none when the claim found nothing.
-    fn of<B: Internals>(self, rows: &[ClaimedRow]) -> Option<Stmt> {
-        let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-        (!seqs.is_empty()).then(|| {
-            Stmt::new()
-                .sql("UPDATE outbox_messages SET locked_by = ")
-                .bind(Bind::Text(self.token))
-                .sql(", locked_until = ")
-                .sql(B::NOW_MICROS)
-                .sql(" + ")
-                .bind(Bind::Big(self.lease))
-                .sql(" WHERE seq IN ")
-                .seq_list(&seqs)
-        })
-    }
 }
 
 /// The delete of the rows a purge found; none when it found nothing.
@@ -475,6 +445,7 @@ where
     C: diesel::connection::LoadConnection<Backend: Internals>,
     Stmt: ExecuteOn<C::Backend>
         + LoadOn<C::Backend, ClaimedRow>
+        + LoadOn<C::Backend, WindowRow>
         + LoadOn<C::Backend, StatusRow>
         + LoadOn<C::Backend, DeadRow>
         + LoadOn<C::Backend, SeqRow>
@@ -486,9 +457,22 @@ where
         Plan::Execute(stmt) => Answer::Count(stmt.execute_on(conn)?),
         Plan::Enqueue(row) if C::Backend::GUARDED => enqueued(&Enqueue(row).load_on(conn)?)?,
         Plan::Enqueue(row) => Answer::Count(Enqueue(row).execute_on(conn)?),
-        Plan::Claim(select, hold) => {
-            let rows: Vec<ClaimedRow> = select.load_on(conn)?;
-            if let Some(update) = hold.of::<C::Backend>(&rows) {
+        Plan::Claim(claim) => {
+            type B<C> = <C as diesel::Connection>::Backend;
+            let window: Vec<WindowRow> = claim.window::<B<C>>().load_on(conn)?;
+            let mut look = claim.look(&window);
+            if let Some(beyond) = claim.beyond::<B<C>>(&look) {
+                look.add(LoadOn::<B<C>, SeqRow>::load_on(beyond, conn)?);
+            }
+            let heads: Vec<ClaimedRow> = match claim.lock::<B<C>>(&look) {
+                Some(lock) => lock.load_on(conn)?,
+                None => Vec::new(),
+            };
+            let rows = match claim.followers::<B<C>>(&heads) {
+                Some(followers) => ClaimPlan::kept(heads, followers.load_on(conn)?),
+                None => heads,
+            };
+            if let Some(update) = claim.hold::<B<C>>(&rows) {
                 update.execute_on(conn)?;
             }
             Answer::Claimed(rows)
@@ -539,6 +523,7 @@ where
     Stmt: QueryFragment<C::Backend>
         + QueryId
         + LoadOnAsync<C::Backend, ClaimedRow>
+        + LoadOnAsync<C::Backend, WindowRow>
         + LoadOnAsync<C::Backend, StatusRow>
         + LoadOnAsync<C::Backend, DeadRow>
         + LoadOnAsync<C::Backend, SeqRow>
@@ -553,9 +538,22 @@ where
             enqueued(&Enqueue(row).load_on_async(conn).await?)?
         }
         Plan::Enqueue(row) => Answer::Count(Enqueue(row).execute(conn).await?),
-        Plan::Claim(select, hold) => {
-            let rows: Vec<ClaimedRow> = select.load_on_async(conn).await?;
-            if let Some(update) = hold.of::<C::Backend>(&rows) {
+        Plan::Claim(claim) => {
+            type B<C> = <C as diesel_async::AsyncConnectionCore>::Backend;
+            let window: Vec<WindowRow> = claim.window::<B<C>>().load_on_async(conn).await?;
+            let mut look = claim.look(&window);
+            if let Some(beyond) = claim.beyond::<B<C>>(&look) {
+                look.add(LoadOnAsync::<B<C>, SeqRow>::load_on_async(beyond, conn).await?);
+            }
+            let heads: Vec<ClaimedRow> = match claim.lock::<B<C>>(&look) {
+                Some(lock) => lock.load_on_async(conn).await?,
+                None => Vec::new(),
+            };
+            let rows = match claim.followers::<B<C>>(&heads) {
+                Some(followers) => ClaimPlan::kept(heads, followers.load_on_async(conn).await?),
+                None => heads,
+            };
+            if let Some(update) = claim.hold::<B<C>>(&rows) {
                 update.execute(conn).await?;
             }
             Answer::Claimed(rows)

@@ -54,14 +54,23 @@ impl Stmt {
     }
 
     /// `(v1, v2, ...)` of `seqs`; the statement is not cached.
-    pub(crate) fn seq_list(mut self, seqs: &[i64]) -> Self {
+    pub(crate) fn seq_list(self, seqs: &[i64]) -> Self {
+        self.list(seqs.iter().map(|seq| Bind::Big(*seq)))
+    }
+
+    /// `(v1, v2, ...)` of `texts`; the statement is not cached.
+    pub(crate) fn text_list(self, texts: &[&str]) -> Self {
+        self.list(texts.iter().map(|text| Bind::Text((*text).to_owned())))
+    }
+
+    fn list(mut self, values: impl Iterator<Item = Bind>) -> Self {
         self.cache = false;
         self = self.sql("(");
-        for (i, seq) in seqs.iter().enumerate() {
+        for (i, value) in values.enumerate() {
             if i > 0 {
                 self = self.sql(", ");
             }
-            self = self.bind(Bind::Big(*seq));
+            self = self.bind(value);
         }
         self.sql(")")
     }

@@ -50,20 +50,49 @@ pub struct Claim {
     token: String,
     seqs: Vec<i64>,
     created: Vec<i64>,
-    /// The claimed messages, oldest first; at most one per ordering key.
+    /// The claimed messages in waves ([`waves`](Self::waves)): the first
+    /// wave holds the oldest claimed message of each ordering key and the
+    /// messages without one, the second each key's next, and so on; oldest
+    /// first within a wave.
     pub messages: Vec<OutboxMessage>,
+    /// Where each wave of `messages` ends: a key's message is published
+    /// only once the broker confirmed its key's message of the wave before.
+    pub waves: Vec<usize>,
 }
 
 #[cfg(feature = "async")]
 impl Claim {
+    /// The claim of `rows` (oldest first), arranged in waves.
     fn of(token: String, rows: Vec<ClaimedRow>) -> Self {
+        let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        let mut rows: Vec<(usize, ClaimedRow)> = rows
+            .into_iter()
+            .map(|row| {
+                let wave = match &row.ordering_key {
+                    Some(key) => {
+                        let next = seen.entry(key.clone()).or_insert(0);
+                        *next += 1;
+                        *next - 1
+                    }
+                    None => 0,
+                };
+                (wave, row)
+            })
+            .collect();
+        // Stable: oldest first within a wave.
+        rows.sort_by_key(|(wave, _)| *wave);
         let mut claim = Claim {
             token,
             seqs: Vec::with_capacity(rows.len()),
             created: Vec::with_capacity(rows.len()),
             messages: Vec::with_capacity(rows.len()),
+            waves: Vec::new(),
         };
-        for row in rows {
+        for (i, (wave, row)) in rows.into_iter().enumerate() {
+            // Wave `w` starts: wave `w - 1` ends here.
+            if wave > claim.waves.len() {
+                claim.waves.push(i);
+            }
             claim.seqs.push(row.seq);
             claim.created.push(row.created_at);
             claim.messages.push(OutboxMessage {
@@ -75,6 +104,9 @@ impl Claim {
                 attempts: row.attempts.max(0) as u32,
                 enqueued_at: time(row.created_at),
             });
+        }
+        if !claim.messages.is_empty() {
+            claim.waves.push(claim.messages.len());
         }
         claim
     }
@@ -125,10 +157,11 @@ pub struct Stepped {
 /// `(claim, outcomes)` of `settle` (`outcomes[i]` is how
 /// `claim.messages[i]`'s publish ended; a row another relay took over
 /// after the lease ran out is left to it), then, with `next = Some((limit,
-/// lease))`, claims up to `limit` due messages, the oldest of each
-/// ordering key that is not dead, skipping rows other relays hold (`FOR
-/// UPDATE SKIP LOCKED`; SQLite's immediate transaction serializes claims),
-/// each held for `lease`. The claim sees the settlements before it: a
+/// lease))`, claims up to `limit` due messages: of each ordering key the
+/// oldest that is not dead and its next ones up to the first not due,
+/// skipping rows other relays hold (`FOR UPDATE SKIP LOCKED`; SQLite's
+/// immediate transaction serializes claims), each held for `lease`, in
+/// waves ([`Claim::waves`]). The claim sees the settlements before it: a
 /// published message lets its key's next one through.
 ///
 /// A relay's check of the database server at start: the catalog query,

@@ -1,0 +1,274 @@
+//! The relay's claim ([`ClaimPlan`]), in the short transaction of a relay
+//! step, written once for every backend:
+//!
+//! 1. **A look at the oldest live rows** (`window`: at most
+//!    [`ClaimPlan::window_size`] rows, `seq`, key and due times only). Of
+//!    each ordering key, its first row there is its oldest live row: a
+//!    candidate if it is due and not held, and the key is settled either
+//!    way. No per-row probe: a backlog of a few keys costs one short index
+//!    range, not a lookup per waiting row.
+//! 2. **Beyond the look**, only when it was full and found too few: due
+//!    rows past it without a key, or of keys it did not see, whose key has
+//!    no earlier live row past it (a live row before the look's end would
+//!    have been in it). The probe looks downwards from the row, bounded by
+//!    the look's end: the rows a held vacuum horizon keeps as dead tuples
+//!    are below it.
+//! 3. **The lock** of the candidates still due and not held, oldest first
+//!    (`FOR UPDATE SKIP LOCKED`: a candidate another relay is claiming is
+//!    skipped, with its key).
+//! 4. **The followers**: the later live rows of the locked rows' keys, in
+//!    order, locked (waiting: nobody else claims a key's later rows while
+//!    its oldest is held, and a row skipped here would leave a gap in its
+//!    key); of each key the claim takes those up to the first that is not
+//!    due or is held.
+//! 5. **The hold** of what it took, under the claim's token.
+//!
+//! A row that commits late with a lower `seq` than rows already looked at
+//! is found by a later claim (the guide's "What enqueue order means").
+
+use super::outbox::{ClaimedRow, SeqRow};
+use super::stmt::{Bind, Stmt};
+use super::Internals;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::QueryableByName;
+use std::collections::{HashMap, HashSet};
+
+/// The claimed rows' columns (`o` is the outbox table).
+const CLAIMED_COLUMNS: &str = "o.seq, o.id, o.destination, o.ordering_key, o.payload, o.headers, \
+     o.attempts, o.created_at, o.available_at, o.locked_until";
+
+/// A live row as the claim's look sees it.
+#[derive(Debug, Clone, QueryableByName)]
+#[doc(hidden)]
+pub struct WindowRow {
+    #[diesel(sql_type = BigInt)]
+    seq: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    ordering_key: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    available_at: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    locked_until: Option<i64>,
+    /// The statement's clock.
+    #[diesel(sql_type = BigInt)]
+    now_micros: i64,
+}
+
+/// Whether a row could be claimed when it was read: due, and not held.
+fn due(available_at: i64, locked_until: Option<i64>, now: i64) -> bool {
+    available_at <= now && locked_until.is_none_or(|until| until < now)
+}
+
+/// A relay's claim: up to `limit` rows, held by `token` for `lease`
+/// microseconds.
+pub(crate) struct ClaimPlan {
+    pub(crate) token: String,
+    pub(crate) lease: i64,
+    pub(crate) limit: i64,
+}
+
+/// What the look (and the scan beyond it) found.
+pub(crate) struct Look {
+    /// The candidates' `seq`s, oldest first.
+    candidates: Vec<i64>,
+    /// The keys the look saw (their oldest live row was in it).
+    keys: Vec<String>,
+    /// The look's last `seq`, when it was full (rows may lie beyond it).
+    edge: Option<i64>,
+}
+
+impl Look {
+    /// Adds the candidates found beyond the look.
+    pub(crate) fn add(&mut self, rows: Vec<SeqRow>) {
+        self.candidates.extend(rows.into_iter().map(|r| r.seq));
+    }
+}
+
+/// The SQL condition "`o` is due and not held".
+fn push_due<B: Internals>(stmt: Stmt) -> Stmt {
+    stmt.sql("o.available_at <= ")
+        .sql(B::NOW_MICROS)
+        .sql(" AND (o.locked_until IS NULL OR o.locked_until < ")
+        .sql(B::NOW_MICROS)
+        .sql(")")
+}
+
+impl ClaimPlan {
+    /// How many of the oldest live rows the look reads: twenty per row the
+    /// claim may take, at least 1,000 and at most 20,000.
+    pub(crate) fn window_size(&self) -> i64 {
+        (self.limit * 20).clamp(1_000, 20_000)
+    }
+
+    /// Step 1: the oldest live rows.
+    pub(crate) fn window<B: Internals>(&self) -> Stmt {
+        Stmt::new()
+            .sql(
+                "SELECT o.seq, o.ordering_key, o.available_at, o.locked_until, ",
+            )
+            .sql(B::NOW_MICROS)
+            .sql(" AS now_micros FROM outbox_messages o WHERE o.dead_at IS NULL ORDER BY o.seq LIMIT ")
+            .bind(Bind::Big(self.window_size()))
+    }
+
+    /// The candidates of the look: each key's first row there and each row
+    /// without a key, where due and not held.
+    pub(crate) fn look(&self, window: &[WindowRow]) -> Look {
+        let mut seen = HashSet::new();
+        let mut candidates = Vec::new();
+        for row in window {
+            let first = match &row.ordering_key {
+                Some(key) => seen.insert(key.as_str()),
+                None => true,
+            };
+            if first
+                && due(row.available_at, row.locked_until, row.now_micros)
+                && (candidates.len() as i64) < self.limit
+            {
+                candidates.push(row.seq);
+            }
+        }
+        let full = window.len() as i64 >= self.window_size();
+        Look {
+            candidates,
+            keys: seen.into_iter().map(str::to_owned).collect(),
+            edge: window.last().filter(|_| full).map(|r| r.seq),
+        }
+    }
+
+    /// Step 2, when the look was full and found fewer than `limit`
+    /// candidates.
+    pub(crate) fn beyond<B: Internals>(&self, look: &Look) -> Option<Stmt> {
+        let edge = look.edge?;
+        let room = self.limit - look.candidates.len() as i64;
+        if room <= 0 {
+            return None;
+        }
+        let stmt = Stmt::new()
+            .sql("SELECT o.seq FROM outbox_messages o WHERE o.dead_at IS NULL AND o.seq > ")
+            .bind(Bind::Big(edge))
+            .sql(" AND ");
+        let mut stmt = push_due::<B>(stmt).sql(" AND (o.ordering_key IS NULL OR (");
+        if !look.keys.is_empty() {
+            let keys: Vec<&str> = look.keys.iter().map(String::as_str).collect();
+            stmt = stmt
+                .sql("o.ordering_key NOT IN ")
+                .text_list(&keys)
+                .sql(" AND ");
+        }
+        Some(
+            stmt.sql(
+                "(SELECT e.seq FROM outbox_messages e WHERE e.ordering_key = o.ordering_key \
+                 AND e.seq > ",
+            )
+            .bind(Bind::Big(edge))
+            .sql(
+                " AND e.seq < o.seq AND e.dead_at IS NULL ORDER BY e.seq DESC LIMIT 1) IS NULL)) \
+                 ORDER BY o.seq LIMIT ",
+            )
+            .bind(Bind::Big(room)),
+        )
+    }
+
+    /// Step 3: the candidates, locked, where still live, due and not held;
+    /// none without candidates.
+    pub(crate) fn lock<B: Internals>(&self, look: &Look) -> Option<Stmt> {
+        if look.candidates.is_empty() {
+            return None;
+        }
+        let stmt = Stmt::new()
+            .sql("SELECT ")
+            .sql(CLAIMED_COLUMNS)
+            .sql(", ")
+            .sql(B::NOW_MICROS)
+            .sql(" AS now_micros FROM outbox_messages o WHERE o.seq IN ")
+            .seq_list(&look.candidates)
+            .sql(" AND o.dead_at IS NULL AND ");
+        Some(
+            push_due::<B>(stmt)
+                .sql(" ORDER BY o.seq LIMIT ")
+                .bind(Bind::Big(self.limit))
+                .sql(B::SKIP_LOCKED),
+        )
+    }
+
+    /// Step 4, when the lock took rows with an ordering key and left room:
+    /// the later live rows of those keys, oldest first, locked.
+    /// [`kept`](Self::kept) says which of them the claim takes.
+    pub(crate) fn followers<B: Internals>(&self, heads: &[ClaimedRow]) -> Option<Stmt> {
+        let room = self.limit - heads.len() as i64;
+        let mut keys: Vec<&str> = heads
+            .iter()
+            .filter_map(|r| r.ordering_key.as_deref())
+            .collect();
+        let from = heads
+            .iter()
+            .filter(|r| r.ordering_key.is_some())
+            .map(|r| r.seq)
+            .min()?;
+        if room <= 0 {
+            return None;
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        Some(
+            Stmt::new()
+                .sql("SELECT ")
+                .sql(CLAIMED_COLUMNS)
+                .sql(", ")
+                .sql(B::NOW_MICROS)
+                .sql(" AS now_micros FROM outbox_messages o WHERE o.dead_at IS NULL AND o.seq > ")
+                .bind(Bind::Big(from))
+                .sql(" AND o.ordering_key IN ")
+                .text_list(&keys)
+                .sql(" ORDER BY o.seq LIMIT ")
+                .bind(Bind::Big(room))
+                .sql(B::LOCK_ROW),
+        )
+    }
+
+    /// What the claim takes: `heads`, and of each of their keys the later
+    /// rows of `followers` up to the first that is not due or is held (a
+    /// delayed, backed-off or held message keeps its key's later ones
+    /// back), oldest first.
+    pub(crate) fn kept(heads: Vec<ClaimedRow>, followers: Vec<ClaimedRow>) -> Vec<ClaimedRow> {
+        let mut open: HashMap<String, i64> = heads
+            .iter()
+            .filter_map(|r| Some((r.ordering_key.clone()?, r.seq)))
+            .collect();
+        let mut rows = heads;
+        for row in followers {
+            let Some(key) = row.ordering_key.as_deref() else {
+                continue;
+            };
+            match open.get(key) {
+                Some(&oldest) if row.seq > oldest => {
+                    if due(row.available_at, row.locked_until, row.now_micros) {
+                        rows.push(row);
+                    } else {
+                        open.remove(key);
+                    }
+                }
+                _ => {}
+            }
+        }
+        rows.sort_unstable_by_key(|r| r.seq);
+        rows
+    }
+
+    /// Step 5: the hold of `rows`; none when the claim took nothing.
+    pub(crate) fn hold<B: Internals>(self, rows: &[ClaimedRow]) -> Option<Stmt> {
+        let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+        (!seqs.is_empty()).then(|| {
+            Stmt::new()
+                .sql("UPDATE outbox_messages SET locked_by = ")
+                .bind(Bind::Text(self.token))
+                .sql(", locked_until = ")
+                .sql(B::NOW_MICROS)
+                .sql(" + ")
+                .bind(Bind::Big(self.lease))
+                .sql(" WHERE seq IN ")
+                .seq_list(&seqs)
+        })
+    }
+}
