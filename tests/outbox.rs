@@ -719,6 +719,72 @@ where
     });
 }
 
+/// A key with a long backlog does not hold back the others: 1,200
+/// messages of one key, then one of each of five other keys, through a
+/// relay claiming 10 at a time (so the claim's look at the oldest live
+/// rows holds only the first key's, and the claim looks beyond it): the
+/// five others are in the first batch, and every key's messages arrive in
+/// order.
+fn a_long_key_does_not_hold_back_the_others<B: Backend>()
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    const LONG: usize = 1_200;
+    const OTHERS: [&str; 5] = ["b", "c", "d", "e", "f"];
+    let Some(db) = database::<B>("outbox_long_key") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    runtime().block_on(async {
+        let Some((rabbit, queue)) = Rabbit::with_queue("outbox_long_key").await else {
+            return;
+        };
+        let mut conn = B::pooled(&pool).await;
+        let destination = queue.as_str();
+        diesel_async::AsyncConnection::transaction(&mut *conn, async |conn| {
+            for n in 0..LONG {
+                let message = Outgoing::new(destination, format!("a:{n}")).ordering_key("a");
+                outbox::enqueue_async(&mut *conn, message).await?;
+            }
+            for key in OTHERS {
+                let message = Outgoing::new(destination, format!("{key}:0")).ordering_key(key);
+                outbox::enqueue_async(&mut *conn, message).await?;
+            }
+            Ok::<_, InboxError>(())
+        })
+        .await
+        .expect("enqueue");
+        drop(conn);
+        let relay = Relay::new(pool.clone(), rabbit.publisher()).batch_size(10);
+        let report = relay.run_once().await.expect("relay");
+        assert_eq!(report.published, (LONG + OTHERS.len()) as u64);
+        let got = rabbit
+            .take(&queue, LONG + OTHERS.len(), Duration::from_secs(60))
+            .await;
+        assert_eq!(got.len(), LONG + OTHERS.len());
+        let bodies: Vec<String> = got
+            .iter()
+            .map(|r| String::from_utf8(r.body.clone()).expect("utf-8"))
+            .collect();
+        for key in OTHERS {
+            let at = bodies
+                .iter()
+                .position(|b| *b == format!("{key}:0"))
+                .expect("published");
+            assert!(at < 10, "key {key} arrived {at}th, behind key a's backlog");
+        }
+        let long: Vec<&String> = bodies.iter().filter(|b| b.starts_with("a:")).collect();
+        let expected: Vec<String> = (0..LONG).map(|n| format!("a:{n}")).collect();
+        assert!(
+            long.iter().zip(&expected).all(|(got, want)| *got == want),
+            "key a out of order"
+        );
+        assert_eq!(pending::<B>(&db), 0);
+        rabbit.delete(&queue).await;
+    });
+}
+
 macro_rules! outbox_tests {
     ($backend:ty) => {
         #[test]
@@ -744,6 +810,11 @@ macro_rules! outbox_tests {
         #[test]
         fn four_relays_share_the_outbox_in_order() {
             super::four_relays_share_the_outbox_in_order::<$backend>();
+        }
+
+        #[test]
+        fn a_long_key_does_not_hold_back_the_others() {
+            super::a_long_key_does_not_hold_back_the_others::<$backend>();
         }
 
         #[test]

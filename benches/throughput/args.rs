@@ -86,8 +86,8 @@ struct Cli {
     /// horizon), while at least 50,000 messages flow [default: 0, not run].
     #[arg(long, default_value_t = 0)]
     outbox_horizon: u64,
-    /// The ordering keys the outbox runs' messages are spread over
-    /// [default: 0, a key of its own for each message].
+    /// The ordering keys the `--outbox-horizon` run's messages are spread
+    /// over [default: 0, a key of its own for each message].
     #[arg(long, default_value_t = 0)]
     outbox_keys: usize,
     /// The latency run's length, seconds [default: 10; smoke 1].

@@ -197,7 +197,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         for k in 0..VARIANTS.len() {
             let i = (k + round) % VARIANTS.len();
             let variant = VARIANTS[i];
-            fill::<B>(url, n, args.outbox_keys, "ignored")?;
+            fill::<B>(url, n, 0, "ignored")?;
             conn.batch_execute(&route).map_err(|e| e.to_string())?;
             let began = Instant::now();
             match variant {
