@@ -38,6 +38,7 @@ LAYERS = [
         "backend::postgres::connection", "backend::postgres", "backend::postgres::claim",
         "backend::mysql", "backend::sqlite",
         "backend::execute", "backend::asynchronous", "backend::transaction", "backend::outbox",
+        "backend::outbox_claim",
         "backend::positions", "backend::stmt", "backend::statements", "backend", "backend::shape",
     )),
     ("ground", (

@@ -20,7 +20,8 @@ use diesel::sql_types::{BigInt, Binary, HasSqlType, Integer, Nullable, Text, Unt
 use diesel::QueryableByName;
 
 use super::outbox_claim::ClaimPlan;
-pub use super::outbox_claim::WindowRow;
+pub(crate) use super::outbox_claim::SeqRow;
+pub use super::outbox_claim::{ClaimedRow, WindowRow};
 pub(crate) use super::positions::OffsetRow;
 pub use super::positions::PositionRow;
 use super::positions::{self, moved, Move};
@@ -111,36 +112,6 @@ pub enum Answer {
     Positions(Vec<PositionRow>),
 }
 
-/// A row the relay claimed.
-#[derive(Debug, Clone, QueryableByName)]
-#[doc(hidden)]
-#[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub struct ClaimedRow {
-    #[diesel(sql_type = BigInt)]
-    pub seq: i64,
-    #[diesel(sql_type = Text)]
-    pub id: String,
-    #[diesel(sql_type = Text)]
-    pub destination: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub ordering_key: Option<String>,
-    #[diesel(sql_type = Binary)]
-    pub payload: Vec<u8>,
-    #[diesel(sql_type = Nullable<Binary>)]
-    pub headers: Option<Vec<u8>>,
-    #[diesel(sql_type = Integer)]
-    pub attempts: i32,
-    #[diesel(sql_type = BigInt)]
-    pub created_at: i64,
-    #[diesel(sql_type = BigInt)]
-    pub available_at: i64,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    pub locked_until: Option<i64>,
-    /// The claim's clock.
-    #[diesel(sql_type = BigInt)]
-    pub now_micros: i64,
-}
-
 /// One destination's counts.
 #[derive(Debug, Clone, QueryableByName)]
 #[doc(hidden)]
@@ -179,13 +150,6 @@ pub struct DeadRow {
     pub created_at: i64,
     #[diesel(sql_type = BigInt)]
     pub dead_at: i64,
-}
-
-/// The `seq` of a row.
-#[derive(Debug, Clone, Copy, QueryableByName)]
-pub(crate) struct SeqRow {
-    #[diesel(sql_type = BigInt)]
-    pub(crate) seq: i64,
 }
 
 /// The outbox's enqueue: one fixed statement per backend, cached as the

@@ -26,16 +26,52 @@
 //! A row that commits late with a lower `seq` than rows already looked at
 //! is found by a later claim (the guide's "What enqueue order means").
 
-use super::outbox::{ClaimedRow, SeqRow};
 use super::stmt::{Bind, Stmt};
 use super::Internals;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Binary, Integer, Nullable, Text};
 use diesel::QueryableByName;
 use std::collections::{HashMap, HashSet};
 
 /// The claimed rows' columns (`o` is the outbox table).
 const CLAIMED_COLUMNS: &str = "o.seq, o.id, o.destination, o.ordering_key, o.payload, o.headers, \
      o.attempts, o.created_at, o.available_at, o.locked_until";
+
+/// A row the relay claimed.
+#[derive(Debug, Clone, QueryableByName)]
+#[doc(hidden)]
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
+pub struct ClaimedRow {
+    #[diesel(sql_type = BigInt)]
+    pub seq: i64,
+    #[diesel(sql_type = Text)]
+    pub id: String,
+    #[diesel(sql_type = Text)]
+    pub destination: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub ordering_key: Option<String>,
+    #[diesel(sql_type = Binary)]
+    pub payload: Vec<u8>,
+    #[diesel(sql_type = Nullable<Binary>)]
+    pub headers: Option<Vec<u8>>,
+    #[diesel(sql_type = Integer)]
+    pub attempts: i32,
+    #[diesel(sql_type = BigInt)]
+    pub created_at: i64,
+    #[diesel(sql_type = BigInt)]
+    pub available_at: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub locked_until: Option<i64>,
+    /// The claim's clock.
+    #[diesel(sql_type = BigInt)]
+    pub now_micros: i64,
+}
+
+/// The `seq` of a row.
+#[derive(Debug, Clone, Copy, QueryableByName)]
+pub(crate) struct SeqRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) seq: i64,
+}
 
 /// A live row as the claim's look sees it.
 #[derive(Debug, Clone, QueryableByName)]
