@@ -785,6 +785,66 @@ where
     });
 }
 
+/// A transaction that enqueued a key's next message and has not committed
+/// does not stop the relay (MySQL/MariaDB: a locking read would wait for
+/// it): the key's committed messages are published at once, the open
+/// one after its commit.
+fn an_open_enqueue_does_not_stall_the_relay<B: Backend>()
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    let Some(db) = database::<B>("outbox_open_enqueue") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    runtime().block_on(async {
+        let Some((rabbit, queue)) = Rabbit::with_queue("outbox_open_enqueue").await else {
+            return;
+        };
+        let mut conn = B::open(&db);
+        conn.transaction(|conn| {
+            for n in 0..2 {
+                outbox::enqueue(
+                    conn,
+                    Outgoing::new(queue.as_str(), format!("k:{n}")).ordering_key("k"),
+                )?;
+            }
+            Ok::<_, InboxError>(())
+        })
+        .expect("enqueue");
+        let (enqueued, open) = std::sync::mpsc::channel();
+        let (commit, committed) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let (db, queue) = (db.to_string(), queue.clone());
+            std::thread::spawn(move || {
+                let mut conn = B::open(&db);
+                conn.transaction(|conn| {
+                    outbox::enqueue(conn, Outgoing::new(queue.as_str(), "k:2").ordering_key("k"))?;
+                    enqueued.send(()).expect("signal");
+                    committed.recv().expect("commit");
+                    Ok::<_, InboxError>(())
+                })
+                .expect("the open enqueue");
+            })
+        };
+        open.recv().expect("enqueued");
+        let relay = Relay::new(pool.clone(), rabbit.publisher()).batch_size(10);
+        let report = tokio::time::timeout(Duration::from_secs(10), relay.run_once())
+            .await
+            .expect("the relay waited for the open transaction")
+            .expect("relay");
+        assert_eq!(report.published, 2);
+        commit.send(()).expect("commit");
+        holder.join().expect("the holder");
+        assert_eq!(relay.run_once().await.expect("relay").published, 1);
+        let got = rabbit.take(&queue, 3, Duration::from_secs(10)).await;
+        let bodies: Vec<&[u8]> = got.iter().map(|r| r.body.as_slice()).collect();
+        assert_eq!(bodies, vec![&b"k:0"[..], b"k:1", b"k:2"]);
+        rabbit.delete(&queue).await;
+    });
+}
+
 macro_rules! outbox_tests {
     ($backend:ty) => {
         #[test]
@@ -836,11 +896,23 @@ mod sqlite {
 #[cfg(feature = "postgres")]
 mod postgres {
     outbox_tests!(crate::common::backends::postgres::Postgres);
+
+    #[test]
+    fn an_open_enqueue_does_not_stall_the_relay() {
+        super::an_open_enqueue_does_not_stall_the_relay::<
+            crate::common::backends::postgres::Postgres,
+        >();
+    }
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
     outbox_tests!(crate::common::backends::mysql::Mysql);
+
+    #[test]
+    fn an_open_enqueue_does_not_stall_the_relay() {
+        super::an_open_enqueue_does_not_stall_the_relay::<crate::common::backends::mysql::Mysql>();
+    }
 }
 
 /// Behind PgBouncer in transaction mode no notification reaches a

@@ -436,6 +436,10 @@ where
                 Some(followers) => ClaimPlan::kept(heads, followers.load_on(conn)?),
                 None => heads,
             };
+            let rows = match claim.between::<B<C>>(&rows) {
+                Some(between) => ClaimPlan::contiguous(rows, &between.load_on(conn)?),
+                None => rows,
+            };
             if let Some(update) = claim.hold::<B<C>>(&rows) {
                 update.execute_on(conn)?;
             }
@@ -516,6 +520,10 @@ where
             let rows = match claim.followers::<B<C>>(&heads) {
                 Some(followers) => ClaimPlan::kept(heads, followers.load_on_async(conn).await?),
                 None => heads,
+            };
+            let rows = match claim.between::<B<C>>(&rows) {
+                Some(between) => ClaimPlan::contiguous(rows, &between.load_on_async(conn).await?),
+                None => rows,
             };
             if let Some(update) = claim.hold::<B<C>>(&rows) {
                 update.execute(conn).await?;

@@ -17,11 +17,17 @@
 //!    (`FOR UPDATE SKIP LOCKED`: a candidate another relay is claiming is
 //!    skipped, with its key).
 //! 4. **The followers**: the later live rows of the locked rows' keys, in
-//!    order, locked (waiting: nobody else claims a key's later rows while
-//!    its oldest is held, and a row skipped here would leave a gap in its
-//!    key); of each key the claim takes those up to the first that is not
-//!    due or is held.
-//! 5. **The hold** of what it took, under the claim's token.
+//!    order, locked, skipping rows another transaction locks (on
+//!    MySQL/MariaDB a locking read would otherwise wait for any
+//!    transaction that enqueued into the range and has not committed); of
+//!    each key the claim takes those up to the first that is not due or is
+//!    held.
+//! 5. **The check for gaps** (only when it took followers): a plain read of
+//!    those keys' live rows up to the last one taken. A key with a live
+//!    row the followers skipped (locked by another relay, committed since)
+//!    keeps only its oldest: the claim never takes a key's rows around one
+//!    it does not hold.
+//! 6. **The hold** of what it took, under the claim's token.
 //!
 //! A row that commits late with a lower `seq` than rows already looked at
 //! is found by a later claim (the guide's "What enqueue order means").
@@ -229,7 +235,8 @@ impl ClaimPlan {
     }
 
     /// Step 4, when the lock took rows with an ordering key and left room:
-    /// the later live rows of those keys, oldest first, locked.
+    /// the later live rows of those keys, oldest first, locked (skipping
+    /// rows others lock).
     /// [`kept`](Self::kept) says which of them the claim takes.
     pub(crate) fn followers<B: Internals>(&self, heads: &[ClaimedRow]) -> Option<Stmt> {
         let room = self.limit - heads.len() as i64;
@@ -259,8 +266,63 @@ impl ClaimPlan {
                 .text_list(&keys)
                 .sql(" ORDER BY o.seq LIMIT ")
                 .bind(Bind::Big(room))
-                .sql(B::LOCK_ROW),
+                .sql(B::SKIP_LOCKED),
         )
+    }
+
+    /// Step 5, when `rows` holds followers: the live rows of their keys
+    /// from the oldest taken to the last follower taken (a plain read).
+    pub(crate) fn between<B: Internals>(&self, rows: &[ClaimedRow]) -> Option<Stmt> {
+        let runs = runs(rows);
+        let mut keys: Vec<&str> = runs
+            .iter()
+            .filter(|(_, run)| run.len() > 1)
+            .map(|(key, _)| *key)
+            .collect();
+        if keys.is_empty() {
+            return None;
+        }
+        keys.sort_unstable();
+        let from = keys.iter().map(|k| runs[k][0]).min()?;
+        let to = keys.iter().filter_map(|k| runs[k].last().copied()).max()?;
+        Some(
+            Stmt::new()
+                .sql("SELECT o.seq, o.ordering_key, o.available_at, o.locked_until, ")
+                .sql(B::NOW_MICROS)
+                .sql(" AS now_micros FROM outbox_messages o WHERE o.dead_at IS NULL AND o.seq > ")
+                .bind(Bind::Big(from))
+                .sql(" AND o.seq <= ")
+                .bind(Bind::Big(to))
+                .sql(" AND o.ordering_key IN ")
+                .text_list(&keys),
+        )
+    }
+
+    /// `rows` without the followers of a key that has a live row in
+    /// `live` between its oldest taken and its last taken that the claim
+    /// did not take.
+    pub(crate) fn contiguous(rows: Vec<ClaimedRow>, live: &[WindowRow]) -> Vec<ClaimedRow> {
+        let runs = runs(&rows);
+        let broken: HashSet<&str> = live
+            .iter()
+            .filter_map(|row| {
+                let key = row.ordering_key.as_deref()?;
+                let run = runs.get(key)?;
+                let inside = row.seq > run[0] && row.seq <= *run.last()?;
+                (inside && run.binary_search(&row.seq).is_err()).then_some(key)
+            })
+            .collect();
+        if broken.is_empty() {
+            return rows;
+        }
+        let broken: HashSet<String> = broken.into_iter().map(str::to_owned).collect();
+        let mut first = HashSet::new();
+        rows.into_iter()
+            .filter(|row| match &row.ordering_key {
+                Some(key) if broken.contains(key) => first.insert(key.clone()),
+                _ => true,
+            })
+            .collect()
     }
 
     /// What the claim takes: `heads`, and of each of their keys the later
@@ -292,7 +354,7 @@ impl ClaimPlan {
         rows
     }
 
-    /// Step 5: the hold of `rows`; none when the claim took nothing.
+    /// Step 6: the hold of `rows`; none when the claim took nothing.
     pub(crate) fn hold<B: Internals>(self, rows: &[ClaimedRow]) -> Option<Stmt> {
         let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
         (!seqs.is_empty()).then(|| {
@@ -306,5 +368,100 @@ impl ClaimPlan {
                 .sql(" WHERE seq IN ")
                 .seq_list(&seqs)
         })
+    }
+}
+
+/// The `seq`s taken of each key, in order (`rows` oldest first).
+fn runs(rows: &[ClaimedRow]) -> HashMap<&str, Vec<i64>> {
+    let mut runs: HashMap<&str, Vec<i64>> = HashMap::new();
+    for row in rows {
+        if let Some(key) = row.ordering_key.as_deref() {
+            runs.entry(key).or_default().push(row.seq);
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claimed(seq: i64, key: &str) -> ClaimedRow {
+        ClaimedRow {
+            seq,
+            id: format!("id-{seq}"),
+            destination: "d".into(),
+            ordering_key: Some(key.into()),
+            payload: Vec::new(),
+            headers: None,
+            attempts: 0,
+            created_at: 0,
+            available_at: 0,
+            locked_until: None,
+            now_micros: 10,
+        }
+    }
+
+    fn live(seq: i64, key: &str) -> WindowRow {
+        WindowRow {
+            seq,
+            ordering_key: Some(key.into()),
+            available_at: 0,
+            locked_until: None,
+            now_micros: 10,
+        }
+    }
+
+    /// A key whose followers skipped a live row keeps only its oldest;
+    /// a key without a gap keeps them all.
+    #[test]
+    fn a_gap_in_a_key_drops_its_followers() {
+        let rows = vec![
+            claimed(1, "a"),
+            claimed(2, "b"),
+            claimed(4, "a"),
+            claimed(5, "b"),
+            claimed(6, "a"),
+        ];
+        let seen = [
+            live(2, "b"),
+            live(3, "a"),
+            live(4, "a"),
+            live(5, "b"),
+            live(6, "a"),
+            live(9, "b"),
+        ];
+        let kept: Vec<i64> = ClaimPlan::contiguous(rows, &seen)
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(kept, vec![1, 2, 5]);
+    }
+
+    /// The look takes each key's first row where due, and no later row of
+    /// a key whose first is held or not due.
+    #[test]
+    fn the_look_takes_each_keys_first_row_when_due() {
+        let plan = ClaimPlan {
+            token: "t".into(),
+            lease: 1,
+            limit: 10,
+        };
+        let mut held = live(2, "b");
+        held.locked_until = Some(20);
+        let mut later = live(4, "c");
+        later.available_at = 11;
+        let window = [
+            live(1, "a"),
+            held,
+            live(3, "a"),
+            later,
+            live(5, "b"),
+            live(6, "c"),
+            live(7, "d"),
+        ];
+        let look = plan.look(&window);
+        assert_eq!(look.candidates, vec![1, 7]);
+        assert_eq!(look.edge, None);
     }
 }
