@@ -59,7 +59,7 @@ fn cli_contract<B: TestBackend>() {
     let (code, out, err) = run(cli(url).arg("migrate"));
     assert_eq!(
         (code, out.trim()),
-        (0, "inbox table ready (schema version 4)"),
+        (0, "inbox table ready (schema version 5)"),
         "{err}"
     );
     // Idempotent.

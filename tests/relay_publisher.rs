@@ -363,3 +363,131 @@ fn the_relay_stops_within_its_grace_while_the_database_stalls() {
         assert_eq!(pending, 2 - report.published, "{report:?}");
     });
 }
+
+/// Enqueues `payloads` in one committed transaction, each under `key`.
+async fn enqueue_all(conn: &mut AsyncPgConnection, key: Option<&str>, payloads: &[String]) {
+    conn.transaction(async |conn| -> Result<(), diesel_inbox::InboxError> {
+        for payload in payloads {
+            let mut message = Outgoing::new("orders", payload.as_str());
+            if let Some(key) = key {
+                message = message.ordering_key(key);
+            }
+            outbox::enqueue_async(conn, message).await?;
+        }
+        Ok(())
+    })
+    .await
+    .expect("enqueue");
+}
+
+/// A relay on PostgreSQL looks from a floor its last claim left (the rows
+/// it saw below it, the rows past it, and the rows of transactions its
+/// snapshot did not see). A message whose transaction was open through
+/// the relay's claims, with a `seq` below everything they published,
+/// commits: it is published, and before the message of its key enqueued
+/// after it.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_message_committed_late_below_the_floor_is_published_in_its_keys_order() {
+    let db = Database::create("late");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut conn = db.migrated().await;
+        // The late transaction takes the lowest `seq` and stays open.
+        let (enqueued, is_enqueued) = tokio::sync::oneshot::channel();
+        let (commit, to_commit) = tokio::sync::oneshot::channel::<()>();
+        let url = db.url.clone();
+        let late = tokio::spawn(async move {
+            let mut late = AsyncPgConnection::establish(&url).await.expect("connect");
+            late.transaction(async |conn| -> Result<(), diesel_inbox::InboxError> {
+                let message = Outgoing::new("orders", "k1").ordering_key("k");
+                outbox::enqueue_async(conn, message).await?;
+                enqueued.send(()).expect("the test waits");
+                to_commit.await.expect("the test says when");
+                Ok(())
+            })
+            .await
+            .expect("the late transaction");
+        });
+        is_enqueued.await.expect("k1 enqueued");
+        // 300 messages after it: the relay's claims (10 each) leave floors
+        // with pinned rows and a `seq` to start from.
+        let others: Vec<String> = (0..300).map(|i| format!("n{i}")).collect();
+        enqueue_all(&mut conn, None, &others).await;
+        let pool: Pool<AsyncPgConnection> =
+            Pool::builder(AsyncDieselConnectionManager::new(db.url.clone()))
+                .max_size(2)
+                .build()
+                .expect("a pool");
+        let publisher = Calls::default();
+        let relay = Relay::new(pool, publisher.clone()).batch_size(10);
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!(report.published, 300, "{report:?}");
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls.concat(), others);
+
+        commit.send(()).expect("the late transaction waits");
+        late.await.expect("the late transaction committed");
+        enqueue_all(&mut conn, Some("k"), &["k2".to_owned()]).await;
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!(report.published, 2, "{report:?}");
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls, vec![vec!["k1"], vec!["k2"]]);
+        let status = outbox::status_async(&mut conn).await.expect("status");
+        assert_eq!((status.pending, status.dead), (0, 0));
+    });
+}
+
+/// A dead message made live again (`outbox::retry`) keeps its old `seq`,
+/// below the relay's floor: the retry marks it with its transaction, and
+/// the relay's next look finds it.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_dead_message_retried_below_the_floor_is_published() {
+    let db = Database::create("retried");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut conn = db.migrated().await;
+        enqueue_all(&mut conn, None, &["dead".to_owned()]).await;
+        let others: Vec<String> = (0..300).map(|i| format!("n{i}")).collect();
+        enqueue_all(&mut conn, None, &others).await;
+        let pool: Pool<AsyncPgConnection> =
+            Pool::builder(AsyncDieselConnectionManager::new(db.url.clone()))
+                .max_size(2)
+                .build()
+                .expect("a pool");
+        let publisher = Calls::default();
+        *publisher.refuse.lock().expect("lock") = Some("dead".into());
+        let relay = Relay::new(pool, publisher.clone())
+            .batch_size(10)
+            .max_publish_attempts(1);
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!((report.published, report.dead), (300, 1), "{report:?}");
+        // The floor now stands past the dead row.
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!(report.published, 0, "{report:?}");
+        publisher.calls.lock().expect("lock").clear();
+
+        *publisher.refuse.lock().expect("lock") = None;
+        let retried = outbox::retry_async(&mut conn, outbox::AllDead)
+            .await
+            .expect("retry");
+        assert_eq!(retried, 1);
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!((report.published, report.dead), (1, 0), "{report:?}");
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls, vec![vec!["dead"]]);
+    });
+}

@@ -130,7 +130,7 @@ pub(crate) fn migration_sql<B: InboxBackend>(
     Ok(match plan::<B>(catalog)? {
         Plan::Nothing => None,
         Plan::Create => Some(B::DDL.to_string()),
-        Plan::Upgrade { from } => Some(upgrade_sql::<B>(from)),
+        Plan::Upgrade { from } => Some(upgrade_sql::<B>(from, catalog)),
     })
 }
 
@@ -203,11 +203,21 @@ fn plan<B: InboxBackend>(catalog: &Catalog) -> Result<Plan, InboxError> {
 
 /// The statements that take a verified table from version `from` to
 /// [`SCHEMA_VERSION`] and record it.
-fn upgrade_sql<B: InboxBackend>(from: Option<u32>) -> String {
+fn upgrade_sql<B: InboxBackend>(from: Option<u32>, catalog: &Catalog) -> String {
     // A table without a record has the shape of version 1 (it passed the
     // checks); the upgrades after it follow.
     let done = from.unwrap_or(1) as usize;
-    let mut sql: Vec<&str> = B::UPGRADES.iter().skip(done - 1).copied().collect();
+    // The upgrade to 5 adds a column, which MySQL cannot make conditional:
+    // where an interrupted upgrade (MySQL's DDL is not transactional)
+    // added it and recorded nothing, it is not added again.
+    let has_txid = catalog.outbox_columns.iter().any(|c| c == "txid");
+    let mut sql: Vec<&str> = B::UPGRADES
+        .iter()
+        .enumerate()
+        .skip(done - 1)
+        .filter(|(n, _)| !(*n == 3 && has_txid))
+        .map(|(_, sql)| *sql)
+        .collect();
     let record = B::record_version(SCHEMA_VERSION);
     sql.push(&record);
     sql.join("\n")

@@ -142,6 +142,9 @@ pub struct Relay<D: RelayPool, P> {
     poll_interval: Duration,
     max_publish_attempts: u32,
     lease: Duration,
+    /// Where the next claim's look starts (PostgreSQL): the floor the last
+    /// claim left, none after a failed step.
+    floor: std::sync::Mutex<Option<steps::Floor>>,
 }
 
 impl<D: RelayPool, P> std::fmt::Debug for Relay<D, P> {
@@ -170,6 +173,7 @@ where
             poll_interval: DEFAULT_POLL_INTERVAL,
             max_publish_attempts: DEFAULT_MAX_PUBLISH_ATTEMPTS,
             lease: LEASE,
+            floor: std::sync::Mutex::new(None),
         }
     }
 
@@ -429,7 +433,14 @@ where
         let stepped = loop {
             attempt += 1;
             let mut conn = self.pool.connection().await.map_err(RelayError::Pool)?;
-            match steps::step_async(&mut *conn, &settle, next).await {
+            // Taken for the step: a step that fails (or is dropped) leaves
+            // none, and the next look starts from the lowest `seq`.
+            let mut floor = self.floor.lock().map(|mut f| f.take()).unwrap_or(None);
+            let step = steps::step_async(&mut *conn, &settle, next, &mut floor).await;
+            if let Ok(mut kept) = self.floor.lock() {
+                *kept = floor;
+            }
+            match step {
                 Err(InboxError::Database(e))
                     if attempt < STEP_ATTEMPTS
                         && inbox_runtime::__facade::is_transient::<Backend<D>>(&e) =>

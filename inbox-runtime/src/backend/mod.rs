@@ -52,11 +52,18 @@ pub(crate) const PIPELINED_STORE: &str = "WITH stored AS (UPDATE inbox_messages"
 ///   topic, partition) that the Kafka runner writes in the handler's own
 ///   transaction (`diesel_inbox::kafka`); the upgrade creates it and
 ///   touches no other row.
+/// - Version 5 adds the nullable column `txid` to `outbox_messages`: on
+///   PostgreSQL the id of the transaction that enqueued the row (its
+///   default, `txid_current()`), indexed, with which the relay finds rows
+///   that commit late without reading past the dead rows a long
+///   transaction keeps (`guide::outbox`, "A long transaction"); NULL on
+///   MySQL/MariaDB and SQLite. The upgrade adds it in place: rows enqueued
+///   before it have none, and are found as before.
 ///
 /// ```
-/// assert_eq!(diesel_inbox::SCHEMA_VERSION, 4);
+/// assert_eq!(diesel_inbox::SCHEMA_VERSION, 5);
 /// ```
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// A diesel backend the inbox supports: `Pg`, `Mysql` (MySQL and MariaDB)
 /// and `Sqlite`, each behind the feature of the same name. Everything that
@@ -298,6 +305,18 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// allows it, and the relay does not wait for the WAL flush).
     const RELAY_SETUP: Option<&'static str> = None;
 
+    /// The relay's floor (`outbox_claim::Floor`): the `xmin` of the
+    /// statement's snapshot, as the outbox's `txid` counts transactions
+    /// (PostgreSQL: `txid_snapshot_xmin(txid_current_snapshot())`, once
+    /// per statement). `None` where the backend has no such snapshot: the
+    /// relay's look then always starts at the lowest `seq`.
+    const SNAPSHOT_XMIN: Option<&'static str> = None;
+
+    /// What sets the outbox's `txid` to the current transaction's id, in an
+    /// `UPDATE` that makes a dead row live again (so that a relay's floor
+    /// finds it); `None` where [`SNAPSHOT_XMIN`](Self::SNAPSHOT_XMIN) is.
+    const SET_TXID: Option<&'static str> = None;
+
     /// Whether the cached statements that write (the claim, the outbox's
     /// enqueue) carry a guard parameter and return a marker of their own,
     /// because another client can reach them by their prepared name
@@ -426,7 +445,8 @@ pub mod ddl {
         include_str!("postgres.sql"),
         include_str!("postgres_attempts.sql"),
         include_str!("postgres_outbox.sql"),
-        include_str!("postgres_positions.sql")
+        include_str!("postgres_positions.sql"),
+        include_str!("postgres_outbox_txid.sql")
     );
     /// MySQL 8 and MariaDB 10.5+. Keys are `VARBINARY` so that they compare
     /// byte for byte (the default collations ignore case, accents and
@@ -437,6 +457,7 @@ pub mod ddl {
         include_str!("mysql_attempts.sql"),
         include_str!("mysql_outbox.sql"),
         include_str!("mysql_positions.sql"),
+        include_str!("mysql_outbox_txid.sql"),
         include_str!("mysql.sql")
     );
     /// SQLite.
@@ -444,6 +465,7 @@ pub mod ddl {
         include_str!("sqlite.sql"),
         include_str!("sqlite_attempts.sql"),
         include_str!("sqlite_outbox.sql"),
-        include_str!("sqlite_positions.sql")
+        include_str!("sqlite_positions.sql"),
+        include_str!("sqlite_outbox_txid.sql")
     );
 }

@@ -6,4 +6,4 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     result LONGBLOB NULL,
     PRIMARY KEY (consumer, message_id),
     INDEX inbox_messages_received_at (received_at)
-) ENGINE = InnoDB COMMENT = 'diesel-inbox schema 4';
+) ENGINE = InnoDB COMMENT = 'diesel-inbox schema 5';

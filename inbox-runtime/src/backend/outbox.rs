@@ -21,7 +21,7 @@ use diesel::QueryableByName;
 
 use super::outbox_claim::ClaimPlan;
 pub(crate) use super::outbox_claim::SeqRow;
-pub use super::outbox_claim::{ClaimedRow, WindowRow};
+pub use super::outbox_claim::{ClaimedRow, Floor, WindowRow};
 pub(crate) use super::positions::OffsetRow;
 pub use super::positions::PositionRow;
 use super::positions::{self, moved, Move};
@@ -45,6 +45,9 @@ pub enum Op {
         limit: i64,
         lease: i64,
         token: String,
+        /// Where the look starts: the floor the relay's last claim left
+        /// (`outbox_claim::Floor`), none for a look from the lowest `seq`.
+        floor: Option<Floor>,
     },
     /// Deletes the published rows that `token` still holds.
     Published { token: String, seqs: Vec<i64> },
@@ -105,7 +108,8 @@ pub struct NewRow {
 pub enum Answer {
     /// Rows written or deleted.
     Count(usize),
-    Claimed(Vec<ClaimedRow>),
+    /// The claimed rows, and the floor the claim's look left.
+    Claimed(Vec<ClaimedRow>, Option<Floor>),
     Status(Vec<StatusRow>),
     Dead(Vec<DeadRow>),
     Fenced(Fenced),
@@ -230,10 +234,12 @@ fn plan<B: Internals>(op: Op) -> Plan {
             limit,
             lease,
             token,
+            floor,
         } => Plan::Claim(ClaimPlan {
             token,
             lease,
             limit,
+            floor,
         }),
         Op::Published { token, seqs } => Plan::Execute(
             Stmt::new()
@@ -320,6 +326,8 @@ fn plan<B: Internals>(op: Op) -> Plan {
                      available_at = ",
                 )
                 .sql(now)
+                // A row made live again is found by a relay's floor.
+                .sql(B::SET_TXID.unwrap_or(""))
                 .sql(" WHERE dead_at IS NOT NULL");
             Plan::Execute(match id {
                 Some(id) => all.sql(" AND id = ").bind(Bind::Text(id)),
@@ -423,7 +431,9 @@ where
         Plan::Enqueue(row) => Answer::Count(Enqueue(row).execute_on(conn)?),
         Plan::Claim(claim) => {
             type B<C> = <C as diesel::Connection>::Backend;
-            let window: Vec<WindowRow> = claim.window::<B<C>>().load_on(conn)?;
+            let window: Vec<WindowRow> =
+                claim.window::<B<C>>(claim.floor.as_ref()).load_on(conn)?;
+            let floor = Floor::after(&window, claim.floor.as_ref());
             let mut look = claim.look(&window);
             if let Some(beyond) = claim.beyond::<B<C>>(&look) {
                 look.add(LoadOn::<B<C>, SeqRow>::load_on(beyond, conn)?);
@@ -443,7 +453,7 @@ where
             if let Some(update) = claim.hold::<B<C>>(&rows) {
                 update.execute_on(conn)?;
             }
-            Answer::Claimed(rows)
+            Answer::Claimed(rows, floor)
         }
         Plan::Status(stmt) => Answer::Status(stmt.load_on(conn)?),
         Plan::Dead(stmt) => Answer::Dead(stmt.load_on(conn)?),
@@ -508,7 +518,11 @@ where
         Plan::Enqueue(row) => Answer::Count(Enqueue(row).execute(conn).await?),
         Plan::Claim(claim) => {
             type B<C> = <C as diesel_async::AsyncConnectionCore>::Backend;
-            let window: Vec<WindowRow> = claim.window::<B<C>>().load_on_async(conn).await?;
+            let window: Vec<WindowRow> = claim
+                .window::<B<C>>(claim.floor.as_ref())
+                .load_on_async(conn)
+                .await?;
+            let floor = Floor::after(&window, claim.floor.as_ref());
             let mut look = claim.look(&window);
             if let Some(beyond) = claim.beyond::<B<C>>(&look) {
                 look.add(LoadOnAsync::<B<C>, SeqRow>::load_on_async(beyond, conn).await?);
@@ -528,7 +542,7 @@ where
             if let Some(update) = claim.hold::<B<C>>(&rows) {
                 update.execute(conn).await?;
             }
-            Answer::Claimed(rows)
+            Answer::Claimed(rows, floor)
         }
         Plan::Status(stmt) => Answer::Status(stmt.load_on_async(conn).await?),
         Plan::Dead(stmt) => Answer::Dead(stmt.load_on_async(conn).await?),

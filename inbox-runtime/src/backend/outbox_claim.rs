@@ -31,6 +31,19 @@
 //!
 //! A row that commits late with a lower `seq` than rows already looked at
 //! is found by a later claim (the guide's "What enqueue order means").
+//!
+//! **The floor** (PostgreSQL, [`Floor`]): the look starts at the lowest
+//! `seq`, and a long transaction keeps every row deleted since it began as
+//! a dead tuple there, which each look would pass again. So each look
+//! leaves a floor, and the next one reads only rows that can be live:
+//! those the last look saw below the floor (a few, by key), those at or
+//! past it, and those its snapshot could not see, found by the enqueuing
+//! transaction's id (`txid`, schema 5): a transaction the snapshot did not
+//! see has an id at or past the snapshot's `xmin`. So the look is the same
+//! set of rows, in the same order, as a look from the lowest `seq`. A
+//! long transaction that only reads (a report, `pg_dump`) has no id and
+//! does not hold the `xmin` back; one that wrote does, and the look then
+//! reads the rows enqueued since it began.
 
 use super::stmt::{Bind, Stmt};
 use super::Internals;
@@ -94,6 +107,45 @@ pub struct WindowRow {
     /// The statement's clock.
     #[diesel(sql_type = BigInt)]
     now_micros: i64,
+    /// The statement's snapshot's `xmin` (PostgreSQL; NULL elsewhere).
+    #[diesel(sql_type = Nullable<BigInt>)]
+    xmin: Option<i64>,
+}
+
+/// Where a relay's next look starts (PostgreSQL; the module's "The
+/// floor"): every row live then is one of `pinned`, at or past `from`, or
+/// enqueued (or made live again) by a transaction whose id is at or past
+/// `xmin`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[doc(hidden)]
+pub struct Floor {
+    /// The live rows the look read below `from`.
+    pinned: Vec<i64>,
+    /// `i64::MAX` when the look read every live row it could see.
+    from: i64,
+    /// The `xmin` of the look's snapshot (or of an earlier one).
+    xmin: i64,
+}
+
+/// How many of the lowest live rows a floor names one by one: a few
+/// delayed or held messages at the bottom do not hold it down.
+const PINNED: usize = 256;
+
+impl Floor {
+    /// The floor a look leaves: `window` is the look's rows, oldest first
+    /// (every live row its snapshot saw up to the last one); `before` the
+    /// floor the look started from. None where the backend has no
+    /// snapshots to go by, or no snapshot was read yet.
+    pub(crate) fn after(window: &[WindowRow], before: Option<&Floor>) -> Option<Floor> {
+        let xmin = match window.first() {
+            Some(row) => row.xmin?,
+            // An earlier snapshot's `xmin` is at most this one's.
+            None => before?.xmin,
+        };
+        let pinned = window.iter().take(PINNED).map(|r| r.seq).collect();
+        let from = window.get(PINNED).map_or(i64::MAX, |r| r.seq);
+        Some(Floor { pinned, from, xmin })
+    }
 }
 
 /// Whether a row could be claimed when it was read: due, and not held.
@@ -107,6 +159,8 @@ pub(crate) struct ClaimPlan {
     pub(crate) token: String,
     pub(crate) lease: i64,
     pub(crate) limit: i64,
+    /// Where the look starts (none: at the lowest `seq`).
+    pub(crate) floor: Option<Floor>,
 }
 
 /// What the look (and the scan beyond it) found.
@@ -142,15 +196,58 @@ impl ClaimPlan {
         (self.limit * 20).clamp(1_000, 20_000)
     }
 
-    /// Step 1: the oldest live rows.
-    pub(crate) fn window<B: Internals>(&self) -> Stmt {
-        Stmt::new()
-            .sql(
-                "SELECT o.seq, o.ordering_key, o.available_at, o.locked_until, ",
-            )
-            .sql(B::NOW_MICROS)
-            .sql(" AS now_micros FROM outbox_messages o WHERE o.dead_at IS NULL ORDER BY o.seq LIMIT ")
-            .bind(Bind::Big(self.window_size()))
+    /// Step 1: the oldest live rows; from `floor` where there is one
+    /// (PostgreSQL).
+    pub(crate) fn window<B: Internals>(&self, floor: Option<&Floor>) -> Stmt {
+        const ROW: &str = "SELECT o.seq, o.ordering_key, o.available_at, o.locked_until";
+        const LIVE: &str = " FROM outbox_messages o WHERE o.dead_at IS NULL";
+        let size = self.window_size();
+        let head = |stmt: Stmt| {
+            stmt.sql(", ")
+                .sql(B::NOW_MICROS)
+                .sql(" AS now_micros, ")
+                .sql(B::SNAPSHOT_XMIN.unwrap_or("NULL"))
+                .sql(" AS xmin")
+        };
+        let Some(floor) = floor.filter(|_| B::SNAPSHOT_XMIN.is_some()) else {
+            return head(Stmt::new().sql(ROW))
+                .sql(LIVE)
+                .sql(" ORDER BY o.seq LIMIT ")
+                .bind(Bind::Big(size));
+        };
+        // The rows enqueued since the floor's snapshot (by the `txid`
+        // index: a few, unless a transaction that wrote is still open),
+        // the range from the floor (in `seq` order, limited: a short index
+        // range) and the pinned rows; UNION drops a row two parts found.
+        let mut stmt =
+            head(Stmt::new().sql("SELECT w.seq, w.ordering_key, w.available_at, w.locked_until"))
+                .sql(" FROM (")
+                .sql(ROW)
+                .sql(LIVE)
+                .sql(" AND o.txid >= ")
+                .bind(Bind::Big(floor.xmin));
+        if floor.from < i64::MAX {
+            stmt = stmt
+                .sql(" AND o.seq < ")
+                .bind(Bind::Big(floor.from))
+                .sql(" UNION (")
+                .sql(ROW)
+                .sql(LIVE)
+                .sql(" AND o.seq >= ")
+                .bind(Bind::Big(floor.from))
+                .sql(" ORDER BY o.seq LIMIT ")
+                .bind(Bind::Big(size))
+                .sql(")");
+        }
+        if !floor.pinned.is_empty() {
+            stmt = stmt
+                .sql(" UNION ")
+                .sql(ROW)
+                .sql(LIVE)
+                .sql(" AND o.seq IN ")
+                .seq_list(&floor.pinned);
+        }
+        stmt.sql(") w ORDER BY w.seq LIMIT ").bind(Bind::Big(size))
     }
 
     /// The candidates of the look: each key's first row there and each row
@@ -289,7 +386,7 @@ impl ClaimPlan {
             Stmt::new()
                 .sql("SELECT o.seq, o.ordering_key, o.available_at, o.locked_until, ")
                 .sql(B::NOW_MICROS)
-                .sql(" AS now_micros FROM outbox_messages o WHERE o.dead_at IS NULL AND o.seq > ")
+                .sql(" AS now_micros, NULL AS xmin FROM outbox_messages o WHERE o.dead_at IS NULL AND o.seq > ")
                 .bind(Bind::Big(from))
                 .sql(" AND o.seq <= ")
                 .bind(Bind::Big(to))
@@ -409,7 +506,48 @@ mod tests {
             available_at: 0,
             locked_until: None,
             now_micros: 10,
+            xmin: None,
         }
+    }
+
+    fn seen(seqs: &[i64], xmin: Option<i64>) -> Vec<WindowRow> {
+        seqs.iter()
+            .map(|&seq| WindowRow {
+                xmin,
+                ..live(seq, "k")
+            })
+            .collect()
+    }
+
+    /// A look that read every live row pins them all; a longer one pins
+    /// the lowest and starts the next past them; an empty one keeps the
+    /// snapshot it started from; without a snapshot there is no floor.
+    #[test]
+    fn a_look_leaves_a_floor() {
+        let few = Floor::after(&seen(&[3, 5, 9], Some(70)), None).expect("a floor");
+        assert_eq!(
+            few,
+            Floor {
+                pinned: vec![3, 5, 9],
+                from: i64::MAX,
+                xmin: 70
+            }
+        );
+        let many: Vec<i64> = (1..=1000).map(|i| i * 2).collect();
+        let floor = Floor::after(&seen(&many, Some(80)), Some(&few)).expect("a floor");
+        assert_eq!(floor.pinned, many[..PINNED].to_vec());
+        assert_eq!((floor.from, floor.xmin), (many[PINNED], 80));
+        let empty = Floor::after(&[], Some(&floor)).expect("a floor");
+        assert_eq!(
+            empty,
+            Floor {
+                pinned: vec![],
+                from: i64::MAX,
+                xmin: 80
+            }
+        );
+        assert_eq!(Floor::after(&[], None), None);
+        assert_eq!(Floor::after(&seen(&[3], None), Some(&floor)), None);
     }
 
     /// A key whose followers skipped a live row keeps only its oldest;
@@ -446,6 +584,7 @@ mod tests {
             token: "t".into(),
             lease: 1,
             limit: 10,
+            floor: None,
         };
         let mut held = live(2, "b");
         held.locked_until = Some(20);

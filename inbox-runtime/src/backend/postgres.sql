@@ -7,4 +7,4 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     PRIMARY KEY (consumer, message_id)
 );
 CREATE INDEX IF NOT EXISTS inbox_messages_received_at ON inbox_messages (received_at);
-COMMENT ON TABLE inbox_messages IS 'diesel-inbox schema 4';
+COMMENT ON TABLE inbox_messages IS 'diesel-inbox schema 5';

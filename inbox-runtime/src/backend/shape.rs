@@ -243,6 +243,9 @@ const OUTBOX_COLUMNS: [&str; 13] = [
     "dead_at",
 ];
 
+/// The column schema 5 added to `outbox_messages`.
+const OUTBOX_TXID: &str = "txid";
+
 /// The columns of `inbox_positions` the runtime reads and writes.
 const POSITIONS_COLUMNS: [&str; 5] = [
     "consumer",
@@ -287,13 +290,17 @@ pub(crate) fn attempts_problems(catalog: &Catalog) -> Vec<TableProblem> {
 /// Problems of the outbox's table, on a table recorded as schema 3 or
 /// later (an older one gets it from the upgrade).
 pub(crate) fn outbox_problems(catalog: &Catalog) -> Vec<TableProblem> {
+    let mut columns = OUTBOX_COLUMNS.to_vec();
+    if catalog.version.is_some_and(|v| v >= 5) {
+        columns.push(OUTBOX_TXID);
+    }
     side_table_problems(
         catalog.version,
         SideTable {
             name: "outbox_messages",
             since: 3,
             who: "`outbox::enqueue` and the relay would fail",
-            columns: &OUTBOX_COLUMNS,
+            columns: &columns,
             have: &catalog.outbox_columns,
             holds: "publish or move its pending messages first",
         },

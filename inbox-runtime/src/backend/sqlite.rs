@@ -87,6 +87,7 @@ impl Internals for Sqlite {
         ),
         include_str!("sqlite_outbox.sql"),
         include_str!("sqlite_positions.sql"),
+        include_str!("sqlite_outbox_txid.sql"),
     ];
 
     fn claim<C>(

@@ -7,4 +7,4 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     PRIMARY KEY (consumer, message_id)
 );
 CREATE INDEX IF NOT EXISTS inbox_messages_received_at ON inbox_messages (received_at);
-CREATE VIEW IF NOT EXISTS inbox_schema_version AS SELECT 4 AS version;
+CREATE VIEW IF NOT EXISTS inbox_schema_version AS SELECT 5 AS version;

@@ -62,6 +62,8 @@ mod relay;
 mod statements;
 
 #[cfg(feature = "async")]
+pub use crate::backend::outbox::Floor;
+#[cfg(feature = "async")]
 pub use message::enqueue_async;
 pub use message::{enqueue, wake, Outgoing};
 #[cfg(feature = "async")]

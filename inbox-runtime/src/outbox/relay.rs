@@ -10,7 +10,7 @@ use super::statements::{count_of, micros, now_micros, relay_transaction, time, u
 #[cfg(feature = "async")]
 use crate::backend::asynchronous::AsyncInboxConnection;
 #[cfg(feature = "async")]
-use crate::backend::outbox::{Answer, ClaimedRow, Op};
+use crate::backend::outbox::{Answer, ClaimedRow, Floor, Op};
 #[cfg(feature = "async")]
 use crate::error::InboxError;
 #[cfg(feature = "async")]
@@ -175,12 +175,16 @@ pub async fn check_server_async<C: AsyncInboxConnection>(conn: &mut C) -> Result
 
 /// Reports published, failed and dead messages to telemetry (the
 /// commit-to-confirm latency of each published one, a WARN per dead one).
+///
+/// `floor` is where the claim's look starts (PostgreSQL): the relay keeps
+/// the one its last claim left, and starts again from none after an error.
 #[doc(hidden)]
 #[cfg(feature = "async")]
 pub async fn step_async<C: AsyncInboxConnection>(
     conn: &mut C,
     settle: &[(&Claim, &[PublishOutcome])],
     next: Option<(usize, Duration)>,
+    floor: &mut Option<Floor>,
 ) -> Result<Stepped, InboxError> {
     let mut ops = Vec::new();
     let plans: Vec<SettlePlan> = settle
@@ -193,6 +197,7 @@ pub async fn step_async<C: AsyncInboxConnection>(
             limit: limit.clamp(1, 100_000) as i64,
             lease: lease.as_micros() as i64,
             token: token.clone(),
+            floor: floor.take(),
         });
         token
     });
@@ -209,7 +214,8 @@ pub async fn step_async<C: AsyncInboxConnection>(
     }
     if let Some(token) = token {
         match answers.next() {
-            Some(Answer::Claimed(rows)) => {
+            Some(Answer::Claimed(rows, left)) => {
+                *floor = left;
                 stepped.claim = (!rows.is_empty()).then(|| Claim::of(token, rows));
             }
             Some(other) => return Err(unexpected(other)),

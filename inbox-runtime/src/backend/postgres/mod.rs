@@ -119,7 +119,6 @@ impl Internals for Pg {
     const CACHE_SIDE_STATEMENTS: bool = false;
     const KEY_TYPE: &'static str =
         "VARCHAR(255) NOT NULL (or TEXT) with a deterministic collation (the default)";
-    // Nullable columns without a default: a catalog change, no table rewrite.
     // Nullable columns without a default: a catalog change, no table
     // rewrite; and the attempt counts' table.
     const UPGRADES: &'static [&'static str] = &[
@@ -129,6 +128,7 @@ impl Internals for Pg {
         ),
         include_str!("../postgres_outbox.sql"),
         include_str!("../postgres_positions.sql"),
+        include_str!("../postgres_outbox_txid.sql"),
     ];
 
     fn claim<C>(
@@ -285,6 +285,9 @@ impl Internals for Pg {
 
     const RELAY_SETUP: Option<&'static str> =
         Some("SET LOCAL jit = off; SET LOCAL synchronous_commit = off");
+    const SNAPSHOT_XMIN: Option<&'static str> =
+        Some("(SELECT txid_snapshot_xmin(txid_current_snapshot()))");
+    const SET_TXID: Option<&'static str> = Some(", txid = txid_current()");
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const LOCK_ROW: &'static str = " FOR UPDATE";
 
