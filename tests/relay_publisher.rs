@@ -491,3 +491,62 @@ fn a_dead_message_retried_below_the_floor_is_published() {
         assert_eq!(calls, vec![vec!["dead"]]);
     });
 }
+
+/// A delayed message at the bottom of the outbox, its key's later message
+/// behind it, and 300 due ones: the relay's floor pins the two and
+/// starts past them. Once due, the delayed message is published, then its
+/// key's next, by the same relay.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_delayed_message_below_the_floor_is_published_when_due() {
+    let db = Database::create("pinned");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut conn = db.migrated().await;
+        conn.transaction(async |conn| -> Result<(), diesel_inbox::InboxError> {
+            let later = Outgoing::new("orders", "d1")
+                .ordering_key("d")
+                .deliver_after(Duration::from_secs(2));
+            outbox::enqueue_async(conn, later).await?;
+            outbox::enqueue_async(conn, Outgoing::new("orders", "d2").ordering_key("d")).await?;
+            Ok(())
+        })
+        .await
+        .expect("enqueue");
+        let others: Vec<String> = (0..300).map(|i| format!("n{i}")).collect();
+        enqueue_all(&mut conn, None, &others).await;
+        let pool: Pool<AsyncPgConnection> =
+            Pool::builder(AsyncDieselConnectionManager::new(db.url.clone()))
+                .max_size(2)
+                .build()
+                .expect("a pool");
+        let publisher = Calls::default();
+        let relay = Relay::new(pool, publisher.clone()).batch_size(10);
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!(report.published, 300, "{report:?}");
+        publisher.calls.lock().expect("lock").clear();
+
+        let began = Instant::now();
+        let mut published = 0;
+        while published < 2 {
+            assert!(
+                began.elapsed() < Duration::from_secs(10),
+                "d1 not published"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            published += relay.run_once().await.expect("a pass").published;
+        }
+        assert!(
+            began.elapsed() >= Duration::from_millis(1500),
+            "published early"
+        );
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls, vec![vec!["d1"], vec!["d2"]]);
+    });
+}

@@ -127,24 +127,51 @@ pub struct Floor {
     xmin: i64,
 }
 
-/// How many of the lowest live rows a floor names one by one: a few
-/// delayed or held messages at the bottom do not hold it down.
-const PINNED: usize = 256;
+/// How many of the lowest live rows a floor names one by one, at most:
+/// the delayed, backed-off or held rows at the bottom (and the rows their
+/// keys hold back), which would otherwise hold the floor down.
+const PINNED: usize = 32;
 
 impl Floor {
     /// The floor a look leaves: `window` is the look's rows, oldest first
     /// (every live row its snapshot saw up to the last one); `before` the
-    /// floor the look started from. None where the backend has no
-    /// snapshots to go by, or no snapshot was read yet.
+    /// floor the look started from. It pins the rows at the bottom that
+    /// stay (not due, held, or behind such a row of their key) and starts
+    /// at the first other row: the rows this claim takes are past it, and
+    /// the next look passes only their dead tuples. None where the
+    /// backend has no snapshots to go by, or no snapshot was read yet.
     pub(crate) fn after(window: &[WindowRow], before: Option<&Floor>) -> Option<Floor> {
         let xmin = match window.first() {
             Some(row) => row.xmin?,
             // An earlier snapshot's `xmin` is at most this one's.
             None => before?.xmin,
         };
-        let pinned = window.iter().take(PINNED).map(|r| r.seq).collect();
-        let from = window.get(PINNED).map_or(i64::MAX, |r| r.seq);
-        Some(Floor { pinned, from, xmin })
+        let mut held_back = HashSet::new();
+        let mut pinned = Vec::new();
+        for row in window {
+            let behind = row
+                .ordering_key
+                .as_deref()
+                .is_some_and(|key| held_back.contains(key));
+            let stays = behind || !due(row.available_at, row.locked_until, row.now_micros);
+            if pinned.len() == PINNED || !stays {
+                return Some(Floor {
+                    pinned,
+                    from: row.seq,
+                    xmin,
+                });
+            }
+            if let Some(key) = row.ordering_key.as_deref() {
+                held_back.insert(key);
+            }
+            pinned.push(row.seq);
+        }
+        // The look read every live row it could see, and each stays.
+        Some(Floor {
+            pinned,
+            from: i64::MAX,
+            xmin,
+        })
     }
 }
 
@@ -510,44 +537,55 @@ mod tests {
         }
     }
 
-    fn seen(seqs: &[i64], xmin: Option<i64>) -> Vec<WindowRow> {
-        seqs.iter()
-            .map(|&seq| WindowRow {
-                xmin,
-                ..live(seq, "k")
-            })
-            .collect()
+    /// A look's row of `key` with the snapshot's `xmin` 70, due or not.
+    fn seen(seq: i64, key: &str, due: bool) -> WindowRow {
+        WindowRow {
+            xmin: Some(70),
+            available_at: if due { 0 } else { 100 },
+            ..live(seq, key)
+        }
     }
 
-    /// A look that read every live row pins them all; a longer one pins
-    /// the lowest and starts the next past them; an empty one keeps the
+    /// A floor pins the rows at the bottom that stay (not due, or behind
+    /// such a row of their key) and starts at the first other row; a look
+    /// that saw only such rows starts nowhere; an empty look keeps the
     /// snapshot it started from; without a snapshot there is no floor.
     #[test]
     fn a_look_leaves_a_floor() {
-        let few = Floor::after(&seen(&[3, 5, 9], Some(70)), None).expect("a floor");
+        let floor = |rows: &[WindowRow], before| Floor::after(rows, before).expect("a floor");
+        let delayed = [seen(3, "a", false), seen(5, "a", true), seen(9, "b", true)];
+        let first = floor(&delayed, None);
         assert_eq!(
-            few,
+            first,
             Floor {
-                pinned: vec![3, 5, 9],
+                pinned: vec![3, 5],
+                from: 9,
+                xmin: 70
+            }
+        );
+        let due = [seen(3, "a", true), seen(5, "b", false)];
+        assert_eq!(
+            (floor(&due, None).pinned, floor(&due, None).from),
+            (vec![], 3)
+        );
+        let stuck = [seen(3, "a", false)];
+        assert_eq!(floor(&stuck, None).from, i64::MAX);
+        let many: Vec<WindowRow> = (1..=100)
+            .map(|i| seen(i, &format!("k{i}"), false))
+            .collect();
+        let most = floor(&many, None);
+        assert_eq!(most.pinned, (1..=PINNED as i64).collect::<Vec<_>>());
+        assert_eq!(most.from, PINNED as i64 + 1);
+        assert_eq!(
+            floor(&[], Some(&first)),
+            Floor {
+                pinned: vec![],
                 from: i64::MAX,
                 xmin: 70
             }
         );
-        let many: Vec<i64> = (1..=1000).map(|i| i * 2).collect();
-        let floor = Floor::after(&seen(&many, Some(80)), Some(&few)).expect("a floor");
-        assert_eq!(floor.pinned, many[..PINNED].to_vec());
-        assert_eq!((floor.from, floor.xmin), (many[PINNED], 80));
-        let empty = Floor::after(&[], Some(&floor)).expect("a floor");
-        assert_eq!(
-            empty,
-            Floor {
-                pinned: vec![],
-                from: i64::MAX,
-                xmin: 80
-            }
-        );
         assert_eq!(Floor::after(&[], None), None);
-        assert_eq!(Floor::after(&seen(&[3], None), Some(&floor)), None);
+        assert_eq!(Floor::after(&[live(3, "a")], Some(&first)), None);
     }
 
     /// A key whose followers skipped a live row keeps only its oldest;
