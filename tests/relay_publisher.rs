@@ -550,3 +550,46 @@ fn a_delayed_message_below_the_floor_is_published_when_due() {
         assert_eq!(calls, vec![vec!["d1"], vec!["d2"]]);
     });
 }
+
+/// A relay of this release on an outbox not yet migrated to schema 5 (no
+/// `txid`): its reads start at the lowest `seq`, as before, and it
+/// publishes everything.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_relay_on_an_outbox_of_schema_4_publishes_without_a_floor() {
+    let db = Database::create("schema4");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut conn = db.migrated().await;
+        diesel_async::SimpleAsyncConnection::batch_execute(
+            &mut conn,
+            "ALTER TABLE outbox_messages DROP COLUMN txid; \
+             COMMENT ON TABLE inbox_messages IS 'diesel-inbox schema 4'",
+        )
+        .await
+        .expect("back to schema 4");
+        let first: Vec<String> = (0..150).map(|i| format!("a{i}")).collect();
+        enqueue_all(&mut conn, None, &first).await;
+        let pool: Pool<AsyncPgConnection> =
+            Pool::builder(AsyncDieselConnectionManager::new(db.url.clone()))
+                .max_size(2)
+                .build()
+                .expect("a pool");
+        let publisher = Calls::default();
+        let relay = Relay::new(pool, publisher.clone()).batch_size(10);
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!((report.published, report.errors), (150, 0), "{report:?}");
+        let second: Vec<String> = (0..150).map(|i| format!("b{i}")).collect();
+        enqueue_all(&mut conn, None, &second).await;
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!((report.published, report.errors), (150, 0), "{report:?}");
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls.concat(), [first, second].concat());
+    });
+}

@@ -22,6 +22,9 @@ pub trait Bench: Sized + 'static {
     /// What `--outbox` runs after each round empties `outbox_messages`
     /// (untimed), if anything.
     const OUTBOX_EMPTIED: Option<&'static str>;
+    /// What runs after the outbox's fill, untimed (PostgreSQL: `ANALYZE`,
+    /// as autovacuum's analyze of a table that changed this much would).
+    const OUTBOX_FILLED: Option<&'static str> = None;
     /// The sync connection.
     type Conn: InboxConnection + LoadConnection + Send + 'static;
 

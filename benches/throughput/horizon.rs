@@ -4,7 +4,7 @@
 //! the rows the relay deletes stay as dead tuples until it ends).
 //!
 //! Each sample fills the outbox with `--outbox-messages` messages (a key
-//! each, or over `--outbox-keys` keys; the fill vacuums the table first, untimed, as autovacuum would)
+//! each, or over `--outbox-keys` keys; the fill vacuums the table first and analyzes it after, untimed, as autovacuum would)
 //! and times `Relay::run_once` publishing them to RabbitMQ. Three samples
 //! before; then, with the transaction open, samples until it has been
 //! open `SECS` seconds and at least 50,000 messages have flowed; then

@@ -112,7 +112,11 @@ pub(crate) fn fill<B: Bench>(
         }
         Ok(())
     })
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    if let Some(sql) = B::OUTBOX_FILLED {
+        conn.batch_execute(sql).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Publishes `bodies` (id, routing key, payload) with confirms; every one

@@ -70,7 +70,11 @@ diesel::table! {
     /// enqueued by [`outbox::enqueue`](crate::outbox::enqueue) and not yet
     /// published, or dead. A relay deletes a row once the broker has
     /// confirmed its message. Times are microseconds since the Unix epoch,
-    /// by the database's clock.
+    /// by the database's clock. Schema version 5 added a column this
+    /// declaration leaves out, so that loading whole rows works on tables
+    /// of either version: `txid`, the enqueuing transaction's id on
+    /// PostgreSQL (NULL elsewhere), with which the relay finds rows that
+    /// commit late.
     ///
     /// ```
     /// use diesel::prelude::*;

@@ -308,8 +308,9 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// The relay's floor (`outbox_claim::Floor`): the `xmin` of the
     /// statement's snapshot, as the outbox's `txid` counts transactions
     /// (PostgreSQL: `txid_snapshot_xmin(txid_current_snapshot())`, once
-    /// per statement). `None` where the backend has no such snapshot: the
-    /// relay's look then always starts at the lowest `seq`.
+    /// per statement; NULL on a table without the column). `None` where
+    /// the backend has no such snapshot: the relay's look then always
+    /// starts at the lowest `seq`.
     const SNAPSHOT_XMIN: Option<&'static str> = None;
 
     /// What sets the outbox's `txid` to the current transaction's id, in an

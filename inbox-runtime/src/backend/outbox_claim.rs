@@ -217,10 +217,12 @@ fn push_due<B: Internals>(stmt: Stmt) -> Stmt {
 }
 
 impl ClaimPlan {
-    /// How many of the oldest live rows the look reads: twenty per row the
-    /// claim may take, at least 1,000 and at most 20,000.
+    /// How many of the oldest live rows the look reads: four per row the
+    /// claim may take, at least 400 and at most 20,000 (more keys than
+    /// that at the bottom are found beyond the look; twenty per row cost a
+    /// fifth of the relay's rate behind a backlog of one key per message).
     pub(crate) fn window_size(&self) -> i64 {
-        (self.limit * 20).clamp(1_000, 20_000)
+        (self.limit * 4).clamp(400, 20_000)
     }
 
     /// Step 1: the oldest live rows; from `floor` where there is one
@@ -245,7 +247,8 @@ impl ClaimPlan {
         // The rows enqueued since the floor's snapshot (by the `txid`
         // index: a few, unless a transaction that wrote is still open),
         // the range from the floor (in `seq` order, limited: a short index
-        // range) and the pinned rows; UNION drops a row two parts found.
+        // range) and the pinned rows: three disjoint parts, so UNION ALL
+        // (no step to drop rows found twice).
         let mut stmt =
             head(Stmt::new().sql("SELECT w.seq, w.ordering_key, w.available_at, w.locked_until"))
                 .sql(" FROM (")
@@ -253,11 +256,14 @@ impl ClaimPlan {
                 .sql(LIVE)
                 .sql(" AND o.txid >= ")
                 .bind(Bind::Big(floor.xmin));
+        if !floor.pinned.is_empty() {
+            stmt = stmt.sql(" AND o.seq NOT IN ").seq_list(&floor.pinned);
+        }
         if floor.from < i64::MAX {
             stmt = stmt
                 .sql(" AND o.seq < ")
                 .bind(Bind::Big(floor.from))
-                .sql(" UNION (")
+                .sql(" UNION ALL (")
                 .sql(ROW)
                 .sql(LIVE)
                 .sql(" AND o.seq >= ")
@@ -268,7 +274,7 @@ impl ClaimPlan {
         }
         if !floor.pinned.is_empty() {
             stmt = stmt
-                .sql(" UNION ")
+                .sql(" UNION ALL ")
                 .sql(ROW)
                 .sql(LIVE)
                 .sql(" AND o.seq IN ")

@@ -285,8 +285,13 @@ impl Internals for Pg {
 
     const RELAY_SETUP: Option<&'static str> =
         Some("SET LOCAL jit = off; SET LOCAL synchronous_commit = off");
-    const SNAPSHOT_XMIN: Option<&'static str> =
-        Some("(SELECT txid_snapshot_xmin(txid_current_snapshot()))");
+    // NULL, and no floor, on a table without `txid` (not yet migrated to
+    // schema 5): the look then starts at the lowest `seq`, as before.
+    const SNAPSHOT_XMIN: Option<&'static str> = Some(
+        "(SELECT txid_snapshot_xmin(txid_current_snapshot()) WHERE EXISTS (SELECT 1 \
+         FROM pg_attribute WHERE attrelid = CAST('outbox_messages' AS regclass) \
+         AND attname = 'txid' AND NOT attisdropped))",
+    );
     const SET_TXID: Option<&'static str> = Some(", txid = txid_current()");
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const LOCK_ROW: &'static str = " FOR UPDATE";
