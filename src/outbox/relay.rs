@@ -180,9 +180,12 @@ where
     /// Messages claimed and published at once (default 100; 1 to 10,000).
     /// A batch may hold several messages of one ordering key: they are
     /// published in waves, each after its key's previous one was
-    /// confirmed. Each claim reads the oldest live rows once, so a larger
-    /// batch also divides that read's cost (PostgreSQL: the dead rows a
-    /// long transaction keeps are passed by every claim).
+    /// confirmed. Each claim reads the oldest live rows once (four per
+    /// message it may take), so a larger batch also divides that read's
+    /// cost. On MySQL/MariaDB and SQLite the read starts at the lowest
+    /// `seq`; on PostgreSQL it starts where the last one left off, so the
+    /// rows a long transaction keeps as dead tuples are not passed again
+    /// (the guide's outbox chapter, "Claiming").
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = n.clamp(1, 10_000);
         self
