@@ -81,6 +81,10 @@ struct Cli {
     /// window [default: 100].
     #[arg(long, default_value_t = 100)]
     outbox_batch: usize,
+    /// With `--outbox`: the same rounds of the relay against the broker
+    /// alone over these brokers too (`nats`, `kafka`; comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    outbox_over: Vec<String>,
     /// PostgreSQL: also the relay's rate before, during and after a
     /// transaction held open this many seconds (and so the vacuum
     /// horizon), while at least 50,000 messages flow [default: 0, not run].
@@ -167,6 +171,7 @@ pub struct Args {
     pub outbox_messages: usize,
     pub outbox_rate: usize,
     pub outbox_batch: usize,
+    pub outbox_over: Vec<String>,
     pub outbox_horizon: u64,
     pub outbox_keys: usize,
     pub outbox_secs: u64,
@@ -219,6 +224,7 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         outbox_messages: pick(cli.outbox_messages, 5_000, 100),
         outbox_rate: pick(cli.outbox_rate, 1_000, 100),
         outbox_batch: cli.outbox_batch.clamp(1, 10_000),
+        outbox_over: cli.outbox_over,
         outbox_horizon: cli.outbox_horizon,
         outbox_keys: cli.outbox_keys,
         outbox_secs: cli.outbox_secs.unwrap_or(if smoke { 1 } else { 10 }),

@@ -86,6 +86,8 @@ mod kafka;
 mod memory;
 #[cfg(all(feature = "async", feature = "lapin"))]
 mod outbox;
+#[cfg(all(feature = "async", feature = "lapin"))]
+mod outbox_over;
 mod output;
 mod purge;
 mod scale;

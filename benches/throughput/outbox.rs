@@ -304,6 +304,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         p50 * 1000.0,
         p99 * 1000.0
     );
+    let over = crate::outbox_over::measure::<B>(&runtime, url, args)?;
     let horizon = match (B::NAME, args.outbox_horizon) {
         ("postgres", secs) if secs > 0 => {
             crate::horizon::measure::<B>(&runtime, url, args, &relay, &queue, &channel)?
@@ -329,7 +330,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
          \"ratio_of_medians\": {{\"relay_over_hand_relay\": {:.3}, \"relay_over_broker\": {:.3}}}, \
          \"latency\": {{\"rate\": {achieved:.1}, \"p50_ms\": {:.2}, \"p99_ms\": {:.2}}}, \
          \"latency_other_process\": {across}, \"notify_cost\": {notify}, \"trace_cost\": {trace}, \
-         \"horizon\": {horizon}}}",
+         \"horizon\": {horizon}, \"over\": {over}}}",
         B::NAME,
         per_variant.join(", "),
         over_hand,
