@@ -85,6 +85,9 @@ struct Cli {
     /// alone over these brokers too (`nats`, `kafka`; comma-separated).
     #[arg(long, value_delimiter = ',')]
     outbox_over: Vec<String>,
+    /// With `--outbox-over`: relays sharing the outbox [default: 1].
+    #[arg(long, default_value_t = 1)]
+    outbox_relays: usize,
     /// PostgreSQL: also the relay's rate before, during and after a
     /// transaction held open this many seconds (and so the vacuum
     /// horizon), while at least 50,000 messages flow [default: 0, not run].
@@ -172,6 +175,7 @@ pub struct Args {
     pub outbox_rate: usize,
     pub outbox_batch: usize,
     pub outbox_over: Vec<String>,
+    pub outbox_relays: usize,
     pub outbox_horizon: u64,
     pub outbox_keys: usize,
     pub outbox_secs: u64,
@@ -225,6 +229,7 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         outbox_rate: pick(cli.outbox_rate, 1_000, 100),
         outbox_batch: cli.outbox_batch.clamp(1, 10_000),
         outbox_over: cli.outbox_over,
+        outbox_relays: cli.outbox_relays,
         outbox_horizon: cli.outbox_horizon,
         outbox_keys: cli.outbox_keys,
         outbox_secs: cli.outbox_secs.unwrap_or(if smoke { 1 } else { 10 }),

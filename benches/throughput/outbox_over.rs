@@ -6,7 +6,9 @@
 //! library's publisher (batches of `--outbox-batch`) and the same count of
 //! messages published by the broker's client alone, in windows of the
 //! batch size, each window's acknowledgements awaited (JetStream's publish
-//! acks; Kafka's delivery reports, with `enable.idempotence`).
+//! acks; Kafka's delivery reports, with `enable.idempotence`). With
+//! `--outbox-relays N`, N relays (each with its pool) share each round's
+//! outbox.
 
 use crate::args::Args;
 use crate::bench::Bench;
@@ -17,7 +19,7 @@ use std::time::Instant;
 /// One broker's relay and broker-alone loop.
 trait Over {
     const NAME: &'static str;
-    type Publisher: Publish + Send + Sync + 'static;
+    type Publisher: Publish + Clone + Send + Sync + 'static;
     /// The destination the messages go to, and the library's publisher.
     async fn open(round_id: &str) -> Result<(String, Self::Publisher, Self), String>
     where
@@ -197,7 +199,10 @@ fn rounds<B: Bench, O: Over>(
 ) -> Result<String, String> {
     let (n, batch) = (args.outbox_messages, args.outbox_batch);
     let (destination, publisher, over) = runtime.block_on(O::open(&crate::run_id()))?;
-    let relay = Relay::new(B::relay_pool(url, 4), publisher).batch_size(batch);
+    // `--outbox-relays` relays, each with its pool, share the outbox.
+    let relays: Vec<_> = (0..args.outbox_relays.max(1))
+        .map(|_| Relay::new(B::relay_pool(url, 4), publisher.clone()).batch_size(batch))
+        .collect();
     let (mut relayed, mut alone, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..args.rounds {
         let mut pair = [0.0; 2];
@@ -206,11 +211,14 @@ fn rounds<B: Bench, O: Over>(
             fill::<B>(url, n, 0, &destination)?;
             let began = Instant::now();
             if variant == 0 {
-                let report = runtime
-                    .block_on(relay.run_once())
-                    .map_err(|e| e.to_string())?;
-                if report.published != n as u64 {
-                    return Err(format!("relay published {} of {n}", report.published));
+                let runs = relays.iter().map(|relay| relay.run_once());
+                let reports = runtime.block_on(futures_util::future::join_all(runs));
+                let mut published = 0;
+                for report in reports {
+                    published += report.map_err(|e| e.to_string())?.published;
+                }
+                if published != n as u64 {
+                    return Err(format!("the relays published {published} of {n}"));
                 }
             } else {
                 runtime.block_on(over.alone(n, batch))?;
@@ -227,15 +235,17 @@ fn rounds<B: Bench, O: Over>(
         median(&mut ratios),
     );
     println!(
-        "{}: relay over {} {relay_rate:.0} msg/s, {} alone {alone_rate:.0}; relay/broker {ratio:.2} (median of the rounds' ratios; of the medians {:.2}; {} rounds of {n}, batch {batch})",
+        "{}: {} relay(s) over {} {relay_rate:.0} msg/s, {} alone {alone_rate:.0}; relay/broker {ratio:.2} (median of the rounds' ratios; of the medians {:.2}; {} rounds of {n}, batch {batch})",
         B::LABEL,
+        relays.len(),
         O::NAME,
         O::NAME,
         relay_rate / alone_rate,
         args.rounds
     );
     Ok(format!(
-        "{{\"broker\": \"{}\", \"relay\": {relay_rate:.1}, \"broker_alone\": {alone_rate:.1}, \"relay_over_broker\": {ratio:.3}}}",
-        O::NAME
+        "{{\"broker\": \"{}\", \"relays\": {}, \"relay\": {relay_rate:.1}, \"broker_alone\": {alone_rate:.1}, \"relay_over_broker\": {ratio:.3}}}",
+        O::NAME,
+        relays.len()
     ))
 }
