@@ -25,6 +25,9 @@ pub trait Bench: Sized + 'static {
     /// What runs after the outbox's fill, untimed (PostgreSQL: `ANALYZE`,
     /// as autovacuum's analyze of a table that changed this much would).
     const OUTBOX_FILLED: Option<&'static str> = None;
+    /// `--outbox-horizon`'s long transaction: opened, with a read that
+    /// takes its snapshot (`None`: not measured on this backend).
+    const HOLD_SNAPSHOT: Option<&'static str> = None;
     /// The sync connection.
     type Conn: InboxConnection + LoadConnection + Send + 'static;
 

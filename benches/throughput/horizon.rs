@@ -1,7 +1,8 @@
-//! `--outbox --outbox-horizon SECS` (PostgreSQL): the relay's rate
-//! before, during and after a transaction held open (a `REPEATABLE READ`
-//! transaction that has read: its snapshot holds the vacuum horizon, so
-//! the rows the relay deletes stay as dead tuples until it ends).
+//! `--outbox --outbox-horizon SECS` (PostgreSQL, MySQL/MariaDB): the
+//! relay's rate before, during and after a transaction held open (a
+//! `REPEATABLE READ` transaction that has read: its snapshot holds the
+//! vacuum horizon, or InnoDB's purge, so the rows the relay deletes stay
+//! as dead tuples or delete-marked records until it ends).
 //!
 //! Each sample fills the outbox with `--outbox-messages` messages (a key
 //! each, or over `--outbox-keys` keys; the fill vacuums the table first and analyzes it after, untimed, as autovacuum would)
@@ -48,9 +49,7 @@ pub(crate) fn measure<B: Bench>(
 
     let mut holder = B::open(url);
     holder
-        .batch_execute(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_messages",
-        )
+        .batch_execute(B::HOLD_SNAPSHOT.ok_or("--outbox-horizon: not on this backend")?)
         .map_err(|e| e.to_string())?;
     let opened = Instant::now();
     let hold = Duration::from_secs(args.outbox_horizon);

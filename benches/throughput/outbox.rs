@@ -305,8 +305,8 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         p99 * 1000.0
     );
     let over = crate::outbox_over::measure::<B>(&runtime, url, args)?;
-    let horizon = match (B::NAME, args.outbox_horizon) {
-        ("postgres", secs) if secs > 0 => {
+    let horizon = match (B::HOLD_SNAPSHOT, args.outbox_horizon) {
+        (Some(_), secs) if secs > 0 => {
             crate::horizon::measure::<B>(&runtime, url, args, &relay, &queue, &channel)?
         }
         _ => "null".into(),

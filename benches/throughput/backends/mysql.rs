@@ -27,6 +27,10 @@ impl Bench for Mysql {
     const LABEL: &'static str = "MariaDB";
     const VERSION_SQL: &'static str = "version()";
     const OUTBOX_EMPTIED: Option<&'static str> = None;
+    // A read view held open keeps InnoDB's purge from removing the rows
+    // the relay deletes (delete-marked records the claim's read passes).
+    const HOLD_SNAPSHOT: Option<&'static str> =
+        Some("START TRANSACTION WITH CONSISTENT SNAPSHOT; SELECT count(*) FROM outbox_messages");
     type Conn = MysqlConnection;
 
     fn open(url: &str) -> MysqlConnection {

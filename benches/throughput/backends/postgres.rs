@@ -38,6 +38,8 @@ impl Bench for Postgres {
     // transaction) the planner scans the table for the relay's look where
     // a production server's, analyzing the churning table, uses the index.
     const OUTBOX_FILLED: Option<&'static str> = Some("ANALYZE outbox_messages");
+    const HOLD_SNAPSHOT: Option<&'static str> =
+        Some("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox_messages");
     type Conn = PgConnection;
 
     fn open(url: &str) -> PgConnection {
