@@ -456,9 +456,13 @@ pub mod ddl {
     /// must not precede it; so do the outbox's and the positions'.
     pub const MYSQL: &str = concat!(
         include_str!("mysql_attempts.sql"),
+        // The outbox with schema 5's column in its CREATE (an `ALTER`
+        // would fail where two creates run at once: Galera's `GET_LOCK` is
+        // per node).
         include_str!("mysql_outbox.sql"),
+        "    txid BIGINT NULL,\n",
+        include_str!("mysql_outbox_keys.sql"),
         include_str!("mysql_positions.sql"),
-        include_str!("mysql_outbox_txid.sql"),
         include_str!("mysql.sql")
     );
     /// SQLite.

@@ -206,7 +206,7 @@ impl Internals for Mysql {
     const UPGRADES: &'static [&'static str] = &[concat!(
         "ALTER TABLE inbox_messages ADD COLUMN fingerprint VARBINARY(64) NULL, ADD COLUMN result LONGBLOB NULL;\n",
         include_str!("mysql_attempts.sql")
-    ), include_str!("mysql_outbox.sql"), include_str!("mysql_positions.sql"), include_str!("mysql_outbox_txid.sql")];
+    ), concat!(include_str!("mysql_outbox.sql"), include_str!("mysql_outbox_keys.sql")), include_str!("mysql_positions.sql"), include_str!("mysql_outbox_txid.sql")];
 
     fn claim<C>(
         conn: &mut C,
