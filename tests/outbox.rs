@@ -927,7 +927,9 @@ fn a_relay_behind_a_transaction_mode_proxy_polls_with_one_warning() {
     };
     let pool = B::pool(&db);
     let mut conn = B::open(&db);
-    let (published, events) = common::events_during(|| {
+    let listen_warning =
+        |e: &common::LoggedEvent| e.level == tracing::Level::WARN && e.fields.contains("LISTEN");
+    let (published, events) = common::events_watched(|watched| {
         runtime().block_on(async {
             let (rabbit, queue) = Rabbit::with_queue("outbox_proxy_listen").await?;
             let relay = Relay::new(pool.clone(), rabbit.publisher())
@@ -937,8 +939,15 @@ fn a_relay_behind_a_transaction_mode_proxy_polls_with_one_warning() {
                 let _ = stopped.await;
             });
             let test = async {
-                // Past the relay's check of its LISTEN connection (2 s).
-                tokio::time::sleep(Duration::from_secs(3)).await;
+                // Past the relay's check of its LISTEN connection: its
+                // opening (bounded by 10 s) and its probe's wait (2 s),
+                // however slow the machine is.
+                let checked = Instant::now();
+                while !watched.events().iter().any(listen_warning)
+                    && checked.elapsed() < Duration::from_secs(20)
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 conn.transaction(|conn| {
                     outbox::enqueue(conn, Outgoing::new(queue.as_str(), "polled"))
                         .map_err(diesel::result::Error::from)
@@ -951,7 +960,7 @@ fn a_relay_behind_a_transaction_mode_proxy_polls_with_one_warning() {
             let stopping = Instant::now();
             let (report, got) = tokio::join!(running, test);
             assert!(
-                stopping.elapsed() < Duration::from_secs(20),
+                stopping.elapsed() < Duration::from_secs(40),
                 "the relay hung"
             );
             rabbit.delete(&queue).await;
@@ -966,10 +975,7 @@ fn a_relay_behind_a_transaction_mode_proxy_polls_with_one_warning() {
         return;
     }
     assert_eq!(published, Some(1));
-    let warnings: Vec<_> = events
-        .iter()
-        .filter(|e| e.level == tracing::Level::WARN && e.fields.contains("LISTEN"))
-        .collect();
+    let warnings: Vec<_> = events.iter().filter(|e| listen_warning(e)).collect();
     assert_eq!(warnings.len(), 1, "one WARN about LISTEN: {events:#?}");
     assert!(
         warnings[0].fields.contains("transaction mode"),

@@ -205,75 +205,83 @@ pub struct LoggedEvent {
 /// Runs `f` and returns what it returned with every `tracing` event it
 /// logged on this thread, and how many spans it opened, by name.
 pub fn events_during<T>(f: impl FnOnce() -> T) -> (T, Vec<LoggedEvent>) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
-    use tracing::field::{Field, Visit};
-    use tracing::span::{Attributes, Id, Record};
-    use tracing::{Event, Metadata};
+    events_watched(|_| f())
+}
 
-    #[derive(Default)]
-    struct Collector {
-        events: Mutex<Vec<LoggedEvent>>,
-        spans: Mutex<Vec<&'static str>>,
-        current: Mutex<Vec<u64>>,
-        next: AtomicU64,
+/// The events logged so far inside [`events_watched`].
+pub struct Watched(std::sync::Arc<Collector>);
+
+impl Watched {
+    /// Every event logged so far.
+    pub fn events(&self) -> Vec<LoggedEvent> {
+        self.0.events.lock().map(|e| e.clone()).unwrap_or_default()
     }
+}
 
-    struct Fields(String);
-    impl Visit for Fields {
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            self.0.push_str(&format!("{}={value:?} ", field.name()));
-        }
-    }
+#[derive(Default)]
+struct Collector {
+    events: std::sync::Mutex<Vec<LoggedEvent>>,
+    spans: std::sync::Mutex<Vec<&'static str>>,
+    current: std::sync::Mutex<Vec<u64>>,
+    next: std::sync::atomic::AtomicU64,
+}
 
-    impl tracing::Subscriber for Collector {
-        fn enabled(&self, _: &Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, attributes: &Attributes<'_>) -> Id {
-            let id = self.next.fetch_add(1, Ordering::SeqCst);
-            if let Ok(mut spans) = self.spans.lock() {
-                spans.push(attributes.metadata().name());
-            }
-            Id::from_u64(id + 1)
-        }
-        fn record(&self, _: &Id, _: &Record<'_>) {}
-        fn record_follows_from(&self, _: &Id, _: &Id) {}
-        fn event(&self, event: &Event<'_>) {
-            let mut fields = Fields(String::new());
-            event.record(&mut fields);
-            let span = self.current.lock().ok().and_then(|current| {
-                let id = *current.last()?;
-                self.spans.lock().ok()?.get(id as usize - 1).copied()
-            });
-            if let Ok(mut events) = self.events.lock() {
-                events.push(LoggedEvent {
-                    level: *event.metadata().level(),
-                    span,
-                    fields: fields.0,
-                });
-            }
-        }
-        fn enter(&self, id: &Id) {
-            if let Ok(mut current) = self.current.lock() {
-                current.push(id.into_u64());
-            }
-        }
-        fn exit(&self, _: &Id) {
-            if let Ok(mut current) = self.current.lock() {
-                current.pop();
-            }
-        }
-    }
-
-    let collector = Arc::new(Collector::default());
-    let value = tracing::subscriber::with_default(collector.clone(), f);
-    let events = collector
-        .events
-        .lock()
-        .map(|e| e.clone())
-        .unwrap_or_default();
+/// [`events_during`], where `f` can also look at the events logged so far
+/// (to wait for one rather than sleep).
+pub fn events_watched<T>(f: impl FnOnce(&Watched) -> T) -> (T, Vec<LoggedEvent>) {
+    let watched = Watched(std::sync::Arc::new(Collector::default()));
+    let value = tracing::subscriber::with_default(watched.0.clone(), || f(&watched));
+    let events = watched.events();
     (value, events)
+}
+
+/// An event's fields as "field=value ...".
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{}={value:?} ", field.name()));
+    }
+}
+
+impl tracing::Subscriber for Collector {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attributes: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut spans) = self.spans.lock() {
+            spans.push(attributes.metadata().name());
+        }
+        tracing::span::Id::from_u64(id + 1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        let span = self.current.lock().ok().and_then(|current| {
+            let id = *current.last()?;
+            self.spans.lock().ok()?.get(id as usize - 1).copied()
+        });
+        if let Ok(mut events) = self.events.lock() {
+            events.push(LoggedEvent {
+                level: *event.metadata().level(),
+                span,
+                fields: fields.0,
+            });
+        }
+    }
+    fn enter(&self, id: &tracing::span::Id) {
+        if let Ok(mut current) = self.current.lock() {
+            current.push(id.into_u64());
+        }
+    }
+    fn exit(&self, _: &tracing::span::Id) {
+        if let Ok(mut current) = self.current.lock() {
+            current.pop();
+        }
+    }
 }
 
 /// The value of the server variable `var`, or `None` after a line saying
