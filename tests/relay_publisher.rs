@@ -10,9 +10,8 @@
 
 mod support;
 use support::proxy;
+use support::relay::{Calls, Database};
 
-use diesel::connection::SimpleConnection;
-use diesel::prelude::*;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
@@ -48,54 +47,6 @@ impl Publish for Endpoint {
                 }
             })
             .collect()
-    }
-}
-
-/// A fresh database on the test server, dropped at the end.
-struct Database {
-    admin: String,
-    name: String,
-    url: String,
-}
-
-impl Database {
-    fn create(test: &str) -> Database {
-        let admin = std::env::var("INBOX_TEST_POSTGRES_URL").expect("INBOX_TEST_POSTGRES_URL");
-        let name = format!("relay_{test}_{}", std::process::id());
-        let (base, _) = admin.rsplit_once('/').expect("a URL with a database");
-        let url = format!("{base}/{name}");
-        let mut conn = PgConnection::establish(&admin).expect("the test server");
-        // One statement each: a multi-statement string runs as one
-        // transaction, which DROP/CREATE DATABASE refuse.
-        conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .expect("drop a database left behind");
-        conn.batch_execute(&format!("CREATE DATABASE {name}"))
-            .expect("a fresh database");
-        Database { admin, name, url }
-    }
-}
-
-impl Database {
-    /// A connection to it, after `migrate`.
-    async fn migrated(&self) -> AsyncPgConnection {
-        let mut conn = AsyncPgConnection::establish(&self.url)
-            .await
-            .expect("connect");
-        diesel_inbox::migrate_async(&mut conn)
-            .await
-            .expect("migrate");
-        conn
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        if let Ok(mut conn) = PgConnection::establish(&self.admin) {
-            let _ = conn.batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ));
-        }
     }
 }
 
@@ -173,33 +124,6 @@ fn a_publisher_of_the_users_own_publishes_through_the_relay() {
             let status = outbox::status_async(&mut conn).await.expect("status");
             assert_eq!((status.pending, status.dead), (1, 0));
         });
-    }
-}
-
-/// A publisher that records the payloads of each call (a batch of the
-/// relay's) and refuses the payload `refuse` names.
-#[derive(Clone, Default)]
-struct Calls {
-    refuse: Arc<Mutex<Option<String>>>,
-    calls: Arc<Mutex<Vec<Vec<String>>>>,
-}
-
-impl Publish for Calls {
-    async fn publish(&self, messages: &[OutboxMessage]) -> Vec<Result<(), PublishError>> {
-        let refuse = self.refuse.lock().expect("not poisoned").clone();
-        let payloads: Vec<String> = messages
-            .iter()
-            .map(|m| String::from_utf8(m.payload.clone()).expect("utf-8"))
-            .collect();
-        let results = payloads
-            .iter()
-            .map(|p| match &refuse {
-                Some(r) if r == p => Err(PublishError::refused("422 from the endpoint")),
-                _ => Ok(()),
-            })
-            .collect();
-        self.calls.lock().expect("not poisoned").push(payloads);
-        results
     }
 }
 

@@ -200,6 +200,14 @@ pub enum InboxError {
     /// was written.
     #[error("invalid outgoing message: {0}")]
     InvalidOutgoing(Box<str>),
+    /// The WAL outbox is on ([`outbox::set_wal`](crate::outbox::set_wal))
+    /// but cannot take the message: the database is not PostgreSQL, or it
+    /// has no usable replication slot for the WAL outbox (none was created
+    /// with [`outbox::wal::create`](crate::outbox::wal::create), or the
+    /// server invalidated it). Nothing was written: a message no relay
+    /// could read is refused rather than lost.
+    #[error("the WAL outbox cannot take this message: {0}")]
+    NoWalOutbox(Box<str>),
 }
 
 /// One reason an existing inbox table cannot be used, and how to fix it.

@@ -31,8 +31,8 @@
 
 #[doc(inline)]
 pub use inbox_runtime::outbox::{
-    dead, enqueue, purge, retry, set_notify, status, wake, AllDead, DeadMessage, DestinationStatus,
-    OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
+    dead, enqueue, purge, retry, set_notify, set_wal, status, wake, AllDead, DeadMessage,
+    DestinationStatus, OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
 };
 #[cfg(feature = "async")]
 #[doc(inline)]
@@ -52,6 +52,8 @@ pub use pool::RelayPool;
 pub use publish::{ErrorSource, Publish, PublishError};
 #[cfg(feature = "relay")]
 pub use relay::{Relay, RelayError, RelayReport};
+
+pub mod wal;
 
 #[cfg(feature = "kafka")]
 pub mod kafka;

@@ -16,6 +16,7 @@ use tracing::Instrument;
 use wakeups::{Doze, Next, LISTEN_OPEN_TIMEOUT};
 
 mod wakeups;
+mod wal;
 
 /// Why a relay stopped. Each variant keeps its cause as its
 /// [`source`](std::error::Error::source).
@@ -145,6 +146,10 @@ pub struct Relay<D: RelayPool, P> {
     /// Where the next claim's look starts (PostgreSQL): the floor the last
     /// claim left, none after a failed step.
     floor: std::sync::Mutex<Option<steps::Floor>>,
+    /// Whether it reads the WAL outbox too ([`wal`](Self::wal)), and its
+    /// connection for that.
+    wal: bool,
+    wal_side: tokio::sync::Mutex<wal::WalSide<D::Connection>>,
 }
 
 impl<D: RelayPool, P> std::fmt::Debug for Relay<D, P> {
@@ -174,7 +179,57 @@ where
             max_publish_attempts: DEFAULT_MAX_PUBLISH_ATTEMPTS,
             lease: LEASE,
             floor: std::sync::Mutex::new(None),
+            wal: false,
+            wal_side: Default::default(),
         }
+    }
+
+    /// Whether the relay also publishes the WAL outbox's messages
+    /// (default: off): those that enqueues wrote to the write-ahead log
+    /// with [`outbox::set_wal`](super::set_wal) on (PostgreSQL 14 and
+    /// later, `wal_level = logical`, the slot made by
+    /// [`outbox::wal::create`](super::wal::create)).
+    ///
+    /// Each pass first reads the slot, on a connection of its own (taken
+    /// out of the pool, with a session lock: one relay of a database reads
+    /// its slot at a time, the others only the table; no transaction-mode
+    /// proxy): whole transactions in commit order, about
+    /// [`batch_size`](Self::batch_size) messages per read. It publishes
+    /// them in waves (a key's messages in order), writes into the outbox
+    /// table those it cannot publish now (refused by the broker: counted,
+    /// retried with backoff, dead after
+    /// [`max_publish_attempts`](Self::max_publish_attempts); or of a key
+    /// with live rows there, which keep their order), and only then moves
+    /// the slot past the read. Then the pass goes on with the table, as
+    /// without it. A relay killed before it moved the slot, or a server
+    /// that crashed before its next checkpoint, publishes those messages
+    /// again, with their ids: at least once, as the table's relay.
+    ///
+    /// ```no_run
+    /// # #[cfg(all(feature = "lapin", feature = "postgres"))]
+    /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+    /// use diesel::Connection;
+    /// use diesel_async::pooled_connection::deadpool::Pool;
+    /// use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    /// use diesel_async::AsyncPgConnection;
+    /// use diesel_inbox::outbox::{self, Relay};
+    ///
+    /// let url = "postgres://localhost/shop";
+    /// // Once per database, outside a transaction.
+    /// outbox::wal::create(&mut diesel::PgConnection::establish(url)?)?;
+    /// // In every process that enqueues.
+    /// outbox::set_wal(true);
+    ///
+    /// let pool = Pool::builder(AsyncDieselConnectionManager::<AsyncPgConnection>::new(url)).build()?;
+    /// let publisher = outbox::lapin::Publisher::connect("amqp://localhost:5672/%2f", "orders-exchange");
+    /// let relay = Relay::new(pool, publisher).wal(true).batch_size(500);
+    /// relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn wal(mut self, on: bool) -> Self {
+        self.wal = on;
+        self
     }
 
     /// Messages claimed and published at once (default 100; 1 to 10,000).
@@ -240,6 +295,10 @@ where
     /// previous one is published; batch `k`'s rows are held, so the claim
     /// skips them and their keys' later messages.
     async fn pass(&self, report: &mut RelayReport) -> Result<(), RelayError> {
+        if self.wal && !self.wal_pass(report).await? {
+            // The broker is unavailable.
+            return Ok(());
+        }
         let mut current = self.step(report, &[], true).await?;
         let mut unsettled: Option<Delivered> = None;
         loop {

@@ -1,7 +1,11 @@
-//! A relay running in a task of its own until the test says stop.
+//! A relay running in a task of its own until the test says stop; a
+//! publisher that records its calls; a fresh PostgreSQL database.
 #![cfg(feature = "relay")]
 
-use diesel_inbox::outbox::{Publish, Relay, RelayError, RelayPool, RelayReport};
+use diesel_inbox::outbox::{
+    OutboxMessage, Publish, PublishError, Relay, RelayError, RelayPool, RelayReport,
+};
+use std::sync::{Arc, Mutex};
 
 /// `relay.run` in a task: send `true` on the sender to stop it; the task
 /// yields what `run` returned.
@@ -25,3 +29,88 @@ where
     });
     (stop, running)
 }
+
+/// A publisher that records the payloads of each call (a batch of the
+/// relay's) and refuses the payload `refuse` names.
+#[derive(Clone, Default)]
+pub struct Calls {
+    pub refuse: Arc<Mutex<Option<String>>>,
+    pub calls: Arc<Mutex<Vec<Vec<String>>>>,
+}
+
+impl Publish for Calls {
+    async fn publish(&self, messages: &[OutboxMessage]) -> Vec<Result<(), PublishError>> {
+        let refuse = self.refuse.lock().expect("not poisoned").clone();
+        let payloads: Vec<String> = messages
+            .iter()
+            .map(|m| String::from_utf8(m.payload.clone()).expect("utf-8"))
+            .collect();
+        let results = payloads
+            .iter()
+            .map(|p| match &refuse {
+                Some(r) if r == p => Err(PublishError::refused("422 from the endpoint")),
+                _ => Ok(()),
+            })
+            .collect();
+        self.calls.lock().expect("not poisoned").push(payloads);
+        results
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod database {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    use diesel::PgConnection;
+    use diesel_async::{AsyncConnection, AsyncPgConnection};
+
+    /// A fresh database on the test server, dropped at the end.
+    pub struct Database {
+        pub admin: String,
+        pub name: String,
+        pub url: String,
+    }
+
+    impl Database {
+        pub fn create(test: &str) -> Database {
+            let admin = std::env::var("INBOX_TEST_POSTGRES_URL").expect("INBOX_TEST_POSTGRES_URL");
+            let name = format!("relay_{test}_{}", std::process::id());
+            let (base, _) = admin.rsplit_once('/').expect("a URL with a database");
+            let url = format!("{base}/{name}");
+            let mut conn = PgConnection::establish(&admin).expect("the test server");
+            // One statement each: a multi-statement string runs as one
+            // transaction, which DROP/CREATE DATABASE refuse.
+            conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .expect("drop a database left behind");
+            conn.batch_execute(&format!("CREATE DATABASE {name}"))
+                .expect("a fresh database");
+            Database { admin, name, url }
+        }
+    }
+
+    impl Database {
+        /// A connection to it, after `migrate`.
+        pub async fn migrated(&self) -> AsyncPgConnection {
+            let mut conn = AsyncPgConnection::establish(&self.url)
+                .await
+                .expect("connect");
+            diesel_inbox::migrate_async(&mut conn)
+                .await
+                .expect("migrate");
+            conn
+        }
+    }
+
+    impl Drop for Database {
+        fn drop(&mut self) {
+            if let Ok(mut conn) = PgConnection::establish(&self.admin) {
+                let _ = conn.batch_execute(&format!(
+                    "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                    self.name
+                ));
+            }
+        }
+    }
+}
+#[cfg(feature = "postgres")]
+pub use database::Database;

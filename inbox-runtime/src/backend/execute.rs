@@ -221,8 +221,12 @@ where
         + LoadOn<B, DeadRow>
         + LoadOn<B, SeqRow>
         + LoadOn<B, OffsetRow>
-        + LoadOn<B, PositionRow>,
+        + LoadOn<B, PositionRow>
+        + LoadOn<B, crate::backend::outbox_wal::ChangeRow>
+        + LoadOn<B, crate::backend::outbox_wal::TextRow>
+        + LoadOn<B, crate::backend::outbox_wal::CountRow>,
     Enqueue: ExecuteOn<B> + LoadOn<B, MarkerRow>,
+    crate::backend::outbox_wal::WalEmit: LoadOn<B, crate::backend::outbox_wal::TextRow>,
     for<'a> st::Side<st::stored<'a>>: LoadOn<B, StoredRow>,
     for<'a> st::Side<st::store_result<'a>>: ExecuteOn<B>,
     for<'a> st::Side<st::attempts<'a>>: LoadOn<B, AttemptsRow>,
@@ -512,8 +516,12 @@ pub(crate) mod asynchronous {
             + LoadOnAsync<B, DeadRow>
             + LoadOnAsync<B, SeqRow>
             + LoadOnAsync<B, OffsetRow>
-            + LoadOnAsync<B, PositionRow>,
+            + LoadOnAsync<B, PositionRow>
+            + LoadOnAsync<B, crate::backend::outbox_wal::ChangeRow>
+            + LoadOnAsync<B, crate::backend::outbox_wal::TextRow>
+            + LoadOnAsync<B, crate::backend::outbox_wal::CountRow>,
         Enqueue: QueryFragment<B> + QueryId + LoadOnAsync<B, MarkerRow>,
+        crate::backend::outbox_wal::WalEmit: LoadOnAsync<B, crate::backend::outbox_wal::TextRow>,
         for<'a> st::Side<st::stored<'a>>: LoadOnAsync<B, StoredRow>,
         for<'a> st::Side<st::store_result<'a>>: QueryFragment<B> + QueryId + Send,
         for<'a> st::Side<st::attempts<'a>>: LoadOnAsync<B, AttemptsRow>,

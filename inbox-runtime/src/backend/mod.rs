@@ -16,6 +16,7 @@ pub(crate) mod execute;
 mod mysql;
 pub(crate) mod outbox;
 pub(crate) mod outbox_claim;
+pub(crate) mod outbox_wal;
 pub(crate) mod positions;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -317,6 +318,10 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// `UPDATE` that makes a dead row live again (so that a relay's floor
     /// finds it); `None` where [`SNAPSHOT_XMIN`](Self::SNAPSHOT_XMIN) is.
     const SET_TXID: Option<&'static str> = None;
+
+    /// Whether the backend has the WAL outbox (`outbox_wal`): PostgreSQL's
+    /// logical decoding.
+    const WAL: bool = false;
 
     /// Whether the cached statements that write (the claim, the outbox's
     /// enqueue) carry a guard parameter and return a marker of their own,

@@ -22,6 +22,11 @@ use diesel::QueryableByName;
 use super::outbox_claim::ClaimPlan;
 pub(crate) use super::outbox_claim::SeqRow;
 pub use super::outbox_claim::{ClaimedRow, Floor, WindowRow};
+#[cfg(feature = "async")]
+pub use super::outbox_wal::AsideRow;
+use super::outbox_wal::{self as wal, WalEmit, WalPlan};
+pub use super::outbox_wal::{ChangeRow, WalOp};
+use super::outbox_wal::{CountRow, TextRow};
 pub(crate) use super::positions::OffsetRow;
 pub use super::positions::PositionRow;
 use super::positions::{self, moved, Move};
@@ -81,6 +86,12 @@ pub enum Op {
     },
     /// The stored stream positions (of `consumer`, or of all).
     Positions { consumer: Option<String> },
+    /// The WAL outbox's enqueue, in the caller's transaction: writes
+    /// `record` (the message, encoded) to the WAL where the database has a
+    /// usable slot (`Count(1)`), else nothing (`Count(0)`).
+    Emit { record: Vec<u8>, notify: bool },
+    /// The WAL relay's operations.
+    Wal(WalOp),
 }
 
 /// A message to insert.
@@ -114,6 +125,10 @@ pub enum Answer {
     Dead(Vec<DeadRow>),
     Fenced(Fenced),
     Positions(Vec<PositionRow>),
+    /// Texts (the WAL slot's name, the keys with live rows).
+    Texts(Vec<String>),
+    /// The WAL slot's decoded changes.
+    Changes(Vec<ChangeRow>),
 }
 
 /// One destination's counts.
@@ -342,6 +357,9 @@ fn plan<B: Internals>(op: Op) -> Plan {
             positions::fence(consumer, all),
         ),
         Op::Positions { consumer } => Plan::Positions(positions::list::<B>(consumer)),
+        Op::Emit { .. } if !B::WAL => Plan::Wal(WalPlan::Refused),
+        Op::Emit { record, notify } => Plan::Emit(WalEmit { record, notify }),
+        Op::Wal(op) => Plan::Wal(wal::plan::<B>(op)),
         Op::PurgeDead { older_than, limit } => Plan::Purge(
             Stmt::new()
                 .sql("SELECT seq FROM outbox_messages WHERE dead_at IS NOT NULL AND dead_at < ")
@@ -399,6 +417,9 @@ enum Plan {
     /// the select of the stored positions (locked) and their moves.
     Fence(Option<Stmt>, Vec<Move>),
     Positions(Stmt),
+    /// The WAL outbox's enqueue: its row read ([`wal::emitted`]).
+    Emit(WalEmit),
+    Wal(WalPlan),
 }
 
 /// The delete of the rows a purge found; none when it found nothing.
@@ -422,8 +443,12 @@ where
         + LoadOn<C::Backend, DeadRow>
         + LoadOn<C::Backend, SeqRow>
         + LoadOn<C::Backend, OffsetRow>
-        + LoadOn<C::Backend, PositionRow>,
+        + LoadOn<C::Backend, PositionRow>
+        + LoadOn<C::Backend, ChangeRow>
+        + LoadOn<C::Backend, TextRow>
+        + LoadOn<C::Backend, CountRow>,
     Enqueue: ExecuteOn<C::Backend> + LoadOn<C::Backend, MarkerRow>,
+    WalEmit: LoadOn<C::Backend, TextRow>,
 {
     Ok(match plan::<C::Backend>(op) {
         Plan::Execute(stmt) => Answer::Count(stmt.execute_on(conn)?),
@@ -489,7 +514,18 @@ where
             Answer::Fenced(Fenced::Moved)
         }
         Plan::Positions(stmt) => Answer::Positions(stmt.load_on(conn)?),
+        Plan::Emit(emit) => Answer::Count(wal::emitted(&emit.load_on(conn)?)?),
+        Plan::Wal(WalPlan::Texts(stmt)) => Answer::Texts(texts(stmt.load_on(conn)?)),
+        Plan::Wal(WalPlan::Changes(stmt)) => Answer::Changes(stmt.load_on(conn)?),
+        Plan::Wal(WalPlan::Count(stmt)) => Answer::Count(wal::count(&stmt.load_on(conn)?)?),
+        Plan::Wal(WalPlan::Execute(stmt)) => Answer::Count(stmt.execute_on(conn)?),
+        Plan::Wal(WalPlan::Refused) => return Err(wal::refused()),
     })
+}
+
+/// The texts of `rows` that are not NULL.
+fn texts(rows: Vec<TextRow>) -> Vec<String> {
+    rows.into_iter().filter_map(|row| row.text).collect()
 }
 
 /// Runs `op` on a diesel-async connection (PostgreSQL, MySQL/MariaDB;
@@ -506,8 +542,12 @@ where
         + LoadOnAsync<C::Backend, DeadRow>
         + LoadOnAsync<C::Backend, SeqRow>
         + LoadOnAsync<C::Backend, OffsetRow>
-        + LoadOnAsync<C::Backend, PositionRow>,
+        + LoadOnAsync<C::Backend, PositionRow>
+        + LoadOnAsync<C::Backend, ChangeRow>
+        + LoadOnAsync<C::Backend, TextRow>
+        + LoadOnAsync<C::Backend, CountRow>,
     Enqueue: QueryFragment<C::Backend> + QueryId + LoadOnAsync<C::Backend, MarkerRow>,
+    WalEmit: LoadOnAsync<C::Backend, TextRow>,
 {
     use diesel_async::RunQueryDsl;
     Ok(match plan::<C::Backend>(op) {
@@ -585,5 +625,13 @@ where
             Answer::Fenced(Fenced::Moved)
         }
         Plan::Positions(stmt) => Answer::Positions(stmt.load_on_async(conn).await?),
+        Plan::Emit(emit) => Answer::Count(wal::emitted(&emit.load_on_async(conn).await?)?),
+        Plan::Wal(WalPlan::Texts(stmt)) => Answer::Texts(texts(stmt.load_on_async(conn).await?)),
+        Plan::Wal(WalPlan::Changes(stmt)) => Answer::Changes(stmt.load_on_async(conn).await?),
+        Plan::Wal(WalPlan::Count(stmt)) => {
+            Answer::Count(wal::count(&stmt.load_on_async(conn).await?)?)
+        }
+        Plan::Wal(WalPlan::Execute(stmt)) => Answer::Count(stmt.execute(conn).await?),
+        Plan::Wal(WalPlan::Refused) => return Err(wal::refused()),
     })
 }

@@ -6,7 +6,7 @@ use super::Internals;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::result::QueryResult;
 use diesel::serialize::ToSql;
-use diesel::sql_types::{BigInt, HasSqlType, Integer, Text, Untyped};
+use diesel::sql_types::{BigInt, Binary, Bool, HasSqlType, Integer, Nullable, Text, Untyped};
 
 /// A bind parameter of a [`Stmt`].
 #[derive(Debug, Clone)]
@@ -14,6 +14,12 @@ pub(crate) enum Bind {
     Text(String),
     Big(i64),
     Int(i32),
+    /// A nullable text (an ordering key).
+    MaybeText(Option<String>),
+    Bytes(Vec<u8>),
+    /// Nullable bytes (stored headers).
+    MaybeBytes(Option<Vec<u8>>),
+    Bool(bool),
 }
 
 #[derive(Debug, Clone)]
@@ -78,10 +84,17 @@ impl Stmt {
 
 impl<B> QueryFragment<B> for Stmt
 where
-    B: Internals + HasSqlType<Text> + HasSqlType<BigInt> + HasSqlType<Integer>,
+    B: Internals
+        + HasSqlType<Text>
+        + HasSqlType<BigInt>
+        + HasSqlType<Integer>
+        + HasSqlType<Binary>
+        + HasSqlType<Bool>,
     String: ToSql<Text, B>,
     i64: ToSql<BigInt, B>,
     i32: ToSql<Integer, B>,
+    Vec<u8>: ToSql<Binary, B>,
+    bool: ToSql<Bool, B>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, B>) -> QueryResult<()> {
         if !self.cache || !B::CACHE_SIDE_STATEMENTS {
@@ -93,6 +106,14 @@ where
                 Part::Bind(Bind::Text(v)) => out.push_bind_param::<Text, String>(v)?,
                 Part::Bind(Bind::Big(v)) => out.push_bind_param::<BigInt, i64>(v)?,
                 Part::Bind(Bind::Int(v)) => out.push_bind_param::<Integer, i32>(v)?,
+                Part::Bind(Bind::MaybeText(v)) => {
+                    out.push_bind_param::<Nullable<Text>, Option<String>>(v)?
+                }
+                Part::Bind(Bind::Bytes(v)) => out.push_bind_param::<Binary, Vec<u8>>(v)?,
+                Part::Bind(Bind::MaybeBytes(v)) => {
+                    out.push_bind_param::<Nullable<Binary>, Option<Vec<u8>>>(v)?
+                }
+                Part::Bind(Bind::Bool(v)) => out.push_bind_param::<Bool, bool>(v)?,
             }
         }
         Ok(())

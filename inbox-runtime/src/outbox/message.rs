@@ -5,8 +5,9 @@ use super::headers::encode_headers;
 use super::id::uuid_v7;
 #[cfg(feature = "async")]
 use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
-use crate::backend::outbox::{NewRow, Op};
+use crate::backend::outbox::{Answer, NewRow, Op};
 use crate::backend::transaction;
+use crate::backend::Internals;
 use crate::backend::Statements;
 use crate::error::InboxError;
 use crate::key::{validate_key, InboxKey};
@@ -238,7 +239,10 @@ where
     }
     let row = message.row()?;
     let id = row.id.clone();
-    C::Backend::outbox(conn, Op::Enqueue(row)).map_err(ops_error::<C::Backend>)?;
+    let op = op_of::<C::Backend>(row)?;
+    let wal = matches!(op, Op::Emit { .. });
+    let answer = C::Backend::outbox(conn, op).map_err(ops_error::<C::Backend>)?;
+    written(wal, answer)?;
     crate::wake::enqueued();
     Ok(id)
 }
@@ -288,11 +292,42 @@ where
     }
     let row = message.row()?;
     let id = row.id.clone();
-    conn.inbox_outbox(Op::Enqueue(row))
+    let op = op_of::<C::Backend>(row)?;
+    let wal = matches!(op, Op::Emit { .. });
+    let answer = conn
+        .inbox_outbox(op)
         .await
         .map_err(ops_error::<C::Backend>)?;
+    written(wal, answer)?;
     crate::wake::enqueued();
     Ok(id)
+}
+
+/// The enqueue of `row`: into the table, or (with the WAL outbox on, on a
+/// backend that has it) into the WAL.
+fn op_of<B: Internals>(row: NewRow) -> Result<Op, InboxError> {
+    if !(B::WAL && super::wal::enqueue_to_wal()) {
+        return Ok(Op::Enqueue(row));
+    }
+    Ok(Op::Emit {
+        record: super::wal::record(&row)?,
+        notify: row.notify,
+    })
+}
+
+/// Checks what the enqueue answered: the WAL's emit writes nothing
+/// (`Count(0)`) where the database has no usable slot.
+fn written(wal: bool, answer: Answer) -> Result<(), InboxError> {
+    match answer {
+        Answer::Count(0) if wal => Err(InboxError::NoWalOutbox(
+            "this database has no usable WAL outbox slot (create it with \
+             diesel_inbox::outbox::wal::create; a slot the server invalidated must be \
+             dropped and created again), so nothing would publish the message; nothing was \
+             written"
+                .into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Wakes the relays of this process: call it after committing a

@@ -60,6 +60,7 @@ mod notify;
 mod operations;
 mod relay;
 mod statements;
+pub mod wal;
 
 #[cfg(feature = "async")]
 pub use crate::backend::outbox::Floor;
@@ -79,3 +80,6 @@ pub use operations::{dead_async, purge_async, retry_async, status_async};
 #[cfg(feature = "async")]
 pub use relay::{check_server_async, step_async, Claim, PublishOutcome, Settled, Stepped};
 pub use relay::{wake_generation, woken, OutboxMessage};
+pub use wal::set_wal;
+#[cfg(feature = "async")]
+pub use wal::{wal_lock_async, wal_read_async, wal_settle_async, wal_slot_async, WalRead};

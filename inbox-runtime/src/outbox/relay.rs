@@ -48,7 +48,7 @@ pub struct OutboxMessage {
 #[derive(Debug)]
 pub struct Claim {
     token: String,
-    seqs: Vec<i64>,
+    pub(super) seqs: Vec<i64>,
     created: Vec<i64>,
     /// The claimed messages in waves ([`waves`](Self::waves)): the first
     /// wave holds the oldest claimed message of each ordering key and the
@@ -63,7 +63,7 @@ pub struct Claim {
 #[cfg(feature = "async")]
 impl Claim {
     /// The claim of `rows` (oldest first), arranged in waves.
-    fn of(token: String, rows: Vec<ClaimedRow>) -> Self {
+    pub(super) fn of(token: String, rows: Vec<ClaimedRow>) -> Self {
         let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         let mut rows: Vec<(usize, ClaimedRow)> = rows
             .into_iter()

@@ -293,6 +293,8 @@ impl Internals for Pg {
          AND attname = 'txid' AND NOT attisdropped))",
     );
     const SET_TXID: Option<&'static str> = Some(", txid = txid_current()");
+
+    const WAL: bool = true;
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const LOCK_ROW: &'static str = " FOR UPDATE";
 

@@ -1,0 +1,111 @@
+//! A relay's reads of the WAL outbox ([`Relay::wal`]): on a connection of
+//! its own that holds the WAL relay's lock (one relay reads a database's
+//! slot at a time), read whole transactions from the slot, publish their
+//! messages in waves, keep aside in the outbox table what cannot be
+//! published now, then move the slot past the read.
+
+use super::{Relay, RelayError, RelayReport};
+use crate::outbox::pool::RelayPool;
+use crate::outbox::publish::Publish;
+use inbox_runtime::outbox as steps;
+
+/// The WAL relay's connection, its slot, and whether it holds the lock.
+pub(super) struct WalSide<C> {
+    conn: Option<C>,
+    slot: String,
+    held: bool,
+    /// Whether "no slot" was said (once per relay).
+    said: bool,
+}
+
+impl<C> Default for WalSide<C> {
+    fn default() -> Self {
+        WalSide {
+            conn: None,
+            slot: String::new(),
+            held: false,
+            said: false,
+        }
+    }
+}
+
+impl<D, P> Relay<D, P>
+where
+    D: RelayPool,
+    P: Publish,
+{
+    /// Publishes what the WAL outbox's slot holds, read after read, until
+    /// a read finds nothing. `Ok(false)`: the broker was unavailable (the
+    /// read is given back: the slot stays, and the next pass reads it
+    /// again); the pass stops there. Another relay holding the slot, or no
+    /// slot (said once, at WARN), leaves it to the table.
+    pub(super) async fn wal_pass(&self, report: &mut RelayReport) -> Result<bool, RelayError> {
+        let mut side = self.wal_side.lock().await;
+        let passed = self.wal_reads(&mut side, report).await;
+        if passed.is_err() {
+            // The connection (and with it the lock) is opened again.
+            side.conn = None;
+            side.held = false;
+        }
+        passed
+    }
+
+    async fn wal_reads(
+        &self,
+        side: &mut WalSide<D::Connection>,
+        report: &mut RelayReport,
+    ) -> Result<bool, RelayError> {
+        if side.conn.is_none() {
+            let mut conn = self.pool.dedicated().await.map_err(RelayError::Pool)?;
+            match steps::wal_slot_async(&mut conn).await? {
+                Some(slot) => side.slot = slot,
+                None => {
+                    if !side.said {
+                        side.said = true;
+                        tracing::warn!(target: crate::TRACING_TARGET, "diesel-inbox: outbox relay: the WAL outbox has no usable replication slot in this database; create it with diesel_inbox::outbox::wal::create (enqueues to the WAL are refused until then)");
+                    }
+                    return Ok(true);
+                }
+            }
+            side.conn = Some(conn);
+            side.held = false;
+        }
+        let Some(conn) = side.conn.as_mut() else {
+            return Ok(true);
+        };
+        if !side.held {
+            side.held = steps::wal_lock_async(conn).await?;
+            if !side.held {
+                // Another relay reads the slot.
+                return Ok(true);
+            }
+        }
+        loop {
+            let Some((read, claim)) =
+                steps::wal_read_async(conn, &side.slot, self.batch_size).await?
+            else {
+                return Ok(true);
+            };
+            let messages = read.len() as u64;
+            let delivered = self.publish(claim).await;
+            if delivered.stops() {
+                // Nothing is settled: the slot stays, and the whole read is
+                // published again (the broker has some of it, with the
+                // same ids).
+                report.released += messages;
+                return match delivered.closed {
+                    Some(e) => Err(RelayError::Publisher(e)),
+                    None => Ok(false),
+                };
+            }
+            let settled =
+                steps::wal_settle_async(conn, read, &delivered.claim, &delivered.outcomes).await?;
+            report.published += settled.published;
+            report.failed += settled.failed;
+            report.dead += settled.dead;
+            // A read of transactions without messages of ours only moved
+            // the slot.
+            report.batches += u64::from(messages > 0);
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! The WAL outbox (PostgreSQL with `wal_level = logical`, at
+//! `INBOX_TEST_POSTGRES_URL`; `.ci/run` sets it): enqueues write to the
+//! WAL (`outbox::set_wal`, on for this whole binary), a relay built with
+//! `Relay::wal` reads them from the slot and publishes them through a
+//! publisher of the test's own that records each call.
+#![cfg(all(feature = "postgres", feature = "relay"))]
+
+mod support;
+use support::relay::{Calls, Database};
+
+use diesel::{Connection, PgConnection};
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use diesel_inbox::outbox::{self, OutboxMessage, Outgoing, Publish, PublishError, Relay};
+use diesel_inbox::InboxError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A database with the inbox's tables and (with `slot`) the WAL outbox's
+/// slot; enqueues of this process write to the WAL.
+async fn prepared(test: &str, slot: bool) -> (Database, AsyncPgConnection) {
+    outbox::set_wal(true);
+    let db = Database::create(&format!("wal_{test}"));
+    let conn = db.migrated().await;
+    if slot {
+        let mut sync = PgConnection::establish(&db.url).expect("connect");
+        outbox::wal::create(&mut sync).expect("the WAL outbox's slot");
+    }
+    (db, conn)
+}
+
+fn pool(db: &Database) -> Pool<AsyncPgConnection> {
+    Pool::builder(AsyncDieselConnectionManager::new(db.url.clone()))
+        .max_size(3)
+        .build()
+        .expect("a pool")
+}
+
+/// Enqueues `(key, payload)`s in one transaction, committed or rolled
+/// back.
+async fn enqueue(
+    conn: &mut AsyncPgConnection,
+    messages: &[(Option<&str>, &str)],
+    commit: bool,
+) -> Result<(), InboxError> {
+    let messages: Vec<(Option<String>, String)> = messages
+        .iter()
+        .map(|(k, p)| (k.map(str::to_owned), (*p).to_owned()))
+        .collect();
+    let done = conn
+        .transaction(async |conn| -> Result<(), InboxError> {
+            for (key, payload) in messages {
+                let mut message = Outgoing::new("orders", payload);
+                if let Some(key) = key {
+                    message = message.ordering_key(&key);
+                }
+                outbox::enqueue_async(conn, message).await?;
+            }
+            if commit {
+                Ok(())
+            } else {
+                Err(InboxError::InvalidArgument("rolled back on purpose"))
+            }
+        })
+        .await;
+    match done {
+        Err(InboxError::InvalidArgument("rolled back on purpose")) => Ok(()),
+        other => other,
+    }
+}
+
+/// Rows in the outbox table.
+async fn table_rows(conn: &mut AsyncPgConnection) -> Vec<(String, i32, bool)> {
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Binary)]
+        payload: Vec<u8>,
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        attempts: i32,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        dead: bool,
+    }
+    let query = diesel::sql_query(
+        "SELECT payload, attempts, dead_at IS NOT NULL AS dead FROM outbox_messages ORDER BY seq",
+    );
+    let rows: Vec<Row> = diesel_async::RunQueryDsl::load(query, conn)
+        .await
+        .expect("the outbox table");
+    rows.into_iter()
+        .map(|r| {
+            (
+                String::from_utf8(r.payload).expect("utf-8"),
+                r.attempts,
+                r.dead,
+            )
+        })
+        .collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Committed messages are published from the WAL in commit order, in
+/// waves (a key's messages in order); a rolled-back transaction's are
+/// not; the outbox table is never written; the slot moves past what was
+/// published, so the next pass publishes nothing again.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn committed_messages_are_published_from_the_wal_in_order_and_a_rollback_publishes_nothing() {
+    runtime().block_on(async {
+        let (db, mut conn) = prepared("order", true).await;
+        enqueue(&mut conn, &[(Some("a"), "a1"), (None, "n1")], true)
+            .await
+            .expect("enqueue");
+        enqueue(&mut conn, &[(Some("a"), "x1"), (None, "x2")], false)
+            .await
+            .expect("a rollback");
+        enqueue(
+            &mut conn,
+            &[(Some("a"), "a2"), (Some("b"), "b1"), (Some("a"), "a3")],
+            true,
+        )
+        .await
+        .expect("enqueue");
+        let publisher = Calls::default();
+        let relay = Relay::new(pool(&db), publisher.clone()).wal(true);
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!(
+            (report.published, report.failed, report.released),
+            (5, 0, 0),
+            "{report:?}"
+        );
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls, vec![vec!["a1", "n1", "b1"], vec!["a2"], vec!["a3"]]);
+        assert!(table_rows(&mut conn).await.is_empty());
+
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!(report.published, 0, "published again: {report:?}");
+        assert!(publisher.calls.lock().expect("lock").is_empty());
+    });
+}
+
+/// Without a slot, an enqueue to the WAL is refused (nothing would read
+/// it) and the caller's transaction rolls back; a delayed message is
+/// refused too (the WAL has no delays).
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn an_enqueue_without_a_slot_or_with_a_delay_is_refused() {
+    runtime().block_on(async {
+        let (db, mut conn) = prepared("noslot", false).await;
+        let refused = enqueue(&mut conn, &[(None, "lost?")], true).await;
+        assert!(
+            matches!(&refused, Err(InboxError::NoWalOutbox(why)) if why.contains("wal::create")),
+            "{refused:?}"
+        );
+        let mut sync = PgConnection::establish(&db.url).expect("connect");
+        outbox::wal::create(&mut sync).expect("the slot");
+        let delayed = conn
+            .transaction(async |conn| {
+                outbox::enqueue_async(
+                    conn,
+                    Outgoing::new("orders", "later").deliver_after(Duration::from_secs(1)),
+                )
+                .await
+            })
+            .await;
+        assert!(
+            matches!(&delayed, Err(InboxError::InvalidOutgoing(_))),
+            "{delayed:?}"
+        );
+        // Nothing of either reached the WAL or the table.
+        let publisher = Calls::default();
+        let relay = Relay::new(pool(&db), publisher.clone()).wal(true);
+        assert_eq!(relay.run_once().await.expect("a pass").published, 0);
+        assert!(table_rows(&mut conn).await.is_empty());
+    });
+}
+
+/// A message the broker refuses is kept aside in the outbox table
+/// (counted), with its key's later messages of the read behind it; a
+/// message of that key enqueued later goes there too, behind them, while
+/// the table holds the key; once the broker takes the refused one, the
+/// three are published in their order, and the table is empty.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn a_refused_message_is_kept_aside_and_its_key_keeps_its_order() {
+    runtime().block_on(async {
+        let (db, mut conn) = prepared("aside", true).await;
+        enqueue(
+            &mut conn,
+            &[
+                (Some("a"), "a1"),
+                (Some("a"), "a2"),
+                (Some("a"), "a3"),
+                (Some("b"), "b1"),
+            ],
+            true,
+        )
+        .await
+        .expect("enqueue");
+        let publisher = Calls::default();
+        *publisher.refuse.lock().expect("lock") = Some("a2".into());
+        let relay = Relay::new(pool(&db), publisher.clone()).wal(true);
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!((report.published, report.failed), (2, 1), "{report:?}");
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls, vec![vec!["a1", "b1"], vec!["a2"]]);
+        assert_eq!(
+            table_rows(&mut conn).await,
+            vec![("a2".to_owned(), 1, false), ("a3".to_owned(), 0, false)]
+        );
+
+        enqueue(&mut conn, &[(Some("a"), "a4"), (Some("c"), "c1")], true)
+            .await
+            .expect("enqueue");
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!(report.published, 1, "{report:?}");
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls, vec![vec!["c1"]]);
+        assert_eq!(table_rows(&mut conn).await.len(), 3);
+
+        // Due again after its backoff (1 s).
+        *publisher.refuse.lock().expect("lock") = None;
+        let began = Instant::now();
+        let mut published = 0;
+        while published < 3 {
+            assert!(began.elapsed() < Duration::from_secs(10), "not retried");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            published += relay.run_once().await.expect("a pass").published;
+        }
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls.concat(), vec!["a2", "a3", "a4"]);
+        assert!(table_rows(&mut conn).await.is_empty());
+    });
+}
+
+/// A publisher that takes every message and, once `hang` is set, never
+/// answers (a relay that dies between the broker's confirm and its
+/// settlement).
+#[derive(Clone, Default)]
+struct Hangs {
+    hang: Arc<AtomicBool>,
+    ids: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Publish for Hangs {
+    async fn publish(&self, messages: &[OutboxMessage]) -> Vec<Result<(), PublishError>> {
+        self.ids
+            .lock()
+            .expect("lock")
+            .extend(messages.iter().map(|m| m.id.clone()));
+        if self.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        messages.iter().map(|_| Ok(())).collect()
+    }
+}
+
+/// A relay stopped after the broker took a read and before it moved the
+/// slot: the next relay publishes the same messages again, with the same
+/// ids (at least once), and then the slot is past them. Another relay
+/// waits for the first's lock meanwhile, publishing nothing twice at once.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn a_relay_stopped_before_it_moved_the_slot_is_followed_by_one_that_publishes_again() {
+    runtime().block_on(async {
+        let (db, mut conn) = prepared("again", true).await;
+        enqueue(&mut conn, &[(Some("a"), "a1"), (None, "n1")], true)
+            .await
+            .expect("enqueue");
+        let first = Hangs::default();
+        first.hang.store(true, Ordering::SeqCst);
+        let relay = Relay::new(pool(&db), first.clone()).wal(true);
+        let stopped = tokio::time::timeout(Duration::from_secs(2), relay.run_once()).await;
+        assert!(stopped.is_err(), "the first relay's publish hangs");
+        let taken = first.ids.lock().expect("lock").clone();
+        assert_eq!(taken.len(), 2);
+
+        // The first relay still holds the slot's lock: a second one leaves
+        // the WAL to it.
+        let second = Hangs::default();
+        let other = Relay::new(pool(&db), second.clone()).wal(true);
+        assert_eq!(other.run_once().await.expect("a pass").published, 0);
+        assert!(second.ids.lock().expect("lock").is_empty());
+
+        drop(relay);
+        let began = Instant::now();
+        let mut published = 0;
+        while published < 2 {
+            assert!(
+                began.elapsed() < Duration::from_secs(10),
+                "never published again"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let third = Relay::new(pool(&db), second.clone()).wal(true);
+            published += third.run_once().await.expect("a pass").published;
+        }
+        let mut again = second.ids.lock().expect("lock").clone();
+        let mut taken = taken;
+        again.sort();
+        taken.sort();
+        assert_eq!(again, taken, "the same messages, with the same ids");
+        let last = Relay::new(pool(&db), second.clone()).wal(true);
+        assert_eq!(last.run_once().await.expect("a pass").published, 0);
+    });
+}
