@@ -88,6 +88,10 @@ struct Cli {
     /// With `--outbox-over`: relays sharing the outbox [default: 1].
     #[arg(long, default_value_t = 1)]
     outbox_relays: usize,
+    /// PostgreSQL: the WAL outbox's relay (`Relay::wal`, enqueues with
+    /// `outbox::set_wal`) in the same rounds (needs `wal_level = logical`).
+    #[arg(long)]
+    outbox_wal: bool,
     /// PostgreSQL: also the relay's rate before, during and after a
     /// transaction held open this many seconds (and so the vacuum
     /// horizon), while at least 50,000 messages flow [default: 0, not run].
@@ -176,6 +180,7 @@ pub struct Args {
     pub outbox_batch: usize,
     pub outbox_over: Vec<String>,
     pub outbox_relays: usize,
+    pub outbox_wal: bool,
     pub outbox_horizon: u64,
     pub outbox_keys: usize,
     pub outbox_secs: u64,
@@ -230,6 +235,7 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         outbox_batch: cli.outbox_batch.clamp(1, 10_000),
         outbox_over: cli.outbox_over,
         outbox_relays: cli.outbox_relays,
+        outbox_wal: cli.outbox_wal,
         outbox_horizon: cli.outbox_horizon,
         outbox_keys: cli.outbox_keys,
         outbox_secs: cli.outbox_secs.unwrap_or(if smoke { 1 } else { 10 }),

@@ -50,6 +50,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const VARIANTS: [&str; 3] = ["relay", "hand_relay", "broker"];
+/// With `--outbox-wal` (PostgreSQL): the WAL outbox's relay too.
+const WAL_VARIANT: &str = "relay_wal";
 
 pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
     let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")
@@ -115,6 +117,23 @@ pub(crate) fn fill<B: Bench>(
     .map_err(|e| e.to_string())?;
     if let Some(sql) = B::OUTBOX_FILLED {
         conn.batch_execute(sql).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Writes `n` messages for `destination` to the WAL outbox, one
+/// transaction each (as business transactions would: the slot's reads
+/// take whole transactions), a key of its own for each.
+fn fill_wal<B: Bench>(conn: &mut B::Conn, n: usize, destination: &str) -> Result<(), String> {
+    for i in 0..n {
+        B::tx(conn, |conn| {
+            outbox::enqueue(
+                conn,
+                Outgoing::new(destination, vec![7u8; 64]).ordering_key(&format!("k{i}")),
+            )?;
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -196,15 +215,52 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
     let pool = B::relay_pool(url, 4);
     let relay =
         Relay::new(pool.clone(), outbox::lapin::Publisher::connect(amqp, "")).batch_size(batch);
-    let mut samples: Vec<(&str, Vec<f64>)> = VARIANTS.iter().map(|v| (*v, Vec::new())).collect();
+    let wal = args.outbox_wal && B::LABEL == "PostgreSQL";
+    let mut variants = VARIANTS.to_vec();
+    let wal_relay = wal.then(|| {
+        Relay::new(pool.clone(), outbox::lapin::Publisher::connect(amqp, ""))
+            .batch_size(batch)
+            .wal(true)
+    });
+    if wal {
+        outbox::wal::create(&mut conn).map_err(|e| format!("the WAL outbox's slot: {e}"))?;
+        variants.push(WAL_VARIANT);
+    }
+    let mut samples: Vec<(&str, Vec<f64>)> = variants.iter().map(|v| (*v, Vec::new())).collect();
     for round in 0..args.rounds {
-        for k in 0..VARIANTS.len() {
-            let i = (k + round) % VARIANTS.len();
-            let variant = VARIANTS[i];
-            fill::<B>(url, n, 0, "ignored")?;
-            conn.batch_execute(&route).map_err(|e| e.to_string())?;
+        for k in 0..variants.len() {
+            let i = (k + round) % variants.len();
+            let variant = variants[i];
+            if variant == WAL_VARIANT {
+                // The slot moved past the other variants' table writes
+                // (untimed), then the messages written to the WAL.
+                conn.batch_execute(
+                    "SELECT pg_replication_slot_advance(slot_name, pg_current_wal_lsn()) \
+                     FROM pg_replication_slots WHERE database = current_database()",
+                )
+                .map_err(|e| e.to_string())?;
+                outbox::set_wal(true);
+                let filled = fill_wal::<B>(&mut conn, n, &queue);
+                outbox::set_wal(false);
+                filled?;
+            } else {
+                fill::<B>(url, n, 0, "ignored")?;
+                conn.batch_execute(&route).map_err(|e| e.to_string())?;
+            }
             let began = Instant::now();
             match variant {
+                WAL_VARIANT => {
+                    let relay = wal_relay.as_ref().ok_or("no WAL relay")?;
+                    let report = runtime
+                        .block_on(relay.run_once())
+                        .map_err(|e| e.to_string())?;
+                    if report.published != n as u64 {
+                        return Err(format!(
+                            "the WAL relay published {} of {n}",
+                            report.published
+                        ));
+                    }
+                }
                 "relay" => {
                     let report = runtime
                         .block_on(relay.run_once())
@@ -270,6 +326,17 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
         median(&mut ratios)
     };
     let (over_hand, over_broker) = (paired(0, 1), paired(0, 2));
+    if wal {
+        let wal_rate = median(&mut samples[3].1.clone());
+        println!(
+            "{}: WAL outbox relay {wal_rate:.0} msg/s; relay_wal/broker {:.2}, relay_wal/relay {:.2} (medians of the rounds' ratios; {} rounds of {n})",
+            B::LABEL,
+            paired(3, 2),
+            paired(3, 0),
+            args.rounds
+        );
+        outbox::wal::remove(&mut conn).map_err(|e| e.to_string())?;
+    }
     let medians: Vec<(&str, f64)> = samples.iter_mut().map(|(v, s)| (*v, median(s))).collect();
     let rate = |v: &str| {
         medians

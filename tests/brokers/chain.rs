@@ -45,6 +45,41 @@ async fn place(conn: &mut Conn, id: &str, body: &[u8], stock: &str) -> Result<()
     Ok(())
 }
 
+/// Service A on PostgreSQL, its stock message written to the WAL outbox
+/// (`outbox::set_wal`, on in that process).
+#[cfg(feature = "postgres")]
+#[idempotent(key = "id", consumer = "chain-a-wal")]
+async fn place_pg(
+    conn: &mut diesel_async::AsyncPgConnection,
+    id: &str,
+    body: &[u8],
+    stock: &str,
+) -> Result<(), AppError> {
+    use diesel::sql_types::{BigInt, Text};
+    let text = std::str::from_utf8(body).map_err(bad)?;
+    let (customer, n) = text.split_once(':').ok_or(AppError::BadPayload)?;
+    let n: i64 = n.parse().map_err(bad)?;
+    let insert =
+        diesel::sql_query("INSERT INTO chain_orders (order_id, customer, n) VALUES ($1, $2, $3)")
+            .bind::<Text, _>(id)
+            .bind::<Text, _>(customer)
+            .bind::<BigInt, _>(n);
+    diesel_async::RunQueryDsl::execute(insert, conn).await?;
+    let message = Outgoing::new(stock, format!("{id}|{customer}|{n}")).ordering_key(customer);
+    outbox::enqueue_async(conn, message).await?;
+    Ok(())
+}
+
+/// A's orders on PostgreSQL.
+#[cfg(feature = "postgres")]
+const PG_CHAIN_DDL: &str = "CREATE TABLE IF NOT EXISTS chain_orders (\
+    id BIGSERIAL PRIMARY KEY, order_id TEXT NOT NULL, customer TEXT NOT NULL, n BIGINT NOT NULL)";
+
+/// Whether `db` is a PostgreSQL URL (A's database in the WAL chain).
+fn on_postgres(db: &str) -> bool {
+    db.starts_with("postgres")
+}
+
 /// Service B: one stock row per stock message.
 #[idempotent(key = "id", consumer = "chain-b")]
 async fn reserve(conn: &mut Conn, id: &str, body: &[u8]) -> Result<(), AppError> {
@@ -89,7 +124,28 @@ async fn serve<S: Source>(
     service: &str,
     in_flight: usize,
 ) -> Result<(), String> {
-    let db = tokio::sync::Mutex::new(open(&var("INBOX_CHAIN_DB")).await?);
+    let url = var("INBOX_CHAIN_DB");
+    #[cfg(feature = "postgres")]
+    if on_postgres(&url) {
+        use diesel_async::AsyncConnection;
+        outbox::set_wal(true);
+        let db = tokio::sync::Mutex::new(
+            diesel_async::AsyncPgConnection::establish(&url)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+        let stock = var("INBOX_CHAIN_STOCK_DEST");
+        let handle = async |id: &str, body: &[u8]| -> Result<Processed<()>, AppError> {
+            place_pg(&mut *db.lock().await, id, body, &stock).await
+        };
+        return consumer
+            .in_flight(in_flight)
+            .run(handle, sigterm())
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string());
+    }
+    let db = tokio::sync::Mutex::new(open(&url).await?);
     let stock = var("INBOX_CHAIN_STOCK_DEST");
     let handle = async |id: &str, body: &[u8]| -> Result<Processed<()>, AppError> {
         let mut conn = db.lock().await;
@@ -154,12 +210,29 @@ async fn relay() -> Result<(), String> {
             Ok(conn)
         })
     });
+    #[cfg(feature = "postgres")]
+    if on_postgres(&var("INBOX_CHAIN_DB")) {
+        let manager = AsyncDieselConnectionManager::<diesel_async::AsyncPgConnection>::new(var(
+            "INBOX_CHAIN_DB",
+        ));
+        let pool = Pool::builder(manager)
+            .max_size(2)
+            .build()
+            .map_err(|e| e.to_string())?;
+        return relay_on(pool, true, &url).await;
+    }
     let manager =
         AsyncDieselConnectionManager::<Conn>::new_with_config(var("INBOX_CHAIN_DB"), config);
     let pool = Pool::builder(manager)
         .max_size(2)
         .build()
         .map_err(|e| e.to_string())?;
+    relay_on(pool, false, &url).await
+}
+
+/// Runs a relay of `pool`'s outbox (and, with `wal`, its WAL outbox) to
+/// the chain's broker until SIGTERM, then prints its report.
+async fn relay_on<D: outbox::RelayPool>(pool: D, wal: bool, url: &str) -> Result<(), String> {
     let report = match var("INBOX_BROKER").as_str() {
         #[cfg(feature = "lapin")]
         "rabbitmq" => {
@@ -168,6 +241,7 @@ async fn relay() -> Result<(), String> {
                 .batch_size(20)
                 .poll_interval(Duration::from_millis(50))
                 .lease(Duration::from_secs(5))
+                .wal(wal)
                 .run(sigterm())
                 .await
         }
@@ -183,6 +257,7 @@ async fn relay() -> Result<(), String> {
                 .batch_size(20)
                 .poll_interval(Duration::from_millis(50))
                 .lease(Duration::from_secs(5))
+                .wal(wal)
                 .run(sigterm())
                 .await
         }
@@ -337,12 +412,27 @@ struct Applied {
 }
 
 fn rows(db: &str, table: &str) -> Result<Vec<Applied>, String> {
-    let mut conn = SqliteConnection::establish(db).map_err(|e| e.to_string())?;
-    diesel::sql_query(format!(
+    let query = diesel::sql_query(format!(
         "SELECT order_id, customer, n FROM {table} ORDER BY id"
-    ))
-    .load(&mut conn)
-    .map_err(|e| e.to_string())
+    ));
+    #[cfg(feature = "postgres")]
+    if on_postgres(db) {
+        let mut conn = PgConnection::establish(db).map_err(|e| e.to_string())?;
+        return query.load(&mut conn).map_err(|e| e.to_string());
+    }
+    let mut conn = SqliteConnection::establish(db).map_err(|e| e.to_string())?;
+    query.load(&mut conn).map_err(|e| e.to_string())
+}
+
+/// A's outbox table's status.
+fn a_status(db: &str) -> Result<outbox::OutboxStatus, String> {
+    #[cfg(feature = "postgres")]
+    if on_postgres(db) {
+        let mut conn = PgConnection::establish(db).map_err(|e| e.to_string())?;
+        return outbox::status(&mut conn).map_err(|e| e.to_string());
+    }
+    let mut conn = SqliteConnection::establish(db).map_err(|e| e.to_string())?;
+    outbox::status(&mut conn).map_err(|e| e.to_string())
 }
 
 /// Every order applied once by A, each stock message applied once by B,
@@ -384,8 +474,7 @@ fn check_chain(a: &str, b: &str, n: u64) -> Result<String, String> {
             applied.get(customer)
         );
     }
-    let mut conn = SqliteConnection::establish(a).map_err(|e| e.to_string())?;
-    let status = outbox::status(&mut conn).map_err(|e| e.to_string())?;
+    let status = a_status(a)?;
     ensure!(
         status.pending == 0 && status.dead == 0,
         "A's outbox after the run: {status:?}"
@@ -397,6 +486,9 @@ fn check_chain(a: &str, b: &str, n: u64) -> Result<String, String> {
 }
 
 struct Chain {
+    /// A's database when it is PostgreSQL (dropped at the end).
+    #[cfg(feature = "postgres")]
+    a_pg: Option<crate::scenarios::PgDb>,
     orders: String,
     stock: String,
     url: String,
@@ -418,6 +510,26 @@ impl Drop for Chain {
     }
 }
 
+/// [`chain_setup`] with A on a PostgreSQL database of its own, its
+/// outbox the WAL's (the slot created); `None` without
+/// `INBOX_TEST_POSTGRES_URL`.
+#[cfg(feature = "postgres")]
+fn wal_chain_setup<B: Broker>(url: &str) -> Result<Option<Chain>, String> {
+    let mut chain = chain_setup::<B>(url, "walchain")?;
+    let Some(db) =
+        crate::scenarios::PgDb::named(&format!("walchain_{}", crate::scenarios::run_id()))?
+    else {
+        return Ok(None);
+    };
+    let mut conn = PgConnection::establish(&db.url).map_err(|e| e.to_string())?;
+    conn.batch_execute(PG_CHAIN_DDL)
+        .map_err(|e| e.to_string())?;
+    outbox::wal::create(&mut conn).map_err(|e| format!("the WAL outbox's slot: {e}"))?;
+    chain.a_db = db.url.clone();
+    chain.a_pg = Some(db);
+    Ok(Some(chain))
+}
+
 fn chain_setup<B: Broker>(url: &str, name: &str) -> Result<Chain, String> {
     let run = crate::scenarios::run_id();
     let dir = std::env::temp_dir();
@@ -427,6 +539,8 @@ fn chain_setup<B: Broker>(url: &str, name: &str) -> Result<Chain, String> {
             .into_owned()
     };
     let chain = Chain {
+        #[cfg(feature = "postgres")]
+        a_pg: None,
         orders: format!("inbox-test-{run}-orders"),
         stock: format!("inbox-test-{run}-stock"),
         url: url.to_string(),
@@ -450,11 +564,27 @@ fn chain_setup<B: Broker>(url: &str, name: &str) -> Result<Chain, String> {
 /// The chain with SIGKILLs of A, the relay and B at random points (3 each)
 /// and one drop of every broker connection.
 pub fn chain_with_kills<B: Broker>(url: &str) -> Result<String, String> {
+    killed_at_random::<B>(url, chain_setup::<B>(url, "chain")?)
+}
+
+/// [`chain_with_kills`] with A on PostgreSQL, enqueuing to the WAL
+/// outbox (`outbox::set_wal`), and the relay reading it (`Relay::wal`).
+#[cfg(feature = "postgres")]
+pub fn wal_chain_with_kills<B: Broker>(url: &str) -> Result<String, String> {
+    match wal_chain_setup::<B>(url)? {
+        Some(chain) => killed_at_random::<B>(url, chain).map(|s| format!("WAL outbox: {s}")),
+        None => Ok(format!(
+            "{}INBOX_TEST_POSTGRES_URL is not set",
+            crate::scenarios::SKIPPED
+        )),
+    }
+}
+
+fn killed_at_random<B: Broker>(url: &str, chain: Chain) -> Result<String, String> {
     const N: u64 = 480;
     const CUSTOMERS: u64 = 8;
     const WAVES: usize = 8;
     const KILLS: u32 = 3;
-    let chain = chain_setup::<B>(url, "chain")?;
     let stock_dest = B::destination(&chain.stock);
     let orders: Vec<(String, Vec<u8>)> = (1..=N)
         .map(|seq| {

@@ -463,16 +463,23 @@ fn runner_stops_on_sigterm<B: Broker>(url: &str) -> Result<String, String> {
 /// A PostgreSQL database of a scenario's own (`INBOX_TEST_POSTGRES_URL`'s
 /// server), migrated, with the business table; dropped at the end.
 #[cfg(feature = "postgres")]
-struct PgDb {
+pub(crate) struct PgDb {
     server: String,
     name: String,
-    url: String,
+    pub(crate) url: String,
 }
 
 #[cfg(feature = "postgres")]
 impl PgDb {
     /// `None` when `INBOX_TEST_POSTGRES_URL` is not set.
     fn create(run: &Run) -> Result<Option<PgDb>, String> {
+        Self::named(&run.queue)
+    }
+
+    /// A database named after `name` (its dashes as underscores), with
+    /// the inbox's tables and the effects table; `None` when
+    /// `INBOX_TEST_POSTGRES_URL` is not set.
+    pub(crate) fn named(name: &str) -> Result<Option<PgDb>, String> {
         use diesel::connection::SimpleConnection;
         use diesel::prelude::*;
         let Some(server) = std::env::var("INBOX_TEST_POSTGRES_URL")
@@ -481,7 +488,7 @@ impl PgDb {
         else {
             return Ok(None);
         };
-        let name = run.queue.replace('-', "_");
+        let name = name.replace('-', "_");
         let (base, _) = server.rsplit_once('/').ok_or("a URL with a database")?;
         let db = PgDb {
             url: format!("{base}/{name}"),
@@ -567,8 +574,14 @@ impl PgDb {
 #[cfg(feature = "postgres")]
 impl Drop for PgDb {
     fn drop(&mut self) {
+        // One statement each: a multi-statement string runs as one
+        // transaction, which DROP DATABASE refuses.
         let _ = self.admin_sql(&format!(
-            "ALTER DATABASE {0} ALLOW_CONNECTIONS true; DROP DATABASE IF EXISTS {0} WITH (FORCE)",
+            "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+            self.name
+        ));
+        let _ = self.admin_sql(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
             self.name
         ));
     }
@@ -1139,7 +1152,7 @@ fn runner_survives_a_broker_drop<B: Broker>(url: &str) -> Result<String, String>
 
 /// How a scenario that cannot run here says so (counted as skipped, not
 /// passed).
-const SKIPPED: &str = "SKIPPED: ";
+pub(crate) const SKIPPED: &str = "SKIPPED: ";
 
 type Scenario = (&'static str, fn(&str) -> Result<String, String>);
 
@@ -1195,6 +1208,11 @@ fn scenarios<B: Broker>() -> Vec<Scenario> {
         (
             "outbox_relay_survives_a_broker_outage",
             crate::chain::relay_survives_a_broker_outage::<B>,
+        ),
+        #[cfg(feature = "postgres")]
+        (
+            "wal_outbox_chain_with_kills",
+            crate::chain::wal_chain_with_kills::<B>,
         ),
     ]
 }
