@@ -322,4 +322,3 @@ fn a_relay_stopped_before_it_moved_the_slot_is_followed_by_one_that_publishes_ag
         assert_eq!(last.run_once().await.expect("a pass").published, 0);
     });
 }
-

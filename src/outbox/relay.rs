@@ -205,6 +205,12 @@ where
     /// that crashed before its next checkpoint, publishes those messages
     /// again, with their ids: at least once, as the table's relay.
     ///
+    /// Speed: this version reads the slot through PostgreSQL's SQL
+    /// functions, which decode the WAL again from the slot's restart point
+    /// on every read, so it is slower than the table's relay (the guide's
+    /// outbox chapter, "The WAL outbox", has the figures); give it a large
+    /// `batch_size`.
+    ///
     /// ```no_run
     /// # #[cfg(all(feature = "lapin", feature = "postgres"))]
     /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
