@@ -90,6 +90,7 @@ pub(super) fn enqueue_to_wal() -> bool {
 /// until a relay publishes them; [`remove`] drops it.
 ///
 /// ```no_run
+/// # #[cfg(feature = "postgres")]
 /// # fn run(conn: &mut diesel::PgConnection) -> Result<(), diesel_inbox::InboxError> {
 /// diesel_inbox::outbox::wal::create(conn)?;
 /// diesel_inbox::outbox::set_wal(true);
