@@ -322,3 +322,83 @@ fn a_relay_stopped_before_it_moved_the_slot_is_followed_by_one_that_publishes_ag
         assert_eq!(last.run_once().await.expect("a pass").published, 0);
     });
 }
+
+/// The CLI, as an operator runs it: `outbox wal create` makes the slot,
+/// `outbox relay --wal --once` publishes what was enqueued to the WAL to
+/// RabbitMQ, `outbox wal remove` drops the slot, after which an enqueue to
+/// the WAL is refused.
+#[cfg(all(feature = "cli", feature = "lapin"))]
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn the_cli_creates_the_slot_and_its_relay_publishes_the_wal() {
+    use assert_cmd::cargo::CommandCargoExt;
+    let Some(amqp) = support::server_var("INBOX_TEST_AMQP_URL") else {
+        return;
+    };
+    let cli = |db: &Database, args: &[&str]| {
+        let out = std::process::Command::cargo_bin("diesel-inbox")
+            .expect("the diesel-inbox binary")
+            .env_remove("RUST_LOG")
+            .arg("--database-url")
+            .arg(&db.url)
+            .args(args)
+            .output()
+            .expect("run diesel-inbox");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    runtime().block_on(async {
+        let (db, mut conn) = prepared("cli", false).await;
+        let (code, out, err) = cli(&db, &["outbox", "wal", "create"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("slot is ready"), "{out}");
+        let queue = format!("wal_cli_{}", std::process::id());
+        let (_connection, channel) = support::rabbit_queue(&amqp, &queue).await;
+        conn.transaction(async |conn| {
+            outbox::enqueue_async(conn, Outgoing::new(queue.as_str(), "from the WAL")).await
+        })
+        .await
+        .expect("enqueue to the WAL");
+        let (code, out, err) = cli(
+            &db,
+            &[
+                "outbox",
+                "relay",
+                "--amqp",
+                &amqp,
+                "--exchange",
+                "",
+                "--wal",
+                "--once",
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("published 1, failed 0, dead 0"), "{out}");
+        let got = channel
+            .basic_get(
+                queue.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await
+            .expect("basic.get")
+            .expect("the message is in the queue");
+        assert_eq!(got.delivery.data, b"from the WAL");
+        let _ = channel
+            .queue_delete(queue.as_str().into(), Default::default())
+            .await;
+
+        let (code, _, err) = cli(&db, &["outbox", "wal", "remove"]);
+        assert_eq!(code, 0, "{err}");
+        let refused = enqueue(&mut conn, &[(None, "after")], true).await;
+        assert!(
+            matches!(refused, Err(InboxError::NoWalOutbox(_))),
+            "{refused:?}"
+        );
+    });
+}

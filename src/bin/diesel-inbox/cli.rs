@@ -78,6 +78,22 @@ pub(crate) enum OutboxCommand {
     /// destination is the subject) or to Kafka (the destination is the
     /// topic).
     Relay(RelayArgs),
+    /// The WAL outbox's replication slot (PostgreSQL, wal_level = logical):
+    /// create it before enqueues write to the WAL (outbox::set_wal), or
+    /// remove it.
+    Wal {
+        #[command(subcommand)]
+        command: WalCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum WalCommand {
+    /// Create this database's WAL outbox slot and its publication, where
+    /// they do not exist (waits for the transactions in progress to end).
+    Create,
+    /// Drop them: what the slot holds and no relay published is lost.
+    Remove,
 }
 
 #[derive(Args)]
@@ -206,6 +222,10 @@ pub(crate) struct RelayArgs {
     /// Stop after one pass (what is due now) instead of running.
     #[arg(long)]
     pub(crate) once: bool,
+    /// Also publish the WAL outbox (PostgreSQL: `outbox wal create`, and
+    /// enqueues with outbox::set_wal).
+    #[arg(long)]
+    pub(crate) wal: bool,
 }
 
 /// The broker a relay publishes to: exactly one.

@@ -1,6 +1,6 @@
-//! The outbox's commands on a connection: status, dead, retry, purge.
+//! The outbox's commands on a connection: status, dead, retry, purge, wal.
 
-use crate::cli::{DeadArgs, OutboxCommand, OutboxPurgeArgs, RetryArgs};
+use crate::cli::{DeadArgs, OutboxCommand, OutboxPurgeArgs, RetryArgs, WalCommand};
 use crate::format::{human, rfc3339};
 use crate::Failure;
 use diesel::connection::LoadConnection;
@@ -8,7 +8,7 @@ use diesel_inbox::InboxConnection;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// `outbox status|dead|retry|purge`.
+/// `outbox status|dead|retry|purge|wal`.
 pub(crate) fn execute<C>(conn: &mut C, command: &OutboxCommand) -> Result<ExitCode, Failure>
 where
     C: InboxConnection + LoadConnection,
@@ -120,6 +120,18 @@ where
                 report.batches,
                 report.elapsed.as_secs_f64()
             );
+        }
+        OutboxCommand::Wal {
+            command: WalCommand::Create,
+        } => {
+            outbox::wal::create(conn)?;
+            println!("the WAL outbox's slot is ready: enqueues with outbox::set_wal(true) write to it, and `outbox relay --wal` publishes it");
+        }
+        OutboxCommand::Wal {
+            command: WalCommand::Remove,
+        } => {
+            outbox::wal::remove(conn)?;
+            println!("the WAL outbox's slot is removed: enqueues to the WAL are refused");
         }
         OutboxCommand::Relay(_) => unreachable!("run() starts the relay"),
     }

@@ -164,7 +164,7 @@ mod database {
         publisher: P,
         options: &RelayArgs,
     ) -> Result<ExitCode, Failure> {
-        let mut relay = Relay::new(pool, publisher);
+        let mut relay = Relay::new(pool, publisher).wal(options.wal);
         if let Some(size) = options.batch_size {
             relay = relay.batch_size(size);
         }
@@ -183,6 +183,7 @@ mod database {
             batch_size = ?options.batch_size,
             poll_interval = ?options.poll_interval,
             lease = ?options.lease,
+            wal = options.wal,
             "diesel-inbox: outbox relay: started (stop with SIGTERM or Ctrl-C)"
         );
         let report = if options.once {
