@@ -11,26 +11,7 @@ use diesel::connection::SimpleConnection;
 use diesel::Connection;
 use diesel_inbox::{ErrorClass, Processed};
 use std::time::Duration;
-
-/// The binary, on `url`.
-fn cli(url: &str) -> Command {
-    let mut cmd = Command::cargo_bin("diesel-inbox").expect("the diesel-inbox binary");
-    cmd.env_remove("DATABASE_URL")
-        .env_remove("RUST_LOG")
-        .arg("--database-url")
-        .arg(url);
-    cmd
-}
-
-/// Runs it: (exit code, stdout, stderr).
-fn run(cmd: &mut Command) -> (i32, String, String) {
-    let out = cmd.output().expect("run diesel-inbox");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use support::{cli, run_cli as run};
 
 fn claim<C: diesel_inbox::InboxConnection>(conn: &mut C, consumer: &str, key: &str) {
     let out: diesel::QueryResult<Processed<()>> = diesel_inbox::Inbox::consumer(consumer)

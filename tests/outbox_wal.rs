@@ -334,25 +334,10 @@ fn a_relay_stopped_before_it_moved_the_slot_is_followed_by_one_that_publishes_ag
     ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
 )]
 fn the_cli_creates_the_slot_and_its_relay_publishes_the_wal() {
-    use assert_cmd::cargo::CommandCargoExt;
     let Some(amqp) = support::server_var("INBOX_TEST_AMQP_URL") else {
         return;
     };
-    let cli = |db: &Database, args: &[&str]| {
-        let out = std::process::Command::cargo_bin("diesel-inbox")
-            .expect("the diesel-inbox binary")
-            .env_remove("RUST_LOG")
-            .arg("--database-url")
-            .arg(&db.url)
-            .args(args)
-            .output()
-            .expect("run diesel-inbox");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let cli = |db: &Database, args: &[&str]| support::run_cli(support::cli(&db.url).args(args));
     runtime().block_on(async {
         let (db, mut conn) = prepared("cli", false).await;
         let (code, out, err) = cli(&db, &["outbox", "wal", "create"]);

@@ -332,3 +332,24 @@ pub fn side_by_side(
     }
     println!("{suite}: all scenarios passed");
 }
+
+/// The `diesel-inbox` binary (built with the feature `cli`) on `url`, with
+/// no `DATABASE_URL` or `RUST_LOG` of the environment.
+pub fn cli(url: &str) -> assert_cmd::Command {
+    let mut cmd = assert_cmd::Command::cargo_bin("diesel-inbox").expect("the diesel-inbox binary");
+    cmd.env_remove("DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .arg("--database-url")
+        .arg(url);
+    cmd
+}
+
+/// Runs [`cli`]'s command: (exit code, stdout, stderr).
+pub fn run_cli(cmd: &mut assert_cmd::Command) -> (i32, String, String) {
+    let out = cmd.output().expect("run diesel-inbox");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
