@@ -193,7 +193,7 @@ where
     /// Each pass first reads the slot, on a connection of its own (taken
     /// out of the pool, with a session lock: one relay of a database reads
     /// its slot at a time, the others only the table; no transaction-mode
-    /// proxy): whole transactions in commit order, about
+    /// proxy): whole transactions in commit order, about ten times
     /// [`batch_size`](Self::batch_size) messages per read. It publishes
     /// them in waves (a key's messages in order), writes into the outbox
     /// table those it cannot publish now (refused by the broker: counted,

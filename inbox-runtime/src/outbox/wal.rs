@@ -314,6 +314,20 @@ impl WalRead {
     }
 }
 
+/// How many messages one read of the slot takes, per message of the
+/// relay's batch: each read decodes the WAL again from the slot's restart
+/// point (SQL's interface to the slot has no position of its own), so a
+/// read takes many batches' worth, and that cost is shared among them.
+const READ_BATCHES: usize = 10;
+
+/// The changes a read of the slot asks for, for a batch of `limit`
+/// messages: [`READ_BATCHES`] batches, three changes a message at most (its
+/// own transaction's begin and commit), at most 300,000 (the read stops
+/// after the transaction that reaches it, whole).
+fn peek_changes(limit: usize) -> i32 {
+    (limit.clamp(1, 10_000) * READ_BATCHES * 3).min(300_000) as i32
+}
+
 /// This database's WAL outbox slot, if it has a usable one.
 #[cfg(feature = "async")]
 #[doc(hidden)]
@@ -351,9 +365,7 @@ pub async fn wal_read_async<C: AsyncInboxConnection>(
 ) -> Result<Option<(WalRead, Claim)>, InboxError> {
     let peek = WalOp::Peek {
         slot: slot.to_owned(),
-        // Each message is three changes at most (its own transaction's
-        // begin and commit).
-        limit: (limit.clamp(1, 100_000) * 3) as i32,
+        limit: peek_changes(limit),
     };
     let rows: Vec<ChangeRow> = match run(conn, peek).await? {
         Answer::Changes(rows) => rows,
