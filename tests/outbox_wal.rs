@@ -249,6 +249,36 @@ fn a_refused_message_is_kept_aside_and_its_key_keeps_its_order() {
     });
 }
 
+/// The sync enqueue (`outbox::enqueue` on a `PgConnection`) writes to the
+/// WAL too; the relay publishes it, and a message enqueued in a
+/// transaction that rolled back is not published.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn a_sync_enqueue_writes_to_the_wal() {
+    runtime().block_on(async {
+        let (db, mut conn) = prepared("sync", true).await;
+        let mut sync = PgConnection::establish(&db.url).expect("connect");
+        sync.transaction(|conn| outbox::enqueue(conn, Outgoing::new("orders", "s1")))
+            .expect("enqueue");
+        let rolled_back: Result<String, InboxError> = sync.transaction(|conn| {
+            outbox::enqueue(conn, Outgoing::new("orders", "s2"))?;
+            Err(InboxError::InvalidArgument("rolled back on purpose"))
+        });
+        assert!(rolled_back.is_err());
+        let publisher = Calls::default();
+        let relay = Relay::new(pool(&db), publisher.clone()).wal(true);
+        assert_eq!(relay.run_once().await.expect("a pass").published, 1);
+        assert_eq!(
+            std::mem::take(&mut *publisher.calls.lock().expect("lock")),
+            vec![vec!["s1"]]
+        );
+        assert!(table_rows(&mut conn).await.is_empty());
+    });
+}
+
 /// A publisher that takes every message and, once `hang` is set, never
 /// answers (a relay that dies between the broker's confirm and its
 /// settlement).
