@@ -132,7 +132,7 @@ fn committed_messages_are_published_from_the_wal_in_order_and_a_rollback_publish
         .await
         .expect("enqueue");
         let publisher = Calls::default();
-        let relay = Relay::new(pool(&db), publisher.clone()).wal(true);
+        let relay = Relay::new(pool(&db), publisher.clone()).wal(db.url.clone());
         let report = relay.run_once().await.expect("a pass");
         assert_eq!(
             (report.published, report.failed, report.released),
@@ -182,7 +182,7 @@ fn an_enqueue_without_a_slot_or_with_a_delay_is_refused() {
         );
         // Nothing of either reached the WAL or the table.
         let publisher = Calls::default();
-        let relay = Relay::new(pool(&db), publisher.clone()).wal(true);
+        let relay = Relay::new(pool(&db), publisher.clone()).wal(db.url.clone());
         assert_eq!(relay.run_once().await.expect("a pass").published, 0);
         assert!(table_rows(&mut conn).await.is_empty());
     });
@@ -215,7 +215,7 @@ fn a_refused_message_is_kept_aside_and_its_key_keeps_its_order() {
         .expect("enqueue");
         let publisher = Calls::default();
         *publisher.refuse.lock().expect("lock") = Some("a2".into());
-        let relay = Relay::new(pool(&db), publisher.clone()).wal(true);
+        let relay = Relay::new(pool(&db), publisher.clone()).wal(db.url.clone());
         let report = relay.run_once().await.expect("a pass");
         assert_eq!((report.published, report.failed), (2, 1), "{report:?}");
         let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
@@ -269,7 +269,7 @@ fn a_sync_enqueue_writes_to_the_wal() {
         });
         assert!(rolled_back.is_err());
         let publisher = Calls::default();
-        let relay = Relay::new(pool(&db), publisher.clone()).wal(true);
+        let relay = Relay::new(pool(&db), publisher.clone()).wal(db.url.clone());
         assert_eq!(relay.run_once().await.expect("a pass").published, 1);
         assert_eq!(
             std::mem::take(&mut *publisher.calls.lock().expect("lock")),
@@ -318,7 +318,7 @@ fn a_relay_stopped_before_it_moved_the_slot_is_followed_by_one_that_publishes_ag
             .expect("enqueue");
         let first = Hangs::default();
         first.hang.store(true, Ordering::SeqCst);
-        let relay = Relay::new(pool(&db), first.clone()).wal(true);
+        let relay = Relay::new(pool(&db), first.clone()).wal(db.url.clone());
         let stopped = tokio::time::timeout(Duration::from_secs(2), relay.run_once()).await;
         assert!(stopped.is_err(), "the first relay's publish hangs");
         let taken = first.ids.lock().expect("lock").clone();
@@ -327,7 +327,7 @@ fn a_relay_stopped_before_it_moved_the_slot_is_followed_by_one_that_publishes_ag
         // The first relay still holds the slot's lock: a second one leaves
         // the WAL to it.
         let second = Hangs::default();
-        let other = Relay::new(pool(&db), second.clone()).wal(true);
+        let other = Relay::new(pool(&db), second.clone()).wal(db.url.clone());
         assert_eq!(other.run_once().await.expect("a pass").published, 0);
         assert!(second.ids.lock().expect("lock").is_empty());
 
@@ -340,7 +340,7 @@ fn a_relay_stopped_before_it_moved_the_slot_is_followed_by_one_that_publishes_ag
                 "never published again"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let third = Relay::new(pool(&db), second.clone()).wal(true);
+            let third = Relay::new(pool(&db), second.clone()).wal(db.url.clone());
             published += third.run_once().await.expect("a pass").published;
         }
         let mut again = second.ids.lock().expect("lock").clone();
@@ -348,7 +348,7 @@ fn a_relay_stopped_before_it_moved_the_slot_is_followed_by_one_that_publishes_ag
         again.sort();
         taken.sort();
         assert_eq!(again, taken, "the same messages, with the same ids");
-        let last = Relay::new(pool(&db), second.clone()).wal(true);
+        let last = Relay::new(pool(&db), second.clone()).wal(db.url.clone());
         assert_eq!(last.run_once().await.expect("a pass").published, 0);
     });
 }

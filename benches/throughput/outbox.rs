@@ -220,7 +220,7 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
     let wal_relay = wal.then(|| {
         Relay::new(pool.clone(), outbox::lapin::Publisher::connect(amqp, ""))
             .batch_size(batch)
-            .wal(true)
+            .wal(url)
     });
     if wal {
         outbox::wal::create(&mut conn).map_err(|e| format!("the WAL outbox's slot: {e}"))?;

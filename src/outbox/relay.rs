@@ -17,6 +17,7 @@ use wakeups::{Doze, Next, LISTEN_OPEN_TIMEOUT};
 
 mod wakeups;
 mod wal;
+mod wal_stream;
 
 /// Why a relay stopped. Each variant keeps its cause as its
 /// [`source`](std::error::Error::source).
@@ -33,6 +34,12 @@ pub enum RelayError {
     /// The publisher cannot publish any more ([`PublishError::Closed`]).
     #[error("outbox relay: {0}")]
     Publisher(#[source] PublishError),
+    /// The WAL outbox's replication connection ([`Relay::wal`]) failed or
+    /// cannot open (its URL, the server's refusal, a stream that stopped);
+    /// `run` logs it and backs off, then streams again from what the slot
+    /// confirmed.
+    #[error("outbox relay: {0}")]
+    Replication(#[source] std::io::Error),
 }
 
 /// What a relay did: see [`Relay::run_once`].
@@ -146,9 +153,9 @@ pub struct Relay<D: RelayPool, P> {
     /// Where the next claim's look starts (PostgreSQL): the floor the last
     /// claim left, none after a failed step.
     floor: std::sync::Mutex<Option<steps::Floor>>,
-    /// Whether it reads the WAL outbox too ([`wal`](Self::wal)), and its
-    /// connection for that.
-    wal: bool,
+    /// Whether it reads the WAL outbox too ([`wal`](Self::wal)): the
+    /// replication connection's URL; and its connections for that.
+    wal: Option<String>,
     wal_side: tokio::sync::Mutex<wal::WalSide<D::Connection>>,
 }
 
@@ -179,37 +186,37 @@ where
             max_publish_attempts: DEFAULT_MAX_PUBLISH_ATTEMPTS,
             lease: LEASE,
             floor: std::sync::Mutex::new(None),
-            wal: false,
+            wal: None,
             wal_side: Default::default(),
         }
     }
 
-    /// Whether the relay also publishes the WAL outbox's messages
-    /// (default: off): those that enqueues wrote to the write-ahead log
+    /// Makes the relay also publish the WAL outbox's messages (default:
+    /// it does not): those that enqueues wrote to the write-ahead log
     /// with [`outbox::set_wal`](super::set_wal) on (PostgreSQL 14 and
     /// later, `wal_level = logical`, the slot made by
     /// [`outbox::wal::create`](super::wal::create)).
     ///
-    /// Each pass first reads the slot, on a connection of its own (taken
-    /// out of the pool, with a session lock: one relay of a database reads
-    /// its slot at a time, the others only the table; no transaction-mode
-    /// proxy): whole transactions in commit order, about ten times
-    /// [`batch_size`](Self::batch_size) messages per read. It publishes
-    /// them in waves (a key's messages in order), writes into the outbox
-    /// table those it cannot publish now (refused by the broker: counted,
-    /// retried with backoff, dead after
-    /// [`max_publish_attempts`](Self::max_publish_attempts); or of a key
-    /// with live rows there, which keep their order), and only then moves
-    /// the slot past the read. Then the pass goes on with the table, as
-    /// without it. A relay killed before it moved the slot, or a server
-    /// that crashed before its next checkpoint, publishes those messages
-    /// again, with their ids: at least once, as the table's relay.
+    /// `url` is the pool's database, for a replication connection:
+    /// `postgres://user:password@host:port/database` (a role with the
+    /// `REPLICATION` attribute, or a superuser; no TLS; no proxy).
     ///
-    /// Speed: this version reads the slot through PostgreSQL's SQL
-    /// functions, which decode the WAL again from the slot's restart point
-    /// on every read, so it is slower than the table's relay (the guide's
-    /// outbox chapter, "The WAL outbox", has the figures); give it a large
-    /// `batch_size`.
+    /// Each pass first reads the slot. The relay keeps a connection out of
+    /// the pool with a session lock (one relay of a database reads its
+    /// slot at a time, the others only the table) and a replication
+    /// connection streaming the slot (`START_REPLICATION`): the server
+    /// decodes each transaction once, as it commits, and sends it. The
+    /// pass reads whole transactions up to where the WAL was flushed when
+    /// it began, [`batch_size`](Self::batch_size) messages at a time,
+    /// publishes them in waves (a key's messages in order), writes into
+    /// the outbox table those it cannot publish now (refused by the
+    /// broker: counted, retried with backoff, dead after
+    /// [`max_publish_attempts`](Self::max_publish_attempts); or of a key
+    /// with live rows there, which keep their order), and only then
+    /// confirms them to the slot. Then the pass goes on with the table, as
+    /// without it. A relay killed before it confirmed, or a server that
+    /// crashed before its next checkpoint, publishes those messages again,
+    /// with their ids: at least once, as the table's relay.
     ///
     /// ```no_run
     /// # #[cfg(all(feature = "lapin", feature = "postgres"))]
@@ -228,13 +235,13 @@ where
     ///
     /// let pool = Pool::builder(AsyncDieselConnectionManager::<AsyncPgConnection>::new(url)).build()?;
     /// let publisher = outbox::lapin::Publisher::connect("amqp://localhost:5672/%2f", "orders-exchange");
-    /// let relay = Relay::new(pool, publisher).wal(true).batch_size(500);
+    /// let relay = Relay::new(pool, publisher).wal(url).batch_size(500);
     /// relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
     /// # Ok(())
     /// # }
     /// ```
-    pub fn wal(mut self, on: bool) -> Self {
-        self.wal = on;
+    pub fn wal(mut self, url: impl Into<String>) -> Self {
+        self.wal = Some(url.into());
         self
     }
 
@@ -301,7 +308,7 @@ where
     /// previous one is published; batch `k`'s rows are held, so the claim
     /// skips them and their keys' later messages.
     async fn pass(&self, report: &mut RelayReport) -> Result<(), RelayError> {
-        if self.wal && !self.wal_pass(report).await? {
+        if self.wal.is_some() && !self.wal_pass(report).await? {
             // The broker is unavailable.
             return Ok(());
         }

@@ -219,7 +219,7 @@ async fn relay() -> Result<(), String> {
             .max_size(2)
             .build()
             .map_err(|e| e.to_string())?;
-        return relay_on(pool, true, &url).await;
+        return relay_on(pool, Some(var("INBOX_CHAIN_DB")), &url).await;
     }
     let manager =
         AsyncDieselConnectionManager::<Conn>::new_with_config(var("INBOX_CHAIN_DB"), config);
@@ -227,21 +227,34 @@ async fn relay() -> Result<(), String> {
         .max_size(2)
         .build()
         .map_err(|e| e.to_string())?;
-    relay_on(pool, false, &url).await
+    relay_on(pool, None, &url).await
 }
 
 /// Runs a relay of `pool`'s outbox (and, with `wal`, its WAL outbox) to
 /// the chain's broker until SIGTERM, then prints its report.
-async fn relay_on<D: outbox::RelayPool>(pool: D, wal: bool, url: &str) -> Result<(), String> {
+/// The relay (with `wal`, the WAL outbox's too: its database's URL).
+async fn relay_on<D: outbox::RelayPool>(
+    pool: D,
+    wal: Option<String>,
+    url: &str,
+) -> Result<(), String> {
+    fn with_wal<D: outbox::RelayPool, P: outbox::Publish>(
+        relay: Relay<D, P>,
+        wal: Option<String>,
+    ) -> Relay<D, P> {
+        match wal {
+            Some(db) => relay.wal(db),
+            None => relay,
+        }
+    }
     let report = match var("INBOX_BROKER").as_str() {
         #[cfg(feature = "lapin")]
         "rabbitmq" => {
             let publisher = outbox::lapin::Publisher::connect(url, "");
-            Relay::new(pool, publisher)
+            with_wal(Relay::new(pool, publisher), wal)
                 .batch_size(20)
                 .poll_interval(Duration::from_millis(50))
                 .lease(Duration::from_secs(5))
-                .wal(wal)
                 .run(sigterm())
                 .await
         }
@@ -253,11 +266,10 @@ async fn relay_on<D: outbox::RelayPool>(pool: D, wal: bool, url: &str) -> Result
                 .await
                 .map_err(|e| e.to_string())?;
             let publisher = outbox::nats::Publisher::new(async_nats::jetstream::new(client));
-            Relay::new(pool, publisher)
+            with_wal(Relay::new(pool, publisher), wal)
                 .batch_size(20)
                 .poll_interval(Duration::from_millis(50))
                 .lease(Duration::from_secs(5))
-                .wal(wal)
                 .run(sigterm())
                 .await
         }

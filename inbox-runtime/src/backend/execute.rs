@@ -222,7 +222,6 @@ where
         + LoadOn<B, SeqRow>
         + LoadOn<B, OffsetRow>
         + LoadOn<B, PositionRow>
-        + LoadOn<B, crate::backend::outbox_wal::ChangeRow>
         + LoadOn<B, crate::backend::outbox_wal::TextRow>
         + LoadOn<B, crate::backend::outbox_wal::CountRow>,
     Enqueue: ExecuteOn<B> + LoadOn<B, MarkerRow>,
@@ -517,7 +516,6 @@ pub(crate) mod asynchronous {
             + LoadOnAsync<B, SeqRow>
             + LoadOnAsync<B, OffsetRow>
             + LoadOnAsync<B, PositionRow>
-            + LoadOnAsync<B, crate::backend::outbox_wal::ChangeRow>
             + LoadOnAsync<B, crate::backend::outbox_wal::TextRow>
             + LoadOnAsync<B, crate::backend::outbox_wal::CountRow>,
         Enqueue: QueryFragment<B> + QueryId + LoadOnAsync<B, MarkerRow>,

@@ -24,8 +24,8 @@ pub(crate) use super::outbox_claim::SeqRow;
 pub use super::outbox_claim::{ClaimedRow, Floor, WindowRow};
 #[cfg(feature = "async")]
 pub use super::outbox_wal::AsideRow;
+pub use super::outbox_wal::WalOp;
 use super::outbox_wal::{self as wal, WalEmit, WalPlan};
-pub use super::outbox_wal::{ChangeRow, WalOp};
 use super::outbox_wal::{CountRow, TextRow};
 pub(crate) use super::positions::OffsetRow;
 pub use super::positions::PositionRow;
@@ -127,8 +127,6 @@ pub enum Answer {
     Positions(Vec<PositionRow>),
     /// Texts (the WAL slot's name, the keys with live rows).
     Texts(Vec<String>),
-    /// The WAL slot's decoded changes.
-    Changes(Vec<ChangeRow>),
 }
 
 /// One destination's counts.
@@ -444,7 +442,6 @@ where
         + LoadOn<C::Backend, SeqRow>
         + LoadOn<C::Backend, OffsetRow>
         + LoadOn<C::Backend, PositionRow>
-        + LoadOn<C::Backend, ChangeRow>
         + LoadOn<C::Backend, TextRow>
         + LoadOn<C::Backend, CountRow>,
     Enqueue: ExecuteOn<C::Backend> + LoadOn<C::Backend, MarkerRow>,
@@ -516,9 +513,7 @@ where
         Plan::Positions(stmt) => Answer::Positions(stmt.load_on(conn)?),
         Plan::Emit(emit) => Answer::Count(wal::emitted(&emit.load_on(conn)?)?),
         Plan::Wal(WalPlan::Texts(stmt)) => Answer::Texts(texts(stmt.load_on(conn)?)),
-        Plan::Wal(WalPlan::Changes(stmt)) => Answer::Changes(stmt.load_on(conn)?),
         Plan::Wal(WalPlan::Count(stmt)) => Answer::Count(wal::count(&stmt.load_on(conn)?)?),
-        Plan::Wal(WalPlan::Execute(stmt)) => Answer::Count(stmt.execute_on(conn)?),
         Plan::Wal(WalPlan::Refused) => return Err(wal::refused()),
     })
 }
@@ -543,7 +538,6 @@ where
         + LoadOnAsync<C::Backend, SeqRow>
         + LoadOnAsync<C::Backend, OffsetRow>
         + LoadOnAsync<C::Backend, PositionRow>
-        + LoadOnAsync<C::Backend, ChangeRow>
         + LoadOnAsync<C::Backend, TextRow>
         + LoadOnAsync<C::Backend, CountRow>,
     Enqueue: QueryFragment<C::Backend> + QueryId + LoadOnAsync<C::Backend, MarkerRow>,
@@ -627,11 +621,9 @@ where
         Plan::Positions(stmt) => Answer::Positions(stmt.load_on_async(conn).await?),
         Plan::Emit(emit) => Answer::Count(wal::emitted(&emit.load_on_async(conn).await?)?),
         Plan::Wal(WalPlan::Texts(stmt)) => Answer::Texts(texts(stmt.load_on_async(conn).await?)),
-        Plan::Wal(WalPlan::Changes(stmt)) => Answer::Changes(stmt.load_on_async(conn).await?),
         Plan::Wal(WalPlan::Count(stmt)) => {
             Answer::Count(wal::count(&stmt.load_on_async(conn).await?)?)
         }
-        Plan::Wal(WalPlan::Execute(stmt)) => Answer::Count(stmt.execute(conn).await?),
         Plan::Wal(WalPlan::Refused) => return Err(wal::refused()),
     })
 }

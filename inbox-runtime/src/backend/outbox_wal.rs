@@ -62,9 +62,8 @@ pub enum WalOp {
     /// Takes the WAL relay's session lock, without waiting (one relay
     /// reads a slot at a time): `Count(1)` when taken.
     Lock,
-    /// Up to about `limit` changes after the slot's position, whole
-    /// transactions, in commit order.
-    Peek { slot: String, limit: i32 },
+    /// Where the WAL is flushed to (`Count`).
+    Flushed,
     /// Of `keys`, those with a live row in the outbox table.
     LiveKeys { keys: Vec<String> },
     /// Writes a message into the outbox table (kept aside: its key has
@@ -72,8 +71,6 @@ pub enum WalOp {
     /// holds it (written now, or by an earlier pass over the same WAL),
     /// `Count(0)` when another message holds its id.
     Aside(AsideRow),
-    /// Moves the slot's position to `lsn`: what is before it is done.
-    Advance { slot: String, lsn: i64 },
 }
 
 /// A message the WAL relay writes into the outbox table.
@@ -95,15 +92,6 @@ pub struct AsideRow {
     pub dead: bool,
 }
 
-/// One row of the slot's decoded output.
-#[derive(Debug, Clone, QueryableByName)]
-#[doc(hidden)]
-pub struct ChangeRow {
-    /// `pgoutput`'s message: `B`egin, `M`essage, `C`ommit.
-    #[diesel(sql_type = Binary)]
-    pub data: Vec<u8>,
-}
-
 /// A text, or NULL.
 #[derive(Debug, Clone, QueryableByName)]
 #[doc(hidden)]
@@ -123,9 +111,7 @@ pub struct CountRow {
 /// How a [`WalOp`] runs.
 pub(crate) enum WalPlan {
     Texts(Stmt),
-    Changes(Stmt),
     Count(Stmt),
-    Execute(Stmt),
     /// A WAL operation where the backend has no WAL outbox.
     Refused,
 }
@@ -147,19 +133,8 @@ pub(crate) fn plan<B: Internals>(op: WalOp) -> WalPlan {
                 .sql(WAL_LOCK)
                 .sql(") THEN 1 ELSE 0 END::bigint AS n"),
         ),
-        WalOp::Peek { slot, limit } => WalPlan::Changes(
-            Stmt::new()
-                .sql(
-                    "SELECT data \
-                     FROM pg_logical_slot_peek_binary_changes(",
-                )
-                .bind(Bind::Text(slot))
-                .sql(", NULL, ")
-                .bind(Bind::Int(limit))
-                .sql(
-                    ", 'proto_version', '1', 'publication_names', 'diesel_inbox_outbox', \
-                     'messages', 'true')",
-                ),
+        WalOp::Flushed => WalPlan::Count(
+            Stmt::new().sql("SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint AS n"),
         ),
         WalOp::LiveKeys { keys } => {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -219,15 +194,18 @@ pub(crate) fn plan<B: Internals>(op: WalOp) -> WalPlan {
                     .sql(") AS n"),
             )
         }
-        WalOp::Advance { slot, lsn } => WalPlan::Execute(
-            Stmt::new()
-                .sql("SELECT end_lsn FROM pg_replication_slot_advance(")
-                .bind(Bind::Text(slot))
-                .sql(", '0/0'::pg_lsn + ")
-                .bind(Bind::Big(lsn))
-                .sql("::numeric)"),
-        ),
     }
+}
+
+/// The statement that streams `slot` on a replication connection, from
+/// its confirmed position: `pgoutput` with the outbox's messages (and no
+/// table: the publication is empty).
+pub(crate) fn start_replication(slot: &str) -> String {
+    format!(
+        "START_REPLICATION SLOT \"{}\" LOGICAL 0/0 (proto_version '1', \
+         publication_names '{PREFIX}', messages 'true')",
+        slot.replace('"', "\"\"")
+    )
 }
 
 /// The WAL relay's session lock (its key: "diesel-inbox WAL" in hex).

@@ -80,6 +80,8 @@ pub use operations::{dead_async, purge_async, retry_async, status_async};
 #[cfg(feature = "async")]
 pub use relay::{check_server_async, step_async, Claim, PublishOutcome, Settled, Stepped};
 pub use relay::{wake_generation, woken, OutboxMessage};
-pub use wal::set_wal;
+pub use wal::{set_wal, wal_start_replication};
 #[cfg(feature = "async")]
-pub use wal::{wal_lock_async, wal_read_async, wal_settle_async, wal_slot_async, WalRead};
+pub use wal::{
+    wal_claim_async, wal_flushed_async, wal_lock_async, wal_settle_async, wal_slot_async, WalRead,
+};

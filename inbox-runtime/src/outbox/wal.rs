@@ -29,7 +29,7 @@ use super::statements::short_transaction_async;
 use crate::backend::asynchronous::AsyncInboxConnection;
 use crate::backend::outbox::NewRow;
 #[cfg(feature = "async")]
-use crate::backend::outbox::{Answer, AsideRow, ChangeRow, ClaimedRow, Op, WalOp};
+use crate::backend::outbox::{Answer, AsideRow, ClaimedRow, Op, WalOp};
 use crate::backend::Internals;
 use crate::error::InboxError;
 use crate::ops::ops_error;
@@ -233,18 +233,16 @@ impl<'a> Cursor<'a> {
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
 /// What one read of the slot decoded: the outbox's messages in commit
-/// order, each with its commit's time (microseconds since 1970), and the
-/// end of the last whole transaction read.
+/// order, each with its commit's time (microseconds since 1970).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Decoded {
     pub(super) messages: Vec<(Record, i64)>,
-    pub(super) end: Option<i64>,
 }
 
 /// Decodes `pgoutput`'s rows ([`ChangeRow::data`]): `B`egin (its commit
-/// time), `M`essage (ours by their prefix; others' are skipped), `C`ommit
-/// (the transaction's end). Anything else (a table's change, if someone
-/// added a table to the publication) is skipped. A message of ours that
+/// time), `M`essage (ours by their prefix; others' are skipped). Anything
+/// else (`C`ommit, a table's change if someone added a table to the
+/// publication) is skipped. A message of ours that
 /// does not read is an error: it is not skipped silently.
 pub(super) fn decode<'a>(rows: impl IntoIterator<Item = &'a [u8]>) -> Result<Decoded, String> {
     let int = |b: &[u8], at: usize| -> Option<i64> {
@@ -257,7 +255,6 @@ pub(super) fn decode<'a>(rows: impl IntoIterator<Item = &'a [u8]>) -> Result<Dec
             Some(b'B') => {
                 committed = int(data, 9).ok_or("a short Begin message")? + PG_EPOCH_MICROS;
             }
-            Some(b'C') => decoded.end = Some(int(data, 10).ok_or("a short Commit message")?),
             Some(b'M') => {
                 // flags (1), lsn (8), prefix (C string), length (4), content.
                 let rest = data.get(10..).ok_or("a short logical message")?;
@@ -285,9 +282,9 @@ pub(super) fn decode<'a>(rows: impl IntoIterator<Item = &'a [u8]>) -> Result<Dec
 }
 
 /// One read of the slot, for the relay: its messages (those it may
-/// publish now are [`wal_read_async`]'s [`Claim`], in waves; the others
+/// publish now are [`wal_claim_async`]'s [`Claim`], in waves; the others
 /// it keeps aside at once: their key has live rows in the outbox table),
-/// and where the slot moves once they are settled ([`wal_settle_async`]).
+/// settled by [`wal_settle_async`].
 #[cfg(feature = "async")]
 #[doc(hidden)]
 #[derive(Debug)]
@@ -297,8 +294,6 @@ pub struct WalRead {
     messages: Vec<(Record, i64)>,
     /// The indexes of those kept aside at once.
     aside: Vec<usize>,
-    slot: String,
-    end: i64,
 }
 
 #[cfg(feature = "async")]
@@ -308,24 +303,18 @@ impl WalRead {
         self.messages.len()
     }
 
-    /// Whether it read no message (only transactions to move past).
+    /// Whether it read no message.
     pub fn is_empty(&self) -> bool {
         self.messages.is_empty()
     }
 }
 
-/// How many messages one read of the slot takes, per message of the
-/// relay's batch: each read decodes the WAL again from the slot's restart
-/// point (SQL's interface to the slot has no position of its own), so a
-/// read takes many batches' worth, and that cost is shared among them.
-const READ_BATCHES: usize = 10;
-
-/// The changes a read of the slot asks for, for a batch of `limit`
-/// messages: [`READ_BATCHES`] batches, three changes a message at most (its
-/// own transaction's begin and commit), at most 300,000 (the read stops
-/// after the transaction that reaches it, whole).
-fn peek_changes(limit: usize) -> i32 {
-    (limit.clamp(1, 10_000) * READ_BATCHES * 3).min(300_000) as i32
+/// The statement that starts streaming `slot` on a replication
+/// connection (from the slot's confirmed position), decoded by `pgoutput`
+/// with the WAL outbox's messages.
+#[doc(hidden)]
+pub fn wal_start_replication(slot: &str) -> String {
+    crate::backend::outbox_wal::start_replication(slot)
 }
 
 /// This database's WAL outbox slot, if it has a usable one.
@@ -352,33 +341,33 @@ pub async fn wal_lock_async<C: AsyncInboxConnection>(conn: &mut C) -> Result<boo
     Ok(super::statements::count_of(run(conn, WalOp::Lock).await?)? == 1)
 }
 
-/// Reads up to about `limit` changes from `slot` (whole transactions) and
-/// splits their messages into what to publish now and what to keep aside;
-/// `None` when the slot has nothing after its position. The claim (in
-/// waves; a message's `seq` is its place in the read) is what to publish.
+/// Where the WAL is flushed to now (a relay reads the stream up to
+/// there before it calls a read done).
 #[cfg(feature = "async")]
 #[doc(hidden)]
-pub async fn wal_read_async<C: AsyncInboxConnection>(
+pub async fn wal_flushed_async<C: AsyncInboxConnection>(conn: &mut C) -> Result<u64, InboxError> {
+    Ok(super::statements::count_of(run(conn, WalOp::Flushed).await?)? as u64)
+}
+
+/// Decodes `changes` (`pgoutput`'s messages of whole transactions, read
+/// from the slot) and splits their messages into what to publish now and
+/// what to keep aside; `None` when they hold no message of ours. The
+/// claim (in waves; a message's `seq` is its place in the read) is what to
+/// publish.
+#[cfg(feature = "async")]
+#[doc(hidden)]
+pub async fn wal_claim_async<C: AsyncInboxConnection>(
     conn: &mut C,
-    slot: &str,
-    limit: usize,
+    changes: &[Vec<u8>],
 ) -> Result<Option<(WalRead, Claim)>, InboxError> {
-    let peek = WalOp::Peek {
-        slot: slot.to_owned(),
-        limit: peek_changes(limit),
-    };
-    let rows: Vec<ChangeRow> = match run(conn, peek).await? {
-        Answer::Changes(rows) => rows,
-        other => return Err(super::statements::unexpected(other)),
-    };
-    let decoded = decode(rows.iter().map(|r| r.data.as_slice())).map_err(|why| {
+    let decoded = decode(changes.iter().map(Vec::as_slice)).map_err(|why| {
         InboxError::Database(diesel::result::Error::DeserializationError(
-            format!("the WAL outbox's slot {slot}: {why}").into(),
+            format!("the WAL outbox's slot: {why}").into(),
         ))
     })?;
-    let Some(end) = decoded.end else {
+    if decoded.messages.is_empty() {
         return Ok(None);
-    };
+    }
     let mut keys: Vec<String> = decoded
         .messages
         .iter()
@@ -418,8 +407,6 @@ pub async fn wal_read_async<C: AsyncInboxConnection>(
     let read = WalRead {
         messages: decoded.messages,
         aside,
-        slot: slot.to_owned(),
-        end,
     };
     Ok(Some((read, Claim::of(String::new(), rows))))
 }
@@ -430,7 +417,7 @@ pub async fn wal_read_async<C: AsyncInboxConnection>(
 /// writes into the outbox table, in commit order, the messages kept
 /// aside, refused (counted, due after their backoff, dead at once when
 /// the relay allows one attempt) and kept back behind a refused one of
-/// their key; then moves the slot past the read.
+/// their key. The relay then confirms the read's end to the slot.
 #[cfg(feature = "async")]
 #[doc(hidden)]
 pub async fn wal_settle_async<C: AsyncInboxConnection>(
@@ -512,16 +499,6 @@ pub async fn wal_settle_async<C: AsyncInboxConnection>(
     }
     crate::telemetry::outbox_published(&latencies);
     crate::telemetry::outbox_failed(settled.failed, settled.dead);
-    super::statements::count_of(
-        run(
-            conn,
-            WalOp::Advance {
-                slot: read.slot,
-                lsn: read.end,
-            },
-        )
-        .await?,
-    )?;
     Ok(settled)
 }
 
@@ -610,7 +587,6 @@ mod tests {
         let others = message("someone_else", b"x");
         let rows = [&begin[..], &others, &ours, &commit];
         let decoded = decode(rows).unwrap();
-        assert_eq!(decoded.end, Some(0x47eb210));
         assert_eq!(decoded.messages.len(), 1);
         assert_eq!(decoded.messages[0].1, 1_000_000 + PG_EPOCH_MICROS);
         assert_eq!(decoded.messages[0].0.key.as_deref(), Some("k"));

@@ -133,6 +133,7 @@ mod database {
                     pool::<diesel_async::AsyncPgConnection>(url)?,
                     publisher,
                     options,
+                    url,
                 )
                 .await
             }
@@ -142,6 +143,7 @@ mod database {
                     pool::<diesel_async::AsyncMysqlConnection>(url)?,
                     publisher,
                     options,
+                    url,
                 )
                 .await
             }
@@ -150,7 +152,7 @@ mod database {
                 type Sqlite = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
                     diesel::SqliteConnection,
                 >;
-                run(pool::<Sqlite>(path)?, publisher, options).await
+                run(pool::<Sqlite>(path)?, publisher, options, url).await
             }
             #[allow(unreachable_patterns)]
             _ => Err(Failure(
@@ -163,8 +165,12 @@ mod database {
         pool: D,
         publisher: P,
         options: &RelayArgs,
+        url: &str,
     ) -> Result<ExitCode, Failure> {
-        let mut relay = Relay::new(pool, publisher).wal(options.wal);
+        let mut relay = Relay::new(pool, publisher);
+        if options.wal {
+            relay = relay.wal(url);
+        }
         if let Some(size) = options.batch_size {
             relay = relay.batch_size(size);
         }

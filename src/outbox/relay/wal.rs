@@ -1,17 +1,20 @@
 //! A relay's reads of the WAL outbox ([`Relay::wal`]): on a connection of
 //! its own that holds the WAL relay's lock (one relay reads a database's
-//! slot at a time), read whole transactions from the slot, publish their
-//! messages in waves, keep aside in the outbox table what cannot be
-//! published now, then move the slot past the read.
+//! slot at a time) and a replication connection streaming the slot, read
+//! whole transactions, publish their messages in waves, keep aside in the
+//! outbox table what cannot be published now, then confirm the read to the
+//! slot.
 
+use super::wal_stream::{Stream, Target};
 use super::{Relay, RelayError, RelayReport};
 use crate::outbox::pool::RelayPool;
 use crate::outbox::publish::Publish;
 use inbox_runtime::outbox as steps;
 
-/// The WAL relay's connection, its slot, and whether it holds the lock.
+/// The WAL relay's connections, its slot, and whether it holds the lock.
 pub(super) struct WalSide<C> {
     conn: Option<C>,
+    stream: Option<Stream>,
     slot: String,
     held: bool,
     /// Whether "no slot" was said (once per relay).
@@ -22,6 +25,7 @@ impl<C> Default for WalSide<C> {
     fn default() -> Self {
         WalSide {
             conn: None,
+            stream: None,
             slot: String::new(),
             held: false,
             said: false,
@@ -34,16 +38,22 @@ where
     D: RelayPool,
     P: Publish,
 {
-    /// Publishes what the WAL outbox's slot holds, read after read, until
-    /// a read finds nothing. `Ok(false)`: the broker was unavailable (the
-    /// read is given back: the slot stays, and the next pass reads it
-    /// again); the pass stops there. Another relay holding the slot, or no
-    /// slot (said once, at WARN), leaves it to the table.
+    /// Publishes what the WAL outbox's slot holds up to where the WAL was
+    /// flushed when the pass began. `Ok(false)`: the broker was
+    /// unavailable (the read is given back: the stream is closed, and the
+    /// next pass reads again from what the slot confirmed); the pass stops
+    /// there. Another relay holding the slot, or no slot (said once, at
+    /// WARN), leaves it to the table.
     pub(super) async fn wal_pass(&self, report: &mut RelayReport) -> Result<bool, RelayError> {
         let mut side = self.wal_side.lock().await;
         let passed = self.wal_reads(&mut side, report).await;
+        if !matches!(passed, Ok(true)) {
+            // The stream starts again from the slot's confirmed position;
+            // after an error, the connection (and with it the lock) is
+            // opened again.
+            side.stream = None;
+        }
         if passed.is_err() {
-            // The connection (and with it the lock) is opened again.
             side.conn = None;
             side.held = false;
         }
@@ -80,32 +90,50 @@ where
                 return Ok(true);
             }
         }
+        let upto = steps::wal_flushed_async(conn).await?;
+        if side.stream.is_none() {
+            let url = self.wal.as_deref().unwrap_or_default();
+            let target = Target::parse(url)
+                .map_err(|why| RelayError::Replication(std::io::Error::other(why)))?;
+            side.stream = Some(
+                Stream::open(&target, &side.slot)
+                    .await
+                    .map_err(RelayError::Replication)?,
+            );
+        }
+        let Some(stream) = side.stream.as_mut() else {
+            return Ok(true);
+        };
         loop {
-            let Some((read, claim)) =
-                steps::wal_read_async(conn, &side.slot, self.batch_size).await?
-            else {
+            let chunk = stream
+                .read(upto, self.batch_size)
+                .await
+                .map_err(RelayError::Replication)?;
+            let Some(end) = chunk.end else {
                 return Ok(true);
             };
-            let messages = read.len() as u64;
-            let delivered = self.publish(claim).await;
-            if delivered.stops() {
-                // Nothing is settled: the slot stays, and the whole read is
-                // published again (the broker has some of it, with the
-                // same ids).
-                report.released += messages;
-                return match delivered.closed {
-                    Some(e) => Err(RelayError::Publisher(e)),
-                    None => Ok(false),
-                };
+            if let Some((read, claim)) = steps::wal_claim_async(conn, &chunk.messages).await? {
+                let messages = read.len() as u64;
+                let delivered = self.publish(claim).await;
+                if delivered.stops() {
+                    // Nothing is settled: the stream is closed, and the
+                    // whole read is published again (the broker has some
+                    // of it, with the same ids).
+                    report.released += messages;
+                    return match delivered.closed {
+                        Some(e) => Err(RelayError::Publisher(e)),
+                        None => Ok(false),
+                    };
+                }
+                let settled =
+                    steps::wal_settle_async(conn, read, &delivered.claim, &delivered.outcomes)
+                        .await?;
+                report.published += settled.published;
+                report.failed += settled.failed;
+                report.dead += settled.dead;
+                report.batches += 1;
             }
-            let settled =
-                steps::wal_settle_async(conn, read, &delivered.claim, &delivered.outcomes).await?;
-            report.published += settled.published;
-            report.failed += settled.failed;
-            report.dead += settled.dead;
-            // A read of transactions without messages of ours only moved
-            // the slot.
-            report.batches += u64::from(messages > 0);
+            stream.confirm(end).await.map_err(RelayError::Replication)?;
         }
     }
 }
