@@ -149,6 +149,85 @@ fn committed_messages_are_published_from_the_wal_in_order_and_a_rollback_publish
     });
 }
 
+/// The slot's confirmed position, as bytes of WAL.
+async fn confirmed(conn: &mut AsyncPgConnection) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        at: i64,
+    }
+    let query = diesel::sql_query(
+        "SELECT (confirmed_flush_lsn - '0/0')::bigint AS at FROM pg_replication_slots \
+         WHERE database = current_database()",
+    );
+    let row: Row = diesel_async::RunQueryDsl::get_result(query, conn)
+        .await
+        .expect("the slot");
+    row.at
+}
+
+/// The business's own writes (no message of ours) do not pin the WAL:
+/// a relay's pass confirms the slot past them. A URL the replication
+/// connection cannot use is the pass's error, naming it.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn a_pass_moves_the_slot_past_writes_without_messages_and_a_bad_url_is_an_error() {
+    runtime().block_on(async {
+        let (db, mut conn) = prepared("idle", true).await;
+        diesel_async::SimpleAsyncConnection::batch_execute(
+            &mut conn,
+            "CREATE TABLE business (n int); INSERT INTO business SELECT generate_series(1, 1000)",
+        )
+        .await
+        .expect("business writes");
+        #[derive(diesel::QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            at: i64,
+        }
+        let flushed: Row = diesel_async::RunQueryDsl::get_result(
+            diesel::sql_query("SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint AS at"),
+            &mut conn,
+        )
+        .await
+        .expect("the WAL's end");
+        assert!(confirmed(&mut conn).await < flushed.at);
+
+        let publisher = Calls::default();
+        let relay = Relay::new(pool(&db), publisher.clone()).wal(db.url.clone());
+        assert_eq!(relay.run_once().await.expect("a pass").published, 0);
+        // The server takes the confirmation as it reads it.
+        let began = Instant::now();
+        while confirmed(&mut conn).await < flushed.at {
+            assert!(
+                began.elapsed() < Duration::from_secs(10),
+                "the slot stayed before the business's writes"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(publisher.calls.lock().expect("lock").is_empty());
+
+        // (The first relay's session lock goes with its connection.)
+        drop(relay);
+        let bad = Relay::new(pool(&db), publisher.clone()).wal("mysql://nowhere/x");
+        let began = Instant::now();
+        let failed = loop {
+            let failed = bad.run_once().await;
+            if failed.is_err() || began.elapsed() > Duration::from_secs(10) {
+                break failed;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            matches!(&failed, Err(outbox::RelayError::Replication(e)) if e.to_string().contains("not a postgres:// URL")),
+            "{failed:?}"
+        );
+    });
+}
+
 /// Without a slot, an enqueue to the WAL is refused (nothing would read
 /// it) and the caller's transaction rolls back; a delayed message is
 /// refused too (the WAL has no delays).

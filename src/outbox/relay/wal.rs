@@ -91,24 +91,35 @@ where
             }
         }
         let upto = steps::wal_flushed_async(conn).await?;
-        if side.stream.is_none() {
-            let url = self.wal.as_deref().unwrap_or_default();
-            let target = Target::parse(url)
-                .map_err(|why| RelayError::Replication(std::io::Error::other(why)))?;
-            side.stream = Some(
-                Stream::open(&target, &side.slot)
-                    .await
-                    .map_err(RelayError::Replication)?,
-            );
-        }
-        let Some(stream) = side.stream.as_mut() else {
-            return Ok(true);
-        };
+        // A stream kept from the last pass may have been closed meanwhile
+        // (the server's `wal_sender_timeout` while the relay slept): it
+        // confirmed all it read, so a new one takes over with nothing lost.
+        let mut kept = side.stream.is_some();
         loop {
-            let chunk = stream
-                .read(upto, self.batch_size)
-                .await
-                .map_err(RelayError::Replication)?;
+            if side.stream.is_none() {
+                let url = self.wal.as_deref().unwrap_or_default();
+                let target = Target::parse(url)
+                    .map_err(|why| RelayError::Replication(std::io::Error::other(why)))?;
+                side.stream = Some(
+                    Stream::open(&target, &side.slot)
+                        .await
+                        .map_err(RelayError::Replication)?,
+                );
+            }
+            let Some(stream) = side.stream.as_mut() else {
+                return Ok(true);
+            };
+            let chunk = match stream.read(upto, self.batch_size).await {
+                Ok(chunk) => chunk,
+                Err(e) if kept => {
+                    tracing::debug!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay: the WAL stream kept from the last pass is gone; streaming again");
+                    kept = false;
+                    side.stream = None;
+                    continue;
+                }
+                Err(e) => return Err(RelayError::Replication(e)),
+            };
+            kept = false;
             let Some(end) = chunk.end else {
                 return Ok(true);
             };
