@@ -1,7 +1,7 @@
 //! The WAL outbox (PostgreSQL, opt-in): an enqueue that writes its
 //! message only to the write-ahead log, in the caller's transaction, and a
 //! relay that reads it back through a logical replication slot, in commit
-//! order, and moves the slot past what it published.
+//! order, and confirms to the slot what it published.
 //!
 //! - [`set_wal`] turns it on for the enqueues of this process;
 //!   [`create`] makes the slot (once per database, before the first such
@@ -11,7 +11,7 @@
 //!   messages in waves (a key's messages in order), writes into the
 //!   outbox table the messages it cannot publish now (refused by the
 //!   broker, or of a key that has live rows there: its order is the
-//!   table's from then on), and only then moves the slot. A relay killed
+//!   table's from then on), and only then confirms them. A relay killed
 //!   before that publishes the same messages again, with their ids.
 //!
 //! The record of a message in the WAL: a version byte (1), then the id,
@@ -56,8 +56,9 @@ static WAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(f
 /// to the table, which their relays read.
 ///
 /// What it needs: PostgreSQL 14 or later with `wal_level = logical`, the
-/// slot ([`create`]), a relay on a direct connection (the slot's reads
-/// and the relay's lock need a session: no transaction-mode proxy).
+/// slot ([`create`]), a relay on direct connections (it streams the slot
+/// over a replication connection, and its lock needs a session: no
+/// transaction-mode proxy).
 /// What it gives up, against the table: delays (a message with
 /// `deliver_after`/`deliver_at` is refused), the enqueue's check that an
 /// id is not pending already, and the slot keeps WAL on the server while

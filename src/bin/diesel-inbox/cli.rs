@@ -223,7 +223,8 @@ pub(crate) struct RelayArgs {
     #[arg(long)]
     pub(crate) once: bool,
     /// Also publish the WAL outbox (PostgreSQL: `outbox wal create`, and
-    /// enqueues with outbox::set_wal).
+    /// enqueues with outbox::set_wal), streamed over a replication
+    /// connection to the database URL (a role with REPLICATION; no TLS).
     #[arg(long)]
     pub(crate) wal: bool,
 }

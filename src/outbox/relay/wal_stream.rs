@@ -19,9 +19,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// How long opening the connection and starting the stream may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a read waits for the server to reach the WAL's end as it was
-/// at the read's start.
-const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a read waits for the server to move on (send a transaction,
+/// or tell a later position) before it gives up on the connection.
+const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// While it waits, how often a read asks the server where it is.
 const ASK_EVERY: Duration = Duration::from_millis(50);
 
@@ -332,13 +332,19 @@ impl Stream {
 
     /// Reads whole transactions until they hold `limit` logical messages,
     /// or until the stream has reached `upto` (the WAL's flushed end when
-    /// the read began) with no transaction open. Waits at most
-    /// [`CATCH_UP_TIMEOUT`] for the server.
+    /// the read began) with no transaction open. A server that does not
+    /// move on for [`STALL_TIMEOUT`] is an error (one that decodes a long
+    /// stretch of the business's WAL moves on, and says so when asked).
     pub(crate) async fn read(&mut self, upto: u64, limit: usize) -> io::Result<Chunk> {
         let mut chunk = Chunk::default();
         let mut messages = 0;
-        let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+        let mut deadline = Instant::now() + STALL_TIMEOUT;
+        let mut seen = self.at;
         loop {
+            if self.at > seen {
+                seen = self.at;
+                deadline = Instant::now() + STALL_TIMEOUT;
+            }
             if self.open.is_none() && (messages >= limit || self.at >= upto) {
                 if self.at > self.confirmed {
                     chunk.end = Some(self.at);
@@ -348,10 +354,10 @@ impl Stream {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(other(format!(
-                    "the WAL relay's stream did not reach the WAL's end ({}) within {:?} (it is at {})",
-                    lsn(upto),
-                    CATCH_UP_TIMEOUT,
-                    lsn(self.at)
+                    "the WAL relay's stream stalled at {} for {:?} (reading up to {})",
+                    lsn(self.at),
+                    STALL_TIMEOUT,
+                    lsn(upto)
                 )));
             }
             let frame = match tokio::time::timeout(left.min(ASK_EVERY), self.frame()).await {
@@ -365,6 +371,7 @@ impl Stream {
             match frame {
                 (b'd', mut body) if body.first() == Some(&b'w') && body.len() > 25 => {
                     body.advance(1 + 8 + 8 + 8);
+                    deadline = Instant::now() + STALL_TIMEOUT;
                     let data = body.to_vec();
                     match data.first() {
                         Some(b'B') => self.open = Some(vec![data]),
