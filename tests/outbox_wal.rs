@@ -228,6 +228,90 @@ fn a_pass_moves_the_slot_past_writes_without_messages_and_a_bad_url_is_an_error(
     });
 }
 
+/// The relay's replication connection logs in as a role that must give
+/// its password, exchanged as SCRAM-SHA-256 and as MD5 (`.ci/run` has the
+/// server ask these two roles for a password over TCP: its `pg_hba.conf`
+/// lines for `diesel_inbox_scram` and `diesel_inbox_md5`), with only the
+/// `REPLICATION` attribute; a wrong password is the pass's error, in the
+/// server's words.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn the_replication_connection_logs_in_with_scram_and_md5() {
+    runtime().block_on(async {
+        let (db, mut conn) = prepared("auth", true).await;
+        #[derive(diesel::QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            method: String,
+        }
+        let (base, _) = db.url.split_once('@').expect("a URL with a user");
+        let (scheme, _) = base.split_once("://").expect("a URL");
+        let at = db.url.split_once('@').expect("a URL with a user").1;
+        for (role, method) in [
+            ("diesel_inbox_scram", "scram-sha-256"),
+            ("diesel_inbox_md5", "md5"),
+        ] {
+            // The server's rule for this role over TCP.
+            let rules: Vec<Row> = diesel_async::RunQueryDsl::load(
+                diesel::sql_query(format!(
+                    "SELECT auth_method AS method FROM pg_hba_file_rules \
+                     WHERE '{role}' = ANY(user_name) AND type = 'host' ORDER BY line_number"
+                )),
+                &mut conn,
+            )
+            .await
+            .expect("pg_hba_file_rules");
+            assert_eq!(
+                rules.first().map(|r| r.method.as_str()),
+                Some(method),
+                "the server does not ask {role} for a password ({method}): .ci/run adds that line \
+                 to pg_hba.conf"
+            );
+            diesel_async::SimpleAsyncConnection::batch_execute(
+                &mut conn,
+                &format!(
+                    "SET password_encryption = '{method}'; DROP ROLE IF EXISTS {role}; \
+                     CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'pass word%1'"
+                ),
+            )
+            .await
+            .expect("the role");
+            enqueue(&mut conn, &[(None, role)], true)
+                .await
+                .expect("enqueue");
+            let url = format!("{scheme}://{role}:pass%20word%251@{at}");
+            let publisher = Calls::default();
+            let relay = Relay::new(pool(&db), publisher.clone()).wal(url);
+            let report = relay.run_once().await.expect("a pass");
+            assert_eq!(report.published, 1, "{role}: {report:?}");
+            assert_eq!(
+                *publisher.calls.lock().expect("lock"),
+                vec![vec![role.to_owned()]]
+            );
+            drop(relay);
+
+            let wrong = format!("{scheme}://{role}:wrong@{at}");
+            let relay = Relay::new(pool(&db), publisher.clone()).wal(wrong);
+            let began = Instant::now();
+            let failed = loop {
+                // (The last relay's session lock goes with its connection.)
+                let failed = relay.run_once().await;
+                if failed.is_err() || began.elapsed() > Duration::from_secs(10) {
+                    break failed;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            assert!(
+                matches!(&failed, Err(outbox::RelayError::Replication(e)) if e.to_string().contains("password authentication failed")),
+                "{role}: {failed:?}"
+            );
+        }
+    });
+}
+
 /// Without a slot, an enqueue to the WAL is refused (nothing would read
 /// it) and the caller's transaction rolls back; a delayed message is
 /// refused too (the WAL has no delays).

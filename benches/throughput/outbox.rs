@@ -233,14 +233,18 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
             let variant = variants[i];
             if variant == WAL_VARIANT {
                 // The table emptied (the broker variant leaves its fill) and
-                // the slot moved past the other variants' table writes
-                // (untimed), then the messages written to the WAL.
-                conn.batch_execute(
-                    "DELETE FROM outbox_messages; \
-                     SELECT pg_replication_slot_advance(slot_name, pg_current_wal_lsn()) \
-                     FROM pg_replication_slots WHERE database = current_database()",
-                )
-                .map_err(|e| e.to_string())?;
+                // the slot confirmed past the other variants' table writes
+                // by a pass of the WAL relay (untimed, publishing nothing),
+                // then the messages written to the WAL.
+                conn.batch_execute("DELETE FROM outbox_messages")
+                    .map_err(|e| e.to_string())?;
+                let relay = wal_relay.as_ref().ok_or("no WAL relay")?;
+                let idle = runtime
+                    .block_on(relay.run_once())
+                    .map_err(|e| e.to_string())?;
+                if idle.published != 0 {
+                    return Err(format!("the WAL relay's idle pass published {idle:?}"));
+                }
                 outbox::set_wal(true);
                 let filled = fill_wal::<B>(&mut conn, n, &queue);
                 outbox::set_wal(false);
