@@ -341,7 +341,16 @@ pub fn measure<B: Bench>(url: &str, args: &Args, amqp: &str) -> Result<String, S
             paired(3, 0),
             args.rounds
         );
-        outbox::wal::remove(&mut conn).map_err(|e| e.to_string())?;
+        // The relay's stream ends with it; the server lets the slot go
+        // a moment later.
+        drop(wal_relay);
+        let began = Instant::now();
+        while let Err(e) = outbox::wal::remove(&mut conn) {
+            if began.elapsed() > std::time::Duration::from_secs(10) {
+                return Err(e.to_string());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
     let medians: Vec<(&str, f64)> = samples.iter_mut().map(|(v, s)| (*v, median(s))).collect();
     let rate = |v: &str| {

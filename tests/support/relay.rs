@@ -104,6 +104,22 @@ mod database {
     impl Drop for Database {
         fn drop(&mut self) {
             if let Ok(mut conn) = PgConnection::establish(&self.admin) {
+                // A WAL outbox slot keeps its database (and the server's
+                // WAL): its stream ended, then the slot dropped, then the
+                // database (a stream ends a moment after its relay).
+                let slots = format!(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                     WHERE database = '{0}' AND active_pid IS NOT NULL; \
+                     SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE database = '{0}'",
+                    self.name
+                );
+                for _ in 0..100 {
+                    if conn.batch_execute(&slots).is_ok() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
                 let _ = conn.batch_execute(&format!(
                     "DROP DATABASE IF EXISTS {} WITH (FORCE)",
                     self.name
