@@ -48,9 +48,9 @@ static WAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(f
 /// `pg_logical_emit_message`, in the caller's transaction (a rollback
 /// takes it back), and a relay built with `Relay::wal` reads it from a
 /// logical replication slot. No table row is inserted, updated or deleted
-/// per message, which is what bounds the table outbox's speed (this
-/// version's relay, though, is still slower than the table's: the guide's
-/// outbox chapter, "The WAL outbox").
+/// per message, which is what bounds the table outbox's speed: the relay
+/// streams the slot and publishes faster than the table's (the guide's
+/// outbox chapter, "The WAL outbox", has the figures).
 ///
 /// On MySQL/MariaDB and SQLite it changes nothing: their enqueues write
 /// to the table, which their relays read.
