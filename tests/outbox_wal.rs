@@ -412,6 +412,40 @@ fn a_refused_message_is_kept_aside_and_its_key_keeps_its_order() {
     });
 }
 
+/// The relay reads the next batch from the stream while the broker
+/// confirms the current one: a key whose message the broker refused in
+/// one batch keeps its order in the next, which was read (and the table
+/// asked for its live keys) before the refusal was kept aside.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn a_refusal_holds_its_key_back_in_the_batch_read_meanwhile() {
+    runtime().block_on(async {
+        let (db, mut conn) = prepared("pipelined", true).await;
+        enqueue(&mut conn, &[(Some("a"), "a1"), (Some("a"), "a2")], true)
+            .await
+            .expect("enqueue");
+        enqueue(&mut conn, &[(Some("a"), "a3"), (Some("b"), "b1")], true)
+            .await
+            .expect("enqueue");
+        let publisher = Calls::default();
+        *publisher.refuse.lock().expect("lock") = Some("a2".into());
+        let relay = Relay::new(pool(&db), publisher.clone())
+            .wal(db.url.clone())
+            .batch_size(2);
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!((report.published, report.failed), (2, 1), "{report:?}");
+        let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
+        assert_eq!(calls, vec![vec!["a1"], vec!["a2"], vec!["b1"]]);
+        assert_eq!(
+            table_rows(&mut conn).await,
+            vec![("a2".to_owned(), 1, false), ("a3".to_owned(), 0, false)]
+        );
+    });
+}
+
 /// The sync enqueue (`outbox::enqueue` on a `PgConnection`) writes to the
 /// WAL too; the relay publishes it, and a message enqueued in a
 /// transaction that rolled back is not published.

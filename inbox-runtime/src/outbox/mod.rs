@@ -83,5 +83,6 @@ pub use relay::{wake_generation, woken, OutboxMessage};
 pub use wal::{set_wal, wal_start_replication};
 #[cfg(feature = "async")]
 pub use wal::{
-    wal_claim_async, wal_flushed_async, wal_lock_async, wal_settle_async, wal_slot_async, WalRead,
+    wal_decode_async, wal_flushed_async, wal_lock_async, wal_settle_async, wal_slot_async,
+    WalDecoded, WalRead,
 };

@@ -350,17 +350,25 @@ pub async fn wal_flushed_async<C: AsyncInboxConnection>(conn: &mut C) -> Result<
     Ok(super::statements::count_of(run(conn, WalOp::Flushed).await?)? as u64)
 }
 
-/// Decodes `changes` (`pgoutput`'s messages of whole transactions, read
-/// from the slot) and splits their messages into what to publish now and
-/// what to keep aside; `None` when they hold no message of ours. The
-/// claim (in waves; a message's `seq` is its place in the read) is what to
-/// publish.
+/// `changes` (`pgoutput`'s messages of whole transactions, read from the
+/// slot) decoded, with the keys among them that have live rows in the
+/// outbox table now; [`WalDecoded::claim`] splits them.
 #[cfg(feature = "async")]
 #[doc(hidden)]
-pub async fn wal_claim_async<C: AsyncInboxConnection>(
+#[derive(Debug)]
+pub struct WalDecoded {
+    messages: Vec<(Record, i64)>,
+    live: std::collections::HashSet<String>,
+}
+
+/// Decodes `changes` and asks the outbox table which of their keys have
+/// live rows; `None` when they hold no message of ours.
+#[cfg(feature = "async")]
+#[doc(hidden)]
+pub async fn wal_decode_async<C: AsyncInboxConnection>(
     conn: &mut C,
     changes: &[Vec<u8>],
-) -> Result<Option<(WalRead, Claim)>, InboxError> {
+) -> Result<Option<WalDecoded>, InboxError> {
     let decoded = decode(changes.iter().map(Vec::as_slice)).map_err(|why| {
         InboxError::Database(diesel::result::Error::DeserializationError(
             format!("the WAL outbox's slot: {why}").into(),
@@ -376,7 +384,7 @@ pub async fn wal_claim_async<C: AsyncInboxConnection>(
         .collect();
     keys.sort();
     keys.dedup();
-    let live: std::collections::HashSet<String> = if keys.is_empty() {
+    let live = if keys.is_empty() {
         Default::default()
     } else {
         match run(conn, WalOp::LiveKeys { keys }).await? {
@@ -384,32 +392,49 @@ pub async fn wal_claim_async<C: AsyncInboxConnection>(
             other => return Err(super::statements::unexpected(other)),
         }
     };
-    let mut aside = Vec::new();
-    let mut rows = Vec::new();
-    for (i, (m, committed)) in decoded.messages.iter().enumerate() {
-        if m.key.as_ref().is_some_and(|k| live.contains(k)) {
-            aside.push(i);
-            continue;
-        }
-        rows.push(ClaimedRow {
-            seq: i as i64,
-            id: m.id.clone(),
-            destination: m.destination.clone(),
-            ordering_key: m.key.clone(),
-            payload: m.payload.clone(),
-            headers: m.headers.clone(),
-            attempts: 0,
-            created_at: *committed,
-            available_at: *committed,
-            locked_until: None,
-            now_micros: super::statements::now_micros(),
-        });
-    }
-    let read = WalRead {
+    Ok(Some(WalDecoded {
         messages: decoded.messages,
-        aside,
-    };
-    Ok(Some((read, Claim::of(String::new(), rows))))
+        live,
+    }))
+}
+
+#[cfg(feature = "async")]
+impl WalDecoded {
+    /// Splits the messages into what to publish now (the claim, in waves;
+    /// a message's `seq` is its place in the read) and what to keep aside
+    /// at once: those of a key with live rows in the table, or among
+    /// `also` (keys an earlier read kept aside since the table was asked).
+    pub fn claim(self, also: &[String]) -> (WalRead, Claim) {
+        let mut aside = Vec::new();
+        let mut rows = Vec::new();
+        for (i, (m, committed)) in self.messages.iter().enumerate() {
+            if m.key
+                .as_ref()
+                .is_some_and(|k| self.live.contains(k) || also.contains(k))
+            {
+                aside.push(i);
+                continue;
+            }
+            rows.push(ClaimedRow {
+                seq: i as i64,
+                id: m.id.clone(),
+                destination: m.destination.clone(),
+                ordering_key: m.key.clone(),
+                payload: m.payload.clone(),
+                headers: m.headers.clone(),
+                attempts: 0,
+                created_at: *committed,
+                available_at: *committed,
+                locked_until: None,
+                now_micros: super::statements::now_micros(),
+            });
+        }
+        let read = WalRead {
+            messages: self.messages,
+            aside,
+        };
+        (read, Claim::of(String::new(), rows))
+    }
 }
 
 /// Settles a [`WalRead`] after its claim's publish (`outcomes[i]` is how
@@ -418,7 +443,8 @@ pub async fn wal_claim_async<C: AsyncInboxConnection>(
 /// writes into the outbox table, in commit order, the messages kept
 /// aside, refused (counted, due after their backoff, dead at once when
 /// the relay allows one attempt) and kept back behind a refused one of
-/// their key. The relay then confirms the read's end to the slot.
+/// their key. The relay then confirms the read's end to the slot. Also
+/// returns the keys it kept aside (their next messages go there too).
 #[cfg(feature = "async")]
 #[doc(hidden)]
 pub async fn wal_settle_async<C: AsyncInboxConnection>(
@@ -426,7 +452,7 @@ pub async fn wal_settle_async<C: AsyncInboxConnection>(
     read: WalRead,
     claim: &Claim,
     outcomes: &[PublishOutcome],
-) -> Result<Settled, InboxError> {
+) -> Result<(Settled, Vec<String>), InboxError> {
     let mut settled = Settled::default();
     let mut aside: Vec<(usize, i32, Option<String>, Duration, bool)> = read
         .aside
@@ -500,7 +526,13 @@ pub async fn wal_settle_async<C: AsyncInboxConnection>(
     }
     crate::telemetry::outbox_published(&latencies);
     crate::telemetry::outbox_failed(settled.failed, settled.dead);
-    Ok(settled)
+    let mut keys: Vec<String> = aside
+        .iter()
+        .filter_map(|(i, ..)| read.messages[*i].0.key.clone())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    Ok((settled, keys))
 }
 
 #[cfg(feature = "async")]

@@ -91,10 +91,62 @@ where
             }
         }
         let upto = steps::wal_flushed_async(conn).await?;
-        // A stream kept from the last pass may have been closed meanwhile
-        // (the server's `wal_sender_timeout` while the relay slept): it
-        // confirmed all it read, so a new one takes over with nothing lost.
-        let mut kept = side.stream.is_some();
+        let mut next = self.wal_read(side, upto, true).await?;
+        let (Some(conn), Some(stream)) = (side.conn.as_mut(), side.stream.as_mut()) else {
+            return Ok(true);
+        };
+        // Keys the last read kept aside in the table (its settlement came
+        // after this read asked the table).
+        let mut also: Vec<String> = Vec::new();
+        loop {
+            let Some((decoded, end)) = next.take() else {
+                return Ok(true);
+            };
+            let Some(decoded) = decoded else {
+                stream.confirm(end).await.map_err(RelayError::Replication)?;
+                next = read_next(stream, conn, upto, self.batch_size).await?;
+                continue;
+            };
+            let (read, claim) = decoded.claim(&also);
+            let messages = read.len() as u64;
+            // The next read (the server's decoding, the table's live keys)
+            // while the broker confirms this one.
+            let (delivered, following) = tokio::join!(
+                self.publish(claim),
+                read_next(stream, conn, upto, self.batch_size)
+            );
+            if delivered.stops() {
+                // Nothing is settled: the stream is closed, and the whole
+                // read is published again (the broker has some of it, with
+                // the same ids).
+                report.released += messages;
+                return match delivered.closed {
+                    Some(e) => Err(RelayError::Publisher(e)),
+                    None => Ok(false),
+                };
+            }
+            let (settled, aside) =
+                steps::wal_settle_async(conn, read, &delivered.claim, &delivered.outcomes).await?;
+            report.published += settled.published;
+            report.failed += settled.failed;
+            report.dead += settled.dead;
+            report.batches += 1;
+            stream.confirm(end).await.map_err(RelayError::Replication)?;
+            also = aside;
+            next = following?;
+        }
+    }
+
+    /// The first read of a pass: on the stream kept from the last pass, or
+    /// (if the server closed that one meanwhile: it had confirmed all it
+    /// read, so nothing is lost) on a new one.
+    async fn wal_read(
+        &self,
+        side: &mut WalSide<D::Connection>,
+        upto: u64,
+        mut kept: bool,
+    ) -> Result<Option<(Option<steps::WalDecoded>, u64)>, RelayError> {
+        kept &= side.stream.is_some();
         loop {
             if side.stream.is_none() {
                 let url = self.wal.as_deref().unwrap_or_default();
@@ -106,45 +158,38 @@ where
                         .map_err(RelayError::Replication)?,
                 );
             }
-            let Some(stream) = side.stream.as_mut() else {
-                return Ok(true);
+            let (Some(conn), Some(stream)) = (side.conn.as_mut(), side.stream.as_mut()) else {
+                return Ok(None);
             };
-            let chunk = match stream.read(upto, self.batch_size).await {
-                Ok(chunk) => chunk,
-                Err(e) if kept => {
+            match read_next(stream, conn, upto, self.batch_size).await {
+                Err(RelayError::Replication(e)) if kept => {
                     tracing::debug!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay: the WAL stream kept from the last pass is gone; streaming again");
                     kept = false;
                     side.stream = None;
-                    continue;
                 }
-                Err(e) => return Err(RelayError::Replication(e)),
-            };
-            kept = false;
-            let Some(end) = chunk.end else {
-                return Ok(true);
-            };
-            if let Some((read, claim)) = steps::wal_claim_async(conn, &chunk.messages).await? {
-                let messages = read.len() as u64;
-                let delivered = self.publish(claim).await;
-                if delivered.stops() {
-                    // Nothing is settled: the stream is closed, and the
-                    // whole read is published again (the broker has some
-                    // of it, with the same ids).
-                    report.released += messages;
-                    return match delivered.closed {
-                        Some(e) => Err(RelayError::Publisher(e)),
-                        None => Ok(false),
-                    };
-                }
-                let settled =
-                    steps::wal_settle_async(conn, read, &delivered.claim, &delivered.outcomes)
-                        .await?;
-                report.published += settled.published;
-                report.failed += settled.failed;
-                report.dead += settled.dead;
-                report.batches += 1;
+                read => return read,
             }
-            stream.confirm(end).await.map_err(RelayError::Replication)?;
         }
     }
+}
+
+/// The next read of the stream, decoded, with the table's live keys; and
+/// the position to confirm once it is settled. `None`: nothing new.
+async fn read_next<C: inbox_runtime::AsyncInboxConnection>(
+    stream: &mut Stream,
+    conn: &mut C,
+    upto: u64,
+    batch_size: usize,
+) -> Result<Option<(Option<steps::WalDecoded>, u64)>, RelayError> {
+    let chunk = stream
+        .read(upto, batch_size)
+        .await
+        .map_err(RelayError::Replication)?;
+    let Some(end) = chunk.end else {
+        return Ok(None);
+    };
+    Ok(Some((
+        steps::wal_decode_async(conn, &chunk.messages).await?,
+        end,
+    )))
 }
