@@ -195,10 +195,21 @@ fn a_pass_moves_the_slot_past_writes_without_messages_and_a_bad_url_is_an_error(
         .await
         .expect("the WAL's end");
         assert!(confirmed(&mut conn).await < flushed.at);
+        // `outbox::status` shows the slot, behind by the business's writes.
+        let wal = outbox::status_async(&mut conn)
+            .await
+            .expect("status")
+            .wal
+            .expect("the slot in the status");
+        assert!(wal.slot.starts_with("diesel_inbox_outbox_"), "{wal:?}");
+        assert!(!wal.active && !wal.lost, "{wal:?}");
+        assert!(wal.unconfirmed_bytes > 0 && wal.retained_bytes >= wal.unconfirmed_bytes, "{wal:?}");
 
         let publisher = Calls::default();
         let relay = Relay::new(pool(&db), publisher.clone()).wal(db.url.clone());
         assert_eq!(relay.run_once().await.expect("a pass").published, 0);
+        let streamed = outbox::status_async(&mut conn).await.expect("status").wal;
+        assert!(streamed.as_ref().is_some_and(|w| w.active), "{streamed:?}");
         // The server takes the confirmation as it reads it.
         let began = Instant::now();
         while confirmed(&mut conn).await < flushed.at {
@@ -323,6 +334,8 @@ fn the_replication_connection_logs_in_with_scram_and_md5() {
 fn an_enqueue_without_a_slot_or_with_a_delay_is_refused() {
     runtime().block_on(async {
         let (db, mut conn) = prepared("noslot", false).await;
+        let status = outbox::status_async(&mut conn).await.expect("status");
+        assert_eq!(status.wal, None);
         let refused = enqueue(&mut conn, &[(None, "lost?")], true).await;
         assert!(
             matches!(&refused, Err(InboxError::NoWalOutbox(why)) if why.contains("wal::create")),
@@ -605,8 +618,33 @@ fn the_cli_creates_the_slot_and_its_relay_publishes_the_wal() {
             .queue_delete(queue.as_str().into(), Default::default())
             .await;
 
+        // The operator's view of the slot: no relay streams it now (the
+        // server lets it go a moment after the relay's exit).
+        let began = Instant::now();
+        loop {
+            let (code, out, err) = cli(&db, &["outbox", "status"]);
+            assert_eq!(code, 0, "{err}");
+            assert!(
+                out.contains("WAL outbox slot diesel_inbox_outbox_"),
+                "{out}"
+            );
+            if out.contains("no relay streams it") {
+                break;
+            }
+            assert!(began.elapsed() < Duration::from_secs(10), "{out}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (code, out, err) = cli(&db, &["outbox", "status", "--json"]);
+        assert_eq!(code, 0, "{err}");
+        let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        assert_eq!(json["wal"]["active"], false, "{out}");
+        assert_eq!(json["wal"]["lost"], false, "{out}");
+
         let (code, _, err) = cli(&db, &["outbox", "wal", "remove"]);
         assert_eq!(code, 0, "{err}");
+        let (_, out, _) = cli(&db, &["outbox", "status", "--json"]);
+        let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        assert!(json["wal"].is_null(), "{out}");
         let refused = enqueue(&mut conn, &[(None, "after")], true).await;
         assert!(
             matches!(refused, Err(InboxError::NoWalOutbox(_))),

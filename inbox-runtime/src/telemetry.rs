@@ -157,6 +157,18 @@ pub(crate) fn outbox_status(pending: u64, scheduled: u64, dead: u64, oldest: std
     let _ = (pending, scheduled, dead, oldest);
 }
 
+/// The WAL outbox's slot as `outbox::status` read it: the WAL it keeps
+/// and the WAL past its confirmed position (bytes).
+pub(crate) fn outbox_wal_slot(retained: u64, unconfirmed: u64) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!("diesel_inbox.outbox.wal_retained_bytes").set(retained as f64);
+        metrics::gauge!("diesel_inbox.outbox.wal_unconfirmed_bytes").set(unconfirmed as f64);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (retained, unconfirmed);
+}
+
 /// A relay published messages that waited `latencies` from enqueue to
 /// the broker's confirm.
 #[cfg(feature = "async")]

@@ -32,7 +32,7 @@
 #[doc(inline)]
 pub use inbox_runtime::outbox::{
     dead, enqueue, purge, retry, set_notify, set_wal, status, wake, AllDead, DeadMessage,
-    DestinationStatus, OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
+    DestinationStatus, OutboxMessage, OutboxStatus, Outgoing, RetryTarget, WalSlotStatus,
 };
 #[cfg(feature = "async")]
 #[doc(inline)]

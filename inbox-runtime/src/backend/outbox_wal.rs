@@ -59,6 +59,11 @@ pub const DROP: &str = "DO $$ DECLARE s text; BEGIN \
 pub enum WalOp {
     /// This database's slot's name (none: no usable slot).
     Slot,
+    /// This database's slots (lost ones too), each as one text:
+    /// its name, whether it is active (1/0), the WAL it keeps and the WAL
+    /// past its confirmed position (bytes, -1 when unknown), and whether
+    /// the server invalidated it (1/0).
+    SlotStatus,
     /// Takes the WAL relay's session lock, without waiting (one relay
     /// reads a slot at a time): `Count(1)` when taken.
     Lock,
@@ -127,6 +132,16 @@ pub(crate) fn plan<B: Internals>(op: WalOp) -> WalPlan {
                 .sql(SLOT_OF_THIS_DATABASE)
                 .sql(") s"),
         ),
+        WalOp::SlotStatus => WalPlan::Texts(Stmt::new().sql(
+            "SELECT slot_name || ' ' || CASE WHEN active THEN 1 ELSE 0 END \
+             || ' ' || COALESCE((w.at - restart_lsn)::bigint, -1) \
+             || ' ' || COALESCE((w.at - confirmed_flush_lsn)::bigint, -1) \
+             || ' ' || CASE WHEN wal_status = 'lost' THEN 1 ELSE 0 END AS text \
+             FROM pg_replication_slots, (SELECT CASE WHEN pg_is_in_recovery() \
+             THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS at) w \
+             WHERE database = current_database() \
+             AND slot_name LIKE 'diesel\\_inbox\\_outbox\\_%' ORDER BY slot_name",
+        )),
         WalOp::Lock => WalPlan::Count(
             Stmt::new()
                 .sql("SELECT CASE WHEN pg_try_advisory_lock(")

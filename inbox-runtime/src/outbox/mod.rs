@@ -74,6 +74,7 @@ pub use notify::{
 pub use notify::{set_notify, Listening};
 pub use operations::{
     dead, purge, retry, status, AllDead, DeadMessage, DestinationStatus, OutboxStatus, RetryTarget,
+    WalSlotStatus,
 };
 #[cfg(feature = "async")]
 pub use operations::{dead_async, purge_async, retry_async, status_async};

@@ -6,7 +6,7 @@ use super::statements::short_transaction_async;
 use super::statements::{checked_limit, count_of, counted, micros, time, unexpected};
 #[cfg(feature = "async")]
 use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
-use crate::backend::outbox::{Answer, DeadRow, Op, StatusRow};
+use crate::backend::outbox::{Answer, DeadRow, Op, StatusRow, WalOp};
 use crate::backend::transaction;
 use crate::backend::{Internals, Statements};
 use crate::error::InboxError;
@@ -38,6 +38,59 @@ pub struct OutboxStatus {
     pub next_scheduled_in: Option<Duration>,
     /// The same per destination, in name order.
     pub destinations: Vec<DestinationStatus>,
+    /// The WAL outbox's slot (PostgreSQL, where
+    /// [`wal::create`](super::wal::create) made one): its messages are not
+    /// rows, so they are not counted above; how much WAL the slot keeps on
+    /// the server says how far behind its relay is.
+    pub wal: Option<WalSlotStatus>,
+}
+
+/// The WAL outbox's slot in an [`OutboxStatus`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WalSlotStatus {
+    /// The slot's name.
+    pub slot: String,
+    /// Whether a relay streams it now.
+    pub active: bool,
+    /// The WAL the server keeps for it (bytes): what a relay must read
+    /// again after a crash, and disk the server cannot free while no relay
+    /// confirms.
+    pub retained_bytes: u64,
+    /// The WAL written since the position its relay last confirmed
+    /// (bytes): the business's writes too, not only messages.
+    pub unconfirmed_bytes: u64,
+    /// The server invalidated it (`max_slot_wal_keep_size`): the messages
+    /// it held are lost, and enqueues to the WAL are refused until it is
+    /// removed and created again.
+    pub lost: bool,
+}
+
+/// Reads [`WalOp::SlotStatus`]'s texts (one slot per database).
+fn wal_slot_of(texts: Vec<String>) -> Result<Option<WalSlotStatus>, InboxError> {
+    let Some(text) = texts.into_iter().next() else {
+        return Ok(None);
+    };
+    let parts: Vec<&str> = text.split(' ').collect();
+    let number = |s: &str| s.parse::<i64>().ok().map(|n| n.max(0) as u64);
+    match parts[..] {
+        [slot, active, retained, unconfirmed, lost] => {
+            let status = WalSlotStatus {
+                slot: slot.to_owned(),
+                active: active == "1",
+                retained_bytes: number(retained).unwrap_or_default(),
+                unconfirmed_bytes: number(unconfirmed).unwrap_or_default(),
+                lost: lost == "1",
+            };
+            crate::telemetry::outbox_wal_slot(status.retained_bytes, status.unconfirmed_bytes);
+            Ok(Some(status))
+        }
+        _ => Err(InboxError::Database(
+            diesel::result::Error::DeserializationError(
+                format!("the WAL outbox's slot status {text:?}").into(),
+            ),
+        )),
+    }
 }
 
 /// One destination's part of an [`OutboxStatus`].
@@ -94,8 +147,10 @@ fn status_of(rows: Vec<StatusRow>) -> OutboxStatus {
 /// With the `metrics` feature it also sets the gauges
 /// `diesel_inbox.outbox.pending`, `diesel_inbox.outbox.scheduled`,
 /// `diesel_inbox.outbox.dead` and
-/// `diesel_inbox.outbox.oldest_pending_age` (seconds); a relay calls it
-/// every few seconds.
+/// `diesel_inbox.outbox.oldest_pending_age` (seconds), and on PostgreSQL
+/// with a WAL outbox slot `diesel_inbox.outbox.wal_retained_bytes` and
+/// `diesel_inbox.outbox.wal_unconfirmed_bytes`; a relay calls it every few
+/// seconds.
 ///
 /// ```
 /// use diesel::prelude::*;
@@ -106,6 +161,8 @@ fn status_of(rows: Vec<StatusRow>) -> OutboxStatus {
 /// let status = diesel_inbox::outbox::status(&mut conn)?;
 /// assert_eq!((status.pending, status.scheduled, status.dead), (0, 0, 0));
 /// assert_eq!((status.oldest_pending_age, status.next_scheduled_in), (None, None));
+/// // The WAL outbox's slot: PostgreSQL's, where one was made.
+/// assert_eq!(status.wal, None);
 /// # Ok(())
 /// # }
 /// ```
@@ -113,10 +170,19 @@ pub fn status<C>(conn: &mut C) -> Result<OutboxStatus, InboxError>
 where
     C: InboxConnection + LoadConnection,
 {
-    match C::Backend::outbox(conn, Op::Status).map_err(ops_error::<C::Backend>)? {
-        Answer::Status(rows) => Ok(status_of(rows)),
-        other => Err(unexpected(other)),
+    let mut status = match C::Backend::outbox(conn, Op::Status).map_err(ops_error::<C::Backend>)? {
+        Answer::Status(rows) => status_of(rows),
+        other => return Err(unexpected(other)),
+    };
+    if <C::Backend as Internals>::WAL {
+        match C::Backend::outbox(conn, Op::Wal(WalOp::SlotStatus))
+            .map_err(ops_error::<C::Backend>)?
+        {
+            Answer::Texts(texts) => status.wal = wal_slot_of(texts)?,
+            other => return Err(unexpected(other)),
+        }
     }
+    Ok(status)
 }
 
 /// The async twin of [`status`].
@@ -126,11 +192,20 @@ where
     P: AsAsyncConnection<C, Via>,
     C: AsyncInboxConnection,
 {
-    match conn.connection().inbox_outbox(Op::Status).await {
-        Ok(Answer::Status(rows)) => Ok(status_of(rows)),
-        Ok(other) => Err(unexpected(other)),
-        Err(e) => Err(ops_error::<C::Backend>(e)),
+    let conn = conn.connection();
+    let mut status = match conn.inbox_outbox(Op::Status).await {
+        Ok(Answer::Status(rows)) => status_of(rows),
+        Ok(other) => return Err(unexpected(other)),
+        Err(e) => return Err(ops_error::<C::Backend>(e)),
+    };
+    if <C::Backend as Internals>::WAL {
+        match conn.inbox_outbox(Op::Wal(WalOp::SlotStatus)).await {
+            Ok(Answer::Texts(texts)) => status.wal = wal_slot_of(texts)?,
+            Ok(other) => return Err(unexpected(other)),
+            Err(e) => return Err(ops_error::<C::Backend>(e)),
+        }
     }
+    Ok(status)
 }
 
 /// A dead message: it failed to publish as often as the relay's

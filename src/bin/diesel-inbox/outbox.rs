@@ -42,6 +42,13 @@ where
                         "oldest_pending_age_secs": secs(status.oldest_pending_age),
                         "next_scheduled_in_secs": secs(status.next_scheduled_in),
                         "destinations": destinations,
+                        "wal": status.wal.as_ref().map(|w| serde_json::json!({
+                            "slot": w.slot,
+                            "active": w.active,
+                            "retained_bytes": w.retained_bytes,
+                            "unconfirmed_bytes": w.unconfirmed_bytes,
+                            "lost": w.lost,
+                        })),
                     })
                 );
             } else {
@@ -63,6 +70,20 @@ where
                         d.dead,
                         age(d.oldest_pending_age),
                         age(d.next_scheduled_in)
+                    );
+                }
+                if let Some(w) = &status.wal {
+                    println!(
+                        "WAL outbox slot {}: {}, keeps {} bytes of WAL, {} bytes past its confirmed position{}",
+                        w.slot,
+                        if w.active { "streamed by a relay" } else { "no relay streams it" },
+                        w.retained_bytes,
+                        w.unconfirmed_bytes,
+                        if w.lost {
+                            "; LOST: the server invalidated it, its messages are gone (outbox wal remove, then create)"
+                        } else {
+                            ""
+                        }
                     );
                 }
             }
