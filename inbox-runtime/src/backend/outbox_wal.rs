@@ -28,10 +28,18 @@ const SLOT_OF_THIS_DATABASE: &str = "SELECT slot_name FROM pg_replication_slots 
      AND slot_type = 'logical' AND slot_name LIKE 'diesel\\_inbox\\_outbox\\_%' \
      AND wal_status IS DISTINCT FROM 'lost'";
 
-/// Creates the slot (then the publication), where they do not exist. In
+/// Creates the slot (then the publication), where they do not exist; a
+/// slot the server invalidated is an error that says so (its messages are
+/// lost: it is not replaced silently). In
 /// the simple query protocol, outside a transaction: creating a slot waits
 /// for the transactions in progress to end.
 pub const CREATE: &str = "DO $$ BEGIN \
+     IF EXISTS (SELECT 1 FROM pg_replication_slots WHERE database = current_database() \
+         AND slot_name LIKE 'diesel\\_inbox\\_outbox\\_%' AND wal_status = 'lost') THEN \
+       RAISE EXCEPTION 'the WAL outbox slot of this database was invalidated by the server \
+         (max_slot_wal_keep_size): the messages it held are lost; remove it \
+         (diesel-inbox outbox wal remove) and create it again'; \
+     END IF; \
      IF NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE database = current_database() \
          AND slot_name LIKE 'diesel\\_inbox\\_outbox\\_%') THEN \
        PERFORM pg_create_logical_replication_slot('diesel_inbox_outbox_' || \

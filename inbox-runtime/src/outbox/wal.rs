@@ -88,7 +88,9 @@ pub(super) fn enqueue_to_wal() -> bool {
 /// attribute (or a superuser).
 ///
 /// Messages wait in the slot (the server keeps the WAL they are in)
-/// until a relay publishes them; [`remove`] drops it.
+/// until a relay publishes them; [`remove`] drops it. A slot the server
+/// invalidated (`max_slot_wal_keep_size`) is an error here, which says
+/// that its messages are lost: remove it and create it again.
 ///
 /// ```no_run
 /// # #[cfg(feature = "postgres")]

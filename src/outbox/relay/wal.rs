@@ -72,7 +72,7 @@ where
                 None => {
                     if !side.said {
                         side.said = true;
-                        tracing::warn!(target: crate::TRACING_TARGET, "diesel-inbox: outbox relay: the WAL outbox has no usable replication slot in this database; create it with diesel_inbox::outbox::wal::create (enqueues to the WAL are refused until then)");
+                        tracing::warn!(target: crate::TRACING_TARGET, "diesel-inbox: outbox relay: the WAL outbox has no usable replication slot in this database; create it with diesel_inbox::outbox::wal::create (enqueues to the WAL are refused until then; a slot the server invalidated must be removed, and its messages are lost: outbox status says so)");
                     }
                     return Ok(true);
                 }
