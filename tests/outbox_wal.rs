@@ -323,6 +323,53 @@ fn the_replication_connection_logs_in_with_scram_and_md5() {
     });
 }
 
+/// The replication connection through the server's Unix socket (its
+/// directory as the URL's host, `%`-escaped): a relay on it publishes.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn the_replication_connection_goes_through_a_unix_socket() {
+    runtime().block_on(async {
+        let (db, mut conn) = prepared("socket", true).await;
+        #[derive(diesel::QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            dirs: String,
+        }
+        let row: Row = diesel_async::RunQueryDsl::get_result(
+            diesel::sql_query("SELECT current_setting('unix_socket_directories') AS dirs"),
+            &mut conn,
+        )
+        .await
+        .expect("the socket's directories");
+        let Some(dir) = row
+            .dirs
+            .split(',')
+            .map(str::trim)
+            .find(|d| d.starts_with('/'))
+        else {
+            println!("SKIPPED: the server listens on no Unix socket");
+            return;
+        };
+        enqueue(&mut conn, &[(None, "by the socket")], true)
+            .await
+            .expect("enqueue");
+        // The URL's user and password, the socket's directory as its host.
+        let (base, _) = db.url.split_once('@').expect("a URL with a user");
+        let url = format!("{base}@{}/{}", dir.replace('/', "%2F"), db.name);
+        let publisher = Calls::default();
+        let relay = Relay::new(pool(&db), publisher.clone()).wal(url.clone());
+        let report = relay.run_once().await.expect("a pass");
+        assert_eq!(report.published, 1, "{url}: {report:?}");
+        assert_eq!(
+            *publisher.calls.lock().expect("lock"),
+            vec![vec!["by the socket".to_owned()]]
+        );
+    });
+}
+
 /// Without a slot, an enqueue to the WAL is refused (nothing would read
 /// it) and the caller's transaction rolls back; a delayed message is
 /// refused too (the WAL has no delays).
