@@ -307,7 +307,12 @@ pub(crate) use inbox_runtime::__facade::TRACING_TARGET;
 pub mod guide;
 pub mod outbox;
 
-#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+#[cfg(any(
+    feature = "lapin",
+    feature = "nats",
+    feature = "kafka",
+    feature = "sqs"
+))]
 pub mod brokers;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -319,3 +324,6 @@ pub mod kafka;
 pub mod lapin;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "sqs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
+pub mod sqs;

@@ -79,7 +79,7 @@ impl Holds {
     }
 
     /// Holds that only their delay ends (the broker glue's `handle`).
-    #[cfg(any(feature = "lapin", feature = "nats"))]
+    #[cfg(any(feature = "lapin", feature = "nats", feature = "sqs"))]
     pub(crate) fn none() -> Self {
         Holds(None)
     }

@@ -61,3 +61,5 @@ pub mod kafka;
 pub mod lapin;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "sqs")]
+pub mod sqs;

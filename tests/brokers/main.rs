@@ -23,31 +23,51 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-#[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
+#[cfg(all(
+    feature = "sqlite",
+    any(feature = "lapin", feature = "nats", feature = "sqs")
+))]
 mod chain;
-#[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
+#[cfg(all(
+    feature = "sqlite",
+    any(feature = "lapin", feature = "nats", feature = "sqs")
+))]
 mod consumer;
-#[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
+#[cfg(all(
+    feature = "sqlite",
+    any(feature = "lapin", feature = "nats", feature = "sqs")
+))]
 mod live;
 #[cfg(all(feature = "sqlite", feature = "nats"))]
 mod nats;
 #[cfg(all(
     feature = "sqlite",
     feature = "postgres",
-    any(feature = "lapin", feature = "nats")
+    any(feature = "lapin", feature = "nats", feature = "sqs")
 ))]
 use support::proxy;
 #[cfg(all(feature = "sqlite", feature = "lapin"))]
 mod rabbit;
-#[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
+#[cfg(all(
+    feature = "sqlite",
+    any(feature = "lapin", feature = "nats", feature = "sqs")
+))]
 mod scenarios;
+#[cfg(all(feature = "sqlite", feature = "sqs"))]
+mod sqs;
 
-#[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
+#[cfg(all(
+    feature = "sqlite",
+    any(feature = "lapin", feature = "nats", feature = "sqs")
+))]
 fn main() {
     scenarios::main();
 }
 
-#[cfg(not(all(feature = "sqlite", any(feature = "lapin", feature = "nats"))))]
+#[cfg(not(all(
+    feature = "sqlite",
+    any(feature = "lapin", feature = "nats", feature = "sqs")
+)))]
 fn main() {
-    println!("SKIPPED: broker scenarios need the `lapin` or `nats` feature and `sqlite`: cargo test --all-features --test brokers");
+    println!("SKIPPED: broker scenarios need the `lapin`, `nats` or `sqs` feature and `sqlite`: cargo test --all-features --test brokers");
 }

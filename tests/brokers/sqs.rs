@@ -1,0 +1,404 @@
+//! Amazon SQS on moto's server (PyPI `moto[server]`; not SQS itself, but
+//! it keeps visibility timeouts, receive counts, redrive policies and FIFO
+//! groups as SQS does): a standard queue with a dead-letter queue per
+//! scenario (and a FIFO one for [`SqsFifo`]), publishing with the id in
+//! the `message-id` attribute (a producer's resend gets a new SQS
+//! `MessageId`), the runner deduplicating on it. Every client of the
+//! consumer processes goes through a TCP proxy of the parent's, which
+//! drops their connections or refuses them for an outage.
+
+use crate::consumer::{block_on, runner_policy, Counts, Options};
+use crate::scenarios::Broker;
+use crate::support::proxy::{Mode, Proxy};
+use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub struct Sqs;
+/// The same scenarios on a FIFO queue (every order in one of eight
+/// message groups).
+pub struct SqsFifo;
+
+/// What a killed consumer held comes back after this (the queue's
+/// visibility timeout, in seconds).
+pub const VISIBILITY: i32 = 2;
+/// The variable that tells the consumer processes the proxy's URL.
+const PROXY_VAR: &str = "INBOX_SQS_PROXY_URL";
+
+/// A client of the SQS server at `endpoint` (a fixed region and test
+/// credentials, plain HTTP).
+pub fn client(endpoint: &str) -> aws_sdk_sqs::Client {
+    use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+        .endpoint_url(endpoint)
+        .http_client(aws_smithy_http_client::Builder::new().build_http())
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+/// The parent's proxy in front of the server (started once; the consumer
+/// processes inherit its URL through [`PROXY_VAR`]).
+fn proxy(url: &str) -> Result<&'static Proxy, String> {
+    static PROXY: OnceLock<Result<Proxy, String>> = OnceLock::new();
+    PROXY
+        .get_or_init(|| {
+            let authority = url
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_owned();
+            let upstream = std::net::ToSocketAddrs::to_socket_addrs(&authority)
+                .map_err(|e| format!("{url}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("{url}: no address"))?;
+            let proxy = Proxy::start(upstream)?;
+            // Read by the child processes only, set before the first spawns.
+            std::env::set_var(PROXY_VAR, format!("http://127.0.0.1:{}", proxy.port));
+            Ok(proxy)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// The endpoint a consumer process uses: the parent's proxy.
+pub fn endpoint(url: &str) -> String {
+    std::env::var(PROXY_VAR).unwrap_or_else(|_| url.to_owned())
+}
+
+fn fifo_name(queue: &str, fifo: bool) -> String {
+    match fifo {
+        true => format!("{queue}.fifo"),
+        false => queue.to_owned(),
+    }
+}
+
+async fn url_of(client: &aws_sdk_sqs::Client, name: &str) -> Result<String, String> {
+    client
+        .get_queue_url()
+        .queue_name(name)
+        .send()
+        .await
+        .map_err(|e| format!("{name}: {}", aws_sdk_sqs::error::DisplayErrorContext(e)))?
+        .queue_url()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("no URL for {name}"))
+}
+
+/// Creates `queue` (FIFO: `<queue>.fifo`) with the visibility timeout
+/// [`VISIBILITY`] and a dead-letter queue `<queue>-dlq` that SQS moves a
+/// message to after `max_receives` receives.
+pub fn create(url: &str, queue: &str, fifo: bool, max_receives: u32) -> Result<(), String> {
+    proxy(url)?;
+    block_on(async {
+        let client = client(url);
+        let mut dlq = client
+            .create_queue()
+            .queue_name(fifo_name(&format!("{queue}-dlq"), fifo));
+        if fifo {
+            dlq = dlq.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        let dlq_url = dlq
+            .send()
+            .await
+            .map_err(|e| {
+                format!(
+                    "create the dead-letter queue: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(e)
+                )
+            })?
+            .queue_url()
+            .unwrap_or_default()
+            .to_owned();
+        let arn = client
+            .get_queue_attributes()
+            .queue_url(&dlq_url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+            .ok_or("the dead-letter queue has no ARN")?;
+        let mut create = client
+            .create_queue()
+            .queue_name(fifo_name(queue, fifo))
+            .attributes(
+                QueueAttributeName::VisibilityTimeout,
+                VISIBILITY.to_string(),
+            )
+            .attributes(
+                QueueAttributeName::RedrivePolicy,
+                format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{max_receives}"}}"#),
+            );
+        if fifo {
+            create = create.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        create.send().await.map_err(|e| {
+            format!(
+                "create the queue: {}",
+                aws_sdk_sqs::error::DisplayErrorContext(e)
+            )
+        })?;
+        Ok(())
+    })
+}
+
+/// The message group of an order id `<queue>-<seq>`: one of eight.
+pub fn group_of(id: &str) -> String {
+    let seq: u64 = id
+        .rsplit('-')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    format!("customer-{}", seq % 8)
+}
+
+/// Sends `(id, body)` in order, ten per request, the id in `message-id`
+/// (FIFO: the group from [`group_of`], deduplicated on a fresh id, so a
+/// second publish of an id is stored again).
+pub fn send(
+    url: &str,
+    queue: &str,
+    fifo: bool,
+    messages: &[(String, Vec<u8>)],
+) -> Result<(), String> {
+    use aws_sdk_sqs::types::MessageAttributeValue;
+    block_on(async {
+        let client = client(url);
+        let queue_url = url_of(&client, &fifo_name(queue, fifo)).await?;
+        for (n, chunk) in messages.chunks(10).enumerate() {
+            let mut entries = Vec::new();
+            for (i, (id, body)) in chunk.iter().enumerate() {
+                let mut entry = SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(String::from_utf8_lossy(body))
+                    .message_attributes(
+                        "message-id",
+                        MessageAttributeValue::builder()
+                            .data_type("String")
+                            .string_value(id)
+                            .build()
+                            .map_err(|e| e.to_string())?,
+                    );
+                if fifo {
+                    entry = entry
+                        .message_group_id(group_of(id))
+                        .message_deduplication_id(format!("{n}-{i}-{id}"));
+                }
+                entries.push(entry.build().map_err(|e| e.to_string())?);
+            }
+            let sent = client
+                .send_message_batch()
+                .queue_url(&queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| format!("send: {}", aws_sdk_sqs::error::DisplayErrorContext(e)))?;
+            if !sent.failed().is_empty() {
+                return Err(format!("SQS refused {:?}", sent.failed()));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The visible, in-flight and delayed messages of the queue `name`.
+pub async fn depth(client: &aws_sdk_sqs::Client, name: &str) -> Result<u64, String> {
+    let url = url_of(client, name).await?;
+    let answer = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(answer
+        .attributes()
+        .map(|a| a.values().filter_map(|v| v.parse::<u64>().ok()).sum())
+        .unwrap_or(0))
+}
+
+/// Checks that the dead-letter queue holds exactly one message and the
+/// queue none.
+fn one_dead_letter(url: &str, queue: &str, fifo: bool) -> Result<String, String> {
+    block_on(async {
+        let client = client(url);
+        let dead = depth(&client, &fifo_name(&format!("{queue}-dlq"), fifo)).await?;
+        let left = depth(&client, &fifo_name(queue, fifo)).await?;
+        if dead != 1 || left != 0 {
+            return Err(format!(
+                "{dead} messages in the dead-letter queue, {left} left in the queue (expected 1 and 0)"
+            ));
+        }
+        Ok("the dead-letter queue holds it; the queue is empty".into())
+    })
+}
+
+fn remove(url: &str, queue: &str, fifo: bool) {
+    let _ = block_on(async {
+        let client = client(url);
+        for name in [
+            fifo_name(queue, fifo),
+            fifo_name(&format!("{queue}-dlq"), fifo),
+        ] {
+            if let Ok(url) = url_of(&client, &name).await {
+                let _ = client.delete_queue().queue_url(url).send().await;
+            }
+        }
+        Ok::<(), String>(())
+    });
+}
+
+/// Every connection through the proxy closed, and new ones refused for
+/// `down` (at least a moment).
+fn refuse(down: Duration) -> Result<String, String> {
+    let proxy = proxy(&std::env::var("INBOX_TEST_SQS_URL").map_err(|e| e.to_string())?)?;
+    proxy.set(Mode::Refuse);
+    std::thread::sleep(down.max(Duration::from_millis(1500)));
+    proxy.set(Mode::Forward);
+    Ok(format!(
+        "every connection to the SQS server closed, new ones refused for {:.1} s",
+        down.max(Duration::from_millis(1500)).as_secs_f64()
+    ))
+}
+
+/// The consumer process: the library's runner on the queue, through the
+/// proxy, deduplicating on `message-id`; the scenario's own policy
+/// unless it asked for the runner's. Killed between commit and delete
+/// where the options say.
+async fn consume(options: Options, fifo: bool) -> Result<Counts, String> {
+    let shared = crate::consumer::Shared::new(&options.db).await?;
+    let client = client(&endpoint(&options.url));
+    let queue_url = url_of(&client, &fifo_name(&options.queue, fifo)).await?;
+    if crate::consumer::runner_mode() {
+        let consumer = diesel_inbox::sqs::Consumer::new(client, queue_url, runner_policy())
+            .id_attribute("message-id")
+            .wait_time(Duration::from_secs(1));
+        return shared.serve(consumer, &options).await;
+    }
+    // The scenario's own consumer: what a hand-written loop reports, line
+    // by line (a duplicate; a failure the policy retries, with its time),
+    // and the crash between commit and delete.
+    let live = crate::live::install();
+    let failures = std::sync::Mutex::new(std::collections::HashMap::<String, u32>::new());
+    let report = diesel_inbox::sqs::Consumer::new(client, queue_url, crate::consumer::policy())
+        .id_attribute("message-id")
+        .wait_time(Duration::from_secs(1))
+        .in_flight(usize::from(options.prefetch))
+        .run(
+            async |id: &str, body: &[u8]| {
+                let outcome = shared.apply(id, body).await;
+                if options.crashes_at(id, 1, &outcome) {
+                    crate::consumer::crash_now();
+                }
+                match &outcome {
+                    Ok(diesel_inbox::Processed::Duplicate) => println!("duplicate {id}"),
+                    Err(_) => {
+                        let mut failures = failures.lock().unwrap();
+                        let n = failures.entry(id.to_owned()).or_default();
+                        *n += 1;
+                        // The policy's fifth delivery is its last.
+                        if *n < 5 {
+                            let ms = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map_or(0, |d| d.as_millis());
+                            println!("retry {id} {ms}");
+                        }
+                    }
+                    Ok(_) => {}
+                }
+                outcome
+            },
+            shared.stop(options.idle),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(live) = live {
+        println!("{}", live.line());
+    }
+    Ok(shared.finish(&report))
+}
+
+impl Broker for Sqs {
+    const NAME: &'static str = "sqs";
+    const URL_VAR: &'static str = "INBOX_TEST_SQS_URL";
+    const REDELIVERS_IN_PLACE: bool = false;
+    const SCALE: u64 = 5;
+    const SEES_DROPS: bool = false;
+
+    fn setup(url: &str, queue: &str) -> Result<(), String> {
+        create(url, queue, false, 10)
+    }
+
+    fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String> {
+        send(url, queue, false, messages)
+    }
+
+    fn dead_lettered(url: &str, queue: &str) -> Result<String, String> {
+        one_dead_letter(url, queue, false)
+    }
+
+    fn drop_connections() -> Result<String, String> {
+        refuse(Duration::ZERO)
+    }
+
+    fn teardown(url: &str, queue: &str) {
+        remove(url, queue, false);
+    }
+
+    fn consume() -> i32 {
+        crate::consumer::run_process(|options| consume(options, false))
+    }
+
+    fn destination(queue: &str) -> String {
+        queue.to_owned()
+    }
+
+    fn outage(down: Duration) -> Result<String, String> {
+        refuse(down)
+    }
+}
+
+impl Broker for SqsFifo {
+    const NAME: &'static str = "sqs_fifo";
+    const URL_VAR: &'static str = "INBOX_TEST_SQS_URL";
+    const REDELIVERS_IN_PLACE: bool = false;
+    const SCALE: u64 = 5;
+    const SEES_DROPS: bool = false;
+
+    fn setup(url: &str, queue: &str) -> Result<(), String> {
+        create(url, queue, true, 10)
+    }
+
+    fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String> {
+        send(url, queue, true, messages)
+    }
+
+    fn dead_lettered(url: &str, queue: &str) -> Result<String, String> {
+        one_dead_letter(url, queue, true)
+    }
+
+    fn drop_connections() -> Result<String, String> {
+        refuse(Duration::ZERO)
+    }
+
+    fn teardown(url: &str, queue: &str) {
+        remove(url, queue, true);
+    }
+
+    fn consume() -> i32 {
+        crate::consumer::run_process(|options| consume(options, true))
+    }
+
+    fn destination(queue: &str) -> String {
+        format!("{queue}.fifo")
+    }
+
+    fn outage(down: Duration) -> Result<String, String> {
+        refuse(down)
+    }
+}
