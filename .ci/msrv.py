@@ -19,7 +19,7 @@ import urllib.request
 
 # Optional dependencies that need a newer Rust than the crate itself: only
 # users of their feature need it (README, "Minimum Rust").
-NEEDS_MORE = {"lapin": "1.88", "async-nats": "1.89"}
+NEEDS_MORE = {"lapin": "1.88", "async-nats": "1.89", "aws-sdk-sqs": "1.94.1"}
 
 
 def parse(version):

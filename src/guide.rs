@@ -11,6 +11,8 @@
 //!   (feature `axum`).
 //! - [`kafka`]: Kafka consumers whose positions live in the handler's
 //!   transaction, and the outbox's Kafka publisher (feature `kafka`).
+//! - [`sqs`]: Amazon SQS consumers with a visibility heartbeat, the
+//!   outbox's SQS publisher, and Lambda (feature `sqs`).
 //! - [`outbox`]: the transactional outbox: enqueue in the handler's
 //!   transaction, the relay, order per key, dead messages, retention.
 //! - [`operations`]: retention, inspection, replays, the CLI, observability.
@@ -50,6 +52,14 @@ pub mod http {}
     doc = "Kafka consumers whose positions live in the handler's transaction, and the outbox's Kafka publisher: this page is built with the `kafka` feature, as docs.rs builds it."
 )]
 pub mod kafka {}
+
+// Its examples need the feature: without it the page is a pointer.
+#[cfg_attr(feature = "sqs", doc = include_str!("../docs/guide/sqs.md"))]
+#[cfg_attr(
+    not(feature = "sqs"),
+    doc = "Amazon SQS: the consumer runner with a visibility heartbeat, the relay's SQS publisher and the Lambda adapter: this page is built with the `sqs` feature, as docs.rs builds it."
+)]
+pub mod sqs {}
 
 #[doc = include_str!("../docs/guide/outbox.md")]
 pub mod outbox {}

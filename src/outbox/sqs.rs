@@ -241,7 +241,7 @@ impl Publish for Publisher {
         }
         let mut requests = Vec::new();
         for (destination, indexes) in &queues {
-            let url = match self.url(destination).await {
+            let url = match Box::pin(self.url(destination)).await {
                 Ok(url) => url,
                 Err(e) => {
                     for &i in indexes {
@@ -254,7 +254,10 @@ impl Publish for Publisher {
                 let url = url.clone();
                 requests.push(async move {
                     let batch: Vec<&OutboxMessage> = chunk.iter().map(|&i| &messages[i]).collect();
-                    let sent = self.send(&url, &batch).await;
+                    // Boxed: the SDK's request futures are deep, and a
+                    // relay's future (in the user's `async fn`) would
+                    // otherwise pass the compiler's layout depth limit.
+                    let sent = Box::pin(self.send(&url, &batch)).await;
                     (chunk, sent)
                 });
             }

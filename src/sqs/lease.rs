@@ -239,14 +239,15 @@ async fn change_visibility(
 }
 
 /// Renews the visibility of every message held, while the runner holds
-/// any: each tick, those whose visibility ends within half the timeout
-/// are made invisible for the whole timeout again. Ends with the runner's
-/// queue state.
+/// any: each tick (a sixth of the timeout), those whose visibility ends
+/// within two thirds of the timeout are made invisible for the whole
+/// timeout again, so a renewal has half the timeout to reach SQS. Ends
+/// with the runner's queue state.
 async fn heartbeat(shared: Weak<Shared>) {
     let Some(visibility) = shared.upgrade().map(|s| s.visibility) else {
         return;
     };
-    let tick = (visibility / 4).max(Duration::from_millis(250));
+    let tick = (visibility / 6).max(Duration::from_millis(250));
     let seconds = i32::try_from(visibility.as_secs()).unwrap_or(MAX_VISIBILITY);
     loop {
         tokio::time::sleep(tick).await;
@@ -258,7 +259,7 @@ async fn heartbeat(shared: Weak<Shared>) {
             .state()
             .leases
             .iter()
-            .filter(|(_, (_, until))| *until <= now + visibility / 2)
+            .filter(|(_, (_, until))| *until <= now + visibility * 2 / 3)
             .map(|(n, (receipt, _))| (*n, receipt.clone()))
             .collect();
         if due.is_empty() {

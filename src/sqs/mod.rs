@@ -12,8 +12,8 @@
 //! - **Long polling**: up to ten messages per receive, waiting up to 20 s.
 //! - **A visibility heartbeat**: every message the runner holds (running,
 //!   prefetched, or held behind its FIFO group) is kept invisible: when
-//!   half of the visibility timeout is left, it is extended by the whole
-//!   timeout again (`ChangeMessageVisibilityBatch`), so a handler slower
+//!   two thirds of the visibility timeout are left, it is extended by the
+//!   whole timeout again (`ChangeMessageVisibilityBatch`), so a handler slower
 //!   than the timeout is not delivered to another consumer meanwhile. It
 //!   stops when the message is settled, or dropped at shutdown.
 //! - **Deletes** after each commit, batched: the deletes asked for while

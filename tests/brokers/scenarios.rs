@@ -49,6 +49,12 @@ pub trait Broker {
     /// failed request again by itself, so a short drop may never reach
     /// the runner).
     const SEES_DROPS: bool = true;
+    /// The common scenarios this broker runs (`None`: all of them).
+    const ONLY: Option<&'static [&'static str]> = None;
+    /// Scenarios of this broker's own.
+    fn own() -> Vec<Scenario> {
+        Vec::new()
+    }
 }
 
 macro_rules! ensure {
@@ -61,10 +67,10 @@ macro_rules! ensure {
 pub(crate) use ensure;
 
 /// One scenario's queue and database, removed at the end.
-struct Run {
-    url: String,
-    queue: String,
-    db: String,
+pub(crate) struct Run {
+    pub(crate) url: String,
+    pub(crate) queue: String,
+    pub(crate) db: String,
     teardown: fn(&str, &str),
 }
 
@@ -85,7 +91,7 @@ pub fn run_id() -> String {
     format!("r{}x{:x}", std::process::id(), nanos % (1 << 40))
 }
 
-fn start<B: Broker>(url: &str) -> Result<Run, String> {
+pub(crate) fn start<B: Broker>(url: &str) -> Result<Run, String> {
     let run = run_id();
     let queue = format!("inbox-test-{run}");
     let db = std::env::temp_dir()
@@ -103,7 +109,7 @@ fn start<B: Broker>(url: &str) -> Result<Run, String> {
 }
 
 /// `n` orders of `run`, ids `<queue>-<seq>` (seq from 1), amount `seq`.
-fn orders(run: &Run, n: u64) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn orders(run: &Run, n: u64) -> Vec<(String, Vec<u8>)> {
     (1..=n)
         .map(|seq| (format!("{}-{seq}", run.queue), seq.to_string().into_bytes()))
         .collect()
@@ -115,12 +121,16 @@ fn with_duplicates(orders: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
     orders.into_iter().chain(again).collect()
 }
 
-fn spawn_consumer<B: Broker>(run: &Run, prefetch: u16, crash_every: u64) -> Result<Child, String> {
+pub(crate) fn spawn_consumer<B: Broker>(
+    run: &Run,
+    prefetch: u16,
+    crash_every: u64,
+) -> Result<Child, String> {
     spawn::<B>(run, prefetch, crash_every, false)
 }
 
 /// A consumer process that runs the library's consumer runner.
-fn spawn_runner<B: Broker>(run: &Run, in_flight: u16) -> Result<Child, String> {
+pub(crate) fn spawn_runner<B: Broker>(run: &Run, in_flight: u16) -> Result<Child, String> {
     spawn::<B>(run, in_flight, 0, true)
 }
 
@@ -136,7 +146,7 @@ fn spawn<B: Broker>(
 }
 
 /// The consumer process's command line and environment.
-fn command<B: Broker>(
+pub(crate) fn command<B: Broker>(
     run: &Run,
     prefetch: u16,
     crash_every: u64,
@@ -159,15 +169,15 @@ fn command<B: Broker>(
 }
 
 /// Waits for a consumer: its counts, or `None` if it was SIGKILLed.
-fn finish(child: Child) -> Result<Option<Counts>, String> {
+pub(crate) fn finish(child: Child) -> Result<Option<Counts>, String> {
     finish_with_output(child).map(|(counts, _, _)| counts)
 }
 
 /// [`finish`], the ids the consumer reported `Duplicate` for (also when it
 /// was killed later), and when it settled each retry (ms since the epoch).
-type Output = (Option<Counts>, Vec<String>, Vec<u64>);
+pub(crate) type Output = (Option<Counts>, Vec<String>, Vec<u64>);
 
-fn finish_with_output(child: Child) -> Result<Output, String> {
+pub(crate) fn finish_with_output(child: Child) -> Result<Output, String> {
     use std::os::unix::process::ExitStatusExt;
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -195,7 +205,7 @@ fn finish_with_output(child: Child) -> Result<Output, String> {
 }
 
 /// Business rows and inbox rows equal one application of `1..=n`.
-fn check_exact(run: &Run, n: u64) -> Result<(), String> {
+pub(crate) fn check_exact(run: &Run, n: u64) -> Result<(), String> {
     use diesel::prelude::*;
     let mut conn = SqliteConnection::establish(&run.db).map_err(|e| e.to_string())?;
     #[derive(QueryableByName, Debug)]
@@ -235,7 +245,7 @@ fn check_exact(run: &Run, n: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn applied_so_far(run: &Run) -> i64 {
+pub(crate) fn applied_so_far(run: &Run) -> i64 {
     use diesel::prelude::*;
     let Ok(mut conn) = SqliteConnection::establish(&run.db) else {
         return 0;
@@ -427,7 +437,7 @@ fn dropped_mid_run<B: Broker>(url: &str, runner: bool) -> Result<String, String>
 }
 
 /// Waits (at most a minute) until `n` orders of `run` are applied.
-fn wait_for_applied(run: &Run, n: i64) -> Result<(), String> {
+pub(crate) fn wait_for_applied(run: &Run, n: i64) -> Result<(), String> {
     let began = Instant::now();
     while applied_so_far(run) < n {
         ensure!(
@@ -1158,7 +1168,7 @@ fn batches_killed_at_random<B: Broker>(url: &str) -> Result<String, String> {
 }
 
 /// The orders' sequence numbers in the order they were applied.
-fn applied_in_order(run: &Run) -> Result<Vec<u64>, String> {
+pub(crate) fn applied_in_order(run: &Run) -> Result<Vec<u64>, String> {
     use diesel::prelude::*;
     let mut conn = SqliteConnection::establish(&run.db).map_err(|e| e.to_string())?;
     let ids: Vec<String> = diesel::dsl::sql::<diesel::sql_types::Text>(
@@ -1180,9 +1190,18 @@ fn runner_survives_a_broker_drop<B: Broker>(url: &str) -> Result<String, String>
 /// passed).
 pub(crate) const SKIPPED: &str = "SKIPPED: ";
 
-type Scenario = (&'static str, fn(&str) -> Result<String, String>);
+pub(crate) type Scenario = (&'static str, fn(&str) -> Result<String, String>);
 
 fn scenarios<B: Broker>() -> Vec<Scenario> {
+    let mut all = common::<B>();
+    if let Some(only) = B::ONLY {
+        all.retain(|(name, _)| only.contains(name));
+    }
+    all.extend(B::own());
+    all
+}
+
+fn common<B: Broker>() -> Vec<Scenario> {
     vec![
         ("duplicates", duplicates::<B>),
         (
