@@ -130,6 +130,15 @@ struct Cli {
     /// missing ones print as NaN.
     #[arg(long, value_delimiter = ',')]
     kafka_variants: Vec<String>,
+    /// SQS (PostgreSQL, INBOX_TEST_SQS_URL: moto's server, which is not
+    /// SQS): messages/s of the runner against a hand-written aws-sdk-sqs
+    /// loop (receive 10, one transaction per message, delete batched), and
+    /// moto's own ceiling (receive and delete, no database).
+    #[arg(long)]
+    sqs: bool,
+    /// Messages per variant and round of `--sqs` [default: 300; smoke 20].
+    #[arg(long)]
+    sqs_messages: Option<usize>,
     /// RabbitMQ and NATS (PostgreSQL, INBOX_TEST_AMQP_URL and/or
     /// INBOX_TEST_NATS_URL): messages/s of `run_batch` against `run` with
     /// `in_flight(8)`.
@@ -192,6 +201,9 @@ pub struct Args {
     pub kafka: bool,
     pub kafka_messages: usize,
     pub kafka_variants: Vec<String>,
+    /// `--sqs` and its count.
+    pub sqs: bool,
+    pub sqs_messages: usize,
     /// `--brokers` and its count.
     pub brokers: bool,
     pub broker_messages: usize,
@@ -245,6 +257,8 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         kafka: cli.kafka,
         kafka_messages: pick(cli.kafka_messages, 3_000, 30),
         kafka_variants: cli.kafka_variants,
+        sqs: cli.sqs,
+        sqs_messages: pick(cli.sqs_messages, 300, 20),
         brokers: cli.brokers,
         broker_messages: pick(cli.broker_messages, 5_000, 50),
         scale_rows: cli.scale_rows.unwrap_or(if smoke {

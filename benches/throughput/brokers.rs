@@ -15,19 +15,15 @@
 //!   messages' rows in one statement, one batch at a time.
 
 use crate::args::Args;
+use crate::consume::Clock;
 use crate::output::write_output;
 use crate::run_id;
 use diesel::sql_types::{Array, BigInt, Text};
 use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::pooled_connection::{
-    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
-};
-use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use diesel_inbox::brokers::{Message, Policy};
 use diesel_inbox::{Batch, Inbox, InboxError, Processed};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const VARIANTS: [&str; 2] = ["run8", "batch"];
 const CONSUMER: &str = "bench-brokers";
@@ -45,57 +41,8 @@ pub fn run(args: &Args) -> Result<(), String> {
     runtime.block_on(measure(args, url))
 }
 
-/// The first call's start, the last one's end, and how many are done.
-#[derive(Default)]
-struct Clock {
-    first: Mutex<Option<Instant>>,
-    done: AtomicU64,
-    last: Mutex<Option<Instant>>,
-    finished: tokio::sync::Notify,
-}
-
-impl Clock {
-    fn start(&self) {
-        self.first.lock().unwrap().get_or_insert_with(Instant::now);
-    }
-
-    fn done(&self, k: u64, n: u64) {
-        let before = self.done.fetch_add(k, Ordering::SeqCst);
-        if before < n && before + k >= n {
-            *self.last.lock().unwrap() = Some(Instant::now());
-            self.finished.notify_one();
-        }
-    }
-
-    fn rate(&self, n: u64) -> Result<f64, String> {
-        let first = self.first.lock().unwrap().ok_or("no message")?;
-        let last = self.last.lock().unwrap().ok_or("not every message")?;
-        Ok(n.saturating_sub(1) as f64 / (last - first).as_secs_f64().max(1e-9))
-    }
-}
-
 async fn measure(args: &Args, url: String) -> Result<(), String> {
-    // A production pool: `Fast` recycling (the default, `Verified`, sends
-    // a `SELECT 1` on every checkout, a round trip per handler call).
-    let mut config = ManagerConfig::default();
-    config.recycling_method = RecyclingMethod::Fast;
-    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(url, config);
-    let pool = Pool::builder(manager)
-        .max_size(8)
-        .build()
-        .map_err(|e| e.to_string())?;
-    {
-        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-        diesel_inbox::migrate_async(&mut *conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        conn.batch_execute(
-            "DROP TABLE IF EXISTS bench_brokers; \
-             CREATE TABLE bench_brokers (id TEXT NOT NULL, amount BIGINT NOT NULL)",
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    }
+    let pool = crate::consume::pool(url, "bench_brokers").await?;
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let mut lines = Vec::new();
     let mut json = Vec::new();
@@ -227,7 +174,7 @@ async fn consume<S: diesel_inbox::brokers::Source>(
                             .await
                             .map_err(|e: diesel::result::Error| InboxError::Database(e))?;
                         crate::settle::committed(messages.len());
-                        clock.done(messages.len() as u64, n);
+                        clock.done_many(messages.len() as u64, n);
                         Ok(done)
                     },
                     clock.finished.notified(),
@@ -250,7 +197,7 @@ async fn consume<S: diesel_inbox::brokers::Source>(
                             })
                             .await
                             .map_err(|e: diesel::result::Error| InboxError::Database(e))?;
-                        clock.done(1, n);
+                        clock.done(n);
                         Ok(done)
                     },
                     clock.finished.notified(),

@@ -30,25 +30,21 @@
 //!   the offset asynchronously.
 
 use crate::args::Args;
+use crate::consume::Clock;
 use crate::output::write_output;
 use crate::run_id;
 use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::pooled_connection::{
-    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
-};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use diesel_inbox::brokers::{Message, Policy};
-use diesel_inbox::{Batch, Inbox, InboxError, Processed};
+use diesel_inbox::{Batch, Inbox, InboxError};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const VARIANTS: [&str; 6] = ["runner", "runner8", "hand", "batch", "handbatch", "floor"];
 /// The batches of `batch` and `handbatch`.
@@ -73,62 +69,8 @@ pub fn run(args: &Args) -> Result<(), String> {
     runtime.block_on(measure(args, url, brokers))
 }
 
-/// The first message's start and the last one's end, and how many.
-#[derive(Default)]
-struct Clock {
-    first: Mutex<Option<Instant>>,
-    done: AtomicU64,
-    last: Mutex<Option<Instant>>,
-}
-
-impl Clock {
-    fn start(&self) {
-        self.first.lock().unwrap().get_or_insert_with(Instant::now);
-    }
-
-    /// Counts a message done; whether it was the last of `n`.
-    fn done(&self, n: u64) -> bool {
-        self.done_many(1, n)
-    }
-
-    /// Counts `k` messages done; whether the last of `n` was among them.
-    fn done_many(&self, k: u64, n: u64) -> bool {
-        let before = self.done.fetch_add(k, Ordering::SeqCst);
-        if before < n && before + k >= n {
-            *self.last.lock().unwrap() = Some(Instant::now());
-        }
-        before + k >= n
-    }
-
-    fn rate(&self, n: u64) -> Result<f64, String> {
-        let first = self.first.lock().unwrap().ok_or("no message")?;
-        let last = self.last.lock().unwrap().ok_or("not every message")?;
-        Ok((n.saturating_sub(1)) as f64 / (last - first).as_secs_f64().max(1e-9))
-    }
-}
-
 async fn measure(args: &Args, url: String, brokers: String) -> Result<(), String> {
-    // A production pool: `Fast` recycling (the default, `Verified`, sends
-    // a `SELECT 1` on every checkout, a round trip per handler call).
-    let mut config = ManagerConfig::default();
-    config.recycling_method = RecyclingMethod::Fast;
-    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(url, config);
-    let pool = Pool::builder(manager)
-        .max_size(8)
-        .build()
-        .map_err(|e| e.to_string())?;
-    {
-        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-        diesel_inbox::migrate_async(&mut *conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        conn.batch_execute(
-            "DROP TABLE IF EXISTS bench_kafka; \
-             CREATE TABLE bench_kafka (id TEXT NOT NULL, amount BIGINT NOT NULL)",
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    }
+    let pool = crate::consume::pool(url, "bench_kafka").await?;
     let run = run_id();
     let n = args.kafka_messages as u64;
     let variants: Vec<&str> = match args.kafka_variants.is_empty() {
@@ -334,32 +276,14 @@ async fn runner(
     n: u64,
     in_flight: usize,
 ) -> Result<(), String> {
-    let finished = tokio::sync::Notify::new();
     let report = diesel_inbox::kafka::Consumer::new(consumer, Policy::new(|_: &InboxError| false))
         .in_flight(in_flight)
         .shutdown_deadline(Duration::from_secs(10))
         .run(
-            async |id: &str, body: &[u8]| -> Result<Processed<()>, InboxError> {
-                clock.start();
-                let amount: i64 = std::str::from_utf8(body)
-                    .ok()
-                    .and_then(|b| b.parse().ok())
-                    .unwrap_or_default();
-                let Ok(mut conn) = pool.get().await else {
-                    return Err(InboxError::InvalidArgument("no database connection"));
-                };
-                let done = Inbox::consumer(CONSUMER)
-                    .run_async(&mut *conn, id, async |conn: &mut AsyncPgConnection| {
-                        insert(conn, id, amount).await
-                    })
-                    .await
-                    .map_err(|e: diesel::result::Error| InboxError::Database(e))?;
-                if clock.done(n) {
-                    finished.notify_one();
-                }
-                Ok(done)
+            async |id: &str, body: &[u8]| {
+                crate::consume::apply(pool, clock, n, (CONSUMER, "bench_kafka"), id, body).await
             },
-            finished.notified(),
+            clock.finished.notified(),
         )
         .await
         .map_err(|e| e.to_string())?;

@@ -11,7 +11,8 @@
 //!     [--memory]
 //!     [--outbox [--outbox-messages 5000] [--outbox-rate 1000] [--outbox-secs 10]]
 //!     [--http [--http-conns 16] [--http-storms 20]]
-//!     [--kafka [--kafka-messages 3000]] [--brokers [--broker-messages 5000]]
+//!     [--kafka [--kafka-messages 3000]] [--sqs [--sqs-messages 300]]
+//!     [--brokers [--broker-messages 5000]]
 //! ```
 //!
 //! Variants run interleaved, and the sync variants' order rotates each
@@ -48,6 +49,11 @@
 //! requests with one new key and as many of 100 retries of it committed:
 //! each kind's replay latency p50/p99; it writes
 //! `http.json`.
+//! `--sqs` (PostgreSQL and `INBOX_TEST_SQS_URL`, feature `sqs`): messages/s
+//! of `diesel_inbox::sqs::Consumer` against a hand-written aws-sdk-sqs loop
+//! doing the same inbox and business rows, and moto's own ceiling; it
+//! writes `sqs.json`.
+//!
 //! `--kafka` (PostgreSQL and `INBOX_TEST_KAFKA_BROKERS`, feature `kafka`):
 //! messages/s of `diesel_inbox::kafka::Consumer` against a hand-written
 //! rdkafka consumer doing the same inbox row, business row and position
@@ -77,6 +83,15 @@ mod bench;
     any(feature = "lapin", feature = "nats")
 ))]
 mod brokers;
+#[cfg(all(
+    feature = "postgres",
+    any(
+        feature = "kafka",
+        feature = "sqs",
+        all(feature = "async", any(feature = "lapin", feature = "nats"))
+    )
+))]
+mod consume;
 #[cfg(all(feature = "async", feature = "lapin"))]
 mod horizon;
 #[cfg(all(feature = "axum", feature = "postgres"))]
@@ -99,6 +114,8 @@ mod scale;
     )
 ))]
 mod settle;
+#[cfg(all(feature = "sqs", feature = "postgres"))]
+mod sqs;
 mod targets;
 mod variants;
 
@@ -168,6 +185,12 @@ fn run(args: &Args) -> Result<(), String> {
         return kafka::run(args);
         #[cfg(not(all(feature = "kafka", feature = "postgres")))]
         return Err("--kafka needs the kafka and postgres features".into());
+    }
+    if args.sqs {
+        #[cfg(all(feature = "sqs", feature = "postgres"))]
+        return sqs::run(args);
+        #[cfg(not(all(feature = "sqs", feature = "postgres")))]
+        return Err("--sqs needs the sqs and postgres features".into());
     }
     if args.brokers {
         #[cfg(all(

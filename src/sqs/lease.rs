@@ -293,6 +293,16 @@ async fn delete_batches(
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     while pending.recv_many(&mut batch, BATCH).await > 0 {
+        // A moment for more, so that commits close together share a
+        // request.
+        let filled = Instant::now() + super::FILL;
+        while batch.len() < BATCH {
+            let room = BATCH - batch.len();
+            match tokio::time::timeout_at(filled, pending.recv_many(&mut batch, room)).await {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+        }
         let entries: Vec<_> = batch
             .iter()
             .enumerate()

@@ -490,6 +490,10 @@ fn redrive_target(policy: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// How long a receive waits for room for more messages, and a delete for
+/// more deletes, before it goes with what it has.
+pub(crate) const FILL: Duration = Duration::from_millis(5);
+
 /// The receiving task: long polls while fewer than `prefetch` messages
 /// are held, and hands each to the runner (FIFO: through its group's
 /// lane). A failed receive ends the stream with the error (the runner
@@ -501,11 +505,17 @@ async fn receive(shared: Arc<Shared>, prefetch: usize, wait: Duration) {
         let Ok(first) = room.clone().acquire_owned().await else {
             return;
         };
+        // A receive's worth (ten, or the prefetch), waiting a moment for
+        // the room the deliveries finishing now give back: fewer, fuller
+        // receives (SQS bills per request).
+        let want = prefetch.min(10);
         let mut permits = vec![first];
-        while permits.len() < 10 {
+        let filled = Instant::now() + FILL;
+        while permits.len() < want {
             match room.clone().try_acquire_owned() {
                 Ok(permit) => permits.push(permit),
-                Err(_) => break,
+                Err(_) if Instant::now() >= filled => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
             }
         }
         let asked = Instant::now();

@@ -195,15 +195,7 @@ async fn consume(service: &str) -> Result<(), String> {
                 "sqs_fifo" => format!("{queue}.fifo"),
                 _ => queue,
             };
-            let queue_url = client
-                .get_queue_url()
-                .queue_name(&name)
-                .send()
-                .await
-                .map_err(|e| e.to_string())?
-                .queue_url()
-                .unwrap_or_default()
-                .to_owned();
+            let queue_url = crate::sqs::queue_url(&client, &name).await?;
             serve(
                 diesel_inbox::sqs::Consumer::new(client, queue_url, policy())
                     .id_attribute("message-id")

@@ -77,6 +77,19 @@ fn fifo_name(queue: &str, fifo: bool) -> String {
     }
 }
 
+/// [`url_of`], asked again for up to 30 s: a consumer process restarted
+/// while the proxy refuses connections (a drop, an outage) waits for it.
+pub async fn queue_url(client: &aws_sdk_sqs::Client, name: &str) -> Result<String, String> {
+    let began = std::time::Instant::now();
+    loop {
+        match url_of(client, name).await {
+            Ok(url) => return Ok(url),
+            Err(e) if began.elapsed() > Duration::from_secs(30) => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 async fn url_of(client: &aws_sdk_sqs::Client, name: &str) -> Result<String, String> {
     client
         .get_queue_url()
@@ -276,7 +289,7 @@ fn refuse(down: Duration) -> Result<String, String> {
 async fn consume(options: Options, fifo: bool) -> Result<Counts, String> {
     let shared = crate::consumer::Shared::new(&options.db).await?;
     let client = client(&endpoint(&options.url));
-    let queue_url = url_of(&client, &fifo_name(&options.queue, fifo)).await?;
+    let queue_url = queue_url(&client, &fifo_name(&options.queue, fifo)).await?;
     if crate::consumer::runner_mode() {
         let consumer = diesel_inbox::sqs::Consumer::new(client, queue_url, runner_policy())
             .id_attribute("message-id")
