@@ -81,12 +81,10 @@ impl Publisher {
         if let Some(url) = self.lock().get(destination) {
             return Ok(url.clone());
         }
-        let found = self
-            .client
-            .get_queue_url()
-            .queue_name(destination)
-            .send()
+        let request = self.client.get_queue_url().queue_name(destination).send();
+        let found = tokio::time::timeout(crate::sqs::REQUEST_TIMEOUT, request)
             .await
+            .map_err(|_| PublishError::unavailable("SQS did not answer within 30 s"))?
             .map_err(|e| {
                 let missing = e
                     .as_service_error()
@@ -173,13 +171,19 @@ impl Publisher {
         if entries.is_empty() {
             return results;
         }
-        let sent = self
+        let request = self
             .client
             .send_message_batch()
             .queue_url(url)
             .set_entries(Some(entries))
-            .send()
-            .await;
+            .send();
+        let Ok(sent) = tokio::time::timeout(crate::sqs::REQUEST_TIMEOUT, request).await else {
+            let error = PublishError::unavailable("SQS did not answer within 30 s");
+            for result in results.iter_mut().filter(|r| r.is_ok()) {
+                *result = Err(error.clone());
+            }
+            return results;
+        };
         match sent {
             Ok(answer) => {
                 for failed in answer.failed() {

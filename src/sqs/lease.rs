@@ -216,19 +216,14 @@ async fn change_visibility(
                     .map_err(|e| BrokerError::Settle(e.into()))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let answer = client
+        let request = client
             .change_message_visibility_batch()
             .queue_url(url)
             .set_entries(Some(entries))
-            .send()
+            .send();
+        let answer = super::answer(request, Duration::ZERO)
             .await
-            .map_err(|e| {
-                BrokerError::Settle(
-                    aws_sdk_sqs::error::DisplayErrorContext(e)
-                        .to_string()
-                        .into(),
-                )
-            })?;
+            .map_err(|e| BrokerError::Settle(e.into()))?;
         for ok in answer.successful() {
             if let Ok(i) = ok.id().parse::<usize>() {
                 changed.push(chunk * BATCH + i);
@@ -314,12 +309,12 @@ async fn delete_batches(
                     .ok()
             })
             .collect();
-        let answer = client
+        let request = client
             .delete_message_batch()
             .queue_url(&url)
             .set_entries(Some(entries))
-            .send()
-            .await;
+            .send();
+        let answer = super::answer(request, Duration::ZERO).await;
         match answer {
             Ok(answer) => {
                 let mut failed: HashMap<usize, String> = answer
@@ -337,8 +332,7 @@ async fn delete_batches(
                     });
                 }
             }
-            Err(e) => {
-                let why = aws_sdk_sqs::error::DisplayErrorContext(e).to_string();
+            Err(why) => {
                 for (_, done) in batch.drain(..) {
                     let _ = done.send(Err(format!("the delete failed: {why}")));
                 }

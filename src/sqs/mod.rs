@@ -155,10 +155,35 @@ impl<E> crate::brokers::Consumer<Queue, E> {
     }
 
     /// How long a receive waits for messages (long polling; default 20 s,
-    /// SQS's longest; at most 20 s).
+    /// SQS's longest; at least 1 s, so that an empty queue is not asked
+    /// again and again; at most 20 s).
     pub fn wait_time(mut self, wait: Duration) -> Self {
-        self.source.wait = wait.min(Duration::from_secs(20));
+        self.source.wait = wait.clamp(Duration::from_secs(1), Duration::from_secs(20));
         self
+    }
+}
+
+/// How long one SQS request may take (a receive: its long poll more): a
+/// server that accepts connections and answers nothing is an error after
+/// it, never a wait without end.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The answer to an SQS request within [`REQUEST_TIMEOUT`] (plus
+/// `extra`), or why there is none, in one line.
+pub(crate) async fn answer<T, E>(
+    request: impl std::future::Future<Output = Result<T, aws_sdk_sqs::error::SdkError<E>>>,
+    extra: Duration,
+) -> Result<T, String>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match tokio::time::timeout(REQUEST_TIMEOUT + extra, request).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(sqs_error(e)),
+        Err(_) => Err(format!(
+            "SQS did not answer within {} s",
+            (REQUEST_TIMEOUT + extra).as_secs()
+        )),
     }
 }
 
@@ -178,7 +203,11 @@ pub struct Delivery {
     group: Option<String>,
     shared: Arc<Shared>,
     lease: u64,
-    /// Settled, or given back with its group: nothing left to do on drop.
+    /// Settled and its group's lane moved on, or given back with its
+    /// group: nothing left to do on drop. A settlement cut short (the
+    /// shutdown deadline) leaves it unset, so that the drop lets the
+    /// group's held messages go rather than keep them (and their
+    /// heartbeat) forever.
     done: AtomicBool,
     _permit: OwnedSemaphorePermit,
 }
@@ -266,21 +295,25 @@ impl Inbound for Delivery {
         settlement: Settlement,
         retry_delay: Duration,
     ) -> Result<(), BrokerError> {
-        self.shared.release(self.lease);
-        self.settled();
+        // Kept invisible by the heartbeat until it is deleted (a slow
+        // delete must not let it come back); a retry's visibility is the
+        // runner's from now on.
         let result = match settlement {
             Settlement::Ack => self.shared.delete(&self.receipt).await,
             Settlement::Retry => {
+                self.shared.release(self.lease);
                 let seconds = retry_delay.as_secs_f64().ceil() as i64;
                 self.visible_in(seconds.clamp(0, i64::from(MAX_VISIBILITY)) as i32)
                     .await
             }
             Settlement::DeadLetter => self.dead_letter().await,
         };
+        self.shared.release(self.lease);
         if let Some(group) = self.group.as_deref().filter(|_| self.shared.fifo) {
             let done = result.is_ok() && settlement != Settlement::Retry;
             self.shared.leave(group, done).await;
         }
+        self.settled();
         result
     }
 
@@ -296,16 +329,18 @@ impl Inbound for Delivery {
 impl Delivery {
     /// Makes the message visible again in `seconds`.
     async fn visible_in(&self, seconds: i32) -> Result<(), BrokerError> {
-        self.shared
+        let request = self
+            .shared
             .client
             .change_message_visibility()
             .queue_url(&self.shared.url)
             .receipt_handle(&self.receipt)
             .visibility_timeout(seconds)
-            .send()
+            .send();
+        answer(request, Duration::ZERO)
             .await
             .map(|_| ())
-            .map_err(|e| BrokerError::Settle(sqs_error(e).into()))
+            .map_err(|e| BrokerError::Settle(e.into()))
     }
 
     /// Sends the message to the redrive policy's dead-letter queue, then
@@ -313,6 +348,7 @@ impl Delivery {
     /// and says so.
     async fn dead_letter(&self) -> Result<(), BrokerError> {
         let Some(dead_letter) = &self.shared.dead_letter else {
+            self.shared.release(self.lease);
             self.visible_in(MAX_VISIBILITY).await?;
             return Err(BrokerError::Settle(
                 format!(
@@ -335,14 +371,8 @@ impl Delivery {
                 .message_group_id(group)
                 .message_deduplication_id(id.chars().take(128).collect::<String>());
         }
-        send.send().await.map_err(|e| {
-            BrokerError::Settle(
-                format!(
-                    "sending it to the dead-letter queue failed: {}",
-                    sqs_error(e)
-                )
-                .into(),
-            )
+        answer(send.send(), Duration::ZERO).await.map_err(|e| {
+            BrokerError::Settle(format!("sending it to the dead-letter queue failed: {e}").into())
         })?;
         self.shared.delete(&self.receipt).await
     }
@@ -384,16 +414,18 @@ impl crate::brokers::Source for Queue {
     }
 
     async fn open(&mut self, prefetch: usize) -> Result<Deliveries, BrokerError> {
-        let attributes = self
-            .client
-            .get_queue_attributes()
-            .queue_url(&self.url)
-            .attribute_names(QueueAttributeName::RedrivePolicy)
-            .attribute_names(QueueAttributeName::VisibilityTimeout)
-            .attribute_names(QueueAttributeName::FifoQueue)
-            .send()
-            .await
-            .map_err(|e| BrokerError::Broker(sqs_error(e).into()))?;
+        let attributes = answer(
+            self.client
+                .get_queue_attributes()
+                .queue_url(&self.url)
+                .attribute_names(QueueAttributeName::RedrivePolicy)
+                .attribute_names(QueueAttributeName::VisibilityTimeout)
+                .attribute_names(QueueAttributeName::FifoQueue)
+                .send(),
+            Duration::ZERO,
+        )
+        .await
+        .map_err(|e| BrokerError::Broker(e.into()))?;
         let attributes = attributes.attributes().cloned().unwrap_or_default();
         let fifo = self.url.ends_with(".fifo")
             || attributes
@@ -424,16 +456,18 @@ impl crate::brokers::Source for Queue {
     }
 
     async fn backlog(&mut self) -> Result<u64, BrokerError> {
-        let answer = self
-            .client
-            .get_queue_attributes()
-            .queue_url(&self.url)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-            .send()
-            .await
-            .map_err(|e| BrokerError::Broker(sqs_error(e).into()))?;
+        let answer = answer(
+            self.client
+                .get_queue_attributes()
+                .queue_url(&self.url)
+                .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+                .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+                .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+                .send(),
+            Duration::ZERO,
+        )
+        .await
+        .map_err(|e| BrokerError::Broker(e.into()))?;
         Ok(answer
             .attributes()
             .map(|a| a.values().filter_map(|v| v.parse::<u64>().ok()).sum())
@@ -467,14 +501,16 @@ impl Queue {
                 "the queue's dead-letter queue is not an SQS ARN: {arn}"
             )));
         };
-        let found = self
-            .client
-            .get_queue_url()
-            .queue_name(name)
-            .set_queue_owner_aws_account_id(account.map(str::to_owned))
-            .send()
-            .await
-            .map_err(|e| BrokerError::Broker(sqs_error(e).into()))?;
+        let found = answer(
+            self.client
+                .get_queue_url()
+                .queue_name(name)
+                .set_queue_owner_aws_account_id(account.map(str::to_owned))
+                .send(),
+            Duration::ZERO,
+        )
+        .await
+        .map_err(|e| BrokerError::Broker(e.into()))?;
         found.queue_url().map(str::to_owned).ok_or_else(|| {
             BrokerError::Broker(format!("no URL for the dead-letter queue {name}").into())
         })
@@ -519,7 +555,7 @@ async fn receive(shared: Arc<Shared>, prefetch: usize, wait: Duration) {
             }
         }
         let asked = Instant::now();
-        let answer = shared
+        let request = shared
             .client
             .receive_message()
             .queue_url(&shared.url)
@@ -529,14 +565,11 @@ async fn receive(shared: Arc<Shared>, prefetch: usize, wait: Duration) {
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
             .message_attribute_names("All")
-            .send()
-            .await;
-        let answer = match answer {
+            .send();
+        let answer = match answer(request, wait).await {
             Ok(answer) => answer,
             Err(e) => {
-                let _ = shared
-                    .ready
-                    .send(Err(BrokerError::Broker(sqs_error(e).into())));
+                let _ = shared.ready.send(Err(BrokerError::Broker(e.into())));
                 return;
             }
         };

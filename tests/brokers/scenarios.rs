@@ -49,6 +49,14 @@ pub trait Broker {
     /// failed request again by itself, so a short drop may never reach
     /// the runner).
     const SEES_DROPS: bool = true;
+    /// Whether the queue keeps a key's messages in order for a consumer
+    /// that applies one at a time, across its kills (not an SQS standard
+    /// queue: a killed consumer's message comes back after the ones
+    /// behind it).
+    const ORDERED: bool = true;
+    /// How long a consumer process waits with nothing to do before it
+    /// exits, in ms.
+    const IDLE_MS: u64 = 4_000;
     /// The common scenarios this broker runs (`None`: all of them).
     const ONLY: Option<&'static [&'static str]> = None;
     /// Scenarios of this broker's own.
@@ -162,7 +170,7 @@ pub(crate) fn command<B: Broker>(
         .env("INBOX_BROKER_QUEUE", &run.queue)
         .env("INBOX_BROKER_PREFETCH", prefetch.to_string())
         .env("INBOX_BROKER_CRASH_EVERY", crash_every.to_string())
-        .env("INBOX_BROKER_IDLE_MS", "4000")
+        .env("INBOX_BROKER_IDLE_MS", B::IDLE_MS.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     Ok(command)
