@@ -27,7 +27,9 @@ MAX_LINES = 800
 LAYERS = [
     ("facade", ("lib", "__private", "__facade", "__testing")),
     ("operations", (
-        "outbox", "outbox::message", "outbox::operations", "outbox::wal", "outbox::relay",
+        "overview",
+        "outbox", "outbox::message", "outbox::operations", "outbox::dead", "outbox::wal",
+        "outbox::relay",
         "outbox::notify",
         "outbox::statements", "outbox::headers", "outbox::id",
         "ops", "ops::entries", "ops::positions", "ops::purge", "ops::transaction",
@@ -39,7 +41,7 @@ LAYERS = [
         "backend::postgres::connection", "backend::postgres", "backend::postgres::claim",
         "backend::mysql", "backend::sqlite",
         "backend::execute", "backend::asynchronous", "backend::transaction", "backend::outbox",
-        "backend::outbox_claim", "backend::outbox_wal",
+        "backend::overview", "backend::outbox_claim", "backend::outbox_wal",
         "backend::positions", "backend::stmt", "backend::statements", "backend", "backend::shape",
     )),
     ("ground", (

@@ -272,11 +272,12 @@ pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
     attempts, attempts_list, consumers, ddl, forget, inbox, inbox_messages, migrate,
-    outbox_messages, positions, purge, schema_version, stats, status, validate_key, Attempts,
-    Batch, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox,
-    InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey, Outcome,
-    Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored, StoredResult,
-    StreamPosition, TableProblem, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
+    outbox_messages, overview, positions, purge, schema_version, stats, status, validate_key,
+    Attempts, Batch, ConsumerActivity, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver,
+    Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey,
+    InvalidKey, Outcome, Overview, Processed, Purge, PurgeReport, RegisteredHandler,
+    RetryableError, RowCount, Stored, StoredResult, StreamPosition, TableProblem, COUNT_CAP,
+    MAX_KEY_BYTES, MAX_PURGE_BATCH, RATE_MINUTES, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.
@@ -284,8 +285,9 @@ extern crate self as diesel_inbox;
 
 #[cfg(feature = "async")]
 pub use inbox_runtime::{
-    attempts_async, attempts_list_async, forget_async, migrate_async, positions_async, purge_async,
-    stats_async, status_async, AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+    attempts_async, attempts_list_async, forget_async, migrate_async, overview_async,
+    positions_async, purge_async, stats_async, status_async, AsAsyncConnection, AsyncBatchBody,
+    AsyncBody, AsyncInboxConnection,
 };
 
 #[doc(hidden)]
@@ -314,6 +316,9 @@ pub mod outbox;
     feature = "sqs"
 ))]
 pub mod brokers;
+#[cfg(feature = "console")]
+#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
+pub mod console;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod http;

@@ -20,7 +20,7 @@ pub use crate::telemetry::HttpTelemetry;
 /// The `tracing` target of every event and span of the library.
 pub const TRACING_TARGET: &str = crate::target::TARGET;
 /// What the broker glue reports through the runtime's telemetry.
-pub use crate::telemetry::{consumer_settled, kafka_lag};
+pub use crate::telemetry::{console_action, consumer_settled, kafka_lag};
 
 /// Runs a future to its end or to a panic, returned (the HTTP front
 /// door's `500`).

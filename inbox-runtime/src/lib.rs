@@ -64,6 +64,7 @@ mod options;
 #[cfg(feature = "otel")]
 mod otel;
 pub mod outbox;
+mod overview;
 mod processed;
 mod registry;
 mod retry;
@@ -99,6 +100,9 @@ pub use ops::{
     status_async,
 };
 pub use options::StoredResult;
+#[cfg(feature = "async")]
+pub use overview::overview_async;
+pub use overview::{overview, ConsumerActivity, Overview, RowCount, COUNT_CAP, RATE_MINUTES};
 pub use processed::{Batch, Outcome, Processed, Stored};
 pub use registry::ConsumerName;
 pub use retry::{ErrorClass, RetryableError};

@@ -248,6 +248,27 @@ pub fn consumer_settled(consumer: &str, settlement: &'static str, messages: u64)
     let _ = (consumer, settlement, messages);
 }
 
+/// An action of the operations console (`retry`, `discard`,
+/// `retry-matching`, `discard-matching`, `forget`) ended with `outcome`
+/// (`done`, `refused`, `failed`), acting on `rows`: the counter
+/// `diesel_inbox.console.actions` (by action and outcome) and
+/// `diesel_inbox.console.rows` (rows changed, by action).
+pub fn console_action(action: &str, outcome: &'static str, rows: u64) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!(
+            "diesel_inbox.console.actions",
+            "diesel_inbox.action" => action.to_owned(),
+            "diesel_inbox.outcome" => outcome
+        )
+        .increment(1);
+        metrics::counter!("diesel_inbox.console.rows", "diesel_inbox.action" => action.to_owned())
+            .increment(rows);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (action, outcome, rows);
+}
+
 /// A Kafka partition's lag (messages not handled yet: the high watermark
 /// less the runner's position), as the gauge `diesel_inbox.kafka.lag`
 /// labelled `messaging.destination.name` and

@@ -223,7 +223,8 @@ where
         + LoadOn<B, OffsetRow>
         + LoadOn<B, PositionRow>
         + LoadOn<B, crate::backend::outbox_wal::TextRow>
-        + LoadOn<B, crate::backend::outbox_wal::CountRow>,
+        + LoadOn<B, crate::backend::outbox_wal::CountRow>
+        + LoadOn<B, crate::backend::overview::TallyRow>,
     Enqueue: ExecuteOn<B> + LoadOn<B, MarkerRow>,
     crate::backend::outbox_wal::WalEmit: LoadOn<B, crate::backend::outbox_wal::TextRow>,
     for<'a> st::Side<st::stored<'a>>: LoadOn<B, StoredRow>,
@@ -517,7 +518,8 @@ pub(crate) mod asynchronous {
             + LoadOnAsync<B, OffsetRow>
             + LoadOnAsync<B, PositionRow>
             + LoadOnAsync<B, crate::backend::outbox_wal::TextRow>
-            + LoadOnAsync<B, crate::backend::outbox_wal::CountRow>,
+            + LoadOnAsync<B, crate::backend::outbox_wal::CountRow>
+            + LoadOnAsync<B, crate::backend::overview::TallyRow>,
         Enqueue: QueryFragment<B> + QueryId + LoadOnAsync<B, MarkerRow>,
         crate::backend::outbox_wal::WalEmit: LoadOnAsync<B, crate::backend::outbox_wal::TextRow>,
         for<'a> st::Side<st::stored<'a>>: LoadOnAsync<B, StoredRow>,

@@ -17,6 +17,7 @@ mod mysql;
 pub(crate) mod outbox;
 pub(crate) mod outbox_claim;
 pub(crate) mod outbox_wal;
+pub(crate) mod overview;
 pub(crate) mod positions;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -254,6 +255,10 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
 
     /// The same expression on `inbox_attempts.updated_at`.
     const UPDATED_AT_MICROS: &'static str;
+
+    /// The minute of `received_at` since the Unix epoch (`BIGINT`, whole
+    /// minutes): the console's rates.
+    const RECEIVED_AT_MINUTE: &'static str;
 
     /// The time `older_than` before now, comparable with `received_at` (the
     /// database's clock, as the column's default reads it).

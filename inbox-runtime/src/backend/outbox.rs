@@ -27,6 +27,8 @@ pub use super::outbox_wal::AsideRow;
 pub use super::outbox_wal::WalOp;
 use super::outbox_wal::{self as wal, WalEmit, WalPlan};
 use super::outbox_wal::{CountRow, TextRow};
+use super::overview;
+pub use super::overview::{OverviewOp, TallyRow};
 pub(crate) use super::positions::OffsetRow;
 pub use super::positions::PositionRow;
 use super::positions::{self, moved, Move};
@@ -69,10 +71,14 @@ pub enum Op {
     Released { token: String, seqs: Vec<i64> },
     /// Pending and dead messages per destination.
     Status,
-    /// The dead messages, oldest first, at most `limit`.
-    Dead { limit: i64 },
-    /// Makes the dead message `id` (or every dead one) pending again.
-    Retry { id: Option<String> },
+    /// The dead messages `which` selects, oldest first, at most `limit`.
+    Dead { which: DeadWhere, limit: i64 },
+    /// Makes the dead messages `which` selects pending again.
+    Retry { which: DeadWhere },
+    /// Deletes the dead messages `which` selects.
+    Discard { which: DeadWhere },
+    /// One of the operations console's reads.
+    Overview(OverviewOp),
     /// Deletes up to `limit` messages dead for longer than `older_than`
     /// microseconds, in the caller's transaction.
     PurgeDead { older_than: i64, limit: i64 },
@@ -92,6 +98,49 @@ pub enum Op {
     Emit { record: Vec<u8>, notify: bool },
     /// The WAL relay's operations.
     Wal(WalOp),
+}
+
+/// Which dead messages an operation takes: every condition given must
+/// hold (bound parameters, never SQL text).
+#[derive(Debug, Clone, Default)]
+#[doc(hidden)]
+pub struct DeadWhere {
+    pub id: Option<String>,
+    pub destination: Option<String>,
+    /// A `LIKE` pattern on the lower-cased last error, escaped with `!`.
+    pub error_like: Option<String>,
+    /// Dead at or after (microseconds since 1970).
+    pub since: Option<i64>,
+    /// Dead before.
+    pub before: Option<i64>,
+}
+
+impl DeadWhere {
+    /// `stmt` and ` WHERE dead_at IS NOT NULL AND ...`.
+    fn push(self, stmt: Stmt) -> Stmt {
+        let mut stmt = stmt.sql(" WHERE dead_at IS NOT NULL");
+        if let Some(id) = self.id {
+            stmt = stmt.sql(" AND id = ").bind(Bind::Text(id));
+        }
+        if let Some(destination) = self.destination {
+            stmt = stmt
+                .sql(" AND destination = ")
+                .bind(Bind::Text(destination));
+        }
+        if let Some(pattern) = self.error_like {
+            stmt = stmt
+                .sql(" AND LOWER(last_error) LIKE ")
+                .bind(Bind::Text(pattern))
+                .sql(" ESCAPE '!'");
+        }
+        if let Some(since) = self.since {
+            stmt = stmt.sql(" AND dead_at >= ").bind(Bind::Big(since));
+        }
+        if let Some(before) = self.before {
+            stmt = stmt.sql(" AND dead_at < ").bind(Bind::Big(before));
+        }
+        stmt
+    }
 }
 
 /// A message to insert.
@@ -127,6 +176,8 @@ pub enum Answer {
     Positions(Vec<PositionRow>),
     /// Texts (the WAL slot's name, the keys with live rows).
     Texts(Vec<String>),
+    /// The console's counts ([`OverviewOp`]).
+    Tally(Vec<TallyRow>),
 }
 
 /// One destination's counts.
@@ -167,6 +218,10 @@ pub struct DeadRow {
     pub created_at: i64,
     #[diesel(sql_type = BigInt)]
     pub dead_at: i64,
+    #[diesel(sql_type = Binary)]
+    pub payload: Vec<u8>,
+    #[diesel(sql_type = Nullable<Binary>)]
+    pub headers: Option<Vec<u8>>,
 }
 
 /// The outbox's enqueue: one fixed statement per backend, cached as the
@@ -324,29 +379,31 @@ fn plan<B: Internals>(op: Op) -> Plan {
                 .sql(now)
                 .sql(" AS now FROM outbox_messages GROUP BY destination ORDER BY destination"),
         ),
-        Op::Dead { limit } => Plan::Dead(
-            Stmt::new()
-                .sql(
-                    "SELECT id, destination, ordering_key, attempts, last_error, created_at, dead_at \
-                     FROM outbox_messages WHERE dead_at IS NOT NULL ORDER BY seq LIMIT ",
-                )
+        Op::Dead { which, limit } => Plan::Dead(
+            which
+                .push(Stmt::new().sql(
+                    "SELECT id, destination, ordering_key, attempts, last_error, created_at, \
+                     dead_at, payload, headers FROM outbox_messages",
+                ))
+                .sql(" ORDER BY seq LIMIT ")
                 .bind(Bind::Big(limit)),
         ),
-        Op::Retry { id } => {
-            let all = Stmt::new()
-                .sql(
-                    "UPDATE outbox_messages SET dead_at = NULL, attempts = 0, last_error = NULL, \
-                     available_at = ",
-                )
-                .sql(now)
-                // A row made live again is found by a relay's floor.
-                .sql(B::SET_TXID.unwrap_or(""))
-                .sql(" WHERE dead_at IS NOT NULL");
-            Plan::Execute(match id {
-                Some(id) => all.sql(" AND id = ").bind(Bind::Text(id)),
-                None => all,
-            })
+        // A row made live again is found by a relay's floor.
+        Op::Retry { which } => Plan::Execute(
+            which.push(
+                Stmt::new()
+                    .sql(
+                        "UPDATE outbox_messages SET dead_at = NULL, attempts = 0, last_error = NULL, \
+                         available_at = ",
+                    )
+                    .sql(now)
+                    .sql(B::SET_TXID.unwrap_or("")),
+            ),
+        ),
+        Op::Discard { which } => {
+            Plan::Execute(which.push(Stmt::new().sql("DELETE FROM outbox_messages")))
         }
+        Op::Overview(op) => Plan::Tally(overview::plan::<B>(op)),
         Op::Fence {
             consumer,
             positions: all,
@@ -407,6 +464,7 @@ enum Plan {
     Claim(ClaimPlan),
     Status(Stmt),
     Dead(Stmt),
+    Tally(Stmt),
     /// The select of the rows, then their delete.
     Purge(Stmt),
     /// Per topic, the moves of the stored positions the guard admits in
@@ -443,7 +501,8 @@ where
         + LoadOn<C::Backend, OffsetRow>
         + LoadOn<C::Backend, PositionRow>
         + LoadOn<C::Backend, TextRow>
-        + LoadOn<C::Backend, CountRow>,
+        + LoadOn<C::Backend, CountRow>
+        + LoadOn<C::Backend, TallyRow>,
     Enqueue: ExecuteOn<C::Backend> + LoadOn<C::Backend, MarkerRow>,
     WalEmit: LoadOn<C::Backend, TextRow>,
 {
@@ -479,6 +538,7 @@ where
         }
         Plan::Status(stmt) => Answer::Status(stmt.load_on(conn)?),
         Plan::Dead(stmt) => Answer::Dead(stmt.load_on(conn)?),
+        Plan::Tally(stmt) => Answer::Tally(stmt.load_on(conn)?),
         Plan::Purge(select) => match purge(&LoadOn::<C::Backend, SeqRow>::load_on(select, conn)?) {
             Some(delete) => Answer::Count(delete.execute_on(conn)?),
             None => Answer::Count(0),
@@ -539,7 +599,8 @@ where
         + LoadOnAsync<C::Backend, OffsetRow>
         + LoadOnAsync<C::Backend, PositionRow>
         + LoadOnAsync<C::Backend, TextRow>
-        + LoadOnAsync<C::Backend, CountRow>,
+        + LoadOnAsync<C::Backend, CountRow>
+        + LoadOnAsync<C::Backend, TallyRow>,
     Enqueue: QueryFragment<C::Backend> + QueryId + LoadOnAsync<C::Backend, MarkerRow>,
     WalEmit: LoadOnAsync<C::Backend, TextRow>,
 {
@@ -580,6 +641,7 @@ where
         }
         Plan::Status(stmt) => Answer::Status(stmt.load_on_async(conn).await?),
         Plan::Dead(stmt) => Answer::Dead(stmt.load_on_async(conn).await?),
+        Plan::Tally(stmt) => Answer::Tally(stmt.load_on_async(conn).await?),
         Plan::Purge(select) => {
             let rows = LoadOnAsync::<C::Backend, SeqRow>::load_on_async(select, conn).await?;
             match purge(&rows) {

@@ -24,7 +24,7 @@ pub(crate) enum Bind {
 
 #[derive(Debug, Clone)]
 enum Part {
-    Sql(&'static str),
+    Sql(std::borrow::Cow<'static, str>),
     Bind(Bind),
 }
 
@@ -50,7 +50,14 @@ impl Stmt {
     }
 
     pub(crate) fn sql(mut self, sql: &'static str) -> Self {
-        self.parts.push(Part::Sql(sql));
+        self.parts.push(Part::Sql(sql.into()));
+        self
+    }
+
+    /// SQL the backend made at run time (a cutoff of its clock), never a
+    /// caller's text: that is always a bind.
+    pub(crate) fn backend_sql(mut self, sql: String) -> Self {
+        self.parts.push(Part::Sql(sql.into()));
         self
     }
 

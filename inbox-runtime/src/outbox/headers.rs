@@ -16,7 +16,6 @@ pub(super) fn encode_headers(headers: &[(String, String)]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-#[cfg(feature = "async")]
 pub(super) fn decode_headers(bytes: Option<&[u8]>) -> Vec<(String, String)> {
     let mut rest = bytes.unwrap_or_default();
     let mut take = || -> Option<String> {
@@ -32,7 +31,7 @@ pub(super) fn decode_headers(bytes: Option<&[u8]>) -> Vec<(String, String)> {
     headers
 }
 
-#[cfg(all(test, feature = "async"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 

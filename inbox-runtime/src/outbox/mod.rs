@@ -53,6 +53,7 @@
 //! (running the backend's outbox statements), `headers.rs` and `id.rs`
 //! (how a row stores headers and ids).
 
+mod dead;
 mod headers;
 mod id;
 mod message;
@@ -64,6 +65,11 @@ pub mod wal;
 
 #[cfg(feature = "async")]
 pub use crate::backend::outbox::Floor;
+pub use dead::{
+    dead, dead_matching, discard, retry, AllDead, DeadFilter, DeadMessage, RetryTarget,
+};
+#[cfg(feature = "async")]
+pub use dead::{dead_async, dead_matching_async, discard_async, retry_async};
 #[cfg(feature = "async")]
 pub use message::enqueue_async;
 pub use message::{enqueue, wake, Outgoing};
@@ -72,15 +78,13 @@ pub use notify::{
     asleep_async, awake_async, listen_async, notified_async, notifies, settled_async,
 };
 pub use notify::{set_notify, Listening};
-pub use operations::{
-    dead, purge, retry, status, AllDead, DeadMessage, DestinationStatus, OutboxStatus, RetryTarget,
-    WalSlotStatus,
-};
+pub use operations::{purge, status, DestinationStatus, OutboxStatus, WalSlotStatus};
 #[cfg(feature = "async")]
-pub use operations::{dead_async, purge_async, retry_async, status_async};
+pub use operations::{purge_async, status_async};
 #[cfg(feature = "async")]
 pub use relay::{check_server_async, step_async, Claim, PublishOutcome, Settled, Stepped};
 pub use relay::{wake_generation, woken, OutboxMessage};
+pub(crate) use statements::unexpected as unexpected_answer;
 pub use wal::{set_wal, wal_start_replication};
 #[cfg(feature = "async")]
 pub use wal::{

@@ -1,12 +1,12 @@
-//! The outbox's operations: [`status`], [`dead`], [`retry`], [`purge`]
-//! and their async twins.
+//! The outbox's operations: [`status`] and [`purge`] and their async
+//! twins; the dead messages' are in [`dead`](super::dead).
 
 #[cfg(feature = "async")]
 use super::statements::short_transaction_async;
-use super::statements::{checked_limit, count_of, counted, micros, time, unexpected};
+use super::statements::{counted, micros, unexpected};
 #[cfg(feature = "async")]
 use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
-use crate::backend::outbox::{Answer, DeadRow, Op, StatusRow, WalOp};
+use crate::backend::outbox::{Answer, Op, StatusRow, WalOp};
 use crate::backend::transaction;
 use crate::backend::{Internals, Statements};
 use crate::error::InboxError;
@@ -14,7 +14,7 @@ use crate::ops::PurgeReport;
 use crate::ops::{ops_error, short_transaction, PurgeLoop, PurgeStep};
 use crate::transaction::InboxConnection;
 use diesel::connection::LoadConnection;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// What the outbox holds: see [`status`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -27,10 +27,10 @@ pub struct OutboxStatus {
     /// [`deliver_after`](super::Outgoing::deliver_after) or
     /// [`deliver_at`](super::Outgoing::deliver_at).
     pub scheduled: u64,
-    /// Dead messages ([`dead`]).
+    /// Dead messages ([`dead`](super::dead)).
     pub dead: u64,
     /// How long the oldest pending message has waited since it became
-    /// due (its enqueue, its delivery time, or its replay by [`retry`]), by
+    /// due (its enqueue, its delivery time, or its replay by [`retry`](super::retry)), by
     /// the database's clock; `None` when nothing is pending.
     pub oldest_pending_age: Option<Duration>,
     /// How long until the next scheduled message is due; `None` when
@@ -206,176 +206,6 @@ where
         }
     }
     Ok(status)
-}
-
-/// A dead message: it failed to publish as often as the relay's
-/// `max_publish_attempts` allows. It stays until [`retry`] or [`purge`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DeadMessage {
-    /// The message id.
-    pub id: String,
-    /// The destination.
-    pub destination: String,
-    /// The ordering key, if any.
-    pub ordering_key: Option<String>,
-    /// Failed publishes.
-    pub attempts: u32,
-    /// The last failure's error.
-    pub last_error: String,
-    /// When it was enqueued.
-    pub enqueued_at: SystemTime,
-    /// When it became dead.
-    pub dead_at: SystemTime,
-}
-
-fn dead_of(rows: Vec<DeadRow>) -> Vec<DeadMessage> {
-    rows.into_iter()
-        .map(|row| DeadMessage {
-            id: row.id,
-            destination: row.destination,
-            ordering_key: row.ordering_key,
-            attempts: row.attempts.max(0) as u32,
-            last_error: row.last_error.unwrap_or_default(),
-            enqueued_at: time(row.created_at),
-            dead_at: time(row.dead_at),
-        })
-        .collect()
-}
-
-/// The dead messages, oldest first, at most `limit` (1 to 100,000).
-///
-/// ```
-/// use diesel::prelude::*;
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut conn = SqliteConnection::establish(":memory:")?;
-/// diesel_inbox::migrate(&mut conn)?;
-/// assert!(diesel_inbox::outbox::dead(&mut conn, 100)?.is_empty());
-/// # Ok(())
-/// # }
-/// ```
-pub fn dead<C>(conn: &mut C, limit: usize) -> Result<Vec<DeadMessage>, InboxError>
-where
-    C: InboxConnection + LoadConnection,
-{
-    let limit = checked_limit(limit)?;
-    match C::Backend::outbox(conn, Op::Dead { limit }).map_err(ops_error::<C::Backend>)? {
-        Answer::Dead(rows) => Ok(dead_of(rows)),
-        other => Err(unexpected(other)),
-    }
-}
-
-/// The async twin of [`dead`].
-#[cfg(feature = "async")]
-pub async fn dead_async<P, C, Via>(
-    conn: &mut P,
-    limit: usize,
-) -> Result<Vec<DeadMessage>, InboxError>
-where
-    P: AsAsyncConnection<C, Via>,
-    C: AsyncInboxConnection,
-{
-    let limit = checked_limit(limit)?;
-    match conn.connection().inbox_outbox(Op::Dead { limit }).await {
-        Ok(Answer::Dead(rows)) => Ok(dead_of(rows)),
-        Ok(other) => Err(unexpected(other)),
-        Err(e) => Err(ops_error::<C::Backend>(e)),
-    }
-}
-
-/// Every dead message, for [`retry`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AllDead;
-
-/// What [`retry`] replays: one dead message by id (`&str`, `String`), or
-/// [`AllDead`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RetryTarget {
-    /// The dead message with this id.
-    Id(String),
-    /// Every dead message.
-    AllDead,
-}
-
-impl From<&str> for RetryTarget {
-    fn from(id: &str) -> Self {
-        RetryTarget::Id(id.to_owned())
-    }
-}
-
-impl From<String> for RetryTarget {
-    fn from(id: String) -> Self {
-        RetryTarget::Id(id)
-    }
-}
-
-impl From<&String> for RetryTarget {
-    fn from(id: &String) -> Self {
-        RetryTarget::Id(id.clone())
-    }
-}
-
-impl From<AllDead> for RetryTarget {
-    fn from(_: AllDead) -> Self {
-        RetryTarget::AllDead
-    }
-}
-
-impl RetryTarget {
-    fn op(self) -> Op {
-        Op::Retry {
-            id: match self {
-                RetryTarget::Id(id) => Some(id),
-                RetryTarget::AllDead => None,
-            },
-        }
-    }
-}
-
-/// Makes dead messages pending again, with their attempts reset: one by
-/// id, or [`AllDead`]. Returns how many. A replayed message is published
-/// as soon as a relay finds it; a message of an ordering key that was
-/// published past goes out after the later ones of its key.
-///
-/// ```
-/// use diesel::prelude::*;
-/// use diesel_inbox::outbox::{self, AllDead};
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let mut conn = SqliteConnection::establish(":memory:")?;
-/// diesel_inbox::migrate(&mut conn)?;
-/// assert_eq!(outbox::retry(&mut conn, "no-such-id")?, 0);
-/// assert_eq!(outbox::retry(&mut conn, AllDead)?, 0);
-/// # Ok(())
-/// # }
-/// ```
-pub fn retry<C>(conn: &mut C, which: impl Into<RetryTarget>) -> Result<u64, InboxError>
-where
-    C: InboxConnection + LoadConnection,
-{
-    let replayed = C::Backend::outbox(conn, which.into().op()).map_err(ops_error::<C::Backend>)?;
-    crate::wake::wake();
-    count_of(replayed)
-}
-
-/// The async twin of [`retry`].
-#[cfg(feature = "async")]
-pub async fn retry_async<P, C, Via>(
-    conn: &mut P,
-    which: impl Into<RetryTarget>,
-) -> Result<u64, InboxError>
-where
-    P: AsAsyncConnection<C, Via>,
-    C: AsyncInboxConnection,
-{
-    let replayed = conn
-        .connection()
-        .inbox_outbox(which.into().op())
-        .await
-        .map_err(ops_error::<C::Backend>)?;
-    crate::wake::wake();
-    count_of(replayed)
 }
 
 /// Deletes the messages dead for longer than `older_than`, in batches of

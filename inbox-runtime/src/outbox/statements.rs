@@ -88,7 +88,7 @@ pub(super) fn count_of(answer: Answer) -> Result<u64, InboxError> {
         .map_err(InboxError::Database)
 }
 
-pub(super) fn unexpected(answer: Answer) -> InboxError {
+pub(crate) fn unexpected(answer: Answer) -> InboxError {
     InboxError::Database(mismatch(answer))
 }
 

@@ -51,6 +51,31 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: OutboxCommand,
     },
+    /// The operations console in a browser: the inbox, the outbox, stream
+    /// positions and dead messages, with retry, discard and forget; until
+    /// SIGTERM or Ctrl-C.
+    Console(ConsoleArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct ConsoleArgs {
+    /// The address to serve on: loopback unless --allow-remote.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// Show no action and refuse every one.
+    #[arg(long)]
+    pub(crate) read_only: bool,
+    /// Allow a --listen address that is not loopback (needs --token).
+    #[arg(long)]
+    pub(crate) allow_remote: bool,
+    /// A password every request must carry (HTTP Basic, any user name;
+    /// the name is logged with each action).
+    #[arg(long, env = "DIESEL_INBOX_CONSOLE_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+    /// The handlers' max_attempts: the keys failing that often are shown
+    /// as given up on.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: Option<u32>,
 }
 
 #[derive(Subcommand)]

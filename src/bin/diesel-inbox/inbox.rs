@@ -161,6 +161,7 @@ where
             }
         }
         Command::Outbox { command } => return crate::outbox::execute(conn, command),
+        Command::Console(_) => unreachable!("run() serves the console"),
         Command::Forget(ForgetArgs { consumer, key }) => {
             if diesel_inbox::forget(conn, consumer, key)? {
                 println!("forgotten: the next delivery of {key} to {consumer} will be applied");

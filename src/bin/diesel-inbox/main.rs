@@ -12,6 +12,7 @@
 //! diesel-inbox outbox retry <ID> | --all-dead
 //! diesel-inbox outbox purge --older-than 7d [--batch 10000] [--force]
 //! diesel-inbox outbox relay (--amqp URL --exchange X | --nats URL | --kafka BROKERS) [--batch-size 100] [--poll-interval 1s] [--max-publish-attempts 10] [--lease 60s]
+//! diesel-inbox console [--listen 127.0.0.1:8080] [--read-only] [--allow-remote --token T] [--max-attempts N]
 //! ```
 //!
 //! The URL comes from `--database-url` or `DATABASE_URL`; its scheme picks
@@ -26,13 +27,17 @@
 //! The files, as diesel_cli lays them out: `cli.rs` the arguments (clap),
 //! `database.rs` the backend a URL names and its connection, `inbox.rs` and
 //! `outbox.rs` the commands on a connection, `relay.rs` the relay process,
+//! `console.rs` the console's server, `pool.rs` the pool both run on,
 //! `format.rs` how durations and times read and print.
 
 mod cli;
+mod console;
 mod database;
 mod format;
 mod inbox;
 mod outbox;
+#[cfg(feature = "relay")]
+mod pool;
 mod relay;
 
 use clap::Parser;
@@ -56,7 +61,7 @@ fn main() -> ExitCode {
         &cli.command,
         Command::Outbox {
             command: OutboxCommand::Relay(_)
-        }
+        } | Command::Console(_)
     );
     log(relay);
     match run(cli) {
@@ -76,6 +81,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Outbox {
             command: OutboxCommand::Relay(relay),
         } => return relay::run(&url, relay),
+        Command::Console(console) => return console::run(&url, console),
         Command::Purge(purge) => check_retention(purge.older_than, purge.force)?,
         Command::Outbox {
             command: OutboxCommand::Purge(purge),

@@ -93,32 +93,14 @@ async fn to_kafka(_: &str, _: &str, _: &RelayArgs) -> Result<ExitCode, Failure> 
     without("Kafka", "kafka")
 }
 
-/// The relay's pool on the database a URL names.
+/// The relay on the pool of the database a URL names.
 #[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 mod database {
     use crate::cli::RelayArgs;
-    use crate::database::Backend;
+    use crate::pool::{stop, with_pool, OnPool};
     use crate::Failure;
-    use diesel_async::pooled_connection::deadpool::Pool;
-    use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolableConnection};
     use diesel_inbox::outbox::{Publish, Relay, RelayPool};
-    use diesel_inbox::AsyncInboxConnection;
     use std::process::ExitCode;
-
-    /// A small pool (a claim and a status) of `C`s on `url`.
-    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-    fn pool<C>(url: &str) -> Result<Pool<C>, Failure>
-    where
-        C: PoolableConnection + AsyncInboxConnection + 'static,
-        for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
-            diesel_async::methods::LoadQuery<'a, C, i32>,
-        diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
-    {
-        Pool::builder(AsyncDieselConnectionManager::<C>::new(url))
-            .max_size(2)
-            .build()
-            .map_err(|e| Failure(format!("no connection pool: {e}")))
-    }
 
     /// Runs a relay from the database `url` names to `publisher`.
     pub(super) async fn relay<P: Publish>(
@@ -126,104 +108,69 @@ mod database {
         publisher: P,
         options: &RelayArgs,
     ) -> Result<ExitCode, Failure> {
-        match Backend::of(url)? {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres => {
-                run(
-                    pool::<diesel_async::AsyncPgConnection>(url)?,
-                    publisher,
-                    options,
-                    url,
-                )
-                .await
-            }
-            #[cfg(feature = "mysql")]
-            Backend::Mysql => {
-                run(
-                    pool::<diesel_async::AsyncMysqlConnection>(url)?,
-                    publisher,
-                    options,
-                    url,
-                )
-                .await
-            }
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(path) => {
-                type Sqlite = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
-                    diesel::SqliteConnection,
-                >;
-                run(pool::<Sqlite>(path)?, publisher, options, url).await
-            }
-            #[allow(unreachable_patterns)]
-            _ => Err(Failure(
-                "this diesel-inbox was built without this database's feature".into(),
-            )),
-        }
+        with_pool(
+            url,
+            2,
+            Run {
+                publisher,
+                options,
+                url,
+            },
+        )
+        .await
     }
 
-    async fn run<D: RelayPool, P: Publish>(
-        pool: D,
+    struct Run<'a, P> {
         publisher: P,
-        options: &RelayArgs,
-        url: &str,
-    ) -> Result<ExitCode, Failure> {
-        let mut relay = Relay::new(pool, publisher);
-        if options.wal {
-            relay = relay.wal(url);
-        }
-        if let Some(size) = options.batch_size {
-            relay = relay.batch_size(size);
-        }
-        if let Some(interval) = options.poll_interval {
-            relay = relay.poll_interval(interval);
-        }
-        if let Some(attempts) = options.max_publish_attempts {
-            relay = relay.max_publish_attempts(attempts);
-        }
-        if let Some(lease) = options.lease {
-            relay = relay.lease(lease);
-        }
-        tracing::info!(
-            target: "diesel_inbox",
-            once = options.once,
-            batch_size = ?options.batch_size,
-            poll_interval = ?options.poll_interval,
-            lease = ?options.lease,
-            wal = options.wal,
-            "diesel-inbox: outbox relay: started (stop with SIGTERM or Ctrl-C)"
-        );
-        let report = if options.once {
-            relay.run_once().await.map_err(|e| Failure(e.to_string()))?
-        } else {
-            relay
-                .run(stop())
-                .await
-                .map_err(|e| Failure(e.to_string()))?
-        };
-        println!(
-            "published {}, failed {}, dead {}, given back {}",
-            report.published, report.failed, report.dead, report.released
-        );
-        Ok(ExitCode::SUCCESS)
+        options: &'a RelayArgs,
+        url: &'a str,
     }
 
-    /// Resolves at SIGTERM or Ctrl-C.
-    async fn stop() {
-        #[cfg(unix)]
-        {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut term) => {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = tokio::signal::ctrl_c() => {}
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
+    impl<P: Publish> OnPool for Run<'_, P> {
+        async fn run<D: RelayPool + 'static>(self, pool: D) -> Result<ExitCode, Failure> {
+            let Run {
+                publisher,
+                options,
+                url,
+            } = self;
+            let mut relay = Relay::new(pool, publisher);
+            if options.wal {
+                relay = relay.wal(url);
             }
+            if let Some(size) = options.batch_size {
+                relay = relay.batch_size(size);
+            }
+            if let Some(interval) = options.poll_interval {
+                relay = relay.poll_interval(interval);
+            }
+            if let Some(attempts) = options.max_publish_attempts {
+                relay = relay.max_publish_attempts(attempts);
+            }
+            if let Some(lease) = options.lease {
+                relay = relay.lease(lease);
+            }
+            tracing::info!(
+                target: "diesel_inbox",
+                once = options.once,
+                batch_size = ?options.batch_size,
+                poll_interval = ?options.poll_interval,
+                lease = ?options.lease,
+                wal = options.wal,
+                "diesel-inbox: outbox relay: started (stop with SIGTERM or Ctrl-C)"
+            );
+            let report = if options.once {
+                relay.run_once().await.map_err(|e| Failure(e.to_string()))?
+            } else {
+                relay
+                    .run(stop())
+                    .await
+                    .map_err(|e| Failure(e.to_string()))?
+            };
+            println!(
+                "published {}, failed {}, dead {}, given back {}",
+                report.published, report.failed, report.dead, report.released
+            );
+            Ok(ExitCode::SUCCESS)
         }
-        #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -243,6 +243,8 @@ impl Internals for Pg {
         "CAST(EXTRACT(EPOCH FROM received_at) * 1000000 AS BIGINT)";
     const UPDATED_AT_MICROS: &'static str =
         "CAST(EXTRACT(EPOCH FROM updated_at) * 1000000 AS BIGINT)";
+    const RECEIVED_AT_MINUTE: &'static str =
+        "CAST(FLOOR(EXTRACT(EPOCH FROM received_at) / 60) AS BIGINT)";
 
     fn cutoff_sql(older_than: std::time::Duration) -> String {
         format!(

@@ -1,0 +1,91 @@
+//! The operations console's reads of the inbox ([`OverviewOp`]): each
+//! one an index walk or a bounded range, never a scan of the table, so
+//! that a page over ten million rows answers in milliseconds. They run
+//! through the outbox's machinery ([`Op::Overview`](super::outbox::Op)),
+//! on a sync or an async connection alike.
+
+use super::stmt::{Bind, Stmt};
+use super::Internals;
+use diesel::sql_types::{BigInt, Text};
+use diesel::QueryableByName;
+use std::time::Duration;
+
+/// One of the overview's reads.
+#[derive(Debug, Clone)]
+#[doc(hidden)]
+pub enum OverviewOp {
+    /// The consumers with inbox rows, at most `limit` (up to 500): a walk
+    /// of the primary key, one index probe per consumer.
+    Consumers { limit: i32 },
+    /// The rows of `consumer`, counted up to `cap`.
+    Kept { consumer: String, cap: i64 },
+    /// Rows claimed per consumer and minute, over the last `window`: a
+    /// range of the `received_at` index.
+    Rates { window: Duration },
+    /// Per consumer, the keys failing (`inbox_attempts`) and those with at
+    /// least `exhausted_at` failures.
+    Failing { exhausted_at: i32 },
+    /// The database's clock, in microseconds (`n`).
+    Clock,
+}
+
+/// A label and two counts: what every [`OverviewOp`] returns.
+#[derive(Debug, Clone, QueryableByName)]
+#[doc(hidden)]
+pub struct TallyRow {
+    #[diesel(sql_type = Text)]
+    pub label: String,
+    #[diesel(sql_type = BigInt)]
+    pub n: i64,
+    #[diesel(sql_type = BigInt)]
+    pub m: i64,
+}
+
+/// The statement of `op`.
+pub(crate) fn plan<B: Internals>(op: OverviewOp) -> Stmt {
+    match op {
+        // MySQL stops a recursion at 1,000 steps (`cte_max_recursion_depth`).
+        OverviewOp::Consumers { limit } => Stmt::new()
+            .sql(
+                "WITH RECURSIVE walk (consumer, depth) AS (\
+                 SELECT MIN(consumer), 1 FROM inbox_messages \
+                 UNION ALL SELECT (SELECT MIN(i.consumer) FROM inbox_messages i \
+                 WHERE i.consumer > walk.consumer), walk.depth + 1 FROM walk \
+                 WHERE walk.consumer IS NOT NULL AND walk.depth < ",
+            )
+            .bind(Bind::Int(limit.clamp(1, 500)))
+            .sql(
+                ") SELECT consumer AS label, COUNT(*) AS n, COUNT(*) AS m FROM walk \
+                 WHERE consumer IS NOT NULL GROUP BY consumer ORDER BY consumer",
+            ),
+        OverviewOp::Kept { consumer, cap } => Stmt::new()
+            .sql(
+                "SELECT consumer AS label, COUNT(*) AS n, COUNT(*) AS m FROM \
+                 (SELECT consumer FROM inbox_messages WHERE consumer = ",
+            )
+            .bind(Bind::Text(consumer))
+            .sql(" LIMIT ")
+            .bind(Bind::Big(cap))
+            .sql(") kept GROUP BY consumer"),
+        OverviewOp::Rates { window } => Stmt::new()
+            .sql("SELECT consumer AS label, COUNT(*) AS n, ")
+            .sql(B::RECEIVED_AT_MINUTE)
+            .sql(" AS m FROM inbox_messages WHERE received_at >= ")
+            .backend_sql(B::cutoff_sql(window))
+            .sql(" GROUP BY consumer, ")
+            .sql(B::RECEIVED_AT_MINUTE),
+        OverviewOp::Failing { exhausted_at } => Stmt::new()
+            .sql(
+                "SELECT consumer AS label, COUNT(*) AS n, \
+                 COUNT(CASE WHEN failures >= ",
+            )
+            .bind(Bind::Int(exhausted_at))
+            .sql(" THEN 1 END) AS m FROM inbox_attempts GROUP BY consumer ORDER BY consumer"),
+        OverviewOp::Clock => Stmt::new()
+            .sql("SELECT 'now' AS label, ")
+            .sql(B::NOW_MICROS)
+            .sql(" AS n, ")
+            .sql(B::NOW_MICROS)
+            .sql(" AS m"),
+    }
+}

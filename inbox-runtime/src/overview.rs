@@ -1,0 +1,259 @@
+//! What the operations console shows on its first page ([`overview`]):
+//! per consumer the rows kept, the rows applied per minute and the keys
+//! failing; the outbox per destination; the stream positions. Its reads
+//! walk indexes and bounded ranges, never a whole table
+//! (`backend::overview`).
+
+#[cfg(feature = "async")]
+use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
+use crate::backend::outbox::{Answer, Op, OverviewOp, TallyRow};
+use crate::backend::Statements;
+use crate::error::InboxError;
+use crate::ops::{ops_error, StreamPosition};
+use crate::outbox::OutboxStatus;
+use crate::transaction::InboxConnection;
+use diesel::connection::LoadConnection;
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How many minutes [`ConsumerActivity::per_minute`] covers.
+pub const RATE_MINUTES: usize = 30;
+
+/// Up to how many rows a consumer's rows are counted
+/// ([`RowCount::AtLeast`] beyond).
+pub const COUNT_CAP: u64 = 100_000;
+
+/// At most this many consumers are shown.
+const MAX_CONSUMERS: i32 = 500;
+
+/// How many inbox rows a consumer keeps: counted exactly up to
+/// [`COUNT_CAP`], so that a page over millions of rows reads no more than
+/// that (`diesel-inbox stats` counts them all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowCount {
+    /// Exactly this many.
+    Exact(u64),
+    /// At least this many (the count stopped there).
+    AtLeast(u64),
+}
+
+/// One consumer (or HTTP endpoint, `http:<endpoint>`) in an [`Overview`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerActivity {
+    /// The consumer.
+    pub consumer: String,
+    /// Its inbox rows.
+    pub rows: RowCount,
+    /// Rows applied per minute (by their `received_at`), the last
+    /// [`RATE_MINUTES`] minutes of the database's clock, oldest first: the
+    /// last entry is the current minute, so far.
+    pub per_minute: Vec<u64>,
+    /// Keys whose deliveries are failing (`max_attempts` counts).
+    pub failing: u64,
+    /// Of those, the ones with at least the `max_attempts` given to
+    /// [`overview`] failures: given up on. `None` without it.
+    pub exhausted: Option<u64>,
+}
+
+/// What [`overview`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Overview {
+    /// The consumers with rows or failing keys, in name order.
+    pub consumers: Vec<ConsumerActivity>,
+    /// The outbox ([`outbox::status`](crate::outbox::status)).
+    pub outbox: OutboxStatus,
+    /// The stream positions of every consumer
+    /// ([`positions`](crate::positions)).
+    pub positions: Vec<StreamPosition>,
+    /// The database's clock when it was read.
+    pub at: SystemTime,
+}
+
+/// The overview's reads before the per-consumer counts.
+struct First {
+    now_micros: i64,
+    consumers: Vec<String>,
+    rates: Vec<TallyRow>,
+    failing: Vec<TallyRow>,
+}
+
+fn first_ops(max_attempts: Option<u32>) -> [Op; 4] {
+    [
+        Op::Overview(OverviewOp::Clock),
+        Op::Overview(OverviewOp::Consumers {
+            limit: MAX_CONSUMERS,
+        }),
+        Op::Overview(OverviewOp::Rates {
+            window: Duration::from_secs(60 * RATE_MINUTES as u64),
+        }),
+        Op::Overview(OverviewOp::Failing {
+            exhausted_at: max_attempts.map_or(i32::MAX, |n| n.min(i32::MAX as u32) as i32),
+        }),
+    ]
+}
+
+fn tally(answer: Answer) -> Result<Vec<TallyRow>, InboxError> {
+    match answer {
+        Answer::Tally(rows) => Ok(rows),
+        other => Err(crate::outbox::unexpected_answer(other)),
+    }
+}
+
+impl First {
+    fn of(answers: Vec<Answer>) -> Result<Self, InboxError> {
+        let mut answers = answers.into_iter().map(tally);
+        let mut next = || answers.next().unwrap_or_else(|| Ok(Vec::new()));
+        let now_micros = next()?.first().map_or(0, |row| row.n);
+        let mut consumers: Vec<String> = next()?.into_iter().map(|row| row.label).collect();
+        let rates = next()?;
+        let failing = next()?;
+        for row in &failing {
+            if !consumers.contains(&row.label) {
+                consumers.push(row.label.clone());
+            }
+        }
+        consumers.sort();
+        Ok(First {
+            now_micros,
+            consumers,
+            rates,
+            failing,
+        })
+    }
+
+    fn count_ops(&self) -> Vec<Op> {
+        self.consumers
+            .iter()
+            .map(|consumer| {
+                Op::Overview(OverviewOp::Kept {
+                    consumer: consumer.clone(),
+                    cap: COUNT_CAP as i64 + 1,
+                })
+            })
+            .collect()
+    }
+
+    fn finish(
+        self,
+        counts: Vec<Answer>,
+        max_attempts: Option<u32>,
+        outbox: OutboxStatus,
+        positions: Vec<StreamPosition>,
+    ) -> Result<Overview, InboxError> {
+        let now_minute = self.now_micros.div_euclid(60_000_000);
+        let mut per_minute: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        for row in &self.rates {
+            let ago = now_minute - row.m;
+            if (0..RATE_MINUTES as i64).contains(&ago) {
+                per_minute
+                    .entry(row.label.as_str())
+                    .or_insert_with(|| vec![0; RATE_MINUTES])[RATE_MINUTES - 1 - ago as usize] +=
+                    row.n.max(0) as u64;
+            }
+        }
+        let mut consumers = Vec::with_capacity(self.consumers.len());
+        for (consumer, count) in self.consumers.iter().zip(counts) {
+            let kept = tally(count)?.first().map_or(0, |row| row.n.max(0) as u64);
+            let failing = self.failing.iter().find(|row| &row.label == consumer);
+            consumers.push(ConsumerActivity {
+                consumer: consumer.clone(),
+                rows: if kept > COUNT_CAP {
+                    RowCount::AtLeast(COUNT_CAP)
+                } else {
+                    RowCount::Exact(kept)
+                },
+                per_minute: per_minute
+                    .get(consumer.as_str())
+                    .cloned()
+                    .unwrap_or_else(|| vec![0; RATE_MINUTES]),
+                failing: failing.map_or(0, |row| row.n.max(0) as u64),
+                exhausted: max_attempts.map(|_| failing.map_or(0, |row| row.m.max(0) as u64)),
+            });
+        }
+        Ok(Overview {
+            consumers,
+            outbox,
+            positions,
+            at: UNIX_EPOCH + Duration::from_micros(self.now_micros.max(0) as u64),
+        })
+    }
+}
+
+/// What the operations console shows first: per consumer its rows (up
+/// to [`COUNT_CAP`]), its rows applied per minute and its failing keys
+/// (`max_attempts`: the handlers' setting, which the table does not
+/// record, to count the keys given up on); the outbox; the stream
+/// positions. Its reads walk the indexes: none reads a whole table.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use diesel_inbox::{idempotent, InboxError, RowCount};
+///
+/// #[idempotent(key = "id")]
+/// fn bill(conn: &mut SqliteConnection, id: i64) -> Result<(), InboxError> {
+///     Ok(())
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// diesel_inbox::migrate(&mut conn)?;
+/// bill(&mut conn, 1)?;
+/// bill(&mut conn, 2)?;
+/// let overview = diesel_inbox::overview(&mut conn, Some(5))?;
+/// let bill = &overview.consumers[0];
+/// assert_eq!((bill.consumer.as_str(), bill.rows), ("bill", RowCount::Exact(2)));
+/// assert_eq!(bill.per_minute.iter().sum::<u64>(), 2);
+/// assert_eq!((bill.failing, bill.exhausted), (0, Some(0)));
+/// assert_eq!(overview.outbox.pending, 0);
+/// # Ok(())
+/// # }
+/// ```
+pub fn overview<C>(conn: &mut C, max_attempts: Option<u32>) -> Result<Overview, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    let run = |conn: &mut C, ops: Vec<Op>| -> Result<Vec<Answer>, InboxError> {
+        ops.into_iter()
+            .map(|op| C::Backend::outbox(conn, op).map_err(ops_error::<C::Backend>))
+            .collect()
+    };
+    let first = First::of(run(conn, first_ops(max_attempts).into())?)?;
+    let counts = run(conn, first.count_ops())?;
+    let outbox = crate::outbox::status(conn)?;
+    let positions = crate::ops::positions(conn, None)?;
+    first.finish(counts, max_attempts, outbox, positions)
+}
+
+/// The async twin of [`overview`].
+#[cfg(feature = "async")]
+pub async fn overview_async<P, C, Via>(
+    conn: &mut P,
+    max_attempts: Option<u32>,
+) -> Result<Overview, InboxError>
+where
+    P: AsAsyncConnection<C, Via>,
+    C: AsyncInboxConnection,
+{
+    async fn run<C: AsyncInboxConnection>(
+        conn: &mut C,
+        ops: Vec<Op>,
+    ) -> Result<Vec<Answer>, InboxError> {
+        let mut answers = Vec::with_capacity(ops.len());
+        for op in ops {
+            answers.push(
+                conn.inbox_outbox(op)
+                    .await
+                    .map_err(ops_error::<C::Backend>)?,
+            );
+        }
+        Ok(answers)
+    }
+    let conn = conn.connection();
+    let first = First::of(run(conn, first_ops(max_attempts).into()).await?)?;
+    let counts = run(conn, first.count_ops()).await?;
+    let outbox = crate::outbox::status_async(conn).await?;
+    let positions = crate::ops::positions_async(conn, None).await?;
+    first.finish(counts, max_attempts, outbox, positions)
+}

@@ -1,0 +1,119 @@
+//! `console`: the operations console (`diesel_inbox::console`) served on
+//! an address of its own, on the URL's database.
+
+use crate::cli::ConsoleArgs;
+use crate::Failure;
+use std::process::ExitCode;
+
+/// Refuses a listening address that would open the console to the
+/// network without `--allow-remote` and `--token`.
+pub(crate) fn check(args: &ConsoleArgs) -> Result<(), Failure> {
+    let ip = args.listen.ip();
+    if !ip.is_loopback() && !args.allow_remote {
+        return Err(Failure(format!(
+            "refusing to listen on {}: not a loopback address, so anyone who can reach it could act on the inbox; pass --allow-remote and --token (every request then needs the token as its HTTP Basic password)",
+            args.listen
+        )));
+    }
+    if args.allow_remote && args.token.as_deref().is_none_or(str::is_empty) {
+        return Err(Failure(
+            "--allow-remote needs --token (or DIESEL_INBOX_CONSOLE_TOKEN): the password every request must carry".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The console until SIGTERM or Ctrl-C.
+#[cfg(feature = "console")]
+pub(crate) fn run(url: &str, args: &ConsoleArgs) -> Result<ExitCode, Failure> {
+    check(args)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure(format!("no async runtime: {e}")))?;
+    runtime.block_on(crate::pool::with_pool(url, 4, serve::Serve { args }))
+}
+
+#[cfg(not(feature = "console"))]
+pub(crate) fn run(_: &str, args: &ConsoleArgs) -> Result<ExitCode, Failure> {
+    check(args)?;
+    Err(Failure(
+        "this diesel-inbox was built without the console: cargo install diesel-inbox --features cli,console".into(),
+    ))
+}
+
+#[cfg(feature = "console")]
+#[path = "../../console/basic.rs"]
+mod basic;
+
+#[cfg(feature = "console")]
+mod serve {
+    use crate::cli::ConsoleArgs;
+    use crate::pool::{stop, OnPool};
+    use crate::Failure;
+    use axum::http::{header, Request, StatusCode};
+    use axum::response::{IntoResponse, Response};
+    use diesel_inbox::console::{self, ConsoleExt};
+    use diesel_inbox::outbox::RelayPool;
+    use std::net::SocketAddr;
+    use std::process::ExitCode;
+
+    pub(super) struct Serve<'a> {
+        pub(super) args: &'a ConsoleArgs,
+    }
+
+    impl OnPool for Serve<'_> {
+        async fn run<D: RelayPool + 'static>(self, pool: D) -> Result<ExitCode, Failure> {
+            let args = self.args;
+            let mut app = console::router(pool).read_only(args.read_only);
+            if let Some(max) = args.max_attempts {
+                app = app.max_attempts(max);
+            }
+            if let Some(token) = args.token.clone().filter(|t| !t.is_empty()) {
+                // Every request carries the token; a request that did may act.
+                app = app.authorize(|_| true).layer(axum::middleware::from_fn(
+                    move |request, next| {
+                        let token = token.clone();
+                        async move { guard(&token, request, next).await }
+                    },
+                ));
+            }
+            let listener = tokio::net::TcpListener::bind(args.listen)
+                .await
+                .map_err(|e| Failure(format!("cannot listen on {}: {e}", args.listen)))?;
+            let address = listener.local_addr().unwrap_or(args.listen);
+            tracing::info!(target: "diesel_inbox", %address, read_only = args.read_only, token = args.token.is_some(), "diesel-inbox: console: listening (stop with SIGTERM or Ctrl-C)");
+            eprintln!("diesel-inbox console: http://{address}/");
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(stop())
+            .await
+            .map_err(|e| Failure(format!("the console stopped: {e}")))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+
+    /// Lets a request through when its HTTP Basic password is the token.
+    async fn guard(
+        token: &str,
+        request: Request<axum::body::Body>,
+        next: axum::middleware::Next,
+    ) -> Response {
+        let matches = super::basic::basic_credentials(request.headers())
+            .is_some_and(|(_, password)| super::basic::same_secret(&password, token));
+        if matches {
+            return next.run(request).await;
+        }
+        (
+            StatusCode::UNAUTHORIZED,
+            [(
+                header::WWW_AUTHENTICATE,
+                "Basic realm=\"diesel-inbox console\", charset=\"UTF-8\"",
+            )],
+            "the console needs its token as the HTTP Basic password",
+        )
+            .into_response()
+    }
+}

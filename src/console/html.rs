@@ -1,0 +1,245 @@
+//! The console's HTML: escaping (every value from the database goes
+//! through [`esc`]), the page around each view, the stylesheet, the live
+//! script, the rate charts (SVG) and the forms of the actions.
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::fmt::Write;
+
+/// `text` as HTML text or attribute value: `&`, `<`, `>`, `"` and `'`
+/// escaped, so that a payload of `<script>` is shown, never run.
+pub(super) fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `text` as a query-string value.
+pub(super) fn url(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(byte as char)
+            }
+            _ => {
+                let _ = write!(out, "%{byte:02X}");
+            }
+        }
+    }
+    out
+}
+
+/// Which view a page is, for the navigation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum View {
+    Overview,
+    Dead,
+    Lookup,
+}
+
+/// A whole page: the navigation, a notice (an action's result) and
+/// `body`.
+pub(super) fn page(
+    status: StatusCode,
+    base: &str,
+    view: View,
+    notice: Option<&str>,
+    body: &str,
+) -> Response {
+    let link = |target: View, path: &str, name: &str| {
+        format!(
+            "<a href=\"{}{path}\"{}>{name}</a>",
+            esc(base),
+            if target == view {
+                " class=\"current\""
+            } else {
+                ""
+            }
+        )
+    };
+    let title = match view {
+        View::Overview => "Overview",
+        View::Dead => "Dead messages",
+        View::Lookup => "Lookup",
+    };
+    let notice = notice.map_or(String::new(), |n| {
+        format!("<p class=\"notice\" id=\"notice\">{}</p>", esc(n))
+    });
+    let html = format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width\">\
+         <title>{title} · diesel-inbox</title>\
+         <link rel=\"stylesheet\" href=\"{base}/console.css\">\
+         <script src=\"{base}/console.js\" defer></script></head>\
+         <body><header><strong>diesel-inbox</strong> <nav>{} {} {}</nav></header>\
+         <main><h1>{title}</h1>{notice}{body}</main></body></html>",
+        link(View::Overview, "/", "Overview"),
+        link(View::Dead, "/dead", "Dead messages"),
+        link(View::Lookup, "/lookup", "Lookup"),
+        base = esc(base),
+    );
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        html,
+    )
+        .into_response()
+}
+
+/// The page of a database that did not answer.
+pub(super) fn unavailable(base: &str, view: View, why: &str) -> Response {
+    page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        base,
+        view,
+        None,
+        &format!(
+            "<p class=\"error\" id=\"unavailable\">The database is unavailable: {}</p>\
+             <p>Nothing was changed. Reload the page to try again.</p>",
+            esc(why)
+        ),
+    )
+}
+
+/// A small bar chart of `per_minute` (oldest first), drawn on the server.
+pub(super) fn chart(per_minute: &[u64]) -> String {
+    let (width, height) = (3 * per_minute.len(), 24usize);
+    let max = per_minute.iter().copied().max().unwrap_or(0).max(1);
+    let mut svg = format!(
+        "<svg class=\"chart\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" \
+         role=\"img\" aria-label=\"rows per minute, the last {} minutes\">",
+        per_minute.len()
+    );
+    for (i, n) in per_minute.iter().enumerate() {
+        let h = if *n == 0 {
+            0
+        } else {
+            ((*n as f64 / max as f64) * (height - 1) as f64).ceil() as usize
+        };
+        let _ = write!(
+            svg,
+            "<rect x=\"{}\" y=\"{}\" width=\"2\" height=\"{h}\"><title>{n}</title></rect>",
+            3 * i,
+            height - h
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// A form that POSTs one action with the CSRF token and `fields`.
+pub(super) fn action(
+    base: &str,
+    csrf: &str,
+    action: &str,
+    label: &str,
+    fields: &[(&str, &str)],
+) -> String {
+    let mut form = format!(
+        "<form class=\"action\" method=\"post\" action=\"{}/actions/{action}\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{}\">",
+        esc(base),
+        esc(csrf)
+    );
+    for (name, value) in fields {
+        let _ = write!(
+            form,
+            "<input type=\"hidden\" name=\"{name}\" value=\"{}\">",
+            esc(value)
+        );
+    }
+    let _ = write!(
+        form,
+        "<button type=\"submit\" name=\"do\" value=\"{action}\">{label}</button></form>"
+    );
+    form
+}
+
+/// A payload as text (UTF-8) or as a hex dump, at most 64 KiB of it.
+pub(super) fn payload(bytes: &[u8]) -> String {
+    const SHOWN: usize = 64 * 1024;
+    let shown = &bytes[..bytes.len().min(SHOWN)];
+    let cut = if bytes.len() > SHOWN {
+        format!(" (the first {SHOWN} of {} bytes)", bytes.len())
+    } else {
+        String::new()
+    };
+    match std::str::from_utf8(shown) {
+        Ok(text) => format!(
+            "<p class=\"muted\">text, {} bytes{cut}</p><pre class=\"payload\">{}</pre>",
+            bytes.len(),
+            esc(text)
+        ),
+        Err(_) => {
+            let mut dump = String::new();
+            for (line, chunk) in shown.chunks(16).enumerate() {
+                let _ = write!(dump, "{:08x} ", line * 16);
+                for byte in chunk {
+                    let _ = write!(dump, " {byte:02x}");
+                }
+                dump.push('\n');
+            }
+            format!(
+                "<p class=\"muted\">binary, {} bytes{cut}</p><pre class=\"payload\">{dump}</pre>",
+                bytes.len()
+            )
+        }
+    }
+}
+
+/// The stylesheet (a file, so that the pages need no inline style).
+pub(super) async fn stylesheet() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("console.css"),
+    )
+        .into_response()
+}
+
+/// The live update of the overview: every five seconds the page fetches
+/// its tables again and says when the database does not answer.
+pub(super) async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("console.js"),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_text_is_escaped() {
+        assert_eq!(
+            esc("<script>alert('x')</script> & \"q\""),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;"
+        );
+        assert_eq!(url("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+    }
+
+    #[test]
+    fn payloads_show_as_text_or_hex() {
+        assert!(payload(b"<b>hi</b>").contains("&lt;b&gt;hi&lt;/b&gt;"));
+        let hex = payload(&[0xff, 0x00, 0x41]);
+        assert!(hex.contains("binary, 3 bytes") && hex.contains("00000000  ff 00 41"));
+    }
+
+    #[test]
+    fn charts_scale_to_their_largest_minute() {
+        let svg = chart(&[0, 5, 10]);
+        assert!(svg.contains("height=\"23\"><title>10</title>"));
+        assert!(svg.contains("height=\"0\"><title>0</title>"));
+    }
+}

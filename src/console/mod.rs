@@ -1,0 +1,274 @@
+//! The operations console (feature `console`): the inbox, the outbox, the
+//! stream positions and the dead messages in a browser, with safe actions.
+//!
+//! [`router`] is an [`axum::Router`] to mount in your own axum app, behind
+//! your own authentication layer; the settings come from
+//! [`ConsoleExt`]. Its pages are HTML drawn on the server (no JavaScript
+//! build, no third-party assets; one small script of its own refreshes the
+//! overview every five seconds) and run the same statements as the CLI:
+//!
+//! - **Overview** (`/`): per consumer (and HTTP endpoint) its rows, the
+//!   rows applied per minute with a chart of the last
+//!   [`RATE_MINUTES`](crate::RATE_MINUTES), its failing keys and those past
+//!   `max_attempts`; per outbox destination the pending, scheduled and dead
+//!   messages and the oldest pending one's age; the Kafka stream positions.
+//! - **Dead messages** (`/dead`): the outbox's, filtered by destination,
+//!   error text and time, each with its payload, headers, trace id,
+//!   attempts and last error, to **retry** or **discard**, one or every
+//!   one the filter selects; and the inbox's failing keys, by consumer.
+//! - **Lookup** (`/lookup`): an inbox row or an HTTP idempotency key by
+//!   consumer and key, to **forget** (the CLI's `forget`).
+//!
+//! Every read and action has a time limit ([`QUERY_TIME_LIMIT`]): a
+//! database that is down or hung gives a page that says so, never a
+//! request that hangs.
+//!
+//! **Actions** are POSTs that carry the page's CSRF token. They are
+//! refused on a [`read_only`](ConsoleExt::read_only) console (which shows
+//! none), refused when [`authorize`](ConsoleExt::authorize) says no, and,
+//! without `authorize`, refused unless the request comes from a loopback
+//! address (which needs the peer's address: serve with
+//! `into_make_service_with_connect_info::<SocketAddr>()`). Behind a
+//! reverse proxy every request comes from the proxy: set `authorize`.
+//! Each action is logged (target `diesel_inbox`, INFO) with who did it
+//! ([`Operator`], else the Basic user, else the peer's address) and what,
+//! and counted (`diesel_inbox.console.actions`, feature `metrics`).
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use diesel::SqliteConnection;
+//! use diesel_async::pooled_connection::deadpool::Pool;
+//! use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+//! use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+//! use diesel_inbox::console::{self, ConsoleExt, Operator};
+//! use std::net::SocketAddr;
+//!
+//! type Conn = SyncConnectionWrapper<SqliteConnection>;
+//! let dir = std::env::temp_dir().join(format!("console-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let url = dir.join("inbox.db").display().to_string();
+//! let pool = Pool::builder(AsyncDieselConnectionManager::<Conn>::new(&url)).build()?;
+//! diesel_inbox::migrate_async(&mut pool.get().await?).await?;
+//!
+//! let app = axum::Router::new().nest(
+//!     "/ops",
+//!     console::router(pool)
+//!         .max_attempts(5)
+//!         // Your authentication layer decides; the console logs who.
+//!         .authorize(|parts| parts.extensions.get::<Operator>().is_some()),
+//! );
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let serve =
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>());
+//! # drop(serve);
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
+//! ```
+//!
+//! The CLI serves it too: `diesel-inbox console --listen 127.0.0.1:8080`.
+//! The guide page [`guide::console`](crate::guide::console) is the
+//! reference.
+
+mod actions;
+mod basic;
+mod html;
+mod pages;
+mod time;
+
+use crate::outbox::RelayPool;
+use axum::extract::{FromRequestParts, OriginalUri};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderValue, Request};
+use axum::routing::{get, post};
+use axum::Router;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a page or an action waits for the database (a connection from
+/// the pool, then its statements) before it answers `503` with a page
+/// that says so.
+pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(5);
+
+/// Who is acting, as your authentication layer knows them: insert it into
+/// the request's extensions and the console's log of each action names
+/// them.
+///
+/// ```
+/// use diesel_inbox::console::Operator;
+///
+/// let mut request = axum::http::Request::new(());
+/// request.extensions_mut().insert(Operator("alice@example.com".into()));
+/// assert_eq!(request.extensions().get::<Operator>().unwrap().0, "alice@example.com");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operator(pub String);
+
+/// The console's settings on the [`Router`] that [`router`] returns.
+///
+/// Each adds a layer; a later call overrides an earlier one.
+pub trait ConsoleExt: Sized {
+    /// Shows no action and refuses every one (`403`).
+    fn read_only(self, read_only: bool) -> Self;
+
+    /// Decides, from the request's parts (its headers, the
+    /// [`Operator`] your authentication layer inserted), whether an action
+    /// may run. Without it, only requests from a loopback address may act.
+    fn authorize<F>(self, authorize: F) -> Self
+    where
+        F: Fn(&Parts) -> bool + Send + Sync + 'static;
+
+    /// The handlers' `max_attempts` (which the table does not record): the
+    /// overview counts the keys with at least this many failures as given
+    /// up on, and the dead messages page lists them.
+    fn max_attempts(self, max_attempts: u32) -> Self;
+}
+
+/// A setting, carried in the request's extensions by its layer.
+#[derive(Clone)]
+struct ReadOnly(bool);
+
+#[derive(Clone)]
+struct Authorize(Arc<dyn Fn(&Parts) -> bool + Send + Sync>);
+
+#[derive(Clone, Copy)]
+struct MaxAttempts(u32);
+
+/// Adds a layer that sets `value` unless a layer outside it (a later
+/// call) did.
+fn setting<T: Clone + Send + Sync + 'static>(router: Router, value: T) -> Router {
+    router.layer(axum::middleware::map_request(
+        move |mut request: Request<axum::body::Body>| {
+            let value = value.clone();
+            async move {
+                if request.extensions().get::<T>().is_none() {
+                    request.extensions_mut().insert(value);
+                }
+                request
+            }
+        },
+    ))
+}
+
+impl ConsoleExt for Router {
+    fn read_only(self, read_only: bool) -> Self {
+        setting(self, ReadOnly(read_only))
+    }
+
+    fn authorize<F>(self, authorize: F) -> Self
+    where
+        F: Fn(&Parts) -> bool + Send + Sync + 'static,
+    {
+        setting(self, Authorize(Arc::new(authorize)))
+    }
+
+    fn max_attempts(self, max_attempts: u32) -> Self {
+        setting(self, MaxAttempts(max_attempts))
+    }
+}
+
+/// What every handler shares: the pool and this console's CSRF token.
+struct Console<P> {
+    pool: P,
+    csrf: String,
+}
+
+/// The operations console on `pool` (a diesel-async deadpool or bb8
+/// pool, as the relay's: [`RelayPool`]), to mount where you like
+/// (`Router::nest("/ops", ..)`: its links follow). Settings:
+/// [`ConsoleExt`]. Example: [the module](self).
+pub fn router<P>(pool: P) -> Router
+where
+    P: RelayPool + 'static,
+{
+    let console = Arc::new(Console {
+        pool,
+        csrf: token(),
+    });
+    Router::new()
+        .route("/", get(pages::overview::<P>))
+        .route("/live", get(pages::live::<P>))
+        .route("/dead", get(pages::dead::<P>))
+        .route("/lookup", get(pages::lookup::<P>))
+        .route("/actions/{action}", post(actions::act::<P>))
+        .route("/console.css", get(html::stylesheet))
+        .route("/console.js", get(html::script))
+        .with_state(console)
+        .layer(axum::middleware::map_response(secure))
+}
+
+/// Headers that keep the pages to themselves: no script, style or frame
+/// from elsewhere (nor inline: the console's own are files), no framing.
+async fn secure(mut response: axum::response::Response) -> axum::response::Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+             img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// A token no other site can guess: 128 bits from two SipHash outputs
+/// under keys the standard library draws from the system's random source.
+fn token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let keys = std::collections::hash_map::RandomState::new();
+    let part = |salt: u64| {
+        let mut hasher = keys.build_hasher();
+        hasher.write_u64(salt);
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        hasher.finish()
+    };
+    format!("{:016x}{:016x}", part(1), part(2))
+}
+
+/// A request's view of the console: where it is mounted and its settings.
+struct Context {
+    /// The path the console is mounted at (`""` at the root).
+    base: String,
+    read_only: bool,
+    max_attempts: Option<u32>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Context {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let inner = parts.uri.path();
+        let original = parts
+            .extensions
+            .get::<OriginalUri>()
+            .map_or(inner, |uri| uri.0.path());
+        let base = original
+            .strip_suffix(inner)
+            .unwrap_or("")
+            .trim_end_matches('/')
+            .to_owned();
+        Ok(Context {
+            base,
+            read_only: parts.extensions.get::<ReadOnly>().is_some_and(|r| r.0),
+            max_attempts: parts.extensions.get::<MaxAttempts>().map(|m| m.0),
+        })
+    }
+}
