@@ -1,0 +1,790 @@
+//! The console's scenarios: PostgreSQL in full (the overview against the
+//! CLI, hostile payloads, retry checked at RabbitMQ, discard, lookup and
+//! forget, the live update, refusals, read-only, a database that refuses
+//! or hangs); SQLite and MariaDB render their real rows.
+
+use crate::browser::{click, count, open, screenshot, serve, text, Driver};
+use crate::data::{self, Names, Refusing, MAX_ATTEMPTS, SCRIPT};
+use crate::support;
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::pooled_connection::PoolableConnection;
+use diesel_inbox::console::{self, ConsoleExt};
+use diesel_inbox::outbox::{self, DeadFilter};
+use diesel_inbox::AsyncInboxConnection;
+use fantoccini::Client;
+use std::time::{Duration, Instant};
+
+type Check = Result<(), String>;
+
+/// The checks' results: each printed as it ends; the failures counted.
+#[derive(Default)]
+struct Results {
+    failed: usize,
+}
+
+impl Results {
+    fn record(&mut self, backend: &str, name: &str, result: Check) {
+        match result {
+            Ok(()) => println!("console/{backend}: {name} ... ok"),
+            Err(why) => {
+                self.failed += 1;
+                println!("console/{backend}: {name} ... FAILED: {why}");
+            }
+        }
+    }
+}
+
+pub fn main() {
+    let driver = match Driver::start() {
+        None => return,
+        Some(Err(why)) => {
+            println!("console: FAILED: {why}");
+            std::process::exit(1);
+        }
+        Some(Ok(driver)) => driver,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let failed = runtime.block_on(async {
+        let mut results = Results::default();
+        let client = match driver.session().await {
+            Ok(client) => client,
+            Err(why) => {
+                results.record("browser", "a Chromium session", Err(why));
+                return results.failed;
+            }
+        };
+        sqlite(&client, &mut results).await;
+        #[cfg(all(feature = "postgres", feature = "lapin"))]
+        postgres(&client, &mut results).await;
+        #[cfg(not(all(feature = "postgres", feature = "lapin")))]
+        println!("SKIPPED: console/postgres needs the features postgres and lapin");
+        #[cfg(feature = "mysql")]
+        mysql(&client, &mut results).await;
+        let _ = client.close().await;
+        results.failed
+    });
+    if failed > 0 {
+        println!("{failed} console check(s) FAILED");
+        std::process::exit(1);
+    }
+    println!("console: all checks passed");
+}
+
+/// A number a page shows in `css`.
+async fn number(client: &Client, css: &str) -> Result<u64, String> {
+    let shown = text(client, css).await?;
+    shown
+        .parse()
+        .map_err(|_| format!("{css} shows {shown:?}, not a number"))
+}
+
+/// The CLI's JSON answer to `args`.
+fn cli_json(url: &str, args: &[&str]) -> Result<serde_json::Value, String> {
+    let (code, out, err) = support::run_cli(support::cli(url).args(args));
+    if code != 0 && code != 1 {
+        return Err(format!("diesel-inbox {args:?}: exit {code}: {err}"));
+    }
+    serde_json::from_str(&out).map_err(|e| format!("diesel-inbox {args:?}: {e}: {out}"))
+}
+
+/// The overview's numbers against the CLI's `stats --json`, `attempts
+/// --json`, `outbox status --json` and `status <consumer> --json`.
+async fn overview_matches_cli(
+    client: &Client,
+    base: &str,
+    url: &str,
+    names: &Names,
+    kafka: Option<&str>,
+) -> Check {
+    open(client, &format!("{base}/")).await?;
+    let stats = cli_json(url, &["stats", "--json"])?;
+    let http = diesel_inbox::http::consumer_name(&names.endpoint);
+    for consumer in [&names.billing, &http] {
+        let rows = stats
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["consumer"] == consumer.as_str()))
+            .and_then(|s| s["rows"].as_u64())
+            .ok_or(format!("the CLI's stats have no {consumer}"))?;
+        let shown = number(client, &format!("tr[data-consumer='{consumer}'] td.rows")).await?;
+        if shown != rows {
+            return Err(format!(
+                "{consumer}: the page shows {shown} rows, the CLI {rows}"
+            ));
+        }
+    }
+    let per_minute = number(
+        client,
+        &format!("tr[data-consumer='{}'] td.rate", names.billing),
+    )
+    .await?;
+    let chart = count(
+        client,
+        &format!("tr[data-consumer='{}'] svg.chart rect", names.billing),
+    )
+    .await?;
+    if chart != diesel_inbox::RATE_MINUTES || per_minute > 5 {
+        return Err(format!("the rate: {per_minute} last minute, {chart} bars"));
+    }
+    let failing = cli_json(url, &["attempts", "--consumer", &names.import, "--json"])?;
+    let exhausted = cli_json(
+        url,
+        &[
+            "attempts",
+            "--consumer",
+            &names.import,
+            "--exhausted",
+            "--max-attempts",
+            &MAX_ATTEMPTS.to_string(),
+            "--json",
+        ],
+    )?;
+    let row = format!("tr[data-consumer='{}']", names.import);
+    let (page_failing, page_exhausted) = (
+        number(client, &format!("{row} td.failing")).await?,
+        number(client, &format!("{row} td.exhausted")).await?,
+    );
+    let cli = (
+        failing.as_array().map_or(0, Vec::len) as u64,
+        exhausted.as_array().map_or(0, Vec::len) as u64,
+    );
+    if (page_failing, page_exhausted) != cli || cli != (2, 1) {
+        return Err(format!(
+            "{}: the page shows {page_failing} failing, {page_exhausted} past max_attempts; the CLI {cli:?}",
+            names.import
+        ));
+    }
+    let status = cli_json(url, &["outbox", "status", "--json"])?;
+    for destination in [&names.dead, &names.later, &names.pending] {
+        let cli = status["destinations"]
+            .as_array()
+            .and_then(|all| {
+                all.iter()
+                    .find(|d| d["destination"] == destination.as_str())
+            })
+            .ok_or(format!("the CLI's outbox status has no {destination}"))?;
+        let row = format!("tr[data-destination='{destination}']");
+        for column in ["pending", "scheduled", "dead"] {
+            let shown = number(client, &format!("{row} td.{column}")).await?;
+            if Some(shown) != cli[column].as_u64() {
+                return Err(format!(
+                    "{destination}: {column} {shown} on the page, {} in the CLI",
+                    cli[column]
+                ));
+            }
+        }
+    }
+    for column in ["pending", "scheduled", "dead"] {
+        let shown = number(client, &format!("#outbox tr.total th.{column}")).await?;
+        if Some(shown) != status[column].as_u64() {
+            return Err(format!(
+                "all: {column} {shown} on the page, {} in the CLI",
+                status[column]
+            ));
+        }
+    }
+    if let Some(consumer) = kafka {
+        let positions = cli_json(url, &["status", consumer, "--json"])?;
+        let offset = positions["positions"][0]["next_offset"]
+            .as_i64()
+            .ok_or(format!(
+                "the CLI shows no position of {consumer}: {positions}"
+            ))?;
+        let shown = text(client, "#positions td.offset").await?;
+        if shown != offset.to_string() {
+            return Err(format!(
+                "the position: {shown} on the page, {offset} in the CLI"
+            ));
+        }
+    }
+    screenshot(client, "overview").await
+}
+
+/// A dead message's payload of `<script>` is shown, not run; its
+/// headers, trace id and error are text.
+async fn hostile_data_is_text(client: &Client, base: &str, names: &Names) -> Check {
+    open(client, &format!("{base}/dead?destination={}", names.dead)).await?;
+    let message = format!("details[data-id='{}']", names.script_id);
+    click(client, &format!("{message} summary")).await?;
+    let payload = text(client, &format!("{message} pre.payload")).await?;
+    if payload != SCRIPT {
+        return Err(format!("the payload shows {payload:?}"));
+    }
+    let ran = client
+        .execute("return typeof window.__pwned", vec![])
+        .await
+        .map_err(|e| e.to_string())?;
+    if ran != "undefined" {
+        return Err(format!("the payload ran: window.__pwned is {ran}"));
+    }
+    let page = client.source().await.map_err(|e| e.to_string())?;
+    for shown in [
+        "&lt;b&gt;acme&lt;/b&gt;",
+        "&lt;i&gt;upstream&lt;/i&gt;",
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+    ] {
+        if !page.contains(shown) {
+            return Err(format!("the page does not show {shown}"));
+        }
+    }
+    let binary = format!("details[data-id='{}']", names.binary_id);
+    click(client, &format!("{binary} summary")).await?;
+    let kind = text(client, &format!("{binary} p.muted")).await?;
+    if !kind.starts_with("binary, 5 bytes") {
+        return Err(format!("the binary payload: {kind:?}"));
+    }
+    screenshot(client, "dead").await
+}
+
+/// Waits for the page's notice; its text.
+async fn notice(client: &Client) -> Result<String, String> {
+    client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(fantoccini::Locator::Css("#notice"))
+        .await
+        .map_err(|e| format!("no notice: {e}"))?
+        .text()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The console's forms POSTed outside the page: no token, a wrong token,
+/// a peer that is not loopback, a read-only console; none changes a row.
+async fn refusals<C>(
+    pool: &Pool<C>,
+    names: &Names,
+    main: &str,
+    read_only: &str,
+    open_to_all: Option<&str>,
+) -> Check
+where
+    C: AsyncInboxConnection + PoolableConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    let http = reqwest::Client::new();
+    let post = |url: String, form: Vec<(&'static str, String)>| {
+        let http = http.clone();
+        async move {
+            let response = http
+                .post(url)
+                .form(&form)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = response.status().as_u16();
+            Ok::<_, String>((status, response.text().await.unwrap_or_default()))
+        }
+    };
+    let id = names.script_id.clone();
+    let cases = [
+        (
+            "no token",
+            format!("{main}/actions/retry"),
+            vec![("id", id.clone())],
+        ),
+        (
+            "a wrong token",
+            format!("{main}/actions/retry"),
+            vec![("id", id.clone()), ("csrf", "0".repeat(32))],
+        ),
+        (
+            "a read-only console",
+            format!("{read_only}/actions/retry"),
+            vec![("id", id.clone()), ("csrf", "0".repeat(32))],
+        ),
+    ];
+    for (case, url, form) in cases {
+        let (status, body) = post(url, form).await?;
+        if status != 403 || !body.contains("Refused") {
+            return Err(format!("{case}: {status} {body}"));
+        }
+    }
+    if let Some(open_to_all) = open_to_all {
+        // The right token (the page shows it to any GET), from a peer that
+        // is not loopback, on a console without authorize.
+        let page = http
+            .get(format!("{open_to_all}/dead?destination={}", names.dead))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        let token = page
+            .split("name=\"csrf\" value=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .ok_or("the page has no token")?
+            .to_owned();
+        let (status, body) = post(
+            format!("{open_to_all}/actions/retry"),
+            vec![("id", id.clone()), ("csrf", token)],
+        )
+        .await?;
+        if status != 403 || !body.contains("not loopback") {
+            return Err(format!("a non-loopback peer: {status} {body}"));
+        }
+    }
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let dead =
+        outbox::dead_matching_async(&mut *conn, &DeadFilter::new().destination(&names.dead), 10)
+            .await
+            .map_err(|e| e.to_string())?;
+    if !dead.iter().any(|d| d.id == id) {
+        return Err("a refused action retried the message".into());
+    }
+    Ok(())
+}
+
+/// A read-only console shows no action.
+async fn read_only_shows_none(client: &Client, read_only: &str, names: &Names) -> Check {
+    for page in [
+        format!("{read_only}/dead?destination={}", names.dead),
+        format!("{read_only}/lookup?consumer={}&key=k-2", names.billing),
+    ] {
+        open(client, &page).await?;
+        let forms = count(client, "form.action").await?;
+        let listed = count(client, "details.dead").await? + count(client, "#found").await?;
+        if forms != 0 || listed == 0 {
+            return Err(format!("{page}: {forms} action forms, {listed} rows"));
+        }
+    }
+    Ok(())
+}
+
+/// The overview follows the database without a reload.
+async fn live_update<C>(client: &Client, base: &str, pool: &Pool<C>, names: &Names) -> Check
+where
+    C: AsyncInboxConnection + PoolableConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    open(client, &format!("{base}/")).await?;
+    let cell = format!("tr[data-consumer='{}'] td.rows", names.billing);
+    let before = number(client, &cell).await?;
+    data::apply(pool, &names.billing, 100..101).await?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = number(client, &cell).await?;
+        if now == before + 1 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("still {now} rows 15 s after one more was applied"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Discard in the browser removes the row.
+async fn discard<C>(client: &Client, base: &str, pool: &Pool<C>, names: &Names) -> Check
+where
+    C: AsyncInboxConnection + PoolableConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    open(client, &format!("{base}/dead?destination={}", names.dead)).await?;
+    let binary = format!("details[data-id='{}']", names.binary_id);
+    click(client, &format!("{binary} summary")).await?;
+    click(client, &format!("{binary} button[value='discard']")).await?;
+    let said = notice(client).await?;
+    if said != "1 dead message(s) discarded" {
+        return Err(format!("the notice: {said:?}"));
+    }
+    if count(client, &binary).await? != 0 {
+        return Err("the discarded message is still listed".into());
+    }
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let dead =
+        outbox::dead_matching_async(&mut *conn, &DeadFilter::new().destination(&names.dead), 10)
+            .await
+            .map_err(|e| e.to_string())?;
+    if dead.iter().any(|d| d.id == names.binary_id) {
+        return Err("the discarded message is still in the outbox".into());
+    }
+    Ok(())
+}
+
+/// The lookup finds an applied key and an HTTP key; forget removes the
+/// row.
+async fn lookup_and_forget<C>(client: &Client, base: &str, pool: &Pool<C>, names: &Names) -> Check
+where
+    C: AsyncInboxConnection + PoolableConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    open(
+        client,
+        &format!(
+            "{base}/lookup?endpoint={}&scope=user-1&idempotency_key=order-77",
+            names.endpoint
+        ),
+    )
+    .await?;
+    let found = text(client, "#found").await?;
+    if !found.starts_with("applied") {
+        return Err(format!("the HTTP key: {found:?}"));
+    }
+    open(
+        client,
+        &format!("{base}/lookup?consumer={}&key=k-3", names.billing),
+    )
+    .await?;
+    let found = text(client, "#found").await?;
+    if !found.starts_with("applied") {
+        return Err(format!("the key: {found:?}"));
+    }
+    screenshot(client, "lookup").await?;
+    click(client, "button[value='forget']").await?;
+    let said = notice(client).await?;
+    if !said.starts_with("forgotten") {
+        return Err(format!("the notice: {said:?}"));
+    }
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let entry = diesel_inbox::status_async(&mut *conn, &names.billing, "k-3")
+        .await
+        .map_err(|e| e.to_string())?;
+    match entry {
+        None => Ok(()),
+        Some(_) => Err("the forgotten row is still there".into()),
+    }
+}
+
+/// The SQLite and MariaDB check: the overview and the dead messages
+/// render the backend's rows.
+async fn renders<C>(client: &Client, base: &str, url: &str, names: &Names) -> Check
+where
+    C: AsyncInboxConnection + PoolableConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    open(client, &format!("{base}/")).await?;
+    let rows = number(
+        client,
+        &format!("tr[data-consumer='{}'] td.rows", names.billing),
+    )
+    .await?;
+    let stats = cli_json(url, &["stats", "--json"])?;
+    let cli = stats
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["consumer"] == names.billing.as_str()))
+        .and_then(|s| s["rows"].as_u64());
+    let dead = number(
+        client,
+        &format!("tr[data-destination='{}'] td.dead", names.dead),
+    )
+    .await?;
+    if Some(rows) != cli || rows != 5 || dead != 2 {
+        return Err(format!("{rows} rows (the CLI: {cli:?}), {dead} dead"));
+    }
+    open(client, &format!("{base}/dead?destination={}", names.dead)).await?;
+    let listed = count(client, "details.dead").await?;
+    let failing = count(client, &format!("#failing tr[data-key='k-bad']")).await?;
+    if listed != 2 || failing != 1 {
+        return Err(format!(
+            "the dead page lists {listed} messages, {failing} given-up keys"
+        ));
+    }
+    Ok(())
+}
+
+async fn sqlite(client: &Client, results: &mut Results) {
+    type Conn =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+    let dir = std::env::temp_dir().join(support::unique_identifier("console"));
+    let _ = std::fs::create_dir_all(&dir);
+    let url = dir.join("inbox.db").display().to_string();
+    let names = Names::new("sqlite");
+    let ready = async {
+        let pool = support::pools::deadpool::<Conn>(url.clone(), 2)?;
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        diesel_inbox::migrate_async(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        drop(conn);
+        data::produce(&pool, &names, Refusing(names.dead.clone())).await?;
+        let base = format!(
+            "http://{}",
+            serve(console::router(pool.clone()), "127.0.0.1:0").await?
+        );
+        Ok::<_, String>(base)
+    }
+    .await;
+    match ready {
+        Ok(base) => results.record(
+            "sqlite",
+            "renders",
+            renders::<Conn>(client, &base, &url, &names).await,
+        ),
+        Err(why) => results.record("sqlite", "set-up", Err(why)),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql(client: &Client, results: &mut Results) {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    let Some(admin) = support::server_var("INBOX_TEST_MYSQL_URL") else {
+        return;
+    };
+    let name = support::unique_identifier("console");
+    let (server, _) = admin.rsplit_once('/').expect("a URL with a database");
+    let url = format!("{server}/{name}");
+    let names = Names::new("mysql");
+    let ready = async {
+        let mut conn = diesel::MysqlConnection::establish(&admin).map_err(|e| e.to_string())?;
+        conn.batch_execute(&format!("CREATE DATABASE {name}"))
+            .map_err(|e| e.to_string())?;
+        let pool = support::pools::deadpool::<diesel_async::AsyncMysqlConnection>(url.clone(), 2)?;
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        diesel_inbox::migrate_async(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        drop(conn);
+        data::produce(&pool, &names, Refusing(names.dead.clone())).await?;
+        let base = format!(
+            "http://{}",
+            serve(console::router(pool.clone()), "127.0.0.1:0").await?
+        );
+        Ok::<_, String>(base)
+    }
+    .await;
+    match ready {
+        Ok(base) => results.record(
+            "mysql",
+            "renders",
+            renders::<diesel_async::AsyncMysqlConnection>(client, &base, &url, &names).await,
+        ),
+        Err(why) => results.record("mysql", "set-up", Err(why)),
+    }
+    if let Ok(mut conn) = diesel::MysqlConnection::establish(&admin) {
+        let _ = conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"));
+    }
+}
+
+/// This machine's address on its default route, if it has one that is
+/// not loopback (no packet is sent).
+fn outward_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[cfg(all(feature = "postgres", feature = "lapin"))]
+async fn postgres(client: &Client, results: &mut Results) {
+    use diesel_async::AsyncPgConnection;
+    let (Some(_), Some(amqp)) = (
+        support::server_var("INBOX_TEST_POSTGRES_URL"),
+        support::server_var("INBOX_TEST_AMQP_URL"),
+    ) else {
+        return;
+    };
+    let database = support::relay::Database::create("console");
+    let url = database.url.clone();
+    let names = Names::new("pg");
+    let ship = format!("console-pg-ship-{}", support::run_stamp());
+    let pool = match support::pools::deadpool::<AsyncPgConnection>(url.clone(), 4) {
+        Ok(pool) => pool,
+        Err(why) => return results.record("postgres", "set-up", Err(why)),
+    };
+    let produced = async {
+        drop(database.migrated().await);
+        data::produce(
+            &pool,
+            &names,
+            diesel_inbox::outbox::lapin::Publisher::connect(amqp.clone(), ""),
+        )
+        .await
+    }
+    .await;
+    if let Err(why) = produced {
+        return results.record("postgres", "set-up", Err(why));
+    }
+    let kafka = kafka_position(&pool, &ship, results).await;
+    let consoles = async {
+        let main = serve(console::router(pool.clone()).max_attempts(MAX_ATTEMPTS), "127.0.0.1:0").await?;
+        let read_only = serve(console::router(pool.clone()).read_only(true), "127.0.0.1:0").await?;
+        let open_to_all = match outward_address() {
+            Some(ip) => {
+                let bound = serve(console::router(pool.clone()), "0.0.0.0:0").await?;
+                Some(format!("http://{ip}:{}", bound.port()))
+            }
+            None => {
+                println!("SKIPPED: console/postgres: a non-loopback peer (this machine has no address but loopback)");
+                None
+            }
+        };
+        Ok::<_, String>((format!("http://{main}"), format!("http://{read_only}"), open_to_all))
+    }
+    .await;
+    let (main, read_only, open_to_all) = match consoles {
+        Ok(consoles) => consoles,
+        Err(why) => return results.record("postgres", "set-up", Err(why)),
+    };
+    let pg = "postgres";
+    results.record(
+        pg,
+        "the overview equals the CLI",
+        overview_matches_cli(client, &main, &url, &names, kafka.as_deref()).await,
+    );
+    results.record(
+        pg,
+        "hostile data is text",
+        hostile_data_is_text(client, &main, &names).await,
+    );
+    results.record(
+        pg,
+        "refusals change nothing",
+        refusals(&pool, &names, &main, &read_only, open_to_all.as_deref()).await,
+    );
+    results.record(
+        pg,
+        "read-only shows no action",
+        read_only_shows_none(client, &read_only, &names).await,
+    );
+    results.record(
+        pg,
+        "retry publishes at RabbitMQ",
+        retry_reaches_rabbitmq(client, &main, &pool, &names, &amqp).await,
+    );
+    results.record(
+        pg,
+        "discard removes",
+        discard(client, &main, &pool, &names).await,
+    );
+    results.record(
+        pg,
+        "the overview is live",
+        live_update(client, &main, &pool, &names).await,
+    );
+    results.record(
+        pg,
+        "lookup and forget",
+        lookup_and_forget(client, &main, &pool, &names).await,
+    );
+    results.record(
+        pg,
+        "a database that refuses or hangs",
+        unavailable(&url).await,
+    );
+}
+
+/// The Kafka position, where a broker is configured.
+#[cfg(all(feature = "postgres", feature = "lapin"))]
+async fn kafka_position(
+    pool: &Pool<diesel_async::AsyncPgConnection>,
+    consumer: &str,
+    results: &mut Results,
+) -> Option<String> {
+    #[cfg(feature = "kafka")]
+    if let Some(brokers) = support::server_var("INBOX_TEST_KAFKA_BROKERS") {
+        let topic = format!("{consumer}-topic");
+        let made = data::kafka_position(pool, &brokers, consumer, &topic).await;
+        let ok = made.is_ok();
+        results.record("postgres", "a Kafka position (set-up)", made);
+        return ok.then(|| consumer.to_owned());
+    }
+    #[cfg(not(feature = "kafka"))]
+    println!("SKIPPED: console/postgres: the Kafka position needs the feature kafka");
+    let _ = (pool, consumer, results);
+    None
+}
+
+/// Retry in the browser; the relay's next pass publishes the message to
+/// the queue now bound to its routing key; it arrives at RabbitMQ.
+#[cfg(all(feature = "postgres", feature = "lapin"))]
+async fn retry_reaches_rabbitmq(
+    client: &Client,
+    base: &str,
+    pool: &Pool<diesel_async::AsyncPgConnection>,
+    names: &Names,
+    amqp: &str,
+) -> Check {
+    use diesel_inbox::outbox::Relay;
+    let (_connection, channel) = support::rabbit_queue(amqp, &names.dead).await;
+    open(client, &format!("{base}/dead?destination={}", names.dead)).await?;
+    let message = format!("details[data-id='{}']", names.script_id);
+    click(client, &format!("{message} summary")).await?;
+    click(client, &format!("{message} button[value='retry']")).await?;
+    let said = notice(client).await?;
+    if said != "1 dead message(s) pending again" {
+        return Err(format!("the notice: {said:?}"));
+    }
+    let relay = Relay::new(
+        pool.clone(),
+        diesel_inbox::outbox::lapin::Publisher::connect(amqp.to_owned(), ""),
+    );
+    relay.run_once().await.map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = channel
+            .basic_get(
+                names.dead.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(message) = got {
+            let body = String::from_utf8_lossy(&message.delivery.data).into_owned();
+            return if body == SCRIPT {
+                Ok(())
+            } else {
+                Err(format!("RabbitMQ got {body:?}"))
+            };
+        }
+        if Instant::now() > deadline {
+            return Err("the retried message did not reach RabbitMQ".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A console on a database that refuses connections, then on one that
+/// accepts and never answers: a page that says so, within the time limit.
+#[cfg(all(feature = "postgres", feature = "lapin"))]
+async fn unavailable(url: &str) -> Check {
+    use support::proxy::{Mode, Proxy};
+    let upstream: std::net::SocketAddr = "127.0.0.1:5432".parse().map_err(|e| format!("{e}"))?;
+    let proxy = Proxy::start(upstream)?;
+    let proxied = proxy.route(url)?;
+    let pool = support::pools::deadpool::<diesel_async::AsyncPgConnection>(proxied, 2)?;
+    let base = format!(
+        "http://{}",
+        serve(console::router(pool), "127.0.0.1:0").await?
+    );
+    let http = reqwest::Client::new();
+    for mode in [Mode::Forward, Mode::Refuse, Mode::Blackhole] {
+        proxy.set(mode);
+        let started = Instant::now();
+        let response = http
+            .get(format!("{base}/"))
+            .timeout(console::QUERY_TIME_LIMIT + Duration::from_secs(5))
+            .send()
+            .await
+            .map_err(|e| format!("{mode:?}: {e}"))?;
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap_or_default();
+        let took = started.elapsed();
+        let expected = if mode == Mode::Forward { 200 } else { 503 };
+        if status != expected || (expected == 503 && !body.contains("id=\"unavailable\"")) {
+            return Err(format!("{mode:?}: {status} after {took:?}"));
+        }
+        if took > console::QUERY_TIME_LIMIT + Duration::from_secs(2) {
+            return Err(format!("{mode:?}: answered after {took:?}"));
+        }
+    }
+    proxy.set(Mode::Forward);
+    Ok(())
+}
