@@ -13,6 +13,9 @@
 //!   transaction, and the outbox's Kafka publisher (feature `kafka`).
 //! - [`sqs`]: Amazon SQS consumers with a visibility heartbeat, the
 //!   outbox's SQS publisher, and Lambda (feature `sqs`).
+//! - [`console`]: the operations console in a browser: the inbox, the
+//!   outbox, positions and dead messages, with retry, discard and forget
+//!   (feature `console`).
 //! - [`outbox`]: the transactional outbox: enqueue in the handler's
 //!   transaction, the relay, order per key, dead messages, retention.
 //! - [`operations`]: retention, inspection, replays, the CLI, observability.
@@ -60,6 +63,20 @@ pub mod kafka {}
     doc = "Amazon SQS: the consumer runner with a visibility heartbeat, the relay's SQS publisher and the Lambda adapter: this page is built with the `sqs` feature, as docs.rs builds it."
 )]
 pub mod sqs {}
+
+// Its examples need the feature: without it the page is a pointer. The
+// screenshot is the browser test's, embedded by build.rs.
+#[cfg_attr(feature = "console", doc = include_str!("../docs/guide/console.md"))]
+#[cfg_attr(
+    feature = "console",
+    doc = include_str!(concat!(env!("OUT_DIR"), "/console-overview.md"))
+)]
+#[cfg_attr(feature = "console", doc = include_str!("../docs/guide/console_pages.md"))]
+#[cfg_attr(
+    not(feature = "console"),
+    doc = "The operations console: the inbox, the outbox, stream positions and dead messages in a browser, with safe actions: this page is built with the `console` feature, as docs.rs builds it."
+)]
+pub mod console {}
 
 #[doc = include_str!("../docs/guide/outbox.md")]
 pub mod outbox {}

@@ -83,6 +83,8 @@
 //! - `bb8`: the relay also on a bb8 pool (`diesel_async`'s), besides
 //!   deadpool.
 //! - `axum`: the HTTP front door (`diesel_inbox::http`).
+//! - `console`: the operations console in a browser
+//!   (`diesel_inbox::console`), and `diesel-inbox console` with `cli`.
 //! - `otel`: trace context through the outbox and the brokers
 //!   (OpenTelemetry, through `tracing-opentelemetry`; guide: outbox).
 //!

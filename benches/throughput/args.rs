@@ -139,6 +139,17 @@ struct Cli {
     /// Messages per variant and round of `--sqs` [default: 300; smoke 20].
     #[arg(long)]
     sqs_messages: Option<usize>,
+    /// The operations console (PostgreSQL, feature `console`): the
+    /// overview's latency over a large inbox and outbox.
+    #[arg(long)]
+    console: bool,
+    /// Inbox rows of `--console` (the outbox gets a tenth) [default:
+    /// 10000000; smoke 10000].
+    #[arg(long)]
+    console_rows: Option<u64>,
+    /// Timed loads of the overview [default: 20; smoke 3].
+    #[arg(long)]
+    console_loads: Option<usize>,
     /// RabbitMQ and NATS (PostgreSQL, INBOX_TEST_AMQP_URL and/or
     /// INBOX_TEST_NATS_URL): messages/s of `run_batch` against `run` with
     /// `in_flight(8)`.
@@ -204,6 +215,10 @@ pub struct Args {
     /// `--sqs` and its count.
     pub sqs: bool,
     pub sqs_messages: usize,
+    /// `--console` and its counts.
+    pub console: bool,
+    pub console_rows: u64,
+    pub console_loads: usize,
     /// `--brokers` and its count.
     pub brokers: bool,
     pub broker_messages: usize,
@@ -259,6 +274,11 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         kafka_variants: cli.kafka_variants,
         sqs: cli.sqs,
         sqs_messages: pick(cli.sqs_messages, 300, 20),
+        console: cli.console,
+        console_rows: cli
+            .console_rows
+            .unwrap_or(if smoke { 10_000 } else { 10_000_000 }),
+        console_loads: pick(cli.console_loads, 20, 3),
         brokers: cli.brokers,
         broker_messages: pick(cli.broker_messages, 5_000, 50),
         scale_rows: cli.scale_rows.unwrap_or(if smoke {

@@ -13,6 +13,7 @@
 //!     [--http [--http-conns 16] [--http-storms 20]]
 //!     [--kafka [--kafka-messages 3000]] [--sqs [--sqs-messages 300]]
 //!     [--brokers [--broker-messages 5000]]
+//!     [--console [--console-rows 10000000] [--console-loads 20]]
 //! ```
 //!
 //! Variants run interleaved, and the sync variants' order rotates each
@@ -65,6 +66,11 @@
 //! `run_batch` against their `run` with `in_flight(8)`, interleaved; it
 //! writes `brokers.json`.
 //!
+//! `--console` (PostgreSQL, feature `console`): the operations console's
+//! overview over `--console-rows` inbox rows and a tenth as many outbox
+//! rows: `--console-loads` loads over TCP, p50/p95; it writes
+//! `console.json`.
+//!
 //! The program's modules: [`args`] (the command line), [`backends`] (each
 //! database behind the `Bench` trait), [`variants`] (the handlers and one
 //! sample), [`output`] (print, JSON, SVG), and the modes [`scale`],
@@ -83,6 +89,8 @@ mod bench;
     any(feature = "lapin", feature = "nats")
 ))]
 mod brokers;
+#[cfg(all(feature = "console", feature = "postgres"))]
+mod console;
 #[cfg(all(
     feature = "postgres",
     any(
@@ -191,6 +199,12 @@ fn run(args: &Args) -> Result<(), String> {
         return sqs::run(args);
         #[cfg(not(all(feature = "sqs", feature = "postgres")))]
         return Err("--sqs needs the sqs and postgres features".into());
+    }
+    if args.console {
+        #[cfg(all(feature = "console", feature = "postgres"))]
+        return console::run(args);
+        #[cfg(not(all(feature = "console", feature = "postgres")))]
+        return Err("--console needs the console and postgres features".into());
     }
     if args.brokers {
         #[cfg(all(

@@ -6,7 +6,7 @@
 
 #[cfg(feature = "async")]
 use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
-use crate::backend::outbox::{Answer, Op, OverviewOp, TallyRow};
+use crate::backend::outbox::{Answer, Op, OverviewOp, TallyRow, WalOp};
 use crate::backend::Statements;
 use crate::error::InboxError;
 use crate::ops::{ops_error, StreamPosition};
@@ -19,9 +19,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// How many minutes [`ConsumerActivity::per_minute`] covers.
 pub const RATE_MINUTES: usize = 30;
 
-/// Up to how many rows a consumer's rows are counted
-/// ([`RowCount::AtLeast`] beyond).
-pub const COUNT_CAP: u64 = 100_000;
+/// Up to how many rows a consumer's rows, and the outbox's, are counted
+/// ([`RowCount::AtLeast`] beyond): each count reads at most this many
+/// index entries.
+pub const COUNT_CAP: u64 = 10_000;
 
 /// At most this many consumers are shown.
 const MAX_CONSUMERS: i32 = 500;
@@ -62,8 +63,13 @@ pub struct ConsumerActivity {
 pub struct Overview {
     /// The consumers with rows or failing keys, in name order.
     pub consumers: Vec<ConsumerActivity>,
-    /// The outbox ([`outbox::status`](crate::outbox::status)).
+    /// The outbox ([`outbox::status`](crate::outbox::status)): of all its
+    /// rows when [`outbox_rows`](Self::outbox_rows) is exact, else of its
+    /// oldest [`COUNT_CAP`] rows (`diesel-inbox outbox status` counts
+    /// all).
     pub outbox: OutboxStatus,
+    /// The outbox's rows (live and dead).
+    pub outbox_rows: RowCount,
     /// The stream positions of every consumer
     /// ([`positions`](crate::positions)).
     pub positions: Vec<StreamPosition>,
@@ -77,10 +83,17 @@ struct First {
     consumers: Vec<String>,
     rates: Vec<TallyRow>,
     failing: Vec<TallyRow>,
+    outbox: OutboxStatus,
+    outbox_rows: RowCount,
+    positions: Vec<StreamPosition>,
 }
 
-fn first_ops(max_attempts: Option<u32>) -> [Op; 4] {
-    [
+/// The first reads: the clock, the consumers, the rates, the failing keys,
+/// the outbox (its oldest rows, their count, the WAL slot where the
+/// backend has one: `wal`) and the positions.
+fn first_ops(max_attempts: Option<u32>, wal: bool) -> Vec<Op> {
+    let cap = COUNT_CAP as i64;
+    let mut ops = vec![
         Op::Overview(OverviewOp::Clock),
         Op::Overview(OverviewOp::Consumers {
             limit: MAX_CONSUMERS,
@@ -91,7 +104,22 @@ fn first_ops(max_attempts: Option<u32>) -> [Op; 4] {
         Op::Overview(OverviewOp::Failing {
             exhausted_at: max_attempts.map_or(i32::MAX, |n| n.min(i32::MAX as u32) as i32),
         }),
-    ]
+        Op::Overview(OverviewOp::Outbox { cap }),
+        Op::Overview(OverviewOp::OutboxRows { cap: cap + 1 }),
+        Op::Positions { consumer: None },
+    ];
+    if wal {
+        ops.push(Op::Wal(WalOp::SlotStatus));
+    }
+    ops
+}
+
+/// At most [`COUNT_CAP`], or more.
+fn capped(n: i64) -> RowCount {
+    match n.max(0) as u64 {
+        n if n > COUNT_CAP => RowCount::AtLeast(COUNT_CAP),
+        n => RowCount::Exact(n),
+    }
 }
 
 fn tally(answer: Answer) -> Result<Vec<TallyRow>, InboxError> {
@@ -103,12 +131,28 @@ fn tally(answer: Answer) -> Result<Vec<TallyRow>, InboxError> {
 
 impl First {
     fn of(answers: Vec<Answer>) -> Result<Self, InboxError> {
-        let mut answers = answers.into_iter().map(tally);
-        let mut next = || answers.next().unwrap_or_else(|| Ok(Vec::new()));
-        let now_micros = next()?.first().map_or(0, |row| row.n);
-        let mut consumers: Vec<String> = next()?.into_iter().map(|row| row.label).collect();
-        let rates = next()?;
-        let failing = next()?;
+        let mut answers = answers.into_iter();
+        let mut next = || {
+            answers
+                .next()
+                .ok_or_else(|| InboxError::InvalidArgument("the overview's reads ended early"))
+        };
+        let now_micros = tally(next()?)?.first().map_or(0, |row| row.n);
+        let mut consumers: Vec<String> = tally(next()?)?.into_iter().map(|row| row.label).collect();
+        let rates = tally(next()?)?;
+        let failing = tally(next()?)?;
+        let mut outbox = match next()? {
+            Answer::Status(rows) => crate::outbox::counted_status(rows),
+            other => return Err(crate::outbox::unexpected_answer(other)),
+        };
+        let outbox_rows = capped(tally(next()?)?.first().map_or(0, |row| row.n));
+        let positions = crate::ops::positions_of(next()?)?;
+        if let Ok(answer) = next() {
+            match answer {
+                Answer::Texts(texts) => outbox.wal = crate::outbox::wal_slot_of(texts)?,
+                other => return Err(crate::outbox::unexpected_answer(other)),
+            }
+        }
         for row in &failing {
             if !consumers.contains(&row.label) {
                 consumers.push(row.label.clone());
@@ -120,6 +164,9 @@ impl First {
             consumers,
             rates,
             failing,
+            outbox,
+            outbox_rows,
+            positions,
         })
     }
 
@@ -139,8 +186,6 @@ impl First {
         self,
         counts: Vec<Answer>,
         max_attempts: Option<u32>,
-        outbox: OutboxStatus,
-        positions: Vec<StreamPosition>,
     ) -> Result<Overview, InboxError> {
         let now_minute = self.now_micros.div_euclid(60_000_000);
         let mut per_minute: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
@@ -155,15 +200,11 @@ impl First {
         }
         let mut consumers = Vec::with_capacity(self.consumers.len());
         for (consumer, count) in self.consumers.iter().zip(counts) {
-            let kept = tally(count)?.first().map_or(0, |row| row.n.max(0) as u64);
+            let kept = tally(count)?.first().map_or(0, |row| row.n);
             let failing = self.failing.iter().find(|row| &row.label == consumer);
             consumers.push(ConsumerActivity {
                 consumer: consumer.clone(),
-                rows: if kept > COUNT_CAP {
-                    RowCount::AtLeast(COUNT_CAP)
-                } else {
-                    RowCount::Exact(kept)
-                },
+                rows: capped(kept),
                 per_minute: per_minute
                     .get(consumer.as_str())
                     .cloned()
@@ -174,8 +215,9 @@ impl First {
         }
         Ok(Overview {
             consumers,
-            outbox,
-            positions,
+            outbox: self.outbox,
+            outbox_rows: self.outbox_rows,
+            positions: self.positions,
             at: UNIX_EPOCH + Duration::from_micros(self.now_micros.max(0) as u64),
         })
     }
@@ -184,8 +226,11 @@ impl First {
 /// What the operations console shows first: per consumer its rows (up
 /// to [`COUNT_CAP`]), its rows applied per minute and its failing keys
 /// (`max_attempts`: the handlers' setting, which the table does not
-/// record, to count the keys given up on); the outbox; the stream
-/// positions. Its reads walk the indexes: none reads a whole table.
+/// record, to count the keys given up on); the outbox (of its oldest
+/// [`COUNT_CAP`] rows, when it holds more); the stream positions. Its
+/// reads walk the indexes and bounded ranges: none reads a whole table,
+/// so that it answers in milliseconds over millions of rows. It sets no
+/// metric ([`outbox::status`](crate::outbox::status) does).
 ///
 /// ```
 /// use diesel::prelude::*;
@@ -206,7 +251,7 @@ impl First {
 /// assert_eq!((bill.consumer.as_str(), bill.rows), ("bill", RowCount::Exact(2)));
 /// assert_eq!(bill.per_minute.iter().sum::<u64>(), 2);
 /// assert_eq!((bill.failing, bill.exhausted), (0, Some(0)));
-/// assert_eq!(overview.outbox.pending, 0);
+/// assert_eq!((overview.outbox.pending, overview.outbox_rows), (0, RowCount::Exact(0)));
 /// # Ok(())
 /// # }
 /// ```
@@ -219,11 +264,10 @@ where
             .map(|op| C::Backend::outbox(conn, op).map_err(ops_error::<C::Backend>))
             .collect()
     };
-    let first = First::of(run(conn, first_ops(max_attempts).into())?)?;
+    let wal = <C::Backend as crate::backend::Internals>::WAL;
+    let first = First::of(run(conn, first_ops(max_attempts, wal))?)?;
     let counts = run(conn, first.count_ops())?;
-    let outbox = crate::outbox::status(conn)?;
-    let positions = crate::ops::positions(conn, None)?;
-    first.finish(counts, max_attempts, outbox, positions)
+    first.finish(counts, max_attempts)
 }
 
 /// The async twin of [`overview`].
@@ -251,9 +295,8 @@ where
         Ok(answers)
     }
     let conn = conn.connection();
-    let first = First::of(run(conn, first_ops(max_attempts).into()).await?)?;
+    let wal = <C::Backend as crate::backend::Internals>::WAL;
+    let first = First::of(run(conn, first_ops(max_attempts, wal)).await?)?;
     let counts = run(conn, first.count_ops()).await?;
-    let outbox = crate::outbox::status_async(conn).await?;
-    let positions = crate::ops::positions_async(conn, None).await?;
-    first.finish(counts, max_attempts, outbox, positions)
+    first.finish(counts, max_attempts)
 }

@@ -104,11 +104,23 @@ pub(super) fn unavailable(base: &str, view: View, why: &str) -> Response {
         view,
         None,
         &format!(
-            "<p class=\"error\" id=\"unavailable\">The database is unavailable: {}</p>\
+            "<p class=\"error\" id=\"unavailable\">The console could not read the database: {}</p>\
              <p>Nothing was changed. Reload the page to try again.</p>",
             esc(why)
         ),
     )
+}
+
+/// A duration as its two largest units: `26s`, `59m 33s`, `2h 5m`,
+/// `3d 4h`.
+pub(super) fn age(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m {}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h {}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d {}h", s / 86_400, s % 86_400 / 3600),
+    }
 }
 
 /// A small bar chart of `per_minute` (oldest first), drawn on the server.
@@ -234,6 +246,15 @@ mod tests {
         assert!(payload(b"<b>hi</b>").contains("&lt;b&gt;hi&lt;/b&gt;"));
         let hex = payload(&[0xff, 0x00, 0x41]);
         assert!(hex.contains("binary, 3 bytes") && hex.contains("00000000  ff 00 41"));
+    }
+
+    #[test]
+    fn ages_read_in_two_units() {
+        use std::time::Duration;
+        assert_eq!(age(Duration::from_secs(26)), "26s");
+        assert_eq!(age(Duration::from_secs(3573)), "59m 33s");
+        assert_eq!(age(Duration::from_secs(7500)), "2h 5m");
+        assert_eq!(age(Duration::from_secs(3 * 86_400 + 4 * 3600 + 5)), "3d 4h");
     }
 
     #[test]

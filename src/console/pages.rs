@@ -3,7 +3,7 @@
 //! within [`QUERY_TIME_LIMIT`], and draws with [`html`](super::html).
 
 use super::html::{self, action, esc, page, url, View};
-use super::time::{human, parse_age, rfc3339};
+use super::time::{parse_age, rfc3339};
 use super::{Console, Context};
 use crate::outbox::{DeadFilter, DeadMessage, RelayPool};
 use crate::{Attempts, InboxError, Overview, RowCount};
@@ -163,10 +163,23 @@ fn tables(overview: &Overview, context: &Context) -> String {
          the metric <code>diesel_inbox.messages</code> (outcome <code>duplicate</code>) does.</p>",
     );
     let o = &overview.outbox;
-    let age = |a: Option<std::time::Duration>| a.map_or("-".to_owned(), human);
+    let age = |a: Option<std::time::Duration>| a.map_or("-".to_owned(), html::age);
+    out.push_str("<h2>Outbox</h2>");
+    let all = match overview.outbox_rows {
+        RowCount::Exact(_) => "all".to_owned(),
+        RowCount::AtLeast(n) => {
+            let _ = write!(
+                out,
+                "<p class=\"warn\" id=\"outbox-capped\">The outbox holds more than {n} messages: \
+                 these counts are of its oldest {n} (the console reads no more; \
+                 <code>diesel-inbox outbox status</code> counts them all).</p>"
+            );
+            format!("the oldest {n}")
+        }
+    };
     let _ = write!(
         out,
-        "<h2>Outbox</h2><table id=\"outbox\"><tr><th>destination</th><th class=\"n\">pending</th>\
+        "<table id=\"outbox\"><tr><th>destination</th><th class=\"n\">pending</th>\
          <th class=\"n\">scheduled</th><th class=\"n\">dead</th><th class=\"n\">oldest pending</th>\
          <th class=\"n\">next scheduled in</th></tr>"
     );
@@ -188,7 +201,7 @@ fn tables(overview: &Overview, context: &Context) -> String {
     }
     let _ = write!(
         out,
-        "<tr class=\"total\"><th>all</th><th class=\"n pending\">{}</th><th class=\"n scheduled\">{}</th>\
+        "<tr class=\"total\"><th>{all}</th><th class=\"n pending\">{}</th><th class=\"n scheduled\">{}</th>\
          <th class=\"n dead\">{}</th><th class=\"n\">{}</th><th class=\"n\">{}</th></tr></table>",
         o.pending,
         o.scheduled,

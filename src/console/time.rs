@@ -25,17 +25,6 @@ pub(crate) fn parse_age(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("`{text}` is too long"))
 }
 
-/// A duration as its largest whole unit.
-pub(crate) fn human(d: Duration) -> String {
-    let s = d.as_secs();
-    for (unit, size) in [("w", 7 * 86_400), ("d", 86_400), ("h", 3600), ("m", 60)] {
-        if s >= size && s % size == 0 {
-            return format!("{}{unit}", s / size);
-        }
-    }
-    format!("{s}s")
-}
-
 /// `2026-11-30T12:34:56.789012Z`.
 pub(crate) fn rfc3339(t: SystemTime) -> String {
     let (micros, sign) = match t.duration_since(SystemTime::UNIX_EPOCH) {
@@ -82,9 +71,6 @@ mod tests {
         assert!(parse_age("30").is_err());
         assert!(parse_age("d").is_err());
         assert!(parse_age("3y").is_err());
-        assert_eq!(human(Duration::from_secs(30 * 86_400)), "30d");
-        assert_eq!(human(Duration::from_secs(600)), "10m");
-        assert_eq!(human(Duration::from_secs(61)), "61s");
     }
 
     #[test]

@@ -352,33 +352,8 @@ fn plan<B: Internals>(op: Op) -> Plan {
         // `available_at` is its backoff: pending). A pending row became due
         // at its `available_at` if never tried (its enqueue, its delivery
         // time or its replay), else at its enqueue.
-        Op::Status => Plan::Status(
-            Stmt::new()
-                .sql(
-                    "SELECT destination, \
-                     COUNT(CASE WHEN dead_at IS NULL AND NOT (attempts = 0 AND available_at > ",
-                )
-                .sql(now)
-                .sql(
-                    ") THEN 1 END) AS pending, \
-                     COUNT(CASE WHEN dead_at IS NULL AND attempts = 0 AND available_at > ",
-                )
-                .sql(now)
-                .sql(
-                    " THEN 1 END) AS scheduled, COUNT(dead_at) AS dead, \
-                     MIN(CASE WHEN dead_at IS NULL AND NOT (attempts = 0 AND available_at > ",
-                )
-                .sql(now)
-                .sql(
-                    ") THEN CASE WHEN attempts = 0 THEN available_at ELSE created_at END END) \
-                     AS oldest_pending, \
-                     MIN(CASE WHEN dead_at IS NULL AND attempts = 0 AND available_at > ",
-                )
-                .sql(now)
-                .sql(" THEN available_at END) AS next_scheduled, ")
-                .sql(now)
-                .sql(" AS now FROM outbox_messages GROUP BY destination ORDER BY destination"),
-        ),
+        Op::Status => Plan::Status(status::<B>(None)),
+        Op::Overview(OverviewOp::Outbox { cap }) => Plan::Status(status::<B>(Some(cap))),
         Op::Dead { which, limit } => Plan::Dead(
             which
                 .push(Stmt::new().sql(
@@ -425,6 +400,49 @@ fn plan<B: Internals>(op: Op) -> Plan {
                 .bind(Bind::Big(limit)),
         ),
     }
+}
+
+/// Pending, scheduled and dead messages per destination: of the whole
+/// table, or (`capped`) of its oldest rows only, a read of the primary
+/// key's first `cap` entries.
+fn status<B: Internals>(capped: Option<i64>) -> Stmt {
+    let now = B::NOW_MICROS;
+    let stmt = Stmt::new()
+        .sql(
+            "SELECT destination, \
+                     COUNT(CASE WHEN dead_at IS NULL AND NOT (attempts = 0 AND available_at > ",
+        )
+        .sql(now)
+        .sql(
+            ") THEN 1 END) AS pending, \
+                     COUNT(CASE WHEN dead_at IS NULL AND attempts = 0 AND available_at > ",
+        )
+        .sql(now)
+        .sql(
+            " THEN 1 END) AS scheduled, COUNT(dead_at) AS dead, \
+                     MIN(CASE WHEN dead_at IS NULL AND NOT (attempts = 0 AND available_at > ",
+        )
+        .sql(now)
+        .sql(
+            ") THEN CASE WHEN attempts = 0 THEN available_at ELSE created_at END END) \
+                     AS oldest_pending, \
+                     MIN(CASE WHEN dead_at IS NULL AND attempts = 0 AND available_at > ",
+        )
+        .sql(now)
+        .sql(" THEN available_at END) AS next_scheduled, ")
+        .sql(now)
+        .sql(" AS now FROM ");
+    match capped {
+        None => stmt.sql("outbox_messages"),
+        Some(cap) => stmt
+            .sql(
+                "(SELECT destination, dead_at, attempts, available_at, created_at \
+                 FROM outbox_messages ORDER BY seq LIMIT ",
+            )
+            .bind(Bind::Big(cap))
+            .sql(") oldest"),
+    }
+    .sql(" GROUP BY destination ORDER BY destination")
 }
 
 /// What the enqueue is called in the guard's error (`Internals::push_guard`).

@@ -27,6 +27,11 @@ pub enum OverviewOp {
     Failing { exhausted_at: i32 },
     /// The database's clock, in microseconds (`n`).
     Clock,
+    /// The outbox's status ([`StatusRow`](super::outbox::StatusRow)s) of
+    /// its oldest `cap` rows only: a read of the primary key.
+    Outbox { cap: i64 },
+    /// The outbox's rows, counted up to `cap`.
+    OutboxRows { cap: i64 },
 }
 
 /// A label and two counts: what every [`OverviewOp`] returns.
@@ -81,6 +86,15 @@ pub(crate) fn plan<B: Internals>(op: OverviewOp) -> Stmt {
             )
             .bind(Bind::Int(exhausted_at))
             .sql(" THEN 1 END) AS m FROM inbox_attempts GROUP BY consumer ORDER BY consumer"),
+        OverviewOp::OutboxRows { cap } => Stmt::new()
+            .sql(
+                "SELECT 'outbox' AS label, COUNT(*) AS n, COUNT(*) AS m FROM \
+                 (SELECT seq FROM outbox_messages LIMIT ",
+            )
+            .bind(Bind::Big(cap))
+            .sql(") counted"),
+        // Planned as a status (`outbox::plan`).
+        OverviewOp::Outbox { .. } => unreachable!("the outbox's status is planned by outbox::plan"),
         OverviewOp::Clock => Stmt::new()
             .sql("SELECT 'now' AS label, ")
             .sql(B::NOW_MICROS)

@@ -23,6 +23,7 @@ pub use entries::{attempts, attempts_list, forget, stats, status};
 pub use entries::{attempts_async, attempts_list_async, forget_async, stats_async, status_async};
 #[cfg(feature = "async")]
 pub use positions::positions_async;
+pub(crate) use positions::positions_of;
 pub use positions::{positions, StreamPosition};
 #[cfg(feature = "async")]
 pub use purge::purge_async;

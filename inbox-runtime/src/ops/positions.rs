@@ -43,7 +43,9 @@ fn position_of(row: crate::backend::outbox::PositionRow) -> StreamPosition {
     }
 }
 
-fn positions_of(answer: crate::backend::outbox::Answer) -> Result<Vec<StreamPosition>, InboxError> {
+pub(crate) fn positions_of(
+    answer: crate::backend::outbox::Answer,
+) -> Result<Vec<StreamPosition>, InboxError> {
     match answer {
         crate::backend::outbox::Answer::Positions(rows) => {
             Ok(rows.into_iter().map(position_of).collect())

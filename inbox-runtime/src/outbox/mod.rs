@@ -78,6 +78,7 @@ pub use notify::{
     asleep_async, awake_async, listen_async, notified_async, notifies, settled_async,
 };
 pub use notify::{set_notify, Listening};
+pub(crate) use operations::{counted_status, wal_slot_of};
 pub use operations::{purge, status, DestinationStatus, OutboxStatus, WalSlotStatus};
 #[cfg(feature = "async")]
 pub use operations::{purge_async, status_async};

@@ -67,7 +67,7 @@ pub struct WalSlotStatus {
 }
 
 /// Reads [`WalOp::SlotStatus`]'s texts (one slot per database).
-fn wal_slot_of(texts: Vec<String>) -> Result<Option<WalSlotStatus>, InboxError> {
+pub(crate) fn wal_slot_of(texts: Vec<String>) -> Result<Option<WalSlotStatus>, InboxError> {
     let Some(text) = texts.into_iter().next() else {
         return Ok(None);
     };
@@ -111,7 +111,20 @@ pub struct DestinationStatus {
     pub next_scheduled_in: Option<Duration>,
 }
 
+/// The counts of `rows`, and the gauges set from them.
 fn status_of(rows: Vec<StatusRow>) -> OutboxStatus {
+    let status = counted_status(rows);
+    crate::telemetry::outbox_status(
+        status.pending,
+        status.scheduled,
+        status.dead,
+        status.oldest_pending_age.unwrap_or_default(),
+    );
+    status
+}
+
+/// The counts of `rows` (one per destination).
+pub(crate) fn counted_status(rows: Vec<StatusRow>) -> OutboxStatus {
     let mut status = OutboxStatus::default();
     for row in rows {
         let age = row.oldest_pending.map(|t| micros(row.now - t));
@@ -133,12 +146,6 @@ fn status_of(rows: Vec<StatusRow>) -> OutboxStatus {
             next_scheduled_in: next,
         });
     }
-    crate::telemetry::outbox_status(
-        status.pending,
-        status.scheduled,
-        status.dead,
-        status.oldest_pending_age.unwrap_or_default(),
-    );
     status
 }
 

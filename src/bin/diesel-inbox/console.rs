@@ -27,6 +27,15 @@ pub(crate) fn check(args: &ConsoleArgs) -> Result<(), Failure> {
 #[cfg(feature = "console")]
 pub(crate) fn run(url: &str, args: &ConsoleArgs) -> Result<ExitCode, Failure> {
     check(args)?;
+    // SQLite creates a missing file on connect: the console never does.
+    if let crate::database::Backend::Sqlite(path) = crate::database::Backend::of(url)? {
+        let is_file = path.starts_with("file:") || path == ":memory:";
+        if !is_file && !std::path::Path::new(path).exists() {
+            return Err(Failure(format!(
+                "no SQLite database at {path} (`diesel-inbox migrate` creates one)"
+            )));
+        }
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

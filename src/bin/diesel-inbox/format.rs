@@ -4,7 +4,7 @@
 #[path = "../../console/time.rs"]
 mod time;
 
-pub(crate) use time::{human, parse_age, rfc3339};
+pub(crate) use time::{parse_age, rfc3339};
 
 use std::time::Duration;
 
@@ -23,12 +23,26 @@ pub(crate) fn parse_pause(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(n.saturating_mul(scale)))
 }
 
+/// A duration as its largest whole unit.
+pub(crate) fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    for (unit, size) in [("w", 7 * 86_400), ("d", 86_400), ("h", 3600), ("m", 60)] {
+        if s >= size && s % size == 0 {
+            return format!("{}{unit}", s / size);
+        }
+    }
+    format!("{s}s")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn pauses_parse() {
+    fn pauses_parse_and_durations_print() {
+        assert_eq!(human(Duration::from_secs(30 * 86_400)), "30d");
+        assert_eq!(human(Duration::from_secs(600)), "10m");
+        assert_eq!(human(Duration::from_secs(61)), "61s");
         assert_eq!(parse_pause("10ms"), Ok(Duration::from_millis(10)));
         assert_eq!(parse_pause("2s"), Ok(Duration::from_secs(2)));
         assert!(parse_pause("10").is_err());
