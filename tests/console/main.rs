@@ -9,6 +9,8 @@
 //! without the CSRF token, from a peer that is not loopback and on a
 //! read-only console, a database that refuses or hangs. SQLite and
 //! MariaDB: the overview and the dead messages render their rows.
+//! `diesel-inbox console`: the addresses it refuses, `--read-only`,
+//! `--token` (and the log of who acted), SIGTERM.
 //! Screenshots of each page go to `target/console/`.
 
 #[path = "../support/mod.rs"]
@@ -16,6 +18,8 @@ mod support;
 
 #[cfg(all(feature = "console", feature = "sqlite", feature = "cli"))]
 mod browser;
+#[cfg(all(feature = "console", feature = "sqlite", feature = "cli"))]
+mod cli;
 #[cfg(all(feature = "console", feature = "sqlite", feature = "cli"))]
 mod data;
 #[cfg(all(feature = "console", feature = "sqlite", feature = "cli"))]

@@ -489,7 +489,7 @@ where
     }
     open(client, &format!("{base}/dead?destination={}", names.dead)).await?;
     let listed = count(client, "details.dead").await?;
-    let failing = count(client, &format!("#failing tr[data-key='k-bad']")).await?;
+    let failing = count(client, "#failing tr[data-key='k-bad']").await?;
     if listed != 2 || failing != 1 {
         return Err(format!(
             "the dead page lists {listed} messages, {failing} given-up keys"
@@ -521,11 +521,12 @@ async fn sqlite(client: &Client, results: &mut Results) {
     }
     .await;
     match ready {
-        Ok(base) => results.record(
-            "sqlite",
-            "renders",
-            renders::<Conn>(client, &base, &url, &names).await,
-        ),
+        Ok(base) => {
+            let rendered = renders::<Conn>(client, &base, &url, &names).await;
+            results.record("sqlite", "renders", rendered);
+            let served = crate::cli::cli_console(&url, &names).await;
+            results.record("sqlite", "diesel-inbox console", served);
+        }
         Err(why) => results.record("sqlite", "set-up", Err(why)),
     }
     let _ = std::fs::remove_dir_all(&dir);
