@@ -36,7 +36,7 @@ LAYERS = [
         "migrate",
     )),
     ("drivers", ("inbox", "inbox::modes", "asynchronous", "transaction")),
-    ("engine", ("options", "claim", "engine", "retry", "registry", "observe", "telemetry")),
+    ("engine", ("options", "claim", "engine", "retry", "registry", "observe", "telemetry", "recent")),
     ("backends", (
         "backend::postgres::connection", "backend::postgres", "backend::postgres::claim",
         "backend::mysql", "backend::sqlite",

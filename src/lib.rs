@@ -274,10 +274,10 @@ pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
     attempts, attempts_list, consumers, ddl, forget, inbox, inbox_messages, migrate,
-    outbox_messages, overview, positions, purge, schema_version, stats, status, validate_key,
-    Attempts, Batch, ConsumerActivity, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver,
-    Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey,
-    InvalidKey, Outcome, Overview, Processed, Purge, PurgeReport, RegisteredHandler,
+    outbox_messages, overview, positions, purge, recent_duplicates, schema_version, stats, status,
+    validate_key, Attempts, Batch, ConsumerActivity, ConsumerName, ConsumerStats, ErrorClass,
+    ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry, InboxError,
+    InboxKey, InvalidKey, Outcome, Overview, Processed, Purge, PurgeReport, RegisteredHandler,
     RetryableError, RowCount, Stored, StoredResult, StreamPosition, TableProblem, COUNT_CAP,
     MAX_KEY_BYTES, MAX_PURGE_BATCH, RATE_MINUTES, SCHEMA_VERSION,
 };

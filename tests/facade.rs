@@ -6,11 +6,12 @@
 #[allow(unused_imports)]
 use diesel_inbox::{
     attempts, attempts_list, consumers, ddl, forget, guide, idempotent, inbox, inbox_messages,
-    migrate, outbox, outbox_messages, positions, purge, schema_version, stats, status,
-    validate_key, Attempts, Batch, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver,
-    Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey,
-    InvalidKey, Outcome, Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, Stored,
-    StoredResult, StreamPosition, TableProblem, MAX_KEY_BYTES, MAX_PURGE_BATCH, SCHEMA_VERSION,
+    migrate, outbox, outbox_messages, overview, positions, purge, recent_duplicates,
+    schema_version, stats, status, validate_key, Attempts, Batch, ConsumerActivity, ConsumerName,
+    ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection,
+    InboxEntry, InboxError, InboxKey, InvalidKey, Outcome, Overview, Processed, Purge, PurgeReport,
+    RegisteredHandler, RetryableError, RowCount, Stored, StoredResult, StreamPosition,
+    TableProblem, COUNT_CAP, MAX_KEY_BYTES, MAX_PURGE_BATCH, RATE_MINUTES, SCHEMA_VERSION,
 };
 
 #[allow(unused_imports)]
@@ -22,22 +23,28 @@ use diesel_inbox::inbox::{
 #[cfg(feature = "async")]
 #[allow(unused_imports)]
 use diesel_inbox::{
-    attempts_async, attempts_list_async, forget_async, migrate_async, positions_async, purge_async,
-    stats_async, status_async, AsAsyncConnection, AsyncBatchBody, AsyncBody, AsyncInboxConnection,
+    attempts_async, attempts_list_async, forget_async, migrate_async, overview_async,
+    positions_async, purge_async, stats_async, status_async, AsAsyncConnection, AsyncBatchBody,
+    AsyncBody, AsyncInboxConnection,
 };
 
 #[allow(unused_imports)]
 use diesel_inbox::outbox::{
-    dead, enqueue, purge as outbox_purge, retry, set_notify, status as outbox_status, wake,
-    AllDead, DeadMessage, DestinationStatus, OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
+    dead, dead_matching, discard, enqueue, purge as outbox_purge, retry, set_notify,
+    status as outbox_status, wake, AllDead, DeadFilter, DeadMessage, DestinationStatus,
+    OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
 };
 
 #[cfg(feature = "async")]
 #[allow(unused_imports)]
 use diesel_inbox::outbox::{
-    dead_async, enqueue_async, purge_async as outbox_purge_async, retry_async,
-    status_async as outbox_status_async,
+    dead_async, dead_matching_async, discard_async, enqueue_async,
+    purge_async as outbox_purge_async, retry_async, status_async as outbox_status_async,
 };
+
+#[cfg(feature = "console")]
+#[allow(unused_imports)]
+use diesel_inbox::console::{router, ConsoleExt, Operator, QUERY_TIME_LIMIT};
 
 #[cfg(feature = "relay")]
 #[allow(unused_imports)]

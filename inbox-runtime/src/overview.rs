@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How many minutes [`ConsumerActivity::per_minute`] covers.
-pub const RATE_MINUTES: usize = 30;
+pub const RATE_MINUTES: usize = crate::recent::MINUTES;
 
 /// Up to how many rows a consumer's rows, and the outbox's, are counted
 /// ([`RowCount::AtLeast`] beyond): each count reads at most this many

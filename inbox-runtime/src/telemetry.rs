@@ -99,6 +99,7 @@ impl Telemetry {
                 tracing::debug!(target: TARGET, consumer, key, "diesel-inbox: applied")
             }
             Outcome::Duplicate => {
+                crate::recent::duplicate(consumer);
                 tracing::debug!(target: TARGET, consumer, key, "diesel-inbox: duplicate")
             }
             // A broker's glue reports the delivery's failure itself, in

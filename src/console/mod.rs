@@ -9,8 +9,9 @@
 //!
 //! - **Overview** (`/`): per consumer (and HTTP endpoint) its rows, the
 //!   rows applied per minute with a chart of the last
-//!   [`RATE_MINUTES`](crate::RATE_MINUTES), its failing keys and those past
-//!   `max_attempts`; per outbox destination the pending, scheduled and dead
+//!   [`RATE_MINUTES`](crate::RATE_MINUTES), the duplicates this process
+//!   saw ([`recent_duplicates`](crate::recent_duplicates)), its failing
+//!   keys and those past `max_attempts`; per outbox destination the pending, scheduled and dead
 //!   messages and the oldest pending one's age; the Kafka stream positions.
 //! - **Dead messages** (`/dead`): the outbox's, filtered by destination,
 //!   error text and time, each with its payload, headers, trace id,
@@ -76,6 +77,8 @@
 mod actions;
 mod basic;
 mod html;
+#[cfg(feature = "kafka")]
+mod lag;
 mod pages;
 mod time;
 
@@ -125,6 +128,12 @@ pub trait ConsoleExt: Sized {
     /// overview counts the keys with at least this many failures as given
     /// up on, and the dead messages page lists them.
     fn max_attempts(self, max_attempts: u32) -> Self;
+
+    /// Shows each stream position's lag: the partition's high watermark,
+    /// asked of the Kafka `brokers` (`host:port,...`) at each load, less
+    /// the position (feature `kafka`).
+    #[cfg(feature = "kafka")]
+    fn kafka_lag(self, brokers: impl Into<String>) -> Self;
 }
 
 /// A setting, carried in the request's extensions by its layer.
@@ -136,6 +145,10 @@ struct Authorize(Arc<dyn Fn(&Parts) -> bool + Send + Sync>);
 
 #[derive(Clone, Copy)]
 struct MaxAttempts(u32);
+
+#[derive(Clone)]
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+struct KafkaBrokers(String);
 
 /// Adds a layer that sets `value` unless a layer outside it (a later
 /// call) did.
@@ -168,6 +181,11 @@ impl ConsoleExt for Router {
     fn max_attempts(self, max_attempts: u32) -> Self {
         setting(self, MaxAttempts(max_attempts))
     }
+
+    #[cfg(feature = "kafka")]
+    fn kafka_lag(self, brokers: impl Into<String>) -> Self {
+        setting(self, KafkaBrokers(brokers.into()))
+    }
 }
 
 /// What every handler shares: the pool and this console's CSRF token.
@@ -178,8 +196,9 @@ struct Console<P> {
 
 /// The operations console on `pool` (a diesel-async deadpool or bb8
 /// pool, as the relay's: [`RelayPool`]), to mount where you like
-/// (`Router::nest("/ops", ..)`: its links follow). Settings:
-/// [`ConsoleExt`]. Example: [the module](self).
+/// (`Router::nest("/ops", ..)`: its links follow; the overview is then
+/// `/ops`, as axum routes a nested `/`). Settings: [`ConsoleExt`].
+/// Example: [the module](self).
 pub fn router<P>(pool: P) -> Router
 where
     P: RelayPool + 'static,
@@ -249,6 +268,9 @@ struct Context {
     base: String,
     read_only: bool,
     max_attempts: Option<u32>,
+    /// Where to ask for the positions' lag.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    kafka: Option<String>,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Context {
@@ -260,15 +282,20 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
             .extensions
             .get::<OriginalUri>()
             .map_or(inner, |uri| uri.0.path());
-        let base = original
-            .strip_suffix(inner)
-            .unwrap_or("")
-            .trim_end_matches('/')
-            .to_owned();
+        // Nested at `/ops`: `/ops/dead` is `/dead` inside, and `/ops`
+        // itself is `/`.
+        let base = match original.strip_suffix(inner) {
+            Some(base) => base,
+            None if inner == "/" => original,
+            None => "",
+        }
+        .trim_end_matches('/')
+        .to_owned();
         Ok(Context {
             base,
             read_only: parts.extensions.get::<ReadOnly>().is_some_and(|r| r.0),
             max_attempts: parts.extensions.get::<MaxAttempts>().map(|m| m.0),
+            kafka: parts.extensions.get::<KafkaBrokers>().map(|k| k.0.clone()),
         })
     }
 }

@@ -69,7 +69,7 @@ pub(super) async fn overview<P: RelayPool>(
                 "<p id=\"state\">live: refreshed every 5 seconds</p>\
                  <div id=\"live\" data-src=\"{}/live\">{}</div>",
                 esc(&context.base),
-                tables(&overview, &context)
+                tables(&overview, &context, &lags(&overview, &context).await)
             ),
         ),
         Err(why) => html::unavailable(&context.base, View::Overview, &why),
@@ -89,7 +89,7 @@ pub(super) async fn live<P: RelayPool>(
     match read {
         Ok(overview) => (
             [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
-            tables(&overview, &context),
+            tables(&overview, &context, &lags(&overview, &context).await),
         )
             .into_response(),
         Err(why) => (
@@ -109,12 +109,34 @@ fn rows(count: RowCount) -> String {
     }
 }
 
-fn tables(overview: &Overview, context: &Context) -> String {
+/// Each stream position's lag, where the console knows the brokers.
+async fn lags(overview: &Overview, context: &Context) -> Option<Result<Vec<i64>, String>> {
+    #[cfg(feature = "kafka")]
+    if let Some(brokers) = &context.kafka {
+        if !overview.positions.is_empty() {
+            let positions = overview
+                .positions
+                .iter()
+                .map(|p| (p.topic.clone(), p.partition, p.next_offset))
+                .collect();
+            return Some(super::lag::lags(brokers, positions).await);
+        }
+    }
+    let _ = (overview, context);
+    None
+}
+
+fn tables(
+    overview: &Overview,
+    context: &Context,
+    lags: &Option<Result<Vec<i64>, String>>,
+) -> String {
     let base = esc(&context.base);
     let mut out = format!(
         "<p class=\"muted\">as of {} (the database's clock)</p>",
         rfc3339(overview.at)
     );
+    let duplicates = crate::recent_duplicates();
     for (title, http) in [("Consumers", false), ("HTTP endpoints", true)] {
         let shown: Vec<_> = overview
             .consumers
@@ -128,21 +150,27 @@ fn tables(overview: &Overview, context: &Context) -> String {
             out,
             "<h2>{title}</h2><table id=\"{}\"><tr><th>{}</th><th class=\"n\">rows kept</th>\
              <th class=\"n\">applied, last minute</th><th>per minute, last {} minutes</th>\
+             <th class=\"n\" title=\"counted by the process serving this page\">duplicates here, last {} min</th>\
              <th class=\"n\">attempts in progress</th><th class=\"n\">past max_attempts</th></tr>",
             if http { "endpoints" } else { "consumers" },
             if http { "endpoint" } else { "consumer" },
             crate::RATE_MINUTES,
+            crate::RATE_MINUTES,
         );
         if shown.is_empty() {
-            out.push_str("<tr><td colspan=\"6\" class=\"muted\">no inbox rows yet</td></tr>");
+            out.push_str("<tr><td colspan=\"7\" class=\"muted\">no inbox rows yet</td></tr>");
         }
         for c in shown {
             let last = c.per_minute.len().saturating_sub(2);
+            let duplicated = duplicates
+                .iter()
+                .find(|(consumer, _)| consumer == &c.consumer)
+                .map_or(0, |(_, minutes)| minutes.iter().sum::<u64>());
             let _ = write!(
                 out,
                 "<tr data-consumer=\"{name}\"><td><a href=\"{base}/lookup?consumer={q}\">{name}</a></td>\
                  <td class=\"n rows\">{}</td><td class=\"n rate\">{}</td><td>{}</td>\
-                 <td class=\"n failing\"><a href=\"{base}/dead?consumer={q}\">{}</a></td>\
+                 <td class=\"n duplicates\">{duplicated}</td><td class=\"n failing\"><a href=\"{base}/dead?consumer={q}\">{}</a></td>\
                  <td class=\"n exhausted\">{}</td></tr>",
                 rows(c.rows),
                 c.per_minute.get(last).copied().unwrap_or(0),
@@ -159,8 +187,11 @@ fn tables(overview: &Overview, context: &Context) -> String {
         out.push_str("</table>");
     }
     out.push_str(
-        "<p class=\"muted\">A duplicate leaves no row, so the database cannot count them: \
-         the metric <code>diesel_inbox.messages</code> (outcome <code>duplicate</code>) does.</p>",
+        "<p class=\"muted\">A duplicate leaves no row, so the database cannot count them: the \
+         process serving this page counts its own (a console mounted beside the consumers \
+         shows theirs; the CLI's shows none), and the metric \
+         <code>messaging.client.consumed.messages</code> (outcome <code>duplicate</code>) \
+         counts every process's.</p>",
     );
     let o = &overview.outbox;
     let age = |a: Option<std::time::Duration>| a.map_or("-".to_owned(), html::age);
@@ -221,17 +252,31 @@ fn tables(overview: &Overview, context: &Context) -> String {
             if w.lost { "; LOST: its messages are gone" } else { "" }
         );
     }
-    out.push_str(
+    let lag_column = matches!(lags, Some(Ok(_)));
+    let _ = write!(
+        out,
         "<h2>Stream positions</h2><table id=\"positions\"><tr><th>consumer</th><th>topic</th>\
-         <th class=\"n\">partition</th><th class=\"n\">next offset</th><th>updated</th></tr>",
+         <th class=\"n\">partition</th><th class=\"n\">next offset</th>{}<th>updated</th></tr>",
+        if lag_column {
+            "<th class=\"n\">lag</th>"
+        } else {
+            ""
+        }
     );
     if overview.positions.is_empty() {
-        out.push_str("<tr><td colspan=\"5\" class=\"muted\">no stream positions</td></tr>");
+        out.push_str("<tr><td colspan=\"6\" class=\"muted\">no stream positions</td></tr>");
     }
-    for p in &overview.positions {
+    for (i, p) in overview.positions.iter().enumerate() {
+        let lag = match lags {
+            Some(Ok(lags)) => format!(
+                "<td class=\"n lag\">{}</td>",
+                lags.get(i).map_or("-".to_owned(), i64::to_string)
+            ),
+            _ => String::new(),
+        };
         let _ = write!(
             out,
-            "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n offset\">{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n offset\">{}</td>{lag}<td>{}</td></tr>",
             esc(&p.consumer),
             esc(&p.topic),
             p.partition,
@@ -239,10 +284,24 @@ fn tables(overview: &Overview, context: &Context) -> String {
             rfc3339(p.updated_at)
         );
     }
-    out.push_str(
-        "</table><p class=\"muted\">A partition's lag needs the broker's high watermark: the \
-         Kafka runner exports it as the gauge <code>diesel_inbox.kafka.lag</code>.</p>",
-    );
+    out.push_str("</table>");
+    match lags {
+        Some(Err(why)) => {
+            let _ = write!(
+                out,
+                "<p class=\"warn\" id=\"lag-unavailable\">The Kafka lag is unavailable: {}</p>",
+                esc(why)
+            );
+        }
+        Some(Ok(_)) => out.push_str(
+            "<p class=\"muted\">The lag: each partition's high watermark, asked of the brokers now, less the position.</p>",
+        ),
+        None => out.push_str(
+            "<p class=\"muted\">A partition's lag needs the broker's high watermark: give the \
+             console the brokers (<code>kafka_lag</code>, the CLI's <code>--kafka</code>), or \
+             read the Kafka runner's gauge <code>diesel_inbox.kafka.lag</code>.</p>",
+        ),
+    }
     out
 }
 

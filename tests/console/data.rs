@@ -232,7 +232,8 @@ where
 
 /// A Kafka stream position of `consumer`: one record produced to a new
 /// topic and applied by the Kafka runner, which writes the position in
-/// the handler's transaction.
+/// the handler's transaction; then one more record, not consumed (a lag
+/// of 1).
 #[cfg(feature = "kafka")]
 pub async fn kafka_position(
     pool: &Pool<diesel_async::AsyncPgConnection>,
@@ -312,5 +313,13 @@ pub async fn kafka_position(
     if report.acked != 1 {
         return Err(format!("the Kafka runner: {report:?}, not 1 acked"));
     }
+    // One more, not consumed: a lag of 1.
+    producer
+        .send(
+            FutureRecord::to(topic).key("k").payload("later"),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e.to_string())?;
     Ok(())
 }

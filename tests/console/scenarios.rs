@@ -199,6 +199,10 @@ async fn overview_matches_cli(
                 "the position: {shown} on the page, {offset} in the CLI"
             ));
         }
+        let lag = text(client, "#positions td.lag").await?;
+        if lag != "1" {
+            return Err(format!("the lag: {lag} on the page, not 1"));
+        }
     }
     screenshot(client, "overview").await
 }
@@ -370,14 +374,27 @@ where
     let cell = format!("tr[data-consumer='{}'] td.rows", names.billing);
     let before = number(client, &cell).await?;
     data::apply(pool, &names.billing, 100..101).await?;
+    // A redelivery, in this process (the console's): no row, one duplicate.
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let again: Result<_, diesel_inbox::InboxError> = diesel_inbox::Inbox::consumer(&names.billing)
+        .run_async(&mut *conn, "k-100", async |_conn: &mut C| Ok(()))
+        .await;
+    if again.map_err(|e| e.to_string())? != diesel_inbox::Processed::Duplicate {
+        return Err("the redelivery was applied".into());
+    }
+    drop(conn);
+    let duplicates = format!("tr[data-consumer='{}'] td.duplicates", names.billing);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let now = number(client, &cell).await?;
-        if now == before + 1 {
+        if now == before + 1 && number(client, &duplicates).await? == 1 {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("still {now} rows 15 s after one more was applied"));
+            return Err(format!(
+                "{now} rows and {} duplicates 15 s after one more was applied and one redelivered",
+                number(client, &duplicates).await?
+            ));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -498,6 +515,30 @@ where
     Ok(())
 }
 
+/// Mounted with `nest("/ops", ..)`, the pages link within `/ops`.
+async fn nested<D: diesel_inbox::outbox::RelayPool + 'static>(pool: Result<D, String>) -> Check {
+    let app = axum::Router::new().nest("/ops", console::router(pool?));
+    let base = format!("http://{}", serve(app, "127.0.0.1:0").await?);
+    // (axum routes `/ops` to the nested `/`, and not `/ops/`.)
+    for path in ["/ops", "/ops/dead", "/ops/lookup"] {
+        let page = reqwest::get(format!("{base}{path}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = page.status().as_u16();
+        let body = page.text().await.unwrap_or_default();
+        for link in [
+            "href=\"/ops/dead\"",
+            "href=\"/ops/console.css\"",
+            "src=\"/ops/console.js\"",
+        ] {
+            if status != 200 || !body.contains(link) {
+                return Err(format!("{path}: {status}, no {link}"));
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn sqlite(client: &Client, results: &mut Results) {
     type Conn =
         diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
@@ -526,6 +567,8 @@ async fn sqlite(client: &Client, results: &mut Results) {
             results.record("sqlite", "renders", rendered);
             let served = crate::cli::cli_console(&url, &names).await;
             results.record("sqlite", "diesel-inbox console", served);
+            let pool = support::pools::deadpool::<Conn>(url.clone(), 2);
+            results.record("sqlite", "nested at /ops", nested(pool).await);
         }
         Err(why) => results.record("sqlite", "set-up", Err(why)),
     }
@@ -615,7 +658,12 @@ async fn postgres(client: &Client, results: &mut Results) {
     }
     let kafka = kafka_position(&pool, &ship, results).await;
     let consoles = async {
-        let main = serve(console::router(pool.clone()).max_attempts(MAX_ATTEMPTS), "127.0.0.1:0").await?;
+        let mut main = console::router(pool.clone()).max_attempts(MAX_ATTEMPTS);
+        #[cfg(feature = "kafka")]
+        if let Some(brokers) = kafka.as_ref().and(std::env::var("INBOX_TEST_KAFKA_BROKERS").ok()) {
+            main = main.kafka_lag(brokers);
+        }
+        let main = serve(main, "127.0.0.1:0").await?;
         let read_only = serve(console::router(pool.clone()).read_only(true), "127.0.0.1:0").await?;
         let open_to_all = match outward_address() {
             Some(ip) => {

@@ -76,6 +76,10 @@ pub(crate) struct ConsoleArgs {
     /// as given up on.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_attempts: Option<u32>,
+    /// The Kafka brokers (host:port[,host:port...]) to ask each stream
+    /// position's lag of (the partition's high watermark).
+    #[arg(long)]
+    pub(crate) kafka: Option<String>,
 }
 
 #[derive(Subcommand)]

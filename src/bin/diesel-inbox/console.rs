@@ -15,6 +15,11 @@ pub(crate) fn check(args: &ConsoleArgs) -> Result<(), Failure> {
             args.listen
         )));
     }
+    if args.kafka.is_some() && !cfg!(feature = "kafka") {
+        return Err(Failure(
+            "--kafka needs a diesel-inbox built with Kafka: cargo install diesel-inbox --features cli,console,kafka".into(),
+        ));
+    }
     if args.allow_remote && args.token.as_deref().is_none_or(str::is_empty) {
         return Err(Failure(
             "--allow-remote needs --token (or DIESEL_INBOX_CONSOLE_TOKEN): the password every request must carry".into(),
@@ -77,6 +82,10 @@ mod serve {
             let mut app = console::router(pool).read_only(args.read_only);
             if let Some(max) = args.max_attempts {
                 app = app.max_attempts(max);
+            }
+            #[cfg(feature = "kafka")]
+            if let Some(brokers) = &args.kafka {
+                app = app.kafka_lag(brokers.clone());
             }
             if let Some(token) = args.token.clone().filter(|t| !t.is_empty()) {
                 // Every request carries the token; a request that did may act.

@@ -12,7 +12,7 @@
 //! diesel-inbox outbox retry <ID> | --all-dead
 //! diesel-inbox outbox purge --older-than 7d [--batch 10000] [--force]
 //! diesel-inbox outbox relay (--amqp URL --exchange X | --nats URL | --kafka BROKERS) [--batch-size 100] [--poll-interval 1s] [--max-publish-attempts 10] [--lease 60s]
-//! diesel-inbox console [--listen 127.0.0.1:8080] [--read-only] [--allow-remote --token T] [--max-attempts N]
+//! diesel-inbox console [--listen 127.0.0.1:8080] [--read-only] [--allow-remote --token T] [--max-attempts N] [--kafka BROKERS]
 //! ```
 //!
 //! The URL comes from `--database-url` or `DATABASE_URL`; its scheme picks
