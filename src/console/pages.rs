@@ -137,6 +137,9 @@ fn tables(
         rfc3339(overview.at)
     );
     let duplicates = crate::recent_duplicates();
+    // A process with no handler of its own (the CLI's console) has
+    // nothing to count: it says so rather than show zeros.
+    let counts_here = !duplicates.is_empty() || !crate::consumers().is_empty();
     for (title, http) in [("Consumers", false), ("HTTP endpoints", true)] {
         let shown: Vec<_> = overview
             .consumers
@@ -162,10 +165,11 @@ fn tables(
         }
         for c in shown {
             let last = c.per_minute.len().saturating_sub(2);
-            let duplicated = duplicates
-                .iter()
-                .find(|(consumer, _)| consumer == &c.consumer)
-                .map_or(0, |(_, minutes)| minutes.iter().sum::<u64>());
+            let duplicated = match duplicates.iter().find(|(consumer, _)| consumer == &c.consumer) {
+                Some((_, minutes)) => minutes.iter().sum::<u64>().to_string(),
+                None if counts_here => "0".to_owned(),
+                None => "<span title=\"no handler runs in this process: a duplicate is counted where it runs\">-</span>".to_owned(),
+            };
             let _ = write!(
                 out,
                 "<tr data-consumer=\"{name}\"><td><a href=\"{base}/lookup?consumer={q}\">{name}</a></td>\
