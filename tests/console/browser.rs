@@ -110,16 +110,21 @@ pub async fn serve(app: axum::Router, address: &str) -> Result<SocketAddr, Strin
     Ok(bound)
 }
 
-/// The text of the first element `css` selects.
+/// The text of the first element `css` selects (found again when the
+/// live overview replaced it between the find and the read).
 pub async fn text(client: &Client, css: &str) -> Result<String, String> {
-    client
-        .find(Locator::Css(css))
-        .await
-        .map_err(|e| format!("no {css}: {e}"))?
-        .text()
-        .await
-        .map(|t| t.trim().to_owned())
-        .map_err(|e| format!("{css}: {e}"))
+    let mut tries = 0;
+    loop {
+        let element = client
+            .find(Locator::Css(css))
+            .await
+            .map_err(|e| format!("no {css}: {e}"))?;
+        match element.text().await {
+            Ok(text) => return Ok(text.trim().to_owned()),
+            Err(e) if tries < 5 && e.to_string().contains("stale element") => tries += 1,
+            Err(e) => return Err(format!("{css}: {e}")),
+        }
+    }
 }
 
 /// How many elements `css` selects.
