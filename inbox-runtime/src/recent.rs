@@ -60,7 +60,7 @@ pub(crate) fn duplicate(consumer: &str) {
 }
 
 /// The duplicates this process saw per consumer, per minute of its clock,
-/// the last [`MINUTES`] minutes, oldest first (the last entry is the
+/// the last [`RATE_MINUTES`](crate::RATE_MINUTES) minutes, oldest first (the last entry is the
 /// current minute, so far). Consumers with none are absent.
 ///
 /// ```
