@@ -36,6 +36,11 @@ mod asynchronous {
         runs_if = all(),
         else_ignored = "never: SQLite is embedded"
     );
+    crate::cancel_tests!(
+        crate::Sqlite,
+        runs_if = all(),
+        else_ignored = "never: SQLite is embedded"
+    );
 }
 
 mod schema {

@@ -6,7 +6,7 @@
 use crate::backend::asynchronous::AsyncInboxConnection;
 use crate::backend::outbox::{Answer, Op};
 use crate::backend::shape;
-use crate::backend::transaction::Scope;
+use crate::backend::transaction::{state_known, state_unknown, Scope};
 use crate::claim::{single_key, BatchPlan, One, Read};
 use crate::engine::{Claimed, Ended, Engine, Event, Next, Step};
 use crate::error::InboxError;
@@ -172,7 +172,11 @@ where
 /// async one.
 async fn check_shape<C: AsyncInboxConnection>(conn: &mut C) -> Result<(), InboxError> {
     if observe::shape_unchecked::<C::Backend>(conn.instrumentation()) {
-        let catalog = conn.catalog().await?;
+        // Outside any transaction (as the lookup below).
+        let status = state_unknown(conn);
+        let catalog = conn.catalog().await;
+        state_known(conn, status);
+        let catalog = catalog?;
         if shape::checked_at_claim(
             &catalog,
             <C::Backend as crate::backend::Internals>::KEY_TYPE,
@@ -362,7 +366,12 @@ async fn look_up<C: AsyncInboxConnection>(
     {
         return Ok(None);
     }
-    Ok(one.looked_up(conn.inbox_lookup(one.consumer, one.key).await?))
+    // Outside any transaction: a future dropped while the read is on its
+    // way leaves a connection its pool discards ([`state_unknown`]).
+    let status = state_unknown(conn);
+    let found = conn.inbox_lookup(one.consumer, one.key).await;
+    state_known(conn, status);
+    Ok(one.looked_up(found?))
 }
 
 /// The statement layer's answer to a fence.

@@ -8,6 +8,7 @@ pub use crate::support::*;
 pub mod async_suite;
 pub mod backend;
 pub mod backends;
+pub mod cancel;
 pub mod checks;
 pub mod contract;
 #[cfg(feature = "mysql")]

@@ -613,8 +613,11 @@ mod asynchronous {
             // `BEGIN` first: a failed batch stops at its failed statement,
             // and a `SET` that fails changes none of its variables, so a
             // failed batch leaves no bound to restore.
+            if let Err(e) = ansi::opening(self) {
+                return (Err(e), None);
+            }
             let begun = self.batch_execute(&format!("BEGIN; {}", bound.set)).await;
-            if let Err(e) = ansi::begun_by_batch(self, begun).await {
+            if let Err(e) = ansi::opened(self, begun).await {
                 return (Err(e), None);
             }
             let claimed = claim_bounded(self, &bound, consumer_name, key, fingerprint_bytes).await;

@@ -176,46 +176,127 @@ pub(crate) mod ansi {
         AnsiTransactionManager::commit_transaction(conn).await
     }
 
-    /// A top-level transaction opened by a `BEGIN` the runtime sent in a
-    /// batch of its own (`begun`, the batch's result; PostgreSQL's `BEGIN`
-    /// ahead of its claim, MySQL's `BEGIN` with the wait bound): recorded
-    /// as diesel-async's. A failed batch may have run its `BEGIN`: it is
-    /// rolled back, and the error reported as the begin's.
-    pub(crate) async fn begun_by_batch<C>(
+    /// Before the runtime sends a batch of its own that opens a top-level
+    /// transaction (PostgreSQL's `BEGIN` with its claim behind it, MySQL's
+    /// `BEGIN` with the wait bound): the manager is marked broken until the
+    /// batch has answered ([`opened`]). A future dropped while the batch is
+    /// on its way leaves the connection in a state nobody knows: pools then
+    /// discard it, and diesel-async refuses transactions on a connection of
+    /// the caller's own with `BrokenTransactionManager`, never running them
+    /// inside the orphan transaction. Fails where the manager is broken or
+    /// has a transaction open already.
+    pub(crate) fn opening<C>(conn: &mut C) -> Result<(), (Scope, Error)>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        match depth(conn) {
+            Ok(None) => {
+                AnsiTransactionManager::transaction_manager_status_mut(conn).set_in_error();
+                Ok(())
+            }
+            Ok(Some(_)) => Err((Scope::TopLevel, Error::AlreadyInTransaction)),
+            Err(e) => Err((Scope::TopLevel, e)),
+        }
+    }
+
+    /// After the batch of [`opening`] answered (`begun`): the transaction
+    /// is recorded as diesel-async's. A failed batch may have run its
+    /// `BEGIN`: it is rolled back by the manager (which marks the
+    /// connection broken if that fails too), and the error reported as the
+    /// begin's.
+    pub(crate) async fn opened<C>(
         conn: &mut C,
         begun: Result<(), Error>,
     ) -> Result<Scope, (Scope, Error)>
     where
         C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
     {
-        let recorded = begun.and_then(|()| {
-            crate::backend::record_boundary(
-                AnsiTransactionManager::transaction_manager_status_mut(conn),
-                diesel::connection::TransactionDepthChange::IncreaseDepth,
-            )
-        });
-        match recorded {
+        in_transaction(conn).map_err(|e| (Scope::TopLevel, e))?;
+        match begun {
             Ok(()) => Ok(Scope::TopLevel),
             Err(e) => {
-                let _ = conn.batch_execute("ROLLBACK").await;
+                let _ = AnsiTransactionManager::rollback_transaction(conn).await;
                 Err((Scope::TopLevel, e))
             }
         }
     }
 
-    /// Records that a top-level transaction ended by a statement the
-    /// connection's transaction manager did not send (the commit guard's
-    /// `COMMIT` on PostgreSQL).
+    /// Before the runtime sends a statement of its own that ends the
+    /// top-level transaction (PostgreSQL's guarded `COMMIT`): as
+    /// [`opening`], the manager is marked broken until [`closed`] says how
+    /// it ended, so a future dropped meanwhile leaves a connection that
+    /// pools discard.
     #[cfg(feature = "postgres")]
-    pub(crate) fn ended<C>(conn: &mut C) -> Result<(), Error>
+    pub(crate) fn closing<C>(conn: &mut C)
     where
         C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
     {
+        AnsiTransactionManager::transaction_manager_status_mut(conn).set_in_error();
+    }
+
+    /// After the statement of [`closing`] answered: outside any
+    /// transaction when it worked; else the transaction is rolled back by
+    /// the manager (a `COMMIT` that failed may have ended it already: the
+    /// `ROLLBACK` then only warns) and the error returned.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn closed<C>(conn: &mut C, committed: Result<(), Error>) -> Result<(), Error>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        match committed {
+            Ok(()) => {
+                *AnsiTransactionManager::transaction_manager_status_mut(conn) = Default::default();
+                Ok(())
+            }
+            Err(e) => {
+                in_transaction(conn)?;
+                let _ = AnsiTransactionManager::rollback_transaction(conn).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Records a top-level transaction open, whatever the status said.
+    fn in_transaction<C>(conn: &mut C) -> Result<(), Error>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        let status = AnsiTransactionManager::transaction_manager_status_mut(conn);
+        *status = Default::default();
         crate::backend::record_boundary(
-            AnsiTransactionManager::transaction_manager_status_mut(conn),
-            diesel::connection::TransactionDepthChange::DecreaseDepth,
+            status,
+            diesel::connection::TransactionDepthChange::IncreaseDepth,
         )
     }
+}
+
+/// Marks diesel-async's manager of `conn` broken while the runtime sends a
+/// statement of its own outside any transaction: one that leaves state for
+/// the connection's next transaction (MySQL's `SET TRANSACTION ISOLATION
+/// LEVEL`, pending until the `BEGIN` that follows), or a read (MySQL's
+/// driver cannot tell the answer of a read whose future was dropped from
+/// the next statement's). A future dropped before [`state_known`] puts the
+/// status back leaves a connection that pools discard, and that
+/// diesel-async refuses transactions on. Costs two writes of the status.
+#[cfg(feature = "async")]
+pub(crate) fn state_unknown<C: diesel_async::AsyncConnection>(
+    conn: &mut C,
+) -> diesel::connection::TransactionManagerStatus {
+    use diesel_async::TransactionManager;
+    std::mem::replace(
+        C::TransactionManager::transaction_manager_status_mut(conn),
+        diesel::connection::TransactionManagerStatus::InError,
+    )
+}
+
+/// Puts back the status [`state_unknown`] set aside.
+#[cfg(feature = "async")]
+pub(crate) fn state_known<C: diesel_async::AsyncConnection>(
+    conn: &mut C,
+    status: diesel::connection::TransactionManagerStatus,
+) {
+    use diesel_async::TransactionManager;
+    *C::TransactionManager::transaction_manager_status_mut(conn) = status;
 }
 
 /// Whether diesel-async has a transaction open on `conn`.

@@ -421,7 +421,12 @@ where
     C: crate::AsyncInboxConnection,
 {
     if let Some(isolation) = <C::Backend as Internals>::PURGE_ISOLATION {
-        diesel_async::SimpleAsyncConnection::batch_execute(conn, isolation).await?;
+        // Pending until the `BEGIN` below (sent without an await between):
+        // a future dropped meanwhile leaves a connection pools discard.
+        let status = crate::backend::transaction::state_unknown(conn);
+        let set = diesel_async::SimpleAsyncConnection::batch_execute(conn, isolation).await;
+        crate::backend::transaction::state_known(conn, status);
+        set?;
     }
     conn.inbox_begin().await.map_err(|(_, e)| e)?;
     let batch = conn

@@ -104,3 +104,50 @@ impl TestBackend for Mysql {
 
     crate::data_access!(MysqlConnection);
 }
+
+#[cfg(feature = "async")]
+impl crate::common::cancel::CancelBackend for Mysql {
+    fn one_connection_pool(
+        url: &str,
+        recycling: diesel_async::pooled_connection::RecyclingMethod<AsyncMysql>,
+    ) -> Self::OnePool {
+        let mut config: diesel_async::pooled_connection::ManagerConfig<AsyncMysql> =
+            Default::default();
+        config.recycling_method = recycling;
+        let manager =
+            diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
+                url, config,
+            );
+        diesel_async::pooled_connection::deadpool::Pool::builder(manager)
+            .max_size(1)
+            .build()
+            .expect("a pool")
+    }
+
+    type OnePool = diesel_async::pooled_connection::deadpool::Pool<AsyncMysql>;
+    type OnePooled = diesel_async::pooled_connection::deadpool::Object<AsyncMysql>;
+
+    async fn get(pool: &Self::OnePool) -> Self::OnePooled {
+        pool.get().await.expect("a pooled connection")
+    }
+
+    async fn connect(url: &str) -> AsyncMysql {
+        <AsyncMysql as diesel_async::AsyncConnection>::establish(url)
+            .await
+            .expect("connect")
+    }
+
+    /// `@@in_transaction`, and the settings the runtime sets.
+    async fn session(conn: &mut AsyncMysql) -> (bool, String) {
+        let row: crate::common::cancel::SessionRow = diesel_async::RunQueryDsl::get_result(
+            diesel::sql_query(
+                "SELECT CONCAT(@@in_transaction) AS in_transaction, \
+                 CONCAT_WS(' ', @@innodb_lock_wait_timeout, @@autocommit) AS settings",
+            ),
+            conn,
+        )
+        .await
+        .expect("read the session");
+        (row.in_transaction == "1", row.settings)
+    }
+}

@@ -104,3 +104,68 @@ impl TestBackend for Postgres {
 
     crate::data_access!(PgConnection);
 }
+
+#[cfg(feature = "async")]
+impl crate::common::cancel::CancelBackend for Postgres {
+    fn one_connection_pool(
+        url: &str,
+        recycling: diesel_async::pooled_connection::RecyclingMethod<AsyncPg>,
+    ) -> Self::OnePool {
+        let mut config: diesel_async::pooled_connection::ManagerConfig<AsyncPg> =
+            Default::default();
+        config.recycling_method = recycling;
+        let manager =
+            diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
+                url, config,
+            );
+        diesel_async::pooled_connection::deadpool::Pool::builder(manager)
+            .max_size(1)
+            .build()
+            .expect("a pool")
+    }
+
+    type OnePool = diesel_async::pooled_connection::deadpool::Pool<AsyncPg>;
+    type OnePooled = diesel_async::pooled_connection::deadpool::Object<AsyncPg>;
+
+    async fn get(pool: &Self::OnePool) -> Self::OnePooled {
+        pool.get().await.expect("a pooled connection")
+    }
+
+    async fn connect(url: &str) -> AsyncPg {
+        <AsyncPg as diesel_async::AsyncConnection>::establish(url)
+            .await
+            .expect("connect")
+    }
+
+    /// Inside a transaction when `now()`, the transaction's start, is the
+    /// same in two statements apart (`now() <> statement_timestamp()` does
+    /// not tell under the extended protocol, which stamps the statement at
+    /// each of its messages); the settings the runtime sets, per
+    /// transaction or (wrongly) per session.
+    async fn session(conn: &mut AsyncPg) -> (bool, String) {
+        let read = || {
+            diesel::sql_query(
+                "SELECT CAST(now() AS text) AS in_transaction, \
+                 concat_ws(' ', current_setting('lock_timeout'), \
+                 current_setting('synchronous_commit'), current_setting('statement_timeout'), \
+                 current_setting('jit'), current_setting('transaction_isolation'), \
+                 COALESCE(NULLIF(current_setting('diesel_inbox.claiming', true), ''), '-'), \
+                 COALESCE(NULLIF(current_setting('diesel_inbox.lock_timeout', true), ''), '-')) \
+                 AS settings",
+            )
+        };
+        let first: crate::common::cancel::SessionRow =
+            diesel_async::RunQueryDsl::get_result(read(), &mut *conn)
+                .await
+                .expect("read the session");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        let second: crate::common::cancel::SessionRow =
+            diesel_async::RunQueryDsl::get_result(read(), conn)
+                .await
+                .expect("read the session");
+        (
+            first.in_transaction == second.in_transaction,
+            second.settings,
+        )
+    }
+}

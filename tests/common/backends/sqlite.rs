@@ -125,3 +125,72 @@ impl TestBackend for Sqlite {
 
     crate::data_access!(SqliteConnection);
 }
+
+#[cfg(feature = "async")]
+impl crate::common::cancel::CancelBackend for Sqlite {
+    fn one_connection_pool(
+        url: &str,
+        recycling: diesel_async::pooled_connection::RecyclingMethod<AsyncSqlite>,
+    ) -> Self::OnePool {
+        use diesel_async::pooled_connection::ManagerConfig;
+        use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+        let mut config = ManagerConfig::default();
+        config.custom_setup = Box::new(|url| {
+            let url = url.to_string();
+            Box::pin(async move {
+                let mut conn = AsyncSqlite::establish(&url).await?;
+                conn.batch_execute(PRAGMAS)
+                    .await
+                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                Ok(conn)
+            })
+        });
+        config.recycling_method = recycling;
+        let manager =
+            diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
+                url, config,
+            );
+        diesel_async::pooled_connection::deadpool::Pool::builder(manager)
+            .max_size(1)
+            .build()
+            .expect("a pool")
+    }
+
+    type OnePool = diesel_async::pooled_connection::deadpool::Pool<AsyncSqlite>;
+    type OnePooled = diesel_async::pooled_connection::deadpool::Object<AsyncSqlite>;
+
+    async fn get(pool: &Self::OnePool) -> Self::OnePooled {
+        pool.get().await.expect("a pooled connection")
+    }
+
+    async fn connect(url: &str) -> AsyncSqlite {
+        use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+        let mut conn = AsyncSqlite::establish(url).await.expect("open");
+        conn.batch_execute(PRAGMAS).await.expect("pragmas");
+        conn
+    }
+
+    /// Inside a transaction when a `BEGIN` is refused as nested (one that
+    /// works is rolled back at once); the busy timeout the runtime bounds.
+    async fn session(conn: &mut AsyncSqlite) -> (bool, String) {
+        use diesel_async::SimpleAsyncConnection;
+        let in_transaction = match conn.batch_execute("BEGIN").await {
+            Ok(()) => {
+                conn.batch_execute("ROLLBACK").await.expect("rollback");
+                false
+            }
+            Err(e) if e.to_string().contains("within a transaction") => true,
+            Err(e) => panic!("BEGIN failed: {e}"),
+        };
+        #[derive(diesel::QueryableByName)]
+        struct Busy {
+            #[diesel(sql_type = diesel::sql_types::Integer)]
+            timeout: i32,
+        }
+        let busy: Busy =
+            diesel_async::RunQueryDsl::get_result(diesel::sql_query("PRAGMA busy_timeout"), conn)
+                .await
+                .expect("busy_timeout");
+        (in_transaction, format!("busy_timeout={}", busy.timeout))
+    }
+}

@@ -208,6 +208,9 @@ impl AsyncInternals for AsyncPgConnection {
                 .await;
             return (begun, Some(claimed));
         }
+        if let Err(e) = ansi::opening(self) {
+            return (Err(e), None);
+        }
         let (begun, claimed) = {
             let shared: &AsyncPgConnection = self;
             let (mut first, mut second) = (shared, shared);
@@ -224,7 +227,7 @@ impl AsyncInternals for AsyncPgConnection {
                 }
             }
         };
-        match ansi::begun_by_batch(self, begun).await {
+        match ansi::opened(self, begun).await {
             Ok(scope) => (Ok(scope), Some(claimed)),
             Err(e) => (Err(e), None),
         }
@@ -268,6 +271,7 @@ impl AsyncInternals for AsyncPgConnection {
             key,
             value,
         };
+        ansi::closing(self);
         let (stored, committed) = match pipelined {
             true => {
                 let shared: &AsyncPgConnection = self;
@@ -283,14 +287,7 @@ impl AsyncInternals for AsyncPgConnection {
                 (stored, self.batch_execute(claim::STORED_COMMIT).await)
             }
         };
-        let committed = match committed {
-            Ok(()) => ansi::ended(self),
-            Err(e) => {
-                ansi::rollback(self).await;
-                Err(e)
-            }
-        };
-        (stored, Some(committed))
+        (stored, Some(ansi::closed(self, committed).await))
     }
 
     async fn inbox_commit(&mut self, scope: Scope) -> QueryResult<()> {
@@ -298,16 +295,11 @@ impl AsyncInternals for AsyncPgConnection {
             return ansi::commit(self).await;
         }
         // diesel-async does not read the session's transaction status:
-        // record the end of the transaction the guard's COMMIT ended.
-        // Cancelled before that, the connection still counts as in a
-        // transaction, which pools discard.
-        match self.batch_execute(GUARDED_COMMIT).await {
-            Ok(()) => ansi::ended(self),
-            Err(e) => {
-                ansi::rollback(self).await;
-                Err(e)
-            }
-        }
+        // the manager is marked broken while the guard's COMMIT is on its
+        // way, and told how it ended once it answered.
+        ansi::closing(self);
+        let committed = self.batch_execute(GUARDED_COMMIT).await;
+        ansi::closed(self, committed).await
     }
 
     async fn inbox_rollback(&mut self) {
@@ -357,6 +349,9 @@ async fn begin_behind<Id: Send + Sync + 'static>(
     begin: &str,
     claim: Claim<'_, claim::Behind<Id>>,
 ) -> BeginClaim {
+    if let Err(e) = ansi::opening(conn) {
+        return (Err(e), None);
+    }
     let (begun, claimed) = {
         let shared: &AsyncPgConnection = conn;
         let (mut first, mut second) = (shared, shared);
@@ -366,7 +361,7 @@ async fn begin_behind<Id: Send + Sync + 'static>(
         )
         .await
     };
-    match ansi::begun_by_batch(conn, begun).await {
+    match ansi::opened(conn, begun).await {
         Ok(scope) => (Ok(scope), Some(claimed)),
         Err(e) => (Err(e), None),
     }

@@ -1,0 +1,339 @@
+//! The cancellation harness: every async call dropped at every `.await`.
+//!
+//! A call's future is wrapped so that it is dropped at its k-th `Pending`
+//! (`DropAt`), for k = 1, 2, … until it completes before its k-th. Each
+//! kind of call (a single claim, a claim with a wait bound, a batch claim,
+//! a stored result) runs on a pool of one connection (deadpool, recycled
+//! `Fast` and `Verified`), with another delivery of the same key holding
+//! its claim in a transaction (so the claim waits, and that holder then
+//! rolls back) and without. After each drop:
+//! - the connection the pool hands out next is outside any transaction
+//!   and its session settings are those of a new connection, and another
+//!   delivery on it commits;
+//! - no inbox row of the key is without its business row;
+//! - a new delivery of the key applies (or is a duplicate of a body that
+//!   committed), and the key ends with one business row and one inbox row.
+#![cfg(feature = "async")]
+
+use super::backend::TestBackend;
+use super::modes::runtime;
+use super::{unique_run_id, AppError};
+use diesel_async::pooled_connection::RecyclingMethod;
+use diesel_inbox::{Inbox, Processed};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// What the harness needs of a backend beyond [`TestBackend`].
+pub trait CancelBackend: TestBackend {
+    /// A deadpool pool of one connection on `url`, recycled by `recycling`.
+    fn one_connection_pool(url: &str, recycling: RecyclingMethod<Self::AsyncConn>)
+        -> Self::OnePool;
+    /// Such a pool (deadpool's, of `Self::AsyncConn`).
+    type OnePool: Send + Sync;
+    /// Its connection.
+    type OnePooled: std::ops::DerefMut<Target = Self::AsyncConn> + Send;
+    /// Its connection, once the pool has it.
+    fn get(pool: &Self::OnePool) -> impl Future<Output = Self::OnePooled> + Send;
+    /// A connection of its own, outside any pool.
+    fn connect(url: &str) -> impl Future<Output = Self::AsyncConn> + Send;
+    /// Whether `conn` is inside a transaction, and the session settings
+    /// the runtime touches, as text.
+    fn session(conn: &mut Self::AsyncConn) -> impl Future<Output = (bool, String)> + Send;
+}
+
+/// `inner`, dropped at its `at`-th `Pending`: `None` when it was dropped,
+/// its output when it completed first.
+struct DropAt<F: Future> {
+    inner: Option<Pin<Box<F>>>,
+    pendings: usize,
+    at: usize,
+}
+
+impl<F: Future> Future for DropAt<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.inner.as_mut().expect("polled after it was ready");
+        match inner.as_mut().poll(cx) {
+            Poll::Ready(output) => Poll::Ready(Some(output)),
+            Poll::Pending => {
+                self.pendings += 1;
+                if self.pendings < self.at {
+                    return Poll::Pending;
+                }
+                // Dropped here, at the await it is parked on.
+                self.inner = None;
+                Poll::Ready(None)
+            }
+        }
+    }
+}
+
+/// A kind of async call.
+#[derive(Clone, Copy, Debug)]
+pub enum Call {
+    /// `run_async`: one key.
+    Single,
+    /// `run_async` with the claim's wait bounded (the HTTP door's).
+    Waiting,
+    /// `run_batch_async`: the key and another of its own.
+    Batch,
+    /// `store_result`: the body's value written with the row (the HTTP
+    /// door's stored response).
+    #[cfg(feature = "serde")]
+    Stored,
+}
+
+const CONSUMER: &str = "cancel-harness";
+
+/// One delivery of `key` of `kind` on `conn`, writing the business row of
+/// each key it applies: `Ok(true)` when the body ran.
+async fn deliver<B: CancelBackend>(
+    kind: Call,
+    conn: &mut B::AsyncConn,
+    run: &str,
+    key: &str,
+) -> Result<bool, AppError> {
+    let inbox = Inbox::consumer(CONSUMER).retries(0);
+    let (run, key) = (run.to_owned(), key.to_owned());
+    let body = {
+        let (run, key) = (run.clone(), key.clone());
+        async move |conn: &mut B::AsyncConn| -> Result<i64, AppError> {
+            B::write_effect_async(conn, &run, &key, 1).await?;
+            Ok(1)
+        }
+    };
+    match kind {
+        Call::Single => Ok(matches!(
+            inbox.run_async(conn, key.as_str(), body).await?,
+            Processed::Applied(_)
+        )),
+        Call::Waiting => Ok(matches!(
+            inbox
+                .wait(Duration::from_secs(5))
+                .run_async(conn, key.as_str(), body)
+                .await?,
+            Processed::Applied(_)
+        )),
+        Call::Batch => {
+            let keys = [key.clone(), format!("{key}/other")];
+            let batch = inbox
+                .run_batch_async(
+                    conn,
+                    &keys,
+                    |k| k.clone(),
+                    async |conn: &mut B::AsyncConn,
+                           fresh: Vec<&String>|
+                           -> Result<usize, AppError> {
+                        for k in &fresh {
+                            B::write_effect_async(conn, &run, k, 1).await?;
+                        }
+                        Ok(fresh.len())
+                    },
+                )
+                .await?;
+            Ok(batch.applied.contains(&0))
+        }
+        #[cfg(feature = "serde")]
+        Call::Stored => Ok(inbox
+            .store_result()
+            .run_async(conn, key.as_str(), body)
+            .await?
+            .is_applied()),
+    }
+}
+
+/// Another delivery of `key` that claims it and holds the claim until
+/// `release`, then fails (its transaction rolls back). Resolves once the
+/// claim is held.
+async fn hold<B: CancelBackend>(
+    url: &str,
+    key: &str,
+    release: Arc<tokio::sync::Notify>,
+) -> tokio::task::JoinHandle<()> {
+    let mut conn = B::connect(url).await;
+    let key = key.to_owned();
+    let (claimed, held) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let claimed = std::sync::Mutex::new(Some(claimed));
+        let outcome = Inbox::consumer(CONSUMER)
+            .retries(0)
+            .run_async(&mut conn, key.as_str(), async |_conn: &mut B::AsyncConn| {
+                if let Some(claimed) = claimed.lock().expect("lock").take() {
+                    let _ = claimed.send(());
+                }
+                release.notified().await;
+                Err::<(), _>(AppError::Rejected)
+            })
+            .await;
+        assert!(
+            matches!(outcome, Err(AppError::Rejected)),
+            "the holder rolled back: {outcome:?}"
+        );
+    });
+    held.await.expect("the holder claimed the key");
+    task
+}
+
+/// The harness for one kind of call on backend `B`: every recycling
+/// method, with and without a holder, dropped at every `Pending`.
+pub fn dropped_at_every_await<B: CancelBackend>(kind: Call) {
+    let Some(db) = B::prepare("cancel_harness") else {
+        return;
+    };
+    let run = unique_run_id("cancel-harness");
+    runtime().block_on(async {
+        for (name, recycling) in [
+            ("fast", RecyclingMethod::Fast),
+            ("verified", RecyclingMethod::Verified),
+        ] {
+            let pool = B::one_connection_pool(&db, recycling);
+            // The settings of a connection nobody has used.
+            let baseline = {
+                let mut conn = B::connect(&db).await;
+                B::session(&mut conn).await
+            };
+            assert!(!baseline.0, "a new connection is outside any transaction");
+            for held in [true, false] {
+                let mut drops = 0;
+                for at in 1.. {
+                    let key = format!("{run}:{kind:?}:{name}:{held}:{at}");
+                    let release = Arc::new(tokio::sync::Notify::new());
+                    let holder = match held {
+                        true => Some(hold::<B>(&db, &key, release.clone()).await),
+                        false => None,
+                    };
+                    // The holder lets go a little later, whether or not
+                    // the call was dropped by then.
+                    let releasing = {
+                        let release = release.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            release.notify_one();
+                        })
+                    };
+                    let completed = {
+                        let mut conn = B::get(&pool).await;
+                        DropAt {
+                            inner: Some(Box::pin(deliver::<B>(kind, &mut *conn, &run, &key))),
+                            pendings: 0,
+                            at,
+                        }
+                        .await
+                    };
+                    releasing.await.expect("released");
+                    if let Some(holder) = holder {
+                        holder.await.expect("the holder's task");
+                    }
+                    let context = format!("{kind:?}, {name}, held {held}, dropped at {at}");
+                    after_the_drop::<B>(&pool, &db, &run, &key, kind, &baseline, &context).await;
+                    match completed {
+                        Some(outcome) => {
+                            outcome.unwrap_or_else(|e| panic!("{context}: completed with {e:?}"));
+                            break;
+                        }
+                        None => drops += 1,
+                    }
+                }
+                // A claim that waits is pending at least there (without a
+                // holder, SQLite's steps may finish before they are polled).
+                assert!(
+                    drops > 0 || !held,
+                    "{kind:?}, {name}, held: dropped at least once"
+                );
+            }
+        }
+    });
+}
+
+/// The checks after a drop at one await.
+async fn after_the_drop<B: CancelBackend>(
+    pool: &B::OnePool,
+    db: &str,
+    run: &str,
+    key: &str,
+    kind: Call,
+    baseline: &(bool, String),
+    context: &str,
+) {
+    // The next user of the pool: outside any transaction, the session as
+    // new, and what it commits is its own alone.
+    {
+        let mut conn = B::get(pool).await;
+        let session = B::session(&mut *conn).await;
+        assert_eq!(
+            &session, baseline,
+            "{context}: the connection handed out next"
+        );
+        let other = format!("{key}/next-user");
+        let applied = deliver::<B>(Call::Single, &mut *conn, run, &other).await;
+        assert!(
+            matches!(applied, Ok(true)),
+            "{context}: the next user applies: {applied:?}"
+        );
+    }
+    let mut check = B::open(db);
+    let effects = |check: &mut B::Conn| {
+        B::effects_of(check, run)
+            .into_iter()
+            .filter(|(k, _)| k == key)
+            .count()
+    };
+    let (rows, applied) = (
+        B::inbox_rows(&mut check, CONSUMER, key),
+        effects(&mut check),
+    );
+    assert!(
+        applied <= 1 && rows as usize == applied,
+        "{context}: {rows} inbox row(s) and {applied} business row(s) of the key"
+    );
+    // A new delivery of the key applies, unless the body committed.
+    let mut conn = B::get(pool).await;
+    let redelivered = deliver::<B>(kind, &mut *conn, run, key).await;
+    assert_eq!(
+        redelivered.unwrap_or_else(|e| panic!("{context}: the redelivery failed: {e:?}")),
+        applied == 0,
+        "{context}: the redelivery applies exactly when nothing was committed"
+    );
+    assert_eq!(
+        (
+            B::inbox_rows(&mut check, CONSUMER, key),
+            effects(&mut check)
+        ),
+        (1, 1),
+        "{context}: one inbox row and one business row in the end"
+    );
+}
+
+/// Stamps out one `#[test]` per kind of call for a backend.
+#[macro_export]
+macro_rules! cancel_tests {
+    ($B:ty, runs_if = $runs_if:meta, else_ignored = $why:literal) => {
+        $crate::cancel_tests!(@test $B, $runs_if, $why, single_claim_dropped_at_every_await, Single);
+        $crate::cancel_tests!(@test $B, $runs_if, $why, waiting_claim_dropped_at_every_await, Waiting);
+        $crate::cancel_tests!(@test $B, $runs_if, $why, batch_claim_dropped_at_every_await, Batch);
+        #[cfg(feature = "serde")]
+        $crate::cancel_tests!(@test $B, $runs_if, $why, stored_result_dropped_at_every_await, Stored);
+    };
+    (@test $B:ty, $runs_if:meta, $why:literal, $test:ident, $kind:ident) => {
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn $test() {
+            $crate::common::cancel::dropped_at_every_await::<$B>(
+                $crate::common::cancel::Call::$kind,
+            );
+        }
+    };
+}
+
+/// A session's state as [`CancelBackend::session`] reads it: two texts.
+#[derive(diesel::QueryableByName)]
+pub struct SessionRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub in_transaction: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub settings: String,
+}
