@@ -249,6 +249,59 @@ pub fn dropped_at_every_await<B: CancelBackend>(kind: Call) {
     });
 }
 
+/// The operations (what the CLI and the console run) dropped at every
+/// `Pending` on a pool of one connection: the next user of the pool reads
+/// the right rows, outside any transaction.
+pub fn operations_dropped_at_every_await<B: CancelBackend>() {
+    let Some(db) = B::prepare("cancel_operations") else {
+        return;
+    };
+    let run = unique_run_id("cancel-operations");
+    runtime().block_on(async {
+        let pool = B::one_connection_pool(&db, RecyclingMethod::Fast);
+        let key = format!("{run}:known");
+        {
+            let mut conn = B::get(&pool).await;
+            let applied = deliver::<B>(Call::Single, &mut conn, &run, &key).await;
+            assert!(matches!(applied, Ok(true)), "{applied:?}");
+        }
+        let baseline = B::session(&mut B::connect(&db).await).await;
+        for at in 1.. {
+            let completed = {
+                let mut conn = B::get(&pool).await;
+                let missing = format!("{run}:missing");
+                let read = async move {
+                    let status = diesel_inbox::status_async(&mut conn, CONSUMER, &missing).await;
+                    let stats = diesel_inbox::stats_async(&mut conn).await;
+                    (status, stats)
+                };
+                DropAt {
+                    inner: Some(Box::pin(read)),
+                    pendings: 0,
+                    at,
+                }
+                .await
+            };
+            let mut conn = B::get(&pool).await;
+            let session = B::session(&mut conn).await;
+            assert_eq!(
+                session, baseline,
+                "dropped at {at}: the connection handed out next"
+            );
+            let known = diesel_inbox::status_async(&mut conn, CONSUMER, &key).await;
+            assert!(
+                matches!(known, Ok(Some(_))),
+                "dropped at {at}: the next read finds the key: {known:?}"
+            );
+            if let Some((status, stats)) = completed {
+                assert!(matches!(status, Ok(None)), "{status:?}");
+                assert!(stats.is_ok(), "{stats:?}");
+                break;
+            }
+        }
+    });
+}
+
 /// The checks after a drop at one await.
 async fn after_the_drop<B: CancelBackend>(
     pool: &B::OnePool,
@@ -317,6 +370,11 @@ macro_rules! cancel_tests {
         $crate::cancel_tests!(@test $B, $runs_if, $why, batch_claim_dropped_at_every_await, Batch);
         #[cfg(feature = "serde")]
         $crate::cancel_tests!(@test $B, $runs_if, $why, stored_result_dropped_at_every_await, Stored);
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn operations_dropped_at_every_await() {
+            $crate::common::cancel::operations_dropped_at_every_await::<$B>();
+        }
     };
     (@test $B:ty, $runs_if:meta, $why:literal, $test:ident, $kind:ident) => {
         #[test]

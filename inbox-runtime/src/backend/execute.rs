@@ -395,6 +395,7 @@ pub(crate) mod asynchronous {
         StatusRow,
     };
     use crate::backend::stmt::Stmt;
+    use crate::backend::transaction::{state_known, state_unknown};
     use crate::backend::Internals;
     use crate::rows::{self, AttemptsRow, ConsumerStats, FailingRow, InboxEntry, StoredRow};
     use diesel::query_builder::{QueryFragment, QueryId};
@@ -542,7 +543,10 @@ pub(crate) mod asynchronous {
         for<'a> st::failing_of<'a>: LoadOnAsync<B, FailingRow>,
     {
         async fn inbox_outbox(&mut self, op: Op) -> QueryResult<Answer> {
-            crate::backend::outbox::run_async(self, op).await
+            let status = state_unknown(self);
+            let answer = crate::backend::outbox::run_async(self, op).await;
+            state_known(self, status);
+            answer
         }
 
         async fn inbox_stored(
@@ -579,14 +583,21 @@ pub(crate) mod asynchronous {
             key: &str,
         ) -> QueryResult<Option<AttemptsRow>> {
             let micros = B::UPDATED_AT_MICROS;
-            let rows = st::Side(st::attempts(consumer, key, micros)).load_on_async(self);
-            rows.await.map(first)
+            let status = state_unknown(self);
+            let rows = st::Side(st::attempts(consumer, key, micros))
+                .load_on_async(self)
+                .await;
+            state_known(self, status);
+            rows.map(first)
         }
 
         async fn inbox_clear_attempts(&mut self, consumer: &str, key: &str) -> QueryResult<usize> {
-            st::Side(st::clear_attempts(consumer, key))
+            let status = state_unknown(self);
+            let cleared = st::Side(st::clear_attempts(consumer, key))
                 .execute(self)
-                .await
+                .await;
+            state_known(self, status);
+            cleared
         }
 
         async fn inbox_count_failure(
@@ -631,15 +642,13 @@ pub(crate) mod asynchronous {
             consumer: Option<String>,
         ) -> impl Future<Output = QueryResult<i64>> + Send {
             let count: Io<'_, i64> = Box::pin(async move {
+                let status = state_unknown(self);
                 let rows = match consumer.as_deref() {
-                    Some(name) => {
-                        st::count_older_of(&cutoff, name)
-                            .load_on_async(self)
-                            .await?
-                    }
-                    None => st::count_older(&cutoff).load_on_async(self).await?,
+                    Some(name) => st::count_older_of(&cutoff, name).load_on_async(self).await,
+                    None => st::count_older(&cutoff).load_on_async(self).await,
                 };
-                first(rows).ok_or(diesel::result::Error::NotFound)
+                state_known(self, status);
+                first(rows?).ok_or(diesel::result::Error::NotFound)
             });
             count
         }
@@ -650,21 +659,32 @@ pub(crate) mod asynchronous {
             key: &str,
         ) -> QueryResult<Option<InboxEntry>> {
             let micros = B::RECEIVED_AT_MICROS;
-            let rows = st::entry(consumer, key, micros).load_on_async(self);
-            Ok(first(rows.await?).map(rows::entry))
+            let status = state_unknown(self);
+            let rows = st::entry(consumer, key, micros).load_on_async(self).await;
+            state_known(self, status);
+            Ok(first(rows?).map(rows::entry))
         }
 
         async fn inbox_forget(&mut self, consumer: &str, key: &str) -> QueryResult<bool> {
-            let applied = st::forget(consumer, key).execute(self).await?;
-            let counted = st::clear_attempts(consumer, key).execute(self).await?;
-            Ok(applied + counted > 0)
+            let status = state_unknown(self);
+            let forgotten = match st::forget(consumer, key).execute(self).await {
+                Ok(applied) => st::clear_attempts(consumer, key)
+                    .execute(self)
+                    .await
+                    .map(|counted| applied + counted > 0),
+                Err(e) => Err(e),
+            };
+            state_known(self, status);
+            forgotten
         }
 
         fn inbox_stats(&mut self) -> impl Future<Output = QueryResult<Vec<ConsumerStats>>> + Send {
             let stats: Io<'_, Vec<ConsumerStats>> = Box::pin(async move {
                 let (oldest, newest) = st::stats_bounds::<B>();
-                let rows = st::stats(&oldest, &newest).load_on_async(self).await?;
-                Ok(rows.into_iter().map(rows::consumer_stats).collect())
+                let status = state_unknown(self);
+                let rows = st::stats(&oldest, &newest).load_on_async(self).await;
+                state_known(self, status);
+                Ok(rows?.into_iter().map(rows::consumer_stats).collect())
             });
             stats
         }
@@ -674,14 +694,17 @@ pub(crate) mod asynchronous {
             cutoff: &str,
             consumer: Option<&str>,
         ) -> QueryResult<usize> {
-            match consumer {
+            let status = state_unknown(self);
+            let deleted = match consumer {
                 Some(consumer) => {
                     st::delete_attempts_older_of(cutoff, consumer)
                         .execute(self)
                         .await
                 }
                 None => st::delete_attempts_older(cutoff).execute(self).await,
-            }
+            };
+            state_known(self, status);
+            deleted
         }
 
         async fn inbox_failing(
@@ -691,13 +714,21 @@ pub(crate) mod asynchronous {
             limit: i64,
         ) -> QueryResult<Vec<FailingRow>> {
             let micros = B::UPDATED_AT_MICROS;
+            let status = state_unknown(self);
             let rows = match consumer {
                 Some(consumer) => {
-                    st::failing_of(consumer, min_failures, micros, limit).load_on_async(self)
+                    st::failing_of(consumer, min_failures, micros, limit)
+                        .load_on_async(self)
+                        .await
                 }
-                None => st::failing(min_failures, micros, limit).load_on_async(self),
+                None => {
+                    st::failing(min_failures, micros, limit)
+                        .load_on_async(self)
+                        .await
+                }
             };
-            rows.await
+            state_known(self, status);
+            rows
         }
     }
 }

@@ -273,30 +273,38 @@ pub(crate) mod ansi {
 /// Marks diesel-async's manager of `conn` broken while the runtime sends a
 /// statement of its own outside any transaction: one that leaves state for
 /// the connection's next transaction (MySQL's `SET TRANSACTION ISOLATION
-/// LEVEL`, pending until the `BEGIN` that follows), or a read (MySQL's
-/// driver cannot tell the answer of a read whose future was dropped from
-/// the next statement's). A future dropped before [`state_known`] puts the
-/// status back leaves a connection that pools discard, and that
-/// diesel-async refuses transactions on. Costs two writes of the status.
+/// LEVEL`, pending until the `BEGIN` that follows), or any other (MySQL's
+/// driver cannot tell the answer of a statement whose future was dropped
+/// from the next statement's). A future dropped before [`state_known`]
+/// puts the status back leaves a connection that pools discard, and that
+/// diesel-async refuses transactions on. Inside a transaction it does
+/// nothing: the open transaction already makes pools discard a connection
+/// dropped there. Costs two writes of the status.
 #[cfg(feature = "async")]
 pub(crate) fn state_unknown<C: diesel_async::AsyncConnection>(
     conn: &mut C,
-) -> diesel::connection::TransactionManagerStatus {
+) -> Option<diesel::connection::TransactionManagerStatus> {
     use diesel_async::TransactionManager;
-    std::mem::replace(
-        C::TransactionManager::transaction_manager_status_mut(conn),
-        diesel::connection::TransactionManagerStatus::InError,
-    )
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    match status.transaction_depth() {
+        Ok(None) => Some(std::mem::replace(
+            status,
+            diesel::connection::TransactionManagerStatus::InError,
+        )),
+        _ => None,
+    }
 }
 
 /// Puts back the status [`state_unknown`] set aside.
 #[cfg(feature = "async")]
 pub(crate) fn state_known<C: diesel_async::AsyncConnection>(
     conn: &mut C,
-    status: diesel::connection::TransactionManagerStatus,
+    status: Option<diesel::connection::TransactionManagerStatus>,
 ) {
     use diesel_async::TransactionManager;
-    *C::TransactionManager::transaction_manager_status_mut(conn) = status;
+    if let Some(status) = status {
+        *C::TransactionManager::transaction_manager_status_mut(conn) = status;
+    }
 }
 
 /// Whether diesel-async has a transaction open on `conn`.
