@@ -29,6 +29,10 @@ mod proxies;
 #[path = "postgres/wakeups.rs"]
 mod wakeups;
 
+#[cfg(all(feature = "postgres", feature = "async"))]
+#[path = "postgres/stored_commit.rs"]
+mod stored_commit;
+
 #[cfg(feature = "postgres")]
 mod suite {
     use super::common;

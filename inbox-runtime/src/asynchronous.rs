@@ -225,9 +225,8 @@ where
                 run_body(conn, next_body(), counted).await
             }
             Step::Store(value) => {
-                let pipelined = observe::store_cached(conn.instrumentation());
                 let (stored, commit) = conn
-                    .inbox_store_commit(one.consumer, one.key, &value, scope, pipelined)
+                    .inbox_store_commit(one.consumer, one.key, &value, scope)
                     .await;
                 committed = commit;
                 Event::Stored(stored)

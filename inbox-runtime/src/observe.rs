@@ -18,7 +18,6 @@
 //! Without an observer, body errors are retried only when `E` implements
 //! [`RetryableError`](crate::RetryableError).
 
-use crate::backend::PIPELINED_STORE;
 use diesel::connection::{Connection, Instrumentation, InstrumentationEvent};
 use diesel::result::{DatabaseErrorKind, Error};
 
@@ -79,10 +78,6 @@ pub struct ErrorObserver {
     /// Whether the inbox tables' shape was checked on this connection
     /// (before its first claim).
     shape_checked: bool,
-    /// Whether the connection cached the stored result's write that a
-    /// commit is sent behind ([`PIPELINED_STORE`]): only a cached
-    /// statement's execution goes out at once, ahead of the commit.
-    store_cached: bool,
 }
 
 impl ErrorObserver {
@@ -93,7 +88,6 @@ impl ErrorObserver {
             sequence: 0,
             failed: Vec::new(),
             shape_checked: false,
-            store_cached: false,
         }
     }
 
@@ -124,11 +118,6 @@ impl std::fmt::Debug for ErrorObserver {
 
 impl Instrumentation for ErrorObserver {
     fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
-        if let InstrumentationEvent::CacheQuery { sql, .. } = &event {
-            if sql.starts_with(PIPELINED_STORE) {
-                self.store_cached = true;
-            }
-        }
         if let InstrumentationEvent::FinishQuery {
             error: Some(Error::DatabaseError(kind, info)),
             ..
@@ -148,16 +137,6 @@ impl Instrumentation for ErrorObserver {
             inner.on_connection_event(event);
         }
     }
-}
-
-/// Whether the connection whose instrumentation is `current` has cached
-/// the stored result's write ([`PIPELINED_STORE`]), so that a commit may
-/// be sent behind it: known only to an observer of ours.
-#[cfg(feature = "async")]
-pub(crate) fn store_cached(current: &mut dyn Instrumentation) -> bool {
-    current
-        .downcast_ref::<ErrorObserver>()
-        .is_some_and(|observer| observer.store_cached)
 }
 
 /// A point in a connection's statement history; `None` when no observer

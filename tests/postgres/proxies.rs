@@ -398,9 +398,9 @@ fn the_claim_sent_behind_begin_writes_nothing_outside_a_transaction() {
     );
 }
 
-/// On the async path the stored result's write is sent with the
-/// commit behind it: if another statement answers under the
-/// write's name, the call is an error and the commit refuses, so
+/// On the async path the stored result's write is cached, and the
+/// commit after it requires it: if another statement answers under
+/// the write's name, the call is an error and nothing commits, so
 /// neither the body nor the key is committed.
 #[cfg(feature = "async")]
 #[test]
@@ -431,8 +431,8 @@ fn another_statement_under_the_stored_results_name_commits_nothing() {
                 })
                 .await
         };
-        // The first write is prepared (and cached), the second
-        // goes out with its commit.
+        // The first write is prepared and cached, the second runs
+        // the cached one.
         for key in ["s1", "s2"] {
             assert!(run(&mut conn, key).await.expect("applied").is_applied());
         }

@@ -136,20 +136,18 @@ pub(crate) trait AsyncInternals:
     ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
 
     /// Writes the body's value into the row just claimed and, at top
-    /// level where the backend sends both in one round trip (PostgreSQL),
-    /// commits behind it: the write's result, and the commit's if it was
-    /// sent (the driver answers the engine's next `Commit` with it). By
-    /// default the write alone. `pipelined`: the connection has the write
-    /// cached, so both may go out at once (else one after the other).
+    /// level where the backend has a commit that requires the write
+    /// (PostgreSQL), commits after it: the write's result, and the
+    /// commit's if it was sent (the driver answers the engine's next
+    /// `Commit` with it). By default the write alone.
     fn inbox_store_commit(
         &mut self,
         consumer: &str,
         key: &str,
         value: &[u8],
         scope: Scope,
-        pipelined: bool,
     ) -> impl Future<Output = (QueryResult<()>, Option<QueryResult<()>>)> + Send {
-        let _ = (scope, pipelined);
+        let _ = scope;
         async move { (self.inbox_store_result(consumer, key, value).await, None) }
     }
 

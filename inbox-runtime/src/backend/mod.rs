@@ -31,11 +31,6 @@ pub(crate) mod transaction;
 pub(crate) use execute::Statements;
 pub(crate) use shape::Catalog;
 
-/// How the stored result's write that a commit is sent behind starts
-/// (PostgreSQL's, on the async path): the connection's observer records
-/// that it was cached (`observe::store_cached`).
-pub(crate) const PIPELINED_STORE: &str = "WITH stored AS (UPDATE inbox_messages";
-
 /// The newest version of the inbox schema this release knows. `migrate`
 /// records it with the table, upgrades older tables in place and refuses a
 /// newer one ([`InboxError::SchemaTooNew`]).

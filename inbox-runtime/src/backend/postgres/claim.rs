@@ -411,8 +411,8 @@ impl diesel::query_builder::Query for Lookup<'_> {
 
 impl<Conn> diesel::RunQueryDsl<Conn> for Lookup<'_> {}
 
-/// The stored result's write on the async path at top level, sent with
-/// the commit behind it ([`STORED_COMMIT`], one round trip): it writes the
+/// The stored result's write on the async path at top level, followed
+/// by the commit that requires it ([`STORED_COMMIT`]): it writes the
 /// body's value into the claimed row and returns [`STORED`] only when it
 /// updated exactly that row (any other count fails the statement, so the
 /// transaction cannot commit), and sets a transaction-local setting that
@@ -435,7 +435,7 @@ pub(super) const STORED: &str = "diesel-inbox stored result";
 #[cfg(feature = "async")]
 pub(super) const STORE_STATEMENT: &str = "inbox result store";
 
-/// The commit sent behind [`Store`]: it refuses (and so rolls back) unless
+/// The commit sent after [`Store`] answered: it refuses (and so rolls back) unless
 /// `Store` ran in this transaction, and fails in a transaction that a
 /// statement's error aborted (25P02, as `GUARDED_COMMIT`'s savepoint
 /// does), rather than letting `COMMIT` roll back silently.
@@ -451,8 +451,7 @@ impl diesel::query_builder::QueryFragment<Pg> for Store<'_> {
         mut out: diesel::query_builder::AstPass<'_, 'b, Pg>,
     ) -> QueryResult<()> {
         use diesel::sql_types::{Binary, Text};
-        out.push_sql(crate::backend::PIPELINED_STORE);
-        out.push_sql(" SET result = ");
+        out.push_sql("WITH stored AS (UPDATE inbox_messages SET result = ");
         out.push_bind_param::<Binary, _>(self.value)?;
         push_guard(&mut out, STORE_STATEMENT)?;
         out.push_sql(" AND consumer = ");
@@ -695,12 +694,8 @@ mod asynchronous {
     }
 
     impl Store<'_> {
-        /// Runs [`Store`] (on a shared connection: pipelined with the
-        /// commit).
-        pub(crate) async fn run_async<C>(self, conn: &mut C) -> QueryResult<()>
-        where
-            C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
-        {
+        /// Runs [`Store`].
+        pub(crate) async fn run_async(self, conn: &mut AsyncPgConnection) -> QueryResult<()> {
             let rows: Vec<String> = diesel_async::RunQueryDsl::load(self, conn).await?;
             match rows.as_slice() {
                 [marker] if marker == STORED => Ok(()),

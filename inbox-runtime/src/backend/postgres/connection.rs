@@ -249,18 +249,21 @@ impl AsyncInternals for AsyncPgConnection {
         }
     }
 
-    /// At top level, one round trip: the guarded write ([`claim::Store`])
-    /// and the commit that requires it ([`claim::STORED_COMMIT`]), sent
-    /// together on the shared connection once the write is cached (before,
-    /// its preparation would let the commit overtake it: one after the
-    /// other). A failed commit is rolled back.
+    /// At top level, the guarded write ([`claim::Store`]), then, once it
+    /// answered, the commit that requires it ([`claim::STORED_COMMIT`]).
+    /// Never sent together: a write not yet prepared on the session (its
+    /// first run, a failed prepare, a statement cache resized or turned
+    /// off) would let the commit overtake it, and sending both at once
+    /// measured no faster (`docs/performance.md`). A failed write is left
+    /// to the engine's rollback; a failed commit is rolled back. Dropped
+    /// at either await, the transaction stays recorded in diesel-async's
+    /// manager, so a pool discards the connection.
     async fn inbox_store_commit(
         &mut self,
         consumer_name: &str,
         key: &str,
         value: &[u8],
         scope: Scope,
-        pipelined: bool,
     ) -> (QueryResult<()>, Option<QueryResult<()>>) {
         if scope == Scope::Savepoint {
             let stored = AsyncStatements::inbox_store_result(self, consumer_name, key, value);
@@ -271,23 +274,12 @@ impl AsyncInternals for AsyncPgConnection {
             key,
             value,
         };
+        if let Err(e) = store.run_async(self).await {
+            return (Err(e), None);
+        }
         ansi::closing(self);
-        let (stored, committed) = match pipelined {
-            true => {
-                let shared: &AsyncPgConnection = self;
-                let (mut first, mut second) = (shared, shared);
-                both(
-                    store.run_async(&mut first),
-                    SimpleAsyncConnection::batch_execute(&mut second, claim::STORED_COMMIT),
-                )
-                .await
-            }
-            false => {
-                let stored = store.run_async(self).await;
-                (stored, self.batch_execute(claim::STORED_COMMIT).await)
-            }
-        };
-        (stored, Some(ansi::closed(self, committed).await))
+        let committed = self.batch_execute(claim::STORED_COMMIT).await;
+        (Ok(()), Some(ansi::closed(self, committed).await))
     }
 
     async fn inbox_commit(&mut self, scope: Scope) -> QueryResult<()> {
