@@ -462,7 +462,10 @@ where
                     Next::Done(Ok(Ended::Applied(value)))
                 }
                 // The failed commit rolled back (the backend's commit does).
-                Err(e) if B::is_aborted_commit(&e) => self.judge(Failure::Ignored(e)),
+                Err(e) if B::is_aborted_commit(&e) => {
+                    let aborted = crate::backend::errors::without_abort_mark(e);
+                    self.judge(Failure::Ignored(aborted))
+                }
                 Err(e) if B::is_transient(&e) => self.judge(Failure::Inbox(e)),
                 Err(e) => self.judge(Failure::Commit(e)),
             },

@@ -31,13 +31,47 @@ const REMEMBERED: usize = 16;
 pub(crate) struct FailedStatement {
     sequence: u64,
     kind: DatabaseErrorKind,
-    message: String,
+    info: RecordedInfo,
 }
 
 impl FailedStatement {
     /// An equivalent diesel error, for classification and error messages.
     pub(crate) fn to_error(&self) -> Error {
-        Error::DatabaseError(self.kind, Box::new(self.message.clone()))
+        Error::DatabaseError(self.kind, Box::new(self.info.clone()))
+    }
+}
+
+/// The fields of a failed statement's error that classification reads:
+/// the message, and the detail and hint (a PostgreSQL deadlock is known by
+/// them, whatever the server's language).
+#[derive(Debug, Clone)]
+struct RecordedInfo {
+    message: String,
+    details: Option<String>,
+    hint: Option<String>,
+}
+
+impl diesel::result::DatabaseErrorInformation for RecordedInfo {
+    fn message(&self) -> &str {
+        &self.message
+    }
+    fn details(&self) -> Option<&str> {
+        self.details.as_deref()
+    }
+    fn hint(&self) -> Option<&str> {
+        self.hint.as_deref()
+    }
+    fn table_name(&self) -> Option<&str> {
+        None
+    }
+    fn column_name(&self) -> Option<&str> {
+        None
+    }
+    fn constraint_name(&self) -> Option<&str> {
+        None
+    }
+    fn statement_position(&self) -> Option<i32> {
+        None
     }
 }
 
@@ -130,7 +164,11 @@ impl Instrumentation for ErrorObserver {
             self.failed.push(FailedStatement {
                 sequence: self.sequence,
                 kind: *kind,
-                message: info.message().to_string(),
+                info: RecordedInfo {
+                    message: info.message().to_string(),
+                    details: info.details().map(str::to_string),
+                    hint: info.hint().map(str::to_string),
+                },
             });
         }
         if let Some(inner) = &mut self.inner {

@@ -45,6 +45,16 @@ pub trait FaultBackend: TestBackend {
     /// The statement that ends session `id`.
     fn kill_sql(id: u64) -> String;
 
+    /// A database of the scenario's own whose server writes its messages
+    /// in `locale`'s language; `None` where the backend has no such setting
+    /// here, `Err` when the server refused it.
+    fn in_language(
+        _scenario: &str,
+        _locale: &str,
+    ) -> Option<Result<crate::common::TestDb, String>> {
+        None
+    }
+
     /// This session's server id, from `SESSION_ID_SQL`.
     fn session_id(conn: &mut Self::Conn) -> Option<u64>;
     #[cfg(feature = "async")]
@@ -269,6 +279,10 @@ impl FaultBackend for crate::common::backends::postgres::Postgres {
 
     fn kill_sql(id: u64) -> String {
         format!("SELECT pg_terminate_backend({id})")
+    }
+
+    fn in_language(scenario: &str, locale: &str) -> Option<Result<crate::common::TestDb, String>> {
+        crate::common::backends::postgres::in_language(scenario, locale)
     }
 
     fault_data_access!(diesel::PgConnection);

@@ -3,6 +3,7 @@
 
 use crate::backend::{Deadlock, FaultBackend};
 use crate::common::backend::TestBackend;
+use crate::common::TestDb;
 use crate::ensure;
 use crate::scenario::{setup, text};
 use crate::session::Session;
@@ -97,12 +98,20 @@ pub fn serialization_failure_retried_then_exhausted<S: Session>() -> ScenarioRes
         return skip;
     }
     let (db, mut conn) = setup::<S::B>("serialization_failure")?;
-    let mut session = S::open(&db);
+    serialization_failure_on::<S>(&db, &mut conn)
+}
+
+/// [`serialization_failure_retried_then_exhausted`] on a given database.
+pub fn serialization_failure_on<S: Session>(
+    db: &TestDb,
+    conn: &mut <S::B as TestBackend>::Conn,
+) -> ScenarioResult {
+    let mut session = S::open(db);
     text(session.execute(S::B::SERIALIZABLE_SNAPSHOT.expect("checked")))?;
-    let other = Mutex::new(S::B::open(&db));
+    let other = Mutex::new(S::B::open(db));
     let run = fault_run_id();
     let total = format!("{run}:total");
-    text(S::B::new_counter(&mut conn, &total))?;
+    text(S::B::new_counter(conn, &total))?;
 
     // Interfered once: the second attempt commits.
     let runs = AtomicU32::new(0);
@@ -111,7 +120,7 @@ pub fn serialization_failure_retried_then_exhausted<S: Session>() -> ScenarioRes
     ensure!(out.is_applied(), "not applied after one retry");
     let attempts = runs.load(Ordering::SeqCst);
     ensure!(attempts == 2, "{attempts} attempts, expected 2");
-    let counted = text(S::B::counter(&mut conn, &total))?;
+    let counted = text(S::B::counter(conn, &total))?;
     ensure!(counted == 1000 + first.amount, "counter {counted}");
 
     // Interfered every time: 1 + retries attempts, then an error naming them.
@@ -135,7 +144,7 @@ pub fn serialization_failure_retried_then_exhausted<S: Session>() -> ScenarioRes
     let attempts = runs.load(Ordering::SeqCst);
     ensure!(attempts == 3, "{attempts} attempts");
     ensure!(
-        S::B::inbox_rows_of_run(&mut conn, "fault-interfered", &run) == 1,
+        S::B::inbox_rows_of_run(conn, "fault-interfered", &run) == 1,
         "the exhausted message left an inbox row"
     );
     Ok(Outcome::Pass(format!(
@@ -147,19 +156,25 @@ pub fn serialization_failure_retried_then_exhausted<S: Session>() -> ScenarioRes
 
 pub fn deadlock_retried<S: Session>() -> ScenarioResult {
     match S::B::DEADLOCK {
-        Deadlock::LockOrder => lock_order_deadlock::<S>(),
+        Deadlock::LockOrder => {
+            let (db, mut conn) = setup::<S::B>("deadlock_retried")?;
+            lock_order_deadlock::<S>(&db, &mut conn)
+        }
         Deadlock::DuplicateKey => duplicate_key_deadlock::<S>(),
         Deadlock::None => Ok(Outcome::Skip("writers are serialized: no deadlock".into())),
     }
 }
 
-fn lock_order_deadlock<S: Session>() -> ScenarioResult {
+/// Two handlers lock two rows in opposite order, on a given database.
+pub fn lock_order_deadlock<S: Session>(
+    db: &TestDb,
+    conn: &mut <S::B as TestBackend>::Conn,
+) -> ScenarioResult {
     const ROUNDS: i64 = 3;
-    let (db, mut conn) = setup::<S::B>("deadlock_retried")?;
     let run = fault_run_id();
     let (x, y) = (format!("{run}:x"), format!("{run}:y"));
-    text(S::B::new_counter(&mut conn, &x))?;
-    text(S::B::new_counter(&mut conn, &y))?;
+    text(S::B::new_counter(conn, &x))?;
+    text(S::B::new_counter(conn, &y))?;
     let mut retried = 0;
     for round in 0..ROUNDS {
         let meet = Barrier::new(2);
@@ -168,7 +183,7 @@ fn lock_order_deadlock<S: Session>() -> ScenarioResult {
                 .into_iter()
                 .enumerate()
                 .map(|(i, (first, second))| {
-                    let (db, run, meet) = (&db, &run, &meet);
+                    let (db, run, meet) = (db, &run, &meet);
                     scope.spawn(move || {
                         let runs = AtomicU32::new(0);
                         let mut session = S::open(db);
@@ -197,12 +212,12 @@ fn lock_order_deadlock<S: Session>() -> ScenarioResult {
         "{retried} retries for {ROUNDS} deadlocks"
     );
     let (vx, vy) = (
-        text(S::B::counter(&mut conn, &x))?,
-        text(S::B::counter(&mut conn, &y))?,
+        text(S::B::counter(conn, &x))?,
+        text(S::B::counter(conn, &y))?,
     );
     ensure!(vx == 2 * ROUNDS && vy == 2 * ROUNDS, "counters {vx}, {vy}");
     ensure!(
-        S::B::effects_of(&mut conn, &run).len() == 2 * ROUNDS as usize,
+        S::B::effects_of(conn, &run).len() == 2 * ROUNDS as usize,
         "business rows not exact"
     );
     Ok(Outcome::Pass(format!(

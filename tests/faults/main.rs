@@ -23,6 +23,7 @@ mod backend;
 mod conflicts;
 mod input;
 mod killed;
+mod language;
 mod nesting;
 mod processes;
 mod scenario;
@@ -188,6 +189,10 @@ fn scenarios<B: backend::FaultBackend>() -> Vec<Scenario> {
             "sync::deadlock_retried",
             conflicts::deadlock_retried::<SyncSession<B>>,
         ),
+        (
+            "sync::fault_cases_in_another_language",
+            language::fault_cases_in_another_language::<SyncSession<B>>,
+        ),
         ("sync::bad_input", input::bad_input::<B>),
         ("sync::least_privilege", input::least_privilege::<B>),
         (
@@ -226,6 +231,10 @@ fn scenarios<B: backend::FaultBackend>() -> Vec<Scenario> {
             (
                 "async::deadlock_retried",
                 conflicts::deadlock_retried::<AsyncSession<B>>,
+            ),
+            (
+                "async::fault_cases_in_another_language",
+                language::fault_cases_in_another_language::<AsyncSession<B>>,
             ),
             (
                 "async::randomized_schedules",

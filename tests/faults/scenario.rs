@@ -39,7 +39,11 @@ const COUNTERS_DDL: &str = "CREATE TABLE IF NOT EXISTS inbox_fault_counters (\
 /// test database on a server, rows kept apart by run id), with the inbox,
 /// business and fault tables in place, and a sync connection to it.
 pub fn setup<B: FaultBackend>(scenario: &str) -> Result<(TestDb, B::Conn), String> {
-    let db = B::prepare(scenario).ok_or("the server is not configured")?;
+    setup_on::<B>(B::prepare(scenario).ok_or("the server is not configured")?)
+}
+
+/// [`setup`] on a database of the scenario's own.
+pub fn setup_on<B: FaultBackend>(db: TestDb) -> Result<(TestDb, B::Conn), String> {
     let mut conn = B::open(&db);
     diesel_inbox::migrate(&mut conn).map_err(|e| format!("migrate: {e}"))?;
     for ddl in [crate::common::EFFECTS_DDL, QUEUE_DDL, COUNTERS_DDL] {

@@ -16,6 +16,9 @@ use std::sync::{Barrier, Mutex};
 
 pub type Outcome = QueryResult<Processed<()>>;
 
+/// A statement that fails on every backend (a table that does not exist).
+const FAILING: &str = "INSERT INTO inbox_fault_no_such_table VALUES (1)";
+
 /// How a delivery of the randomized schedules ends.
 #[derive(Clone, Copy, Debug)]
 pub enum Fate {
@@ -92,6 +95,8 @@ pub trait Session: Sized {
     fn hold_then_fail(&mut self, m: &Message, claimed: &Sender<()>) -> Outcome;
     fn dupkey_apply(&mut self, m: &Message) -> Outcome;
     fn scheduled(&mut self, m: &Message, fate: Fate) -> Outcome;
+    /// Writes, runs a statement that fails, ignores its error, returns `Ok`.
+    fn swallow(&mut self, m: &Message) -> Outcome;
 }
 
 /// The handlers, generic over the backend; `asynchronous` holds the same
@@ -203,6 +208,14 @@ pub mod sync {
         B::write_effect(conn, &m.run, &m.key, m.amount).map(drop)
     }
 
+    #[idempotent(key = "m.key", consumer = "fault-swallow", shared)]
+    pub fn swallow<B: FaultBackend>(conn: &mut Conn<B>, m: &Message) -> QueryResult<()> {
+        B::write_effect(conn, &m.run, &m.key, m.amount)?;
+        let failed = diesel::connection::SimpleConnection::batch_execute(conn, FAILING);
+        assert!(failed.is_err(), "the failing statement worked");
+        Ok(())
+    }
+
     #[idempotent(key = "m.key", consumer = "fault-consumer", shared, retries = 3)]
     pub fn scheduled<B: FaultBackend>(
         conn: &mut Conn<B>,
@@ -290,6 +303,10 @@ impl<B: FaultBackend> Session for SyncSession<B> {
 
     fn scheduled(&mut self, m: &Message, fate: Fate) -> Outcome {
         sync::scheduled::<B>(&mut self.conn, m, fate)
+    }
+
+    fn swallow(&mut self, m: &Message) -> Outcome {
+        sync::swallow::<B>(&mut self.conn, m)
     }
 }
 
@@ -413,6 +430,14 @@ pub mod asynchronous {
             .map(drop)
     }
 
+    #[idempotent(key = "m.key", consumer = "fault-swallow", shared)]
+    pub async fn swallow<B: FaultBackend>(conn: &mut Conn<B>, m: &Message) -> QueryResult<()> {
+        B::write_effect_async(conn, &m.run, &m.key, m.amount).await?;
+        let failed = diesel_async::SimpleAsyncConnection::batch_execute(conn, FAILING).await;
+        assert!(failed.is_err(), "the failing statement worked");
+        Ok(())
+    }
+
     #[idempotent(key = "m.key", consumer = "fault-consumer", shared, retries = 3)]
     pub async fn scheduled<B: FaultBackend>(
         conn: &mut Conn<B>,
@@ -513,6 +538,10 @@ pub mod asynchronous {
 
         fn scheduled(&mut self, m: &Message, fate: Fate) -> Outcome {
             runtime().block_on(scheduled::<B>(self.conn(), m, fate))
+        }
+
+        fn swallow(&mut self, m: &Message) -> Outcome {
+            runtime().block_on(swallow::<B>(self.conn(), m))
         }
     }
 }

@@ -211,7 +211,7 @@ pub(crate) mod ansi {
     where
         C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
     {
-        in_transaction(conn).map_err(|e| (Scope::TopLevel, e))?;
+        reopened(conn).map_err(|e| (Scope::TopLevel, e))?;
         match begun {
             Ok(()) => Ok(Scope::TopLevel),
             Err(e) => {
@@ -234,30 +234,20 @@ pub(crate) mod ansi {
         AnsiTransactionManager::transaction_manager_status_mut(conn).set_in_error();
     }
 
-    /// After the statement of [`closing`] answered: outside any
-    /// transaction when it worked; else the transaction is rolled back by
-    /// the manager (a `COMMIT` that failed may have ended it already: the
-    /// `ROLLBACK` then only warns) and the error returned.
+    /// After the statement of [`closing`] answered that it worked: outside
+    /// any transaction. One that failed goes back to [`reopened`] and is
+    /// rolled back.
     #[cfg(feature = "postgres")]
-    pub(crate) async fn closed<C>(conn: &mut C, committed: Result<(), Error>) -> Result<(), Error>
+    pub(crate) fn closed<C>(conn: &mut C)
     where
         C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
     {
-        match committed {
-            Ok(()) => {
-                *AnsiTransactionManager::transaction_manager_status_mut(conn) = Default::default();
-                Ok(())
-            }
-            Err(e) => {
-                in_transaction(conn)?;
-                let _ = AnsiTransactionManager::rollback_transaction(conn).await;
-                Err(e)
-            }
-        }
+        *AnsiTransactionManager::transaction_manager_status_mut(conn) = Default::default();
     }
 
-    /// Records a top-level transaction open, whatever the status said.
-    fn in_transaction<C>(conn: &mut C) -> Result<(), Error>
+    /// Records a top-level transaction open, whatever the status said (a
+    /// `COMMIT` of [`closing`] that failed may have left it open).
+    pub(crate) fn reopened<C>(conn: &mut C) -> Result<(), Error>
     where
         C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
     {

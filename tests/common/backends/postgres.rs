@@ -38,9 +38,37 @@ fn discard(url: &str) {
     let _ = open(url).batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
 }
 
-/// A statement that fails as a deadlock victim does (SQLSTATE 40P01).
-const FAIL_TRANSIENTLY: &str =
-    "DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$";
+/// A database of its own whose server messages are in `locale`'s
+/// language (`ALTER DATABASE .. SET lc_messages`, which needs a superuser,
+/// as the test role is, and the locale installed before the server
+/// started). `Err` says why the server refused it.
+pub fn in_language(test: &str, locale: &str) -> Option<Result<TestDb, String>> {
+    let url = prepare(test)?.url.clone();
+    let name = crate::common::unique_identifier(test);
+    let mut admin = open(&url);
+    if let Err(e) = admin.batch_execute(&format!("CREATE DATABASE {name}")) {
+        return Some(Err(format!("CREATE DATABASE: {e}")));
+    }
+    let db = TestDb::owned(super::pgbouncer::with_database(&url, &name), drop_database);
+    let set = format!("ALTER DATABASE {name} SET lc_messages = '{locale}'");
+    Some(admin.batch_execute(&set).map(|()| db).map_err(|e| {
+        format!("{set}: {e} (install the locale and restart PostgreSQL, as .ci/run does)")
+    }))
+}
+
+fn drop_database(url: &str) {
+    let name = url.rsplit('/').next().expect("an in_language() URL");
+    if let Some(db) = prepare(name) {
+        let _ = open(&db).batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+    }
+}
+
+/// A statement that fails as a deadlock victim does (SQLSTATE 40P01, and
+/// the detail and hint by which the runtime knows it).
+const FAIL_TRANSIENTLY: &str = "DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING \
+     ERRCODE = '40P01', HINT = 'See server log for query details.', DETAIL = \
+     'Process 1 waits for ShareLock on transaction 7; blocked by process 2.' || chr(10) || \
+     'Process 2 waits for ShareLock on transaction 8; blocked by process 1.'; END $$";
 
 /// PostgreSQL; its async connections come from a bb8 pool (the other
 /// backends use deadpool, so both pool crates are covered).

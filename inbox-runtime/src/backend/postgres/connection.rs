@@ -278,8 +278,11 @@ impl AsyncInternals for AsyncPgConnection {
             return (Err(e), None);
         }
         ansi::closing(self);
-        let committed = self.batch_execute(claim::STORED_COMMIT).await;
-        (Ok(()), Some(ansi::closed(self, committed).await))
+        let committed = match self.batch_execute(claim::STORED_COMMIT).await {
+            Ok(()) => Ok(ansi::closed(self)),
+            Err(e) => Err(failed_commit(self, e).await),
+        };
+        (Ok(()), Some(committed))
     }
 
     async fn inbox_commit(&mut self, scope: Scope) -> QueryResult<()> {
@@ -290,12 +293,36 @@ impl AsyncInternals for AsyncPgConnection {
         // the manager is marked broken while the guard's COMMIT is on its
         // way, and told how it ended once it answered.
         ansi::closing(self);
-        let committed = self.batch_execute(GUARDED_COMMIT).await;
-        ansi::closed(self, committed).await
+        match self.batch_execute(GUARDED_COMMIT).await {
+            Ok(()) => Ok(ansi::closed(self)),
+            Err(e) => Err(failed_commit(self, e).await),
+        }
     }
 
     async fn inbox_rollback(&mut self) {
         ansi::rollback(self).await
+    }
+}
+
+/// The error of a failed guarded commit ([`GUARDED_COMMIT`],
+/// [`claim::STORED_COMMIT`]), after its rollback: marked when the
+/// transaction was already aborted by a statement of the body (25P02). A
+/// guard stops the batch before its `COMMIT`, so the transaction is then
+/// still open, which a failed `COMMIT` never leaves it. diesel-async does
+/// not read the session's status: a statement asks, refused only inside an
+/// aborted transaction. A guard's own refusal names the runtime.
+async fn failed_commit(conn: &mut AsyncPgConnection, error: Error) -> Error {
+    // Still inside the transaction until the rollback below says otherwise.
+    if let Err(e) = ansi::reopened(conn) {
+        return e;
+    }
+    let asks = matches!(&error, Error::DatabaseError(DatabaseErrorKind::Unknown, info)
+        if !info.message().contains(claim::GUARD));
+    let aborted = asks && conn.batch_execute("SELECT 1").await.is_err();
+    ansi::rollback(conn).await;
+    match aborted {
+        true => crate::backend::errors::aborted_transaction(error),
+        false => error,
     }
 }
 

@@ -110,6 +110,18 @@ pub(crate) const ASLEEP_LOCK: &str =
 /// throughput at 4 threads, SAVEPOINT none measurable).
 const GUARDED_COMMIT: &str = "SAVEPOINT diesel_inbox_guard; COMMIT";
 
+/// PostgreSQL's 55P03 (a lock wait ended by `lock_timeout`, or `NOWAIT`).
+/// Neither diesel's `PgConnection` nor diesel-async keeps its SQLSTATE, and
+/// the error has no field but its message: read in English, the server's
+/// default language. Under another `lc_messages` it is not recognised, and
+/// the claim's error is returned rather than retried.
+fn lock_not_available(error: &Error) -> bool {
+    database_error(error).is_some_and(|(_, message)| {
+        message.contains("canceling statement due to lock timeout")
+            || message.contains("could not obtain lock")
+    })
+}
+
 impl InboxBackend for Pg {
     const DDL: &'static str = crate::backend::ddl::POSTGRES;
 }
@@ -180,26 +192,29 @@ impl Internals for Pg {
     {
         // diesel resyncs its depth from libpq's status (idle after the
         // COMMIT, also a failed one).
-        let committed = conn.batch_execute(GUARDED_COMMIT);
-        if committed.is_err() {
-            crate::backend::transaction::rollback(conn);
-        }
-        committed
+        let Err(error) = conn.batch_execute(GUARDED_COMMIT) else {
+            return Ok(());
+        };
+        // The guard fails only inside an aborted transaction, and then the
+        // COMMIT never ran: the transaction is still open, which a failed
+        // COMMIT never leaves it.
+        let aborted = crate::backend::transaction::transaction_open(conn);
+        crate::backend::transaction::rollback(conn);
+        Err(match aborted {
+            true => crate::backend::errors::aborted_transaction(error),
+            false => error,
+        })
     }
 
     fn is_transient(error: &Error) -> bool {
         // 40001 arrives as SerializationFailure (diesel reads the SQLSTATE);
-        // 40P01 (deadlock) and 55P03 (lock timeout, NOWAIT) only as message
-        // text, in the server's `lc_messages` language (English assumed).
-        match database_error(error) {
-            Some((DatabaseErrorKind::SerializationFailure, _)) => true,
-            Some((_, message)) => {
-                message.contains("deadlock detected")
-                    || message.contains("canceling statement due to lock timeout")
-                    || message.contains("could not obtain lock")
-            }
-            None => false,
-        }
+        // 40P01 (deadlock) by the untranslated lock modes of its detail;
+        // 55P03 (lock timeout, NOWAIT) only as message text.
+        matches!(
+            database_error(error),
+            Some((DatabaseErrorKind::SerializationFailure, _))
+        ) || crate::backend::errors::postgres_deadlock(error)
+            || lock_not_available(error)
     }
 
     /// `lock_timeout`, transaction-local (`set_config(.., true)`: a
@@ -216,16 +231,15 @@ impl Internals for Pg {
     }
 
     fn is_wait_timeout(error: &Error) -> bool {
-        // 55P03, by its message (see `is_transient`).
+        // 55P03, by its message (see `lock_not_available`).
         database_error(error)
             .is_some_and(|(_, message)| message.contains("canceling statement due to lock timeout"))
     }
 
     fn is_aborted_commit(error: &Error) -> bool {
-        // The guard of `commit_top_level` fails with this (25P02) when a
+        // Marked by the commit that found its guard refused (25P02): a
         // statement of the body failed and the body went on.
-        database_error(error)
-            .is_some_and(|(_, message)| message.contains("current transaction is aborted"))
+        crate::backend::errors::is_aborted_transaction(error)
     }
 
     fn is_missing_table(error: &Error) -> bool {
@@ -423,6 +437,39 @@ mod tests {
         Error::DatabaseError(kind, Box::new(message.to_string()))
     }
 
+    /// A deadlock as the server reports it: message, detail, hint.
+    fn deadlock(message: &str, detail: &str) -> Error {
+        #[derive(Debug)]
+        struct Report(String, String);
+        impl diesel::result::DatabaseErrorInformation for Report {
+            fn message(&self) -> &str {
+                &self.0
+            }
+            fn details(&self) -> Option<&str> {
+                Some(&self.1)
+            }
+            fn hint(&self) -> Option<&str> {
+                Some("See server log for query details.")
+            }
+            fn table_name(&self) -> Option<&str> {
+                None
+            }
+            fn column_name(&self) -> Option<&str> {
+                None
+            }
+            fn constraint_name(&self) -> Option<&str> {
+                None
+            }
+            fn statement_position(&self) -> Option<i32> {
+                None
+            }
+        }
+        Error::DatabaseError(
+            DatabaseErrorKind::Unknown,
+            Box::new(Report(message.into(), detail.into())),
+        )
+    }
+
     #[test]
     fn the_fenced_idle_limit_is_the_documented_one() {
         let limit = format!("'{}s'", crate::fence::FENCED_IDLE_LIMIT_SECS);
@@ -436,7 +483,18 @@ mod tests {
             SerializationFailure,
             "could not serialize access"
         )));
-        assert!(Pg::is_transient(&error(Unknown, "deadlock detected")));
+        assert!(Pg::is_transient(&deadlock(
+            "Verklemmung (Deadlock) entdeckt",
+            "Prozess 20154 wartet auf ShareLock-Sperre auf Transaktion 734; blockiert von Prozess 20150.\n\
+             Prozess 20150 wartet auf ShareLock-Sperre auf Transaktion 736; blockiert von Prozess 20154."
+        )));
+        assert!(Pg::is_transient(&deadlock(
+            "deadlock detected",
+            "Process 1 waits for ExclusiveLock on advisory lock [5,0,1,1]; blocked by process 2.\n\
+             Process 2 waits for ShareLock on transaction 9; blocked by process 1."
+        )));
+        // The words alone are not a deadlock: the lock modes of its detail are.
+        assert!(!Pg::is_transient(&error(Unknown, "deadlock detected")));
         assert!(Pg::is_transient(&error(
             Unknown,
             "canceling statement due to lock timeout"
