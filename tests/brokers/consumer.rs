@@ -366,6 +366,10 @@ pub struct Shared {
     /// batch that applied an order whose sequence is a multiple of it, on
     /// its first delivery, before the runner settles the batch (0: never).
     pub crash_every: u64,
+    /// `INBOX_BROKER_FLAKY=1`: the sets of ids handed to the batch handler
+    /// so far; a set seen for the first time fails transiently (printed
+    /// as `flaky <its size>`).
+    pub flaky: Option<std::sync::Mutex<std::collections::HashSet<Vec<String>>>>,
 }
 
 impl Shared {
@@ -393,6 +397,8 @@ impl Shared {
                 .ok()
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0),
+            flaky: (std::env::var("INBOX_BROKER_FLAKY").as_deref() == Ok("1"))
+                .then(Default::default),
         })
     }
 
@@ -447,6 +453,15 @@ impl Shared {
 
     /// A batch through [`apply_orders`] (or its PostgreSQL twin).
     pub async fn apply_batch(&self, messages: &[Message<'_>]) -> Result<Batch<()>, AppError> {
+        if let Some(seen) = &self.flaky {
+            let ids: Vec<String> = messages.iter().map(|m| m.id().to_owned()).collect();
+            if seen.lock().unwrap().insert(ids) {
+                println!("flaky {}", messages.len());
+                return Err(AppError::Pool(
+                    "refused once for this set of messages".into(),
+                ));
+            }
+        }
         let outcome = match &self.db {
             Db::Sqlite(conn) => apply_orders(&mut *conn.lock().await, messages).await,
             #[cfg(feature = "postgres")]

@@ -33,32 +33,12 @@ impl Broker for Nats {
     const REDELIVERS_IN_PLACE: bool = false;
 
     fn setup(url: &str, queue: &str) -> Result<(), String> {
-        block_on(async {
-            let js = context(url).await?;
-            let stream = js
-                .create_stream(stream::Config {
-                    name: stream_name(queue),
-                    subjects: vec![format!("inbox.{}", stream_name(queue))],
-                    storage: stream::StorageType::File,
-                    // Short, so that the tests' second publishes of an id
-                    // (after it) reach the consumer.
-                    duplicate_window: Duration::from_millis(200),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| format!("create stream: {e}"))?;
-            stream
-                .create_consumer(pull::Config {
-                    durable_name: Some("consumer".into()),
-                    ack_wait: ACK_WAIT,
-                    // The policy decides when to stop (`Term`).
-                    max_deliver: -1,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| format!("create consumer: {e}"))?;
-            Ok(())
-        })
+        // The policy decides when to stop (`Term`).
+        create(url, queue, -1)
+    }
+
+    fn setup_limited(url: &str, queue: &str, max_deliveries: u32) -> Result<(), String> {
+        create(url, queue, i64::from(max_deliveries))
     }
 
     fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String> {
@@ -160,6 +140,37 @@ impl Broker for Nats {
     fn consume() -> i32 {
         crate::consumer::run_process(consume)
     }
+}
+
+/// `queue`'s file-stored stream and its durable pull consumer, which
+/// JetStream delivers a message to at most `max_deliver` times (-1: no
+/// limit).
+fn create(url: &str, queue: &str, max_deliver: i64) -> Result<(), String> {
+    block_on(async {
+        let js = context(url).await?;
+        let stream = js
+            .create_stream(stream::Config {
+                name: stream_name(queue),
+                subjects: vec![format!("inbox.{}", stream_name(queue))],
+                storage: stream::StorageType::File,
+                // Short, so that the tests' second publishes of an id
+                // (after it) reach the consumer.
+                duplicate_window: Duration::from_millis(200),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("create stream: {e}"))?;
+        stream
+            .create_consumer(pull::Config {
+                durable_name: Some("consumer".into()),
+                ack_wait: ACK_WAIT,
+                max_deliver,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("create consumer: {e}"))?;
+        Ok(())
+    })
 }
 
 /// Kills the running nats-server and starts it again with the same

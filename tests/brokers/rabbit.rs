@@ -31,38 +31,11 @@ impl Broker for Rabbit {
     const REDELIVERS_IN_PLACE: bool = true;
 
     fn setup(url: &str, queue: &str) -> Result<(), String> {
-        block_on(async {
-            let conn = connect(url).await?;
-            let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
-            let durable = QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            };
-            channel
-                .queue_declare(dlq(queue).into(), durable, FieldTable::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut arguments = FieldTable::default();
-            arguments.insert(
-                "x-queue-type".into(),
-                AMQPValue::LongString("quorum".into()),
-            );
-            arguments.insert(
-                "x-dead-letter-exchange".into(),
-                AMQPValue::LongString("".into()),
-            );
-            arguments.insert(
-                "x-dead-letter-routing-key".into(),
-                AMQPValue::LongString(dlq(queue).as_str().into()),
-            );
-            channel
-                .queue_declare(queue.into(), durable, arguments)
-                .await
-                .map_err(|e| format!("declare {queue}: {e}"))?;
-            conn.close(200, "done".into())
-                .await
-                .map_err(|e| e.to_string())
-        })
+        declare(url, queue, None)
+    }
+
+    fn setup_limited(url: &str, queue: &str, max_deliveries: u32) -> Result<(), String> {
+        declare(url, queue, Some(max_deliveries))
     }
 
     fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String> {
@@ -179,6 +152,51 @@ impl Broker for Rabbit {
     fn consume() -> i32 {
         crate::consumer::run_process(consume)
     }
+}
+
+/// A quorum queue `queue` dead-lettering to `<queue>.dlq`, with the
+/// broker's own delivery limit when `limit` is set.
+fn declare(url: &str, queue: &str, limit: Option<u32>) -> Result<(), String> {
+    block_on(async {
+        let conn = connect(url).await?;
+        let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(dlq(queue).into(), durable, FieldTable::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        arguments.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(dlq(queue).as_str().into()),
+        );
+        if let Some(limit) = limit {
+            // The quorum queue dead-letters a message requeued more
+            // often than this by itself.
+            arguments.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongInt(i32::try_from(limit).unwrap_or(i32::MAX)),
+            );
+        }
+        channel
+            .queue_declare(queue.into(), durable, arguments)
+            .await
+            .map_err(|e| format!("declare {queue}: {e}"))?;
+        conn.close(200, "done".into())
+            .await
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// Consumes until idle, reconnecting whenever the connection goes.

@@ -13,6 +13,11 @@ pub trait Broker {
     /// The variable with the server's URL.
     const URL_VAR: &'static str;
     fn setup(url: &str, queue: &str) -> Result<(), String>;
+    /// [`setup`](Self::setup) with the broker's own delivery limit at
+    /// `max_deliveries` (RabbitMQ: the quorum queue's `x-delivery-limit`;
+    /// NATS: the consumer's `max_deliver`; SQS: the redrive policy's
+    /// `maxReceiveCount`).
+    fn setup_limited(url: &str, queue: &str, max_deliveries: u32) -> Result<(), String>;
     /// Publishes `(id, body)` in order.
     fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String>;
     /// Checks that exactly one message was dead-lettered (RabbitMQ: the
@@ -100,6 +105,14 @@ pub fn run_id() -> String {
 }
 
 pub(crate) fn start<B: Broker>(url: &str) -> Result<Run, String> {
+    start_with::<B>(url, B::setup)
+}
+
+/// [`start`], the queue made by `setup`.
+fn start_with<B: Broker>(
+    url: &str,
+    setup: impl FnOnce(&str, &str) -> Result<(), String>,
+) -> Result<Run, String> {
     let run = run_id();
     let queue = format!("inbox-test-{run}");
     let db = std::env::temp_dir()
@@ -107,7 +120,7 @@ pub(crate) fn start<B: Broker>(url: &str) -> Result<Run, String> {
         .to_string_lossy()
         .into_owned();
     create_tables(&db)?;
-    B::setup(url, &queue)?;
+    setup(url, &queue)?;
     Ok(Run {
         url: url.to_string(),
         queue,
@@ -1014,6 +1027,38 @@ fn batches_isolate_a_bad_message<B: Broker>(url: &str) -> Result<String, String>
     command
         .env("INBOX_BROKER_BATCH", "100")
         .env("INBOX_BROKER_DRAIN_MS", "1500");
+    let (took, stdout) = drained(command)?;
+    check_exact(&run, n)?;
+    // JetStream drops a republished id within its duplicate window: at
+    // least every order acked, at most with each duplicate.
+    let acked: u64 = fields(&stdout, "report ")
+        .get("acked")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    ensure!(
+        (n..stream.len() as u64).contains(&acked),
+        "{acked} deliveries acked for {n} orders and {} published: {stdout}",
+        stream.len()
+    );
+    expect_fields(
+        &stdout,
+        "report ",
+        &[
+            ("idle", "true".to_string()),
+            ("dead_lettered", "1".into()),
+            ("abandoned", "0".into()),
+        ],
+    )?;
+    let where_ = B::dead_lettered(url, &run.queue)?;
+    Ok(format!(
+        "the bad message alone dead-lettered ({where_}), {n} orders applied once, {acked} deliveries acked; drained and exited in {:.1} s",
+        took.as_secs_f64()
+    ))
+}
+
+/// Runs a draining runner (`INBOX_BROKER_DRAIN_MS`) until it exits by
+/// itself, at most 120 s: how long it took, and its output.
+fn drained(mut command: Command) -> Result<(Duration, String), String> {
     let began = Instant::now();
     let mut child = command
         .spawn()
@@ -1039,18 +1084,41 @@ fn batches_isolate_a_bad_message<B: Broker>(url: &str) -> Result<String, String>
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    check_exact(&run, n)?;
-    // JetStream drops a republished id within its duplicate window: at
-    // least every order acked, at most with each duplicate.
-    let acked: u64 = fields(&stdout, "report ")
-        .get("acked")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    Ok((took, stdout))
+}
+
+/// `run_batch` with a transient failure at every step of a bisection:
+/// each set of messages the runner hands to the handler fails once, before
+/// its transaction (a pool that refused once), and one order in the middle
+/// is bad for good; the delivery budget is 3 (the policy's and the
+/// broker's own). A batch or a half that fails must spend no healthy
+/// order's budget: the bad order alone is dead-lettered, every other one
+/// is applied once.
+fn bisection_dead_letters_nothing_healthy<B: Broker>(url: &str) -> Result<String, String> {
+    const BUDGET: u32 = 3;
+    let n: u64 = 12;
+    let run = start_with::<B>(url, |url, queue| B::setup_limited(url, queue, BUDGET))?;
+    let mut stream = orders(&run, n);
+    let bad = format!("{}-bad", run.queue);
+    stream.insert((n / 2) as usize, (bad.clone(), b"not a number".to_vec()));
+    B::publish(url, &run.queue, &stream)?;
+    let mut command = command::<B>(&run, 8, 0, true)?;
+    command
+        .env("INBOX_BROKER_BATCH", "100")
+        .env("INBOX_BROKER_DRAIN_MS", "1500")
+        .env("INBOX_BROKER_MAX_DELIVERIES", BUDGET.to_string())
+        .env("INBOX_BROKER_RETRY_MS", "50")
+        .env("INBOX_BROKER_FLAKY", "1");
+    let (took, stdout) = drained(command)?;
+    let flaky: Vec<usize> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("flaky ")?.parse().ok())
+        .collect();
     ensure!(
-        (n..stream.len() as u64).contains(&acked),
-        "{acked} deliveries acked for {n} orders and {} published: {stdout}",
-        stream.len()
+        flaky.iter().any(|&size| size > 1),
+        "no batch of more than one message failed transiently: {stdout}"
     );
+    check_exact(&run, n)?;
     expect_fields(
         &stdout,
         "report ",
@@ -1062,7 +1130,9 @@ fn batches_isolate_a_bad_message<B: Broker>(url: &str) -> Result<String, String>
     )?;
     let where_ = B::dead_lettered(url, &run.queue)?;
     Ok(format!(
-        "the bad message alone dead-lettered ({where_}), {n} orders applied once, {acked} deliveries acked; drained and exited in {:.1} s",
+        "{} transient failures (calls of {} messages), {n} healthy orders applied once, only the bad one dead-lettered ({where_}); drained in {:.1} s",
+        flaky.len(),
+        flaky.iter().map(usize::to_string).collect::<Vec<_>>().join(", "),
         took.as_secs_f64()
     ))
 }
@@ -1236,6 +1306,10 @@ fn common<B: Broker>() -> Vec<Scenario> {
         (
             "batches_isolate_a_bad_message",
             batches_isolate_a_bad_message::<B>,
+        ),
+        (
+            "bisection_dead_letters_nothing_healthy",
+            bisection_dead_letters_nothing_healthy::<B>,
         ),
         ("batches_killed_at_random", batches_killed_at_random::<B>),
         #[cfg(feature = "postgres")]

@@ -369,6 +369,7 @@ impl Broker for Sqs {
         "runner_stops_on_sigterm",
         "runner_survives_a_database_outage",
         "batches_isolate_a_bad_message",
+        "bisection_dead_letters_nothing_healthy",
         "batches_killed_at_random",
         "runner_drains_then_exits",
         "outbox_chain_with_kills",
@@ -385,6 +386,10 @@ impl Broker for Sqs {
 
     fn setup(url: &str, queue: &str) -> Result<(), String> {
         create(url, queue, false, 10)
+    }
+
+    fn setup_limited(url: &str, queue: &str, max_deliveries: u32) -> Result<(), String> {
+        create(url, queue, false, max_deliveries)
     }
 
     fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String> {
@@ -426,6 +431,7 @@ impl Broker for SqsFifo {
     const ONLY: Option<&'static [&'static str]> = Some(&[
         "killed_between_commit_and_ack",
         "poison_is_dead_lettered",
+        "bisection_dead_letters_nothing_healthy",
         "batches_killed_at_random",
         "outbox_chain_with_kills",
     ]);
@@ -436,6 +442,10 @@ impl Broker for SqsFifo {
 
     fn setup(url: &str, queue: &str) -> Result<(), String> {
         create(url, queue, true, 10)
+    }
+
+    fn setup_limited(url: &str, queue: &str, max_deliveries: u32) -> Result<(), String> {
+        create(url, queue, true, max_deliveries)
     }
 
     fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String> {
