@@ -218,6 +218,12 @@ impl Inbound for Message {
             .collect()
     }
 
+    async fn in_progress(&self) -> Result<(), BrokerError> {
+        self.ack_with(AckKind::Progress)
+            .await
+            .map_err(BrokerError::Settle)
+    }
+
     async fn settle(
         &self,
         settlement: Settlement,
@@ -370,6 +376,15 @@ impl crate::brokers::Source for Pull {
         Ok(Messages {
             inner: Box::pin(inner),
             checked: false,
+        })
+    }
+
+    fn lease(&self) -> Option<Duration> {
+        // Zero: the server's default, 30 s.
+        let ack_wait = self.consumer.cached_info().config.ack_wait;
+        Some(match ack_wait.is_zero() {
+            true => Duration::from_secs(30),
+            false => ack_wait,
         })
     }
 

@@ -5,12 +5,17 @@
 //! position moved once, behind the fence); then one settlement for the
 //! batch.
 //!
-//! A batch that fails transiently is run again whole after the policy's
-//! backoff (JetStream: given back with the delay); one that fails
-//! permanently, or panics, is split in two, each half run in order, until
-//! the failing message is alone and settled as `run` settles it. What went
-//! before it in the batch is applied first, what comes after it next, so a
-//! partition's order holds.
+//! A batch that fails transiently is held and run again whole after the
+//! policy's backoff, never given back to the broker, which would count a
+//! delivery of every member: a batch's failure spends no member's
+//! delivery budget, and a batch that reaches the budget is split instead.
+//! One that fails permanently, or panics, is split in two, each half run
+//! in order, until the failing message is alone and settled as `run`
+//! settles it. Only a message alone is charged for failing: run again in
+//! place and counted here (RabbitMQ, Kafka), or given back with the delay
+//! and counted by the broker (JetStream, SQS). What went before it in the
+//! batch is applied first, what comes after it next, so a partition's
+//! order holds.
 
 use super::runner::{Ended, Holds, Pass, Runner, MAX_PROBE_INTERVAL, PROBE_INTERVAL};
 use super::{
@@ -61,12 +66,19 @@ impl<S, E> Consumer<S, E> {
     ///   consumer has it is dropped from the batch (the runner continues
     ///   from the stored position), and the rest of the batch runs again.
     /// - **A transient failure** (the policy's [`Retry`](Settlement::Retry))
-    ///   runs the batch again after the policy's backoff, in place (Kafka,
-    ///   RabbitMQ), or gives it back with the delay (JetStream).
+    ///   runs the batch again after the policy's backoff, in place
+    ///   (JetStream is told meanwhile that its messages are in progress).
+    ///   It spends no message's delivery budget
+    ///   ([`max_deliveries`](super::Policy::max_deliveries), and the
+    ///   broker's own limit): a batch that reaches the budget is split as
+    ///   below. Only a message alone is charged for its failures: run
+    ///   again in place (Kafka, RabbitMQ), or given back with the delay
+    ///   (JetStream, SQS), as `run` does.
     /// - **A permanent failure or a panic** splits the batch in two halves,
     ///   run in order, until the failing message is alone: it alone is
     ///   settled as `run` settles it (dead-lettered), and every other
-    ///   message is applied once.
+    ///   message is applied once, however often the halves failed
+    ///   transiently on the way.
     ///
     /// ```no_run
     /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
@@ -285,8 +297,9 @@ impl Done {
 
 /// A run of the batch to handle, in delivery order.
 enum Part {
-    /// Deliveries (their positions in the batch) for one handler call.
-    Call(Vec<usize>),
+    /// Deliveries (their positions in the batch) for one handler call,
+    /// and how often this very call failed transiently before.
+    Call(Vec<usize>, u32),
     /// A delivery without a usable id: dead-lettered, in its turn.
     NoId(usize, BrokerError),
 }
@@ -318,20 +331,23 @@ async fn process<M, E, T, F>(
             Err(e) => {
                 ids.push(String::new());
                 if !call.is_empty() {
-                    parts.push_back(Part::Call(std::mem::take(&mut call)));
+                    parts.push_back(Part::Call(std::mem::take(&mut call), 0));
                 }
                 parts.push_back(Part::NoId(at, e));
             }
         }
     }
     if !call.is_empty() {
-        parts.push_back(Part::Call(call));
+        parts.push_back(Part::Call(call, 0));
     }
     // Runs of a batch (or a part of it) by the runner: a delivery's count
-    // is the broker's plus these.
+    // as the handler reads it is the broker's plus these.
     let mut reruns = vec![0u32; batch.len()];
+    // Its failures alone, held and run again in place (RabbitMQ, Kafka):
+    // what its delivery budget counts is the broker's count plus these.
+    let mut charged = vec![0u32; batch.len()];
     while let Some(part) = parts.pop_front() {
-        let part = match part {
+        let (part, failures) = match part {
             Part::NoId(at, e) => {
                 let settled = batch[at]
                     .settle(Settlement::DeadLetter, Duration::ZERO)
@@ -344,7 +360,7 @@ async fn process<M, E, T, F>(
                 tracing::warn!(target: crate::TRACING_TARGET, consumer, error = %e, "diesel-inbox: a message without a usable id was dead-lettered");
                 continue;
             }
-            Part::Call(part) => part,
+            Part::Call(part, failures) => (part, failures),
         };
         let messages: Vec<Message<'_>> = part
             .iter()
@@ -399,8 +415,15 @@ async fn process<M, E, T, F>(
                 inbox_runtime::__facade::at_positions(scope, call).await
             }
         };
-        let deliveries = messages.iter().map(Message::deliveries).max().unwrap_or(1);
         drop(messages);
+        // A failing part spends its own budget, never its members': only
+        // a message isolated alone is charged for failing.
+        let deliveries = part
+            .iter()
+            .map(|&at| batch[at].deliveries().saturating_add(charged[at]))
+            .max()
+            .unwrap_or(1)
+            .saturating_add(failures);
         let error = match outcome {
             Ok(Ok(_)) => {
                 // A partition another consumer has: continue from its
@@ -443,7 +466,7 @@ async fn process<M, E, T, F>(
                         .any(|(partition, _)| of(*at).as_ref() == Some(*partition))
                 };
                 for later in parts.iter_mut() {
-                    if let Part::Call(later) = later {
+                    if let Part::Call(later, _) = later {
                         let before = later.len();
                         later.retain(|at| !gone(at));
                         done.settled(consumer, before - later.len(), Settlement::Ack, &Ok(()));
@@ -451,7 +474,7 @@ async fn process<M, E, T, F>(
                 }
                 let rest: Vec<usize> = part.into_iter().filter(|at| !gone(at)).collect();
                 if !rest.is_empty() {
-                    parts.push_front(Part::Call(rest));
+                    parts.push_front(Part::Call(rest, failures));
                 }
                 continue;
             }
@@ -477,35 +500,55 @@ async fn process<M, E, T, F>(
             Settlement::Retry => {
                 let delay = policy.retry_delay_for(deliveries);
                 tracing::warn!(target: crate::TRACING_TARGET, consumer, messages = part.len(), delivery = deliveries, error = ?error, "diesel-inbox: batch failed; running it again in {:.1} s", delay.as_secs_f64());
-                if !M::HOLDS_RETRIES {
-                    // JetStream waits out the delay itself.
-                    for at in part {
-                        let settled = batch[at].settle(Settlement::Retry, delay).await;
-                        done.settled(consumer, 1, Settlement::Retry, &settled);
-                    }
-                    if !healthy(runner, consumer, holds, done).await {
-                        give_back(batch, consumer, parts.drain(..).collect(), Vec::new(), done)
-                            .await;
-                        return;
-                    }
-                    continue;
+                let alone = part.len() == 1;
+                let given_back = alone && !M::HOLDS_RETRIES;
+                if given_back {
+                    // Its own failure: given back with the delay, which the
+                    // broker counts (JetStream's `delivered`, SQS's receive
+                    // count).
+                    let settled = batch[part[0]].settle(Settlement::Retry, delay).await;
+                    done.settled(consumer, 1, Settlement::Retry, &settled);
                 }
-                if holds.hold(delay).await || !healthy(runner, consumer, holds, done).await {
+                // A part of more than one is held here, never given back:
+                // the broker would count a delivery of every member.
+                let held: Vec<usize> = match given_back {
+                    true => members(&parts).collect(),
+                    false => part.iter().copied().chain(members(&parts)).collect(),
+                };
+                let wait = async {
+                    (!given_back && holds.hold(delay).await)
+                        || !healthy(runner, consumer, holds, done).await
+                };
+                if holding(batch, &held, runner.lease, wait).await {
                     // Shutdown: give back what is left.
-                    give_back(batch, consumer, parts.drain(..).collect(), part, done).await;
+                    let first = match given_back {
+                        true => Vec::new(),
+                        false => part,
+                    };
+                    give_back(batch, consumer, parts.drain(..).collect(), first, done).await;
                     return;
+                }
+                if given_back {
+                    continue;
                 }
                 for &at in &part {
                     reruns[at] += 1;
                 }
+                let failures = match alone {
+                    true => {
+                        charged[part[0]] += 1;
+                        0
+                    }
+                    false => failures + 1,
+                };
                 done.report.retried += part.len() as u64;
-                parts.push_front(Part::Call(part));
+                parts.push_front(Part::Call(part, failures));
             }
             Settlement::DeadLetter | Settlement::Ack if part.len() > 1 => {
                 let right = part[part.len() / 2..].to_vec();
                 let left = part[..part.len() / 2].to_vec();
-                parts.push_front(Part::Call(right));
-                parts.push_front(Part::Call(left));
+                parts.push_front(Part::Call(right, 0));
+                parts.push_front(Part::Call(left, 0));
             }
             Settlement::DeadLetter | Settlement::Ack => {
                 let at = part[0];
@@ -531,7 +574,7 @@ async fn give_back<M: Inbound>(
     let mut left = first;
     for part in parts {
         match part {
-            Part::Call(part) => left.extend(part),
+            Part::Call(part, _) => left.extend(part),
             Part::NoId(at, _) => left.push(at),
         }
     }
@@ -539,6 +582,45 @@ async fn give_back<M: Inbound>(
         let settled = batch[at].settle(Settlement::Retry, Duration::ZERO).await;
         done.settled(consumer, 1, Settlement::Retry, &settled);
         done.report.released_early += u64::from(settled.is_ok());
+    }
+}
+
+/// The deliveries of the parts still to handle.
+fn members(parts: &VecDeque<Part>) -> impl Iterator<Item = usize> + '_ {
+    parts.iter().flat_map(|part| match part {
+        Part::Call(members, _) => members.clone(),
+        Part::NoId(at, _) => vec![*at],
+    })
+}
+
+/// Waits for `wait` while the runner holds `held`, telling the broker so
+/// at once and then every third of its `lease` (JetStream's `ack_wait`),
+/// so that it does not deliver them again meanwhile.
+async fn holding<M: Inbound>(
+    batch: &[M],
+    held: &[usize],
+    lease: Option<Duration>,
+    wait: impl Future<Output = bool>,
+) -> bool {
+    let Some(lease) = lease else {
+        return wait.await;
+    };
+    let mut wait = pin!(wait);
+    let mut next = Instant::now();
+    loop {
+        tokio::select! {
+            biased;
+            stopped = &mut wait => return stopped,
+            () = tokio::time::sleep_until(next) => {
+                let told = held.iter().map(|&at| batch[at].in_progress());
+                for told in futures_util::future::join_all(told).await {
+                    if let Err(e) = told {
+                        tracing::debug!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: could not tell the broker a held message is in progress; it may deliver it again (the inbox keeps that a Duplicate)");
+                    }
+                }
+                next = Instant::now() + lease / 3;
+            }
+        }
     }
 }
 

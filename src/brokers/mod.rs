@@ -382,6 +382,13 @@ pub trait Inbound: Sealed {
             ..Message::new(id, self.body())
         }
     }
+    /// Tells the broker that the runner still holds the message
+    /// (JetStream: `Progress`, which restarts its `ack_wait`), every third
+    /// of the source's [`lease`](Source::lease) while a batch waits for
+    /// its retry; nothing by default.
+    fn in_progress(&self) -> impl std::future::Future<Output = Result<(), BrokerError>> {
+        async { Ok(()) }
+    }
     /// Acks the messages of a batch whose transaction committed, in
     /// delivery order, in as few requests as the broker allows (each
     /// one's `settle` by default).

@@ -48,6 +48,10 @@ pub(crate) struct Runner<E> {
     /// `batch`: the most messages of a batch, and how long a batch waits
     /// for more after its first.
     pub(crate) batch: Option<(usize, Duration)>,
+    /// How long the broker waits for a settlement before it delivers a
+    /// message again, where the runner must say that it still holds one
+    /// ([`Source::lease`]: JetStream's `ack_wait`).
+    pub(crate) lease: Option<Duration>,
 }
 
 impl<E> Runner<E> {
@@ -122,6 +126,15 @@ pub trait Source: Sealed {
     /// until the one before it is settled).
     #[doc(hidden)]
     fn batching(&mut self) {}
+    /// How long the broker waits for a settlement before it delivers a
+    /// message again, when only [`Inbound::in_progress`] keeps a message
+    /// the runner holds from coming back (JetStream's `ack_wait`); `None`
+    /// where nothing has to be said (RabbitMQ, Kafka; SQS renews its
+    /// leases by itself).
+    #[doc(hidden)]
+    fn lease(&self) -> Option<Duration> {
+        None
+    }
     /// Stops the broker's deliveries (intake has stopped).
     #[doc(hidden)]
     #[allow(async_fn_in_trait)]
@@ -219,6 +232,7 @@ impl<S, E> Consumer<S, E> {
                 probe_timeout: HEALTH_PROBE_TIMEOUT,
                 idle: None,
                 batch: None,
+                lease: None,
             },
         }
     }
@@ -311,6 +325,7 @@ impl<S, E> Consumer<S, E> {
         S: Source,
         P: Pass<S::Message, E>,
     {
+        self.runner.lease = self.source.lease();
         if self.runner.batch.is_some() {
             self.source.batching();
         }

@@ -1118,7 +1118,7 @@ fn bisection_dead_letters_nothing_healthy<B: Broker>(url: &str) -> Result<String
         flaky.iter().any(|&size| size > 1),
         "no batch of more than one message failed transiently: {stdout}"
     );
-    check_exact(&run, n)?;
+    check_exact(&run, n).map_err(|e| format!("{e}; the runner said: {stdout}"))?;
     expect_fields(
         &stdout,
         "report ",
