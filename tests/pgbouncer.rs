@@ -252,4 +252,148 @@ mod suite {
             );
         }
     }
+
+    /// A relay run through the proxy (its `LISTEN` connection and probe,
+    /// its passes, its polls and in-process wake-ups) changes no setting
+    /// of the proxy's server sessions: afterwards every other client of
+    /// the pool (two clients in open transactions hold both server
+    /// connections) still sees the server's `synchronous_commit` (commits
+    /// wait for the WAL flush) and `lock_timeout`.
+    #[cfg(feature = "relay")]
+    mod session_state {
+        use super::{direct_url, fresh, open, with_database};
+        use crate::common::backend::TestBackend;
+        use crate::support::relay::Calls;
+        use diesel::connection::SimpleConnection;
+        use diesel::prelude::*;
+        use diesel_inbox::outbox::{self, Outgoing, Relay};
+        use std::time::{Duration, Instant};
+
+        /// A session's server process and the two settings a relay must
+        /// not leave behind.
+        #[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+        struct Seen {
+            #[diesel(sql_type = diesel::sql_types::Integer)]
+            pid: i32,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            synchronous_commit: String,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            lock_timeout: String,
+        }
+
+        const SEEN: &str = "SELECT pg_backend_pid() AS pid, \
+             current_setting('synchronous_commit') AS synchronous_commit, \
+             current_setting('lock_timeout') AS lock_timeout";
+
+        fn seen(conn: &mut PgConnection) -> Seen {
+            diesel::sql_query(SEEN).get_result(conn).expect("settings")
+        }
+
+        fn enqueue(conn: &mut PgConnection, body: &str) {
+            conn.transaction(|conn| {
+                outbox::enqueue(conn, Outgoing::new("session_state", body))
+                    .map_err(diesel::result::Error::from)
+            })
+            .expect("enqueue");
+        }
+
+        #[test]
+        #[cfg_attr(
+            not(inbox_test_pgbouncer),
+            ignore = "INBOX_TEST_PGBOUNCER_URL was not set when the tests were built"
+        )]
+        fn a_relay_through_the_proxy_leaves_other_clients_settings_alone() {
+            let Some(db) = fresh("pgbouncer_session") else {
+                return;
+            };
+            let direct = with_database(
+                &direct_url().expect("the server's URL"),
+                db.rsplit('/').next().unwrap(),
+            );
+            // The server's own values for this database and role.
+            let defaults = seen(&mut crate::common::backends::postgres::open(&direct));
+            assert_eq!(
+                (
+                    defaults.synchronous_commit.as_str(),
+                    defaults.lock_timeout.as_str()
+                ),
+                ("on", "0"),
+                "the server's defaults are what a relay's settings would change"
+            );
+            let mut conn = open(&db);
+            diesel_inbox::migrate(&mut conn).expect("migrate");
+            let pool = super::PgBouncer::pool(&db);
+            let publisher = Calls::default();
+            let probed = |e: &crate::common::LoggedEvent| {
+                e.level == tracing::Level::WARN && e.fields.contains("LISTEN")
+            };
+            let poll = Duration::from_millis(200);
+            let (report, _) = crate::common::events_watched(|watched| {
+                crate::common::modes::runtime().block_on(async {
+                    let relay = Relay::new(pool.clone(), publisher.clone()).poll_interval(poll);
+                    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                    let running = relay.run(async {
+                        let _ = stopped.await;
+                    });
+                    let published = |n: usize| {
+                        publisher.calls.lock().expect("not poisoned").concat().len() >= n
+                    };
+                    let test = async {
+                        enqueue(&mut conn, "before the probe");
+                        // Past the relay's check of its LISTEN connection
+                        // (its opening, bounded by 10 s, and its probe's
+                        // 2 s wait), which finds the proxy.
+                        let started = Instant::now();
+                        while !(watched.events().iter().any(probed) && published(1))
+                            && started.elapsed() < Duration::from_secs(30)
+                        {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        // Woken by a commit in this process, then polls
+                        // that find nothing.
+                        enqueue(&mut conn, "after the probe");
+                        while !published(2) && started.elapsed() < Duration::from_secs(40) {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        tokio::time::sleep(poll * 5).await;
+                        let _ = stop.send(());
+                    };
+                    let (report, ()) = tokio::join!(running, test);
+                    report
+                })
+            });
+            let report = report.expect("the relay");
+            assert_eq!(report.published, 2, "{report:?}");
+            drop(pool);
+            // Two clients, each inside a transaction, hold the proxy's two
+            // server connections: between them they see every session the
+            // relay's statements ran on.
+            let mut clients = [open(&db), open(&db)];
+            let mut sessions = Vec::new();
+            for client in &mut clients {
+                client.batch_execute("BEGIN").expect("begin");
+                sessions.push(seen(client));
+            }
+            assert_ne!(
+                sessions[0].pid, sessions[1].pid,
+                "the two clients share a server session: {sessions:?}"
+            );
+            for session in &sessions {
+                assert_eq!(
+                    (
+                        session.synchronous_commit.as_str(),
+                        session.lock_timeout.as_str()
+                    ),
+                    (
+                        defaults.synchronous_commit.as_str(),
+                        defaults.lock_timeout.as_str()
+                    ),
+                    "a server session of the proxy kept a relay's setting: {sessions:?}"
+                );
+            }
+            for client in &mut clients {
+                client.batch_execute("ROLLBACK").expect("rollback");
+            }
+        }
+    }
 }

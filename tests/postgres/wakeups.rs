@@ -139,6 +139,49 @@ fn an_enqueue_notifies_only_while_a_relay_sleeps_and_none_is_missed() {
         "an enqueue notified an awake relay"
     );
 
+    // An exclusive holder of the lock (an enqueue's probe holds it for
+    // one expression): the relay's wait for it is bounded, it polls
+    // instead, and the bound was its transaction's alone: its session
+    // keeps the server's `lock_timeout` and `synchronous_commit`.
+    conn.batch_execute(
+        "SELECT pg_advisory_lock(1684627297, \
+         CAST(CAST(CAST('outbox_messages' AS regclass) AS oid) AS integer))",
+    )
+    .expect("hold the lock");
+    let started = std::time::Instant::now();
+    let refused = runtime
+        .block_on(asleep_async(&mut listener, false, &mut snapshot))
+        .expect("asleep");
+    assert_eq!(refused, None, "the lock was not free: the relay polls");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the lock wait was not bounded: {:?}",
+        started.elapsed()
+    );
+    conn.batch_execute(
+        "SELECT pg_advisory_unlock(1684627297, \
+         CAST(CAST(CAST('outbox_messages' AS regclass) AS oid) AS integer))",
+    )
+    .expect("give the lock back");
+    let settings = runtime.block_on(async {
+        diesel_async::RunQueryDsl::get_result::<(String, String)>(
+            diesel::select((
+                diesel::dsl::sql::<diesel::sql_types::Text>("current_setting('lock_timeout')"),
+                diesel::dsl::sql::<diesel::sql_types::Text>(
+                    "current_setting('synchronous_commit')",
+                ),
+            )),
+            &mut listener,
+        )
+        .await
+        .expect("settings")
+    });
+    assert_eq!(
+        settings,
+        ("0".to_string(), "on".to_string()),
+        "the relay's listener kept a setting of its own session"
+    );
+
     // A relay whose listening connection is gone holds nothing: the
     // enqueues stop notifying (its next connection is woken when it
     // listens, and polls meanwhile).

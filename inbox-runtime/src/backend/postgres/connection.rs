@@ -23,20 +23,15 @@ impl AsyncInternals for AsyncPgConnection {
     const NOTIFIES: bool = true;
 
     /// `LISTEN` on the outbox's channel and the probe's, in the simple
-    /// query protocol (no prepared statement: it may pass a proxy).
+    /// query protocol (no prepared statement: it may pass a proxy). No
+    /// session setting: until the probe arrives, this may be a proxy's
+    /// server connection that other clients share.
     async fn outbox_listen(&mut self, probe: &str) -> QueryResult<bool> {
         debug_assert!(probe
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
-        // For this session: the bound of `outbox_asleep`'s lock wait, and
-        // no wait for the WAL flush of its `IN_PROGRESS` (it takes an id
-        // and writes nothing).
-        self.batch_execute(&format!(
-            "SET lock_timeout = '{}ms'; SET synchronous_commit = off; \
-             LISTEN {OUTBOX_CHANNEL}; LISTEN {probe}",
-            ASLEEP_LOCK_WAIT.as_millis()
-        ))
-        .await?;
+        self.batch_execute(&format!("LISTEN {OUTBOX_CHANNEL}; LISTEN {probe}"))
+            .await?;
         Ok(true)
     }
 
@@ -57,17 +52,21 @@ impl AsyncInternals for AsyncPgConnection {
             .map(|notified| notified.map(|n| n.channel))
     }
 
-    /// The lock waits at most `lock_timeout` (set when the connection
-    /// listens): only an enqueue's probe, one expression long, holds it.
-    /// The transactions in progress are read by a statement of its own,
-    /// after the lock: a transaction that probed before it has its id by
-    /// then ([`IN_PROGRESS`]).
+    /// The lock waits at most [`ASLEEP_LOCK_WAIT`]: only an enqueue's
+    /// probe, one expression long, holds it. The bound is `SET LOCAL`, in
+    /// the implicit transaction of the lock's simple query, so it ends
+    /// there; the lock is the session's (the relay's listener, proved its
+    /// own by the probe). The transactions in progress are read by a
+    /// statement of its own, after the lock: a transaction that probed
+    /// before it has its id by then ([`IN_PROGRESS`]).
     async fn outbox_asleep(&mut self, held: bool) -> QueryResult<Option<(String, bool)>> {
         if !held {
-            let lock = diesel::sql_query(format!(
-                "SELECT true AS held FROM pg_advisory_lock_shared({ASLEEP_LOCK})"
-            ));
-            let locked = diesel_async::RunQueryDsl::get_result::<Held>(lock, self).await;
+            let locked = self
+                .batch_execute(&format!(
+                    "SET LOCAL lock_timeout = '{}ms'; SELECT pg_advisory_lock_shared({ASLEEP_LOCK})",
+                    ASLEEP_LOCK_WAIT.as_millis()
+                ))
+                .await;
             match locked {
                 Ok(_) => {}
                 Err(e) if <Pg as Internals>::is_wait_timeout(&e) => return Ok(None),
@@ -439,9 +438,11 @@ struct Snapshot {
 /// of them is (`settled`, checked in the same statement). A snapshot
 /// lists those below its `xmax` (the latest finished id, plus one); the
 /// ids from there up to one taken now (this statement's own, excluded)
-/// were all in progress at the snapshot and are added.
+/// were all in progress at the snapshot and are added. Its own commit
+/// does not wait for the WAL flush (it takes an id and writes nothing):
+/// `synchronous_commit` off for this transaction only.
 const IN_PROGRESS: &str = "WITH t AS MATERIALIZED (SELECT pg_current_snapshot() AS s, \
-     pg_current_xact_id() AS me) \
+     pg_current_xact_id() AS me, set_config('synchronous_commit', 'off', true) AS local) \
      SELECT COALESCE(string_agg(CAST(x AS text), ','), '') AS snapshot, \
      NOT COALESCE(bool_or(pg_xact_status(x) = 'in progress'), false) AS settled \
      FROM (SELECT pg_snapshot_xip(s) AS x FROM t UNION ALL \
