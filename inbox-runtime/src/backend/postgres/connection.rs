@@ -317,7 +317,14 @@ async fn failed_commit(conn: &mut AsyncPgConnection, error: Error) -> Error {
     }
     let asks = matches!(&error, Error::DatabaseError(DatabaseErrorKind::Unknown, info)
         if !info.message().contains(claim::GUARD));
-    let aborted = asks && conn.batch_execute("SELECT 1").await.is_err();
+    // Refused by a live server (a code, so `Unknown`), not by a connection
+    // that closed (no code: `UnableToSendCommand`), as after a COMMIT the
+    // server answered with FATAL: that commit is not the body's doing.
+    let aborted = asks
+        && matches!(
+            conn.batch_execute("SELECT 1").await,
+            Err(Error::DatabaseError(DatabaseErrorKind::Unknown, _))
+        );
     ansi::rollback(conn).await;
     match aborted {
         true => crate::backend::errors::aborted_transaction(error),
