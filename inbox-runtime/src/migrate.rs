@@ -226,6 +226,14 @@ fn upgrade_sql<B: InboxBackend>(from: Option<u32>, catalog: &Catalog) -> String 
 /// The async twin of [`migrate`](crate::migrate): creates, verifies,
 /// versions and upgrades the inbox table, with the same errors.
 ///
+/// Cancel safety: on PostgreSQL and SQLite the changes are one transaction,
+/// so a dropped call changes nothing. On MySQL/MariaDB each DDL statement
+/// commits by itself and the lock is the session's `GET_LOCK`: a dropped
+/// call may leave some upgrades done (the next call finishes them) and,
+/// on a pooled connection, the lock held until that connection closes
+/// (other `migrate` calls then fail after 60 s, naming the lock): run
+/// `migrate` on a connection of its own, or let it finish.
+///
 /// ```
 /// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")]

@@ -238,11 +238,12 @@ pub(crate) mod ansi {
     /// any transaction. One that failed goes back to [`reopened`] and is
     /// rolled back.
     #[cfg(feature = "postgres")]
-    pub(crate) fn closed<C>(conn: &mut C)
+    pub(crate) fn closed<C>(conn: &mut C) -> Result<(), Error>
     where
         C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
     {
         *AnsiTransactionManager::transaction_manager_status_mut(conn) = Default::default();
+        Ok(())
     }
 
     /// Records a top-level transaction open, whatever the status said (a

@@ -489,15 +489,19 @@ where
     /// captures, the default for `async |..|`, is `Clone`), after an
     /// async sleep: the executor thread is never blocked.
     ///
-    /// Dropping the returned future (a timeout, a cancelled task)
-    /// before the commit is sent commits nothing. Dropped while the
-    /// `COMMIT` is in flight, the transaction may have committed,
-    /// exactly as when the connection drops at that moment: treat a
-    /// cancelled delivery as not acked, and its redelivery reports
-    /// [`Processed::Duplicate`](crate::Processed::Duplicate) if it had. Either way the connection is
-    /// left inside its transaction as diesel-async's transaction
-    /// manager sees it, which diesel-async's pools treat as broken and
-    /// discard; a connection of your own must be dropped.
+    /// # Cancel safety
+    ///
+    /// Dropping the returned future (a timeout, a cancelled task) at any
+    /// await before the commit is sent commits nothing. Dropped while the
+    /// `COMMIT` is in flight, the transaction may have committed, claim
+    /// and body together, exactly as when the connection drops at that
+    /// moment: treat a cancelled delivery as not acked, and its
+    /// redelivery reports [`Processed::Duplicate`](crate::Processed::Duplicate)
+    /// if it had. A connection dropped with the call is marked broken (or
+    /// inside its transaction) in diesel-async's transaction manager,
+    /// which diesel-async's pools discard; a connection of your own must
+    /// be dropped. The guide's async page ("Cancel safety") says what a
+    /// drop does at each await.
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")]
@@ -557,6 +561,8 @@ where
 
     /// [`run_once`](Inbox::run_once) on a diesel-async connection: a
     /// body that can run only once, never rerun.
+    ///
+    /// Cancel safety: as [`run_async`](Inbox::run_async).
     pub async fn run_once_async<C, K, T, E, F>(
         &self,
         conn: &mut C,
@@ -596,6 +602,9 @@ where
     /// one transaction and one multi-row claim for a whole batch; the
     /// body, `async |conn, fresh: Vec<&M>| ..`, gets the messages
     /// claimed for the first time.
+    ///
+    /// Cancel safety: as [`run_async`](Inbox::run_async); a batch
+    /// commits all of its first deliveries or none.
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")]

@@ -483,6 +483,12 @@ where
 /// ([`AsyncInboxConnection`](crate::AsyncInboxConnection)), like the other
 /// async twins:
 ///
+/// Cancel safety: each batch is a transaction of its own; a dropped call
+/// keeps the batches it committed and rolls the current one back (the
+/// connection, marked broken meanwhile, is discarded by its pool). The
+/// other async operations (`status_async`, `forget_async`, ...) are one
+/// statement each, and the same holds.
+///
 /// ```
 /// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")]

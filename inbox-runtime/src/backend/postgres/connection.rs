@@ -278,7 +278,7 @@ impl AsyncInternals for AsyncPgConnection {
         }
         ansi::closing(self);
         let committed = match self.batch_execute(claim::STORED_COMMIT).await {
-            Ok(()) => Ok(ansi::closed(self)),
+            Ok(()) => ansi::closed(self),
             Err(e) => Err(failed_commit(self, e).await),
         };
         (Ok(()), Some(committed))
@@ -293,7 +293,7 @@ impl AsyncInternals for AsyncPgConnection {
         // way, and told how it ended once it answered.
         ansi::closing(self);
         match self.batch_execute(GUARDED_COMMIT).await {
-            Ok(()) => Ok(ansi::closed(self)),
+            Ok(()) => ansi::closed(self),
             Err(e) => Err(failed_commit(self, e).await),
         }
     }
