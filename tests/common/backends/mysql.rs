@@ -114,14 +114,7 @@ impl crate::common::cancel::CancelBackend for Mysql {
         let mut config: diesel_async::pooled_connection::ManagerConfig<AsyncMysql> =
             Default::default();
         config.recycling_method = recycling;
-        let manager =
-            diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
-                url, config,
-            );
-        diesel_async::pooled_connection::deadpool::Pool::builder(manager)
-            .max_size(1)
-            .build()
-            .expect("a pool")
+        crate::support::pools::deadpool_with(url.to_owned(), 1, config).expect("a pool")
     }
 
     type OnePool = diesel_async::pooled_connection::deadpool::Pool<AsyncMysql>;

@@ -47,6 +47,24 @@ const FAIL_TRANSIENTLY: &str = "INSERT INTO inbox_test_busy VALUES (1)";
 /// SQLite, a database file per test.
 pub struct Sqlite;
 
+/// How a pool makes a connection: opened, then [`PRAGMAS`].
+#[cfg(feature = "async")]
+fn manager_config() -> diesel_async::pooled_connection::ManagerConfig<AsyncSqlite> {
+    use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+    let mut config = diesel_async::pooled_connection::ManagerConfig::default();
+    config.custom_setup = Box::new(|url| {
+        let url = url.to_string();
+        Box::pin(async move {
+            let mut conn = AsyncSqlite::establish(&url).await?;
+            conn.batch_execute(PRAGMAS)
+                .await
+                .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+            Ok(conn)
+        })
+    });
+    config
+}
+
 #[cfg(feature = "async")]
 type AsyncSqlite = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<SqliteConnection>;
 
@@ -86,24 +104,7 @@ impl TestBackend for Sqlite {
 
     #[cfg(feature = "async")]
     fn pool(url: &str) -> Self::Pool {
-        use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
-        use diesel_async::{AsyncConnection, SimpleAsyncConnection};
-        let mut config = ManagerConfig::default();
-        config.custom_setup = Box::new(|url| {
-            let url = url.to_string();
-            Box::pin(async move {
-                let mut conn = AsyncSqlite::establish(&url).await?;
-                conn.batch_execute(PRAGMAS)
-                    .await
-                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
-                Ok(conn)
-            })
-        });
-        let manager = AsyncDieselConnectionManager::new_with_config(url, config);
-        diesel_async::pooled_connection::deadpool::Pool::builder(manager)
-            .max_size(16)
-            .build()
-            .expect("a pool")
+        crate::support::pools::deadpool_with(url.to_owned(), 16, manager_config()).expect("a pool")
     }
 
     fn fail_transiently(conn: &mut SqliteConnection) -> diesel::QueryResult<()> {
@@ -132,28 +133,9 @@ impl crate::common::cancel::CancelBackend for Sqlite {
         url: &str,
         recycling: diesel_async::pooled_connection::RecyclingMethod<AsyncSqlite>,
     ) -> Self::OnePool {
-        use diesel_async::pooled_connection::ManagerConfig;
-        use diesel_async::{AsyncConnection, SimpleAsyncConnection};
-        let mut config = ManagerConfig::default();
-        config.custom_setup = Box::new(|url| {
-            let url = url.to_string();
-            Box::pin(async move {
-                let mut conn = AsyncSqlite::establish(&url).await?;
-                conn.batch_execute(PRAGMAS)
-                    .await
-                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
-                Ok(conn)
-            })
-        });
+        let mut config = manager_config();
         config.recycling_method = recycling;
-        let manager =
-            diesel_async::pooled_connection::AsyncDieselConnectionManager::new_with_config(
-                url, config,
-            );
-        diesel_async::pooled_connection::deadpool::Pool::builder(manager)
-            .max_size(1)
-            .build()
-            .expect("a pool")
+        crate::support::pools::deadpool_with(url.to_owned(), 1, config).expect("a pool")
     }
 
     type OnePool = diesel_async::pooled_connection::deadpool::Pool<AsyncSqlite>;
