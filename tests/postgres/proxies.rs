@@ -341,63 +341,6 @@ fn another_statement_under_the_replay_reads_name_is_an_error() {
     );
 }
 
-/// On the async path the claim is sent behind its `BEGIN`, in the
-/// same round trip: run on its own, outside a transaction (as it
-/// would be if that `BEGIN` failed), it refuses to write.
-#[cfg(feature = "async")]
-#[test]
-#[cfg_attr(
-    not(inbox_test_postgres),
-    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
-)]
-fn the_claim_sent_behind_begin_writes_nothing_outside_a_transaction() {
-    use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
-    let Some((db, mut sync)) = setup("proxy_behind_begin") else {
-        return;
-    };
-    crate::common::modes::runtime().block_on(async {
-        let mut conn = AsyncPgConnection::establish(&db).await.expect("connect");
-        let applied = Inbox::consumer("proxy")
-            .retries(0)
-            .run_async(&mut conn, "b1", async |_: &mut AsyncPgConnection| {
-                Ok::<_, diesel::result::Error>(())
-            })
-            .await
-            .expect("applied");
-        assert_eq!(applied, Processed::Applied(()));
-        let query = diesel::sql_query(
-            "SELECT name, array_to_string(parameter_types::text[], ', ') AS types \
-             FROM pg_prepared_statements \
-             WHERE starts_with(statement, 'INSERT INTO inbox_messages') \
-             AND strpos(statement, 'diesel_inbox.claiming') > 0",
-        );
-        let rows: Vec<Named> = diesel_async::RunQueryDsl::load(query, &mut conn)
-            .await
-            .expect("pg_prepared_statements");
-        assert_eq!(rows.len(), 1, "the claim sent behind BEGIN is prepared");
-        let error = conn
-            .batch_execute(&format!(
-                "EXECUTE {}('proxy', 'b2', 'diesel-inbox')",
-                rows[0].name
-            ))
-            .await
-            .expect_err("outside a transaction the claim refuses");
-        assert!(
-            error
-                .to_string()
-                .contains("found no transaction of its own"),
-            "{error}"
-        );
-    });
-    assert_eq!(
-        count(
-            &mut sync,
-            "SELECT count(*) FROM inbox_messages WHERE message_id = 'b2'"
-        ),
-        0
-    );
-}
-
 /// On the async path the stored result's write is cached, and the
 /// commit after it requires it: if another statement answers under
 /// the write's name, the call is an error and nothing commits, so

@@ -107,9 +107,8 @@ pub(crate) trait AsyncInternals:
     }
 
     /// Opens the transaction and, if that worked, runs the batch claim
-    /// ([`inbox_begin_claim`](Self::inbox_begin_claim) for a batch): in
-    /// one round trip where the backend can (PostgreSQL), by default one
-    /// step after the other.
+    /// ([`inbox_begin_claim`](Self::inbox_begin_claim) for a batch): by
+    /// default one step after the other.
     fn inbox_begin_claim_batch(
         &mut self,
         consumer: &str,

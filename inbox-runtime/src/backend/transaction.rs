@@ -177,9 +177,8 @@ pub(crate) mod ansi {
     }
 
     /// Before the runtime sends a batch of its own that opens a top-level
-    /// transaction (PostgreSQL's `BEGIN` with its claim behind it, MySQL's
-    /// `BEGIN` with the wait bound): the manager is marked broken until the
-    /// batch has answered ([`opened`]). A future dropped while the batch is
+    /// transaction (MySQL's `BEGIN` with the wait bound): the manager is
+    /// marked broken until the batch has answered ([`opened`]). A future dropped while the batch is
     /// on its way leaves the connection in a state nobody knows: pools then
     /// discard it, and diesel-async refuses transactions on a connection of
     /// the caller's own with `BrokenTransactionManager`, never running them

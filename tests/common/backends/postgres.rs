@@ -170,7 +170,6 @@ impl crate::common::cancel::CancelBackend for Postgres {
                  concat_ws(' ', current_setting('lock_timeout'), \
                  current_setting('synchronous_commit'), current_setting('statement_timeout'), \
                  current_setting('jit'), current_setting('transaction_isolation'), \
-                 COALESCE(NULLIF(current_setting('diesel_inbox.claiming', true), ''), '-'), \
                  COALESCE(NULLIF(current_setting('diesel_inbox.lock_timeout', true), ''), '-')) \
                  AS settings",
             )

@@ -72,16 +72,6 @@ pub(super) fn push_guard(
     Ok(())
 }
 
-/// Pushes the condition of a claim sent behind its `BEGIN` ([`Behind`]):
-/// true inside the transaction that `BEGIN` opened, an error outside it.
-fn push_behind(out: &mut diesel::query_builder::AstPass<'_, '_, Pg>) {
-    out.push_sql(
-        " AND CAST(CASE WHEN current_setting('diesel_inbox.claiming', true) = '1' \
-         THEN '1' ELSE 'diesel-inbox: the claim sent behind its BEGIN found no \
-         transaction of its own (the BEGIN failed); nothing was written' END AS integer) = 1",
-    );
-}
-
 pub(super) const fn has_quote(text: &str) -> bool {
     let bytes = text.as_bytes();
     let mut i = 0;
@@ -163,47 +153,8 @@ pub(super) struct Claim<'a, Id> {
     consumer: &'a str,
     key: &'a str,
     fingerprint: Option<&'a [u8]>,
-    /// Whether its `RETURNING` restores the caller's `lock_timeout`
-    /// ([`Restoring`]).
-    restores: bool,
-    /// Whether it is sent behind its `BEGIN`, in the same round trip, and
-    /// so refuses to run outside the transaction that `BEGIN` opened
-    /// ([`Behind`]).
-    behind: bool,
     id: std::marker::PhantomData<Id>,
 }
-
-/// The claim of a call whose wait is bounded (`Inbox::wait`): its
-/// `RETURNING` also restores the `lock_timeout` that [`WAIT_BOUND`] set
-/// aside, in the row it returns for an inserted key, so that the body runs
-/// under the connection's own; a duplicate runs no body, and its rollback
-/// restores it. A statement of its own (its own query id).
-#[cfg(feature = "async")]
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Restoring<Id>(std::marker::PhantomData<Id>);
-
-/// The claim sent behind its `BEGIN` without waiting for it (one round
-/// trip for both: [`BEHIND_BEGIN`]): it inserts only when the
-/// transaction-local setting that the `BEGIN`'s batch set is there, so a
-/// `BEGIN` that failed can never leave the claim committed on its own,
-/// outside a transaction. A statement of its own (its own query id).
-#[cfg(feature = "async")]
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Behind<Id>(std::marker::PhantomData<Id>);
-
-/// What the `BEGIN` of a claim sent behind it sets ([`Behind`]): an
-/// expression, run in the `BEGIN`'s batch.
-#[cfg(feature = "async")]
-macro_rules! behind_begin {
-    () => {
-        "set_config('diesel_inbox.claiming', '1', true)"
-    };
-}
-#[cfg(feature = "async")]
-pub(super) const BEHIND_BEGIN: &str = behind_begin!();
-/// `BEGIN` and [`BEHIND_BEGIN`], one batch.
-#[cfg(feature = "async")]
-pub(super) const BEGIN_BEHIND: &str = concat!("BEGIN; SELECT ", behind_begin!());
 
 /// Sets a claim's wait bound (`{ms}`), setting the caller's own
 /// `lock_timeout` aside in a placeholder setting of ours; both
@@ -212,16 +163,9 @@ pub(super) const WAIT_BOUND: &str =
     "SELECT set_config('diesel_inbox.lock_timeout', current_setting('lock_timeout'), true), \
      set_config('lock_timeout', '{ms}ms', true)";
 
-/// Restores the `lock_timeout` that [`WAIT_BOUND`] set aside: an
-/// expression ([`WAIT_RESTORE`]) and a statement.
-macro_rules! wait_restore {
-    () => {
-        "set_config('lock_timeout', current_setting('diesel_inbox.lock_timeout'), true)"
-    };
-}
-pub(super) const WAIT_RESTORE: &str = wait_restore!();
-/// [`WAIT_RESTORE`] as a statement.
-pub(super) const WAIT_RESTORE_STATEMENT: &str = concat!("SELECT ", wait_restore!());
+/// Restores the `lock_timeout` that [`WAIT_BOUND`] set aside.
+pub(super) const WAIT_RESTORE_STATEMENT: &str =
+    "SELECT set_config('lock_timeout', current_setting('diesel_inbox.lock_timeout'), true)";
 
 impl<'a> Claim<'a, Plain> {
     pub(super) fn plain(consumer_name: &'a str, key: &'a str) -> Self {
@@ -229,8 +173,6 @@ impl<'a> Claim<'a, Plain> {
             consumer: consumer_name,
             key,
             fingerprint: None,
-            restores: false,
-            behind: false,
             id: std::marker::PhantomData,
         }
     }
@@ -246,35 +188,6 @@ impl<'a> Claim<'a, Fingerprinted> {
             consumer: consumer_name,
             key,
             fingerprint: Some(fingerprint),
-            restores: false,
-            behind: false,
-            id: std::marker::PhantomData,
-        }
-    }
-}
-
-#[cfg(feature = "async")]
-impl<'a, Id> Claim<'a, Id> {
-    /// The same claim, restoring the caller's `lock_timeout` ([`Restoring`]).
-    pub(super) fn restoring(self) -> Claim<'a, Restoring<Id>> {
-        Claim {
-            consumer: self.consumer,
-            key: self.key,
-            fingerprint: self.fingerprint,
-            restores: true,
-            behind: self.behind,
-            id: std::marker::PhantomData,
-        }
-    }
-
-    /// The same claim, sent behind its `BEGIN` ([`Behind`]).
-    pub(super) fn behind(self) -> Claim<'a, Behind<Id>> {
-        Claim {
-            consumer: self.consumer,
-            key: self.key,
-            fingerprint: self.fingerprint,
-            restores: self.restores,
-            behind: true,
             id: std::marker::PhantomData,
         }
     }
@@ -502,17 +415,9 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for Claim<'_, Id> {
             out.push_bind_param::<Binary, _>(fingerprint)?;
         }
         push_guard(&mut out, CLAIM_STATEMENT)?;
-        if self.behind {
-            push_behind(&mut out);
-        }
         out.push_sql(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING '");
         out.push_sql(self.marker());
         out.push_sql("'::text");
-        if self.restores {
-            out.push_sql(" || left(");
-            out.push_sql(WAIT_RESTORE);
-            out.push_sql(", 0)");
-        }
         Ok(())
     }
 }
@@ -544,8 +449,6 @@ pub(super) struct ClaimBatch<'a, Id> {
     consumer: &'a str,
     keys: &'a [&'a str],
     fingerprints: Option<&'a [&'a [u8]]>,
-    /// Sent behind its `BEGIN` ([`Behind`]).
-    behind: bool,
     id: std::marker::PhantomData<Id>,
 }
 
@@ -555,7 +458,6 @@ impl<'a> ClaimBatch<'a, Plain> {
             consumer: consumer_name,
             keys,
             fingerprints: None,
-            behind: false,
             id: std::marker::PhantomData,
         }
     }
@@ -571,21 +473,6 @@ impl<'a> ClaimBatch<'a, Fingerprinted> {
             consumer: consumer_name,
             keys,
             fingerprints: Some(fingerprints),
-            behind: false,
-            id: std::marker::PhantomData,
-        }
-    }
-}
-
-#[cfg(feature = "async")]
-impl<'a, Id> ClaimBatch<'a, Id> {
-    /// The same claim, sent behind its `BEGIN` ([`Behind`]).
-    pub(super) fn behind(self) -> ClaimBatch<'a, Behind<Id>> {
-        ClaimBatch {
-            consumer: self.consumer,
-            keys: self.keys,
-            fingerprints: self.fingerprints,
-            behind: true,
             id: std::marker::PhantomData,
         }
     }
@@ -640,9 +527,6 @@ impl<Id> diesel::query_builder::QueryFragment<Pg> for ClaimBatch<'_, Id> {
             }
         }
         push_guard(&mut out, CLAIM_STATEMENT)?;
-        if self.behind {
-            push_behind(&mut out);
-        }
         out.push_sql(
             " ORDER BY k.n ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id) \
              SELECT '",
@@ -675,12 +559,8 @@ mod asynchronous {
     use diesel_async::AsyncPgConnection;
 
     impl<Id: Send + Sync + 'static> Claim<'_, Id> {
-        /// [`Claim::run`] on a diesel-async connection (or a shared one,
-        /// `&AsyncPgConnection`, whose statements are pipelined).
-        pub(crate) async fn run_async<C>(self, conn: &mut C) -> QueryResult<bool>
-        where
-            C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
-        {
+        /// [`Claim::run`] on a diesel-async connection.
+        pub(crate) async fn run_async(self, conn: &mut AsyncPgConnection) -> QueryResult<bool> {
             let (marker, consumer, key) = (self.marker(), self.consumer, self.key);
             let rows: Vec<String> = diesel_async::RunQueryDsl::load(self, conn).await?;
             match verdict(marker, &rows)? {
@@ -718,12 +598,11 @@ mod asynchronous {
     }
 
     impl<Id: Send + Sync + 'static> ClaimBatch<'_, Id> {
-        /// [`ClaimBatch::run`] on a diesel-async connection (or a shared
-        /// one, whose statements are pipelined).
-        pub(crate) async fn run_async<C>(self, conn: &mut C) -> QueryResult<Vec<String>>
-        where
-            C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
-        {
+        /// [`ClaimBatch::run`] on a diesel-async connection.
+        pub(crate) async fn run_async(
+            self,
+            conn: &mut AsyncPgConnection,
+        ) -> QueryResult<Vec<String>> {
             let (marker, keys) = (self.marker(), self.keys);
             batch_verdict(
                 marker,

@@ -5,8 +5,7 @@
 use super::claim::{Claim, ClaimBatch};
 use super::*;
 use crate::backend::asynchronous::{
-    AsyncInboxConnection, AsyncInternals, AsyncMigration, AsyncStatements, BeginClaim,
-    BeginClaimBatch,
+    AsyncInboxConnection, AsyncInternals, AsyncMigration, AsyncStatements,
 };
 use crate::backend::transaction::{ansi, Scope};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
@@ -123,115 +122,6 @@ impl AsyncInternals for AsyncPgConnection {
         .await
     }
 
-    /// At top level, one round trip: `BEGIN` and the claim sent behind
-    /// it ([`begin_behind`]). Inside the caller's transaction, the general
-    /// sequence.
-    async fn inbox_begin_claim(
-        &mut self,
-        consumer_name: &str,
-        key: &str,
-        fingerprint_bytes: Option<&[u8]>,
-    ) -> BeginClaim {
-        if crate::backend::transaction::transaction_open_async(self) {
-            let begun = self.inbox_begin().await;
-            if begun.is_err() {
-                return (begun, None);
-            }
-            let claimed = self
-                .inbox_claim(consumer_name, key, fingerprint_bytes)
-                .await;
-            return (begun, Some(claimed));
-        }
-        let begin = claim::BEGIN_BEHIND;
-        match fingerprint_bytes {
-            None => begin_behind(self, begin, Claim::plain(consumer_name, key).behind()).await,
-            Some(bytes) => {
-                let claim = Claim::fingerprinted(consumer_name, key, bytes).behind();
-                begin_behind(self, begin, claim).await
-            }
-        }
-    }
-
-    /// At top level, one round trip: `BEGIN` with the bound, and the claim
-    /// sent behind it ([`begin_behind`]), whose `RETURNING` restores the
-    /// caller's `lock_timeout` ([`Restoring`]). Inside the caller's
-    /// transaction, the general sequence.
-    async fn inbox_begin_claim_waiting(
-        &mut self,
-        consumer_name: &str,
-        key: &str,
-        fingerprint_bytes: Option<&[u8]>,
-        wait: std::time::Duration,
-    ) -> BeginClaim {
-        if crate::backend::transaction::transaction_open_async(self) {
-            return crate::backend::asynchronous::begin_claim_waiting(
-                self,
-                consumer_name,
-                key,
-                fingerprint_bytes,
-                wait,
-            )
-            .await;
-        }
-        let bound = Pg::wait_bound(wait).expect("PostgreSQL bounds a claim's wait");
-        let begin = format!("BEGIN; {}, {}", bound.set, claim::BEHIND_BEGIN);
-        match fingerprint_bytes {
-            None => {
-                let claim = Claim::plain(consumer_name, key).restoring().behind();
-                begin_behind(self, &begin, claim).await
-            }
-            Some(bytes) => {
-                let claim = Claim::fingerprinted(consumer_name, key, bytes)
-                    .restoring()
-                    .behind();
-                begin_behind(self, &begin, claim).await
-            }
-        }
-    }
-
-    /// At top level, one round trip: `BEGIN` and the batch claim sent
-    /// behind it ([`claim::Behind`]).
-    async fn inbox_begin_claim_batch(
-        &mut self,
-        consumer_name: &str,
-        keys: &[&str],
-        fingerprints: Option<&[&[u8]]>,
-    ) -> BeginClaimBatch {
-        if crate::backend::transaction::transaction_open_async(self) {
-            let begun = self.inbox_begin().await;
-            if begun.is_err() {
-                return (begun, None);
-            }
-            let claimed = self
-                .inbox_claim_batch(consumer_name, keys, fingerprints)
-                .await;
-            return (begun, Some(claimed));
-        }
-        if let Err(e) = ansi::opening(self) {
-            return (Err(e), None);
-        }
-        let (begun, claimed) = {
-            let shared: &AsyncPgConnection = self;
-            let (mut first, mut second) = (shared, shared);
-            let begin = SimpleAsyncConnection::batch_execute(&mut first, claim::BEGIN_BEHIND);
-            match fingerprints {
-                None => {
-                    let claim = ClaimBatch::plain(consumer_name, keys).behind();
-                    both(begin, claim.run_async(&mut second)).await
-                }
-                Some(fingerprints) => {
-                    let claim =
-                        ClaimBatch::fingerprinted(consumer_name, keys, fingerprints).behind();
-                    both(begin, claim.run_async(&mut second)).await
-                }
-            }
-        };
-        match ansi::opened(self, begun).await {
-            Ok(scope) => (Ok(scope), Some(claimed)),
-            Err(e) => (Err(e), None),
-        }
-    }
-
     async fn inbox_claim_batch(
         &mut self,
         consumer_name: &str,
@@ -329,66 +219,6 @@ async fn failed_commit(conn: &mut AsyncPgConnection, error: Error) -> Error {
     match aborted {
         true => crate::backend::errors::aborted_transaction(error),
         false => error,
-    }
-}
-
-/// Both futures' outputs, `first` polled first each time: on a shared
-/// connection its request is sent first, the second's right behind it,
-/// and both answers are read in one round trip.
-async fn both<A: std::future::Future, B: std::future::Future>(
-    first: A,
-    second: B,
-) -> (A::Output, B::Output) {
-    use std::task::Poll;
-    let (mut first, mut second) = (std::pin::pin!(first), std::pin::pin!(second));
-    let (mut a, mut b) = (None, None);
-    std::future::poll_fn(|cx| {
-        if a.is_none() {
-            if let Poll::Ready(out) = first.as_mut().poll(cx) {
-                a = Some(out);
-            }
-        }
-        if b.is_none() {
-            if let Poll::Ready(out) = second.as_mut().poll(cx) {
-                b = Some(out);
-            }
-        }
-        match a.is_some() && b.is_some() {
-            true => Poll::Ready(()),
-            false => Poll::Pending,
-        }
-    })
-    .await;
-    (a.expect("ready"), b.expect("ready"))
-}
-
-/// `begin` (a `BEGIN` batch that sets [`claim::BEHIND_BEGIN`]) and
-/// `claim` in one round trip: both are sent on the shared connection
-/// before either answer is read (tokio-postgres pipelines the requests of
-/// one connection, in the order they are first polled: the `BEGIN`
-/// first). The claim inserts only inside the transaction that `BEGIN`
-/// opened ([`claim::Behind`]); a `BEGIN` that failed is rolled back and
-/// reported, the claim's own failure too.
-async fn begin_behind<Id: Send + Sync + 'static>(
-    conn: &mut AsyncPgConnection,
-    begin: &str,
-    claim: Claim<'_, claim::Behind<Id>>,
-) -> BeginClaim {
-    if let Err(e) = ansi::opening(conn) {
-        return (Err(e), None);
-    }
-    let (begun, claimed) = {
-        let shared: &AsyncPgConnection = conn;
-        let (mut first, mut second) = (shared, shared);
-        both(
-            SimpleAsyncConnection::batch_execute(&mut first, begin),
-            claim.run_async(&mut second),
-        )
-        .await
-    };
-    match ansi::opened(conn, begun).await {
-        Ok(scope) => (Ok(scope), Some(claimed)),
-        Err(e) => (Err(e), None),
     }
 }
 
