@@ -178,12 +178,14 @@ pub(crate) mod ansi {
 
     /// Before the runtime sends a batch of its own that opens a top-level
     /// transaction (MySQL's `BEGIN` with the wait bound): the manager is
-    /// marked broken until the batch has answered ([`opened`]). A future dropped while the batch is
-    /// on its way leaves the connection in a state nobody knows: pools then
-    /// discard it, and diesel-async refuses transactions on a connection of
-    /// the caller's own with `BrokenTransactionManager`, never running them
-    /// inside the orphan transaction. Fails where the manager is broken or
-    /// has a transaction open already.
+    /// marked broken until the batch has answered ([`opened`]). A future
+    /// dropped while the batch is on its way leaves the connection in a
+    /// state nobody knows: pools then discard it, and diesel-async refuses
+    /// transactions on a connection of the caller's own with
+    /// `BrokenTransactionManager` (which must be dropped: a plain statement
+    /// would still run inside the orphan transaction). Fails where the
+    /// manager is broken or has a transaction open already.
+    #[cfg(feature = "mysql")]
     pub(crate) fn opening<C>(conn: &mut C) -> Result<(), (Scope, Error)>
     where
         C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
@@ -203,6 +205,7 @@ pub(crate) mod ansi {
     /// `BEGIN`: it is rolled back by the manager (which marks the
     /// connection broken if that fails too), and the error reported as the
     /// begin's.
+    #[cfg(feature = "mysql")]
     pub(crate) async fn opened<C>(
         conn: &mut C,
         begun: Result<(), Error>,
