@@ -298,6 +298,139 @@ mod suite {
         assert_eq!(claimed, 1);
     }
 
+    /// The async handler of the swallowed deadlock, on sessions whose
+    /// server messages are German.
+    #[cfg(feature = "async")]
+    #[diesel_inbox::idempotent(key = "key", consumer = "swallowed-deadlock-de", retries = 0)]
+    async fn lock_two_swallowing_async(
+        conn: &mut diesel_async::AsyncMysqlConnection,
+        key: &str,
+        first: &str,
+        second: &str,
+        meet: &tokio::sync::Barrier,
+        said: &std::sync::Mutex<Vec<String>>,
+    ) -> diesel::QueryResult<()> {
+        use diesel::prelude::*;
+        use diesel_async::RunQueryDsl;
+        diesel::update(inbox_test_locks::table.find(first))
+            .set(inbox_test_locks::value.eq(inbox_test_locks::value + 1))
+            .execute(conn)
+            .await?;
+        meet.wait().await;
+        let swallowed = diesel::update(inbox_test_locks::table.find(second))
+            .set(inbox_test_locks::value.eq(inbox_test_locks::value + 1))
+            .execute(conn)
+            .await;
+        if let Err(diesel::result::Error::DatabaseError(_, info)) = swallowed {
+            said.lock().unwrap().push(info.message().to_string());
+        }
+        Ok(())
+    }
+
+    /// The same on diesel-async, whose MySQL errors keep no error number,
+    /// on sessions whose server messages are German: the runtime asks the
+    /// server whether the transaction is still open (`@@in_transaction`),
+    /// so the victim is not reported `Applied`, whatever the message says.
+    #[cfg(feature = "async")]
+    #[test]
+    #[cfg_attr(
+        not(inbox_test_mysql),
+        ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+    )]
+    fn a_swallowed_deadlock_in_german_is_not_reported_as_applied_async() {
+        use diesel::prelude::*;
+        use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+        let Some(url) = prepare("swallowed_deadlock_de") else {
+            return;
+        };
+        let mut conn = open(&url);
+        conn.batch_execute(
+            "CREATE TABLE IF NOT EXISTS inbox_test_locks \
+             (name VARCHAR(64) PRIMARY KEY, value BIGINT NOT NULL) ENGINE = InnoDB",
+        )
+        .expect("locks table");
+        let run = common::unique_run_id("swallow-de");
+        let (x, y) = (format!("{run}:x"), format!("{run}:y"));
+        conn.batch_execute(&format!(
+            "INSERT INTO inbox_test_locks VALUES ('{x}', 0), ('{y}', 0)"
+        ))
+        .expect("rows");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let outcomes = runtime.block_on(async {
+            let meet = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+            let handlers: Vec<_> = [(x.clone(), y.clone()), (y.clone(), x.clone())]
+                .into_iter()
+                .enumerate()
+                .map(|(n, (first, second))| {
+                    let (url, key) = (url.to_string(), format!("{run}:{n}"));
+                    let (meet, said) = (meet.clone(), said.clone());
+                    tokio::spawn(async move {
+                        let mut conn = diesel_async::AsyncMysqlConnection::establish(&url)
+                            .await
+                            .expect("connect");
+                        conn.batch_execute("SET lc_messages = 'de_DE'")
+                            .await
+                            .expect("German messages");
+                        lock_two_swallowing_async(&mut conn, &key, &first, &second, &meet, &said)
+                            .await
+                            .map_err(|e| match e {
+                                diesel::result::Error::QueryBuilderError(inner) => inner
+                                    .downcast::<diesel_inbox::InboxError>()
+                                    .map(|e| *e)
+                                    .map_err(|e| e.to_string()),
+                                other => Err(other.to_string()),
+                            })
+                    })
+                })
+                .collect();
+            let mut outcomes = Vec::new();
+            for handler in handlers {
+                outcomes.push(handler.await.expect("no panic"));
+            }
+            outcomes
+        });
+        // One victim. MariaDB words a deadlock in English in every language
+        // (MySQL translates it); its other messages are German here, as a
+        // missing table shows. The engine's own tests show that the state
+        // read decides over any message (`engine::tests`).
+        let said = said.lock().unwrap().clone();
+        assert_eq!(said.len(), 1, "one deadlock victim: {said:?}, {outcomes:?}");
+        let german = runtime.block_on(async {
+            let mut conn = diesel_async::AsyncMysqlConnection::establish(&url)
+                .await
+                .expect("connect");
+            conn.batch_execute("SET lc_messages = 'de_DE'")
+                .await
+                .expect("German messages");
+            match conn.batch_execute("SELECT * FROM no_such_table").await {
+                Err(diesel::result::Error::DatabaseError(_, info)) => info.message().to_string(),
+                other => panic!("a missing table: {other:?}"),
+            }
+        });
+        assert!(german.contains("existiert nicht"), "not German: {german:?}");
+        let applied = outcomes
+            .iter()
+            .filter(|o| matches!(o, Ok(p) if p.is_applied()))
+            .count();
+        let ignored = outcomes
+            .iter()
+            .filter(|o| matches!(o, Err(Ok(diesel_inbox::InboxError::BodyIgnoredError(_)))))
+            .count();
+        assert_eq!((applied, ignored), (1, 1), "{outcomes:?}");
+        let claimed: i64 = diesel_inbox::inbox_messages::table
+            .filter(diesel_inbox::inbox_messages::consumer.eq("swallowed-deadlock-de"))
+            .filter(diesel_inbox::inbox_messages::message_id.like(format!("{run}:%")))
+            .count()
+            .get_result(&mut conn)
+            .expect("count");
+        assert_eq!(claimed, 1);
+    }
+
     #[test]
     #[cfg_attr(
         not(inbox_test_mysql),

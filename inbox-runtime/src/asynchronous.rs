@@ -432,10 +432,18 @@ where
     let mark = observe::mark_async(conn);
     let result = caught(body(&mut *conn)).await;
     match result {
-        Ok(result) => Event::Ran {
-            result,
-            failed: observe::failed_since_async(conn, mark),
-        },
+        Ok(result) => {
+            let failed = observe::failed_since_async(conn, mark);
+            let open = match crate::engine::wants_probe(&result, &failed) {
+                true => conn.inbox_still_open().await,
+                false => Ok(None),
+            };
+            Event::Ran {
+                result,
+                failed,
+                open,
+            }
+        }
         // diesel-async does not roll back on unwind either.
         Err(panic) => {
             conn.inbox_rollback().await;

@@ -99,6 +99,10 @@ pub(crate) enum Event<T, E> {
         result: Result<T, E>,
         /// The statements of the body that failed, oldest first.
         failed: Vec<FailedStatement>,
+        /// Whether the transaction is still open, asked (see [`wants_probe`])
+        /// when the body returned `Ok` after statements of its own failed,
+        /// where the backend can tell; `Ok(None)` otherwise.
+        open: Result<Option<bool>, Error>,
     },
     Committed(Result<(), Error>),
     RolledBack,
@@ -411,18 +415,23 @@ where
                     self.judge(failure)
                 }
             },
-            (State::Running, Event::Ran { result, failed }) => {
+            (State::Running, Event::Ran { result, failed, open }) => {
                 let mut failed = failed.iter().map(FailedStatement::to_error);
                 match result {
-                    Ok(value) => match failed.find(B::ends_transaction) {
+                    Ok(value) => match ended::<B>(open, &mut failed) {
+                        // The state could not be read: nothing is committed.
+                        Err(unknown) => self.go(
+                            State::RollingBack(Err(Failure::Inbox(unknown))),
+                            Step::Rollback,
+                        ),
                         // The server already rolled the transaction back (and
                         // the inbox row with it): committing would report a
                         // false Applied.
-                        Some(ended) => self.go(
+                        Ok(Some(ended)) => self.go(
                             State::RollingBack(Err(Failure::Ignored(ended))),
                             Step::Rollback,
                         ),
-                        None => match self.encode.map(|encode| encode(&value)) {
+                        Ok(None) => match self.encode.map(|encode| encode(&value)) {
                             None => self.go(State::Committing(value), Step::Commit(self.scope)),
                             Some(Ok(bytes)) => self.go(State::Storing(value), Step::Store(bytes)),
                             Some(Err(reason)) => {
@@ -628,6 +637,33 @@ where
             Step::Sleep(crate::backoff::rerun(attempts)),
         )
     }
+}
+
+/// Whether the body's transaction ended under it although the body
+/// returned `Ok` (a statement of its own failed and the server rolled the
+/// transaction back): the failed statement to report, if so. The state the
+/// server reports (`open`) decides where there is one; otherwise the
+/// backend judges the failed statements' errors. `Err`: the state could not
+/// be read.
+fn ended<B: InboxBackend>(
+    open: Result<Option<bool>, Error>,
+    failed: &mut impl Iterator<Item = Error>,
+) -> Result<Option<Error>, Error> {
+    match open? {
+        Some(true) => Ok(None),
+        // The statement that ended it is not known: the last failed one
+        // (a later one would have run outside the transaction).
+        Some(false) => Ok(failed.last()),
+        None => Ok(failed.find(B::ends_transaction)),
+    }
+}
+
+/// Asks whether the body's transaction is still open (the backend's
+/// [`OPEN_PROBE`](crate::backend::Internals::OPEN_PROBE)), only when the body returned `Ok`
+/// after statements of its own failed: the drivers' input to
+/// [`Event::Ran`].
+pub(crate) fn wants_probe<T, E>(result: &Result<T, E>, failed: &[FailedStatement]) -> bool {
+    result.is_ok() && !failed.is_empty()
 }
 
 impl<B, T, E, R> Engine<'_, B, T, E, R> {

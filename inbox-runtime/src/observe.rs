@@ -35,6 +35,21 @@ pub(crate) struct FailedStatement {
 }
 
 impl FailedStatement {
+    /// A failed statement of kind `Unknown` with `message` (the engine's
+    /// tests).
+    #[cfg(test)]
+    pub(crate) fn with_message(message: &str) -> Self {
+        FailedStatement {
+            sequence: 0,
+            kind: DatabaseErrorKind::Unknown,
+            info: RecordedInfo {
+                message: message.to_string(),
+                details: None,
+                hint: None,
+            },
+        }
+    }
+
     /// An equivalent diesel error, for classification and error messages.
     pub(crate) fn to_error(&self) -> Error {
         Error::DatabaseError(self.kind, Box::new(self.info.clone()))

@@ -336,9 +336,15 @@ where
                         panic::resume_unwind(panic)
                     }
                 };
+                let failed = observe::failed_since(conn, mark);
+                let open = match crate::engine::wants_probe(&result, &failed) {
+                    true => <C::Backend as crate::backend::Statements>::still_open(conn),
+                    false => Ok(None),
+                };
                 Event::Ran {
                     result,
-                    failed: observe::failed_since(conn, mark),
+                    failed,
+                    open,
                 }
             }
             Step::CheckShape => Event::ShapeChecked(check_shape(conn)),

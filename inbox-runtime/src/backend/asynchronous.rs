@@ -273,6 +273,8 @@ pub(crate) trait AsyncStatements: AsyncConnection + Send {
         cutoff: String,
         consumer: Option<String>,
     ) -> impl Future<Output = QueryResult<i64>> + Send;
+    /// [`Statements::still_open`](super::execute::Statements::still_open).
+    fn inbox_still_open(&mut self) -> impl Future<Output = QueryResult<Option<bool>>> + Send;
     /// The row of `(consumer, key)`.
     fn inbox_entry(
         &mut self,

@@ -178,6 +178,9 @@ pub(crate) trait Statements: Internals {
         cutoff: &str,
         consumer: Option<&str>,
     ) -> QueryResult<i64>;
+    /// Whether the transaction is still open, where the backend can tell
+    /// ([`OPEN_PROBE`](super::Internals::OPEN_PROBE)); `None` otherwise.
+    fn still_open<C: LoadConnection<Backend = Self>>(conn: &mut C) -> QueryResult<Option<bool>>;
     /// The row of `(consumer, key)`.
     fn entry<C: LoadConnection<Backend = Self>>(
         conn: &mut C,
@@ -236,6 +239,7 @@ where
     for<'a> st::oldest_of<'a>: LoadOn<B, (String, String)>,
     st::delete_older: ExecuteOn<B>,
     st::count_older: LoadOn<B, i64>,
+    st::still_open: LoadOn<B, Option<i64>>,
     for<'a> st::count_older_of<'a>: LoadOn<B, i64>,
     for<'a> st::entry<'a>: LoadOn<B, (String, String, i64)>,
     for<'a> st::forget<'a>: ExecuteOn<B>,
@@ -330,6 +334,14 @@ where
             None => st::count_older(cutoff).load_on(conn)?,
         };
         first(rows).ok_or(diesel::result::Error::NotFound)
+    }
+
+    fn still_open<C: LoadConnection<Backend = B>>(conn: &mut C) -> QueryResult<Option<bool>> {
+        let Some(probe) = B::OPEN_PROBE else {
+            return Ok(None);
+        };
+        let rows = st::still_open(probe).load_on(conn)?;
+        Ok(first(rows).flatten().map(|open| open != 0))
     }
 
     fn entry<C: LoadConnection<Backend = B>>(
@@ -532,6 +544,7 @@ pub(crate) mod asynchronous {
         for<'a> st::oldest_of<'a>: LoadOnAsync<B, (String, String)>,
         st::delete_older: QueryFragment<B> + QueryId + Send,
         st::count_older: LoadOnAsync<B, i64>,
+        st::still_open: LoadOnAsync<B, Option<i64>>,
         for<'a> st::count_older_of<'a>: LoadOnAsync<B, i64>,
         for<'a> st::entry<'a>: LoadOnAsync<B, (String, String, i64)>,
         for<'a> st::forget<'a>: QueryFragment<B> + QueryId + Send,
@@ -651,6 +664,16 @@ pub(crate) mod asynchronous {
                 first(rows?).ok_or(diesel::result::Error::NotFound)
             });
             count
+        }
+
+        async fn inbox_still_open(&mut self) -> QueryResult<Option<bool>> {
+            // Inside the call's transaction: a drop leaves the manager's
+            // depth above 0, and the pool discards the connection.
+            let Some(probe) = B::OPEN_PROBE else {
+                return Ok(None);
+            };
+            let rows = st::still_open(probe).load_on_async(self).await?;
+            Ok(first(rows).flatten().map(|open| open != 0))
         }
 
         async fn inbox_entry(

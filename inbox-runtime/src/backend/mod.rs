@@ -234,6 +234,14 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
         false
     }
 
+    /// An SQL expression for whether the connection's transaction is still
+    /// open (1, 0, or NULL where the server cannot tell), asked when the
+    /// body returned `Ok` after a statement of its own failed: the state
+    /// itself, whatever language the server's messages are in. Where it is
+    /// `None`, or answers NULL, [`ends_transaction`](Self::ends_transaction)
+    /// judges the failed statements instead.
+    const OPEN_PROBE: Option<&'static str> = None;
+
     /// Whether a failed top-level commit means the body swallowed the error
     /// of a statement that aborted the transaction (PostgreSQL's commit
     /// guard), rather than a failure of the commit itself.

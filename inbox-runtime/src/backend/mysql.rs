@@ -199,6 +199,10 @@ impl InboxBackend for Mysql {
 
 impl Internals for Mysql {
     const BEGIN: &'static str = "BEGIN";
+    // MariaDB's `@@in_transaction` (no privilege needed); MySQL has no
+    // such variable and skips the `/*M!` comment, answering NULL.
+    const OPEN_PROBE: Option<&'static str> =
+        Some("CAST(COALESCE(/*M! @@in_transaction, */ NULL) AS SIGNED)");
     const KEY_TYPE: &'static str = "VARBINARY(255) NOT NULL";
     const DDL_COMMITS: bool = true;
     // Nullable columns at the end: an instant ALTER on MySQL 8.0.12+ and
@@ -290,9 +294,13 @@ impl Internals for Mysql {
 
     fn is_transient(error: &Error) -> bool {
         // Sync diesel maps 1213 (deadlock, and a Galera certification
-        // conflict or brute-force abort) to SerializationFailure; other
-        // drivers and 1205 (lock wait timeout) leave only the message text,
-        // which the server writes in English.
+        // conflict or brute-force abort) to SerializationFailure; diesel-async
+        // keeps no error number, and 1205 (lock wait timeout) has no kind on
+        // either: only the message text is left, read in English (MariaDB
+        // words 1213 in English in every language, 1205 not). Under another
+        // `lc_messages` an unrecognised error is returned, not retried;
+        // whether a body's swallowed error ended the transaction is read
+        // from the server's state instead (`OPEN_PROBE`).
         match database_error(error) {
             Some((DatabaseErrorKind::SerializationFailure, _)) => true,
             Some((_, message)) => {

@@ -574,6 +574,11 @@ mod asynchronous {
                 .await
         }
 
+        async fn inbox_still_open(&mut self) -> QueryResult<Option<bool>> {
+            // SQLite has no probe (`Internals::OPEN_PROBE`).
+            Ok(None)
+        }
+
         async fn inbox_entry(
             &mut self,
             consumer_name: &str,

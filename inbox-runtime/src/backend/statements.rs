@@ -17,7 +17,7 @@ use diesel::expression::SqlLiteral;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::serialize::ToSql;
-use diesel::sql_types::{BigInt, HasSqlType, Text, Timestamp};
+use diesel::sql_types::{BigInt, HasSqlType, Nullable, Text, Timestamp};
 
 /// Most keys one statement carries (bind-parameter limits: PostgreSQL
 /// 65535, SQLite 32766; two per row).
@@ -379,6 +379,15 @@ where
 /// The type of [`count_failure`].
 pub(crate) type CountFailure<'a, B> =
     diesel::query_builder::BoxedSqlQuery<'a, B, diesel::query_builder::SqlQuery>;
+
+/// Whether the connection's transaction is still open, by the backend's
+/// [`OPEN_PROBE`](Internals::OPEN_PROBE): 1 open, 0 ended, NULL where the
+/// server cannot tell.
+#[diesel::dsl::auto_type]
+pub(crate) fn still_open(probe: &str) -> _ {
+    let open: SqlLiteral<Nullable<BigInt>> = sql::<Nullable<BigInt>>(probe);
+    diesel::dsl::select(open)
+}
 
 /// The oldest `limit` keys claimed before `cutoff` (the backend's SQL for
 /// a time), by the `received_at` index: a plain read, no locks.

@@ -12,8 +12,13 @@ fn engine<'a>() -> TestEngine<'a> {
 }
 
 /// Feeds `events` and returns the steps asked for and the outcome.
-fn run(
-    mut engine: TestEngine<'_>,
+fn run(engine: TestEngine<'_>, events: Vec<Event<i32, InboxError>>) -> (Vec<Step>, Option<Outcome>) {
+    run_on(engine, events)
+}
+
+/// [`run`], on any backend.
+fn run_on<B: InboxBackend>(
+    mut engine: Engine<'_, B, i32, InboxError, Classify>,
     events: Vec<Event<i32, InboxError>>,
 ) -> (Vec<Step>, Option<Outcome>) {
     let mut steps = Vec::new();
@@ -30,6 +35,7 @@ fn ran(result: Result<i32, InboxError>) -> Event<i32, InboxError> {
     Event::Ran {
         result,
         failed: Vec::new(),
+        open: Ok(None),
     }
 }
 
@@ -229,4 +235,57 @@ fn a_wait_that_runs_out_is_in_flight_and_not_retried() {
     // Without a bound the same error is transient: retried.
     let (steps, _) = run(engine(), vec![Event::Begun(Err((Scope::TopLevel, busy())))]);
     assert!(matches!(steps[..], [Step::Sleep(_)]));
+}
+
+/// MySQL: after a body that returned `Ok` with failed statements, the
+/// transaction's state as the server reports it decides, whatever the
+/// failed statements' messages say; the messages decide only where the
+/// server cannot tell (MySQL, which has no `@@in_transaction`).
+#[cfg(feature = "mysql")]
+#[test]
+fn the_transaction_state_decides_over_the_messages() {
+    use diesel::mysql::Mysql;
+    let deadlock = "Deadlock found when trying to get lock; try restarting transaction";
+    let german = "Beim Versuch, eine Sperre anzufordern, ist ein Deadlock aufgetreten";
+    let cases = [
+        // (message, the server's answer, committed)
+        (german, Ok(Some(false)), false),
+        (deadlock, Ok(Some(true)), true),
+        (deadlock, Ok(None), false),
+        (german, Ok(None), true),
+        (german, Err(Error::NotFound), false),
+    ];
+    for (message, open, committed) in cases {
+        let engine: Engine<'_, Mysql, i32, InboxError, Classify> =
+            Engine::new("consumer", "key", 0, |_| ErrorClass::permanent());
+        let (steps, outcome) = run_on(
+            engine,
+            vec![
+                // MySQL checks the shape before its first claim.
+                Event::ShapeChecked(Ok(())),
+                Event::Begun(Ok(Scope::TopLevel)),
+                Event::Claimed(Ok(Claimed::New)),
+                Event::Ran {
+                    result: Ok(7),
+                    failed: vec![FailedStatement::with_message(message)],
+                    open,
+                },
+                match committed {
+                    true => Event::Committed(Ok(())),
+                    false => Event::RolledBack,
+                },
+            ],
+        );
+        let last = steps.last();
+        match committed {
+            true => {
+                assert_eq!(last, Some(&Step::Commit(Scope::TopLevel)), "{message}");
+                assert_eq!(outcome.map(|o| o.ok()), Some(Some(Ended::Applied(7))));
+            }
+            false => {
+                assert_eq!(last, Some(&Step::Rollback), "{message}");
+                assert!(matches!(outcome, Some(Err(_))), "{message}: {outcome:?}");
+            }
+        }
+    }
 }
