@@ -415,7 +415,14 @@ where
                     self.judge(failure)
                 }
             },
-            (State::Running, Event::Ran { result, failed, open }) => {
+            (
+                State::Running,
+                Event::Ran {
+                    result,
+                    failed,
+                    open,
+                },
+            ) => {
                 let mut failed = failed.iter().map(FailedStatement::to_error);
                 match result {
                     Ok(value) => match ended::<B>(open, &mut failed) {

@@ -229,10 +229,10 @@ fn upgrade_sql<B: InboxBackend>(from: Option<u32>, catalog: &Catalog) -> String 
 /// Cancel safety: on PostgreSQL and SQLite the changes are one transaction,
 /// so a dropped call changes nothing. On MySQL/MariaDB each DDL statement
 /// commits by itself and the lock is the session's `GET_LOCK`: a dropped
-/// call may leave some upgrades done (the next call finishes them) and,
-/// on a pooled connection, the lock held until that connection closes
-/// (other `migrate` calls then fail after 60 s, naming the lock): run
-/// `migrate` on a connection of its own, or let it finish.
+/// call may leave some upgrades done (the next call finishes them), and
+/// leaves its connection marked broken, so that a pool discards it (the
+/// session ends, and its lock with it); a connection of your own refuses
+/// transactions after such a drop and must be dropped too.
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")]
@@ -256,7 +256,20 @@ where
     P: AsAsyncConnection<C, Via>,
     C: AsyncInboxConnection,
 {
-    sequence(&mut AsyncSteps(conn.connection())).await
+    use crate::backend::transaction::{state_known, state_unknown};
+    let conn = conn.connection();
+    // Where DDL commits by itself (MySQL/MariaDB) nothing of the sequence
+    // is a transaction, and its lock is the session's: the connection is
+    // marked broken until the sequence ends, so a call dropped anywhere in
+    // it leaves a connection its pool discards (closing the session, and
+    // its lock with it).
+    let status = match <C::Backend as crate::backend::Internals>::DDL_COMMITS {
+        true => state_unknown(conn),
+        false => None,
+    };
+    let migrated = sequence(&mut AsyncSteps(&mut *conn)).await;
+    state_known(conn, status);
+    migrated
 }
 
 /// What `migrate`'s sequence does on a connection, step by step: on a sync
@@ -397,7 +410,15 @@ impl<C: AsyncMigration> Steps for AsyncSteps<'_, C> {
     }
 
     fn catalog(&mut self) -> impl Future<Output = QueryResult<Catalog>> + Send {
-        self.0.catalog()
+        // The first look is outside any transaction: marked as every
+        // runtime statement there (`state_unknown`).
+        let conn = &mut *self.0;
+        async move {
+            let status = crate::backend::transaction::state_unknown(conn);
+            let catalog = conn.catalog().await;
+            crate::backend::transaction::state_known(conn, status);
+            catalog
+        }
     }
 
     fn lock(&mut self) -> impl Future<Output = Result<Scope, InboxError>> + Send {

@@ -89,6 +89,8 @@ pub trait TestBackend: Sized + Send + Sync + 'static {
     fn effects_of(conn: &mut Self::Conn, run: &str) -> Vec<(String, i64)>;
     /// The inbox rows of one key of one consumer.
     fn inbox_rows(conn: &mut Self::Conn, consumer: &str, key: &str) -> i64;
+    /// The payloads of the outbox rows with message id `id`.
+    fn outbox_payloads(conn: &mut Self::Conn, id: &str) -> Vec<Vec<u8>>;
     /// The `fingerprint` and `result` columns of one inbox row.
     fn inbox_extras(
         conn: &mut Self::Conn,
@@ -180,6 +182,16 @@ macro_rules! data_access {
                 .expect("load effects");
             rows.sort();
             rows
+        }
+
+        fn outbox_payloads(conn: &mut $Conn, id: &str) -> Vec<Vec<u8>> {
+            use diesel::prelude::*;
+            use diesel_inbox::outbox_messages;
+            outbox_messages::table
+                .filter(outbox_messages::id.eq(id))
+                .select(outbox_messages::payload)
+                .load(conn)
+                .expect("load outbox rows")
         }
 
         fn inbox_rows(conn: &mut $Conn, consumer: &str, key: &str) -> i64 {

@@ -302,6 +302,97 @@ pub fn operations_dropped_at_every_await<B: CancelBackend>() {
     });
 }
 
+/// The writes an operator or a handler starts outside the engine, dropped
+/// at every await in turn: `migrate_async`, the inbox's `purge_async` and
+/// `forget_async`, the console's outbox actions (`retry_async`,
+/// `discard_async`), the outbox's `purge_async` and `status_async`, and an
+/// `enqueue_async` in the caller's own transaction. After each drop the
+/// pool's next connection is outside any transaction with the session of a
+/// new one, the known key is still there, and the message enqueued by the
+/// dropped call is there only if its transaction committed (whole: its
+/// payload as sent).
+pub fn writes_dropped_at_every_await<B: CancelBackend>() {
+    use diesel_async::AsyncConnection;
+    use diesel_inbox::outbox::{self, DeadFilter, Outgoing};
+    let Some(db) = B::prepare("cancel_writes") else {
+        return;
+    };
+    let run = unique_run_id("cancel-writes");
+    runtime().block_on(async {
+        let pool = B::one_connection_pool(&db, RecyclingMethod::Fast);
+        let key = format!("{run}:known");
+        {
+            let mut conn = B::get(&pool).await;
+            let applied = deliver::<B>(Call::Single, &mut conn, &run, &key).await;
+            assert!(matches!(applied, Ok(true)), "{applied:?}");
+        }
+        let baseline = B::session(&mut B::connect(&db).await).await;
+        let destination = format!("{run}:nowhere");
+        let payload = b"whole".to_vec();
+        for at in 1.. {
+            let id = format!("{run}:{at}");
+            let completed = {
+                let mut conn = B::get(&pool).await;
+                let (missing, destination, id) =
+                    (format!("{run}:missing"), destination.clone(), id.clone());
+                let payload = payload.clone();
+                let writes = async move {
+                    let month = Duration::from_secs(30 * 24 * 3600);
+                    let migrated = diesel_inbox::migrate_async(&mut *conn).await;
+                    let purged = diesel_inbox::purge_async(&mut conn, month, 100).await;
+                    let forgot = diesel_inbox::forget_async(&mut conn, CONSUMER, &missing).await;
+                    let none = DeadFilter::new().destination(destination.clone());
+                    let retried = outbox::retry_async(&mut conn, &none).await;
+                    let discarded = outbox::discard_async(&mut conn, &none).await;
+                    let swept = outbox::purge_async(&mut conn, month, 100).await;
+                    let status = outbox::status_async(&mut conn).await;
+                    let message = Outgoing::new(destination, payload).id(id);
+                    let enqueued = (*conn)
+                        .transaction::<_, diesel_inbox::InboxError, _>(async move |conn| {
+                            outbox::enqueue_async(conn, message).await
+                        })
+                        .await;
+                    assert!(migrated.is_ok(), "{migrated:?}");
+                    assert!(matches!(&purged, Ok(r) if r.rows == 0), "{purged:?}");
+                    assert!(matches!(forgot, Ok(false)), "{forgot:?}");
+                    assert!(matches!(retried, Ok(0)), "{retried:?}");
+                    assert!(matches!(discarded, Ok(0)), "{discarded:?}");
+                    assert!(swept.is_ok() && status.is_ok(), "{swept:?} {status:?}");
+                    enqueued
+                };
+                DropAt {
+                    inner: Some(Box::pin(writes)),
+                    pendings: 0,
+                    at,
+                }
+                .await
+            };
+            let mut conn = B::get(&pool).await;
+            let session = B::session(&mut conn).await;
+            assert_eq!(
+                session, baseline,
+                "dropped at {at}: the connection handed out next"
+            );
+            let known = diesel_inbox::status_async(&mut conn, CONSUMER, &key).await;
+            assert!(
+                matches!(known, Ok(Some(_))),
+                "dropped at {at}: the next read finds the key: {known:?}"
+            );
+            drop(conn);
+            let rows = B::outbox_payloads(&mut B::open(&db), &id);
+            assert!(
+                rows.iter().all(|row| *row == payload),
+                "dropped at {at}: a partial message {rows:?}"
+            );
+            if let Some(enqueued) = completed {
+                assert_eq!(enqueued.as_deref().ok(), Some(id.as_str()), "{enqueued:?}");
+                assert_eq!(rows.len(), 1, "the completed enqueue's row");
+                break;
+            }
+        }
+    });
+}
+
 /// The checks after a drop at one await.
 async fn after_the_drop<B: CancelBackend>(
     pool: &B::OnePool,
@@ -374,6 +465,12 @@ macro_rules! cancel_tests {
         #[cfg_attr(not($runs_if), ignore = $why)]
         fn operations_dropped_at_every_await() {
             $crate::common::cancel::operations_dropped_at_every_await::<$B>();
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn writes_dropped_at_every_await() {
+            $crate::common::cancel::writes_dropped_at_every_await::<$B>();
         }
     };
     (@test $B:ty, $runs_if:meta, $why:literal, $test:ident, $kind:ident) => {

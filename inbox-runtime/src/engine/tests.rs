@@ -12,7 +12,10 @@ fn engine<'a>() -> TestEngine<'a> {
 }
 
 /// Feeds `events` and returns the steps asked for and the outcome.
-fn run(engine: TestEngine<'_>, events: Vec<Event<i32, InboxError>>) -> (Vec<Step>, Option<Outcome>) {
+fn run(
+    engine: TestEngine<'_>,
+    events: Vec<Event<i32, InboxError>>,
+) -> (Vec<Step>, Option<Outcome>) {
     run_on(engine, events)
 }
 
