@@ -3,7 +3,8 @@
 //! A call's future is wrapped so that it is dropped at its k-th `Pending`
 //! (`DropAt`), for k = 1, 2, … until it completes before its k-th. Each
 //! kind of call (a single claim, a claim with a wait bound, a batch claim,
-//! a stored result) runs on a pool of one connection (deadpool, recycled
+//! a stored result, a claim behind a stream position's fence) runs on a
+//! pool of one connection (deadpool, recycled
 //! `Fast` and `Verified`), with another delivery of the same key holding
 //! its claim in a transaction (so the claim waits, and that holder then
 //! rolls back) and without. After each drop:
@@ -85,6 +86,9 @@ pub enum Call {
     /// door's stored response).
     #[cfg(feature = "serde")]
     Stored,
+    /// `run_async` with a stream position in scope (the Kafka runners'
+    /// fence): the position moves in the claim's transaction.
+    Fenced,
 }
 
 const CONSUMER: &str = "cancel-harness";
@@ -136,6 +140,21 @@ async fn deliver<B: CancelBackend>(
                 )
                 .await?;
             Ok(batch.applied.contains(&0))
+        }
+        Call::Fenced => {
+            // Every delivery of the key is the message at offset 0 of a
+            // partition of its own: the first commit moves it to 1, and a
+            // redelivery after that is a duplicate.
+            let position = diesel_inbox::__testing::Position {
+                topic: key.clone(),
+                partition: 0,
+                offset: 0,
+                last: 0,
+                floor: None,
+            };
+            let call = inbox.run_async(conn, key.as_str(), body);
+            let (processed, _) = diesel_inbox::__testing::at_position(position, call).await;
+            Ok(matches!(processed?, Processed::Applied(_)))
         }
         #[cfg(feature = "serde")]
         Call::Stored => Ok(inbox
@@ -393,6 +412,122 @@ pub fn writes_dropped_at_every_await<B: CancelBackend>() {
     });
 }
 
+/// A publisher that records the payloads it was given (an endpoint of the
+/// user's, as `Publish` allows): what the relay published.
+#[cfg(feature = "relay")]
+#[derive(Clone, Default)]
+struct Recorded(Arc<std::sync::Mutex<Vec<Vec<u8>>>>);
+
+#[cfg(feature = "relay")]
+impl diesel_inbox::outbox::Publish for Recorded {
+    async fn publish(
+        &self,
+        messages: &[diesel_inbox::outbox::OutboxMessage],
+    ) -> Vec<Result<(), diesel_inbox::outbox::PublishError>> {
+        // A broker's round trip: the relay's settlement runs beside it.
+        tokio::task::yield_now().await;
+        let mut published = self.0.lock().expect("not poisoned");
+        published.extend(messages.iter().map(|m| m.payload.clone()));
+        messages.iter().map(|_| Ok(())).collect()
+    }
+}
+
+/// The relay's pass (`Relay::run_once`, which a caller's `select!` or
+/// timeout may drop) dropped at every await in turn, over messages
+/// enqueued before. After each drop the pool's next connection is outside
+/// any transaction with the session of a new one, and every message that
+/// left the outbox was published; once a pass completes (after the leases
+/// of the dropped ones ran out), every message was published and none is
+/// left.
+#[cfg(feature = "relay")]
+pub fn relay_dropped_at_every_await<B: CancelBackend>()
+where
+    B::OnePool: diesel_inbox::outbox::RelayPool + Clone + 'static,
+{
+    use diesel_inbox::outbox::{self, Outgoing, Relay};
+    let Some(db) = B::prepare("cancel_relay") else {
+        return;
+    };
+    let run = unique_run_id("cancel-relay");
+    // Five new messages (a key of their own) before each pass: rows a
+    // dropped pass holds wait for their lease, and the next pass has new
+    // ones to claim, publish and settle.
+    let enqueue = |at: usize| -> Vec<String> {
+        let mut conn = B::open(&db);
+        let key = format!("{run}:{at}");
+        (0..5)
+            .map(|n| {
+                let id = format!("{key}:m{n}");
+                diesel::Connection::transaction::<_, diesel_inbox::InboxError, _>(
+                    &mut conn,
+                    |conn| {
+                        let message =
+                            Outgoing::new(format!("{run}:relay"), id.clone().into_bytes())
+                                .ordering_key(&key)
+                                .id(id.clone());
+                        outbox::enqueue(conn, message).map(drop)
+                    },
+                )
+                .expect("enqueue");
+                id
+            })
+            .collect()
+    };
+    let published = Recorded::default();
+    // How many of `ids` are still in the outbox; every other was published.
+    let left_and_published = |ids: &[String]| {
+        let mut conn = B::open(&db);
+        let sent = published.0.lock().expect("not poisoned").clone();
+        let mut left = 0;
+        for id in ids {
+            match B::outbox_payloads(&mut conn, id).is_empty() {
+                false => left += 1,
+                true => assert!(
+                    sent.contains(&id.as_bytes().to_vec()),
+                    "{id} left the outbox unpublished"
+                ),
+            }
+        }
+        left
+    };
+    let mut ids = Vec::new();
+    runtime().block_on(async {
+        let pool = B::one_connection_pool(&db, RecyclingMethod::Fast);
+        let baseline = B::session(&mut B::connect(&db).await).await;
+        for at in 1.. {
+            ids.extend(enqueue(at));
+            let relay = Relay::new(pool.clone(), published.clone())
+                .batch_size(2)
+                .lease(Duration::from_secs(1));
+            let completed = DropAt {
+                inner: Some(Box::pin(async move { relay.run_once().await })),
+                pendings: 0,
+                at,
+            }
+            .await;
+            let mut conn = B::get(&pool).await;
+            let session = B::session(&mut conn).await;
+            assert_eq!(
+                session, baseline,
+                "dropped at {at}: the connection handed out next"
+            );
+            drop(conn);
+            left_and_published(&ids);
+            if let Some(report) = completed {
+                report.expect("a pass");
+                break;
+            }
+        }
+        // The dropped passes' leases run out; a whole pass publishes the rest.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        Relay::new(pool.clone(), published.clone())
+            .run_once()
+            .await
+            .expect("the last pass");
+    });
+    assert_eq!(left_and_published(&ids), 0, "messages left");
+}
+
 /// The checks after a drop at one await.
 async fn after_the_drop<B: CancelBackend>(
     pool: &B::OnePool,
@@ -461,6 +596,7 @@ macro_rules! cancel_tests {
         $crate::cancel_tests!(@test $B, $runs_if, $why, batch_claim_dropped_at_every_await, Batch);
         #[cfg(feature = "serde")]
         $crate::cancel_tests!(@test $B, $runs_if, $why, stored_result_dropped_at_every_await, Stored);
+        $crate::cancel_tests!(@test $B, $runs_if, $why, fenced_dropped_at_every_await, Fenced);
         #[test]
         #[cfg_attr(not($runs_if), ignore = $why)]
         fn operations_dropped_at_every_await() {
@@ -471,6 +607,13 @@ macro_rules! cancel_tests {
         #[cfg_attr(not($runs_if), ignore = $why)]
         fn writes_dropped_at_every_await() {
             $crate::common::cancel::writes_dropped_at_every_await::<$B>();
+        }
+
+        #[cfg(feature = "relay")]
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn relay_dropped_at_every_await() {
+            $crate::common::cancel::relay_dropped_at_every_await::<$B>();
         }
     };
     (@test $B:ty, $runs_if:meta, $why:literal, $test:ident, $kind:ident) => {
