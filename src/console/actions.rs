@@ -79,6 +79,9 @@ fn permitted(parts: &Parts, context: &Context) -> Result<String, (StatusCode, St
     {
         return forbidden("a request from another site".into());
     }
+    if let Some(why) = super::host::foreign_origin(&parts.headers) {
+        return forbidden(why);
+    }
     match (parts.extensions.get::<Authorize>(), peer) {
         (Some(authorize), _) if (authorize.0)(parts) => Ok(who(parts, peer)),
         (Some(_), _) => forbidden("not authorized (the console's authorize said no)".into()),

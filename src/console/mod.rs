@@ -24,13 +24,21 @@
 //! database that is down or hung gives a page that says so, never a
 //! request that hangs.
 //!
+//! **Names.** Without [`authorize`](ConsoleExt::authorize) the console
+//! answers only requests for `localhost`, a loopback address or a name
+//! you allow ([`allow_hosts`](ConsoleExt::allow_hosts)); any other `Host`
+//! gets `421` and nothing runs (a web page cannot reach it through a name
+//! of its own that resolves to loopback: DNS rebinding).
+//!
 //! **Actions** are POSTs that carry the page's CSRF token. They are
 //! refused on a [`read_only`](ConsoleExt::read_only) console (which shows
 //! none), refused when [`authorize`](ConsoleExt::authorize) says no, and,
 //! without `authorize`, refused unless the request comes from a loopback
 //! address (which needs the peer's address: serve with
 //! `into_make_service_with_connect_info::<SocketAddr>()`). Behind a
-//! reverse proxy every request comes from the proxy: set `authorize`.
+//! reverse proxy every request comes from the proxy: set `authorize`. An
+//! action whose `Origin` is not its `Host`'s own, or that the browser
+//! marks `Sec-Fetch-Site: cross-site`, is refused (`403`).
 //! Each action is logged (target `diesel_inbox`, INFO) with who did it
 //! ([`Operator`], else the Basic user, else the peer's address) and what,
 //! and counted (`diesel_inbox.console.actions`, feature `metrics`).
@@ -76,6 +84,7 @@
 
 mod actions;
 mod basic;
+mod host;
 mod html;
 #[cfg(feature = "kafka")]
 mod lag;
@@ -124,6 +133,40 @@ pub trait ConsoleExt: Sized {
     where
         F: Fn(&Parts) -> bool + Send + Sync + 'static;
 
+    /// Names besides loopback that a console without
+    /// [`authorize`](Self::authorize) answers to (`ops.internal`, an
+    /// address it listens on that is not loopback): compared with the
+    /// request's `Host`, without its port, case-insensitively. Without
+    /// `authorize` the console answers only `localhost` (and names under
+    /// it), loopback addresses and these; any other `Host` gets
+    /// `421 Misdirected Request` and nothing runs, so that a web page
+    /// cannot reach a console on loopback through a name of its own that
+    /// resolves there (DNS rebinding). With `authorize`, your
+    /// authentication decides and the `Host` is not checked.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use diesel::SqliteConnection;
+    /// use diesel_async::pooled_connection::deadpool::Pool;
+    /// use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    /// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    /// use diesel_inbox::console::{self, ConsoleExt};
+    ///
+    /// type Conn = SyncConnectionWrapper<SqliteConnection>;
+    /// let pool = Pool::builder(AsyncDieselConnectionManager::<Conn>::new(":memory:")).build()?;
+    /// let app = console::router(pool).allow_hosts(["ops.internal", "10.0.0.5"]);
+    /// # drop(app);
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "sqlite"))]
+    /// # fn main() {}
+    /// ```
+    fn allow_hosts<I, H>(self, hosts: I) -> Self
+    where
+        I: IntoIterator<Item = H>,
+        H: Into<String>;
+
     /// The handlers' `max_attempts` (which the table does not record): the
     /// overview counts the keys with at least this many failures as given
     /// up on, and the dead messages page lists them.
@@ -145,6 +188,11 @@ struct Authorize(Arc<dyn Fn(&Parts) -> bool + Send + Sync>);
 
 #[derive(Clone, Copy)]
 struct MaxAttempts(u32);
+
+/// The names besides loopback a console without `authorize` answers to
+/// (lowercase, without a port or a trailing dot).
+#[derive(Clone)]
+struct AllowedHosts(Vec<String>);
 
 #[derive(Clone)]
 #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
@@ -176,6 +224,18 @@ impl ConsoleExt for Router {
         F: Fn(&Parts) -> bool + Send + Sync + 'static,
     {
         setting(self, Authorize(Arc::new(authorize)))
+    }
+
+    fn allow_hosts<I, H>(self, hosts: I) -> Self
+    where
+        I: IntoIterator<Item = H>,
+        H: Into<String>,
+    {
+        let names = hosts
+            .into_iter()
+            .filter_map(|host| host::host_name(&host.into()))
+            .collect();
+        setting(self, AllowedHosts(names))
     }
 
     fn max_attempts(self, max_attempts: u32) -> Self {
@@ -216,6 +276,7 @@ where
         .route("/console.css", get(html::stylesheet))
         .route("/console.js", get(html::script))
         .with_state(console)
+        .layer(axum::middleware::from_fn(host::check))
         .layer(axum::middleware::map_response(secure))
 }
 
@@ -235,9 +296,12 @@ async fn secure(mut response: axum::response::Response) -> axum::response::Respo
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // No referrer to other sites; its own forms keep their `Origin`
+    // (under `no-referrer` a browser sends `Origin: null`, which actions
+    // refuse).
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response

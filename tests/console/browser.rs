@@ -67,15 +67,25 @@ impl Driver {
 
     /// A headless Chromium session.
     pub async fn session(&self) -> Result<Client, String> {
+        self.session_with(&[]).await
+    }
+
+    /// A headless Chromium session with `extra` command-line switches
+    /// (`--host-resolver-rules=...`).
+    pub async fn session_with(&self, extra: &[&str]) -> Result<Client, String> {
+        let mut args = vec![
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1400,1000",
+        ];
+        args.extend_from_slice(extra);
         let mut capabilities = serde_json::Map::new();
         capabilities.insert("browserName".into(), "chrome".into());
         capabilities.insert(
             "goog:chromeOptions".into(),
-            serde_json::json!({
-                "binary": browser_binary(),
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", "--window-size=1400,1000"],
-            }),
+            serde_json::json!({ "binary": browser_binary(), "args": args }),
         );
         ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
             .capabilities(capabilities)

@@ -57,7 +57,7 @@ pub fn main() {
                 return results.failed;
             }
         };
-        sqlite(&client, &mut results).await;
+        sqlite(&driver, &client, &mut results).await;
         #[cfg(all(feature = "postgres", feature = "lapin"))]
         postgres(&client, &mut results).await;
         #[cfg(not(all(feature = "postgres", feature = "lapin")))]
@@ -309,23 +309,67 @@ where
             return Err(format!("{case}: {status} {body}"));
         }
     }
+    // With the page's own token: a request for another name (DNS
+    // rebinding: the name resolves to loopback), one from another origin,
+    // one the browser marks cross-site.
+    let token = csrf_token(&http, &format!("{main}/dead?destination={}", names.dead)).await?;
+    let authority = main.trim_start_matches("http://").to_owned();
+    let port = authority
+        .rsplit_once(':')
+        .map_or("80", |(_, p)| p)
+        .to_owned();
+    let headed = [
+        (
+            "another name",
+            "host",
+            format!("rebind.test:{port}"),
+            421,
+            "Refused",
+        ),
+        (
+            "another origin",
+            "origin",
+            "http://rebind.test".to_owned(),
+            403,
+            "another origin",
+        ),
+        (
+            "an opaque origin",
+            "origin",
+            "null".to_owned(),
+            403,
+            "another origin",
+        ),
+        (
+            "a cross-site fetch",
+            "sec-fetch-site",
+            "cross-site".to_owned(),
+            403,
+            "another site",
+        ),
+    ];
+    for (case, name, value, expected, says) in headed {
+        let response = http
+            .post(format!("{main}/actions/retry"))
+            .header(name, value)
+            .form(&[("id", id.clone()), ("csrf", token.clone())])
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap_or_default();
+        if status != expected || !body.contains(says) {
+            return Err(format!("{case}: {status} {body}"));
+        }
+    }
     if let Some(open_to_all) = open_to_all {
         // The right token (the page shows it to any GET), from a peer that
         // is not loopback, on a console without authorize.
-        let page = http
-            .get(format!("{open_to_all}/dead?destination={}", names.dead))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .text()
-            .await
-            .map_err(|e| e.to_string())?;
-        let token = page
-            .split("name=\"csrf\" value=\"")
-            .nth(1)
-            .and_then(|rest| rest.split('"').next())
-            .ok_or("the page has no token")?
-            .to_owned();
+        let token = csrf_token(
+            &http,
+            &format!("{open_to_all}/dead?destination={}", names.dead),
+        )
+        .await?;
         let (status, body) = post(
             format!("{open_to_all}/actions/retry"),
             vec![("id", id.clone()), ("csrf", token)],
@@ -344,6 +388,64 @@ where
         return Err("a refused action retried the message".into());
     }
     Ok(())
+}
+
+/// The CSRF token of the page at `url` (the console shows it to any GET).
+async fn csrf_token(http: &reqwest::Client, url: &str) -> Result<String, String> {
+    let page = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .ok_or(format!("{url} has no token"))
+}
+
+/// DNS rebinding, in Chromium: a name that resolves to 127.0.0.1 (the
+/// browser's host resolver rules) reaches the console's port, and gets
+/// the `421` page and nothing else; the console allowed that name shows
+/// its page there, so the refusal is the name's.
+async fn rebinding_refused<D>(driver: &Driver, pool: D, names: &Names) -> Check
+where
+    D: diesel_inbox::outbox::RelayPool + Clone + 'static,
+{
+    let rules = "--host-resolver-rules=MAP rebind.test 127.0.0.1";
+    let client = driver.session_with(&[rules]).await?;
+    let checked = async {
+        let strict = serve(console::router(pool.clone()), "127.0.0.1:0").await?;
+        let dead = format!("/dead?destination={}", names.dead);
+        open(
+            &client,
+            &format!("http://rebind.test:{}{dead}", strict.port()),
+        )
+        .await?;
+        let refused = text(&client, "#misdirected").await?;
+        if !refused.contains("rebind.test") || count(&client, "form").await? != 0 {
+            return Err(format!("the rebound name was served: {refused:?}"));
+        }
+        screenshot(&client, "rebinding-refused").await?;
+        let allowing = console::router(pool.clone()).allow_hosts(["Rebind.Test"]);
+        let allowing = serve(allowing, "127.0.0.1:0").await?;
+        open(
+            &client,
+            &format!("http://rebind.test:{}{dead}", allowing.port()),
+        )
+        .await?;
+        let rows = count(&client, "details.dead").await?;
+        if rows == 0 {
+            return Err("the allowed name shows no dead message".into());
+        }
+        Ok(())
+    }
+    .await;
+    let _ = client.close().await;
+    checked
 }
 
 /// A read-only console shows no action.
@@ -539,7 +641,7 @@ async fn nested<D: diesel_inbox::outbox::RelayPool + 'static>(pool: Result<D, St
     Ok(())
 }
 
-async fn sqlite(client: &Client, results: &mut Results) {
+async fn sqlite(driver: &Driver, client: &Client, results: &mut Results) {
     type Conn =
         diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
     let dir = std::env::temp_dir().join(support::unique_identifier("console"));
@@ -569,6 +671,11 @@ async fn sqlite(client: &Client, results: &mut Results) {
             results.record("sqlite", "diesel-inbox console", served);
             let pool = support::pools::deadpool::<Conn>(url.clone(), 2);
             results.record("sqlite", "nested at /ops", nested(pool).await);
+            let rebinding = match support::pools::deadpool::<Conn>(url.clone(), 2) {
+                Ok(pool) => rebinding_refused(driver, pool, &names).await,
+                Err(why) => Err(why),
+            };
+            results.record("sqlite", "DNS rebinding refused", rebinding);
         }
         Err(why) => results.record("sqlite", "set-up", Err(why)),
     }
@@ -667,7 +774,8 @@ async fn postgres(client: &Client, results: &mut Results) {
         let read_only = serve(console::router(pool.clone()).read_only(true), "127.0.0.1:0").await?;
         let open_to_all = match outward_address() {
             Some(ip) => {
-                let bound = serve(console::router(pool.clone()), "0.0.0.0:0").await?;
+                let open = console::router(pool.clone()).allow_hosts([ip.to_string()]);
+                let bound = serve(open, "0.0.0.0:0").await?;
                 Some(format!("http://{ip}:{}", bound.port()))
             }
             None => {

@@ -68,6 +68,12 @@ pub(crate) struct ConsoleArgs {
     /// Allow a --listen address that is not loopback (needs --token).
     #[arg(long)]
     pub(crate) allow_remote: bool,
+    /// A name besides localhost and loopback addresses that the console
+    /// answers to without --token (repeat for more): any other Host is
+    /// refused (421), so that no web page can reach it through a name of
+    /// its own that resolves to loopback.
+    #[arg(long = "allow-host", value_name = "NAME", value_parser = host_name)]
+    pub(crate) allow_hosts: Vec<String>,
     /// A password every request must carry (HTTP Basic, any user name;
     /// the name is logged with each action).
     #[arg(long, env = "DIESEL_INBOX_CONSOLE_TOKEN", hide_env_values = true)]
@@ -282,4 +288,19 @@ fn parse_lease(text: &str) -> Result<Duration, String> {
         return Err(format!("`{text}`: a lease is at least 1s"));
     }
     Ok(lease)
+}
+
+/// An `--allow-host` value: a host name or address (a port is ignored).
+fn host_name(value: &str) -> Result<String, String> {
+    let name = value.trim();
+    let valid = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
+    match valid {
+        true => Ok(name.to_owned()),
+        false => Err(format!(
+            "{value:?} is not a host name or address (e.g. ops.internal or 10.0.0.5)"
+        )),
+    }
 }

@@ -79,7 +79,9 @@ mod serve {
     impl OnPool for Serve<'_> {
         async fn run<D: RelayPool + 'static>(self, pool: D) -> Result<ExitCode, Failure> {
             let args = self.args;
-            let mut app = console::router(pool).read_only(args.read_only);
+            let mut app = console::router(pool)
+                .read_only(args.read_only)
+                .allow_hosts(args.allow_hosts.iter().cloned());
             if let Some(max) = args.max_attempts {
                 app = app.max_attempts(max);
             }
