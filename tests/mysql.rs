@@ -324,6 +324,12 @@ mod suite {
         if let Err(diesel::result::Error::DatabaseError(_, info)) = swallowed {
             said.lock().unwrap().push(info.message().to_string());
         }
+        // Another statement on a table: without autocommit it opens a new
+        // transaction after the victim's rollback.
+        inbox_test_locks::table
+            .count()
+            .get_result::<i64>(conn)
+            .await?;
         Ok(())
     }
 
@@ -338,6 +344,96 @@ mod suite {
         ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
     )]
     fn a_swallowed_deadlock_in_german_is_not_reported_as_applied_async() {
+        swallowed_deadlock_async("SET lc_messages = 'de_DE'");
+    }
+
+    /// On sessions without autocommit, the statement after the victim's
+    /// rollback opens a new transaction (`@@in_transaction` is 1 again):
+    /// the victim is still not reported `Applied`.
+    #[cfg(feature = "async")]
+    #[test]
+    #[cfg_attr(
+        not(inbox_test_mysql),
+        ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+    )]
+    fn a_swallowed_deadlock_without_autocommit_is_not_reported_as_applied_async() {
+        swallowed_deadlock_async("SET lc_messages = 'de_DE', autocommit = 0");
+    }
+
+    /// Writes a row, then raises MySQL's deadlock error without a deadlock
+    /// (`SIGNAL`: the transaction stays open) and swallows it.
+    #[cfg(feature = "async")]
+    #[diesel_inbox::idempotent(key = "key", consumer = "raised-deadlock", retries = 0)]
+    async fn raise_a_deadlock_error(
+        conn: &mut diesel_async::AsyncMysqlConnection,
+        key: &str,
+    ) -> diesel::QueryResult<()> {
+        use diesel::ExpressionMethods;
+        use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+        diesel::insert_into(inbox_test_locks::table)
+            .values((
+                inbox_test_locks::name.eq(key),
+                inbox_test_locks::value.eq(1),
+            ))
+            .execute(conn)
+            .await?;
+        let raised = conn
+            .batch_execute(
+                "SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, \
+                 MESSAGE_TEXT = 'Deadlock found when trying to get lock; try restarting transaction'",
+            )
+            .await;
+        assert!(raised.is_err(), "SIGNAL raised nothing");
+        Ok(())
+    }
+
+    /// The server's state decides, not the message: an error worded as a
+    /// deadlock that left the transaction open (MariaDB's
+    /// `@@in_transaction` is 1) commits, and the call is `Applied` with its
+    /// row. Judged by the words alone it would be rolled back and reported
+    /// `BodyIgnoredError` (the engine's tests show both).
+    #[cfg(feature = "async")]
+    #[test]
+    #[cfg_attr(
+        not(inbox_test_mysql),
+        ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+    )]
+    fn an_error_worded_as_a_deadlock_that_ended_nothing_commits_async() {
+        use diesel::prelude::*;
+        use diesel_async::AsyncConnection;
+        let Some(url) = prepare("raised_deadlock") else {
+            return;
+        };
+        let mut conn = open(&url);
+        conn.batch_execute(
+            "CREATE TABLE IF NOT EXISTS inbox_test_locks \
+             (name VARCHAR(64) PRIMARY KEY, value BIGINT NOT NULL) ENGINE = InnoDB",
+        )
+        .expect("locks table");
+        let key = common::unique_run_id("raised");
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let processed = runtime.block_on(async {
+            let mut conn = diesel_async::AsyncMysqlConnection::establish(&url)
+                .await
+                .expect("connect");
+            raise_a_deadlock_error(&mut conn, &key).await
+        });
+        assert!(
+            matches!(&processed, Ok(p) if p.is_applied()),
+            "{processed:?}"
+        );
+        let rows: i64 = inbox_test_locks::table
+            .filter(inbox_test_locks::name.eq(&key))
+            .count()
+            .get_result(&mut conn)
+            .expect("count");
+        assert_eq!(rows, 1, "the body's row");
+    }
+
+    /// Two handlers deadlock on sessions set up by `session`; the victim
+    /// swallows its error and returns `Ok`.
+    #[cfg(feature = "async")]
+    fn swallowed_deadlock_async(session: &'static str) {
         use diesel::prelude::*;
         use diesel_async::{AsyncConnection, SimpleAsyncConnection};
         let Some(url) = prepare("swallowed_deadlock_de") else {
@@ -373,9 +469,7 @@ mod suite {
                         let mut conn = diesel_async::AsyncMysqlConnection::establish(&url)
                             .await
                             .expect("connect");
-                        conn.batch_execute("SET lc_messages = 'de_DE'")
-                            .await
-                            .expect("German messages");
+                        conn.batch_execute(session).await.expect("the session");
                         lock_two_swallowing_async(&mut conn, &key, &first, &second, &meet, &said)
                             .await
                             .map_err(|e| match e {

@@ -425,7 +425,7 @@ where
             ) => {
                 let mut failed = failed.iter().map(FailedStatement::to_error);
                 match result {
-                    Ok(value) => match ended::<B>(open, &mut failed) {
+                    Ok(value) => match ended::<B>(open, failed) {
                         // The state could not be read: nothing is committed.
                         Err(unknown) => self.go(
                             State::RollingBack(Err(Failure::Inbox(unknown))),
@@ -648,21 +648,38 @@ where
 
 /// Whether the body's transaction ended under it although the body
 /// returned `Ok` (a statement of its own failed and the server rolled the
-/// transaction back): the failed statement to report, if so. The state the
-/// server reports (`open`) decides where there is one; otherwise the
-/// backend judges the failed statements' errors. `Err`: the state could not
-/// be read.
+/// transaction back): the failed statement to report, if so. `Err`: the
+/// state could not be read.
+///
+/// A failed statement whose kind says it ended the transaction (sync
+/// diesel's MySQL deadlock, `SerializationFailure`) ended it, whatever the
+/// server's state says now (a session without autocommit opens a new
+/// transaction at the next statement). Otherwise the state the server
+/// reports (`open`) decides where there is one, and the backend judges the
+/// failed statements' messages where there is not.
 fn ended<B: InboxBackend>(
     open: Result<Option<bool>, Error>,
-    failed: &mut impl Iterator<Item = Error>,
+    failed: impl Iterator<Item = Error>,
 ) -> Result<Option<Error>, Error> {
-    match open? {
-        Some(true) => Ok(None),
-        // The statement that ended it is not known: the last failed one
-        // (a later one would have run outside the transaction).
-        Some(false) => Ok(failed.last()),
-        None => Ok(failed.find(B::ends_transaction)),
-    }
+    let open = open?;
+    let mut failed: Vec<Error> = failed.collect();
+    let by_kind = |e: &Error| {
+        matches!(
+            e,
+            Error::DatabaseError(diesel::result::DatabaseErrorKind::SerializationFailure, _)
+        ) && B::ends_transaction(e)
+    };
+    let by_message = failed.iter().position(B::ends_transaction);
+    let which = match open {
+        Some(true) => failed.iter().position(by_kind),
+        // The statement that ended it: the one its message names, else
+        // the first that failed (the later ones ran outside it).
+        Some(false) => Some(by_message.unwrap_or(0)),
+        None => by_message,
+    };
+    Ok(which
+        .filter(|&i| i < failed.len())
+        .map(|i| failed.swap_remove(i)))
 }
 
 /// Asks whether the body's transaction is still open (the backend's

@@ -35,13 +35,12 @@ pub(crate) struct FailedStatement {
 }
 
 impl FailedStatement {
-    /// A failed statement of kind `Unknown` with `message` (the engine's
-    /// tests).
+    /// A failed statement of `kind` with `message` (the engine's tests).
     #[cfg(test)]
-    pub(crate) fn with_message(message: &str) -> Self {
+    pub(crate) fn with_message(kind: DatabaseErrorKind, message: &str) -> Self {
         FailedStatement {
             sequence: 0,
-            kind: DatabaseErrorKind::Unknown,
+            kind,
             info: RecordedInfo {
                 message: message.to_string(),
                 details: None,

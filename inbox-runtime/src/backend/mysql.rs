@@ -199,10 +199,12 @@ impl InboxBackend for Mysql {
 
 impl Internals for Mysql {
     const BEGIN: &'static str = "BEGIN";
-    // MariaDB's `@@in_transaction` (no privilege needed); MySQL has no
-    // such variable and skips the `/*M!` comment, answering NULL.
+    // MariaDB's `@@in_transaction` (no privilege needed), where autocommit
+    // is on: without it, the statement after a rollback opens a new
+    // transaction, which the variable cannot tell from the call's. MySQL
+    // has no such variable and skips the `/*M!` comment: NULL, unknown.
     const OPEN_PROBE: Option<&'static str> =
-        Some("CAST(COALESCE(/*M! @@in_transaction, */ NULL) AS SIGNED)");
+        Some("CAST(COALESCE(/*M! IF(@@autocommit, @@in_transaction, NULL), */ NULL) AS SIGNED)");
     const KEY_TYPE: &'static str = "VARBINARY(255) NOT NULL";
     const DDL_COMMITS: bool = true;
     // Nullable columns at the end: an instant ALTER on MySQL 8.0.12+ and
