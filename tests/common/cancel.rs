@@ -40,6 +40,10 @@ pub trait CancelBackend: TestBackend {
     fn get(pool: &Self::OnePool) -> impl Future<Output = Self::OnePooled> + Send;
     /// A connection of its own, outside any pool.
     fn connect(url: &str) -> impl Future<Output = Self::AsyncConn> + Send;
+    /// Whether a statement that fails inside a transaction leaves the
+    /// transaction usable (MySQL, SQLite; PostgreSQL aborts it): the
+    /// `Swallowing` call runs only there.
+    const SWALLOWED_ERROR_KEEPS_TRANSACTION: bool;
     /// Whether `conn` is inside a transaction, and the session settings
     /// the runtime touches, as text.
     fn session(conn: &mut Self::AsyncConn) -> impl Future<Output = (bool, String)> + Send;
@@ -89,6 +93,10 @@ pub enum Call {
     /// `run_async` with a stream position in scope (the Kafka runners'
     /// fence): the position moves in the claim's transaction.
     Fenced,
+    /// `run_async` whose body swallows a failed statement and returns
+    /// `Ok`: the runtime asks whether the transaction is still open
+    /// before it commits (an await of its own).
+    Swallowing,
 }
 
 const CONSUMER: &str = "cancel-harness";
@@ -140,6 +148,23 @@ async fn deliver<B: CancelBackend>(
                 )
                 .await?;
             Ok(batch.applied.contains(&0))
+        }
+        Call::Swallowing => {
+            let (run, written) = (run.clone(), key.clone());
+            let swallowing = async move |conn: &mut B::AsyncConn| -> Result<i64, AppError> {
+                B::write_effect_async(conn, &run, &written, 1).await?;
+                let failed = diesel_async::SimpleAsyncConnection::batch_execute(
+                    conn,
+                    "SELECT * FROM no_such_table_of_the_cancel_harness",
+                )
+                .await;
+                assert!(failed.is_err(), "the statement did not fail");
+                Ok(1)
+            };
+            Ok(matches!(
+                inbox.run_async(conn, key.as_str(), swallowing).await?,
+                Processed::Applied(_)
+            ))
         }
         Call::Fenced => {
             // Every delivery of the key is the message at offset 0 of a
@@ -200,6 +225,12 @@ async fn hold<B: CancelBackend>(
 /// The harness for one kind of call on backend `B`: every recycling
 /// method, with and without a holder, dropped at every `Pending`.
 pub fn dropped_at_every_await<B: CancelBackend>(kind: Call) {
+    if matches!(kind, Call::Swallowing) && !B::SWALLOWED_ERROR_KEEPS_TRANSACTION {
+        // PostgreSQL aborts the transaction: such a body is never applied
+        // (`BodyIgnoredError`, tests/postgres).
+        println!("SKIPPED: a body that swallows an error never applies here");
+        return;
+    }
     let Some(db) = B::prepare("cancel_harness") else {
         return;
     };
@@ -412,6 +443,61 @@ pub fn writes_dropped_at_every_await<B: CancelBackend>() {
     });
 }
 
+/// `migrate_async` on an empty database, dropped at every await in turn
+/// (its catalog reads, its lock, its DDL, its unlock). After each drop the
+/// pool's next connection is outside any transaction with the session of
+/// a new one; `migrate_async` on it completes within 20 s (no lock left
+/// held: MySQL's `GET_LOCK` would make it wait 60 s) from whatever the
+/// dropped call left, and a delivery then applies.
+pub fn migrate_dropped_at_every_await<B: CancelBackend>() {
+    runtime().block_on(async {
+        for at in 1.. {
+            let Some(db) = B::fresh("cancel_migrate") else {
+                return;
+            };
+            let pool = B::one_connection_pool(&db, RecyclingMethod::Fast);
+            let baseline = B::session(&mut B::connect(&db).await).await;
+            let completed = {
+                let mut conn = B::get(&pool).await;
+                let migrate = async move { diesel_inbox::migrate_async(&mut *conn).await };
+                DropAt {
+                    inner: Some(Box::pin(migrate)),
+                    pendings: 0,
+                    at,
+                }
+                .await
+            };
+            let mut conn = B::get(&pool).await;
+            let session = B::session(&mut conn).await;
+            assert_eq!(
+                session, baseline,
+                "dropped at {at}: the connection handed out next"
+            );
+            let again = tokio::time::timeout(
+                Duration::from_secs(20),
+                diesel_inbox::migrate_async(&mut *conn),
+            )
+            .await;
+            assert!(
+                matches!(again, Ok(Ok(()))),
+                "dropped at {at}: migrate after the drop: {again:?}"
+            );
+            diesel::connection::SimpleConnection::batch_execute(
+                &mut B::open(&db),
+                super::EFFECTS_DDL,
+            )
+            .expect("the business table");
+            let run = unique_run_id("cancel-migrate");
+            let applied = deliver::<B>(Call::Single, &mut conn, &run, &format!("{run}:k")).await;
+            assert!(matches!(applied, Ok(true)), "dropped at {at}: {applied:?}");
+            if let Some(migrated) = completed {
+                migrated.expect("the undropped migrate");
+                break;
+            }
+        }
+    });
+}
+
 /// A publisher that records the payloads it was given (an endpoint of the
 /// user's, as `Publish` allows): what the relay published.
 #[cfg(feature = "relay")]
@@ -569,6 +655,21 @@ async fn after_the_drop<B: CancelBackend>(
         applied <= 1 && rows as usize == applied,
         "{context}: {rows} inbox row(s) and {applied} business row(s) of the key"
     );
+    // Behind the fence: the position moved exactly when the body committed.
+    let moved = |check: &mut B::Conn| {
+        diesel_inbox::positions(check, Some(CONSUMER))
+            .expect("the positions")
+            .into_iter()
+            .find(|p| p.topic == key)
+            .map(|p| p.next_offset)
+    };
+    if matches!(kind, Call::Fenced) {
+        assert_eq!(
+            moved(&mut check),
+            (applied == 1).then_some(1),
+            "{context}: the stream position and the business row"
+        );
+    }
     // A new delivery of the key applies, unless the body committed.
     let mut conn = B::get(pool).await;
     let redelivered = deliver::<B>(kind, &mut *conn, run, key).await;
@@ -585,6 +686,13 @@ async fn after_the_drop<B: CancelBackend>(
         (1, 1),
         "{context}: one inbox row and one business row in the end"
     );
+    if matches!(kind, Call::Fenced) {
+        assert_eq!(
+            moved(&mut check),
+            Some(1),
+            "{context}: the position in the end"
+        );
+    }
 }
 
 /// Stamps out one `#[test]` per kind of call for a backend.
@@ -597,6 +705,7 @@ macro_rules! cancel_tests {
         #[cfg(feature = "serde")]
         $crate::cancel_tests!(@test $B, $runs_if, $why, stored_result_dropped_at_every_await, Stored);
         $crate::cancel_tests!(@test $B, $runs_if, $why, fenced_dropped_at_every_await, Fenced);
+        $crate::cancel_tests!(@test $B, $runs_if, $why, swallowing_dropped_at_every_await, Swallowing);
         #[test]
         #[cfg_attr(not($runs_if), ignore = $why)]
         fn operations_dropped_at_every_await() {
@@ -607,6 +716,12 @@ macro_rules! cancel_tests {
         #[cfg_attr(not($runs_if), ignore = $why)]
         fn writes_dropped_at_every_await() {
             $crate::common::cancel::writes_dropped_at_every_await::<$B>();
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn migrate_dropped_at_every_await() {
+            $crate::common::cancel::migrate_dropped_at_every_await::<$B>();
         }
 
         #[cfg(feature = "relay")]

@@ -107,6 +107,8 @@ impl TestBackend for Mysql {
 
 #[cfg(feature = "async")]
 impl crate::common::cancel::CancelBackend for Mysql {
+    const SWALLOWED_ERROR_KEEPS_TRANSACTION: bool = true;
+
     fn one_connection_pool(
         url: &str,
         recycling: diesel_async::pooled_connection::RecyclingMethod<AsyncMysql>,

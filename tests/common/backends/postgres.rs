@@ -135,6 +135,8 @@ impl TestBackend for Postgres {
 
 #[cfg(feature = "async")]
 impl crate::common::cancel::CancelBackend for Postgres {
+    const SWALLOWED_ERROR_KEEPS_TRANSACTION: bool = false;
+
     fn one_connection_pool(
         url: &str,
         recycling: diesel_async::pooled_connection::RecyclingMethod<AsyncPg>,

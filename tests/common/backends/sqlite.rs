@@ -129,6 +129,8 @@ impl TestBackend for Sqlite {
 
 #[cfg(feature = "async")]
 impl crate::common::cancel::CancelBackend for Sqlite {
+    const SWALLOWED_ERROR_KEEPS_TRANSACTION: bool = true;
+
     fn one_connection_pool(
         url: &str,
         recycling: diesel_async::pooled_connection::RecyclingMethod<AsyncSqlite>,
