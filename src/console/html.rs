@@ -57,6 +57,15 @@ pub(super) fn page(
     body: &str,
 ) -> Response {
     let link = |target: View, path: &str, name: &str| {
+        // Mounted, the overview is `/ops` under `.nest("/ops", ..)` and
+        // `/ops/` under `.nest("/ops/", ..)` (axum routes a nested `/` at
+        // the prefix as written), which no page but the overview can tell
+        // apart: its link is its other route, `/ops/overview`, which both
+        // route.
+        let path = match (base.is_empty(), path) {
+            (false, "/") => "/overview",
+            _ => path,
+        };
         format!(
             "<a href=\"{}{path}\"{}>{name}</a>",
             esc(base),
@@ -177,22 +186,29 @@ pub(super) fn action(
     form
 }
 
-/// A payload as text (UTF-8) or as a hex dump, at most 64 KiB of it.
+/// A payload as text when all of it is UTF-8, else as a hex dump: at most
+/// 64 KiB of it, a text cut at a character boundary.
 pub(super) fn payload(bytes: &[u8]) -> String {
     const SHOWN: usize = 64 * 1024;
-    let shown = &bytes[..bytes.len().min(SHOWN)];
-    let cut = if bytes.len() > SHOWN {
-        format!(" (the first {SHOWN} of {} bytes)", bytes.len())
-    } else {
-        String::new()
+    let cut = |shown: usize| match shown < bytes.len() {
+        true => format!(" (the first {shown} of {} bytes)", bytes.len()),
+        false => String::new(),
     };
-    match std::str::from_utf8(shown) {
-        Ok(text) => format!(
-            "<p class=\"muted\">text, {} bytes{cut}</p><pre class=\"payload\">{}</pre>",
-            bytes.len(),
-            esc(text)
-        ),
+    match std::str::from_utf8(bytes) {
+        Ok(text) => {
+            let mut end = text.len().min(SHOWN);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!(
+                "<p class=\"muted\">text, {} bytes{}</p><pre class=\"payload\">{}</pre>",
+                bytes.len(),
+                cut(end),
+                esc(&text[..end])
+            )
+        }
         Err(_) => {
+            let shown = &bytes[..bytes.len().min(SHOWN)];
             let mut dump = String::new();
             for (line, chunk) in shown.chunks(16).enumerate() {
                 let _ = write!(dump, "{:08x} ", line * 16);
@@ -202,8 +218,9 @@ pub(super) fn payload(bytes: &[u8]) -> String {
                 dump.push('\n');
             }
             format!(
-                "<p class=\"muted\">binary, {} bytes{cut}</p><pre class=\"payload\">{dump}</pre>",
-                bytes.len()
+                "<p class=\"muted\">binary, {} bytes{}</p><pre class=\"payload\">{dump}</pre>",
+                bytes.len(),
+                cut(shown.len())
             )
         }
     }
@@ -246,6 +263,23 @@ mod tests {
         assert!(payload(b"<b>hi</b>").contains("&lt;b&gt;hi&lt;/b&gt;"));
         let hex = payload(&[0xff, 0x00, 0x41]);
         assert!(hex.contains("binary, 3 bytes") && hex.contains("00000000  ff 00 41"));
+    }
+
+    #[test]
+    fn a_long_text_is_cut_at_a_character_boundary() {
+        // 10 MB of a three-byte character: the 64 KiB cut lands inside one.
+        let text = "€".repeat(10_000_000 / 3);
+        let shown = payload(text.as_bytes());
+        assert!(
+            shown.starts_with("<p class=\"muted\">text, 9999999 bytes"),
+            "{}",
+            &shown[..80]
+        );
+        assert!(shown.contains("(the first 65535 of 9999999 bytes)"));
+        // Not UTF-8 only past the cut: still binary.
+        let mut bytes = vec![b'a'; 70_000];
+        bytes.push(0xff);
+        assert!(payload(&bytes).contains("binary, 70001 bytes"));
     }
 
     #[test]

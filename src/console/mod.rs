@@ -257,7 +257,8 @@ struct Console<P> {
 /// The operations console on `pool` (a diesel-async deadpool or bb8
 /// pool, as the relay's: [`RelayPool`]), to mount where you like
 /// (`Router::nest("/ops", ..)`: its links follow; the overview is then
-/// `/ops`, as axum routes a nested `/`). Settings: [`ConsoleExt`].
+/// `/ops`, or `/ops/` under `nest("/ops/", ..)`, as axum routes a nested
+/// `/`, and `/ops/overview` under either). Settings: [`ConsoleExt`].
 /// Example: [the module](self).
 pub fn router<P>(pool: P) -> Router
 where
@@ -269,6 +270,7 @@ where
     });
     Router::new()
         .route("/", get(pages::overview::<P>))
+        .route("/overview", get(pages::overview::<P>))
         .route("/live", get(pages::live::<P>))
         .route("/dead", get(pages::dead::<P>))
         .route("/lookup", get(pages::lookup::<P>))
@@ -307,23 +309,13 @@ async fn secure(mut response: axum::response::Response) -> axum::response::Respo
     response
 }
 
-/// A token no other site can guess: 128 bits from two SipHash outputs
-/// under keys the standard library draws from the system's random source.
+/// A token no other site can guess: 128 bits from the operating system's
+/// random source (`getrandom`).
 fn token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let keys = std::collections::hash_map::RandomState::new();
-    let part = |salt: u64| {
-        let mut hasher = keys.build_hasher();
-        hasher.write_u64(salt);
-        hasher.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos(),
-        );
-        hasher.finish()
-    };
-    format!("{:016x}{:016x}", part(1), part(2))
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .expect("the operating system's random source (the console's CSRF token)");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A request's view of the console: where it is mounted and its settings.
@@ -361,5 +353,16 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
             max_attempts: parts.extensions.get::<MaxAttempts>().map(|m| m.0),
             kafka: parts.extensions.get::<KafkaBrokers>().map(|k| k.0.clone()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn each_token_is_128_random_bits() {
+        let (a, b) = (super::token(), super::token());
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
     }
 }

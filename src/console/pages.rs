@@ -566,9 +566,17 @@ impl LookupQuery {
                 crate::http::message_id(&self.scope, &key),
             )));
         }
-        if self.consumer.is_empty() && self.key.is_empty() {
+        // The overview links to a consumer's lookup without a key: the
+        // form, with the consumer filled in.
+        if self.key.is_empty() {
             return Ok(None);
         }
+        if self.consumer.is_empty() {
+            return Err("consumer: needed with a key".into());
+        }
+        // The schema's rules (255 bytes, no NUL), before any statement.
+        crate::validate_key(&self.consumer).map_err(|e| format!("consumer: {e}"))?;
+        crate::validate_key(&self.key).map_err(|e| format!("key: {e}"))?;
         Ok(Some((self.consumer.clone(), self.key.clone())))
     }
 }

@@ -618,23 +618,70 @@ where
 }
 
 /// Mounted with `nest("/ops", ..)`, the pages link within `/ops`.
-async fn nested<D: diesel_inbox::outbox::RelayPool + 'static>(pool: Result<D, String>) -> Check {
-    let app = axum::Router::new().nest("/ops", console::router(pool?));
-    let base = format!("http://{}", serve(app, "127.0.0.1:0").await?);
-    // (axum routes `/ops` to the nested `/`, and not `/ops/`.)
-    for path in ["/ops", "/ops/dead", "/ops/lookup"] {
-        let page = reqwest::get(format!("{base}{path}"))
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = page.status().as_u16();
-        let body = page.text().await.unwrap_or_default();
-        for link in [
-            "href=\"/ops/dead\"",
-            "href=\"/ops/console.css\"",
-            "src=\"/ops/console.js\"",
-        ] {
-            if status != 200 || !body.contains(link) {
-                return Err(format!("{path}: {status}, no {link}"));
+async fn nested<D: diesel_inbox::outbox::RelayPool + Clone + 'static>(
+    pool: Result<D, String>,
+) -> Check {
+    let pool = pool?;
+    for mount in ["/ops", "/ops/"] {
+        let prefix = mount.trim_end_matches('/');
+        let app = axum::Router::new().nest(mount, console::router(pool.clone()));
+        let base = format!("http://{}", serve(app, "127.0.0.1:0").await?);
+        let http = reqwest::Client::new();
+        let fetch = |path: String| {
+            let http = http.clone();
+            async move {
+                let page = http.get(path).send().await.map_err(|e| e.to_string())?;
+                let status = page.status().as_u16();
+                Ok::<_, String>((status, page.text().await.unwrap_or_default()))
+            }
+        };
+        // Every link, script, stylesheet and form of every page resolves
+        // under the mount point: no 404 (a form's POST without its token
+        // is refused, 403, not missing).
+        let mut seen = std::collections::BTreeSet::new();
+        let mut pages = vec![
+            mount.to_owned(),
+            format!("{prefix}/dead"),
+            format!("{prefix}/lookup"),
+        ];
+        while let Some(path) = pages.pop() {
+            if !seen.insert(path.clone()) {
+                continue;
+            }
+            let (status, body) = fetch(format!("{base}{path}")).await?;
+            if status != 200 {
+                return Err(format!("nested at {mount:?}: {path}: {status}"));
+            }
+            for attribute in ["href=\"", "src=\""] {
+                for target in body.split(attribute).skip(1) {
+                    let target = target.split('"').next().unwrap_or("").replace("&amp;", "&");
+                    if !target.starts_with(prefix) {
+                        return Err(format!("nested at {mount:?}: {path} links to {target}"));
+                    }
+                    if target.ends_with(".css") || target.ends_with(".js") {
+                        let (status, _) = fetch(format!("{base}{target}")).await?;
+                        if status != 200 {
+                            return Err(format!("nested at {mount:?}: {target}: {status}"));
+                        }
+                    } else if seen.len() < 40 {
+                        pages.push(target);
+                    }
+                }
+            }
+            for action in body.split("action=\"").skip(1) {
+                let action = action.split('"').next().unwrap_or("");
+                let status = http
+                    .post(format!("{base}{action}"))
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .status()
+                    .as_u16();
+                if !action.starts_with(prefix) || status == 404 {
+                    return Err(format!(
+                        "nested at {mount:?}: {path}: form to {action}: {status}"
+                    ));
+                }
             }
         }
     }
