@@ -7,7 +7,7 @@
 
 use super::basic::{basic_credentials, same_secret};
 use super::html::{self, esc, url, View};
-use super::pages::{with_db, DeadQuery};
+use super::pages::{checked_text, with_db, DeadQuery};
 use super::{Authorize, Console, Context, Operator, ReadOnly};
 use crate::outbox::{self, RelayPool};
 use axum::extract::rejection::FormRejection;
@@ -131,8 +131,21 @@ pub(super) async fn act<P: RelayPool>(
     }
     let query = &form.query;
     let id = form.id.as_deref().unwrap_or("");
+    let key = form.key.as_deref().unwrap_or("");
+    // Every parameter checked before any statement: bad input is a `400`
+    // that names it, never a database outage.
+    let checked = match name.as_str() {
+        "retry" | "discard" => checked_text("id", id),
+        "retry-matching" | "discard-matching" => query.filter().map(drop),
+        "forget" => checked_text("consumer", &query.consumer).and(checked_text("key", key)),
+        _ => Ok(()),
+    };
+    if let Err(why) = checked {
+        inbox_runtime::__facade::console_action(&name, "refused", 0);
+        tracing::warn!(target: crate::TRACING_TARGET, action = %name, who = %who, reason = %why, "diesel-inbox console: action refused: bad input");
+        return refused(&context, StatusCode::BAD_REQUEST, &why);
+    }
     let done = match name.as_str() {
-        "retry" | "discard" if id.is_empty() => Err("no message id".to_owned()),
         "retry" => with_db!(console, |conn| outbox::retry_async(conn, id)).await,
         "discard" => with_db!(console, |conn| outbox::discard_async(conn, id)).await,
         "retry-matching" | "discard-matching" => match query.filter() {
@@ -142,16 +155,13 @@ pub(super) async fn act<P: RelayPool>(
             }
             Ok(filter) => with_db!(console, |conn| outbox::discard_async(conn, &filter)).await,
         },
-        "forget" => {
-            let key = form.key.as_deref().unwrap_or("");
-            with_db!(console, |conn| crate::forget_async(
-                conn,
-                &query.consumer,
-                key
-            ))
-            .await
-            .map(u64::from)
-        }
+        "forget" => with_db!(console, |conn| crate::forget_async(
+            conn,
+            &query.consumer,
+            key
+        ))
+        .await
+        .map(u64::from),
         _ => return refused(&context, StatusCode::NOT_FOUND, "no such action"),
     };
     let what = match name.as_str() {

@@ -331,6 +331,21 @@ pub(super) struct DeadQuery {
 impl DeadQuery {
     /// The outbox's filter, or why a field is wrong.
     pub(super) fn filter(&self) -> Result<DeadFilter, String> {
+        // The schema's rules, before any statement: a name fits its
+        // 255-byte column; no text holds NUL (PostgreSQL refuses it).
+        for (field, value) in [
+            ("destination", &self.destination),
+            ("consumer", &self.consumer),
+        ] {
+            if !value.is_empty() {
+                checked_text(field, value)?;
+            }
+        }
+        if self.error.len() > MAX_ERROR_FILTER || self.error.contains('\0') {
+            return Err(format!(
+                "error contains: at most {MAX_ERROR_FILTER} bytes, without NUL"
+            ));
+        }
         let mut filter = DeadFilter::new();
         let now = SystemTime::now();
         if !self.destination.is_empty() {
@@ -360,6 +375,25 @@ impl DeadQuery {
             ("consumer", &self.consumer),
         ]
     }
+}
+
+/// The longest "error contains" filter (bytes).
+const MAX_ERROR_FILTER: usize = 1024;
+
+/// `value` of the request's `field` (a consumer, a key, a destination, a
+/// message id): at most 255 bytes (its column), not empty, without NUL.
+pub(super) fn checked_text(field: &str, value: &str) -> Result<(), String> {
+    crate::validate_key(value).map_err(|e| {
+        let rule = match e {
+            crate::InvalidKey::Empty => "needed".to_owned(),
+            crate::InvalidKey::TooLong { len } => {
+                format!("{len} bytes, over the 255 its column holds")
+            }
+            crate::InvalidKey::ContainsNul => "contains NUL, which no column holds".to_owned(),
+            other => other.to_string(),
+        };
+        format!("{field}: {rule}")
+    })
 }
 
 /// How many of each list a page shows.
@@ -571,12 +605,9 @@ impl LookupQuery {
         if self.key.is_empty() {
             return Ok(None);
         }
-        if self.consumer.is_empty() {
-            return Err("consumer: needed with a key".into());
-        }
         // The schema's rules (255 bytes, no NUL), before any statement.
-        crate::validate_key(&self.consumer).map_err(|e| format!("consumer: {e}"))?;
-        crate::validate_key(&self.key).map_err(|e| format!("key: {e}"))?;
+        checked_text("consumer", &self.consumer)?;
+        checked_text("key", &self.key)?;
         Ok(Some((self.consumer.clone(), self.key.clone())))
     }
 }

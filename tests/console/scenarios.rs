@@ -407,6 +407,156 @@ async fn csrf_token(http: &reqwest::Client, url: &str) -> Result<String, String>
         .ok_or(format!("{url} has no token"))
 }
 
+/// Bad input, over TCP: every parameter of every route, each with what
+/// breaks its rule (NUL, over its column's 255 bytes, a time outside the
+/// grammar, missing). Each gets `400` and a page that names the
+/// parameter, and no dead message changes.
+async fn bad_input_is_400<D>(base: &str, pool: &D, names: &Names) -> Check
+where
+    D: diesel_inbox::outbox::RelayPool,
+{
+    let http = reqwest::Client::new();
+    let token = csrf_token(&http, &format!("{base}/dead")).await?;
+    let long = "x".repeat(256);
+    let nul = "a\0b".to_owned();
+    let dead_before = dead_ids(pool, names).await?;
+    // (method, path, form or query, the parameter the page names)
+    let mut cases: Vec<(&str, &str, Vec<(&str, String)>, &str)> = Vec::new();
+    for (field, named) in [("destination", "destination"), ("consumer", "consumer")] {
+        for value in [&nul, &long] {
+            cases.push(("GET", "/dead", vec![(field, value.clone())], named));
+        }
+    }
+    cases.push((
+        "GET",
+        "/dead",
+        vec![("error", nul.clone())],
+        "error contains",
+    ));
+    cases.push((
+        "GET",
+        "/dead",
+        vec![("error", "e".repeat(1025))],
+        "error contains",
+    ));
+    for (field, named) in [("since", "dead within"), ("until", "dead before")] {
+        for value in ["-1h", "soon", "1y", "5"] {
+            cases.push(("GET", "/dead", vec![(field, value.to_owned())], named));
+        }
+    }
+    for (field, named) in [("consumer", "consumer"), ("key", "key")] {
+        for value in [&nul, &long] {
+            let mut query = vec![("consumer", "c".to_owned()), ("key", "k".to_owned())];
+            query.retain(|(f, _)| *f != field);
+            query.push((field, value.clone()));
+            cases.push(("GET", "/lookup", query, named));
+        }
+    }
+    cases.push(("GET", "/lookup", vec![("key", "k".to_owned())], "consumer"));
+    cases.push((
+        "GET",
+        "/lookup",
+        vec![
+            ("endpoint", "e".to_owned()),
+            ("idempotency_key", nul.clone()),
+        ],
+        "Idempotency-Key",
+    ));
+    for action in ["/actions/retry", "/actions/discard"] {
+        cases.push(("POST", action, vec![], "id"));
+        cases.push(("POST", action, vec![("id", nul.clone())], "id"));
+        cases.push(("POST", action, vec![("id", long.clone())], "id"));
+    }
+    for action in ["/actions/retry-matching", "/actions/discard-matching"] {
+        for value in ["-1h", "soon", "1y"] {
+            cases.push((
+                "POST",
+                action,
+                vec![("since", value.to_owned())],
+                "dead within",
+            ));
+            cases.push((
+                "POST",
+                action,
+                vec![("until", value.to_owned())],
+                "dead before",
+            ));
+        }
+        cases.push((
+            "POST",
+            action,
+            vec![("destination", nul.clone())],
+            "destination",
+        ));
+        cases.push((
+            "POST",
+            action,
+            vec![("error", nul.clone())],
+            "error contains",
+        ));
+    }
+    cases.push((
+        "POST",
+        "/actions/forget",
+        vec![("consumer", "c".to_owned())],
+        "key",
+    ));
+    cases.push((
+        "POST",
+        "/actions/forget",
+        vec![("key", "k".to_owned())],
+        "consumer",
+    ));
+    cases.push((
+        "POST",
+        "/actions/forget",
+        vec![("consumer", long.clone()), ("key", "k".to_owned())],
+        "consumer",
+    ));
+    for (method, path, mut fields, named) in cases {
+        let request = match method {
+            "GET" => http.get(format!("{base}{path}")).query(&fields),
+            _ => {
+                fields.push(("csrf", token.clone()));
+                http.post(format!("{base}{path}")).form(&fields)
+            }
+        };
+        let response = request.send().await.map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap_or_default();
+        if status != 400 || !body.contains(named) {
+            return Err(format!(
+                "{method} {path} {:?}: {status}, naming {named:?}? {}",
+                fields
+                    .iter()
+                    .map(|(f, v)| (*f, v.len()))
+                    .collect::<Vec<_>>(),
+                body.chars()
+                    .filter(|c| *c != '\n')
+                    .take(300)
+                    .collect::<String>()
+            ));
+        }
+    }
+    if dead_ids(pool, names).await? != dead_before {
+        return Err("a refused request changed the dead messages".into());
+    }
+    Ok(())
+}
+
+/// The ids of the dead messages of the test's destination.
+async fn dead_ids<D: diesel_inbox::outbox::RelayPool>(
+    pool: &D,
+    names: &Names,
+) -> Result<Vec<String>, String> {
+    let mut conn = pool.connection().await.map_err(|e| e.to_string())?;
+    let dead =
+        outbox::dead_matching_async(&mut *conn, &DeadFilter::new().destination(&names.dead), 100)
+            .await
+            .map_err(|e| e.to_string())?;
+    Ok(dead.into_iter().map(|d| d.id).collect())
+}
+
 /// DNS rebinding, in Chromium: a name that resolves to 127.0.0.1 (the
 /// browser's host resolver rules) reaches the console's port, and gets
 /// the `421` page and nothing else; the console allowed that name shows
@@ -723,6 +873,11 @@ async fn sqlite(driver: &Driver, client: &Client, results: &mut Results) {
                 Err(why) => Err(why),
             };
             results.record("sqlite", "DNS rebinding refused", rebinding);
+            let refused = match support::pools::deadpool::<Conn>(url.clone(), 2) {
+                Ok(pool) => bad_input_is_400(&base, &pool, &names).await,
+                Err(why) => Err(why),
+            };
+            results.record("sqlite", "bad input is a 400", refused);
         }
         Err(why) => results.record("sqlite", "set-up", Err(why)),
     }
@@ -852,6 +1007,11 @@ async fn postgres(client: &Client, results: &mut Results) {
         pg,
         "refusals change nothing",
         refusals(&pool, &names, &main, &read_only, open_to_all.as_deref()).await,
+    );
+    results.record(
+        pg,
+        "bad input is a 400",
+        bad_input_is_400(&main, &pool, &names).await,
     );
     results.record(
         pg,
