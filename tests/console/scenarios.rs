@@ -407,6 +407,10 @@ async fn csrf_token(http: &reqwest::Client, url: &str) -> Result<String, String>
         .ok_or(format!("{url} has no token"))
 }
 
+/// A request with bad input: its method, path, fields and the parameter
+/// its refusal names.
+type BadInput = (&'static str, &'static str, Vec<(&'static str, String)>, &'static str);
+
 /// Bad input, over TCP: every parameter of every route, each with what
 /// breaks its rule (NUL, over its column's 255 bytes, a time outside the
 /// grammar, missing). Each gets `400` and a page that names the
@@ -421,7 +425,7 @@ where
     let nul = "a\0b".to_owned();
     let dead_before = dead_ids(pool, names).await?;
     // (method, path, form or query, the parameter the page names)
-    let mut cases: Vec<(&str, &str, Vec<(&str, String)>, &str)> = Vec::new();
+    let mut cases: Vec<BadInput> = Vec::new();
     for (field, named) in [("destination", "destination"), ("consumer", "consumer")] {
         for value in [&nul, &long] {
             cases.push(("GET", "/dead", vec![(field, value.clone())], named));
