@@ -409,7 +409,12 @@ async fn csrf_token(http: &reqwest::Client, url: &str) -> Result<String, String>
 
 /// A request with bad input: its method, path, fields and the parameter
 /// its refusal names.
-type BadInput = (&'static str, &'static str, Vec<(&'static str, String)>, &'static str);
+type BadInput = (
+    &'static str,
+    &'static str,
+    Vec<(&'static str, String)>,
+    &'static str,
+);
 
 /// Bad input, over TCP: every parameter of every route, each with what
 /// breaks its rule (NUL, over its column's 255 bytes, a time outside the
