@@ -135,10 +135,26 @@ pub trait Source: Sealed {
     fn lease(&self) -> Option<Duration> {
         None
     }
+    /// What stops taking new messages from the broker at once, called
+    /// when the shutdown future resolves, before the handlers in flight
+    /// drain (SQS: no receive starts after it); `None` where the
+    /// broker's intake stops with [`stop`](Self::stop), after the drain.
+    #[doc(hidden)]
+    fn intake_stopper(&self, deliveries: &Self::Deliveries) -> Option<Box<dyn Fn() + Send + Sync>> {
+        let _ = deliveries;
+        None
+    }
     /// Stops the broker's deliveries (intake has stopped).
     #[doc(hidden)]
     #[allow(async_fn_in_trait)]
     async fn stop(&mut self, deliveries: &mut Self::Deliveries);
+    /// How long [`stop`](Self::stop) may take, at least (SQS: a receive in
+    /// flight finishes its long poll); the runner's health-probe timeout
+    /// where it is longer.
+    #[doc(hidden)]
+    fn stop_within(&self) -> Duration {
+        Duration::ZERO
+    }
     /// How many messages the broker still has for this consumer, ready or
     /// waiting to be delivered again (`exit_when_idle`).
     #[doc(hidden)]
@@ -338,14 +354,16 @@ impl<S, E> Consumer<S, E> {
             opened = self.source.open(self.runner.prefetch()) => opened?,
         };
         loop {
+            // At the shutdown signal, intake stops before the drain.
+            let stop_intake = self.source.intake_stopper(&deliveries);
+            let signal = async {
+                shutdown.as_mut().await;
+                if let Some(stop) = &stop_intake {
+                    stop();
+                }
+            };
             let (ended, mut rest) = pass
-                .pass(
-                    &self.runner,
-                    &name,
-                    &mut total,
-                    deliveries,
-                    shutdown.as_mut(),
-                )
+                .pass(&self.runner, &name, &mut total, deliveries, signal)
                 .await;
             let why = match ended {
                 Ended::Quiet => {
@@ -418,7 +436,8 @@ impl<S, E> Consumer<S, E> {
     where
         S: Source,
     {
-        let _ = tokio::time::timeout(self.runner.probe_timeout, self.source.stop(rest)).await;
+        let within = self.runner.probe_timeout.max(self.source.stop_within());
+        let _ = tokio::time::timeout(within, self.source.stop(rest)).await;
         report.returned +=
             give_back(rest, self.runner.prefetch(), Duration::from_millis(200)).await;
     }

@@ -34,6 +34,9 @@ pub(crate) struct Shared {
     deletes: mpsc::UnboundedSender<(String, oneshot::Sender<Result<(), String>>)>,
     /// Where the lanes hand a group's next message to the runner.
     pub(crate) ready: mpsc::UnboundedSender<Result<Delivery, BrokerError>>,
+    /// Set when intake stops (the shutdown future resolved): no receive
+    /// starts after it.
+    intake_stopped: tokio::sync::watch::Sender<bool>,
     state: Mutex<State>,
 }
 
@@ -73,10 +76,28 @@ impl Shared {
             id_attribute: queue.id_attribute.clone(),
             deletes,
             ready,
+            intake_stopped: tokio::sync::watch::Sender::new(false),
             state: Mutex::new(State::default()),
         });
         tokio::spawn(heartbeat(Arc::downgrade(&shared)));
         shared
+    }
+
+    /// Stops intake: no receive starts after this, and the one in flight
+    /// gives its messages back.
+    pub(crate) fn stop_intake(&self) {
+        self.intake_stopped.send_replace(true);
+    }
+
+    /// Whether intake stopped.
+    pub(crate) fn intake_stopped(&self) -> bool {
+        *self.intake_stopped.borrow()
+    }
+
+    /// Resolves when intake stops.
+    pub(crate) async fn intake_stopping(&self) {
+        let mut stopped = self.intake_stopped.subscribe();
+        let _ = stopped.wait_for(|stopped| *stopped).await;
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {

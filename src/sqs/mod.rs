@@ -203,6 +203,9 @@ pub struct Delivery {
     group: Option<String>,
     shared: Arc<Shared>,
     lease: u64,
+    /// When the receive that brought it was asked for: SQS caps its
+    /// visibility at 12 hours from then.
+    received: Instant,
     /// Settled and its group's lane moved on, or given back with its
     /// group: nothing left to do on drop. A settlement cut short (the
     /// shutdown deadline) leaves it unset, so that the drop lets the
@@ -349,14 +352,24 @@ impl Delivery {
     async fn dead_letter(&self) -> Result<(), BrokerError> {
         let Some(dead_letter) = &self.shared.dead_letter else {
             self.shared.release(self.lease);
-            self.visible_in(MAX_VISIBILITY).await?;
-            return Err(BrokerError::Settle(
-                format!(
-                    "the queue {} has no redrive policy, so no dead-letter queue: the message stays in it, invisible for 12 hours (give the queue a redrive policy)",
-                    self.shared.name
-                )
-                .into(),
-            ));
+            // SQS allows 12 hours from the receive in all: what is left of
+            // them, less a margin for the request's own time.
+            let held = self.received.elapsed().as_secs() + PARK_MARGIN_SECS;
+            let left = u64::try_from(MAX_VISIBILITY)
+                .unwrap_or(0)
+                .saturating_sub(held);
+            let seconds = i32::try_from(left).unwrap_or(MAX_VISIBILITY);
+            self.visible_in(seconds).await?;
+            tracing::warn!(
+                target: crate::TRACING_TARGET,
+                queue = %self.shared.name,
+                message_id = self.message.message_id().unwrap_or(""),
+                invisible_for_s = seconds,
+                "diesel-inbox: SQS: the queue has no redrive policy, so no dead-letter queue: this message stays in the queue, invisible for {}h{:02}m, then is delivered again; give the queue a redrive policy (RedrivePolicy with deadLetterTargetArn and maxReceiveCount) to keep such messages out of it",
+                seconds / 3600,
+                seconds % 3600 / 60
+            );
+            return Ok(());
         };
         let mut send = self
             .shared
@@ -378,17 +391,27 @@ impl Delivery {
     }
 }
 
+/// How much of SQS's 12 hours a message kept without a dead-letter queue
+/// leaves unasked (the request's own time, and clocks).
+const PARK_MARGIN_SECS: u64 = 60;
+
 /// The messages of a [`Queue`], as the runner reads them: received by a
 /// task of their own, up to the prefetch not yet settled.
 #[doc(hidden)]
 pub struct Deliveries {
     ready: mpsc::UnboundedReceiver<Result<Delivery, BrokerError>>,
     receiver: tokio::task::JoinHandle<()>,
+    shared: Arc<Shared>,
 }
 
 impl Drop for Deliveries {
     fn drop(&mut self) {
-        self.receiver.abort();
+        // Once intake stopped, the receive in flight ends by itself and
+        // gives its messages back: cut short, they would stay invisible
+        // for the whole visibility timeout.
+        if !self.shared.intake_stopped() {
+            self.receiver.abort();
+        }
     }
 }
 
@@ -444,15 +467,28 @@ impl crate::brokers::Source for Queue {
         };
         let (ready, deliveries) = mpsc::unbounded_channel();
         let shared = Shared::new(self, dead_letter, fifo, visibility, ready);
-        let receiver = tokio::spawn(receive(shared, prefetch.max(1), self.wait));
+        let receiver = tokio::spawn(receive(shared.clone(), prefetch.max(1), self.wait));
         Ok(Deliveries {
             ready: deliveries,
             receiver,
+            shared,
         })
     }
 
+    fn intake_stopper(&self, deliveries: &Deliveries) -> Option<Box<dyn Fn() + Send + Sync>> {
+        let shared = deliveries.shared.clone();
+        Some(Box::new(move || shared.stop_intake()))
+    }
+
     async fn stop(&mut self, deliveries: &mut Deliveries) {
-        deliveries.receiver.abort();
+        // The receive in flight finishes (its long poll at most) and gives
+        // its messages back.
+        deliveries.shared.stop_intake();
+        let _ = (&mut deliveries.receiver).await;
+    }
+
+    fn stop_within(&self) -> Duration {
+        self.wait + Duration::from_secs(5)
     }
 
     async fn backlog(&mut self) -> Result<u64, BrokerError> {
@@ -538,8 +574,13 @@ async fn receive(shared: Arc<Shared>, prefetch: usize, wait: Duration) {
     let room = Arc::new(Semaphore::new(prefetch));
     let visibility = i32::try_from(shared.visibility.as_secs()).unwrap_or(MAX_VISIBILITY);
     loop {
-        let Ok(first) = room.clone().acquire_owned().await else {
-            return;
+        let first = tokio::select! {
+            biased;
+            () = shared.intake_stopping() => return,
+            permit = room.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
         };
         // A receive's worth (ten, or the prefetch), waiting a moment for
         // the room the deliveries finishing now give back: fewer, fuller
@@ -553,6 +594,9 @@ async fn receive(shared: Arc<Shared>, prefetch: usize, wait: Duration) {
                 Err(_) if Instant::now() >= filled => break,
                 Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
             }
+        }
+        if shared.intake_stopped() {
+            return;
         }
         let asked = Instant::now();
         let request = shared
@@ -573,6 +617,20 @@ async fn receive(shared: Arc<Shared>, prefetch: usize, wait: Duration) {
                 return;
             }
         };
+        if shared.intake_stopped() {
+            // Received after intake stopped: back at once, handed to no one.
+            let receipts: Vec<String> = answer
+                .messages()
+                .iter()
+                .filter_map(|m| m.receipt_handle().map(str::to_owned))
+                .collect();
+            if !receipts.is_empty() {
+                if let Err(e) = shared.change_visibility(&receipts, 0).await {
+                    tracing::warn!(target: crate::TRACING_TARGET, queue = %shared.name, error = %e, "diesel-inbox: SQS: could not give back the messages received as intake stopped; they come back when their visibility ends");
+                }
+            }
+            return;
+        }
         for message in answer.messages() {
             let Some(permit) = permits.pop() else {
                 break;
@@ -591,6 +649,7 @@ async fn receive(shared: Arc<Shared>, prefetch: usize, wait: Duration) {
                 group,
                 shared: shared.clone(),
                 lease,
+                received: asked,
                 done: AtomicBool::new(false),
                 _permit: permit,
             });

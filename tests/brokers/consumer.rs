@@ -433,6 +433,19 @@ impl Shared {
     }
 
     pub async fn apply(&self, id: &str, body: &[u8]) -> Result<Processed<()>, AppError> {
+        // `INBOX_BROKER_SLOW_MS=a,b,..`: a handler call takes that long
+        // first, by the order's number (the id's last part) in turn.
+        if let Ok(slow) = std::env::var("INBOX_BROKER_SLOW_MS") {
+            let times: Vec<u64> = slow.split(',').filter_map(|ms| ms.parse().ok()).collect();
+            let n: usize = id
+                .rsplit('-')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            if let Some(ms) = times.get(n % times.len().max(1)) {
+                tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
+            }
+        }
         let outcome = match &self.db {
             Db::Sqlite(conn) => apply_order(&mut *conn.lock().await, id, body).await,
             #[cfg(feature = "postgres")]

@@ -381,6 +381,11 @@ impl Broker for Sqs {
             ("heartbeat_keeps_a_slow_handler_alone", heartbeat),
             ("redrive_moves_a_poison_message", redrive),
             ("runner_survives_a_hung_server", hung_server),
+            ("intake_stops_at_sigterm", intake_stops_at_sigterm),
+            (
+                "poison_without_a_redrive_policy_is_parked",
+                poison_without_a_redrive_policy_is_parked,
+            ),
         ]
     }
 
@@ -500,6 +505,217 @@ fn heartbeat(url: &str) -> Result<String, String> {
         "orders 1 and 11 ran 10 s each (visibility timeout {VISIBILITY} s), none delivered again meanwhile: {} applied, 0 duplicates; state exact",
         counts.applied
     ))
+}
+
+/// SIGTERM while four slow handlers (0.4 to 1.9 s each) are in flight and more
+/// orders wait: intake stops at the signal, the handlers finish, and the
+/// runner exits. Right after, no message is left invisible (a receive cut
+/// short would leave its messages so for the visibility timeout), and
+/// none of those left was received more than once before (the stopping
+/// runner received nothing after the signal but its receive in flight,
+/// whose messages it gave back at once). A second runner applies the rest.
+fn intake_stops_at_sigterm(url: &str) -> Result<String, String> {
+    use aws_sdk_sqs::types::MessageSystemAttributeName;
+    const N: u64 = 60;
+    let run = start::<Sqs>(url)?;
+    publish_standard(url, &run.queue, &orders(&run, N))?;
+    let mut command = command::<Sqs>(&run, 4, 0, true)?;
+    // Staggered: as the handlers in flight at the signal finish one by
+    // one, room for more frees while the others still run.
+    command.env("INBOX_BROKER_SLOW_MS", "400,900,1400,1900");
+    let child = command
+        .spawn()
+        .map_err(|e| format!("spawn consumer: {e}"))?;
+    wait_for_applied(&run, 4)?;
+    let epoch_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let signalled = epoch_ms();
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .map_err(|e| format!("kill -TERM: {e}"))?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    ensure!(
+        out.status.success(),
+        "the runner did not stop cleanly ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let applied = u64::try_from(applied_so_far(&run)).unwrap_or(0);
+    let (invisible, counts) = block_on(async {
+        let client = client(url);
+        let queue_url = url_of(&client, &run.queue).await?;
+        let invisible = client
+            .get_queue_attributes()
+            .queue_url(&queue_url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .attributes()
+            .and_then(|a| {
+                a.get(&QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+                    .cloned()
+            })
+            .and_then(|n| n.parse::<u64>().ok())
+            .ok_or("no count of invisible messages")?;
+        // The messages left, each with how often it was received (this
+        // receive included); made visible again for the second runner.
+        let mut counts = Vec::new();
+        let mut receipts = Vec::new();
+        for _ in 0..20 {
+            let answer = client
+                .receive_message()
+                .queue_url(&queue_url)
+                .max_number_of_messages(10)
+                .visibility_timeout(60)
+                .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+                .message_system_attribute_names(
+                    MessageSystemAttributeName::ApproximateFirstReceiveTimestamp,
+                )
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            if answer.messages().is_empty() {
+                break;
+            }
+            for message in answer.messages() {
+                let attribute = |name: &MessageSystemAttributeName| {
+                    message
+                        .attributes()
+                        .and_then(|a| a.get(name))
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                let count = attribute(&MessageSystemAttributeName::ApproximateReceiveCount);
+                let first =
+                    attribute(&MessageSystemAttributeName::ApproximateFirstReceiveTimestamp);
+                counts.push((count, first));
+                receipts.extend(message.receipt_handle().map(str::to_owned));
+            }
+        }
+        for receipt in receipts {
+            client
+                .change_message_visibility()
+                .queue_url(&queue_url)
+                .receipt_handle(receipt)
+                .visibility_timeout(0)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok::<_, String>((invisible, counts))
+    })?;
+    ensure!(
+        invisible == 0,
+        "{invisible} message(s) left invisible after the runner stopped ({applied} applied)"
+    );
+    // Received by the stopping runner (twice in all, with the check's
+    // receive): only before the signal, by a receive that started before
+    // it (all the orders were waiting, so a receive answers at once).
+    let after: Vec<_> = counts
+        .iter()
+        .filter(|&&(count, first)| count >= 2 && first > signalled + 250)
+        .collect();
+    ensure!(
+        after.is_empty() && counts.iter().all(|&(count, _)| count <= 2),
+        "received after SIGTERM ({signalled} ms): {after:?}; all left (count, first receive): {counts:?}"
+    );
+    ensure!(
+        counts.len() as u64 + applied >= N,
+        "{} left and {applied} applied of {N}",
+        counts.len()
+    );
+    let rest = finish(spawn_runner_of(&run)?)?.ok_or("the second runner was killed")?;
+    check_exact(&run, N)?;
+    Ok(format!(
+        "SIGTERM with 4 handlers in flight: {applied} applied, none left invisible, the {} left received at most once before ({} given back); a second runner applied {}; state exact",
+        counts.len(),
+        counts.iter().filter(|&&(c, _)| c == 2).count(),
+        rest.applied
+    ))
+}
+
+/// A poison message (a permanent failure) on a queue without a redrive
+/// policy: nowhere to dead-letter it, so the runner keeps it invisible
+/// for what is left of SQS's 12 hours since its receive. SQS refuses 12
+/// hours more of a message already held: the runner asked for that, and
+/// the message came back after every visibility timeout (4 s here), its
+/// handler run again, for ever. Over the consumer's 30 s of idleness it is
+/// dead-lettered (parked) once, stays in the queue, invisible, and the
+/// healthy orders are applied.
+fn poison_without_a_redrive_policy_is_parked(url: &str) -> Result<String, String> {
+    let run = start::<Sqs>(url)?;
+    block_on(async {
+        let client = client(url);
+        let queue_url = url_of(&client, &run.queue).await?;
+        client
+            .set_queue_attributes()
+            .queue_url(queue_url)
+            .attributes(QueueAttributeName::RedrivePolicy, "")
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<(), String>(())
+    })?;
+    let mut stream = vec![(format!("{}-poison", run.queue), b"poison".to_vec())];
+    stream.extend(orders(&run, 10));
+    publish_standard(url, &run.queue, &stream)?;
+    let mut child = command::<Sqs>(&run, 4, 0, false)?
+        .spawn()
+        .map_err(|e| format!("spawn consumer: {e}"))?;
+    // It stops after 30 s without a delivery: a poison that keeps coming
+    // back (every 4 s) would keep it running.
+    let began = std::time::Instant::now();
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if began.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("the consumer never went idle: the poison kept coming back".into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let counts = finish(child)?.ok_or("the consumer was killed")?;
+    check_exact(&run, 10)?;
+    let (visible, invisible) = block_on(async {
+        let client = client(url);
+        let queue_url = url_of(&client, &run.queue).await?;
+        let answer = client
+            .get_queue_attributes()
+            .queue_url(queue_url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let count = |name: &QueueAttributeName| {
+            answer
+                .attributes()
+                .and_then(|a| a.get(name))
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(u64::MAX)
+        };
+        Ok::<_, String>((
+            count(&QueueAttributeName::ApproximateNumberOfMessages),
+            count(&QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        ))
+    })?;
+    ensure!(
+        counts.dead_lettered == 1 && (visible, invisible) == (0, 1),
+        "the poison was dead-lettered {} time(s); the queue holds {visible} visible and {invisible} invisible message(s) (expected 1, and 0 and 1)",
+        counts.dead_lettered
+    );
+    Ok("no redrive policy: the poison parked once (invisible for the rest of 12 hours), not run again over 30 s; 10 orders applied; state exact".to_owned())
+}
+
+/// A runner on the scenario's queue, 8 in flight.
+fn spawn_runner_of(run: &crate::scenarios::Run) -> Result<std::process::Child, String> {
+    command::<Sqs>(run, 8, 0, true)?
+        .spawn()
+        .map_err(|e| format!("spawn consumer: {e}"))
 }
 
 fn publish_standard(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String> {
