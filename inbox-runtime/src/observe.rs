@@ -36,7 +36,7 @@ pub(crate) struct FailedStatement {
 
 impl FailedStatement {
     /// A failed statement of `kind` with `message` (the engine's tests).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "mysql"))]
     pub(crate) fn with_message(kind: DatabaseErrorKind, message: &str) -> Self {
         FailedStatement {
             sequence: 0,
