@@ -764,8 +764,29 @@ fn an_outbox_relay_in_another_process_wakes_at_the_commit_on_postgres() {
         "published {waits:?} after the commits, not at them (the poll is 60 s)"
     );
     // Once the relay sleeps again (a relay still awake after a publish
-    // finds any row).
-    std::thread::sleep(Duration::from_millis(200));
+    // finds any row): it holds its advisory lock while it sleeps
+    // (`ASLEEP_LOCK`), which a loaded machine may take a while to reach.
+    let asleep = |conn: &mut diesel::PgConnection| {
+        use diesel::RunQueryDsl;
+        #[derive(diesel::QueryableByName)]
+        struct Held {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        diesel::sql_query(
+            "SELECT COUNT(*) AS n FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid = 1684627297 AND granted",
+        )
+        .get_result::<Held>(conn)
+        .map(|held| held.n > 0)
+        .unwrap_or(false)
+    };
+    let mut watcher = Postgres::open(url);
+    let since = Instant::now();
+    while !asleep(&mut watcher) && since.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(100));
     outbox::set_notify(false);
     enqueue("quiet");
     outbox::set_notify(true);
