@@ -766,6 +766,7 @@ fn an_outbox_relay_in_another_process_wakes_at_the_commit_on_postgres() {
     // Once the relay sleeps again (a relay still awake after a publish
     // finds any row): it holds its advisory lock while it sleeps
     // (`ASLEEP_LOCK`), which a loaded machine may take a while to reach.
+    // Only this database's lock: the other tests' relays hold theirs.
     let asleep = |conn: &mut diesel::PgConnection| {
         use diesel::RunQueryDsl;
         #[derive(diesel::QueryableByName)]
@@ -775,7 +776,8 @@ fn an_outbox_relay_in_another_process_wakes_at_the_commit_on_postgres() {
         }
         diesel::sql_query(
             "SELECT COUNT(*) AS n FROM pg_locks WHERE locktype = 'advisory' \
-             AND classid = 1684627297 AND granted",
+             AND classid = 1684627297 AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         .get_result::<Held>(conn)
         .map(|held| held.n > 0)
