@@ -845,6 +845,123 @@ where
     });
 }
 
+/// A broker that refuses every message with the error its payload names.
+struct RefusesAsTold;
+
+impl outbox::Publish for RefusesAsTold {
+    async fn publish<'a>(
+        &'a self,
+        messages: &'a [outbox::OutboxMessage],
+    ) -> Vec<Result<(), outbox::PublishError>> {
+        messages
+            .iter()
+            .map(|m| {
+                Err(outbox::PublishError::refused(
+                    String::from_utf8_lossy(&m.payload).into_owned(),
+                ))
+            })
+            .collect()
+    }
+}
+
+/// Dead messages of two destinations and three failures (ids and numbers
+/// differ within a failure, one has `%` and `_` in it): the groups count
+/// them, with examples; a group's retry makes exactly its members pending,
+/// a group's discard deletes exactly its members, nothing else moves.
+fn failure_groups_are_counted_and_acted_on_whole<B: Backend>()
+where
+    B::Conn: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    <B::Conn as Connection>::Backend: InboxBackend,
+{
+    let Some(db) = database::<B>("outbox_groups") else {
+        return;
+    };
+    let pool = B::pool(&db);
+    let mut conn = B::open(&db);
+    let mut sent: Vec<(&str, String)> = Vec::new();
+    for n in 0..5 {
+        sent.push(("orders", format!("timeout after {n}s on 10.0.0.{n}:9092")));
+    }
+    for n in 0..3 {
+        sent.push(("orders", format!("refused: 100% of quota_{n} used")));
+    }
+    for n in 0..2 {
+        sent.push(("mail", format!("timeout after {}s on 10.0.0.1:9092", n + 7)));
+    }
+    // Not a member of "timeout after # on #", though its pattern admits it.
+    sent.push(("orders", "timeout after many tries on host".to_owned()));
+    conn.transaction(|conn| {
+        for (destination, error) in &sent {
+            outbox::enqueue(conn, Outgoing::new(*destination, error.as_str()))?;
+        }
+        Ok::<_, InboxError>(())
+    })
+    .expect("enqueue");
+    runtime().block_on(async {
+        let relay = Relay::new(pool.clone(), RefusesAsTold).max_publish_attempts(1);
+        assert_eq!(relay.run_once().await.expect("relay").dead, 11);
+        let mut conn = B::pooled(&pool).await;
+        let groups = outbox::dead_groups_async(&mut conn, &outbox::DeadFilter::new(), 1000)
+            .await
+            .expect("groups");
+        let summary: Vec<(&str, &str, u64)> = groups
+            .iter()
+            .map(|g| (g.destination.as_str(), g.failure.as_str(), g.count))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("orders", "timeout after # on #", 5),
+                ("orders", "refused: #% of # used", 3),
+                ("mail", "timeout after # on #", 2),
+                ("orders", "timeout after many tries on host", 1),
+            ]
+        );
+        assert!(groups[0].example_error.starts_with("timeout after "));
+        assert!(groups[0].first_dead_at <= groups[0].last_dead_at);
+        // The same through the sync API and a filter.
+        let mut sync = B::open(&db);
+        let mail = outbox::dead_groups(
+            &mut sync,
+            &outbox::DeadFilter::new().destination("mail"),
+            10,
+        )
+        .expect("groups");
+        assert_eq!(mail.len(), 1);
+        assert_eq!(mail[0].count, 2);
+
+        let retried = outbox::retry_async(&mut conn, &groups[0])
+            .await
+            .expect("retry");
+        assert_eq!(retried, 5);
+        let discarded = outbox::discard(&mut sync, &groups[1]).expect("discard");
+        assert_eq!(discarded, 3);
+        let status = outbox::status_async(&mut conn).await.expect("status");
+        assert_eq!((status.pending, status.dead), (5, 3));
+        let left = outbox::dead_groups_async(&mut conn, &outbox::DeadFilter::new(), 1000)
+            .await
+            .expect("groups");
+        let left: Vec<(&str, &str, u64)> = left
+            .iter()
+            .map(|g| (g.destination.as_str(), g.failure.as_str(), g.count))
+            .collect();
+        assert_eq!(
+            left,
+            [
+                ("mail", "timeout after # on #", 2),
+                ("orders", "timeout after many tries on host", 1),
+            ]
+        );
+        // A group that no longer has members: nothing.
+        assert_eq!(
+            outbox::discard_async(&mut conn, &groups[1])
+                .await
+                .expect("discard"),
+            0
+        );
+    });
+}
+
 macro_rules! outbox_tests {
     ($backend:ty) => {
         #[test]
@@ -860,6 +977,11 @@ macro_rules! outbox_tests {
         #[test]
         fn unroutable_messages_become_dead_and_are_replayed() {
             super::unroutable_messages_become_dead_and_are_replayed::<$backend>();
+        }
+
+        #[test]
+        fn failure_groups_are_counted_and_acted_on_whole() {
+            super::failure_groups_are_counted_and_acted_on_whole::<$backend>();
         }
 
         #[test]

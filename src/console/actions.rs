@@ -1,5 +1,5 @@
-//! The console's actions: retry and discard dead messages (one, or every
-//! one a filter selects), forget an inbox row. Each is a POST that must
+//! The console's actions: retry and discard dead messages (one, every
+//! one a filter selects, or a failure group), forget an inbox row. Each is a POST that must
 //! carry the page's CSRF token, from a console that is not read-only, by
 //! a request `authorize` admits (without it, from loopback); each is
 //! logged and counted, then answered by a redirect to the page it came
@@ -28,6 +28,10 @@ pub(super) struct ActionForm {
     csrf: String,
     id: Option<String>,
     key: Option<String>,
+    /// A failure group's destination and failure (`retry-group`,
+    /// `discard-group`).
+    group_destination: Option<String>,
+    failure: Option<String>,
     /// The page to return to: `dead` (the default) or `lookup`.
     back: Option<String>,
     #[serde(flatten)]
@@ -132,11 +136,20 @@ pub(super) async fn act<P: RelayPool>(
     let query = &form.query;
     let id = form.id.as_deref().unwrap_or("");
     let key = form.key.as_deref().unwrap_or("");
+    let group = || outbox::RetryTarget::Group {
+        destination: form.group_destination.clone().unwrap_or_default(),
+        failure: form.failure.clone().unwrap_or_default(),
+    };
     // Every parameter checked before any statement: bad input is a `400`
     // that names it, never a database outage.
     let checked = match name.as_str() {
         "retry" | "discard" => checked_text("id", id),
         "retry-matching" | "discard-matching" => query.filter().map(drop),
+        "retry-group" | "discard-group" => checked_text(
+            "group_destination",
+            form.group_destination.as_deref().unwrap_or(""),
+        )
+        .and(checked_failure(form.failure.as_deref())),
         "forget" => checked_text("consumer", &query.consumer).and(checked_text("key", key)),
         _ => Ok(()),
     };
@@ -155,6 +168,8 @@ pub(super) async fn act<P: RelayPool>(
             }
             Ok(filter) => with_db!(console, |conn| outbox::discard_async(conn, &filter)).await,
         },
+        "retry-group" => with_db!(console, |conn| outbox::retry_async(conn, group())).await,
+        "discard-group" => with_db!(console, |conn| outbox::discard_async(conn, group())).await,
         "forget" => with_db!(console, |conn| crate::forget_async(
             conn,
             &query.consumer,
@@ -171,6 +186,11 @@ pub(super) async fn act<P: RelayPool>(
             query.consumer,
             form.key.as_deref().unwrap_or("")
         ),
+        "retry-group" | "discard-group" => format!(
+            "the failure group {:?} to {:?}",
+            form.failure.as_deref().unwrap_or(""),
+            form.group_destination.as_deref().unwrap_or("")
+        ),
         _ => format!(
             "every dead message with destination {:?}, error containing {:?}, dead within {:?}, dead before {:?}",
             query.destination, query.error, query.since, query.until
@@ -185,7 +205,9 @@ pub(super) async fn act<P: RelayPool>(
                     "nothing to forget: no inbox row or failure count".to_owned()
                 }
                 "forget" => format!("forgotten: {what}; its next delivery will be applied"),
-                "retry" | "retry-matching" => format!("{count} dead message(s) pending again"),
+                "retry" | "retry-matching" | "retry-group" => {
+                    format!("{count} dead message(s) pending again")
+                }
                 _ => format!("{count} dead message(s) discarded"),
             }
         }
@@ -214,4 +236,18 @@ pub(super) async fn act<P: RelayPool>(
         }
     };
     (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+}
+
+/// A failure group's failure: present, without NUL, no longer than a
+/// group keeps (240 characters).
+fn checked_failure(failure: Option<&str>) -> Result<(), String> {
+    match failure {
+        None => Err("failure: needed".to_owned()),
+        Some(f) if f.contains('\0') => Err("failure: contains NUL".to_owned()),
+        Some(f) if f.chars().count() > 240 => Err(format!(
+            "failure: {} characters, over the 240 a group keeps",
+            f.chars().count()
+        )),
+        Some(_) => Ok(()),
+    }
 }

@@ -194,9 +194,11 @@ struct MaxAttempts(u32);
 #[derive(Clone)]
 struct AllowedHosts(Vec<String>);
 
+/// The console's Kafka lag asker (one per `kafka_lag` call, shared by its
+/// requests).
+#[cfg(feature = "kafka")]
 #[derive(Clone)]
-#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
-struct KafkaBrokers(String);
+struct KafkaBrokers(Arc<lag::Lags>);
 
 /// Adds a layer that sets `value` unless a layer outside it (a later
 /// call) did.
@@ -244,7 +246,7 @@ impl ConsoleExt for Router {
 
     #[cfg(feature = "kafka")]
     fn kafka_lag(self, brokers: impl Into<String>) -> Self {
-        setting(self, KafkaBrokers(brokers.into()))
+        setting(self, KafkaBrokers(lag::Lags::new(brokers.into())))
     }
 }
 
@@ -325,8 +327,8 @@ struct Context {
     read_only: bool,
     max_attempts: Option<u32>,
     /// Where to ask for the positions' lag.
-    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
-    kafka: Option<String>,
+    #[cfg(feature = "kafka")]
+    kafka: Option<Arc<lag::Lags>>,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Context {
@@ -351,6 +353,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
             base,
             read_only: parts.extensions.get::<ReadOnly>().is_some_and(|r| r.0),
             max_attempts: parts.extensions.get::<MaxAttempts>().map(|m| m.0),
+            #[cfg(feature = "kafka")]
             kafka: parts.extensions.get::<KafkaBrokers>().map(|k| k.0.clone()),
         })
     }

@@ -112,14 +112,14 @@ fn rows(count: RowCount) -> String {
 /// Each stream position's lag, where the console knows the brokers.
 async fn lags(overview: &Overview, context: &Context) -> Option<Result<Vec<i64>, String>> {
     #[cfg(feature = "kafka")]
-    if let Some(brokers) = &context.kafka {
+    if let Some(asker) = &context.kafka {
         if !overview.positions.is_empty() {
-            let positions = overview
+            let positions: Vec<_> = overview
                 .positions
                 .iter()
                 .map(|p| (p.topic.clone(), p.partition, p.next_offset))
                 .collect();
-            return Some(super::lag::lags(brokers, positions).await);
+            return Some(asker.lags(&positions).await);
         }
     }
     let _ = (overview, context);
@@ -398,6 +398,9 @@ pub(super) fn checked_text(field: &str, value: &str) -> Result<(), String> {
 
 /// How many of each list a page shows.
 const DEAD_SHOWN: usize = 100;
+/// How many of the newest dead messages the failure groups read.
+const GROUPS_READ: usize = 10_000;
+const GROUPS_SHOWN: usize = 50;
 const FAILING_SHOWN: usize = 200;
 
 pub(super) async fn dead<P: RelayPool>(
@@ -416,15 +419,17 @@ pub(super) async fn dead<P: RelayPool>(
     };
     let consumer = (!query.consumer.is_empty()).then_some(query.consumer.as_str());
     let read = with_db!(console, |conn| async {
+        let groups = crate::outbox::dead_groups_async(&mut *conn, &filter, GROUPS_READ).await?;
         let dead = crate::outbox::dead_matching_async(&mut *conn, &filter, DEAD_SHOWN).await?;
         let failing = crate::attempts_list_async(&mut *conn, consumer, 1, FAILING_SHOWN).await?;
-        Ok::<_, InboxError>((dead, failing))
+        Ok::<_, InboxError>((groups, dead, failing))
     })
     .await;
-    let (dead, failing) = match read {
+    let (groups, dead, failing) = match read {
         Ok(lists) => lists,
         Err(why) => return html::unavailable(base, View::Dead, &why),
     };
+    body.push_str(&failure_groups(&console.csrf, &context, &query, &groups));
     body.push_str(&outbox_dead(&console.csrf, &context, &query, &dead));
     body.push_str(&inbox_failing(&console.csrf, &context, &query, &failing));
     page(
@@ -453,6 +458,81 @@ fn filter_form(base: &str, query: &DeadQuery) -> String {
         input("since", "dead within", &query.since, "1h"),
         input("until", "dead longer ago than", &query.until, "10m"),
     )
+}
+
+/// The dead messages grouped by destination and failure, each with its
+/// retry and discard.
+fn failure_groups(
+    csrf: &str,
+    context: &Context,
+    query: &DeadQuery,
+    groups: &[crate::outbox::FailureGroup],
+) -> String {
+    let read: u64 = groups.iter().map(|g| g.count).sum();
+    let mut out = format!(
+        "<h2>Outbox: failure groups</h2><p class=\"muted\" id=\"groups-count\">{} group{} of {read} \
+         dead message{}{}: the same destination and last error, its ids and numbers masked \
+         (<code>#</code>), the largest first.</p><table id=\"groups\"><tr><th>destination</th>\
+         <th>failure</th><th class=\"n\">messages</th><th>first dead</th><th>last dead</th>\
+         <th>example</th><th></th></tr>",
+        groups.len(),
+        if groups.len() == 1 { "" } else { "s" },
+        if read == 1 { "" } else { "s" },
+        if read == GROUPS_READ as u64 {
+            format!(" (the newest {GROUPS_READ}; narrow the filter to group others)")
+        } else {
+            String::new()
+        }
+    );
+    if groups.is_empty() {
+        out.push_str("<tr><td colspan=\"7\" class=\"muted\">none</td></tr>");
+    }
+    for g in groups.iter().take(GROUPS_SHOWN) {
+        let _ = write!(
+            out,
+            "<tr class=\"group\"><td>{}</td><td class=\"failure\"><code>{}</code></td>\
+             <td class=\"n count\">{}</td><td>{}</td><td>{}</td>\
+             <td><code>{}</code>: <span class=\"last-error\">{}</span></td><td>",
+            esc(&g.destination),
+            esc(&g.failure),
+            g.count,
+            rfc3339(g.first_dead_at),
+            rfc3339(g.last_dead_at),
+            esc(&g.example_id),
+            esc(&g.example_error.chars().take(200).collect::<String>()),
+        );
+        if !context.read_only {
+            let mut fields = vec![
+                ("group_destination", g.destination.as_str()),
+                ("failure", g.failure.as_str()),
+            ];
+            fields.extend_from_slice(&query.fields());
+            out.push_str(&action(
+                &context.base,
+                csrf,
+                "retry-group",
+                "Retry group",
+                &fields,
+            ));
+            out.push_str(&action(
+                &context.base,
+                csrf,
+                "discard-group",
+                "Discard group",
+                &fields,
+            ));
+        }
+        out.push_str("</td></tr>");
+    }
+    out.push_str("</table>");
+    if groups.len() > GROUPS_SHOWN {
+        let _ = write!(
+            out,
+            "<p class=\"muted\">{} smaller groups not shown.</p>",
+            groups.len() - GROUPS_SHOWN
+        );
+    }
+    out
 }
 
 fn outbox_dead(csrf: &str, context: &Context, query: &DeadQuery, dead: &[DeadMessage]) -> String {

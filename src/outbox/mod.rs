@@ -31,15 +31,15 @@
 
 #[doc(inline)]
 pub use inbox_runtime::outbox::{
-    dead, dead_matching, discard, enqueue, purge, retry, set_notify, set_wal, status, wake,
-    AllDead, DeadFilter, DeadMessage, DestinationStatus, OutboxMessage, OutboxStatus, Outgoing,
-    RetryTarget, WalSlotStatus,
+    dead, dead_groups, dead_matching, discard, enqueue, purge, retry, set_notify, set_wal, status,
+    wake, AllDead, DeadFilter, DeadMessage, DestinationStatus, FailureGroup, OutboxMessage,
+    OutboxStatus, Outgoing, RetryTarget, WalSlotStatus,
 };
 #[cfg(feature = "async")]
 #[doc(inline)]
 pub use inbox_runtime::outbox::{
-    dead_async, dead_matching_async, discard_async, enqueue_async, purge_async, retry_async,
-    status_async,
+    dead_async, dead_groups_async, dead_matching_async, discard_async, enqueue_async, purge_async,
+    retry_async, status_async,
 };
 
 #[cfg(feature = "relay")]

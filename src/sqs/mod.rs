@@ -80,6 +80,38 @@ mod lambda;
 mod lease;
 
 pub use lambda::{lambda, lambda_by_attribute};
+
+/// The `aws-sdk-sqs` crate this runner is built on (1.x, at least 1.119),
+/// re-exported so a `Client` of yours is the one the runner takes.
+///
+/// Its HTTP client is not enabled here: bring one with the crate's
+/// `default-https-client` feature, `aws-config`, or your own (guide:
+/// sqs, "A local endpoint").
+///
+/// ```no_run
+/// use diesel_inbox::sqs::aws_sdk_sqs;
+///
+/// fn queue(client: aws_sdk_sqs::Client) -> diesel_inbox::sqs::Consumer<diesel_inbox::InboxError> {
+///     diesel_inbox::sqs::Consumer::new(
+///         client,
+///         "http://localhost:4566/000000000000/orders",
+///         diesel_inbox::brokers::Policy::new(|_: &diesel_inbox::InboxError| false),
+///     )
+/// }
+/// ```
+pub use aws_sdk_sqs;
+
+/// The `aws_lambda_events` crate (1.x, at least 1.2, feature `sqs`) whose
+/// `SqsEvent` and `SqsBatchResponse` [`lambda`] takes and returns.
+///
+/// ```no_run
+/// use diesel_inbox::sqs::aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+///
+/// fn nothing_failed(_: SqsEvent) -> SqsBatchResponse {
+///     SqsBatchResponse::default()
+/// }
+/// ```
+pub use aws_lambda_events;
 use lease::{Shared, MAX_VISIBILITY};
 
 /// An SQS consumer runner: the loop of

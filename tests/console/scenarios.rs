@@ -1052,6 +1052,14 @@ async fn postgres(client: &Client, results: &mut Results) {
         "a database that refuses or hangs",
         unavailable(&url).await,
     );
+    #[cfg(feature = "kafka")]
+    if kafka.is_some() {
+        results.record(
+            pg,
+            "silent Kafka brokers: one lag client at a time",
+            kafka_lag_asks_once(pool.clone()).await,
+        );
+    }
 }
 
 /// The Kafka position, where a broker is configured.
@@ -1159,5 +1167,74 @@ async fn unavailable(url: &str) -> Check {
         }
     }
     proxy.set(Mode::Forward);
+    Ok(())
+}
+
+/// Brokers that take connections and never answer, behind a console's
+/// Kafka lag: many pages at once open one client at a time (not one
+/// each), they answer 200 with the lag said unavailable, and the client
+/// is closed after the console's time limit.
+#[cfg(all(feature = "postgres", feature = "lapin", feature = "kafka"))]
+async fn kafka_lag_asks_once(pool: Pool<diesel_async::AsyncPgConnection>) -> Check {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let brokers = silent.local_addr().map_err(|e| e.to_string())?.to_string();
+    let (accepted, open) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (a, o) = (accepted.clone(), open.clone());
+    std::thread::spawn(move || {
+        for stream in silent.incoming().flatten() {
+            a.fetch_add(1, Ordering::SeqCst);
+            o.fetch_add(1, Ordering::SeqCst);
+            let o = o.clone();
+            // Reads what the client sends, answers nothing, and counts the
+            // connection closed at its end of file.
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buffer = [0u8; 1024];
+                while matches!(std::io::Read::read(&mut stream, &mut buffer), Ok(n) if n > 0) {}
+                o.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    let base = format!(
+        "http://{}",
+        serve(console::router(pool).kafka_lag(brokers), "127.0.0.1:0").await?
+    );
+    let http = reqwest::Client::new();
+    let pages = (0..12).map(|_| {
+        let request = http
+            .get(format!("{base}/live"))
+            .timeout(console::QUERY_TIME_LIMIT + Duration::from_secs(5))
+            .send();
+        async move {
+            let response = request.await.map_err(|e| e.to_string())?;
+            let status = response.status().as_u16();
+            let body = response.text().await.unwrap_or_default();
+            if status != 200 || !body.contains("id=\"lag-unavailable\"") {
+                return Err(format!(
+                    "a page: {status}, lag unavailable: {}",
+                    body.contains("lag-unavailable")
+                ));
+            }
+            Ok::<_, String>(())
+        }
+    });
+    for page in futures_util::future::join_all(pages).await {
+        page?;
+    }
+    let clients = accepted.load(Ordering::SeqCst);
+    if clients == 0 || clients > 2 {
+        return Err(format!(
+            "12 pages at once made {clients} connections to the brokers, not 1"
+        ));
+    }
+    let since = Instant::now();
+    while open.load(Ordering::SeqCst) > 0 {
+        if since.elapsed() > Duration::from_secs(10) {
+            return Err("the lag's client still holds its connection 10 s after the pages".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     Ok(())
 }

@@ -73,6 +73,10 @@ pub enum Op {
     Status,
     /// The dead messages `which` selects, oldest first, at most `limit`.
     Dead { which: DeadWhere, limit: i64 },
+    /// The dead messages `which` selects without their payloads and
+    /// headers (their failures, for the groups), newest first, at most
+    /// `limit`.
+    DeadFailures { which: DeadWhere, limit: i64 },
     /// Makes the dead messages `which` selects pending again.
     Retry { which: DeadWhere },
     /// Deletes the dead messages `which` selects.
@@ -105,7 +109,8 @@ pub enum Op {
 #[derive(Debug, Clone, Default)]
 #[doc(hidden)]
 pub struct DeadWhere {
-    pub id: Option<String>,
+    /// One of these ids (none: no message).
+    pub ids: Option<Vec<String>>,
     pub destination: Option<String>,
     /// A `LIKE` pattern on the lower-cased last error, escaped with `!`.
     pub error_like: Option<String>,
@@ -119,8 +124,14 @@ impl DeadWhere {
     /// `stmt` and ` WHERE dead_at IS NOT NULL AND ...`.
     fn push(self, stmt: Stmt) -> Stmt {
         let mut stmt = stmt.sql(" WHERE dead_at IS NOT NULL");
-        if let Some(id) = self.id {
-            stmt = stmt.sql(" AND id = ").bind(Bind::Text(id));
+        match self.ids.as_deref() {
+            None => {}
+            Some([]) => stmt = stmt.sql(" AND 1 = 0"),
+            Some([id]) => stmt = stmt.sql(" AND id = ").bind(Bind::Text(id.clone())),
+            Some(ids) => {
+                let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                stmt = stmt.sql(" AND id IN ").text_list(&ids);
+            }
         }
         if let Some(destination) = self.destination {
             stmt = stmt
@@ -218,8 +229,9 @@ pub struct DeadRow {
     pub created_at: i64,
     #[diesel(sql_type = BigInt)]
     pub dead_at: i64,
-    #[diesel(sql_type = Binary)]
-    pub payload: Vec<u8>,
+    /// `None` where the statement left it out ([`Op::DeadFailures`]).
+    #[diesel(sql_type = Nullable<Binary>)]
+    pub payload: Option<Vec<u8>>,
     #[diesel(sql_type = Nullable<Binary>)]
     pub headers: Option<Vec<u8>>,
 }
@@ -361,6 +373,15 @@ fn plan<B: Internals>(op: Op) -> Plan {
                      dead_at, payload, headers FROM outbox_messages",
                 ))
                 .sql(" ORDER BY seq LIMIT ")
+                .bind(Bind::Big(limit)),
+        ),
+        Op::DeadFailures { which, limit } => Plan::Dead(
+            which
+                .push(Stmt::new().sql(
+                    "SELECT id, destination, ordering_key, attempts, last_error, created_at, \
+                     dead_at, NULL AS payload, NULL AS headers FROM outbox_messages",
+                ))
+                .sql(" ORDER BY seq DESC LIMIT ")
                 .bind(Bind::Big(limit)),
         ),
         // A row made live again is found by a relay's floor.

@@ -52,7 +52,7 @@ fn dead_of(rows: Vec<DeadRow>) -> Vec<DeadMessage> {
             last_error: row.last_error.unwrap_or_default(),
             enqueued_at: time(row.created_at),
             dead_at: time(row.dead_at),
-            payload: row.payload,
+            payload: row.payload.unwrap_or_default(),
         })
         .collect()
 }
@@ -118,13 +118,13 @@ impl DeadFilter {
         self
     }
 
-    fn selection(&self) -> DeadWhere {
+    pub(super) fn selection(&self) -> DeadWhere {
         let micros = |t: SystemTime| {
             t.duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros().min(i64::MAX as u128) as i64)
         };
         DeadWhere {
-            id: None,
+            ids: None,
             destination: self.destination.clone(),
             error_like: self.error_contains.as_deref().map(|text| {
                 let mut pattern = String::from("%");
@@ -183,8 +183,13 @@ fn listing(filter: &DeadFilter, limit: usize) -> Result<Op, InboxError> {
 }
 
 fn listed(answer: Answer) -> Result<Vec<DeadMessage>, InboxError> {
+    rows_of(answer).map(dead_of)
+}
+
+/// The rows of a dead messages' listing.
+pub(super) fn rows_of(answer: Answer) -> Result<Vec<DeadRow>, InboxError> {
     match answer {
-        Answer::Dead(rows) => Ok(dead_of(rows)),
+        Answer::Dead(rows) => Ok(rows),
         other => Err(unexpected(other)),
     }
 }
@@ -237,6 +242,15 @@ pub enum RetryTarget {
     Matching(DeadFilter),
     /// Every dead message.
     AllDead,
+    /// The dead messages of a failure group (see
+    /// [`FailureGroup`](super::FailureGroup)).
+    Group {
+        /// The group's destination.
+        destination: String,
+        /// The group's failure: the last error with its ids and numbers
+        /// masked ([`FailureGroup::failure`](super::FailureGroup::failure)).
+        failure: String,
+    },
 }
 
 impl From<&str> for RetryTarget {
@@ -276,21 +290,93 @@ impl From<&DeadFilter> for RetryTarget {
 }
 
 impl RetryTarget {
-    fn selection(self) -> DeadWhere {
-        match self {
+    /// The selection, where one statement makes it (not for a group,
+    /// whose members are read first: [`super::groups`]).
+    fn selection(self) -> Result<DeadWhere, (String, String)> {
+        Ok(match self {
             RetryTarget::Id(id) => DeadWhere {
-                id: Some(id),
+                ids: Some(vec![id]),
                 ..DeadWhere::default()
             },
             RetryTarget::Matching(filter) => filter.selection(),
             RetryTarget::AllDead => DeadWhere::default(),
-        }
+            RetryTarget::Group {
+                destination,
+                failure,
+            } => return Err((destination, failure)),
+        })
     }
 }
 
+/// Runs `make(which)` for what `target` selects, and returns how many
+/// rows it changed: one statement, or for a group, its members read
+/// first, then one statement per chunk of their ids.
+fn act<C>(conn: &mut C, target: RetryTarget, make: fn(DeadWhere) -> Op) -> Result<u64, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    let selections = match target.selection() {
+        Ok(which) => vec![which],
+        Err((destination, failure)) => {
+            let scan = super::groups::members(&destination, &failure);
+            let rows = rows_of(C::Backend::outbox(conn, scan).map_err(ops_error::<C::Backend>)?)?;
+            super::groups::chunks(rows, &destination, &failure)
+        }
+    };
+    let mut changed = 0;
+    for which in selections {
+        changed +=
+            count_of(C::Backend::outbox(conn, make(which)).map_err(ops_error::<C::Backend>)?)?;
+    }
+    Ok(changed)
+}
+
+/// The async twin of [`act`].
+#[cfg(feature = "async")]
+async fn act_async<P, C, Via>(
+    conn: &mut P,
+    target: RetryTarget,
+    make: fn(DeadWhere) -> Op,
+) -> Result<u64, InboxError>
+where
+    P: AsAsyncConnection<C, Via>,
+    C: AsyncInboxConnection,
+{
+    let conn = conn.connection();
+    let selections = match target.selection() {
+        Ok(which) => vec![which],
+        Err((destination, failure)) => {
+            let scan = super::groups::members(&destination, &failure);
+            let rows = rows_of(
+                conn.inbox_outbox(scan)
+                    .await
+                    .map_err(ops_error::<C::Backend>)?,
+            )?;
+            super::groups::chunks(rows, &destination, &failure)
+        }
+    };
+    let mut changed = 0;
+    for which in selections {
+        changed += count_of(
+            conn.inbox_outbox(make(which))
+                .await
+                .map_err(ops_error::<C::Backend>)?,
+        )?;
+    }
+    Ok(changed)
+}
+
+fn retried(which: DeadWhere) -> Op {
+    Op::Retry { which }
+}
+
+fn discarded(which: DeadWhere) -> Op {
+    Op::Discard { which }
+}
+
 /// Makes dead messages pending again, with their attempts reset: one by
-/// id, the ones a [`DeadFilter`] selects, or [`AllDead`]. Returns how
-/// many. A replayed message is published as soon as a relay finds it; a
+/// id, the ones a [`DeadFilter`] selects, a failure group
+/// ([`RetryTarget::Group`]) or [`AllDead`]. Returns how many. A replayed message is published as soon as a relay finds it; a
 /// message of an ordering key that was published past goes out after the
 /// later ones of its key.
 ///
@@ -310,12 +396,9 @@ pub fn retry<C>(conn: &mut C, which: impl Into<RetryTarget>) -> Result<u64, Inbo
 where
     C: InboxConnection + LoadConnection,
 {
-    let op = Op::Retry {
-        which: which.into().selection(),
-    };
-    let replayed = C::Backend::outbox(conn, op).map_err(ops_error::<C::Backend>)?;
+    let replayed = act(conn, which.into(), retried)?;
     crate::wake::wake();
-    count_of(replayed)
+    Ok(replayed)
 }
 
 /// The async twin of [`retry`].
@@ -328,29 +411,20 @@ where
     P: AsAsyncConnection<C, Via>,
     C: AsyncInboxConnection,
 {
-    let op = Op::Retry {
-        which: which.into().selection(),
-    };
-    let replayed = conn
-        .connection()
-        .inbox_outbox(op)
-        .await
-        .map_err(ops_error::<C::Backend>)?;
+    let replayed = act_async(conn, which.into(), retried).await?;
     crate::wake::wake();
-    count_of(replayed)
+    Ok(replayed)
 }
 
 /// Deletes dead messages (never a live one): one by id, the ones a
-/// [`DeadFilter`] selects, or [`AllDead`]. Returns how many. Example:
+/// [`DeadFilter`] selects, a failure group ([`RetryTarget::Group`]) or
+/// [`AllDead`]. Returns how many. Example:
 /// [`DeadFilter`].
 pub fn discard<C>(conn: &mut C, which: impl Into<RetryTarget>) -> Result<u64, InboxError>
 where
     C: InboxConnection + LoadConnection,
 {
-    let op = Op::Discard {
-        which: which.into().selection(),
-    };
-    count_of(C::Backend::outbox(conn, op).map_err(ops_error::<C::Backend>)?)
+    act(conn, which.into(), discarded)
 }
 
 /// The async twin of [`discard`].
@@ -363,13 +437,5 @@ where
     P: AsAsyncConnection<C, Via>,
     C: AsyncInboxConnection,
 {
-    let op = Op::Discard {
-        which: which.into().selection(),
-    };
-    count_of(
-        conn.connection()
-            .inbox_outbox(op)
-            .await
-            .map_err(ops_error::<C::Backend>)?,
-    )
+    act_async(conn, which.into(), discarded).await
 }

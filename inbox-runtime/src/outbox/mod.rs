@@ -54,6 +54,7 @@
 //! (how a row stores headers and ids).
 
 mod dead;
+mod groups;
 mod headers;
 mod id;
 mod message;
@@ -70,6 +71,9 @@ pub use dead::{
 };
 #[cfg(feature = "async")]
 pub use dead::{dead_async, dead_matching_async, discard_async, retry_async};
+#[cfg(feature = "async")]
+pub use groups::dead_groups_async;
+pub use groups::{dead_groups, FailureGroup};
 #[cfg(feature = "async")]
 pub use message::enqueue_async;
 pub use message::{enqueue, wake, Outgoing};

@@ -199,11 +199,18 @@ pub(crate) struct ForgetArgs {
 
 #[derive(Args)]
 pub(crate) struct DeadArgs {
-    /// At most this many.
-    #[arg(long, default_value_t = 100)]
-    pub(crate) limit: usize,
+    /// At most this many, oldest first [default: 100]; with --groups, the
+    /// newest this many are grouped [default: 10000].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) limit: Option<u32>,
+    /// Failure groups instead: the dead messages grouped by destination
+    /// and last error, with ids and numbers masked, the largest first.
+    #[arg(long)]
+    pub(crate) groups: bool,
     /// JSON for scripts: [{"id", "destination", "key", "attempts",
-    /// "last_error", "enqueued_at", "dead_at"}].
+    /// "last_error", "enqueued_at", "dead_at"}]; with --groups,
+    /// [{"destination", "failure", "count", "first_dead_at",
+    /// "last_dead_at", "example_id", "example_error"}].
     #[arg(long)]
     pub(crate) json: bool,
 }

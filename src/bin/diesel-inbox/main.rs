@@ -8,7 +8,7 @@
 //! diesel-inbox forget <CONSUMER> <KEY>
 //! diesel-inbox attempts [--consumer C] [--exhausted --max-attempts N] [--limit 100] [--json]
 //! diesel-inbox outbox status [--json]
-//! diesel-inbox outbox dead [--limit 100] [--json]
+//! diesel-inbox outbox dead [--limit 100] [--groups] [--json]
 //! diesel-inbox outbox retry <ID> | --all-dead
 //! diesel-inbox outbox purge --older-than 7d [--batch 10000] [--force]
 //! diesel-inbox outbox relay (--amqp URL --exchange X | --nats URL | --kafka BROKERS) [--batch-size 100] [--poll-interval 1s] [--max-publish-attempts 10] [--lease 60s]

@@ -88,8 +88,52 @@ where
                 }
             }
         }
-        OutboxCommand::Dead(DeadArgs { limit, json }) => {
-            let dead = outbox::dead(conn, *limit)?;
+        OutboxCommand::Dead(DeadArgs {
+            limit,
+            groups: true,
+            json,
+        }) => {
+            let scan = limit.unwrap_or(10_000) as usize;
+            let groups = outbox::dead_groups(conn, &outbox::DeadFilter::new(), scan)?;
+            if *json {
+                let rows: Vec<_> = groups
+                    .iter()
+                    .map(|g| {
+                        serde_json::json!({
+                            "destination": g.destination,
+                            "failure": g.failure,
+                            "count": g.count,
+                            "first_dead_at": rfc3339(g.first_dead_at),
+                            "last_dead_at": rfc3339(g.last_dead_at),
+                            "example_id": g.example_id,
+                            "example_error": g.example_error,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(rows));
+            } else if groups.is_empty() {
+                println!("no dead messages");
+            } else {
+                let counted: u64 = groups.iter().map(|g| g.count).sum();
+                if counted == scan as u64 {
+                    println!("the newest {scan} dead messages (--limit to read more):");
+                }
+                for g in &groups {
+                    println!(
+                        "{} x{} to {} (dead {} to {}; e.g. {}): {}",
+                        g.failure,
+                        g.count,
+                        g.destination,
+                        rfc3339(g.first_dead_at),
+                        rfc3339(g.last_dead_at),
+                        g.example_id,
+                        g.example_error
+                    );
+                }
+            }
+        }
+        OutboxCommand::Dead(DeadArgs { limit, json, .. }) => {
+            let dead = outbox::dead(conn, limit.unwrap_or(100) as usize)?;
             if *json {
                 let rows: Vec<_> = dead
                     .iter()

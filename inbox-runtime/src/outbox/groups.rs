@@ -1,0 +1,342 @@
+//! Failure groups: the dead messages grouped by destination and failure
+//! (the last error with its ids and numbers masked), as the operations
+//! console's dead page and `diesel-inbox outbox dead --groups` show them;
+//! a group is retried or discarded whole through
+//! [`RetryTarget::Group`].
+
+use super::dead::{rows_of, DeadFilter, RetryTarget};
+use super::statements::{checked_limit, time};
+#[cfg(feature = "async")]
+use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
+use crate::backend::outbox::{DeadRow, DeadWhere, Op};
+use crate::backend::Statements;
+use crate::error::InboxError;
+use crate::ops::ops_error;
+use crate::transaction::InboxConnection;
+use diesel::connection::LoadConnection;
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+/// The longest failure a group keeps (characters; the rest is cut).
+const MAX_FAILURE: usize = 240;
+
+/// How many of a group's members a retry or discard takes, at most.
+const MAX_MEMBERS: i64 = 100_000;
+
+/// How many ids one statement of a group's retry or discard names.
+const IDS_PER_STATEMENT: usize = 1_000;
+
+/// Dead messages to one destination that failed the same way: their last
+/// errors are equal once ids and numbers are masked (every word that
+/// holds a digit becomes `#`, runs of white space one space, cut at 240
+/// characters), so `timeout after 30s on 10.0.0.7:9092` and `timeout
+/// after 5s on 10.0.0.9:9092` are one group, `timeout after # on #`.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use diesel_inbox::outbox::{self, DeadFilter};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// diesel_inbox::migrate(&mut conn)?;
+/// for group in outbox::dead_groups(&mut conn, &DeadFilter::new(), 10_000)? {
+///     println!("{} x{}: {}", group.destination, group.count, group.failure);
+///     if group.failure.contains("no route") {
+///         outbox::retry(&mut conn, &group)?;
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FailureGroup {
+    /// The destination.
+    pub destination: String,
+    /// The failure: the last error, ids and numbers masked.
+    pub failure: String,
+    /// How many dead messages the group has (of those read).
+    pub count: u64,
+    /// When its first member died.
+    pub first_dead_at: SystemTime,
+    /// When its last member died.
+    pub last_dead_at: SystemTime,
+    /// The id of its newest member.
+    pub example_id: String,
+    /// That member's last error, as the broker said it.
+    pub example_error: String,
+}
+
+impl From<&FailureGroup> for RetryTarget {
+    fn from(group: &FailureGroup) -> Self {
+        RetryTarget::Group {
+            destination: group.destination.clone(),
+            failure: group.failure.clone(),
+        }
+    }
+}
+
+impl From<FailureGroup> for RetryTarget {
+    fn from(group: FailureGroup) -> Self {
+        RetryTarget::Group {
+            destination: group.destination,
+            failure: group.failure,
+        }
+    }
+}
+
+/// `error` with its ids and numbers masked: each word (letters, digits and
+/// `-_.:`) that holds a digit becomes `#`; runs of white space become one
+/// space; at most [`MAX_FAILURE`] characters.
+pub(crate) fn failure_of(error: &str) -> String {
+    fn word(out: &mut String, word: &mut String) {
+        if word.chars().any(|c| c.is_ascii_digit()) {
+            out.push('#');
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    }
+    let mut out = String::new();
+    let mut current = String::new();
+    for c in error.chars() {
+        if c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') {
+            current.push(c);
+            continue;
+        }
+        word(&mut out, &mut current);
+        if !c.is_whitespace() {
+            out.push(c);
+        } else if !out.is_empty() && !out.ends_with(' ') {
+            out.push(' ');
+        }
+    }
+    word(&mut out, &mut current);
+    let out = out.trim_end();
+    match out.char_indices().nth(MAX_FAILURE) {
+        Some((cut, _)) => out[..cut].to_owned(),
+        None => out.to_owned(),
+    }
+}
+
+/// A `LIKE` pattern on the lower-cased last error (escaped with `!`) that
+/// every error of `failure` matches, and maybe others (the members are
+/// then checked one by one): the masks, the spaces and every character
+/// SQL might lower-case otherwise than Rust are wildcards.
+fn pattern(failure: &str) -> String {
+    let mut out = String::from("%");
+    // Whether `out` ends with a wildcard `%` (not an escaped one).
+    let mut any = true;
+    for c in failure.chars() {
+        if matches!(c, '#' | ' ') {
+            if !any {
+                out.push('%');
+            }
+            any = true;
+            continue;
+        }
+        any = false;
+        match c {
+            '%' | '_' | '!' => {
+                out.push('!');
+                out.push(c);
+            }
+            c if c.is_ascii() => out.push(c.to_ascii_lowercase()),
+            _ => out.push('_'),
+        }
+    }
+    if !any {
+        out.push('%');
+    }
+    out
+}
+
+/// The groups of `rows`, the largest first (then the latest).
+fn grouped(rows: Vec<DeadRow>) -> Vec<FailureGroup> {
+    let mut groups: HashMap<(String, String), FailureGroup> = HashMap::new();
+    // Newest first: the first member seen is the example.
+    for row in rows {
+        let error = row.last_error.unwrap_or_default();
+        let failure = failure_of(&error);
+        let dead_at = time(row.dead_at);
+        let group = groups
+            .entry((row.destination.clone(), failure.clone()))
+            .or_insert_with(|| FailureGroup {
+                destination: row.destination,
+                failure,
+                count: 0,
+                first_dead_at: dead_at,
+                last_dead_at: dead_at,
+                example_id: row.id,
+                example_error: error,
+            });
+        group.count += 1;
+        group.first_dead_at = group.first_dead_at.min(dead_at);
+        group.last_dead_at = group.last_dead_at.max(dead_at);
+    }
+    let mut groups: Vec<FailureGroup> = groups.into_values().collect();
+    groups.sort_by(|a, b| {
+        (b.count, b.last_dead_at, &a.destination, &a.failure).cmp(&(
+            a.count,
+            a.last_dead_at,
+            &b.destination,
+            &b.failure,
+        ))
+    });
+    groups
+}
+
+fn reading(filter: &DeadFilter, scan: usize) -> Result<Op, InboxError> {
+    Ok(Op::DeadFailures {
+        which: filter.selection(),
+        limit: checked_limit(scan)?,
+    })
+}
+
+/// The failure groups of the newest `scan` dead messages `filter` selects
+/// (1 to 100,000), the largest first. Their payloads are not read.
+/// Example: [`FailureGroup`].
+pub fn dead_groups<C>(
+    conn: &mut C,
+    filter: &DeadFilter,
+    scan: usize,
+) -> Result<Vec<FailureGroup>, InboxError>
+where
+    C: InboxConnection + LoadConnection,
+{
+    let op = reading(filter, scan)?;
+    rows_of(C::Backend::outbox(conn, op).map_err(ops_error::<C::Backend>)?).map(grouped)
+}
+
+/// The async twin of [`dead_groups`].
+#[cfg(feature = "async")]
+pub async fn dead_groups_async<P, C, Via>(
+    conn: &mut P,
+    filter: &DeadFilter,
+    scan: usize,
+) -> Result<Vec<FailureGroup>, InboxError>
+where
+    P: AsAsyncConnection<C, Via>,
+    C: AsyncInboxConnection,
+{
+    let op = reading(filter, scan)?;
+    rows_of(
+        conn.connection()
+            .inbox_outbox(op)
+            .await
+            .map_err(ops_error::<C::Backend>)?,
+    )
+    .map(grouped)
+}
+
+/// The read of a group's candidates: its destination's dead messages
+/// whose error [`pattern`] admits (the newest 100,000).
+pub(super) fn members(destination: &str, failure: &str) -> Op {
+    Op::DeadFailures {
+        which: DeadWhere {
+            destination: Some(destination.to_owned()),
+            error_like: Some(pattern(failure)),
+            ..DeadWhere::default()
+        },
+        limit: MAX_MEMBERS,
+    }
+}
+
+/// The selections of the group's members among `rows` (those whose
+/// failure is the group's), a chunk of ids each.
+pub(super) fn chunks(rows: Vec<DeadRow>, destination: &str, failure: &str) -> Vec<DeadWhere> {
+    let ids: Vec<String> = rows
+        .into_iter()
+        .filter(|row| {
+            row.destination == destination
+                && failure_of(row.last_error.as_deref().unwrap_or("")) == failure
+        })
+        .map(|row| row.id)
+        .collect();
+    ids.chunks(IDS_PER_STATEMENT)
+        .map(|chunk| DeadWhere {
+            ids: Some(chunk.to_vec()),
+            ..DeadWhere::default()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_numbers_are_masked() {
+        for (error, failure) in [
+            ("timeout after 30s on 10.0.0.7:9092", "timeout after # on #"),
+            (
+                "message 3f2a9c1e-0b7d-4c55-9a1e-2b6f0d4e8a11 refused:   NOT_FOUND",
+                "message # refused: NOT_FOUND",
+            ),
+            ("order-7 (HTTP 503)", "# (HTTP #)"),
+            ("no route to 'orders'", "no route to 'orders'"),
+            ("  ", ""),
+            ("Zeitüberschreitung nach 5 s", "Zeitüberschreitung nach # s"),
+        ] {
+            assert_eq!(failure_of(error), failure, "{error}");
+        }
+        let long = "x ".repeat(1_000);
+        assert_eq!(failure_of(&long).chars().count(), MAX_FAILURE);
+    }
+
+    #[test]
+    fn the_pattern_admits_every_member() {
+        for (failure, like) in [
+            ("timeout after # on #", "%timeout%after%on%"),
+            ("#% _done_!", "%!%%!_done!_!!%"),
+            ("refused: #% of # used", "%refused:%!%%of%used%"),
+            ("100%", "%100!%%"),
+            ("Zeitüberschreitung", "%zeit_berschreitung%"),
+        ] {
+            assert_eq!(pattern(failure), like, "{failure}");
+        }
+    }
+
+    #[test]
+    fn groups_count_and_order() {
+        let row = |id: &str, destination: &str, error: &str, dead_at: i64| DeadRow {
+            id: id.into(),
+            destination: destination.into(),
+            ordering_key: None,
+            attempts: 5,
+            last_error: Some(error.into()),
+            created_at: 0,
+            dead_at,
+            payload: None,
+            headers: None,
+        };
+        // Newest first, as the statement reads them.
+        let groups = grouped(vec![
+            row("c", "orders", "timeout after 9s", 30),
+            row("b", "mail", "refused", 20),
+            row("a", "orders", "timeout after 1s", 10),
+        ]);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(
+            (groups[0].destination.as_str(), groups[0].failure.as_str()),
+            ("orders", "timeout after #")
+        );
+        assert_eq!(groups[0].count, 2);
+        assert_eq!(groups[0].example_id, "c");
+        assert_eq!(groups[0].example_error, "timeout after 9s");
+        assert_eq!(groups[0].first_dead_at, time(10));
+        assert_eq!(groups[0].last_dead_at, time(30));
+        assert_eq!(groups[1].count, 1);
+        let chunks = chunks(
+            vec![
+                row("c", "orders", "timeout after 9s", 30),
+                row("x", "orders", "timeout after many", 25),
+                row("a", "orders", "timeout after 1s", 10),
+            ],
+            "orders",
+            "timeout after #",
+        );
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(chunks[0].ids, Some(vec!["c".to_owned(), "a".to_owned()]));
+    }
+}
