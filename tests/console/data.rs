@@ -28,6 +28,8 @@ pub struct Names {
     pub script_id: String,
     /// The dead message whose payload is binary.
     pub binary_id: String,
+    /// The destination of the failure groups' dead messages.
+    pub grouped: String,
 }
 
 /// The hostile payload: shown as text, never run.
@@ -51,6 +53,7 @@ impl Names {
             pending: name("pending"),
             script_id: name("script-msg"),
             binary_id: name("binary-msg"),
+            grouped: name("grouped"),
         }
     }
 }
@@ -199,6 +202,56 @@ where
         ],
     )
     .await
+}
+
+/// Refuses every message to one destination with the error its payload
+/// says.
+struct RefusesAsTold(String);
+
+impl Publish for RefusesAsTold {
+    async fn publish(&self, messages: &[OutboxMessage]) -> Vec<Result<(), PublishError>> {
+        messages
+            .iter()
+            .map(|m| match m.destination == self.0 {
+                true => Err(PublishError::refused(
+                    String::from_utf8_lossy(&m.payload).into_owned(),
+                )),
+                false => Ok(()),
+            })
+            .collect()
+    }
+}
+
+/// The failures the failure groups' scenario makes dead (to
+/// `names.grouped`): three timeouts that differ by numbers, one hostile.
+pub const GROUPED_ERRORS: [&str; 4] = [
+    "timeout after 3s on 10.0.0.7:9092",
+    "timeout after 12s on 10.0.0.9:9092",
+    "timeout after 5s on 10.0.0.7:9093",
+    "<i>quota</i> exceeded",
+];
+
+/// Dead messages to `names.grouped`, one per [`GROUPED_ERRORS`].
+pub async fn grouped_dead<C>(pool: &Pool<C>, names: &Names) -> Result<(), String>
+where
+    C: AsyncInboxConnection + PoolableConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+    Pool<C>: RelayPool + Clone,
+{
+    let messages = GROUPED_ERRORS
+        .iter()
+        .map(|error| Outgoing::new(&names.grouped, error.as_bytes().to_vec()))
+        .collect();
+    enqueue(pool, &names.orders, "o-groups", messages).await?;
+    let relay =
+        Relay::new(pool.clone(), RefusesAsTold(names.grouped.clone())).max_publish_attempts(1);
+    let report = relay.run_once().await.map_err(|e| e.to_string())?;
+    if report.dead != 4 {
+        return Err(format!("the relay's pass: {report:?}, not 4 dead"));
+    }
+    Ok(())
 }
 
 /// A handler of `consumer` that applies `key` and enqueues `messages` in

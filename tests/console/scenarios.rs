@@ -504,6 +504,31 @@ where
             "error contains",
         ));
     }
+    for action in ["/actions/retry-group", "/actions/discard-group"] {
+        let group = |failure: Option<&str>| {
+            let mut form = vec![("group_destination", "d".to_owned())];
+            form.extend(failure.map(|f| ("failure", f.to_owned())));
+            form
+        };
+        cases.push((
+            "POST",
+            action,
+            vec![("failure", "f".to_owned())],
+            "group_destination",
+        ));
+        cases.push((
+            "POST",
+            action,
+            vec![
+                ("group_destination", nul.clone()),
+                ("failure", "f".to_owned()),
+            ],
+            "group_destination",
+        ));
+        cases.push(("POST", action, group(None), "failure"));
+        cases.push(("POST", action, group(Some(&nul)), "failure"));
+        cases.push(("POST", action, group(Some(&"f".repeat(241))), "failure"));
+    }
     cases.push((
         "POST",
         "/actions/forget",
@@ -687,6 +712,95 @@ where
             .map_err(|e| e.to_string())?;
     if dead.iter().any(|d| d.id == names.binary_id) {
         return Err("the discarded message is still in the outbox".into());
+    }
+    Ok(())
+}
+
+/// Four dead messages in two failure groups: the CLI's `outbox dead
+/// --groups` and the dead page count them alike; a group's retry in the
+/// browser makes exactly its three pending, the other's discard deletes
+/// its one.
+async fn failure_groups<C>(
+    client: &Client,
+    base: &str,
+    url: &str,
+    pool: &Pool<C>,
+    names: &Names,
+) -> Check
+where
+    C: AsyncInboxConnection + PoolableConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+    Pool<C>: diesel_inbox::outbox::RelayPool + Clone,
+{
+    data::grouped_dead(pool, names).await?;
+    let listed = cli_json(url, &["outbox", "dead", "--groups", "--json"])?;
+    let of_ours: Vec<(String, u64)> = listed
+        .as_array()
+        .ok_or("outbox dead --groups --json: not an array")?
+        .iter()
+        .filter(|g| g["destination"] == names.grouped.as_str())
+        .map(|g| {
+            (
+                g["failure"].as_str().unwrap_or("").to_owned(),
+                g["count"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    let expected = vec![
+        ("timeout after # on #".to_owned(), 3),
+        ("<i>quota</i> exceeded".to_owned(), 1),
+    ];
+    if of_ours != expected {
+        return Err(format!("outbox dead --groups: {of_ours:?}"));
+    }
+    open(
+        client,
+        &format!("{base}/dead?destination={}", names.grouped),
+    )
+    .await?;
+    if count(client, "#groups tr.group").await? != 2 {
+        return Err("the dead page does not show 2 failure groups".into());
+    }
+    let first = text(client, "#groups tr.group td.failure").await?;
+    if first != "timeout after # on #" || number(client, "#groups tr.group td.count").await? != 3 {
+        return Err(format!("the first group: {first:?}"));
+    }
+    if count(client, "#groups i").await? != 0 {
+        return Err("a group's error was drawn as HTML".into());
+    }
+    click(client, "#groups tr.group button[value='retry-group']").await?;
+    let said = notice(client).await?;
+    if said != "3 dead message(s) pending again" {
+        return Err(format!("the group's retry said {said:?}"));
+    }
+    click(client, "#groups tr.group button[value='discard-group']").await?;
+    let said = notice(client).await?;
+    if said != "1 dead message(s) discarded" {
+        return Err(format!("the group's discard said {said:?}"));
+    }
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let dead = outbox::dead_matching_async(
+        &mut *conn,
+        &DeadFilter::new().destination(&names.grouped),
+        10,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let status = outbox::status_async(&mut *conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let pending = status
+        .destinations
+        .iter()
+        .find(|d| d.destination == names.grouped)
+        .map_or(0, |d| d.pending);
+    if !dead.is_empty() || pending != 3 {
+        return Err(format!(
+            "after the group actions: {} dead, {pending} pending, not 0 and 3",
+            dead.len()
+        ));
     }
     Ok(())
 }
@@ -887,6 +1001,11 @@ async fn sqlite(driver: &Driver, client: &Client, results: &mut Results) {
                 Err(why) => Err(why),
             };
             results.record("sqlite", "bad input is a 400", refused);
+            let groups = match support::pools::deadpool::<Conn>(url.clone(), 2) {
+                Ok(pool) => failure_groups(client, &base, &url, &pool, &names).await,
+                Err(why) => Err(why),
+            };
+            results.record("sqlite", "failure groups", groups);
         }
         Err(why) => results.record("sqlite", "set-up", Err(why)),
     }
@@ -1036,6 +1155,11 @@ async fn postgres(client: &Client, results: &mut Results) {
         pg,
         "discard removes",
         discard(client, &main, &pool, &names).await,
+    );
+    results.record(
+        pg,
+        "failure groups",
+        failure_groups(client, &main, &url, &pool, &names).await,
     );
     results.record(
         pg,
