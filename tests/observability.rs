@@ -704,3 +704,154 @@ fn http_requests_report_their_endpoint_and_outcome() {
         ["applied", "applied", "conflict", "mismatch", "replayed"]
     );
 }
+
+/// The console's actions, over TCP, on a bb8 pool: with `metrics`, a
+/// counter per action and outcome (`diesel_inbox.console.actions`) and the
+/// rows each changed (`diesel_inbox.console.rows`): a retry done, one
+/// refused for its token, a discard done.
+#[cfg(all(feature = "console", feature = "metrics", feature = "bb8"))]
+#[test]
+fn console_actions_are_counted_on_a_bb8_pool() {
+    use diesel_async::pooled_connection::{bb8, AsyncDieselConnectionManager};
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use diesel_inbox::console;
+    use diesel_inbox::outbox::{self, OutboxMessage, Outgoing, Publish, PublishError, Relay};
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    type Conn = SyncConnectionWrapper<SqliteConnection>;
+
+    struct Refuses;
+    impl Publish for Refuses {
+        async fn publish(&self, messages: &[OutboxMessage]) -> Vec<Result<(), PublishError>> {
+            messages
+                .iter()
+                .map(|_| Err(PublishError::refused("no route")))
+                .collect()
+        }
+    }
+
+    let dir = std::env::temp_dir().join(format!("inbox-console-metrics-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let url = dir.join("c.db").to_string_lossy().into_owned();
+    let mut sync = SqliteConnection::establish(&url).expect("connect");
+    diesel_inbox::migrate(&mut sync).expect("migrate");
+    let ids: Vec<String> = sync
+        .transaction(|conn| {
+            ["a", "b"]
+                .iter()
+                .map(|body| outbox::enqueue(conn, Outgoing::new("orders", *body)))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .expect("enqueue");
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let pool: bb8::Pool<Conn> = bb8::Pool::builder()
+                .max_size(2)
+                .build(AsyncDieselConnectionManager::new(url.clone()))
+                .await
+                .expect("a bb8 pool");
+            let report = Relay::new(pool.clone(), Refuses)
+                .max_publish_attempts(1)
+                .run_once()
+                .await
+                .expect("a pass");
+            assert_eq!(report.dead, 2);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let base = format!("http://{}", listener.local_addr().expect("address"));
+            let app = console::router(pool);
+            tokio::spawn(async move {
+                let _ = axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+                )
+                .await;
+            });
+            let http = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .expect("a client");
+            let page = http
+                .get(format!("{base}/dead"))
+                .send()
+                .await
+                .expect("the dead page")
+                .text()
+                .await
+                .expect("its body");
+            let token = page
+                .split("name=\"csrf\" value=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .expect("the page's CSRF token")
+                .to_owned();
+            let act = |action: &str, id: &str, token: &str| {
+                http.post(format!("{base}/actions/{action}"))
+                    .form(&[("id", id), ("csrf", token)])
+                    .send()
+            };
+            assert_eq!(
+                act("retry", &ids[0], &token).await.expect("retry").status(),
+                303
+            );
+            assert_eq!(
+                act("retry", &ids[1], "forged")
+                    .await
+                    .expect("forged")
+                    .status(),
+                403
+            );
+            assert_eq!(
+                act("discard", &ids[1], &token)
+                    .await
+                    .expect("discard")
+                    .status(),
+                303
+            );
+        });
+    });
+    let status = outbox::status(&mut sync).expect("status");
+    assert_eq!((status.pending, status.dead), (1, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (_, key) = key.into_parts();
+        if !key.name().starts_with("diesel_inbox.console.") {
+            continue;
+        }
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        if let DebugValue::Counter(n) = value {
+            counted.insert(format!("{} {}", key.name(), labels.join(",")), n);
+        }
+    }
+    let expected: BTreeMap<String, u64> = [
+        (
+            "diesel_inbox.console.actions diesel_inbox.action=retry,diesel_inbox.outcome=done",
+            1,
+        ),
+        (
+            "diesel_inbox.console.actions diesel_inbox.action=retry,diesel_inbox.outcome=refused",
+            1,
+        ),
+        (
+            "diesel_inbox.console.actions diesel_inbox.action=discard,diesel_inbox.outcome=done",
+            1,
+        ),
+        ("diesel_inbox.console.rows diesel_inbox.action=retry", 1),
+        ("diesel_inbox.console.rows diesel_inbox.action=discard", 1),
+    ]
+    .into_iter()
+    .map(|(name, n)| (name.to_owned(), n))
+    .collect();
+    assert_eq!(counted, expected);
+}

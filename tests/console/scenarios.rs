@@ -1038,15 +1038,24 @@ async fn mysql(client: &Client, results: &mut Results) {
             "http://{}",
             serve(console::router(pool.clone()), "127.0.0.1:0").await?
         );
-        Ok::<_, String>(base)
+        Ok::<_, String>((base, pool))
     }
     .await;
+    // MariaDB in the browser: the pages, bad input, and each action.
     match ready {
-        Ok(base) => results.record(
-            "mysql",
-            "renders",
-            renders::<diesel_async::AsyncMysqlConnection>(client, &base, &url, &names).await,
-        ),
+        Ok((base, pool)) => {
+            let rendered =
+                renders::<diesel_async::AsyncMysqlConnection>(client, &base, &url, &names).await;
+            results.record("mysql", "renders", rendered);
+            let refused = bad_input_is_400(&base, &pool, &names).await;
+            results.record("mysql", "bad input is a 400", refused);
+            let discarded = discard(client, &base, &pool, &names).await;
+            results.record("mysql", "discard removes", discarded);
+            let forgotten = lookup_and_forget(client, &base, &pool, &names).await;
+            results.record("mysql", "lookup and forget", forgotten);
+            let groups = failure_groups(client, &base, &url, &pool, &names).await;
+            results.record("mysql", "failure groups", groups);
+        }
         Err(why) => results.record("mysql", "set-up", Err(why)),
     }
     if let Ok(mut conn) = diesel::MysqlConnection::establish(&admin) {
