@@ -930,10 +930,25 @@ where
         assert_eq!(mail.len(), 1);
         assert_eq!(mail[0].count, 2);
 
+        // A group read through a filter acts within it: one of the five.
+        let narrowed = outbox::dead_groups(
+            &mut sync,
+            &outbox::DeadFilter::new()
+                .destination("orders")
+                .error_contains("10.0.0.1:"),
+            10,
+        )
+        .expect("groups");
+        assert_eq!(narrowed.len(), 1);
+        assert_eq!(
+            (narrowed[0].failure.as_str(), narrowed[0].count),
+            ("timeout after # on #", 1)
+        );
+        assert_eq!(outbox::retry(&mut sync, &narrowed[0]).expect("retry"), 1);
         let retried = outbox::retry_async(&mut conn, &groups[0])
             .await
             .expect("retry");
-        assert_eq!(retried, 5);
+        assert_eq!(retried, 4);
         let discarded = outbox::discard(&mut sync, &groups[1]).expect("discard");
         assert_eq!(discarded, 3);
         let status = outbox::status_async(&mut conn).await.expect("status");

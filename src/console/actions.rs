@@ -136,9 +136,11 @@ pub(super) async fn act<P: RelayPool>(
     let query = &form.query;
     let id = form.id.as_deref().unwrap_or("");
     let key = form.key.as_deref().unwrap_or("");
+    // A group's action keeps to the filter of the page it was shown on.
     let group = || outbox::RetryTarget::Group {
         destination: form.group_destination.clone().unwrap_or_default(),
         failure: form.failure.clone().unwrap_or_default(),
+        within: query.filter().unwrap_or_default(),
     };
     // Every parameter checked before any statement: bad input is a `400`
     // that names it, never a database outage.
@@ -149,7 +151,8 @@ pub(super) async fn act<P: RelayPool>(
             "group_destination",
             form.group_destination.as_deref().unwrap_or(""),
         )
-        .and(checked_failure(form.failure.as_deref())),
+        .and(checked_failure(form.failure.as_deref()))
+        .and(query.filter().map(drop)),
         "forget" => checked_text("consumer", &query.consumer).and(checked_text("key", key)),
         _ => Ok(()),
     };
@@ -210,6 +213,12 @@ pub(super) async fn act<P: RelayPool>(
                 }
                 _ => format!("{count} dead message(s) discarded"),
             }
+        }
+        // A group too large for one action: refused before any change.
+        Err(why) if name.ends_with("-group") && why.contains("nothing was changed") => {
+            inbox_runtime::__facade::console_action(&name, "refused", 0);
+            tracing::warn!(target: crate::TRACING_TARGET, action = %name, who = %who, target = %what, reason = %why, "diesel-inbox console: action refused");
+            return refused(&context, StatusCode::BAD_REQUEST, why);
         }
         Err(why) => {
             inbox_runtime::__facade::console_action(&name, "failed", 0);

@@ -43,8 +43,8 @@ pub(super) struct Lags {
 struct State {
     /// The last answer and when it was asked for.
     last: Option<(Instant, Answer)>,
-    /// The asking under way: its answer arrives here.
-    asking: Option<watch::Receiver<Option<Answer>>>,
+    /// The asking under way, since when: its answer arrives here.
+    asking: Option<(Instant, watch::Receiver<Option<Answer>>)>,
 }
 
 impl Lags {
@@ -55,12 +55,13 @@ impl Lags {
         })
     }
 
-    /// The lag of each `(topic, partition, next_offset)`, in order; or why
-    /// the brokers did not say (within the console's time limit).
+    /// The lag of each `(topic, partition, next_offset)`, in order (`None`
+    /// for a partition not asked); or why the brokers did not say (within
+    /// the console's time limit).
     pub(super) async fn lags(
         self: &Arc<Self>,
         positions: &[(String, i32, i64)],
-    ) -> Result<Vec<i64>, String> {
+    ) -> Result<Vec<Option<i64>>, String> {
         let wanted: Vec<Partition> = positions
             .iter()
             .take(MAX_PARTITIONS)
@@ -77,11 +78,17 @@ impl Lags {
                 }
             }
             match &state.asking {
-                // (An asking that panicked dropped its sender: ask anew.)
-                Some(answer) if answer.has_changed().is_ok() => answer.clone(),
+                // An asking that panicked dropped its sender, and one that
+                // outlived its deadline is stuck: ask anew.
+                Some((since, answer))
+                    if answer.has_changed().is_ok()
+                        && since.elapsed() < 2 * super::QUERY_TIME_LIMIT =>
+                {
+                    answer.clone()
+                }
                 _ => {
                     let (tell, answer) = watch::channel(None);
-                    state.asking = Some(answer.clone());
+                    state.asking = Some((Instant::now(), answer.clone()));
                     let console = Arc::downgrade(self);
                     let brokers = self.brokers.clone();
                     tokio::task::spawn_blocking(move || ask(&console, &brokers, &wanted, &tell));
@@ -111,11 +118,13 @@ fn ask(
     wanted: &[Partition],
     tell: &watch::Sender<Option<Answer>>,
 ) {
-    let deadline = Instant::now() + super::QUERY_TIME_LIMIT;
-    let answer = watermarks(console, brokers, wanted, deadline);
+    // The answer is as old as its asking: its watermarks may be up to
+    // the time limit older than the positions they are compared with.
+    let asked = Instant::now();
+    let answer = watermarks(console, brokers, wanted, asked + super::QUERY_TIME_LIMIT);
     if let Some(lags) = console.upgrade() {
         let mut state = lags.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.last = Some((Instant::now(), answer.clone()));
+        state.last = Some((asked, answer.clone()));
         state.asking = None;
     }
     tell.send_replace(Some(answer));
@@ -148,12 +157,13 @@ fn watermarks(
     Ok(highs)
 }
 
-/// Each position's lag from the watermarks.
-fn lags(answer: &Answer, positions: &[(String, i32, i64)]) -> Result<Vec<i64>, String> {
+/// Each position's lag from the watermarks (`None` where the answer has
+/// no watermark for its partition).
+fn lags(answer: &Answer, positions: &[(String, i32, i64)]) -> Result<Vec<Option<i64>>, String> {
     let highs = answer.as_ref().map_err(Clone::clone)?;
     Ok(positions
         .iter()
-        .map_while(|(topic, partition, next)| {
+        .map(|(topic, partition, next)| {
             let high = highs.get(&(topic.clone(), *partition))?;
             Some((high - next).max(0))
         })

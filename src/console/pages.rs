@@ -110,7 +110,7 @@ fn rows(count: RowCount) -> String {
 }
 
 /// Each stream position's lag, where the console knows the brokers.
-async fn lags(overview: &Overview, context: &Context) -> Option<Result<Vec<i64>, String>> {
+async fn lags(overview: &Overview, context: &Context) -> Option<Result<Vec<Option<i64>>, String>> {
     #[cfg(feature = "kafka")]
     if let Some(asker) = &context.kafka {
         if !overview.positions.is_empty() {
@@ -129,7 +129,7 @@ async fn lags(overview: &Overview, context: &Context) -> Option<Result<Vec<i64>,
 fn tables(
     overview: &Overview,
     context: &Context,
-    lags: &Option<Result<Vec<i64>, String>>,
+    lags: &Option<Result<Vec<Option<i64>>, String>>,
 ) -> String {
     let base = esc(&context.base);
     let mut out = format!(
@@ -274,7 +274,10 @@ fn tables(
         let lag = match lags {
             Some(Ok(lags)) => format!(
                 "<td class=\"n lag\">{}</td>",
-                lags.get(i).map_or("-".to_owned(), i64::to_string)
+                lags.get(i)
+                    .copied()
+                    .flatten()
+                    .map_or("-".to_owned(), |lag| lag.to_string())
             ),
             _ => String::new(),
         };
@@ -298,7 +301,7 @@ fn tables(
             );
         }
         Some(Ok(_)) => out.push_str(
-            "<p class=\"muted\">The lag: each partition's high watermark, asked of the brokers now, less the position.</p>",
+            "<p class=\"muted\">The lag: each partition's high watermark, asked of the brokers at most 5 seconds ago (once per refresh for every open page), less the position: low by what was produced since.</p>",
         ),
         None => out.push_str(
             "<p class=\"muted\">A partition's lag needs the broker's high watermark: give the \

@@ -114,6 +114,9 @@ pub struct DeadWhere {
     pub destination: Option<String>,
     /// A `LIKE` pattern on the lower-cased last error, escaped with `!`.
     pub error_like: Option<String>,
+    /// A `LIKE` pattern on the last error as it is (a missing one as
+    /// empty), escaped with `!`: a failure group's candidates.
+    pub failure_like: Option<String>,
     /// Dead at or after (microseconds since 1970).
     pub since: Option<i64>,
     /// Dead before.
@@ -141,6 +144,12 @@ impl DeadWhere {
         if let Some(pattern) = self.error_like {
             stmt = stmt
                 .sql(" AND LOWER(last_error) LIKE ")
+                .bind(Bind::Text(pattern))
+                .sql(" ESCAPE '!'");
+        }
+        if let Some(pattern) = self.failure_like {
+            stmt = stmt
+                .sql(" AND COALESCE(last_error, '') LIKE ")
                 .bind(Bind::Text(pattern))
                 .sql(" ESCAPE '!'");
         }

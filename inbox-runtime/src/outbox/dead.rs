@@ -125,6 +125,7 @@ impl DeadFilter {
         };
         DeadWhere {
             ids: None,
+            failure_like: None,
             destination: self.destination.clone(),
             error_like: self.error_contains.as_deref().map(|text| {
                 let mut pattern = String::from("%");
@@ -243,13 +244,17 @@ pub enum RetryTarget {
     /// Every dead message.
     AllDead,
     /// The dead messages of a failure group (see
-    /// [`FailureGroup`](super::FailureGroup)).
+    /// [`FailureGroup`](super::FailureGroup)) that `within` selects (the
+    /// filter the group was read with), at most 10,000: a larger group is
+    /// refused with [`InboxError::InvalidArgument`], and nothing changes.
     Group {
         /// The group's destination.
         destination: String,
         /// The group's failure: the last error with its ids and numbers
         /// masked ([`FailureGroup::failure`](super::FailureGroup::failure)).
         failure: String,
+        /// Only the dead messages this filter selects.
+        within: DeadFilter,
     },
 }
 
@@ -292,8 +297,8 @@ impl From<&DeadFilter> for RetryTarget {
 impl RetryTarget {
     /// The selection, where one statement makes it (not for a group,
     /// whose members are read first: [`super::groups`]).
-    fn selection(self) -> Result<DeadWhere, (String, String)> {
-        Ok(match self {
+    fn selection(self) -> Selection {
+        Selection::One(match self {
             RetryTarget::Id(id) => DeadWhere {
                 ids: Some(vec![id]),
                 ..DeadWhere::default()
@@ -303,24 +308,35 @@ impl RetryTarget {
             RetryTarget::Group {
                 destination,
                 failure,
-            } => return Err((destination, failure)),
+                within,
+            } => return Selection::Group(destination, failure, within),
         })
     }
 }
 
+/// What a [`RetryTarget`] selects: rows one statement selects, or a
+/// failure group's (destination, failure, filter), whose members are read
+/// first.
+enum Selection {
+    One(DeadWhere),
+    Group(String, String, DeadFilter),
+}
+
 /// Runs `make(which)` for what `target` selects, and returns how many
-/// rows it changed: one statement, or for a group, its members read
-/// first, then one statement per chunk of their ids.
+/// rows it changed: one statement (for a group, on its members' ids, read
+/// first), so that it changes all or nothing.
 fn act<C>(conn: &mut C, target: RetryTarget, make: fn(DeadWhere) -> Op) -> Result<u64, InboxError>
 where
     C: InboxConnection + LoadConnection,
 {
     let selections = match target.selection() {
-        Ok(which) => vec![which],
-        Err((destination, failure)) => {
-            let scan = super::groups::members(&destination, &failure);
+        Selection::One(which) => vec![which],
+        Selection::Group(destination, failure, within) => {
+            let Some(scan) = super::groups::members(&destination, &failure, &within) else {
+                return Ok(0);
+            };
             let rows = rows_of(C::Backend::outbox(conn, scan).map_err(ops_error::<C::Backend>)?)?;
-            super::groups::chunks(rows, &destination, &failure)
+            vec![super::groups::chosen(rows, &destination, &failure)?]
         }
     };
     let mut changed = 0;
@@ -344,15 +360,17 @@ where
 {
     let conn = conn.connection();
     let selections = match target.selection() {
-        Ok(which) => vec![which],
-        Err((destination, failure)) => {
-            let scan = super::groups::members(&destination, &failure);
+        Selection::One(which) => vec![which],
+        Selection::Group(destination, failure, within) => {
+            let Some(scan) = super::groups::members(&destination, &failure, &within) else {
+                return Ok(0);
+            };
             let rows = rows_of(
                 conn.inbox_outbox(scan)
                     .await
                     .map_err(ops_error::<C::Backend>)?,
             )?;
-            super::groups::chunks(rows, &destination, &failure)
+            vec![super::groups::chosen(rows, &destination, &failure)?]
         }
     };
     let mut changed = 0;

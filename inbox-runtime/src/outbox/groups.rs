@@ -20,11 +20,14 @@ use std::time::SystemTime;
 /// The longest failure a group keeps (characters; the rest is cut).
 const MAX_FAILURE: usize = 240;
 
-/// How many of a group's members a retry or discard takes, at most.
-const MAX_MEMBERS: i64 = 100_000;
+/// How many members a group's retry or discard takes, at most: one
+/// statement names them all (under every backend's limit of bound
+/// values), so that it changes all or nothing.
+const MAX_GROUP_ACTION: usize = 10_000;
 
-/// How many ids one statement of a group's retry or discard names.
-const IDS_PER_STATEMENT: usize = 1_000;
+/// How many candidates (the destination's dead messages the group's
+/// pattern admits) a group's retry or discard reads, at most.
+const MAX_CANDIDATES: i64 = 100_000;
 
 /// Dead messages to one destination that failed the same way: their last
 /// errors are equal once ids and numbers are masked (every word that
@@ -65,13 +68,18 @@ pub struct FailureGroup {
     pub example_id: String,
     /// That member's last error, as the broker said it.
     pub example_error: String,
+    /// The filter it was read with: its retry and discard keep to it.
+    within: DeadFilter,
 }
 
+/// A group's retry or discard takes its members that the filter it was
+/// read with selects (at most 10,000).
 impl From<&FailureGroup> for RetryTarget {
     fn from(group: &FailureGroup) -> Self {
         RetryTarget::Group {
             destination: group.destination.clone(),
             failure: group.failure.clone(),
+            within: group.within.clone(),
         }
     }
 }
@@ -81,13 +89,15 @@ impl From<FailureGroup> for RetryTarget {
         RetryTarget::Group {
             destination: group.destination,
             failure: group.failure,
+            within: group.within,
         }
     }
 }
 
 /// `error` with its ids and numbers masked: each word (letters, digits and
 /// `-_.:`) that holds a digit becomes `#`; runs of white space become one
-/// space; at most [`MAX_FAILURE`] characters.
+/// space; other control characters (NUL) `?`; at most [`MAX_FAILURE`]
+/// characters.
 pub(crate) fn failure_of(error: &str) -> String {
     fn word(out: &mut String, word: &mut String) {
         if word.chars().any(|c| c.is_ascii_digit()) {
@@ -105,10 +115,14 @@ pub(crate) fn failure_of(error: &str) -> String {
             continue;
         }
         word(&mut out, &mut current);
-        if !c.is_whitespace() {
+        if c.is_whitespace() {
+            if !out.is_empty() && !out.ends_with(' ') {
+                out.push(' ');
+            }
+        } else if c.is_control() {
+            out.push('?');
+        } else {
             out.push(c);
-        } else if !out.is_empty() && !out.ends_with(' ') {
-            out.push(' ');
         }
     }
     word(&mut out, &mut current);
@@ -119,16 +133,17 @@ pub(crate) fn failure_of(error: &str) -> String {
     }
 }
 
-/// A `LIKE` pattern on the lower-cased last error (escaped with `!`) that
+/// A `LIKE` pattern on the last error as it is (escaped with `!`) that
 /// every error of `failure` matches, and maybe others (the members are
-/// then checked one by one): the masks, the spaces and every character
-/// SQL might lower-case otherwise than Rust are wildcards.
+/// then checked one by one): the masks, the spaces and the `?` of a
+/// control character are wildcards; the rest is taken as it is (no case
+/// folding, which SQL and Rust do differently).
 fn pattern(failure: &str) -> String {
     let mut out = String::from("%");
     // Whether `out` ends with a wildcard `%` (not an escaped one).
     let mut any = true;
     for c in failure.chars() {
-        if matches!(c, '#' | ' ') {
+        if matches!(c, '#' | ' ' | '?') {
             if !any {
                 out.push('%');
             }
@@ -141,8 +156,7 @@ fn pattern(failure: &str) -> String {
                 out.push('!');
                 out.push(c);
             }
-            c if c.is_ascii() => out.push(c.to_ascii_lowercase()),
-            _ => out.push('_'),
+            c => out.push(c),
         }
     }
     if !any {
@@ -152,7 +166,7 @@ fn pattern(failure: &str) -> String {
 }
 
 /// The groups of `rows`, the largest first (then the latest).
-fn grouped(rows: Vec<DeadRow>) -> Vec<FailureGroup> {
+fn grouped(rows: Vec<DeadRow>, within: &DeadFilter) -> Vec<FailureGroup> {
     let mut groups: HashMap<(String, String), FailureGroup> = HashMap::new();
     // Newest first: the first member seen is the example.
     for row in rows {
@@ -169,6 +183,7 @@ fn grouped(rows: Vec<DeadRow>) -> Vec<FailureGroup> {
                 last_dead_at: dead_at,
                 example_id: row.id,
                 example_error: error,
+                within: within.clone(),
             });
         group.count += 1;
         group.first_dead_at = group.first_dead_at.min(dead_at);
@@ -205,7 +220,8 @@ where
     C: InboxConnection + LoadConnection,
 {
     let op = reading(filter, scan)?;
-    rows_of(C::Backend::outbox(conn, op).map_err(ops_error::<C::Backend>)?).map(grouped)
+    rows_of(C::Backend::outbox(conn, op).map_err(ops_error::<C::Backend>)?)
+        .map(|rows| grouped(rows, filter))
 }
 
 /// The async twin of [`dead_groups`].
@@ -226,25 +242,42 @@ where
             .await
             .map_err(ops_error::<C::Backend>)?,
     )
-    .map(grouped)
+    .map(|rows| grouped(rows, filter))
 }
 
-/// The read of a group's candidates: its destination's dead messages
-/// whose error [`pattern`] admits (the newest 100,000).
-pub(super) fn members(destination: &str, failure: &str) -> Op {
-    Op::DeadFailures {
-        which: DeadWhere {
-            destination: Some(destination.to_owned()),
-            error_like: Some(pattern(failure)),
-            ..DeadWhere::default()
-        },
-        limit: MAX_MEMBERS,
+/// The read of a group's candidates: the dead messages `within` selects
+/// to its destination whose error [`pattern`] admits (at most
+/// [`MAX_CANDIDATES`]); `None` when `within` names another destination.
+pub(super) fn members(destination: &str, failure: &str, within: &DeadFilter) -> Option<Op> {
+    let mut which = within.selection();
+    if which
+        .destination
+        .as_deref()
+        .is_some_and(|d| d != destination)
+    {
+        return None;
     }
+    which.destination = Some(destination.to_owned());
+    which.failure_like = Some(pattern(failure));
+    Some(Op::DeadFailures {
+        which,
+        limit: MAX_CANDIDATES,
+    })
 }
 
-/// The selections of the group's members among `rows` (those whose
-/// failure is the group's), a chunk of ids each.
-pub(super) fn chunks(rows: Vec<DeadRow>, destination: &str, failure: &str) -> Vec<DeadWhere> {
+/// The selection of the group's members among `rows` (those whose
+/// failure is the group's, by their ids); refused when there may be more
+/// candidates than were read, or more members than one statement takes.
+pub(super) fn chosen(
+    rows: Vec<DeadRow>,
+    destination: &str,
+    failure: &str,
+) -> Result<DeadWhere, InboxError> {
+    if rows.len() as i64 >= MAX_CANDIDATES {
+        return Err(InboxError::InvalidArgument(
+            "the failure group's retry or discard read 100000 dead messages that may be members, and there may be more: narrow the filter (by time, say) and act again; nothing was changed",
+        ));
+    }
     let ids: Vec<String> = rows
         .into_iter()
         .filter(|row| {
@@ -253,12 +286,15 @@ pub(super) fn chunks(rows: Vec<DeadRow>, destination: &str, failure: &str) -> Ve
         })
         .map(|row| row.id)
         .collect();
-    ids.chunks(IDS_PER_STATEMENT)
-        .map(|chunk| DeadWhere {
-            ids: Some(chunk.to_vec()),
-            ..DeadWhere::default()
-        })
-        .collect()
+    if ids.len() > MAX_GROUP_ACTION {
+        return Err(InboxError::InvalidArgument(
+            "the failure group has more than 10000 members, more than one retry or discard takes: narrow the filter (by time, say) and act again; nothing was changed",
+        ));
+    }
+    Ok(DeadWhere {
+        ids: Some(ids),
+        ..DeadWhere::default()
+    })
 }
 
 #[cfg(test)]
@@ -277,6 +313,7 @@ mod tests {
             ("no route to 'orders'", "no route to 'orders'"),
             ("  ", ""),
             ("Zeitüberschreitung nach 5 s", "Zeitüberschreitung nach # s"),
+            ("bad\0frame", "bad?frame"),
         ] {
             assert_eq!(failure_of(error), failure, "{error}");
         }
@@ -291,7 +328,9 @@ mod tests {
             ("#% _done_!", "%!%%!_done!_!!%"),
             ("refused: #% of # used", "%refused:%!%%of%used%"),
             ("100%", "%100!%%"),
-            ("Zeitüberschreitung", "%zeit_berschreitung%"),
+            ("Zeitüberschreitung", "%Zeitüberschreitung%"),
+            ("bad?frame", "%bad%frame%"),
+            ("", "%"),
         ] {
             assert_eq!(pattern(failure), like, "{failure}");
         }
@@ -311,11 +350,14 @@ mod tests {
             headers: None,
         };
         // Newest first, as the statement reads them.
-        let groups = grouped(vec![
-            row("c", "orders", "timeout after 9s", 30),
-            row("b", "mail", "refused", 20),
-            row("a", "orders", "timeout after 1s", 10),
-        ]);
+        let groups = grouped(
+            vec![
+                row("c", "orders", "timeout after 9s", 30),
+                row("b", "mail", "refused", 20),
+                row("a", "orders", "timeout after 1s", 10),
+            ],
+            &DeadFilter::new(),
+        );
         assert_eq!(groups.len(), 2);
         assert_eq!(
             (groups[0].destination.as_str(), groups[0].failure.as_str()),
@@ -327,7 +369,7 @@ mod tests {
         assert_eq!(groups[0].first_dead_at, time(10));
         assert_eq!(groups[0].last_dead_at, time(30));
         assert_eq!(groups[1].count, 1);
-        let chunks = chunks(
+        let chosen = chosen(
             vec![
                 row("c", "orders", "timeout after 9s", 30),
                 row("x", "orders", "timeout after many", 25),
@@ -335,8 +377,8 @@ mod tests {
             ],
             "orders",
             "timeout after #",
-        );
-        assert_eq!(chunks.len(), 1);
-        assert_eq!(chunks[0].ids, Some(vec!["c".to_owned(), "a".to_owned()]));
+        )
+        .expect("chosen");
+        assert_eq!(chosen.ids, Some(vec!["c".to_owned(), "a".to_owned()]));
     }
 }
