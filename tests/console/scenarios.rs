@@ -775,6 +775,12 @@ where
     if said != "3 dead message(s) pending again" {
         return Err(format!("the group's retry said {said:?}"));
     }
+    // A page without the last notice, so that the next is the discard's.
+    open(
+        client,
+        &format!("{base}/dead?destination={}", names.grouped),
+    )
+    .await?;
     click(client, "#groups tr.group button[value='discard-group']").await?;
     let said = notice(client).await?;
     if said != "1 dead message(s) discarded" {
