@@ -279,7 +279,7 @@ pub use inbox_runtime::{
     ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry, InboxError,
     InboxKey, InvalidKey, Outcome, Overview, Processed, Purge, PurgeReport, RegisteredHandler,
     RetryableError, RowCount, Stored, StoredResult, StreamPosition, TableProblem, COUNT_CAP,
-    MAX_KEY_BYTES, MAX_PURGE_BATCH, RATE_MINUTES, SCHEMA_VERSION,
+    MAX_KEY_BYTES, MAX_PURGE_BATCH, RATE_CAP, RATE_MINUTES, SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.

@@ -103,7 +103,9 @@ pub use ops::{
 pub use options::StoredResult;
 #[cfg(feature = "async")]
 pub use overview::overview_async;
-pub use overview::{overview, ConsumerActivity, Overview, RowCount, COUNT_CAP, RATE_MINUTES};
+pub use overview::{
+    overview, ConsumerActivity, Overview, RowCount, COUNT_CAP, RATE_CAP, RATE_MINUTES,
+};
 pub use processed::{Batch, Outcome, Processed, Stored};
 pub use recent::recent_duplicates;
 pub use registry::ConsumerName;

@@ -7,6 +7,7 @@
 #[cfg(feature = "async")]
 use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
 use crate::backend::outbox::{Answer, Op, OverviewOp, TallyRow, WalOp};
+use crate::backend::overview::MINUTE_SLOT;
 use crate::backend::Statements;
 use crate::error::InboxError;
 use crate::ops::{ops_error, StreamPosition};
@@ -23,6 +24,12 @@ pub const RATE_MINUTES: usize = crate::recent::MINUTES;
 /// ([`RowCount::AtLeast`] beyond): each count reads at most this many
 /// index entries.
 pub const COUNT_CAP: u64 = 10_000;
+
+/// Of each minute, the overview reads at most this many inbox rows (the
+/// first by `received_at`): a minute with more is estimated from the time
+/// these took ([`ConsumerActivity::estimated`]), so that the overview's
+/// cost is bounded by the page, not by the traffic.
+pub const RATE_CAP: u64 = 1_000;
 
 /// At most this many consumers are shown.
 const MAX_CONSUMERS: i32 = 500;
@@ -50,6 +57,12 @@ pub struct ConsumerActivity {
     /// [`RATE_MINUTES`] minutes of the database's clock, oldest first: the
     /// last entry is the current minute, so far.
     pub per_minute: Vec<u64>,
+    /// For each entry of [`per_minute`](Self::per_minute), whether it is
+    /// an estimate: its minute had more than [`RATE_CAP`] rows (of every
+    /// consumer), of which the overview read the first [`RATE_CAP`] and
+    /// scaled their count by the share of the minute they took. Exact
+    /// otherwise.
+    pub estimated: Vec<bool>,
     /// Keys whose deliveries are failing (`max_attempts` counts).
     pub failing: u64,
     /// Of those, the ones with at least the `max_attempts` given to
@@ -81,14 +94,13 @@ pub struct Overview {
 struct First {
     now_micros: i64,
     consumers: Vec<String>,
-    rates: Vec<TallyRow>,
     failing: Vec<TallyRow>,
     outbox: OutboxStatus,
     outbox_rows: RowCount,
     positions: Vec<StreamPosition>,
 }
 
-/// The first reads: the clock, the consumers, the rates, the failing keys,
+/// The first reads: the clock, the consumers, the failing keys,
 /// the outbox (its oldest rows, their count, the WAL slot where the
 /// backend has one: `wal`) and the positions.
 fn first_ops(max_attempts: Option<u32>, wal: bool) -> Vec<Op> {
@@ -97,9 +109,6 @@ fn first_ops(max_attempts: Option<u32>, wal: bool) -> Vec<Op> {
         Op::Overview(OverviewOp::Clock),
         Op::Overview(OverviewOp::Consumers {
             limit: MAX_CONSUMERS,
-        }),
-        Op::Overview(OverviewOp::Rates {
-            window: Duration::from_secs(60 * RATE_MINUTES as u64),
         }),
         Op::Overview(OverviewOp::Failing {
             exhausted_at: max_attempts.map_or(i32::MAX, |n| n.min(i32::MAX as u32) as i32),
@@ -139,7 +148,6 @@ impl First {
         };
         let now_micros = tally(next()?)?.first().map_or(0, |row| row.n);
         let mut consumers: Vec<String> = tally(next()?)?.into_iter().map(|row| row.label).collect();
-        let rates = tally(next()?)?;
         let failing = tally(next()?)?;
         let mut outbox = match next()? {
             Answer::Status(rows) => crate::outbox::counted_status(rows),
@@ -162,7 +170,6 @@ impl First {
         Ok(First {
             now_micros,
             consumers,
-            rates,
             failing,
             outbox,
             outbox_rows,
@@ -170,8 +177,20 @@ impl First {
         })
     }
 
+    /// The starts of the rates' minutes (microseconds since 1970), oldest
+    /// first: the last is the current minute's.
+    fn minutes(&self) -> Vec<i64> {
+        let now_minute = self.now_micros.div_euclid(60_000_000);
+        (0..RATE_MINUTES as i64)
+            .rev()
+            .map(|ago| (now_minute - ago) * 60_000_000)
+            .collect()
+    }
+
+    /// Each consumer's rows (counted up to [`COUNT_CAP`]), then the rates.
     fn count_ops(&self) -> Vec<Op> {
-        self.consumers
+        let mut ops: Vec<Op> = self
+            .consumers
             .iter()
             .map(|consumer| {
                 Op::Overview(OverviewOp::Kept {
@@ -179,25 +198,68 @@ impl First {
                     cap: COUNT_CAP as i64 + 1,
                 })
             })
-            .collect()
+            .collect();
+        ops.push(Op::Overview(OverviewOp::Rates {
+            starts: self.minutes(),
+            cap: RATE_CAP as i64,
+        }));
+        ops
     }
 
-    fn finish(
-        self,
-        counts: Vec<Answer>,
-        max_attempts: Option<u32>,
-    ) -> Result<Overview, InboxError> {
-        let now_minute = self.now_micros.div_euclid(60_000_000);
-        let mut per_minute: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-        for row in &self.rates {
-            let ago = now_minute - row.m;
-            if (0..RATE_MINUTES as i64).contains(&ago) {
-                per_minute
-                    .entry(row.label.as_str())
-                    .or_insert_with(|| vec![0; RATE_MINUTES])[RATE_MINUTES - 1 - ago as usize] +=
-                    row.n.max(0) as u64;
+    /// Per consumer, its rows per minute, and which minutes are estimated.
+    fn rates<B: crate::backend::Internals>(
+        &self,
+        rows: &[TallyRow],
+    ) -> (BTreeMap<String, Vec<u64>>, Vec<bool>) {
+        let mut read = [0u64; RATE_MINUTES];
+        let mut last_offset = [0i64; RATE_MINUTES];
+        for row in rows {
+            let place = row.m.div_euclid(MINUTE_SLOT);
+            if let Ok(place) = usize::try_from(place) {
+                if place < RATE_MINUTES {
+                    read[place] += row.n.max(0) as u64;
+                    last_offset[place] = last_offset[place].max(row.m.rem_euclid(MINUTE_SLOT));
+                }
             }
         }
+        // A full minute's share of a capped read: the time its rows took
+        // (to the column's step) against the minute, or against what has
+        // passed of the current one.
+        let starts = self.minutes();
+        let scale: Vec<Option<f64>> = (0..RATE_MINUTES)
+            .map(|place| {
+                (read[place] >= RATE_CAP).then(|| {
+                    let took = last_offset[place] + B::RECEIVED_AT_STEP_MICROS;
+                    let length = (self.now_micros - starts[place]).clamp(1, 60_000_000);
+                    (length as f64 / took.max(1) as f64).max(1.0)
+                })
+            })
+            .collect();
+        let mut per_minute: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for row in rows {
+            let place = row.m.div_euclid(MINUTE_SLOT);
+            let Some(place) = usize::try_from(place).ok().filter(|p| *p < RATE_MINUTES) else {
+                continue;
+            };
+            let n = row.n.max(0) as u64;
+            let n = scale[place].map_or(n, |scale| (n as f64 * scale).round() as u64);
+            per_minute
+                .entry(row.label.clone())
+                .or_insert_with(|| vec![0; RATE_MINUTES])[place] += n;
+        }
+        (per_minute, scale.iter().map(Option::is_some).collect())
+    }
+
+    fn finish<B: crate::backend::Internals>(
+        self,
+        mut counts: Vec<Answer>,
+        max_attempts: Option<u32>,
+    ) -> Result<Overview, InboxError> {
+        let rates = match counts.pop() {
+            Some(answer) => tally(answer)?,
+            None => return Err(InboxError::InvalidArgument("the overview's reads ended early")),
+        };
+        let (per_minute, estimated) = self.rates::<B>(&rates);
         let mut consumers = Vec::with_capacity(self.consumers.len());
         for (consumer, count) in self.consumers.iter().zip(counts) {
             let kept = tally(count)?.first().map_or(0, |row| row.n);
@@ -209,6 +271,7 @@ impl First {
                     .get(consumer.as_str())
                     .cloned()
                     .unwrap_or_else(|| vec![0; RATE_MINUTES]),
+                estimated: estimated.clone(),
                 failing: failing.map_or(0, |row| row.n.max(0) as u64),
                 exhausted: max_attempts.map(|_| failing.map_or(0, |row| row.m.max(0) as u64)),
             });
@@ -267,7 +330,7 @@ where
     let wal = <C::Backend as crate::backend::Internals>::WAL;
     let first = First::of(run(conn, first_ops(max_attempts, wal))?)?;
     let counts = run(conn, first.count_ops())?;
-    first.finish(counts, max_attempts)
+    first.finish::<C::Backend>(counts, max_attempts)
 }
 
 /// The async twin of [`overview`].
@@ -298,5 +361,5 @@ where
     let wal = <C::Backend as crate::backend::Internals>::WAL;
     let first = First::of(run(conn, first_ops(max_attempts, wal)).await?)?;
     let counts = run(conn, first.count_ops()).await?;
-    first.finish(counts, max_attempts)
+    first.finish::<C::Backend>(counts, max_attempts)
 }

@@ -132,8 +132,22 @@ pub(super) fn age(d: std::time::Duration) -> String {
     }
 }
 
-/// A small bar chart of `per_minute` (oldest first), drawn on the server.
-pub(super) fn chart(per_minute: &[u64]) -> String {
+/// A minute's rows, marked `≈` where estimated (a busy minute the
+/// overview read the first [`RATE_CAP`](crate::RATE_CAP) rows of).
+pub(super) fn rate(n: u64, estimated: bool) -> String {
+    if estimated {
+        format!(
+            "<span class=\"estimated\" title=\"estimated: the console reads the first {} rows of a minute\">&asymp;{n}</span>",
+            crate::RATE_CAP
+        )
+    } else {
+        n.to_string()
+    }
+}
+
+/// A small bar chart of `per_minute` (oldest first), drawn on the server;
+/// the estimated minutes' bars say so.
+pub(super) fn chart(per_minute: &[u64], estimated: &[bool]) -> String {
     let (width, height) = (3 * per_minute.len(), 24usize);
     let max = per_minute.iter().copied().max().unwrap_or(0).max(1);
     let mut svg = format!(
@@ -149,9 +163,14 @@ pub(super) fn chart(per_minute: &[u64]) -> String {
         };
         let _ = write!(
             svg,
-            "<rect x=\"{}\" y=\"{}\" width=\"2\" height=\"{h}\"><title>{n}</title></rect>",
+            "<rect x=\"{}\" y=\"{}\" width=\"2\" height=\"{h}\"><title>{}{n}</title></rect>",
             3 * i,
-            height - h
+            height - h,
+            if estimated.get(i).copied().unwrap_or(false) {
+                "\u{2248}"
+            } else {
+                ""
+            }
         );
     }
     svg.push_str("</svg>");
@@ -293,8 +312,11 @@ mod tests {
 
     #[test]
     fn charts_scale_to_their_largest_minute() {
-        let svg = chart(&[0, 5, 10]);
-        assert!(svg.contains("height=\"23\"><title>10</title>"));
+        let svg = chart(&[0, 5, 10], &[false, false, true]);
+        assert!(svg.contains("height=\"23\"><title>\u{2248}10</title>"));
+        assert!(svg.contains("height=\"12\"><title>5</title>"));
+        assert_eq!(rate(7, false), "7");
+        assert!(rate(7, true).contains("&asymp;7"));
         assert!(svg.contains("height=\"0\"><title>0</title>"));
     }
 }

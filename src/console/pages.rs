@@ -177,8 +177,11 @@ fn tables(
                  <td class=\"n duplicates\">{duplicated}</td><td class=\"n failing\"><a href=\"{base}/dead?consumer={q}\">{}</a></td>\
                  <td class=\"n exhausted\">{}</td></tr>",
                 rows(c.rows),
-                c.per_minute.get(last).copied().unwrap_or(0),
-                html::chart(&c.per_minute),
+                html::rate(
+                    c.per_minute.get(last).copied().unwrap_or(0),
+                    c.estimated.get(last).copied().unwrap_or(false)
+                ),
+                html::chart(&c.per_minute, &c.estimated),
                 c.failing,
                 c.exhausted.map_or_else(
                     || "<span title=\"set max_attempts to count them\">-</span>".to_owned(),

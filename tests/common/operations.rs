@@ -141,6 +141,66 @@ pub fn stats_count_rows_per_consumer<M: Mode>() {
     assert!(close_to_now(payments.newest));
 }
 
+/// The overview reads at most `RATE_CAP` rows of a minute: a minute with
+/// three times as many (spread over it) is estimated, within 15%, and
+/// said to be; a quiet minute is exact.
+pub fn the_overview_estimates_a_busy_minute_from_a_bounded_read<M: Mode>() {
+    type Backend<M> = <<<M as Mode>::B as TestBackend>::Conn as Connection>::Backend;
+    let Some((mut s, _db)) = fresh_session::<M>("overview_rates") else {
+        return;
+    };
+    let busy = 3 * diesel_inbox::RATE_CAP;
+    // The minute that began three minutes ago, on this machine's clock
+    // (the database's): rows from its second 1 to its second 59.
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970");
+    let minute = Duration::from_secs(now.as_secs() / 60 * 60 - 180);
+    let at = |offset: Duration| {
+        diesel_inbox::__testing::cutoff_sql::<Backend<M>>(now - (minute + offset))
+    };
+    let rows: Vec<String> = (0..busy)
+        .map(|i| {
+            let offset = Duration::from_secs(1) + Duration::from_millis(58_000 * i / busy);
+            format!("('busy', 'b-{i}', {})", at(offset))
+        })
+        .chain((0..7).map(|i| format!("('quiet', 'q-{i}', {})", at(Duration::from_secs(90)))))
+        .collect();
+    s.check()
+        .batch_execute(&format!(
+            "INSERT INTO inbox_messages (consumer, message_id, received_at) VALUES {}",
+            rows.join(", ")
+        ))
+        .expect("rows");
+    let overview = diesel_inbox::overview(s.check(), None).expect("overview");
+    let of = |name: &str| {
+        overview
+            .consumers
+            .iter()
+            .find(|c| c.consumer == name)
+            .unwrap_or_else(|| panic!("{}: no {name} in {overview:?}", M::NAME))
+    };
+    let (busy_rates, quiet) = (of("busy"), of("quiet"));
+    let estimated: Vec<usize> = (0..diesel_inbox::RATE_MINUTES)
+        .filter(|m| busy_rates.estimated[*m])
+        .collect();
+    assert_eq!(estimated.len(), 1, "{}: {busy_rates:?}", M::NAME);
+    let counted = busy_rates.per_minute[estimated[0]];
+    assert!(
+        counted.abs_diff(busy) <= busy * 15 / 100,
+        "{}: {counted} estimated for {busy}",
+        M::NAME
+    );
+    assert_eq!(busy_rates.per_minute.iter().sum::<u64>(), counted);
+    assert_eq!(quiet.per_minute.iter().sum::<u64>(), 7, "{}", M::NAME);
+    let place = quiet
+        .per_minute
+        .iter()
+        .position(|n| *n == 7)
+        .expect("the quiet minute");
+    assert!(!quiet.estimated[place], "{}: {quiet:?}", M::NAME);
+}
+
 pub fn purge_deletes_old_rows_in_batches_and_keeps_new_ones<M: Mode>() {
     let Some((mut s, _db)) = fresh_session::<M>("purge") else {
         return;

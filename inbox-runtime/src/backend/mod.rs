@@ -259,9 +259,13 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// The same expression on `inbox_attempts.updated_at`.
     const UPDATED_AT_MICROS: &'static str;
 
-    /// The minute of `received_at` since the Unix epoch (`BIGINT`, whole
-    /// minutes): the console's rates.
-    const RECEIVED_AT_MINUTE: &'static str;
+    /// What goes around a bind of microseconds since the Unix epoch (a
+    /// whole second) to make a time comparable with `received_at`: the
+    /// console's minutes.
+    const RECEIVED_AT_OF_MICROS: (&'static str, &'static str);
+
+    /// The step of `received_at` (microseconds): SQLite keeps seconds.
+    const RECEIVED_AT_STEP_MICROS: i64 = 1;
 
     /// The time `older_than` before now, comparable with `received_at` (the
     /// database's clock, as the column's default reads it).

@@ -8,7 +8,6 @@ use super::stmt::{Bind, Stmt};
 use super::Internals;
 use diesel::sql_types::{BigInt, Text};
 use diesel::QueryableByName;
-use std::time::Duration;
 
 /// One of the overview's reads.
 #[derive(Debug, Clone)]
@@ -19,9 +18,14 @@ pub enum OverviewOp {
     Consumers { limit: i32 },
     /// The rows of `consumer`, counted up to `cap`.
     Kept { consumer: String, cap: i64 },
-    /// Rows claimed per consumer and minute, over the last `window`: a
-    /// range of the `received_at` index.
-    Rates { window: Duration },
+    /// Rows claimed per consumer in each minute that starts at one of
+    /// `starts` (microseconds since 1970, whole minutes): of each minute,
+    /// the first `cap` rows by `received_at` only (a range of its index),
+    /// so that the read is bounded whatever the traffic. `label` is the
+    /// consumer, `n` its rows among those read, `m` the minute's place in
+    /// `starts` times [`MINUTE_SLOT`] plus the offset in its minute of the
+    /// last row read (microseconds).
+    Rates { starts: Vec<i64>, cap: i64 },
     /// Per consumer, the keys failing (`inbox_attempts`) and those with at
     /// least `exhausted_at` failures.
     Failing { exhausted_at: i32 },
@@ -33,6 +37,10 @@ pub enum OverviewOp {
     /// The outbox's rows, counted up to `cap`.
     OutboxRows { cap: i64 },
 }
+
+/// What [`OverviewOp::Rates`] multiplies a minute's place by (more than a
+/// minute's microseconds).
+pub(crate) const MINUTE_SLOT: i64 = 100_000_000;
 
 /// A label and two counts: what every [`OverviewOp`] returns.
 #[derive(Debug, Clone, QueryableByName)]
@@ -72,13 +80,35 @@ pub(crate) fn plan<B: Internals>(op: OverviewOp) -> Stmt {
             .sql(" LIMIT ")
             .bind(Bind::Big(cap))
             .sql(") kept GROUP BY consumer"),
-        OverviewOp::Rates { window } => Stmt::new()
-            .sql("SELECT consumer AS label, COUNT(*) AS n, ")
-            .sql(B::RECEIVED_AT_MINUTE)
-            .sql(" AS m FROM inbox_messages WHERE received_at >= ")
-            .backend_sql(B::cutoff_sql(window))
-            .sql(" GROUP BY consumer, ")
-            .sql(B::RECEIVED_AT_MINUTE),
+        OverviewOp::Rates { starts, cap } => {
+            let (before, after) = B::RECEIVED_AT_OF_MICROS;
+            let mut stmt = Stmt::new();
+            for (place, start) in starts.into_iter().enumerate() {
+                if place > 0 {
+                    stmt = stmt.sql(" UNION ALL ");
+                }
+                stmt = stmt
+                    .sql("SELECT label, n, m FROM (SELECT consumer AS label, COUNT(*) AS n, ")
+                    .bind(Bind::Big(place as i64 * MINUTE_SLOT - start))
+                    .sql(" + MAX(")
+                    .sql(B::RECEIVED_AT_MICROS)
+                    .sql(
+                        ") AS m FROM (SELECT consumer, received_at FROM inbox_messages \
+                         WHERE received_at >= ",
+                    )
+                    .sql(before)
+                    .bind(Bind::Big(start))
+                    .sql(after)
+                    .sql(" AND received_at < ")
+                    .sql(before)
+                    .bind(Bind::Big(start + 60_000_000))
+                    .sql(after)
+                    .sql(" ORDER BY received_at LIMIT ")
+                    .bind(Bind::Big(cap))
+                    .sql(") first_rows GROUP BY consumer) minute_rows");
+            }
+            stmt
+        }
         OverviewOp::Failing { exhausted_at } => Stmt::new()
             .sql(
                 "SELECT consumer AS label, COUNT(*) AS n, \

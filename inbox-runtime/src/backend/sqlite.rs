@@ -156,8 +156,10 @@ impl Internals for Sqlite {
         "CAST(ROUND((julianday(received_at) - 2440587.5) * 86400000000.0) AS INTEGER)";
     const UPDATED_AT_MICROS: &'static str =
         "CAST(ROUND((julianday(updated_at) - 2440587.5) * 86400000000.0) AS INTEGER)";
-    const RECEIVED_AT_MINUTE: &'static str =
-        "CAST((julianday(received_at) - 2440587.5) * 1440.0 + 0.000001 AS INTEGER)";
+    // CURRENT_TIMESTAMP's text form, to the second.
+    const RECEIVED_AT_OF_MICROS: (&'static str, &'static str) =
+        ("datetime(", " / 1000000, 'unixepoch')");
+    const RECEIVED_AT_STEP_MICROS: i64 = 1_000_000;
 
     // The same text form as CURRENT_TIMESTAMP, so the two compare as text.
     fn cutoff_sql(older_than: std::time::Duration) -> String {

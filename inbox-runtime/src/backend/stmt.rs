@@ -54,13 +54,6 @@ impl Stmt {
         self
     }
 
-    /// SQL the backend made at run time (a cutoff of its clock), never a
-    /// caller's text: that is always a bind.
-    pub(crate) fn backend_sql(mut self, sql: String) -> Self {
-        self.parts.push(Part::Sql(sql.into()));
-        self
-    }
-
     pub(crate) fn bind(mut self, value: Bind) -> Self {
         self.parts.push(Part::Bind(value));
         self

@@ -257,8 +257,8 @@ impl Internals for Pg {
         "CAST(EXTRACT(EPOCH FROM received_at) * 1000000 AS BIGINT)";
     const UPDATED_AT_MICROS: &'static str =
         "CAST(EXTRACT(EPOCH FROM updated_at) * 1000000 AS BIGINT)";
-    const RECEIVED_AT_MINUTE: &'static str =
-        "CAST(FLOOR(EXTRACT(EPOCH FROM received_at) / 60) AS BIGINT)";
+    const RECEIVED_AT_OF_MICROS: (&'static str, &'static str) =
+        ("(TIMESTAMP 'epoch' + interval '1 microsecond' * ", ")");
 
     fn cutoff_sql(older_than: std::time::Duration) -> String {
         format!(
