@@ -150,6 +150,14 @@ struct Cli {
     /// Timed loads of the overview [default: 20; smoke 3].
     #[arg(long)]
     console_loads: Option<usize>,
+    /// Inbox rows of `--console` received in the last 30 minutes, besides
+    /// `--console-rows` [default: 1800000 (1,000 a second); smoke 1000].
+    #[arg(long)]
+    console_recent: Option<u64>,
+    /// Rows a second a writer inserts while `--console` loads the page
+    /// [default: 1000; smoke 10].
+    #[arg(long)]
+    console_writes: Option<u64>,
     /// RabbitMQ and NATS (PostgreSQL, INBOX_TEST_AMQP_URL and/or
     /// INBOX_TEST_NATS_URL): messages/s of `run_batch` against `run` with
     /// `in_flight(8)`.
@@ -219,6 +227,8 @@ pub struct Args {
     pub console: bool,
     pub console_rows: u64,
     pub console_loads: usize,
+    pub console_recent: u64,
+    pub console_writes: u64,
     /// `--brokers` and its count.
     pub brokers: bool,
     pub broker_messages: usize,
@@ -279,6 +289,10 @@ fn resolve(cli: Cli) -> Result<Args, String> {
             .console_rows
             .unwrap_or(if smoke { 10_000 } else { 10_000_000 }),
         console_loads: pick(cli.console_loads, 20, 3),
+        console_recent: cli
+            .console_recent
+            .unwrap_or(if smoke { 1_000 } else { 1_800_000 }),
+        console_writes: cli.console_writes.unwrap_or(if smoke { 10 } else { 1_000 }),
         brokers: cli.brokers,
         broker_messages: pick(cli.broker_messages, 5_000, 50),
         scale_rows: cli.scale_rows.unwrap_or(if smoke {

@@ -257,7 +257,11 @@ impl First {
     ) -> Result<Overview, InboxError> {
         let rates = match counts.pop() {
             Some(answer) => tally(answer)?,
-            None => return Err(InboxError::InvalidArgument("the overview's reads ended early")),
+            None => {
+                return Err(InboxError::InvalidArgument(
+                    "the overview's reads ended early",
+                ))
+            }
         };
         let (per_minute, estimated) = self.rates::<B>(&rates);
         let mut consumers = Vec::with_capacity(self.consumers.len());
