@@ -120,6 +120,7 @@ fn measure(url: &str, args: &Args) -> Result<(), String> {
             write_while(url, per_second, &stop).map(|n| (n, began.elapsed()))
         });
         let timed = load(url, args);
+        let before = previous_rates(url, 5);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let (written, took) = writer
             .join()
@@ -129,8 +130,35 @@ fn measure(url: &str, args: &Args) -> Result<(), String> {
             took.as_secs_f64(),
             written as f64 / took.as_secs_f64()
         );
+        let before = before?;
+        println!(
+            "console: the previous version's rate read (every row of the last 30 minutes, grouped by consumer and minute), 5 runs meanwhile: median {:.1} ms, slowest {:.1} ms",
+            before[2].as_secs_f64() * 1000.0,
+            before[4].as_secs_f64() * 1000.0
+        );
         report(args, timed?)
     })
+}
+
+/// The statement the overview's rates were before they were bounded (the
+/// rows of the last 30 minutes, every one read), timed `runs` times,
+/// sorted: the comparison.
+fn previous_rates(url: &str, runs: usize) -> Result<Vec<Duration>, String> {
+    let mut conn = diesel::PgConnection::establish(url).map_err(|e| e.to_string())?;
+    let mut times: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let started = Instant::now();
+            conn.batch_execute(
+                "SELECT consumer, COUNT(*), CAST(FLOOR(EXTRACT(EPOCH FROM received_at) / 60) AS BIGINT) \
+                 FROM inbox_messages WHERE received_at >= (now() AT TIME ZONE 'UTC') - interval '30 minutes' \
+                 GROUP BY 1, 3",
+            )
+            .map(|()| started.elapsed())
+            .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    times.sort();
+    Ok(times)
 }
 
 /// The timed loads of `/` and `/live`, interleaved.
