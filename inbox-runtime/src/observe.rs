@@ -210,20 +210,28 @@ fn installed(instrumentation: &mut dyn Instrumentation) -> Installed {
     if let Some(observer) = instrumentation.downcast_ref::<ErrorObserver>() {
         return Installed::Observer(observer.sequence);
     }
-    // diesel keeps "no instrumentation" as a zero-sized no-op stored in a
-    // field (of the connection, or of the shared state an async connection
-    // keeps), and an instrumentation you set boxed on the heap. A boxed
-    // zero-sized value never allocates: its address is the dangling one,
-    // equal to its alignment. So a zero-sized value anywhere else is
-    // diesel's no-op.
-    let address = (instrumentation as *const dyn Instrumentation).cast::<u8>() as usize;
-    if std::mem::size_of_val(instrumentation) == 0
-        && address != std::mem::align_of_val(instrumentation)
-    {
+    // The concrete type behind the trait object (upcast to `Any`: its
+    // vtable's, not `dyn Instrumentation`'s).
+    let concrete: &dyn std::any::Any = &*instrumentation;
+    if concrete.type_id() == no_instrumentation() {
         Installed::Nothing
     } else {
         Installed::Theirs
     }
+}
+
+/// The type of diesel's no-op instrumentation: what a connection without
+/// one hands out (every diesel and diesel-async connection keeps its
+/// instrumentation as a `DynInstrumentation`, whose `none()` is diesel's
+/// API for connection implementations, behind the feature this crate
+/// enables).
+fn no_instrumentation() -> std::any::TypeId {
+    static NONE: std::sync::OnceLock<std::any::TypeId> = std::sync::OnceLock::new();
+    *NONE.get_or_init(|| {
+        let none = diesel::connection::DynInstrumentation::none();
+        let concrete: &dyn std::any::Any = &*none;
+        concrete.type_id()
+    })
 }
 
 fn failed(instrumentation: &mut dyn Instrumentation, mark: Mark) -> Vec<FailedStatement> {
