@@ -7,7 +7,6 @@
 #[cfg(feature = "async")]
 use crate::backend::asynchronous::{AsAsyncConnection, AsyncInboxConnection};
 use crate::backend::outbox::{Answer, Op, OverviewOp, TallyRow, WalOp};
-use crate::backend::overview::MINUTE_SLOT;
 use crate::backend::Statements;
 use crate::error::InboxError;
 use crate::ops::{ops_error, StreamPosition};
@@ -25,10 +24,10 @@ pub const RATE_MINUTES: usize = crate::recent::MINUTES;
 /// index entries.
 pub const COUNT_CAP: u64 = 10_000;
 
-/// Of each minute, the overview reads at most this many inbox rows (the
-/// first by `received_at`): a minute with more is estimated from the time
-/// these took ([`ConsumerActivity::estimated`]), so that the overview's
-/// cost is bounded by the page, not by the traffic.
+/// Of each minute, the overview counts at most this many inbox rows (the
+/// first by `received_at`): a minute with more is shown as a lower bound
+/// ([`ConsumerActivity::at_least`]), so that the overview's cost is bounded
+/// by the page, not by the traffic.
 pub const RATE_CAP: u64 = 1_000;
 
 /// At most this many consumers are shown.
@@ -57,12 +56,11 @@ pub struct ConsumerActivity {
     /// [`RATE_MINUTES`] minutes of the database's clock, oldest first: the
     /// last entry is the current minute, so far.
     pub per_minute: Vec<u64>,
-    /// For each entry of [`per_minute`](Self::per_minute), whether it is
-    /// an estimate: its minute had more than [`RATE_CAP`] rows (of every
-    /// consumer), of which the overview read the first [`RATE_CAP`] and
-    /// scaled their count by the share of the minute they took. Exact
-    /// otherwise.
-    pub estimated: Vec<bool>,
+    /// For each entry of [`per_minute`](Self::per_minute), whether it is a
+    /// lower bound: its minute had more than [`RATE_CAP`] rows (of every
+    /// consumer together), and the entry counts this consumer's among the
+    /// first of them by `received_at`. Exact otherwise.
+    pub at_least: Vec<bool>,
     /// Keys whose deliveries are failing (`max_attempts` counts).
     pub failing: u64,
     /// Of those, the ones with at least the `max_attempts` given to
@@ -201,56 +199,32 @@ impl First {
             .collect();
         ops.push(Op::Overview(OverviewOp::Rates {
             starts: self.minutes(),
-            cap: RATE_CAP as i64,
+            cap: RATE_CAP as i64 + 1,
         }));
         ops
     }
 
-    /// Per consumer, its rows per minute, and which minutes are estimated.
-    fn rates<B: crate::backend::Internals>(
-        &self,
-        rows: &[TallyRow],
-    ) -> (BTreeMap<String, Vec<u64>>, Vec<bool>) {
+    /// Per consumer, its rows per minute, and which minutes were cut at
+    /// [`RATE_CAP`] (their counts lower bounds).
+    fn rates(rows: &[TallyRow]) -> (BTreeMap<String, Vec<u64>>, Vec<bool>) {
         let mut read = [0u64; RATE_MINUTES];
-        let mut last_offset = [0i64; RATE_MINUTES];
-        for row in rows {
-            let place = row.m.div_euclid(MINUTE_SLOT);
-            if let Ok(place) = usize::try_from(place) {
-                if place < RATE_MINUTES {
-                    read[place] += row.n.max(0) as u64;
-                    last_offset[place] = last_offset[place].max(row.m.rem_euclid(MINUTE_SLOT));
-                }
-            }
-        }
-        // A full minute's share of a capped read: the time its rows took
-        // (to the column's step) against the minute, or against what has
-        // passed of the current one.
-        let starts = self.minutes();
-        let scale: Vec<Option<f64>> = (0..RATE_MINUTES)
-            .map(|place| {
-                (read[place] >= RATE_CAP).then(|| {
-                    let took = last_offset[place] + B::RECEIVED_AT_STEP_MICROS;
-                    let length = (self.now_micros - starts[place]).clamp(1, 60_000_000);
-                    (length as f64 / took.max(1) as f64).max(1.0)
-                })
-            })
-            .collect();
         let mut per_minute: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for row in rows {
-            let place = row.m.div_euclid(MINUTE_SLOT);
-            let Some(place) = usize::try_from(place).ok().filter(|p| *p < RATE_MINUTES) else {
+            let Some(place) = usize::try_from(row.m).ok().filter(|p| *p < RATE_MINUTES) else {
                 continue;
             };
             let n = row.n.max(0) as u64;
-            let n = scale[place].map_or(n, |scale| (n as f64 * scale).round() as u64);
+            read[place] += n;
             per_minute
                 .entry(row.label.clone())
                 .or_insert_with(|| vec![0; RATE_MINUTES])[place] += n;
         }
-        (per_minute, scale.iter().map(Option::is_some).collect())
+        // One more than the cap is read: a minute of exactly the cap is
+        // exact.
+        (per_minute, read.iter().map(|n| *n > RATE_CAP).collect())
     }
 
-    fn finish<B: crate::backend::Internals>(
+    fn finish(
         self,
         mut counts: Vec<Answer>,
         max_attempts: Option<u32>,
@@ -263,7 +237,7 @@ impl First {
                 ))
             }
         };
-        let (per_minute, estimated) = self.rates::<B>(&rates);
+        let (per_minute, at_least) = Self::rates(&rates);
         let mut consumers = Vec::with_capacity(self.consumers.len());
         for (consumer, count) in self.consumers.iter().zip(counts) {
             let kept = tally(count)?.first().map_or(0, |row| row.n);
@@ -275,7 +249,7 @@ impl First {
                     .get(consumer.as_str())
                     .cloned()
                     .unwrap_or_else(|| vec![0; RATE_MINUTES]),
-                estimated: estimated.clone(),
+                at_least: at_least.clone(),
                 failing: failing.map_or(0, |row| row.n.max(0) as u64),
                 exhausted: max_attempts.map(|_| failing.map_or(0, |row| row.m.max(0) as u64)),
             });
@@ -334,7 +308,7 @@ where
     let wal = <C::Backend as crate::backend::Internals>::WAL;
     let first = First::of(run(conn, first_ops(max_attempts, wal))?)?;
     let counts = run(conn, first.count_ops())?;
-    first.finish::<C::Backend>(counts, max_attempts)
+    first.finish(counts, max_attempts)
 }
 
 /// The async twin of [`overview`].
@@ -365,5 +339,5 @@ where
     let wal = <C::Backend as crate::backend::Internals>::WAL;
     let first = First::of(run(conn, first_ops(max_attempts, wal)).await?)?;
     let counts = run(conn, first.count_ops()).await?;
-    first.finish::<C::Backend>(counts, max_attempts)
+    first.finish(counts, max_attempts)
 }

@@ -132,12 +132,13 @@ pub(super) fn age(d: std::time::Duration) -> String {
     }
 }
 
-/// A minute's rows, marked `≈` where estimated (a busy minute the
-/// overview read the first [`RATE_CAP`](crate::RATE_CAP) rows of).
-pub(super) fn rate(n: u64, estimated: bool) -> String {
-    if estimated {
+/// A minute's rows, marked `≥` where a lower bound (a minute of more than
+/// [`RATE_CAP`](crate::RATE_CAP) rows, of which the console counts the
+/// first).
+pub(super) fn rate(n: u64, at_least: bool) -> String {
+    if at_least {
         format!(
-            "<span class=\"estimated\" title=\"estimated: the console reads the first {} rows of a minute\">&asymp;{n}</span>",
+            "<span class=\"at-least\" title=\"at least: the console counts the first {} rows of a minute; `diesel-inbox stats` counts all\">&ge;{n}</span>",
             crate::RATE_CAP
         )
     } else {
@@ -146,8 +147,8 @@ pub(super) fn rate(n: u64, estimated: bool) -> String {
 }
 
 /// A small bar chart of `per_minute` (oldest first), drawn on the server;
-/// the estimated minutes' bars say so.
-pub(super) fn chart(per_minute: &[u64], estimated: &[bool]) -> String {
+/// the bars of minutes counted in part say so.
+pub(super) fn chart(per_minute: &[u64], at_least: &[bool]) -> String {
     let (width, height) = (3 * per_minute.len(), 24usize);
     let max = per_minute.iter().copied().max().unwrap_or(0).max(1);
     let mut svg = format!(
@@ -166,8 +167,8 @@ pub(super) fn chart(per_minute: &[u64], estimated: &[bool]) -> String {
             "<rect x=\"{}\" y=\"{}\" width=\"2\" height=\"{h}\"><title>{}{n}</title></rect>",
             3 * i,
             height - h,
-            if estimated.get(i).copied().unwrap_or(false) {
-                "\u{2248}"
+            if at_least.get(i).copied().unwrap_or(false) {
+                "\u{2265}"
             } else {
                 ""
             }
@@ -313,10 +314,10 @@ mod tests {
     #[test]
     fn charts_scale_to_their_largest_minute() {
         let svg = chart(&[0, 5, 10], &[false, false, true]);
-        assert!(svg.contains("height=\"23\"><title>\u{2248}10</title>"));
+        assert!(svg.contains("height=\"23\"><title>\u{2265}10</title>"));
         assert!(svg.contains("height=\"12\"><title>5</title>"));
         assert_eq!(rate(7, false), "7");
-        assert!(rate(7, true).contains("&asymp;7"));
+        assert!(rate(7, true).contains("&ge;7"));
         assert!(svg.contains("height=\"0\"><title>0</title>"));
     }
 }

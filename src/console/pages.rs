@@ -179,9 +179,9 @@ fn tables(
                 rows(c.rows),
                 html::rate(
                     c.per_minute.get(last).copied().unwrap_or(0),
-                    c.estimated.get(last).copied().unwrap_or(false)
+                    c.at_least.get(last).copied().unwrap_or(false)
                 ),
-                html::chart(&c.per_minute, &c.estimated),
+                html::chart(&c.per_minute, &c.at_least),
                 c.failing,
                 c.exhausted.map_or_else(
                     || "<span title=\"set max_attempts to count them\">-</span>".to_owned(),

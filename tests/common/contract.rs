@@ -497,7 +497,7 @@ macro_rules! contract_tests {
             status_shows_an_applied_message_and_none_for_others,
             forget_replays_a_message_deliberately,
             stats_count_rows_per_consumer,
-            the_overview_estimates_a_busy_minute_from_a_bounded_read,
+            the_overview_counts_a_bounded_share_of_a_busy_minute,
             purge_deletes_old_rows_in_batches_and_keeps_new_ones,
             purge_refuses_bad_arguments,
             purge_also_deletes_old_failure_counts,

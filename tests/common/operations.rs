@@ -141,31 +141,43 @@ pub fn stats_count_rows_per_consumer<M: Mode>() {
     assert!(close_to_now(payments.newest));
 }
 
-/// The overview reads at most `RATE_CAP` rows of a minute: a minute with
-/// three times as many (spread over it) is estimated, within 15%, and
-/// said to be; a quiet minute is exact.
-pub fn the_overview_estimates_a_busy_minute_from_a_bounded_read<M: Mode>() {
+/// The overview counts at most `RATE_CAP` rows of a minute: a minute with
+/// three times as many is a lower bound, and says so; a minute of exactly
+/// the cap, a quiet one, and rows at second :00 of their minutes (each in
+/// its own minute) are exact.
+pub fn the_overview_counts_a_bounded_share_of_a_busy_minute<M: Mode>() {
     type Backend<M> = <<<M as Mode>::B as TestBackend>::Conn as Connection>::Backend;
     let Some((mut s, _db)) = fresh_session::<M>("overview_rates") else {
         return;
     };
-    let busy = 3 * diesel_inbox::RATE_CAP;
-    // The minute that began three minutes ago, on this machine's clock
-    // (the database's): rows from its second 1 to its second 59.
+    let cap = diesel_inbox::RATE_CAP;
+    // Minutes on this machine's clock (the database's), counted back from
+    // the one that began `ago` minutes before the current one.
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .expect("after 1970");
-    let minute = Duration::from_secs(now.as_secs() / 60 * 60 - 180);
-    let at = |offset: Duration| {
-        diesel_inbox::__testing::cutoff_sql::<Backend<M>>(now - (minute + offset))
+    let current = now.as_secs() / 60 * 60;
+    let at = |ago: u64, offset: Duration| {
+        let when = Duration::from_secs(current - 60 * ago) + offset;
+        diesel_inbox::__testing::cutoff_sql::<Backend<M>>(now - when)
     };
-    let rows: Vec<String> = (0..busy)
-        .map(|i| {
-            let offset = Duration::from_secs(1) + Duration::from_millis(58_000 * i / busy);
-            format!("('busy', 'b-{i}', {})", at(offset))
-        })
-        .chain((0..7).map(|i| format!("('quiet', 'q-{i}', {})", at(Duration::from_secs(90)))))
-        .collect();
+    let spread = |i: u64, of: u64| Duration::from_secs(1) + Duration::from_millis(58_000 * i / of);
+    let mut rows: Vec<String> = Vec::new();
+    for i in 0..3 * cap {
+        rows.push(format!("('busy', 'b-{i}', {})", at(3, spread(i, 3 * cap))));
+    }
+    for i in 0..cap {
+        rows.push(format!("('exact', 'e-{i}', {})", at(5, spread(i, cap))));
+    }
+    for ago in 7..13 {
+        rows.push(format!("('cron', 'c-{ago}', {})", at(ago, Duration::ZERO)));
+    }
+    for i in 0..7 {
+        rows.push(format!(
+            "('quiet', 'q-{i}', {})",
+            at(2, Duration::from_secs(30))
+        ));
+    }
     s.check()
         .batch_execute(&format!(
             "INSERT INTO inbox_messages (consumer, message_id, received_at) VALUES {}",
@@ -180,25 +192,32 @@ pub fn the_overview_estimates_a_busy_minute_from_a_bounded_read<M: Mode>() {
             .find(|c| c.consumer == name)
             .unwrap_or_else(|| panic!("{}: no {name} in {overview:?}", M::NAME))
     };
-    let (busy_rates, quiet) = (of("busy"), of("quiet"));
-    let estimated: Vec<usize> = (0..diesel_inbox::RATE_MINUTES)
-        .filter(|m| busy_rates.estimated[*m])
-        .collect();
-    assert_eq!(estimated.len(), 1, "{}: {busy_rates:?}", M::NAME);
-    let counted = busy_rates.per_minute[estimated[0]];
-    assert!(
-        counted.abs_diff(busy) <= busy * 15 / 100,
-        "{}: {counted} estimated for {busy}",
-        M::NAME
-    );
-    assert_eq!(busy_rates.per_minute.iter().sum::<u64>(), counted);
-    assert_eq!(quiet.per_minute.iter().sum::<u64>(), 7, "{}", M::NAME);
-    let place = quiet
+    // (count, at least) of each minute a consumer has rows in.
+    let minutes = |name: &str| {
+        let c = of(name);
+        c.per_minute
+            .iter()
+            .zip(&c.at_least)
+            .filter(|(n, _)| **n > 0)
+            .map(|(n, at_least)| (*n, *at_least))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(minutes("busy"), [(cap + 1, true)], "{}", M::NAME);
+    assert_eq!(minutes("exact"), [(cap, false)], "{}", M::NAME);
+    assert_eq!(minutes("cron"), [(1, false); 6], "{}", M::NAME);
+    assert_eq!(minutes("quiet"), [(7, false)], "{}", M::NAME);
+    let cron = of("cron");
+    let first = cron
         .per_minute
         .iter()
-        .position(|n| *n == 7)
-        .expect("the quiet minute");
-    assert!(!quiet.estimated[place], "{}: {quiet:?}", M::NAME);
+        .position(|n| *n > 0)
+        .expect("a cron minute");
+    assert_eq!(
+        cron.per_minute[first..first + 6],
+        [1; 6],
+        "{}: {cron:?}",
+        M::NAME
+    );
 }
 
 pub fn purge_deletes_old_rows_in_batches_and_keeps_new_ones<M: Mode>() {

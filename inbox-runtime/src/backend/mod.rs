@@ -264,8 +264,9 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// console's minutes.
     const RECEIVED_AT_OF_MICROS: (&'static str, &'static str);
 
-    /// The step of `received_at` (microseconds): SQLite keeps seconds.
-    const RECEIVED_AT_STEP_MICROS: i64 = 1;
+    /// The type a `CAST` makes a 64-bit integer of (a bind in a select
+    /// list, which MySQL otherwise returns as bytes).
+    const BIGINT: &'static str = "BIGINT";
 
     /// The time `older_than` before now, comparable with `received_at` (the
     /// database's clock, as the column's default reads it).

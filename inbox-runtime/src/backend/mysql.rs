@@ -364,6 +364,7 @@ impl Internals for Mysql {
     const UPDATED_AT_MICROS: &'static str = "CAST(UNIX_TIMESTAMP(updated_at) * 1000000 AS SIGNED)";
     // In the session's time zone, as TIMESTAMP compares.
     const RECEIVED_AT_OF_MICROS: (&'static str, &'static str) = ("FROM_UNIXTIME(", " DIV 1000000)");
+    const BIGINT: &'static str = "SIGNED";
 
     // Both sides in the session's time zone, as the column's default.
     fn cutoff_sql(older_than: std::time::Duration) -> String {

@@ -23,8 +23,7 @@ pub enum OverviewOp {
     /// the first `cap` rows by `received_at` only (a range of its index),
     /// so that the read is bounded whatever the traffic. `label` is the
     /// consumer, `n` its rows among those read, `m` the minute's place in
-    /// `starts` times [`MINUTE_SLOT`] plus the offset in its minute of the
-    /// last row read (microseconds).
+    /// `starts`.
     Rates { starts: Vec<i64>, cap: i64 },
     /// Per consumer, the keys failing (`inbox_attempts`) and those with at
     /// least `exhausted_at` failures.
@@ -37,10 +36,6 @@ pub enum OverviewOp {
     /// The outbox's rows, counted up to `cap`.
     OutboxRows { cap: i64 },
 }
-
-/// What [`OverviewOp::Rates`] multiplies a minute's place by (more than a
-/// minute's microseconds).
-pub(crate) const MINUTE_SLOT: i64 = 100_000_000;
 
 /// A label and two counts: what every [`OverviewOp`] returns.
 #[derive(Debug, Clone, QueryableByName)]
@@ -88,12 +83,12 @@ pub(crate) fn plan<B: Internals>(op: OverviewOp) -> Stmt {
                     stmt = stmt.sql(" UNION ALL ");
                 }
                 stmt = stmt
-                    .sql("SELECT label, n, m FROM (SELECT consumer AS label, COUNT(*) AS n, ")
-                    .bind(Bind::Big(place as i64 * MINUTE_SLOT - start))
-                    .sql(" + MAX(")
-                    .sql(B::RECEIVED_AT_MICROS)
+                    .sql("SELECT label, n, m FROM (SELECT consumer AS label, COUNT(*) AS n, CAST(")
+                    .bind(Bind::Big(place as i64))
+                    .sql(" AS ")
+                    .sql(B::BIGINT)
                     .sql(
-                        ") AS m FROM (SELECT consumer, received_at FROM inbox_messages \
+                        ") AS m FROM (SELECT consumer FROM inbox_messages \
                          WHERE received_at >= ",
                     )
                     .sql(before)

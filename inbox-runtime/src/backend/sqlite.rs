@@ -159,7 +159,6 @@ impl Internals for Sqlite {
     // CURRENT_TIMESTAMP's text form, to the second.
     const RECEIVED_AT_OF_MICROS: (&'static str, &'static str) =
         ("datetime(", " / 1000000, 'unixepoch')");
-    const RECEIVED_AT_STEP_MICROS: i64 = 1_000_000;
 
     // The same text form as CURRENT_TIMESTAMP, so the two compare as text.
     fn cutoff_sql(older_than: std::time::Duration) -> String {
