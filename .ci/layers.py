@@ -28,7 +28,8 @@ LAYERS = [
     ("facade", ("lib", "__private", "__facade", "__testing")),
     ("operations", (
         "overview",
-        "outbox", "outbox::message", "outbox::operations", "outbox::dead", "outbox::wal",
+        "outbox", "outbox::message", "outbox::operations", "outbox::groups", "outbox::dead",
+        "outbox::failures", "outbox::wal",
         "outbox::relay",
         "outbox::notify",
         "outbox::statements", "outbox::headers", "outbox::id",

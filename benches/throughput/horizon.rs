@@ -13,7 +13,7 @@
 
 use crate::args::Args;
 use crate::bench::Bench;
-use crate::outbox::{fill, median};
+use crate::outbox_fill::{fill, median};
 use diesel::connection::SimpleConnection;
 use diesel_inbox::outbox::Relay;
 use std::time::{Duration, Instant};

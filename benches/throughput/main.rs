@@ -110,6 +110,8 @@ mod memory;
 #[cfg(all(feature = "async", feature = "lapin"))]
 mod outbox;
 #[cfg(all(feature = "async", feature = "lapin"))]
+mod outbox_fill;
+#[cfg(all(feature = "async", feature = "lapin"))]
 mod outbox_over;
 mod output;
 mod purge;

@@ -33,6 +33,7 @@
 
 use crate::args::Args;
 use crate::bench::{Bench, Target};
+use crate::outbox_fill::{fill, median};
 use crate::output::write_output;
 use crate::run_id;
 use diesel::connection::SimpleConnection;
@@ -76,49 +77,11 @@ pub fn run(targets: &[Target], args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-/// Fills the outbox with `n` messages for `destination`, spread over
-/// `keys` ordering keys (0: a key of its own for each).
-pub(crate) fn fill<B: Bench>(
-    url: &str,
-    n: usize,
-    keys: usize,
-    destination: &str,
-) -> Result<(), String> {
-    let mut conn = B::open(url);
-    conn.batch_execute("DELETE FROM outbox_messages")
-        .map_err(|e| e.to_string())?;
-    // Every round deletes what the last one left (PostgreSQL then vacuums:
-    // `Bench::OUTBOX_EMPTIED`).
-    if let Some(sql) = B::OUTBOX_EMPTIED {
-        conn.batch_execute(sql).map_err(|e| e.to_string())?;
-    }
-    B::tx(&mut conn, |conn| {
-        for i in 0..n {
-            let key = format!("k{}", if keys == 0 { i } else { i % keys });
-            outbox::enqueue(
-                conn,
-                Outgoing::new(destination, vec![7u8; 64]).ordering_key(&key),
-            )?;
-        }
-        Ok(())
-    })
-    .map_err(|e| e.to_string())?;
-    if let Some(sql) = B::OUTBOX_FILLED {
-        conn.batch_execute(sql).map_err(|e| e.to_string())?;
-    }
-    Ok(())
 }
 
 /// Writes `n` messages for `destination` to the WAL outbox, one

@@ -12,7 +12,7 @@
 
 use crate::args::Args;
 use crate::bench::Bench;
-use crate::outbox::{fill, median};
+use crate::outbox_fill::{fill, median};
 use diesel_inbox::outbox::{Publish, Relay};
 use std::time::Instant;
 

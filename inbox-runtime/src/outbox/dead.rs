@@ -296,7 +296,7 @@ impl From<&DeadFilter> for RetryTarget {
 
 impl RetryTarget {
     /// The selection, where one statement makes it (not for a group,
-    /// whose members are read first: [`super::groups`]).
+    /// whose members are read first: [`super::failures`]).
     fn selection(self) -> Selection {
         Selection::One(match self {
             RetryTarget::Id(id) => DeadWhere {
@@ -332,11 +332,12 @@ where
     let selections = match target.selection() {
         Selection::One(which) => vec![which],
         Selection::Group(destination, failure, within) => {
-            let Some(scan) = super::groups::members(&destination, &failure, &within) else {
+            let Some(scan) = super::failures::members(&destination, &failure, within.selection())
+            else {
                 return Ok(0);
             };
             let rows = rows_of(C::Backend::outbox(conn, scan).map_err(ops_error::<C::Backend>)?)?;
-            vec![super::groups::chosen(rows, &destination, &failure)?]
+            vec![super::failures::chosen(rows, &destination, &failure)?]
         }
     };
     let mut changed = 0;
@@ -362,7 +363,8 @@ where
     let selections = match target.selection() {
         Selection::One(which) => vec![which],
         Selection::Group(destination, failure, within) => {
-            let Some(scan) = super::groups::members(&destination, &failure, &within) else {
+            let Some(scan) = super::failures::members(&destination, &failure, within.selection())
+            else {
                 return Ok(0);
             };
             let rows = rows_of(
@@ -370,7 +372,7 @@ where
                     .await
                     .map_err(ops_error::<C::Backend>)?,
             )?;
-            vec![super::groups::chosen(rows, &destination, &failure)?]
+            vec![super::failures::chosen(rows, &destination, &failure)?]
         }
     };
     let mut changed = 0;

@@ -54,6 +54,7 @@
 //! (how a row stores headers and ids).
 
 mod dead;
+mod failures;
 mod groups;
 mod headers;
 mod id;
