@@ -425,7 +425,7 @@ where
             ) => {
                 let mut failed = failed.iter().map(FailedStatement::to_error);
                 match result {
-                    Ok(value) => match ended::<B>(open, failed) {
+                    Ok(value) => match failure_that_ended_it::<B>(open, failed) {
                         // The state could not be read: nothing is committed.
                         Err(unknown) => self.go(
                             State::RollingBack(Err(Failure::Inbox(unknown))),
@@ -657,7 +657,7 @@ where
 /// transaction at the next statement). Otherwise the state the server
 /// reports (`open`) decides where there is one, and the backend judges the
 /// failed statements' messages where there is not.
-fn ended<B: InboxBackend>(
+fn failure_that_ended_it<B: InboxBackend>(
     open: Result<Option<bool>, Error>,
     failed: impl Iterator<Item = Error>,
 ) -> Result<Option<Error>, Error> {

@@ -572,10 +572,12 @@ where
                 None => Vec::new(),
             };
             let rows = match claim.followers::<B<C>>(&heads) {
-                Some(followers) => ClaimPlan::kept(heads, followers.load_on(conn)?),
+                Some(followers) => {
+                    ClaimPlan::heads_and_due_followers(heads, followers.load_on(conn)?)
+                }
                 None => heads,
             };
-            let rows = match claim.between::<B<C>>(&rows) {
+            let rows = match claim.live_rows_in_taken_runs::<B<C>>(&rows) {
                 Some(between) => ClaimPlan::contiguous(rows, &between.load_on(conn)?),
                 None => rows,
             };
@@ -675,10 +677,12 @@ where
                 None => Vec::new(),
             };
             let rows = match claim.followers::<B<C>>(&heads) {
-                Some(followers) => ClaimPlan::kept(heads, followers.load_on_async(conn).await?),
+                Some(followers) => {
+                    ClaimPlan::heads_and_due_followers(heads, followers.load_on_async(conn).await?)
+                }
                 None => heads,
             };
-            let rows = match claim.between::<B<C>>(&rows) {
+            let rows = match claim.live_rows_in_taken_runs::<B<C>>(&rows) {
                 Some(between) => ClaimPlan::contiguous(rows, &between.load_on_async(conn).await?),
                 None => rows,
             };

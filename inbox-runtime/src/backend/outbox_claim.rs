@@ -367,7 +367,7 @@ impl ClaimPlan {
     /// Step 4, when the lock took rows with an ordering key and left room:
     /// the later live rows of those keys, oldest first, locked (skipping
     /// rows others lock).
-    /// [`kept`](Self::kept) says which of them the claim takes.
+    /// [`heads_and_due_followers`](Self::heads_and_due_followers) says which of them the claim takes.
     pub(crate) fn followers<B: Internals>(&self, heads: &[ClaimedRow]) -> Option<Stmt> {
         let room = self.limit - heads.len() as i64;
         let mut keys: Vec<&str> = heads
@@ -402,7 +402,10 @@ impl ClaimPlan {
 
     /// Step 5, when `rows` holds followers: the live rows of their keys
     /// from the oldest taken to the last follower taken (a plain read).
-    pub(crate) fn between<B: Internals>(&self, rows: &[ClaimedRow]) -> Option<Stmt> {
+    pub(crate) fn live_rows_in_taken_runs<B: Internals>(
+        &self,
+        rows: &[ClaimedRow],
+    ) -> Option<Stmt> {
         let runs = runs(rows);
         let mut keys: Vec<&str> = runs
             .iter()
@@ -459,7 +462,10 @@ impl ClaimPlan {
     /// rows of `followers` up to the first that is not due or is held (a
     /// delayed, backed-off or held message keeps its key's later ones
     /// back), oldest first.
-    pub(crate) fn kept(heads: Vec<ClaimedRow>, followers: Vec<ClaimedRow>) -> Vec<ClaimedRow> {
+    pub(crate) fn heads_and_due_followers(
+        heads: Vec<ClaimedRow>,
+        followers: Vec<ClaimedRow>,
+    ) -> Vec<ClaimedRow> {
         let mut open: HashMap<String, i64> = heads
             .iter()
             .filter_map(|r| Some((r.ordering_key.clone()?, r.seq)))

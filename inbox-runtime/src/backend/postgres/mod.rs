@@ -106,8 +106,8 @@ pub(crate) const ASLEEP_LOCK: &str =
 /// statement failed and the body swallowed the error) into a silent
 /// ROLLBACK, which diesel reports as success. The guard fails in an aborted
 /// transaction and stops the batch before COMMIT, in the same round trip. A
-/// SAVEPOINT is the cheapest such statement (a `SELECT 1` guard cost 9% of
-/// throughput at 4 threads, SAVEPOINT none measurable).
+/// SAVEPOINT is the cheapest such statement (docs/performance.md
+/// compares it with a `SELECT 1` guard).
 const GUARDED_COMMIT: &str = "SAVEPOINT diesel_inbox_guard; COMMIT";
 
 /// PostgreSQL's 55P03 (a lock wait ended by `lock_timeout`, or `NOWAIT`).
