@@ -439,6 +439,8 @@ pub(crate) mod asynchronous {
         st::looked_up(key, rows)
     }
 
+    /// Claims `key` for `consumer` (with its fingerprint, if any): whether
+    /// the row was inserted (not, when a committed claim holds it).
     #[cfg(feature = "mysql")]
     pub(crate) async fn claim<'q, C>(
         conn: &mut C,
@@ -462,6 +464,8 @@ pub(crate) mod asynchronous {
         Ok(inserted == 1)
     }
 
+    /// Claims the `keys` no row holds yet, in chunks: each chunk's present
+    /// keys read first, then the missing ones inserted; the keys claimed.
     #[cfg(feature = "mysql")]
     pub(crate) fn claim_batch_by_lookup<'q, C>(
         conn: &'q mut C,

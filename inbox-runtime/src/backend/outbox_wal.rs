@@ -129,6 +129,8 @@ pub(crate) enum WalPlan {
     Refused,
 }
 
+/// The statements of a WAL operation on backend `B`, or its refusal where
+/// the backend has no WAL outbox.
 pub(crate) fn plan<B: Internals>(op: WalOp) -> WalPlan {
     if !B::WAL {
         return WalPlan::Refused;

@@ -561,6 +561,7 @@ pub(crate) fn version_marker(version: u32) -> String {
     format!("diesel-inbox schema {version}")
 }
 
+/// The schema version a table comment written by `version_marker` holds.
 #[cfg(feature = "_server-backend")]
 pub(crate) fn parse_version_marker(text: &str) -> Option<u32> {
     text.trim()

@@ -62,6 +62,7 @@ pub(crate) struct Claim<'a, Id> {
 
 #[cfg(feature = "_counted-claim")]
 impl<'a> Claim<'a, Plain> {
+    /// The claim of `key` for `consumer`, without a fingerprint.
     pub(crate) fn plain(consumer: &'a str, key: &'a str) -> Self {
         Claim {
             consumer,
@@ -74,6 +75,7 @@ impl<'a> Claim<'a, Plain> {
 
 #[cfg(feature = "_counted-claim")]
 impl<'a> Claim<'a, Fingerprinted> {
+    /// The claim of `key` for `consumer`, storing its content's fingerprint.
     pub(crate) fn fingerprinted(consumer: &'a str, key: &'a str, fingerprint: &'a [u8]) -> Self {
         Claim {
             consumer,

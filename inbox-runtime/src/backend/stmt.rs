@@ -42,6 +42,7 @@ pub(crate) struct Stmt {
 }
 
 impl Stmt {
+    /// An empty statement, cacheable until a part says otherwise.
     pub(crate) fn new() -> Self {
         Stmt {
             parts: Vec::new(),
@@ -49,11 +50,13 @@ impl Stmt {
         }
     }
 
+    /// Appends static SQL text (never a caller's value: that is a bind).
     pub(crate) fn sql(mut self, sql: &'static str) -> Self {
         self.parts.push(Part::Sql(sql.into()));
         self
     }
 
+    /// Appends a bind parameter (the backend's placeholder).
     pub(crate) fn bind(mut self, value: Bind) -> Self {
         self.parts.push(Part::Bind(value));
         self

@@ -138,6 +138,8 @@ pub(crate) mod ansi {
             .map_err(|e| (scope, e))
     }
 
+    /// Rolls back the innermost transaction (or savepoint) through the
+    /// transaction manager; a failure leaves the connection marked broken.
     #[cfg(feature = "postgres")]
     pub(crate) async fn rollback<C>(conn: &mut C)
     where
