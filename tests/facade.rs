@@ -11,7 +11,8 @@ use diesel_inbox::{
     ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection,
     InboxEntry, InboxError, InboxKey, InvalidKey, Outcome, Overview, Processed, Purge, PurgeReport,
     RegisteredHandler, RetryableError, RowCount, Stored, StoredResult, StreamPosition,
-    TableProblem, COUNT_CAP, MAX_KEY_BYTES, MAX_PURGE_BATCH, RATE_MINUTES, SCHEMA_VERSION,
+    TableProblem, COUNT_CAP, MAX_KEY_BYTES, MAX_PURGE_BATCH, RATE_CAP, RATE_MINUTES,
+    SCHEMA_VERSION,
 };
 
 #[allow(unused_imports)]
@@ -30,15 +31,15 @@ use diesel_inbox::{
 
 #[allow(unused_imports)]
 use diesel_inbox::outbox::{
-    dead, dead_matching, discard, enqueue, purge as outbox_purge, retry, set_notify,
+    dead, dead_groups, dead_matching, discard, enqueue, purge as outbox_purge, retry, set_notify,
     status as outbox_status, wake, AllDead, DeadFilter, DeadMessage, DestinationStatus,
-    OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
+    FailureGroup, OutboxMessage, OutboxStatus, Outgoing, RetryTarget,
 };
 
 #[cfg(feature = "async")]
 #[allow(unused_imports)]
 use diesel_inbox::outbox::{
-    dead_async, dead_matching_async, discard_async, enqueue_async,
+    dead_async, dead_groups_async, dead_matching_async, discard_async, enqueue_async,
     purge_async as outbox_purge_async, retry_async, status_async as outbox_status_async,
 };
 
