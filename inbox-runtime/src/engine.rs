@@ -166,7 +166,7 @@ impl<E: From<InboxError> + From<Error>> Failure<E> {
     /// The error the handler returns when this failure is not retried.
     fn into_error(self) -> E {
         match self {
-            Failure::Inbox(e) => InboxError::Database(e).into(),
+            Failure::Inbox(e) => InboxError::from(e).into(),
             Failure::Ignored(e) => InboxError::BodyIgnoredError(e).into(),
             Failure::Commit(e) => e.into(),
             Failure::Body { error, .. } => error,
@@ -602,6 +602,16 @@ where
 
     /// Retry the transaction, or give the handler its error.
     fn judge(&mut self, failure: Failure<E>) -> Next<T, E> {
+        // A guard's refusal is the inbox's, wherever it surfaced (the
+        // claim, the store, the commit): never retried, never counted.
+        let failure = match failure {
+            Failure::Inbox(e) | Failure::Commit(e) | Failure::Ignored(e)
+                if crate::backend::errors::refusal(&e).is_some() =>
+            {
+                Failure::Refused(InboxError::from(e))
+            }
+            other => other,
+        };
         let (retryable, class) = match &failure {
             Failure::Inbox(e) => (B::is_transient(e), None),
             Failure::Commit(_) | Failure::Ignored(_) | Failure::Refused(_) => (false, None),

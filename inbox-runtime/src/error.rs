@@ -43,7 +43,7 @@ pub enum InboxError {
     },
     /// The database refused the claim, the commit or the migration.
     #[error("inbox database error: {0}")]
-    Database(#[from] diesel::result::Error),
+    Database(diesel::result::Error),
     /// A retryable error (serialization failure, deadlock, SQLite busy) kept
     /// coming back; the transaction was rolled back each time.
     #[error("inbox transaction failed after {attempts} attempts: {source}")]
@@ -208,6 +208,49 @@ pub enum InboxError {
     /// could read is refused rather than lost.
     #[error("the WAL outbox cannot take this message: {0}")]
     NoWalOutbox(Box<str>),
+    /// A guarded statement refused to run (PostgreSQL): another client's
+    /// statement ran under the name of one of diesel-inbox's prepared
+    /// statements, or one of diesel-inbox's ran with another client's
+    /// parameters. A connection proxy in transaction mode (PgBouncer before
+    /// 1.21) does this when diesel's statement cache is on: it moves
+    /// clients between server sessions, and prepared statements with them.
+    /// Nothing of the call was committed; the message is not acknowledged
+    /// as applied, so the broker's redelivery runs it again.
+    ///
+    /// `refusal` is what the guard saw, as the server's log shows it after
+    /// `diesel-inbox: ` (with the hint naming the fix).
+    ///
+    /// ```
+    /// let refused = diesel_inbox::InboxError::StatementsSharedByProxy {
+    ///     refusal: "this prepared statement is the inbox claim, run with the parameters of another statement".into(),
+    /// };
+    /// assert!(refused.to_string().starts_with("diesel-inbox refused a statement"));
+    /// assert!(refused.to_string().contains("PgBouncer 1.21 or later with max_prepared_statements"));
+    /// ```
+    #[error(
+        "diesel-inbox refused a statement that a connection proxy mixed up with another \
+         client's ({refusal}); nothing of this call was committed. A proxy in transaction \
+         mode (PgBouncer before 1.21) shares prepared statements between clients: use \
+         session pooling, PgBouncer 1.21 or later with max_prepared_statements, or disable \
+         diesel's statement cache (CacheSize::Disabled); see diesel_inbox::guide::proxies"
+    )]
+    StatementsSharedByProxy {
+        /// What the guard saw.
+        refusal: Box<str>,
+    },
+}
+
+impl From<diesel::result::Error> for InboxError {
+    /// [`InboxError::Database`], but a guard's refusal, which is
+    /// [`InboxError::StatementsSharedByProxy`].
+    fn from(error: diesel::result::Error) -> Self {
+        match crate::backend::errors::refusal(&error) {
+            Some(refusal) => InboxError::StatementsSharedByProxy {
+                refusal: refusal.into(),
+            },
+            None => InboxError::Database(error),
+        }
+    }
 }
 
 /// One reason an existing inbox table cannot be used, and how to fix it.

@@ -36,6 +36,12 @@ use std::time::Duration;
 ///   diesel-inbox 0.1 is recorded as version 1), and refuses one newer than
 ///   this release knows ([`InboxError::SchemaTooNew`]), so an older binary
 ///   never misreads a newer table.
+/// - **Converges from any state it can reach**: what it makes is read from
+///   what exists, not from the recorded version, so a library table or a
+///   column a schema step added that is missing (dropped by an operator,
+///   or left out by an interrupted run on MySQL, whose DDL is not
+///   transactional) is made again, and the tables that exist keep their
+///   rows.
 ///
 /// The version is recorded in the catalog: the table comment on PostgreSQL
 /// and MySQL/MariaDB (`diesel-inbox schema 1`), a view
@@ -121,26 +127,37 @@ impl MigrateAttempts {
     }
 }
 
-/// What `migrate` runs for this catalog: `None` when the table is current
-/// and correct, else the statements that create or upgrade it; an error for
-/// a table it must not touch.
+/// What `migrate` runs for this catalog: `None` when the tables are
+/// current and correct, else the statements that make what is missing and
+/// record the version; an error for a table it must not touch.
 pub(crate) fn migration_sql<B: InboxBackend>(
     catalog: &Catalog,
 ) -> Result<Option<String>, InboxError> {
-    Ok(match plan::<B>(catalog)? {
-        Plan::Nothing => None,
-        Plan::Create => Some(B::DDL.to_string()),
-        Plan::Upgrade { from } => Some(upgrade_sql::<B>(from, catalog)),
-    })
+    if let Some(found) = catalog.version.filter(|v| *v > SCHEMA_VERSION) {
+        return Err(InboxError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let unfixable = shape::unfixable(catalog, B::KEY_TYPE);
+    if !unfixable.is_empty() {
+        return Err(InboxError::IncompatibleTable(unfixable));
+    }
+    let mut sql = missing::<B>(catalog);
+    if sql.is_empty() && catalog.version == Some(SCHEMA_VERSION) {
+        return Ok(None);
+    }
+    sql.push(B::record_version(SCHEMA_VERSION));
+    Ok(Some(sql.join("\n")))
 }
 
-/// After creating or upgrading: the table must now be current and correct
+/// After creating or upgrading: the tables must now be current and correct
 /// (an existing object under the same name may have made `IF NOT EXISTS` a
 /// no-op).
 pub(crate) fn verify_migrated<B: InboxBackend>(catalog: &Catalog) -> Result<(), InboxError> {
-    match plan::<B>(catalog)? {
-        Plan::Nothing => Ok(()),
-        _ => Err(InboxError::MigrationFailed(Error::QueryBuilderError(
+    match migration_sql::<B>(catalog)? {
+        None => Ok(()),
+        Some(_) => Err(InboxError::MigrationFailed(Error::QueryBuilderError(
             "the inbox table is still not at the current schema version after migrating".into(),
         ))),
     }
@@ -170,57 +187,43 @@ where
     Ok(catalog.table.and(catalog.version))
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Plan {
-    Nothing,
-    Create,
-    /// Run the upgrades after `from` (`None`: a table of 0.1, unrecorded).
-    Upgrade {
-        from: Option<u32>,
-    },
-}
-
-fn plan<B: InboxBackend>(catalog: &Catalog) -> Result<Plan, InboxError> {
-    if let Some(found) = catalog.version.filter(|v| *v > SCHEMA_VERSION) {
-        return Err(InboxError::SchemaTooNew {
-            found,
-            supported: SCHEMA_VERSION,
-        });
+/// The pieces of the schema that the catalog lacks, read from what exists
+/// rather than from the recorded version: a database of any older release,
+/// one an interrupted `migrate` left (MySQL's DDL is not transactional), or
+/// one an operator dropped a library table or a column of. The side tables
+/// come first and `inbox_messages`, which holds the version's record on
+/// PostgreSQL and MySQL, last: an interrupted run never records a version
+/// its tables do not have.
+fn missing<B: InboxBackend>(catalog: &Catalog) -> Vec<String> {
+    let schema = &B::SCHEMA;
+    let mut sql = Vec::new();
+    if catalog.attempts_columns.is_empty() {
+        sql.push(schema.attempts);
     }
-    let foreign = shape::foreign_outbox(catalog);
-    if !foreign.is_empty() {
-        return Err(InboxError::IncompatibleTable(foreign));
+    if catalog.outbox_columns.is_empty() {
+        sql.push(schema.outbox);
+    } else if !catalog.outbox_columns.iter().any(|c| c == "txid") {
+        sql.push(schema.outbox_txid);
     }
-    if catalog.table.is_none() {
-        return Ok(Plan::Create);
+    if catalog.positions_columns.is_empty() {
+        sql.push(schema.positions);
     }
-    shape::refuse(catalog, B::KEY_TYPE)?;
-    Ok(match catalog.version {
-        Some(SCHEMA_VERSION) => Plan::Nothing,
-        from => Plan::Upgrade { from },
-    })
-}
-
-/// The statements that take a verified table from version `from` to
-/// [`SCHEMA_VERSION`] and record it.
-fn upgrade_sql<B: InboxBackend>(from: Option<u32>, catalog: &Catalog) -> String {
-    // A table without a record has the shape of version 1 (it passed the
-    // checks); the upgrades after it follow.
-    let done = from.unwrap_or(1) as usize;
-    // The upgrade to 5 adds a column, which MySQL cannot make conditional:
-    // where an interrupted upgrade (MySQL's DDL is not transactional)
-    // added it and recorded nothing, it is not added again.
-    let has_txid = catalog.outbox_columns.iter().any(|c| c == "txid");
-    let mut sql: Vec<&str> = B::UPGRADES
-        .iter()
-        .enumerate()
-        .skip(done - 1)
-        .filter(|(n, _)| !(*n == 3 && has_txid))
-        .map(|(_, sql)| *sql)
-        .collect();
-    let record = B::record_version(SCHEMA_VERSION);
-    sql.push(&record);
-    sql.join("\n")
+    if let Some((name, create)) = schema.refuse {
+        if !catalog.functions.iter().any(|f| f == name) {
+            sql.push(create);
+        }
+    }
+    match &catalog.table {
+        None => sql.push(schema.inbox),
+        Some(table) => sql.extend(
+            schema
+                .inbox_columns
+                .iter()
+                .filter(|(column, _)| !table.columns.iter().any(|c| c.name == *column))
+                .map(|(_, add)| *add),
+        ),
+    }
+    sql.into_iter().map(str::to_owned).collect()
 }
 
 /// The async twin of [`migrate`](crate::migrate): creates, verifies,

@@ -20,6 +20,14 @@ pub fn record_version<B: crate::InboxBackend>(version: u32) -> ::std::string::St
     <B as crate::backend::Internals>::record_version(version)
 }
 
+/// PostgreSQL: the plain claim's SQL (its parameters: consumer, key,
+/// guard) and the commit sent after a stored result, for the tests of
+/// what an operator sees when a guard refuses.
+#[cfg(feature = "postgres")]
+pub fn postgres_guarded_sql() -> (::std::string::String, ::std::string::String) {
+    crate::backend::postgres_guarded_sql()
+}
+
 /// The time `older_than` before now on backend `B`'s clock, comparable
 /// with `received_at` (the retention tests age rows with it).
 pub fn cutoff_sql<B: crate::InboxBackend>(

@@ -314,6 +314,129 @@ pub fn version_2_is_upgraded_with_the_outbox<C>(
     diesel_inbox::migrate(&mut conn).expect("migrate again");
 }
 
+/// What an operator can drop of the schema, and `migrate` must make again:
+/// each library table, and each column a schema step added.
+const DROPPED: [(&str, Option<&str>); 7] = [
+    ("inbox_messages", None),
+    ("inbox_attempts", None),
+    ("outbox_messages", None),
+    ("inbox_positions", None),
+    ("inbox_messages", Some("fingerprint")),
+    ("inbox_messages", Some("result")),
+    ("outbox_messages", Some("txid")),
+];
+
+/// A count read by `rows_per_table`.
+#[derive(QueryableByName)]
+pub struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub n: i64,
+}
+
+/// The rows of each library table, each read through every column the
+/// current schema has (a missing column fails the read).
+fn rows_per_table<C>(conn: &mut C) -> [i64; 4]
+where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+    for<'a> diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'a, C, Count>,
+{
+    [
+        "SELECT COUNT(*) AS n FROM inbox_messages WHERE received_at IS NOT NULL \
+         AND (fingerprint IS NULL OR result IS NULL OR 1 = 1)",
+        "SELECT COUNT(*) AS n FROM inbox_attempts WHERE failures >= 0 AND last_error IS NOT NULL",
+        "SELECT COUNT(*) AS n FROM outbox_messages WHERE (txid IS NULL OR txid IS NOT NULL) \
+         AND dead_at IS NULL",
+        "SELECT COUNT(*) AS n FROM inbox_positions WHERE next_offset >= 0",
+    ]
+    .map(|sql| {
+        diesel::sql_query(sql)
+            .get_result::<Count>(conn)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .n
+    })
+}
+
+/// `migrate` converges from each state an operator (or an interrupted
+/// run) can leave: on a database with rows in every library table, each
+/// table and each column a schema step added is dropped in turn; `migrate`
+/// makes it again, records the current version, keeps the rows of every
+/// table it did not drop, and the first claim on a new connection finds
+/// the schema whole (its shape check reads every table and column).
+pub fn migrate_converges_after_a_table_or_column_is_dropped<C>(
+    fresh: fn(&str) -> Option<TestDb>,
+    open: fn(&str) -> C,
+) where
+    C: LoadConnection<TransactionManager = AnsiTransactionManager>,
+    C::Backend: InboxBackend,
+    for<'a> diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'a, C, Count>,
+{
+    for (n, (table, column)) in DROPPED.into_iter().enumerate() {
+        let what = match column {
+            None => format!("table {table}"),
+            Some(column) => format!("column {table}.{column}"),
+        };
+        let Some(db) = fresh(&format!("converge_{n}")) else {
+            return;
+        };
+        let mut conn = open(&db);
+        diesel_inbox::migrate(&mut conn).expect("migrate");
+        conn.batch_execute(
+            "INSERT INTO inbox_messages (consumer, message_id) VALUES ('kept', 'm-1'); \
+             INSERT INTO inbox_messages (consumer, message_id) VALUES ('kept', 'm-2'); \
+             INSERT INTO inbox_attempts (consumer, message_id, failures, last_error) \
+             VALUES ('kept', 'm-3', 1, 'boom'); \
+             INSERT INTO inbox_positions (consumer, topic, partition_id, next_offset, updated_at) \
+             VALUES ('kept', 'orders', 0, 7, 0)",
+        )
+        .expect("rows");
+        conn.transaction(|conn| {
+            diesel_inbox::outbox::enqueue(conn, diesel_inbox::outbox::Outgoing::new("stock", "{}"))
+                .map_err(diesel::result::Error::from)
+        })
+        .expect("an outbox row");
+        let before = rows_per_table(&mut conn);
+        assert_eq!(before, [2, 1, 1, 1]);
+        let drop = match column {
+            None => format!("DROP TABLE {table}"),
+            Some(column) => format!("ALTER TABLE {table} DROP COLUMN {column}"),
+        };
+        conn.batch_execute(&drop).expect(&drop);
+        diesel_inbox::migrate(&mut conn)
+            .unwrap_or_else(|e| panic!("migrate after dropping {what}: {e}"));
+        assert_eq!(
+            diesel_inbox::schema_version(&mut conn).expect("version"),
+            Some(SCHEMA_VERSION),
+            "after dropping {what}"
+        );
+        let mut expected = before;
+        if column.is_none() {
+            let index = [
+                "inbox_messages",
+                "inbox_attempts",
+                "outbox_messages",
+                "inbox_positions",
+            ]
+            .iter()
+            .position(|t| *t == table)
+            .expect("a library table");
+            expected[index] = 0;
+        }
+        assert_eq!(rows_per_table(&mut conn), expected, "after dropping {what}");
+        // Current: a second run changes nothing, and a new connection's
+        // first claim (its shape check) finds every table and column.
+        diesel_inbox::migrate(&mut conn).expect("migrate again");
+        let mut other = open(&db);
+        let applied = diesel_inbox::Inbox::consumer("kept")
+            .retries(0)
+            .classify(diesel_inbox::ErrorClass::of)
+            .run(&mut other, "m-4", |_| Ok::<_, diesel::result::Error>(()))
+            .unwrap_or_else(|e| panic!("a claim after dropping {what}: {e}"));
+        assert_eq!(applied, Processed::Applied(()), "after dropping {what}");
+        the_outbox_works(&mut other);
+    }
+}
+
 /// An `outbox_messages` table of the application's own is refused before
 /// any DDL runs, with what is wrong and how to fix it; the inbox is not
 /// created either.
@@ -618,6 +741,14 @@ macro_rules! schema_tests {
         #[cfg_attr(not($runs_if), ignore = $why)]
         fn migrate_upgrades_a_version_2_database_with_the_outbox() {
             $crate::common::schema::version_2_is_upgraded_with_the_outbox(fresh, open);
+        }
+
+        #[test]
+        #[cfg_attr(not($runs_if), ignore = $why)]
+        fn migrate_converges_after_a_table_or_column_is_dropped() {
+            $crate::common::schema::migrate_converges_after_a_table_or_column_is_dropped(
+                fresh, open,
+            );
         }
 
         #[test]

@@ -6,7 +6,7 @@ use crate::suite::{fresh, open};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
-use diesel_inbox::{ErrorClass, Inbox, Processed};
+use diesel_inbox::{ErrorClass, Inbox, InboxError, Processed};
 
 #[derive(QueryableByName)]
 struct Named {
@@ -61,11 +61,120 @@ fn claim(conn: &mut PgConnection, key: &str) -> QueryResult<Processed<()>> {
         .run(conn, key, |conn| order(conn, key))
 }
 
-fn is_misrouted(error: &(impl std::fmt::Display + std::fmt::Debug)) -> bool {
-    error
-        .to_string()
-        .contains("was another statement under the claim's name")
-        || format!("{error:?}").contains("was another statement under the claim's name")
+/// What a handler's caller sees of a guard's refusal: the inbox's named
+/// error ([`InboxError::StatementsSharedByProxy`], inside diesel's error
+/// for a `QueryResult` handler), whose text says what happened and what
+/// to do, with what the guard saw (`refusal`).
+fn assert_refused(error: &diesel::result::Error, refusal: &str) {
+    let diesel::result::Error::QueryBuilderError(inner) = error else {
+        panic!("not the inbox's refusal: {error:?}");
+    };
+    let Some(InboxError::StatementsSharedByProxy { refusal: seen }) =
+        inner.downcast_ref::<InboxError>()
+    else {
+        panic!("not the inbox's refusal: {error:?}");
+    };
+    assert!(seen.contains(refusal), "{seen:?} does not say {refusal:?}");
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "diesel-inbox refused a statement that a connection proxy mixed up with another \
+             client's ({seen}); nothing of this call was committed. A proxy in transaction \
+             mode (PgBouncer before 1.21) shares prepared statements between clients: use \
+             session pooling, PgBouncer 1.21 or later with max_prepared_statements, or disable \
+             diesel's statement cache (CacheSize::Disabled); see diesel_inbox::guide::proxies"
+        )
+    );
+}
+
+/// What the server says (and logs) when a guarded statement runs with
+/// another client's parameters: `ERROR:  diesel-inbox: this prepared
+/// statement is the <statement>, …` (SQLSTATE P0001, raised by the
+/// function `migrate` created), with the fix as its hint; and what the
+/// inbox makes of that error.
+fn assert_server_refused(error: &diesel::result::Error, statement: &str) {
+    let diesel::result::Error::DatabaseError(_, info) = error else {
+        panic!("not the server's error: {error:?}");
+    };
+    let refusal = format!(
+        "this prepared statement is the {statement}, run with the parameters of another statement"
+    );
+    assert_eq!(info.message(), format!("diesel-inbox: {refusal}"));
+    assert_eq!(
+        info.hint(),
+        Some(
+            "diesel-inbox refused a statement that a connection proxy mixed up with another \
+             client's: a proxy in transaction mode (PgBouncer before 1.21) shares prepared \
+             statements between clients. Use session pooling, PgBouncer 1.21 or later with \
+             max_prepared_statements, or disable diesel's statement cache (CacheSize::Disabled)."
+        )
+    );
+    assert!(matches!(
+        InboxError::from(clone_error(error)),
+        InboxError::StatementsSharedByProxy { refusal: seen } if *seen == refusal
+    ));
+}
+
+/// A database error's kind and message again (diesel's error is not
+/// `Clone`).
+fn clone_error(error: &diesel::result::Error) -> diesel::result::Error {
+    match error {
+        diesel::result::Error::DatabaseError(kind, info) => {
+            diesel::result::Error::DatabaseError(*kind, Box::new(info.message().to_owned()))
+        }
+        other => panic!("not a database error: {other:?}"),
+    }
+}
+
+/// Where `migrate` of this release has not run (the function that raises
+/// refusals is missing, as on a database of an earlier release), the
+/// guard still refuses, with the same text quoted in a failed cast's
+/// error, and the inbox names it the same way.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn a_refusal_without_the_function_says_the_same() {
+    let Some((_db, mut conn)) = setup("proxy_refusal_fallback") else {
+        return;
+    };
+    conn.batch_execute("DROP FUNCTION diesel_inbox_refuse(text)")
+        .expect("drop the function");
+    let (claim_sql, commit_sql) = diesel_inbox::__testing::postgres_guarded_sql();
+    let error = conn
+        .batch_execute(&format!(
+            "PREPARE foreign_claim (text, text, text) AS {claim_sql}; \
+             EXECUTE foreign_claim('proxy', 'k1', 'another value')"
+        ))
+        .expect_err("the claim with another statement's parameters fails");
+    let text = error.to_string();
+    assert!(
+        text.contains(
+            "\"diesel-inbox: this prepared statement is the inbox claim, run with the \
+             parameters of another statement\""
+        ),
+        "{text}"
+    );
+    assert!(matches!(
+        InboxError::from(clone_error(&error)),
+        InboxError::StatementsSharedByProxy { refusal } if *refusal == *"this prepared statement is the inbox claim, run with the parameters of another statement"
+    ));
+    // `migrate` makes the function again (the tables are current), and
+    // the commit that requires a stored result refuses with its own text.
+    diesel_inbox::migrate(&mut conn).expect("migrate");
+    let error = conn
+        .batch_execute(&format!("BEGIN; {commit_sql}"))
+        .expect_err("a commit without a stored result refuses");
+    let diesel::result::Error::DatabaseError(_, info) = &error else {
+        panic!("not the server's error: {error:?}");
+    };
+    assert_eq!(
+        info.message(),
+        "diesel-inbox: the commit refused: the result was not stored in this transaction"
+    );
+    conn.batch_execute("ROLLBACK").expect("rollback");
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM inbox_messages"), 0);
 }
 
 #[test]
@@ -96,7 +205,7 @@ fn another_statement_under_the_claims_name_is_an_error() {
     // A new key: the foreign statement's empty answer is not taken
     // for a duplicate (the key has no row).
     let error = claim(&mut conn, "k2").expect_err("a claim that did not run is an error");
-    assert!(is_misrouted(&error), "k2: {error:?}");
+    assert_refused(&error, "was another statement under the claim's name");
     // A key that has its row: `Duplicate`, confirmed by a statement
     // of its own, and the foreign statement's write rolled back.
     assert_eq!(
@@ -151,11 +260,7 @@ fn another_statement_under_the_enqueues_name_is_an_error() {
     let foreign = conn.batch_execute(&format!(
         "EXECUTE {name} ('a', 'b', NULL, '\\x00', NULL, NULL, 0, false, 'not the guard')"
     ));
-    let text = format!("{foreign:?}");
-    assert!(
-        text.contains("this prepared statement is the outbox enqueue"),
-        "{text}"
-    );
+    assert_server_refused(&foreign.expect_err("refused"), "outbox enqueue");
     assert_eq!(count(&mut conn, "SELECT count(*) FROM outbox_messages"), 1);
     // Another statement under the enqueue's name.
     conn.batch_execute(&format!(
@@ -165,10 +270,9 @@ fn another_statement_under_the_enqueues_name_is_an_error() {
     ))
     .expect("swap the prepared statement");
     let error = enqueue(&mut conn, "e2").expect_err("an enqueue that did not run");
-    assert!(
-        format!("{error:?}")
-            .contains("the outbox enqueue's prepared statement returned no row of its own"),
-        "{error:?}"
+    assert_refused(
+        &error,
+        "the outbox enqueue's prepared statement returned no row of its own",
     );
     assert_eq!(count(&mut conn, "SELECT count(*) FROM outbox_messages"), 1);
     assert_eq!(count(&mut conn, "SELECT count(*) FROM proxy_orders"), 1);
@@ -213,7 +317,7 @@ fn another_statement_under_the_batch_claims_name_is_an_error() {
     .expect("swap the prepared statement");
     for keys in [&["b3"][..], &["b1", "b2"][..]] {
         let error = batch(&mut conn, keys).expect_err("a batch claim that did not run is an error");
-        assert!(is_misrouted(&error), "{keys:?}: {error:?}");
+        assert_refused(&error, "was another statement under the claim's name");
     }
     assert_eq!(count(&mut conn, "SELECT count(*) FROM inbox_messages"), 2);
     assert_eq!(count(&mut conn, "SELECT count(*) FROM proxy_orders"), 2);
@@ -243,12 +347,7 @@ fn the_claim_run_under_another_statements_name_writes_nothing() {
             "EXECUTE {name}('proxy', 'body-value', 'another value')"
         ))
         .expect_err("the claim with another statement's parameters fails");
-    assert!(
-        error
-            .to_string()
-            .contains("this prepared statement is the inbox claim"),
-        "{error}"
-    );
+    assert_server_refused(&error, "inbox claim");
     assert_eq!(count(&mut conn, "SELECT count(*) FROM inbox_messages"), 1);
 }
 
@@ -275,12 +374,7 @@ fn the_duplicate_check_run_under_another_statements_name_fails() {
     let error = conn
         .batch_execute(&format!("EXECUTE {name}('another value', 'proxy', 'k1')"))
         .expect_err("the duplicate check with another statement's parameters fails");
-    assert!(
-        error
-            .to_string()
-            .contains("this prepared statement is the inbox duplicate check"),
-        "{error}"
-    );
+    assert_server_refused(&error, "inbox duplicate check");
 }
 
 /// The replay's read before the transaction (`store_result`) is
@@ -314,12 +408,7 @@ fn another_statement_under_the_replay_reads_name_is_an_error() {
     let error = conn
         .batch_execute(&format!("EXECUTE {name}('another value', 'proxy', 'r1')"))
         .expect_err("the replay read with another statement's parameters fails");
-    assert!(
-        error
-            .to_string()
-            .contains("this prepared statement is the inbox replay read"),
-        "{error}"
-    );
+    assert_server_refused(&error, "inbox replay read");
     // Another statement under the read's name, answering with a
     // row shaped like a stored result of the key.
     conn.batch_execute(&format!(
@@ -328,9 +417,9 @@ fn another_statement_under_the_replay_reads_name_is_an_error() {
     ))
     .expect("swap the prepared statement");
     let error = run(&mut conn, "r2").expect_err("an answer not the read's is an error");
-    assert!(
-        format!("{error:?}").contains("was another statement under the inbox replay read's name"),
-        "{error:?}"
+    assert_refused(
+        &error,
+        "was another statement under the inbox replay read's name",
     );
     assert_eq!(
         count(
@@ -397,9 +486,9 @@ fn another_statement_under_the_stored_results_name_commits_nothing() {
         let error = run(&mut conn, "s3")
             .await
             .expect_err("another statement's answer is an error");
-        assert!(
-            format!("{error:?}").contains("under the inbox result store's name"),
-            "{error:?}"
+        assert_refused(
+            &error,
+            "was another statement under the inbox result store's name",
         );
     });
     for table in ["inbox_messages WHERE message_id", "proxy_orders WHERE a"] {
@@ -471,7 +560,7 @@ fn another_statement_under_the_async_claims_name_is_an_error() {
         let error = claim(&mut conn, "a2")
             .await
             .expect_err("a claim that did not run is an error");
-        assert!(is_misrouted(&error), "a2: {error:?}");
+        assert_refused(&error, "was another statement under the claim's name");
         assert_eq!(
             claim(&mut conn, "a1").await.expect("a key with its row"),
             Processed::Duplicate

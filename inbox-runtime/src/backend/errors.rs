@@ -9,13 +9,11 @@
 //! ([`AbortedTransaction`]). A message's wording follows the server's
 //! `lc_messages`; the few checks that still read it say so.
 
-#[cfg(feature = "_any-backend")]
 use diesel::result::DatabaseErrorKind;
 use diesel::result::Error;
 
 /// The kind and message of a database error, also when it is the commit
 /// error of a failed commit's rollback.
-#[cfg(feature = "_any-backend")]
 pub(crate) fn database_error(error: &Error) -> Option<(DatabaseErrorKind, &str)> {
     match error {
         Error::DatabaseError(kind, info) => Some((*kind, info.message())),
@@ -141,18 +139,42 @@ pub(crate) fn is_privilege_error(error: &Error) -> bool {
     false
 }
 
+/// What every refusal of the runtime's guards starts with, in the
+/// server's error (a guard's `RAISE`, or the text of its fallback cast)
+/// and in the runtime's own ([`misrouted`]).
+pub(crate) const REFUSAL: &str = "diesel-inbox: ";
+
 /// The error of a guarded statement (`Internals::GUARDED`: the claim, the
 /// outbox's enqueue) that did not return its own marker: `what` it
-/// returned instead. Another statement ran under its prepared name.
+/// returned instead. Another statement ran under its prepared name;
+/// [`refusal`] reads it back as the inbox's
+/// [`InboxError::StatementsSharedByProxy`](crate::InboxError::StatementsSharedByProxy).
 pub(crate) fn misrouted(statement: &str, what: &str) -> Error {
     Error::DatabaseError(
         diesel::result::DatabaseErrorKind::Unknown,
         Box::new(format!(
-            "diesel-inbox: the {statement}'s prepared statement {what}, so it was another \
-             statement under the {statement}'s name: a connection proxy in transaction mode \
-             (PgBouncer before 1.21) shares prepared statements between clients. Use session \
-             pooling, PgBouncer 1.21 or later with max_prepared_statements, or disable \
-             diesel's statement cache (CacheSize::Disabled); see diesel_inbox::guide::proxies"
+            "{REFUSAL}the {statement}'s prepared statement {what}, so it was another \
+             statement under the {statement}'s name"
         )),
     )
+}
+
+/// The refusal of a guard, read from a database error: the server's
+/// (raised by the function `diesel_inbox_refuse` that `migrate` creates,
+/// or, where it is missing, quoted in a failed cast's text, whatever the
+/// server's language) or the runtime's own ([`misrouted`]). The text after
+/// [`REFUSAL`], up to the end of the quoted value.
+pub(crate) fn refusal(error: &Error) -> Option<String> {
+    let (kind, message) = database_error(error)?;
+    if kind != DatabaseErrorKind::Unknown {
+        return None;
+    }
+    let start = message.find(REFUSAL)? + REFUSAL.len();
+    let rest = &message[start..];
+    let quoted = message[..start - REFUSAL.len()].ends_with('"');
+    let end = match quoted {
+        true => rest.rfind('"').unwrap_or(rest.len()),
+        false => rest.len(),
+    };
+    Some(rest[..end].to_owned())
 }

@@ -29,6 +29,8 @@ pub(crate) mod stmt;
 pub(crate) mod transaction;
 
 pub(crate) use execute::Statements;
+#[cfg(feature = "postgres")]
+pub(crate) use postgres::guarded_sql_for_tests as postgres_guarded_sql;
 pub(crate) use shape::Catalog;
 
 /// The newest version of the inbox schema this release knows. `migrate`
@@ -129,8 +131,9 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// `migrate` must refuse to run inside one.
     const DDL_COMMITS: bool = false;
 
-    /// `UPGRADES[n]` takes the schema from version `n + 1` to `n + 2`.
-    const UPGRADES: &'static [&'static str];
+    /// The schema's pieces, which `migrate` makes where the catalog lacks
+    /// them.
+    const SCHEMA: Schema;
 
     /// Inserts `(consumer, key)` (with its fingerprint, if given) unless it
     /// is there already; `true` if the row was inserted (the caller owns
@@ -450,6 +453,34 @@ pub(crate) fn is_transient(error: &Error) -> bool {
     false
 }
 
+/// The schema of a backend in pieces, each made by `migrate` where the
+/// catalog lacks it (a database of an older release, or one an operator
+/// dropped a table or a column of), so that any state `migrate` or its
+/// steps can leave converges to the current schema. A piece's statements
+/// are idempotent where the backend can say so (`IF NOT EXISTS`); the
+/// catalog decides the rest.
+pub(crate) struct Schema {
+    /// Creates `inbox_messages`, its `received_at` index and the record of
+    /// the schema version.
+    pub(crate) inbox: &'static str,
+    /// The nullable columns schema 2 added to `inbox_messages`: each name
+    /// and the statement that adds it.
+    pub(crate) inbox_columns: [(&'static str, &'static str); 2],
+    /// Creates `inbox_attempts` (schema 2).
+    pub(crate) attempts: &'static str,
+    /// Creates `outbox_messages` (schema 3) with schema 5's `txid`.
+    pub(crate) outbox: &'static str,
+    /// Adds `txid` (schema 5) to an `outbox_messages` of schema 3 or 4.
+    pub(crate) outbox_txid: &'static str,
+    /// Creates `inbox_positions` (schema 4).
+    pub(crate) positions: &'static str,
+    /// The function the guarded statements raise their refusals with
+    /// (PostgreSQL's `diesel_inbox_refuse`): its name and the statement
+    /// that creates it. Optional for them: without it, a refusal is a
+    /// failed cast that quotes the same text.
+    pub(crate) refuse: Option<(&'static str, &'static str)>,
+}
+
 /// The inbox DDL of each backend, as [`InboxBackend::DDL`] gives it, for a
 /// migration tool of your own (for example a diesel migration's `up.sql`).
 /// It creates the table, its index and the record of the schema version;
@@ -465,7 +496,7 @@ pub mod ddl {
         include_str!("postgres_attempts.sql"),
         include_str!("postgres_outbox.sql"),
         include_str!("postgres_positions.sql"),
-        include_str!("postgres_outbox_txid.sql")
+        include_str!("postgres_refuse.sql")
     );
     /// MySQL 8 and MariaDB 10.5+. Keys are `VARBINARY` so that they compare
     /// byte for byte (the default collations ignore case, accents and
@@ -478,8 +509,6 @@ pub mod ddl {
         // would fail where two creates run at once: Galera's `GET_LOCK` is
         // per node).
         include_str!("mysql_outbox.sql"),
-        "    txid BIGINT NULL,\n",
-        include_str!("mysql_outbox_keys.sql"),
         include_str!("mysql_positions.sql"),
         include_str!("mysql.sql")
     );
@@ -488,7 +517,6 @@ pub mod ddl {
         include_str!("sqlite.sql"),
         include_str!("sqlite_attempts.sql"),
         include_str!("sqlite_outbox.sql"),
-        include_str!("sqlite_positions.sql"),
-        include_str!("sqlite_outbox_txid.sql")
+        include_str!("sqlite_positions.sql")
     );
 }

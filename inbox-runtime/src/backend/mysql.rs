@@ -209,10 +209,24 @@ impl Internals for Mysql {
     const DDL_COMMITS: bool = true;
     // Nullable columns at the end: an instant ALTER on MySQL 8.0.12+ and
     // MariaDB 10.3+ (no table rebuild).
-    const UPGRADES: &'static [&'static str] = &[concat!(
-        "ALTER TABLE inbox_messages ADD COLUMN fingerprint VARBINARY(64) NULL, ADD COLUMN result LONGBLOB NULL;\n",
-        include_str!("mysql_attempts.sql")
-    ), concat!(include_str!("mysql_outbox.sql"), include_str!("mysql_outbox_keys.sql")), include_str!("mysql_positions.sql"), include_str!("mysql_outbox_txid.sql")];
+    const SCHEMA: super::Schema = super::Schema {
+        inbox: include_str!("mysql.sql"),
+        inbox_columns: [
+            (
+                "fingerprint",
+                "ALTER TABLE inbox_messages ADD COLUMN fingerprint VARBINARY(64) NULL;",
+            ),
+            (
+                "result",
+                "ALTER TABLE inbox_messages ADD COLUMN result LONGBLOB NULL;",
+            ),
+        ],
+        attempts: include_str!("mysql_attempts.sql"),
+        outbox: include_str!("mysql_outbox.sql"),
+        outbox_txid: include_str!("mysql_outbox_txid.sql"),
+        positions: include_str!("mysql_positions.sql"),
+        refuse: None,
+    };
 
     fn claim<C>(
         conn: &mut C,

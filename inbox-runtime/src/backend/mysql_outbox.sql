@@ -12,3 +12,8 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
     locked_until BIGINT NULL,
     last_error TEXT CHARACTER SET utf8mb4 NULL,
     dead_at BIGINT NULL,
+    txid BIGINT NULL,
+    PRIMARY KEY (seq),
+    UNIQUE KEY outbox_messages_id (id),
+    INDEX outbox_messages_key (ordering_key, seq)
+) ENGINE = InnoDB;

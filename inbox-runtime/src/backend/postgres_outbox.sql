@@ -11,6 +11,8 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
     locked_by VARCHAR(64),
     locked_until BIGINT,
     last_error TEXT,
-    dead_at BIGINT
+    dead_at BIGINT,
+    txid BIGINT DEFAULT txid_current()
 );
 CREATE INDEX IF NOT EXISTS outbox_messages_key ON outbox_messages (ordering_key, seq);
+CREATE INDEX IF NOT EXISTS outbox_messages_txid ON outbox_messages (txid);

@@ -132,6 +132,7 @@ pub(crate) fn read<D: Dialect>(rows: Vec<CatalogRow>) -> Catalog {
             "attempts" => catalog.attempts_columns.push(row.name),
             "outbox" => catalog.outbox_columns.push(row.name),
             "positions" => catalog.positions_columns.push(row.name),
+            "function" => catalog.functions.push(row.name),
             "trigger" => table.insert_hooks.push(("trigger", row.name)),
             "rule" => table.insert_hooks.push(("rule", row.name)),
             "setting" => {
@@ -185,6 +186,9 @@ pub struct Catalog {
     pub(crate) outbox_columns: Vec<String>,
     /// The columns of `inbox_positions` (schema 4), empty without it.
     pub(crate) positions_columns: Vec<String>,
+    /// The runtime's functions that exist (PostgreSQL's
+    /// `diesel_inbox_refuse`).
+    pub(crate) functions: Vec<String>,
 }
 
 /// The verdict on the catalog's tables: every problem of an existing
@@ -199,13 +203,31 @@ pub(crate) fn refuse(catalog: &Catalog, key_type: &str) -> Result<(), InboxError
         return Ok(());
     };
     let mut found = problems(table, key_type, catalog.version);
-    found.extend(attempts_problems(catalog));
-    found.extend(outbox_problems(catalog));
-    found.extend(positions_problems(catalog));
+    for side in side_tables(catalog, catalog.version.is_some_and(|v| v >= 5)) {
+        found.extend(side_table_problems(catalog.version, side));
+    }
     match found.is_empty() {
         true => Ok(()),
         false => Err(InboxError::IncompatibleTable(found)),
     }
+}
+
+/// What `migrate` refuses: every problem of the tables that exist, but
+/// what it makes itself (a missing library table, or a column that a
+/// schema step added), whatever version is recorded.
+pub(crate) fn unfixable(catalog: &Catalog, key_type: &str) -> Vec<TableProblem> {
+    let mut found = foreign_outbox(catalog);
+    if let Some(table) = &catalog.table {
+        found.extend(problems(table, key_type, None));
+    }
+    // An outbox that schema 3 did not record is `foreign_outbox`'s.
+    let recorded_outbox = catalog.version.is_some_and(|v| v >= 3);
+    for side in side_tables(catalog, false) {
+        if !side.have.is_empty() && (side.name != "outbox_messages" || recorded_outbox) {
+            found.extend(side_table_problems(Some(side.since), side));
+        }
+    }
+    found
 }
 
 /// The first claim's check on a connection: [`refuse`], and whether the
@@ -226,8 +248,9 @@ const ATTEMPTS_COLUMNS: [&str; 5] = [
     "updated_at",
 ];
 
-/// The columns of `outbox_messages` the runtime reads and writes.
-const OUTBOX_COLUMNS: [&str; 13] = [
+/// The columns of `outbox_messages` the runtime reads and writes, the
+/// last one (`txid`) added by schema 5.
+const OUTBOX_COLUMNS_5: [&str; 14] = [
     "seq",
     "id",
     "destination",
@@ -241,10 +264,8 @@ const OUTBOX_COLUMNS: [&str; 13] = [
     "locked_until",
     "last_error",
     "dead_at",
+    "txid",
 ];
-
-/// The column schema 5 added to `outbox_messages`.
-const OUTBOX_TXID: &str = "txid";
 
 /// The columns of `inbox_positions` the runtime reads and writes.
 const POSITIONS_COLUMNS: [&str; 5] = [
@@ -255,27 +276,10 @@ const POSITIONS_COLUMNS: [&str; 5] = [
     "updated_at",
 ];
 
-/// Problems of the stream positions' table, on a table recorded as
-/// schema 4 or later (an older one gets it from the upgrade).
-pub(crate) fn positions_problems(catalog: &Catalog) -> Vec<TableProblem> {
-    side_table_problems(
-        catalog.version,
-        SideTable {
-            name: "inbox_positions",
-            since: 4,
-            who: "the Kafka runner's handlers would fail",
-            columns: &POSITIONS_COLUMNS,
-            have: &catalog.positions_columns,
-            holds: "it holds where each Kafka partition's consumer stands: recreate it with the same rows",
-        },
-    )
-}
-
-/// Problems of the attempt counts' table, on a table recorded as schema 2
-/// or later (an older one gets it from the upgrade).
-pub(crate) fn attempts_problems(catalog: &Catalog) -> Vec<TableProblem> {
-    side_table_problems(
-        catalog.version,
+/// The tables beside `inbox_messages`, as the catalog found them;
+/// `with_txid`: whether `outbox_messages` must have schema 5's `txid`.
+fn side_tables(catalog: &Catalog, with_txid: bool) -> [SideTable<'_>; 3] {
+    [
         SideTable {
             name: "inbox_attempts",
             since: 2,
@@ -284,27 +288,26 @@ pub(crate) fn attempts_problems(catalog: &Catalog) -> Vec<TableProblem> {
             have: &catalog.attempts_columns,
             holds: "it holds only failure counts",
         },
-    )
-}
-
-/// Problems of the outbox's table, on a table recorded as schema 3 or
-/// later (an older one gets it from the upgrade).
-pub(crate) fn outbox_problems(catalog: &Catalog) -> Vec<TableProblem> {
-    let mut columns = OUTBOX_COLUMNS.to_vec();
-    if catalog.version.is_some_and(|v| v >= 5) {
-        columns.push(OUTBOX_TXID);
-    }
-    side_table_problems(
-        catalog.version,
         SideTable {
             name: "outbox_messages",
             since: 3,
             who: "`outbox::enqueue` and the relay would fail",
-            columns: &columns,
+            columns: match with_txid {
+                true => &OUTBOX_COLUMNS_5,
+                false => &OUTBOX_COLUMNS_5[..OUTBOX_COLUMNS_5.len() - 1],
+            },
             have: &catalog.outbox_columns,
             holds: "publish or move its pending messages first",
         },
-    )
+        SideTable {
+            name: "inbox_positions",
+            since: 4,
+            who: "the Kafka runner's handlers would fail",
+            columns: &POSITIONS_COLUMNS,
+            have: &catalog.positions_columns,
+            holds: "it holds where each Kafka partition's consumer stands: recreate it with the same rows",
+        },
+    ]
 }
 
 /// A table of the schema beside `inbox_messages`, as the catalog found it.
@@ -335,7 +338,7 @@ pub(crate) fn foreign_outbox(catalog: &Catalog) -> Vec<TableProblem> {
             name: "outbox_messages",
             since: 3,
             who: "",
-            columns: &OUTBOX_COLUMNS,
+            columns: &OUTBOX_COLUMNS_5[..OUTBOX_COLUMNS_5.len() - 1],
             have: &catalog.outbox_columns,
             holds: "it is not diesel-inbox's: rename the application's own table first",
         },
@@ -360,21 +363,26 @@ fn side_table_problems(version: Option<u32>, table: SideTable<'_>) -> Vec<TableP
                 "table `{name}` is missing, though the inbox is recorded as schema version {} or later: {}",
                 table.since, table.who
             ),
-            "create it as diesel_inbox::ddl declares it",
+            "run diesel_inbox::migrate (or `diesel-inbox migrate`), which creates it",
         )];
     }
     table
         .columns
         .iter()
         .filter(|c| !table.have.iter().any(|have| have == *c))
-        .map(|c| {
-            TableProblem::new(
+        .map(|c| match *c {
+            // Added by a schema step: `migrate` adds it again.
+            "txid" => TableProblem::new(
+                format!("column `{c}` of `{name}` is missing"),
+                "run diesel_inbox::migrate (or `diesel-inbox migrate`), which adds it",
+            ),
+            _ => TableProblem::new(
                 format!("column `{c}` of `{name}` is missing"),
                 format!(
                     "recreate `{name}` as diesel_inbox::ddl declares it ({})",
                     table.holds
                 ),
-            )
+            ),
         })
         .collect()
 }
@@ -436,7 +444,7 @@ pub(crate) fn problems(table: &Table, key_type: &str, version: Option<u32>) -> V
                          version {}: fingerprinted or result-storing handlers would fail",
                         version.unwrap_or_default()
                     ),
-                    format!("add the nullable column `{added}` as diesel_inbox::ddl declares it"),
+                    "run diesel_inbox::migrate (or `diesel-inbox migrate`), which adds it",
                 ));
             }
         }

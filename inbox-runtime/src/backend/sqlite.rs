@@ -79,16 +79,24 @@ impl Internals for Sqlite {
     const KEY_TYPE: &'static str = "VARCHAR(255) NOT NULL with the BINARY collation (the default)";
     const CHECK_SHAPE_AFTER_CLAIM: bool = true;
     // Nullable columns without a default: a change of the schema text only.
-    const UPGRADES: &'static [&'static str] = &[
-        concat!(
-            "ALTER TABLE inbox_messages ADD COLUMN fingerprint BLOB;\n",
-            "ALTER TABLE inbox_messages ADD COLUMN result BLOB;\n",
-            include_str!("sqlite_attempts.sql")
-        ),
-        include_str!("sqlite_outbox.sql"),
-        include_str!("sqlite_positions.sql"),
-        include_str!("sqlite_outbox_txid.sql"),
-    ];
+    const SCHEMA: super::Schema = super::Schema {
+        inbox: include_str!("sqlite.sql"),
+        inbox_columns: [
+            (
+                "fingerprint",
+                "ALTER TABLE inbox_messages ADD COLUMN fingerprint BLOB;",
+            ),
+            (
+                "result",
+                "ALTER TABLE inbox_messages ADD COLUMN result BLOB;",
+            ),
+        ],
+        attempts: include_str!("sqlite_attempts.sql"),
+        outbox: include_str!("sqlite_outbox.sql"),
+        outbox_txid: include_str!("sqlite_outbox_txid.sql"),
+        positions: include_str!("sqlite_positions.sql"),
+        refuse: None,
+    };
 
     fn claim<C>(
         conn: &mut C,

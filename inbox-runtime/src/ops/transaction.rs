@@ -33,11 +33,11 @@ where
 }
 
 /// A database error of an operation, named for what it is: the table
-/// missing, or another database error.
+/// missing, a guard's refusal, or another database error.
 pub(crate) fn ops_error<B: InboxBackend>(error: Error) -> InboxError {
     if B::is_missing_table(&error) {
         InboxError::NoTable(error)
     } else {
-        InboxError::Database(error)
+        InboxError::from(error)
     }
 }

@@ -50,26 +50,46 @@ pub(super) const PRESENT: &str = "diesel-inbox claim, present";
 /// The marker of [`Lookup`], the replay's read.
 pub(super) const LOOKUP: &str = "diesel-inbox replay read";
 
-/// Pushes ` WHERE` and the guard of `statement`: true for [`GUARD`], an
-/// error naming `statement` otherwise (evaluated per execution: a
-/// parameter is not a constant to fold).
+/// Pushes ` WHERE` and the guard of `statement`: true for [`GUARD`], a
+/// refusal naming `statement` otherwise ([`refusal_sql`]; evaluated per
+/// execution: a parameter is not a constant to fold).
 pub(super) fn push_guard(
     out: &mut diesel::query_builder::AstPass<'_, '_, Pg>,
     statement: &'static str,
 ) -> QueryResult<()> {
     const { assert!(!has_quote(GUARD)) };
     debug_assert!(!has_quote(statement));
-    out.push_sql(" WHERE CAST(CASE WHEN ");
+    out.push_sql(" WHERE CASE WHEN ");
     out.push_bind_param::<diesel::sql_types::Text, _>(GUARD)?;
     out.push_sql(" = '");
     out.push_sql(GUARD);
-    out.push_sql("' THEN '1' ELSE 'diesel-inbox: this prepared statement is the ");
-    out.push_sql(statement);
-    out.push_sql(
-        ", run with the parameters of another statement (a connection proxy shares prepared \
-         statements between clients)' END AS integer) = 1",
-    );
+    out.push_sql("' THEN 1 ELSE ");
+    out.push_sql(&refusal_sql(&format!(
+        "'this prepared statement is the {statement}, run with the parameters of another statement'"
+    )));
+    out.push_sql(" END = 1");
     Ok(())
+}
+
+/// The function that raises the guards' refusals, which `migrate` creates
+/// (`postgres_refuse.sql`): `ERROR:  diesel-inbox: …` with a hint naming
+/// the fix, in the server's log and in the client's error.
+pub(crate) const REFUSE: &str = "diesel_inbox_refuse";
+
+/// An SQL expression of type integer that fails its statement with the
+/// refusal `message` (an SQL expression of type text whose value holds no
+/// quote): raised by [`REFUSE`] where it exists, else by a failed cast
+/// that quotes the same text (a database that `migrate` of this release
+/// has not seen). The call runs as text through `query_to_xml`, so that a
+/// statement naming the function prepares where it does not exist; it is
+/// never folded at plan time (`to_regprocedure` is stable), and it runs
+/// only when the guard refuses.
+pub(crate) fn refusal_sql(message: &str) -> String {
+    format!(
+        "length(query_to_xml(CASE WHEN to_regprocedure('{REFUSE}(text)') IS NULL \
+         THEN 'SELECT CAST(''diesel-inbox: ' || {message} || ''' AS integer)' \
+         ELSE 'SELECT {REFUSE}(''' || {message} || ''')' END, false, false, '')::text)"
+    )
 }
 
 pub(super) const fn has_quote(text: &str) -> bool {
@@ -352,10 +372,14 @@ pub(super) const STORE_STATEMENT: &str = "inbox result store";
 /// `Store` ran in this transaction, and fails in a transaction that a
 /// statement's error aborted (25P02, as `GUARDED_COMMIT`'s savepoint
 /// does), rather than letting `COMMIT` roll back silently.
-#[cfg(feature = "async")]
-pub(super) const STORED_COMMIT: &str = "SELECT CAST(CASE WHEN current_setting('diesel_inbox.stored', true) = '1' \
-     THEN '1' ELSE 'diesel-inbox: the commit refused: the result was not stored in this transaction' \
-     END AS integer); COMMIT";
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
+pub(super) static STORED_COMMIT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT CASE WHEN current_setting('diesel_inbox.stored', true) = '1' THEN 1 ELSE {} END; \
+         COMMIT",
+        refusal_sql("'the commit refused: the result was not stored in this transaction'")
+    )
+});
 
 #[cfg(feature = "async")]
 impl diesel::query_builder::QueryFragment<Pg> for Store<'_> {
@@ -373,11 +397,11 @@ impl diesel::query_builder::QueryFragment<Pg> for Store<'_> {
         out.push_bind_param::<Text, _>(self.key)?;
         out.push_sql(" RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN '");
         out.push_sql(STORED);
-        out.push_sql(
-            "' || left(set_config('diesel_inbox.stored', '1', true), 0) \
-             ELSE CAST('diesel-inbox: storing the result updated ' || count(*) || \
-             ' inbox rows, not the 1 just claimed' AS integer)::text END FROM stored",
-        );
+        out.push_sql("' || left(set_config('diesel_inbox.stored', '1', true), 0) ELSE ");
+        out.push_sql(&refusal_sql(
+            "'storing the result updated ' || count(*) || ' inbox rows, not the 1 just claimed'",
+        ));
+        out.push_sql("::text END FROM stored");
         Ok(())
     }
 }
@@ -611,4 +635,17 @@ mod asynchronous {
             )
         }
     }
+}
+
+/// The plain claim's SQL (its parameters: consumer, key, guard) and the
+/// commit sent after a stored result, as the server receives them: the
+/// refusal tests run them as another client's statement would
+/// (`__testing::postgres_guarded_sql`).
+pub(crate) fn guarded_sql_for_tests() -> (String, String) {
+    use diesel::query_builder::{QueryBuilder, QueryFragment};
+    let mut sql = <Pg as diesel::backend::Backend>::QueryBuilder::default();
+    Claim::plain("c", "k")
+        .to_sql(&mut sql, &Pg)
+        .expect("the claim's SQL");
+    (sql.finish(), STORED_COMMIT.clone())
 }

@@ -167,7 +167,7 @@ impl AsyncInternals for AsyncPgConnection {
             return (Err(e), None);
         }
         ansi::closing(self);
-        let committed = match self.batch_execute(claim::STORED_COMMIT).await {
+        let committed = match self.batch_execute(&claim::STORED_COMMIT).await {
             Ok(()) => ansi::closed(self),
             Err(e) => Err(failed_commit(self, e).await),
         };

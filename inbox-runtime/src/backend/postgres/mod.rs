@@ -9,6 +9,7 @@ use crate::backend::transaction::{begin, end_migrations, rollback, Scope};
 use crate::backend::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
 use crate::rows::StoredRow;
+pub(crate) use claim::guarded_sql_for_tests;
 use claim::push_guard;
 use claim::{Claim, ClaimBatch};
 use diesel::connection::{AnsiTransactionManager, Connection, LoadConnection};
@@ -30,7 +31,8 @@ const MIGRATE_LOCK: i64 = 0x6469_6573_656c_5f69; // "diesel_i"
 /// - `column`: a = type name, b = declared length, c = `deterministic` or
 ///   the name of a non-deterministic collation;
 /// - indexes: b = `partial` or `expression`;
-/// - `attempts`: a column of `inbox_attempts`.
+/// - `attempts`: a column of `inbox_attempts`;
+/// - `function`: `diesel_inbox_refuse`, where it exists.
 const CATALOG: &str = r#"
 WITH t AS (SELECT to_regclass('inbox_messages') AS oid)
 SELECT 'table' AS kind, c.relname::text AS name, c.relkind::text AS a,
@@ -84,6 +86,9 @@ SELECT 'positions', att.attname::text, NULL, NULL, NULL, NULL
 FROM pg_attribute att
 WHERE att.attrelid = to_regclass('inbox_positions') AND att.attnum > 0 AND NOT att.attisdropped
 UNION ALL
+SELECT 'function', 'diesel_inbox_refuse', NULL, NULL, NULL, NULL
+WHERE to_regprocedure('diesel_inbox_refuse(text)') IS NOT NULL
+UNION ALL
 SELECT 'setting', name::text, setting::text, NULL, NULL, NULL
 FROM pg_settings
 WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')
@@ -132,16 +137,25 @@ impl Internals for Pg {
     const KEY_TYPE: &'static str =
         "VARCHAR(255) NOT NULL (or TEXT) with a deterministic collation (the default)";
     // Nullable columns without a default: a catalog change, no table
-    // rewrite; and the attempt counts' table.
-    const UPGRADES: &'static [&'static str] = &[
-        concat!(
-            "ALTER TABLE inbox_messages ADD COLUMN fingerprint BYTEA, ADD COLUMN result BYTEA;\n",
-            include_str!("../postgres_attempts.sql")
-        ),
-        include_str!("../postgres_outbox.sql"),
-        include_str!("../postgres_positions.sql"),
-        include_str!("../postgres_outbox_txid.sql"),
-    ];
+    // rewrite.
+    const SCHEMA: crate::backend::Schema = crate::backend::Schema {
+        inbox: include_str!("../postgres.sql"),
+        inbox_columns: [
+            (
+                "fingerprint",
+                "ALTER TABLE inbox_messages ADD COLUMN IF NOT EXISTS fingerprint BYTEA;",
+            ),
+            (
+                "result",
+                "ALTER TABLE inbox_messages ADD COLUMN IF NOT EXISTS result BYTEA;",
+            ),
+        ],
+        attempts: include_str!("../postgres_attempts.sql"),
+        outbox: include_str!("../postgres_outbox.sql"),
+        outbox_txid: include_str!("../postgres_outbox_txid.sql"),
+        positions: include_str!("../postgres_positions.sql"),
+        refuse: Some((claim::REFUSE, include_str!("../postgres_refuse.sql"))),
+    };
 
     fn claim<C>(
         conn: &mut C,
