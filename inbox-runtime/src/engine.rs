@@ -454,6 +454,23 @@ where
                             }
                         },
                     },
+                    // A guard refused a statement of the body (an enqueue,
+                    // or the body's own statement run under a guarded
+                    // name): the inbox's refusal, not the body's failure.
+                    Err(_)
+                        if failed
+                            .clone()
+                            .any(|e| crate::backend::errors::refusal(&e).is_some()) =>
+                    {
+                        let refused = failed
+                            .find(|e| crate::backend::errors::refusal(e).is_some())
+                            .map(InboxError::from)
+                            .expect("a refusal among the failed statements");
+                        self.go(
+                            State::RollingBack(Err(Failure::Refused(refused))),
+                            Step::Rollback,
+                        )
+                    }
                     Err(error) => {
                         let transient = failed.find(B::is_transient);
                         self.go(

@@ -144,10 +144,22 @@ pub(crate) fn migration_sql<B: InboxBackend>(
         return Err(InboxError::IncompatibleTable(unfixable));
     }
     let mut sql = missing::<B>(catalog);
-    if sql.is_empty() && catalog.version == Some(SCHEMA_VERSION) {
+    let record = !sql.is_empty() || catalog.version != Some(SCHEMA_VERSION);
+    // The refusals' view (PostgreSQL) is optional: made where DDL runs
+    // anyway, or where the role may create it, so that a role that only
+    // reads and writes rows still finds a current database needs nothing.
+    if let Some((name, create)) = B::SCHEMA.refuse {
+        let present = catalog.functions.iter().any(|f| f == name);
+        if !present && (record || catalog.may_create) {
+            sql.push(create.to_owned());
+        }
+    }
+    if sql.is_empty() {
         return Ok(None);
     }
-    sql.push(B::record_version(SCHEMA_VERSION));
+    if record {
+        sql.push(B::record_version(SCHEMA_VERSION));
+    }
     Ok(Some(sql.join("\n")))
 }
 
@@ -207,11 +219,6 @@ fn missing<B: InboxBackend>(catalog: &Catalog) -> Vec<String> {
     }
     if catalog.positions_columns.is_empty() {
         sql.push(schema.positions);
-    }
-    if let Some((name, create)) = schema.refuse {
-        if !catalog.functions.iter().any(|f| f == name) {
-            sql.push(create);
-        }
     }
     match &catalog.table {
         None => sql.push(schema.inbox),

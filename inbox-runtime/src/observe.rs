@@ -164,6 +164,49 @@ impl std::fmt::Debug for ErrorObserver {
     }
 }
 
+impl ErrorObserver {
+    /// Remembers a failed statement's error.
+    fn remember(
+        &mut self,
+        kind: DatabaseErrorKind,
+        info: &dyn diesel::result::DatabaseErrorInformation,
+    ) {
+        self.sequence += 1;
+        if self.failed.len() == REMEMBERED {
+            self.failed.remove(0);
+        }
+        self.failed.push(FailedStatement {
+            sequence: self.sequence,
+            kind,
+            info: RecordedInfo {
+                message: info.message().to_string(),
+                details: info.details().map(str::to_string),
+                hint: info.hint().map(str::to_string),
+            },
+        });
+    }
+}
+
+/// [`remember_refusal`] when `error` is a guard's refusal.
+pub(crate) fn remember_refusal_of(current: &mut dyn Instrumentation, error: &Error) {
+    if crate::backend::errors::refusal(error).is_some() {
+        remember_refusal(current, error);
+    }
+}
+
+/// Remembers `error`, a guard's refusal that the runtime read from a
+/// statement's answer (the server saw no failure: another statement ran
+/// under the guarded one's name), on a connection whose instrumentation
+/// is `current`, so that the engine finds it among the body's failures
+/// as it finds a refusal the server raised. Nothing without an observer.
+pub(crate) fn remember_refusal(current: &mut dyn Instrumentation, error: &Error) {
+    if let (Some(observer), Error::DatabaseError(kind, info)) =
+        (current.downcast_mut::<ErrorObserver>(), error)
+    {
+        observer.remember(*kind, &**info);
+    }
+}
+
 impl Instrumentation for ErrorObserver {
     fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
         if let InstrumentationEvent::FinishQuery {
@@ -171,19 +214,7 @@ impl Instrumentation for ErrorObserver {
             ..
         } = &event
         {
-            self.sequence += 1;
-            if self.failed.len() == REMEMBERED {
-                self.failed.remove(0);
-            }
-            self.failed.push(FailedStatement {
-                sequence: self.sequence,
-                kind: *kind,
-                info: RecordedInfo {
-                    message: info.message().to_string(),
-                    details: info.details().map(str::to_string),
-                    hint: info.hint().map(str::to_string),
-                },
-            });
+            self.remember(*kind, &**info);
         }
         if let Some(inner) = &mut self.inner {
             inner.on_connection_event(event);

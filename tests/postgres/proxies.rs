@@ -88,30 +88,29 @@ fn assert_refused(error: &diesel::result::Error, refusal: &str) {
 }
 
 /// What the server says (and logs) when a guarded statement runs with
-/// another client's parameters: `ERROR:  diesel-inbox: this prepared
-/// statement is the <statement>, …` (SQLSTATE P0001, raised by the
-/// function `migrate` created), with the fix as its hint; and what the
+/// another client's parameters: `ERROR:  diesel-inbox: a statement of
+/// diesel-inbox ran with another statement's parameters, …` (SQLSTATE
+/// P0001, raised by the view and function `migrate` created; the log's
+/// `STATEMENT` line names which), with the fix as its hint; and what the
 /// inbox makes of that error.
-fn assert_server_refused(error: &diesel::result::Error, statement: &str) {
+fn assert_server_refused(error: &diesel::result::Error) {
     let diesel::result::Error::DatabaseError(_, info) = error else {
         panic!("not the server's error: {error:?}");
     };
-    let refusal = format!(
-        "this prepared statement is the {statement}, run with the parameters of another statement"
-    );
+    let refusal = "a statement of diesel-inbox ran with another statement's parameters, \
+                   or another statement ran under its prepared name";
     assert_eq!(info.message(), format!("diesel-inbox: {refusal}"));
     assert_eq!(
         info.hint(),
         Some(
-            "diesel-inbox refused a statement that a connection proxy mixed up with another \
-             client's: a proxy in transaction mode (PgBouncer before 1.21) shares prepared \
-             statements between clients. Use session pooling, PgBouncer 1.21 or later with \
-             max_prepared_statements, or disable diesel's statement cache (CacheSize::Disabled)."
+            "a connection proxy in transaction mode (PgBouncer before 1.21) shares prepared \
+             statements between clients: use session pooling, PgBouncer 1.21 or later with \
+             max_prepared_statements, or disable diesel's statement cache (CacheSize::Disabled)"
         )
     );
     assert!(matches!(
         InboxError::from(clone_error(error)),
-        InboxError::StatementsSharedByProxy { refusal: seen } if *seen == refusal
+        InboxError::StatementsSharedByProxy { refusal: seen } if *seen == *refusal
     ));
 }
 
@@ -126,10 +125,12 @@ fn clone_error(error: &diesel::result::Error) -> diesel::result::Error {
     }
 }
 
-/// Where `migrate` of this release has not run (the function that raises
-/// refusals is missing, as on a database of an earlier release), the
-/// guard still refuses, with the same text quoted in a failed cast's
-/// error, and the inbox names it the same way.
+/// Where `migrate` of this release has not run (the view and function
+/// that raise refusals are missing, as on a database of an earlier
+/// release), the guard still refuses, with its own text quoted in a
+/// failed cast's error, and the inbox names it the same way. `migrate`
+/// makes them again; the commit that requires a stored result then
+/// refuses with the server's text too.
 #[test]
 #[cfg_attr(
     not(inbox_test_postgres),
@@ -139,8 +140,8 @@ fn a_refusal_without_the_function_says_the_same() {
     let Some((_db, mut conn)) = setup("proxy_refusal_fallback") else {
         return;
     };
-    conn.batch_execute("DROP FUNCTION diesel_inbox_refuse(text)")
-        .expect("drop the function");
+    conn.batch_execute("DROP FUNCTION diesel_inbox_refuse() CASCADE")
+        .expect("drop the function and its view");
     let (claim_sql, commit_sql) = diesel_inbox::__testing::postgres_guarded_sql();
     let error = conn
         .batch_execute(&format!(
@@ -160,19 +161,12 @@ fn a_refusal_without_the_function_says_the_same() {
         InboxError::from(clone_error(&error)),
         InboxError::StatementsSharedByProxy { refusal } if *refusal == *"this prepared statement is the inbox claim, run with the parameters of another statement"
     ));
-    // `migrate` makes the function again (the tables are current), and
-    // the commit that requires a stored result refuses with its own text.
+    // `migrate` makes them again (the tables are current).
     diesel_inbox::migrate(&mut conn).expect("migrate");
     let error = conn
         .batch_execute(&format!("BEGIN; {commit_sql}"))
         .expect_err("a commit without a stored result refuses");
-    let diesel::result::Error::DatabaseError(_, info) = &error else {
-        panic!("not the server's error: {error:?}");
-    };
-    assert_eq!(
-        info.message(),
-        "diesel-inbox: the commit refused: the result was not stored in this transaction"
-    );
+    assert_server_refused(&error);
     conn.batch_execute("ROLLBACK").expect("rollback");
     assert_eq!(count(&mut conn, "SELECT count(*) FROM inbox_messages"), 0);
 }
@@ -241,6 +235,7 @@ fn another_statement_under_the_enqueues_name_is_an_error() {
     let enqueue = |conn: &mut PgConnection, key: &str| {
         Inbox::consumer("proxy-outbox")
             .retries(0)
+            .max_attempts(1)
             .classify(|_: &diesel::result::Error| ErrorClass::permanent())
             .run(conn, key, |conn| {
                 order(conn, key)?;
@@ -260,7 +255,7 @@ fn another_statement_under_the_enqueues_name_is_an_error() {
     let foreign = conn.batch_execute(&format!(
         "EXECUTE {name} ('a', 'b', NULL, '\\x00', NULL, NULL, 0, false, 'not the guard')"
     ));
-    assert_server_refused(&foreign.expect_err("refused"), "outbox enqueue");
+    assert_server_refused(&foreign.expect_err("refused"));
     assert_eq!(count(&mut conn, "SELECT count(*) FROM outbox_messages"), 1);
     // Another statement under the enqueue's name.
     conn.batch_execute(&format!(
@@ -269,11 +264,21 @@ fn another_statement_under_the_enqueues_name_is_an_error() {
          INSERT INTO proxy_orders (a, b) SELECT $1, $2"
     ))
     .expect("swap the prepared statement");
-    let error = enqueue(&mut conn, "e2").expect_err("an enqueue that did not run");
-    assert_refused(
-        &error,
-        "the outbox enqueue's prepared statement returned no row of its own",
-    );
+    // Refused each time, never counted against `max_attempts` (1): a
+    // proxy's mix-up is not the message's failure, and must not
+    // dead-letter it.
+    for delivery in 0..2 {
+        let error = enqueue(&mut conn, "e2").expect_err("an enqueue that did not run");
+        assert_refused(
+            &error,
+            "the outbox enqueue's prepared statement returned no row of its own",
+        );
+        assert_eq!(
+            count(&mut conn, "SELECT count(*) FROM inbox_attempts"),
+            0,
+            "delivery {delivery} counted"
+        );
+    }
     assert_eq!(count(&mut conn, "SELECT count(*) FROM outbox_messages"), 1);
     assert_eq!(count(&mut conn, "SELECT count(*) FROM proxy_orders"), 1);
 }
@@ -347,7 +352,7 @@ fn the_claim_run_under_another_statements_name_writes_nothing() {
             "EXECUTE {name}('proxy', 'body-value', 'another value')"
         ))
         .expect_err("the claim with another statement's parameters fails");
-    assert_server_refused(&error, "inbox claim");
+    assert_server_refused(&error);
     assert_eq!(count(&mut conn, "SELECT count(*) FROM inbox_messages"), 1);
 }
 
@@ -371,10 +376,32 @@ fn the_duplicate_check_run_under_another_statements_name_fails() {
     assert_eq!(claim(&mut conn, "k1").expect("again"), Processed::Duplicate);
     let (name, types) = prepared(&mut conn, "SELECT 'diesel-inbox claim, present'");
     assert_eq!(types, "text, text, text");
-    let error = conn
-        .batch_execute(&format!("EXECUTE {name}('another value', 'proxy', 'k1')"))
-        .expect_err("the duplicate check with another statement's parameters fails");
-    assert_server_refused(&error, "inbox duplicate check");
+    refused_with_and_without_rows(&mut conn, &name);
+}
+
+/// Another client's values run under a guarded read's `name`: refused
+/// whether or not a row matches them (a body's insert whose values match
+/// no row read nothing before the guard was checked once per statement,
+/// and "succeeded"), in the planner's first custom plans and in its
+/// generic plan (after five runs).
+fn refused_with_and_without_rows(conn: &mut PgConnection, name: &str) {
+    for run in 0..7 {
+        for values in [
+            "'another value', 'proxy', 'k1'",
+            "'proxy', 'k-none', 'a body note'",
+        ] {
+            let error = conn
+                .batch_execute(&format!("EXECUTE {name}({values})"))
+                .expect_err("a guarded read with another statement's parameters fails");
+            let diesel::result::Error::DatabaseError(_, info) = &error else {
+                panic!("run {run}, {values}: {error:?}");
+            };
+            assert!(
+                info.message().starts_with("diesel-inbox: "),
+                "run {run}, {values}: {error:?}"
+            );
+        }
+    }
 }
 
 /// The replay's read before the transaction (`store_result`) is
@@ -408,7 +435,8 @@ fn another_statement_under_the_replay_reads_name_is_an_error() {
     let error = conn
         .batch_execute(&format!("EXECUTE {name}('another value', 'proxy', 'r1')"))
         .expect_err("the replay read with another statement's parameters fails");
-    assert_server_refused(&error, "inbox replay read");
+    assert_server_refused(&error);
+    refused_with_and_without_rows(&mut conn, &name);
     // Another statement under the read's name, answering with a
     // row shaped like a stored result of the key.
     conn.batch_execute(&format!(

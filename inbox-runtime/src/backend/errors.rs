@@ -159,22 +159,48 @@ pub(crate) fn misrouted(statement: &str, what: &str) -> Error {
     )
 }
 
+/// How each of the guards' refusals begins, after [`REFUSAL`]: the
+/// server's (the view `diesel_inbox_refused`), the fallback casts' (the
+/// guard, the stored commit, the store) and the runtime's own
+/// ([`misrouted`]).
+const REFUSALS: [&str; 5] = [
+    "a statement of diesel-inbox ran with another statement's parameters",
+    "this prepared statement is the ",
+    "the commit refused: the result was not stored",
+    "storing the result updated ",
+    "the ",
+];
+
 /// The refusal of a guard, read from a database error: the server's
-/// (raised by the function `diesel_inbox_refuse` that `migrate` creates,
-/// or, where it is missing, quoted in a failed cast's text, whatever the
-/// server's language) or the runtime's own ([`misrouted`]). The text after
-/// [`REFUSAL`], up to the end of the quoted value.
+/// (raised by the view `diesel_inbox_refused` that `migrate` creates, or,
+/// where it is missing, quoted in a failed cast's text, whatever the
+/// server's language and its quotes) or the runtime's own ([`misrouted`]).
+/// Only the refusals' own texts, at the start of the message or quoted
+/// (a user's value quoted in an input error is not one): the text after
+/// [`REFUSAL`], without the closing quote.
 pub(crate) fn refusal(error: &Error) -> Option<String> {
     let (kind, message) = database_error(error)?;
     if kind != DatabaseErrorKind::Unknown {
         return None;
     }
-    let start = message.find(REFUSAL)? + REFUSAL.len();
-    let rest = &message[start..];
-    let quoted = message[..start - REFUSAL.len()].ends_with('"');
-    let end = match quoted {
-        true => rest.rfind('"').unwrap_or(rest.len()),
-        false => rest.len(),
+    let at = message.find(REFUSAL)?;
+    let quoted = message[..at]
+        .trim_end()
+        .ends_with(['"', '\'', '«', '„', '“', '「']);
+    if at != 0 && !quoted {
+        return None;
+    }
+    let rest = &message[at + REFUSAL.len()..];
+    let ours = REFUSALS[..4].iter().any(|start| rest.starts_with(start))
+        || (rest.starts_with(REFUSALS[4])
+            && rest.contains("'s prepared statement ")
+            && rest.contains(", so it was another statement under the "));
+    if !ours {
+        return None;
+    }
+    let rest = match quoted {
+        true => rest.trim_end_matches(['"', '\'', '»', '“', '”', '」', ' ', '\u{a0}']),
+        false => rest,
     };
-    Some(rest[..end].to_owned())
+    Some(rest.to_owned())
 }

@@ -474,10 +474,11 @@ pub(crate) struct Schema {
     pub(crate) outbox_txid: &'static str,
     /// Creates `inbox_positions` (schema 4).
     pub(crate) positions: &'static str,
-    /// The function the guarded statements raise their refusals with
-    /// (PostgreSQL's `diesel_inbox_refuse`): its name and the statement
-    /// that creates it. Optional for them: without it, a refusal is a
-    /// failed cast that quotes the same text.
+    /// What the guarded statements raise their refusals with
+    /// (PostgreSQL's view `diesel_inbox_refused` and its function
+    /// `diesel_inbox_refuse`): the view's name and the statements that
+    /// create both. Optional for them: without it, a refusal is a failed
+    /// cast that quotes the same text.
     pub(crate) refuse: Option<(&'static str, &'static str)>,
 }
 

@@ -133,6 +133,7 @@ pub(crate) fn read<D: Dialect>(rows: Vec<CatalogRow>) -> Catalog {
             "outbox" => catalog.outbox_columns.push(row.name),
             "positions" => catalog.positions_columns.push(row.name),
             "function" => catalog.functions.push(row.name),
+            "may create" => catalog.may_create = true,
             "trigger" => table.insert_hooks.push(("trigger", row.name)),
             "rule" => table.insert_hooks.push(("rule", row.name)),
             "setting" => {
@@ -186,9 +187,12 @@ pub struct Catalog {
     pub(crate) outbox_columns: Vec<String>,
     /// The columns of `inbox_positions` (schema 4), empty without it.
     pub(crate) positions_columns: Vec<String>,
-    /// The runtime's functions that exist (PostgreSQL's
-    /// `diesel_inbox_refuse`).
+    /// The runtime's other objects that exist (PostgreSQL's view
+    /// `diesel_inbox_refused`).
     pub(crate) functions: Vec<String>,
+    /// Whether the role may create objects in the schema the tables are
+    /// created in (read on PostgreSQL only).
+    pub(crate) may_create: bool,
 }
 
 /// The verdict on the catalog's tables: every problem of an existing

@@ -241,7 +241,10 @@ where
     let id = row.id.clone();
     let op = op_of::<C::Backend>(row)?;
     let wal = matches!(op, Op::Emit { .. });
-    let answer = C::Backend::outbox(conn, op).map_err(ops_error::<C::Backend>)?;
+    let answer = C::Backend::outbox(conn, op).map_err(|e| {
+        crate::observe::remember_refusal_of(conn.instrumentation(), &e);
+        ops_error::<C::Backend>(e)
+    })?;
     written(wal, answer)?;
     crate::wake::enqueued();
     Ok(id)
@@ -294,10 +297,10 @@ where
     let id = row.id.clone();
     let op = op_of::<C::Backend>(row)?;
     let wal = matches!(op, Op::Emit { .. });
-    let answer = conn
-        .inbox_outbox(op)
-        .await
-        .map_err(ops_error::<C::Backend>)?;
+    let answer = conn.inbox_outbox(op).await.map_err(|e| {
+        crate::observe::remember_refusal_of(conn.instrumentation(), &e);
+        ops_error::<C::Backend>(e)
+    })?;
     written(wal, answer)?;
     crate::wake::enqueued();
     Ok(id)

@@ -51,44 +51,49 @@ pub(super) const PRESENT: &str = "diesel-inbox claim, present";
 pub(super) const LOOKUP: &str = "diesel-inbox replay read";
 
 /// Pushes ` WHERE` and the guard of `statement`: true for [`GUARD`], a
-/// refusal naming `statement` otherwise ([`refusal_sql`]; evaluated per
-/// execution: a parameter is not a constant to fold).
+/// refusal otherwise ([`refusal_sql`]). Evaluated per execution (a
+/// parameter is not a constant to fold), and once per statement whatever
+/// rows it reads: every function in it is immutable or stable, so the
+/// planner makes it a one-time filter, checked before any row is read (a
+/// volatile one would be a filter per row, and a statement that reads no
+/// row would not refuse).
 pub(super) fn push_guard(
     out: &mut diesel::query_builder::AstPass<'_, '_, Pg>,
     statement: &'static str,
 ) -> QueryResult<()> {
     const { assert!(!has_quote(GUARD)) };
     debug_assert!(!has_quote(statement));
-    out.push_sql(" WHERE CASE WHEN ");
+    out.push_sql(" WHERE CAST(CASE WHEN ");
     out.push_bind_param::<diesel::sql_types::Text, _>(GUARD)?;
     out.push_sql(" = '");
     out.push_sql(GUARD);
-    out.push_sql("' THEN 1 ELSE ");
+    out.push_sql("' THEN '1' ELSE ");
     out.push_sql(&refusal_sql(&format!(
         "'this prepared statement is the {statement}, run with the parameters of another statement'"
     )));
-    out.push_sql(" END = 1");
+    out.push_sql(" END AS integer) = 1");
     Ok(())
 }
 
-/// The function that raises the guards' refusals, which `migrate` creates
-/// (`postgres_refuse.sql`): `ERROR:  diesel-inbox: …` with a hint naming
-/// the fix, in the server's log and in the client's error.
-pub(crate) const REFUSE: &str = "diesel_inbox_refuse";
+/// The view that raises the guards' refusals when read, which `migrate`
+/// creates with its function (`postgres_refuse.sql`): `ERROR:
+/// diesel-inbox: …` with the fix as its hint, in the server's log and in
+/// the client's error.
+pub(crate) const REFUSED: &str = "diesel_inbox_refused";
 
-/// An SQL expression of type integer that fails its statement with the
-/// refusal `message` (an SQL expression of type text whose value holds no
-/// quote): raised by [`REFUSE`] where it exists, else by a failed cast
-/// that quotes the same text (a database that `migrate` of this release
-/// has not seen). The call runs as text through `query_to_xml`, so that a
-/// statement naming the function prepares where it does not exist; it is
-/// never folded at plan time (`to_regprocedure` is stable), and it runs
-/// only when the guard refuses.
+/// An SQL expression of type text that, cast to `integer`, fails its
+/// statement: it reads [`REFUSED`] where it exists (through
+/// `table_to_xml`, a stable function that reads a table named at run
+/// time, so that the statement prepares where the view does not exist),
+/// and is otherwise the text `diesel-inbox: ` and `message` (an SQL text
+/// expression whose value holds no quote), which the cast quotes in its
+/// error (a database that `migrate` of this release has not seen). Wrap
+/// it in a cast of a non-constant expression: a cast of a constant would
+/// be folded, and fail, at plan time.
 pub(crate) fn refusal_sql(message: &str) -> String {
     format!(
-        "length(query_to_xml(CASE WHEN to_regprocedure('{REFUSE}(text)') IS NULL \
-         THEN 'SELECT CAST(''diesel-inbox: ' || {message} || ''' AS integer)' \
-         ELSE 'SELECT {REFUSE}(''' || {message} || ''')' END, false, false, '')::text)"
+        "COALESCE(table_to_xml(to_regclass('{REFUSED}'), false, false, '')::text, \
+         'diesel-inbox: ' || {message})"
     )
 }
 
@@ -375,8 +380,8 @@ pub(super) const STORE_STATEMENT: &str = "inbox result store";
 #[cfg_attr(not(feature = "async"), allow(dead_code))]
 pub(super) static STORED_COMMIT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "SELECT CASE WHEN current_setting('diesel_inbox.stored', true) = '1' THEN 1 ELSE {} END; \
-         COMMIT",
+        "SELECT CAST(CASE WHEN current_setting('diesel_inbox.stored', true) = '1' THEN '1' \
+         ELSE {} END AS integer); COMMIT",
         refusal_sql("'the commit refused: the result was not stored in this transaction'")
     )
 });
@@ -397,11 +402,11 @@ impl diesel::query_builder::QueryFragment<Pg> for Store<'_> {
         out.push_bind_param::<Text, _>(self.key)?;
         out.push_sql(" RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN '");
         out.push_sql(STORED);
-        out.push_sql("' || left(set_config('diesel_inbox.stored', '1', true), 0) ELSE ");
+        out.push_sql("' || left(set_config('diesel_inbox.stored', '1', true), 0) ELSE CAST(");
         out.push_sql(&refusal_sql(
             "'storing the result updated ' || count(*) || ' inbox rows, not the 1 just claimed'",
         ));
-        out.push_sql("::text END FROM stored");
+        out.push_sql(" AS integer)::text END FROM stored");
         Ok(())
     }
 }

@@ -32,7 +32,10 @@ const MIGRATE_LOCK: i64 = 0x6469_6573_656c_5f69; // "diesel_i"
 ///   the name of a non-deterministic collation;
 /// - indexes: b = `partial` or `expression`;
 /// - `attempts`: a column of `inbox_attempts`;
-/// - `function`: `diesel_inbox_refuse`, where it exists.
+/// - `function`: the view `diesel_inbox_refused` (and so its function
+///   `diesel_inbox_refuse`), where it exists;
+/// - `may create`: the schema tables are created in, where the role may
+///   create objects in it.
 const CATALOG: &str = r#"
 WITH t AS (SELECT to_regclass('inbox_messages') AS oid)
 SELECT 'table' AS kind, c.relname::text AS name, c.relkind::text AS a,
@@ -86,8 +89,11 @@ SELECT 'positions', att.attname::text, NULL, NULL, NULL, NULL
 FROM pg_attribute att
 WHERE att.attrelid = to_regclass('inbox_positions') AND att.attnum > 0 AND NOT att.attisdropped
 UNION ALL
-SELECT 'function', 'diesel_inbox_refuse', NULL, NULL, NULL, NULL
-WHERE to_regprocedure('diesel_inbox_refuse(text)') IS NOT NULL
+SELECT 'function', 'diesel_inbox_refused', NULL, NULL, NULL, NULL
+WHERE to_regclass('diesel_inbox_refused') IS NOT NULL
+UNION ALL
+SELECT 'may create', current_schema()::text, NULL, NULL, NULL, NULL
+WHERE has_schema_privilege(current_schema(), 'CREATE')
 UNION ALL
 SELECT 'setting', name::text, setting::text, NULL, NULL, NULL
 FROM pg_settings
@@ -154,7 +160,7 @@ impl Internals for Pg {
         outbox: include_str!("../postgres_outbox.sql"),
         outbox_txid: include_str!("../postgres_outbox_txid.sql"),
         positions: include_str!("../postgres_positions.sql"),
-        refuse: Some((claim::REFUSE, include_str!("../postgres_refuse.sql"))),
+        refuse: Some((claim::REFUSED, include_str!("../postgres_refuse.sql"))),
     };
 
     fn claim<C>(
