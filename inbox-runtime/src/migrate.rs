@@ -117,7 +117,12 @@ impl MigrateAttempts {
         &mut self,
         error: &InboxError,
     ) -> Option<std::time::Duration> {
-        let transient = matches!(error, InboxError::Database(e) | InboxError::MigrationFailed(e) if B::is_transient(e));
+        // Also a piece another run made in between (MySQL and MariaDB
+        // add a column without `IF NOT EXISTS`, and a Galera cluster's
+        // `GET_LOCK` is per node): the next run reads the catalog again
+        // and finds it.
+        let transient = matches!(error, InboxError::Database(e) | InboxError::MigrationFailed(e)
+            if B::is_transient(e) || made_meanwhile(e));
         if !(self.retry && transient && self.made < MIGRATE_ATTEMPTS) {
             return None;
         }
@@ -125,6 +130,14 @@ impl MigrateAttempts {
         self.made += 1;
         Some(delay)
     }
+}
+
+/// Whether `error` is DDL that found its object made by another run:
+/// MySQL's and MariaDB's 1060 "Duplicate column name" (read as its English
+/// text: diesel keeps no error number).
+fn made_meanwhile(error: &Error) -> bool {
+    crate::backend::database_error(error)
+        .is_some_and(|(_, message)| message.starts_with("Duplicate column name"))
 }
 
 /// What `migrate` runs for this catalog: `None` when the tables are
@@ -449,5 +462,36 @@ impl<C: AsyncMigration> Steps for AsyncSteps<'_, C> {
 
     fn sleep(&mut self, delay: Duration) -> impl Future<Output = ()> + Send {
         tokio::time::sleep(delay)
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+    use diesel::result::DatabaseErrorKind;
+
+    /// A column another run added in between (MySQL's 1060) runs
+    /// `migrate` again, which then finds it; other errors do not.
+    #[test]
+    fn a_column_another_run_added_runs_migrate_again() {
+        let made = |text: &str| {
+            InboxError::MigrationFailed(Error::DatabaseError(
+                DatabaseErrorKind::Unknown,
+                Box::new(text.to_owned()),
+            ))
+        };
+        let mut attempts = MigrateAttempts::new(false);
+        assert!(attempts
+            .again::<diesel::sqlite::Sqlite>(&made("Duplicate column name 'txid'"))
+            .is_some());
+        let mut attempts = MigrateAttempts::new(false);
+        assert!(attempts
+            .again::<diesel::sqlite::Sqlite>(&made("Table 'outbox_messages' doesn't exist"))
+            .is_none());
+        // Inside the caller's transaction, never.
+        let mut attempts = MigrateAttempts::new(true);
+        assert!(attempts
+            .again::<diesel::sqlite::Sqlite>(&made("Duplicate column name 'txid'"))
+            .is_none());
     }
 }
