@@ -424,6 +424,20 @@ where
                 },
             ) => {
                 let mut failed = failed.iter().map(FailedStatement::to_error);
+                // A guard refused a statement of the body (an enqueue, or
+                // the body's own statement run under a guarded name): the
+                // inbox's refusal, whatever the body returned (it may have
+                // swallowed it), never the body's failure; nothing is
+                // committed of a transaction a proxy mixed up.
+                if let Some(refused) = failed
+                    .clone()
+                    .find(|e| crate::backend::errors::refusal(e).is_some())
+                {
+                    return self.go(
+                        State::RollingBack(Err(Failure::Refused(InboxError::from(refused)))),
+                        Step::Rollback,
+                    );
+                }
                 match result {
                     Ok(value) => match failure_that_ended_it::<B>(open, failed) {
                         // The state could not be read: nothing is committed.
@@ -454,23 +468,6 @@ where
                             }
                         },
                     },
-                    // A guard refused a statement of the body (an enqueue,
-                    // or the body's own statement run under a guarded
-                    // name): the inbox's refusal, not the body's failure.
-                    Err(_)
-                        if failed
-                            .clone()
-                            .any(|e| crate::backend::errors::refusal(&e).is_some()) =>
-                    {
-                        let refused = failed
-                            .find(|e| crate::backend::errors::refusal(e).is_some())
-                            .map(InboxError::from)
-                            .expect("a refusal among the failed statements");
-                        self.go(
-                            State::RollingBack(Err(Failure::Refused(refused))),
-                            Step::Rollback,
-                        )
-                    }
                     Err(error) => {
                         let transient = failed.find(B::is_transient);
                         self.go(

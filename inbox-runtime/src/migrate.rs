@@ -146,6 +146,14 @@ fn made_meanwhile(error: &Error) -> bool {
 pub(crate) fn migration_sql<B: InboxBackend>(
     catalog: &Catalog,
 ) -> Result<Option<String>, InboxError> {
+    Ok(migration::<B>(catalog)?.map(|(sql, _)| sql))
+}
+
+/// [`migration_sql`], and whether all it makes is optional (PostgreSQL's
+/// refusals' view alone): a failure to make that is no failure of
+/// `migrate` (a function of that name another role owns, a read-only
+/// standby).
+fn migration<B: InboxBackend>(catalog: &Catalog) -> Result<Option<(String, bool)>, InboxError> {
     if let Some(found) = catalog.version.filter(|v| *v > SCHEMA_VERSION) {
         return Err(InboxError::SchemaTooNew {
             found,
@@ -173,7 +181,7 @@ pub(crate) fn migration_sql<B: InboxBackend>(
     if record {
         sql.push(B::record_version(SCHEMA_VERSION));
     }
-    Ok(Some(sql.join("\n")))
+    Ok(Some((sql.join("\n"), !record)))
 }
 
 /// After creating or upgrading: the tables must now be current and correct
@@ -349,19 +357,36 @@ async fn once<S: Steps>(steps: &mut S) -> Result<(), InboxError> {
     let scope = steps.lock().await?;
     let applied = apply(steps).await;
     let unlocked = steps.unlock(scope, applied.is_ok()).await;
-    applied.and(unlocked)
+    match applied {
+        Ok(()) => unlocked,
+        // The optional view alone could not be made: said by `apply`,
+        // rolled back by `unlock`, and no failure of `migrate`.
+        Err((_, true)) => unlocked,
+        Err((e, false)) => Err(e),
+    }
 }
 
 /// Under the lock: the plan again, the DDL, the check that it took.
-async fn apply<S: Steps>(steps: &mut S) -> Result<(), InboxError> {
-    if let Some(sql) = migration_sql::<S::Backend>(&steps.catalog().await?)? {
-        steps
-            .apply(&sql)
-            .await
-            .map_err(InboxError::MigrationFailed)?;
-        verify_migrated::<S::Backend>(&steps.catalog().await?)?;
+async fn apply<S: Steps>(steps: &mut S) -> Result<(), (InboxError, bool)> {
+    let required = |e| (e, false);
+    let catalog = steps.catalog().await.map_err(|e| required(e.into()))?;
+    match migration::<S::Backend>(&catalog).map_err(required)? {
+        None => Ok(()),
+        // Only the optional view: its failure is said, not raised (the
+        // caller rolls it back, and the tables are as they were).
+        Some((sql, true)) => steps.apply(&sql).await.map_err(|e| {
+            tracing::warn!(target: crate::target::TARGET, error = %e, "diesel-inbox: migrate could not create the view diesel_inbox_refused; refusals behind a proxy read as a failed cast instead (guide: proxies)");
+            (InboxError::MigrationFailed(e), true)
+        }),
+        Some((sql, false)) => {
+            steps
+                .apply(&sql)
+                .await
+                .map_err(|e| required(InboxError::MigrationFailed(e)))?;
+            let catalog = steps.catalog().await.map_err(|e| required(e.into()))?;
+            verify_migrated::<S::Backend>(&catalog).map_err(required)
+        }
     }
-    Ok(())
 }
 
 /// The sync connection's steps: each is done when it returns, as a ready

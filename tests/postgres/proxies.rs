@@ -125,6 +125,55 @@ fn clone_error(error: &diesel::result::Error) -> diesel::result::Error {
     }
 }
 
+/// The refusals' view is optional: a role that may create objects but
+/// cannot make the view (its function belongs to another role, as after
+/// an operator dropped only the view) still migrates a current database,
+/// and handles messages; the owner's `migrate` makes the view again.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn migrate_where_the_view_cannot_be_made_is_no_failure() {
+    let Some((db, mut conn)) = setup("proxy_view_elsewhere") else {
+        return;
+    };
+    let role = format!("inbox_view_{}", std::process::id());
+    conn.batch_execute(&format!(
+        "DROP VIEW diesel_inbox_refused; \
+         CREATE ROLE {role} LOGIN PASSWORD '{role}'; \
+         DO $grant$ BEGIN EXECUTE format('GRANT USAGE, CREATE ON SCHEMA %I TO {role}; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %I TO {role}', \
+         current_schema(), current_schema()); END $grant$;"
+    ))
+    .expect("a role that may create objects");
+    let views = |conn: &mut PgConnection| {
+        count(
+            conn,
+            "SELECT count(*) FROM (SELECT to_regclass('diesel_inbox_refused') AS view) v \
+             WHERE view IS NOT NULL",
+        )
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let url: &str = &db;
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+        let mut other = open(&format!("{scheme}://{role}:{role}@{host}"));
+        diesel_inbox::migrate(&mut other).expect("migrate without the view it cannot make");
+        assert_eq!(views(&mut conn), 0, "the view was not made");
+        assert_eq!(
+            claim(&mut other, "v1").expect("a claim without the view"),
+            Processed::Applied(())
+        );
+        diesel_inbox::migrate(&mut conn).expect("the owner's migrate");
+        assert_eq!(views(&mut conn), 1, "the owner's migrate made the view");
+    }));
+    let _ = conn.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role};"));
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// Where `migrate` of this release has not run (the view and function
 /// that raise refusals are missing, as on a database of an earlier
 /// release), the guard still refuses, with its own text quoted in a
@@ -278,6 +327,36 @@ fn another_statement_under_the_enqueues_name_is_an_error() {
             0,
             "delivery {delivery} counted"
         );
+    }
+    // A body that swallows the refusal and returns `Ok`: still refused,
+    // nothing of it committed (its business row went without its
+    // message), and not counted.
+    let swallowed = Inbox::consumer("proxy-outbox")
+        .retries(0)
+        .max_attempts(1)
+        .classify(|_: &diesel::result::Error| ErrorClass::permanent())
+        .run(&mut conn, "e3", |conn| {
+            order(conn, "e3")?;
+            let _ignored = outbox::enqueue(conn, Outgoing::new("stock", "x"));
+            Ok(())
+        })
+        .expect_err("a body that swallowed a refusal is refused");
+    assert_refused(
+        &swallowed,
+        "the outbox enqueue's prepared statement returned no row of its own",
+    );
+    for (what, sql) in [
+        (
+            "business rows",
+            "SELECT count(*) FROM proxy_orders WHERE a = 'e3'",
+        ),
+        (
+            "inbox rows",
+            "SELECT count(*) FROM inbox_messages WHERE message_id = 'e3'",
+        ),
+        ("failure counts", "SELECT count(*) FROM inbox_attempts"),
+    ] {
+        assert_eq!(count(&mut conn, sql), 0, "{what} of e3");
     }
     assert_eq!(count(&mut conn, "SELECT count(*) FROM outbox_messages"), 1);
     assert_eq!(count(&mut conn, "SELECT count(*) FROM proxy_orders"), 1);

@@ -159,48 +159,118 @@ pub(crate) fn misrouted(statement: &str, what: &str) -> Error {
     )
 }
 
-/// How each of the guards' refusals begins, after [`REFUSAL`]: the
-/// server's (the view `diesel_inbox_refused`), the fallback casts' (the
-/// guard, the stored commit, the store) and the runtime's own
-/// ([`misrouted`]).
-const REFUSALS: [&str; 5] = [
-    "a statement of diesel-inbox ran with another statement's parameters",
-    "this prepared statement is the ",
-    "the commit refused: the result was not stored",
-    "storing the result updated ",
-    "the ",
+/// The statements the guards name, in their refusals ([`misrouted`] and
+/// PostgreSQL's `push_guard`).
+const GUARDED: [&str; 7] = [
+    "inbox claim",
+    "inbox duplicate check",
+    "inbox replay read",
+    "inbox result store",
+    "outbox enqueue",
+    "claim",
+    "replay read",
 ];
+
+/// The server's refusal, raised by the view `diesel_inbox_refused`
+/// (`postgres_refuse.sql`), after [`REFUSAL`].
+pub(crate) const SERVER_REFUSAL: &str = "a statement of diesel-inbox ran with another \
+     statement's parameters, or another statement ran under its prepared name";
+
+/// Whether `text` (after [`REFUSAL`]) is exactly one of the refusals'
+/// texts: the server's, the fallback casts' (PostgreSQL's `push_guard`,
+/// its stored commit and store) or the runtime's own ([`misrouted`]).
+/// Exactly, so that a message's content quoted in an error (a payload's
+/// field cast to a number, say) is not taken for one.
+fn is_refusal_text(text: &str) -> bool {
+    if text == SERVER_REFUSAL
+        || text == "the commit refused: the result was not stored in this transaction"
+    {
+        return true;
+    }
+    if let Some(rows) = text
+        .strip_prefix("storing the result updated ")
+        .and_then(|t| t.strip_suffix(" inbox rows, not the 1 just claimed"))
+    {
+        return !rows.is_empty() && rows.bytes().all(|b| b.is_ascii_digit());
+    }
+    if let Some(statement) = text
+        .strip_prefix("this prepared statement is the ")
+        .and_then(|t| t.strip_suffix(", run with the parameters of another statement"))
+    {
+        return GUARDED.contains(&statement);
+    }
+    GUARDED.iter().any(|statement| {
+        text.strip_prefix("the ")
+            .and_then(|t| t.strip_prefix(statement))
+            .is_some_and(|t| t.starts_with("'s prepared statement "))
+            && text.ends_with(&format!(
+                ", so it was another statement under the {statement}'s name"
+            ))
+    })
+}
+
+/// The quotes a server's messages put around a value, in its languages.
+const QUOTES: [char; 9] = ['"', '\'', '«', '»', '„', '“', '”', '「', '」'];
 
 /// The refusal of a guard, read from a database error: the server's
 /// (raised by the view `diesel_inbox_refused` that `migrate` creates, or,
 /// where it is missing, quoted in a failed cast's text, whatever the
-/// server's language and its quotes) or the runtime's own ([`misrouted`]).
-/// Only the refusals' own texts, at the start of the message or quoted
-/// (a user's value quoted in an input error is not one): the text after
-/// [`REFUSAL`], without the closing quote.
+/// server's language and its quotes) or the runtime's own ([`misrouted`]):
+/// the text after [`REFUSAL`], when it is exactly one of the refusals'
+/// ([`is_refusal_text`]).
 pub(crate) fn refusal(error: &Error) -> Option<String> {
     let (kind, message) = database_error(error)?;
     if kind != DatabaseErrorKind::Unknown {
         return None;
     }
     let at = message.find(REFUSAL)?;
-    let quoted = message[..at]
-        .trim_end()
-        .ends_with(['"', '\'', '«', '„', '“', '「']);
-    if at != 0 && !quoted {
-        return None;
-    }
-    let rest = &message[at + REFUSAL.len()..];
-    let ours = REFUSALS[..4].iter().any(|start| rest.starts_with(start))
-        || (rest.starts_with(REFUSALS[4])
-            && rest.contains("'s prepared statement ")
-            && rest.contains(", so it was another statement under the "));
-    if !ours {
-        return None;
-    }
-    let rest = match quoted {
-        true => rest.trim_end_matches(['"', '\'', '»', '“', '”', '」', ' ', '\u{a0}']),
-        false => rest,
+    let text = match at {
+        0 => &message[REFUSAL.len()..],
+        _ if message[..at].trim_end().ends_with(QUOTES) => message[at + REFUSAL.len()..]
+            .trim_end_matches(QUOTES)
+            .trim_end(),
+        _ => return None,
     };
-    Some(rest.to_owned())
+    is_refusal_text(text).then(|| text.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unknown(message: &str) -> Error {
+        Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
+    }
+
+    /// The refusals' own texts, raised, quoted (in any quotes) or the
+    /// runtime's own, are refusals; a message's content that merely
+    /// starts like one, quoted in an input error, is not.
+    #[test]
+    fn only_the_refusals_own_texts_are_refusals() {
+        let claim = "this prepared statement is the inbox claim, run with the parameters of another statement";
+        for message in [
+            format!("diesel-inbox: {SERVER_REFUSAL}"),
+            format!("invalid input syntax for type integer: \"diesel-inbox: {claim}\""),
+            format!("ungültige Eingabesyntax für Typ integer: »diesel-inbox: {claim}«"),
+            format!("syntaxe en entrée invalide pour le type integer : « diesel-inbox: {claim} »"),
+            "invalid input syntax for type integer: \"diesel-inbox: storing the result updated 0 inbox rows, not the 1 just claimed\"".to_owned(),
+            misrouted("outbox enqueue", "returned no row of its own").to_string(),
+        ] {
+            assert!(refusal(&unknown(&message)).is_some(), "{message}");
+        }
+        for message in [
+            "invalid input syntax for type uuid: \"diesel-inbox: this prepared statement is the payload's field\"".to_owned(),
+            format!("invalid input syntax for type integer: \"diesel-inbox: {claim} and more\""),
+            format!("a user's message that quotes diesel-inbox: {SERVER_REFUSAL}"),
+            "diesel-inbox: storing the result updated many inbox rows, not the 1 just claimed".to_owned(),
+        ] {
+            assert_eq!(refusal(&unknown(&message)), None, "{message}");
+        }
+        // Only databases' errors of no known kind.
+        let unique = Error::DatabaseError(
+            DatabaseErrorKind::UniqueViolation,
+            Box::new(format!("diesel-inbox: {SERVER_REFUSAL}")),
+        );
+        assert_eq!(refusal(&unique), None);
+    }
 }
