@@ -136,7 +136,7 @@ impl MigrateAttempts {
 /// MySQL's and MariaDB's 1060 "Duplicate column name" (read as its English
 /// text: diesel keeps no error number).
 fn made_meanwhile(error: &Error) -> bool {
-    crate::backend::database_error(error)
+    crate::backend::errors::database_error(error)
         .is_some_and(|(_, message)| message.starts_with("Duplicate column name"))
 }
 
