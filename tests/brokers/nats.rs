@@ -184,14 +184,30 @@ pub async fn pull_consumer(
     url: &str,
     queue: &str,
 ) -> Result<jetstream::consumer::PullConsumer, String> {
-    context(url)
-        .await?
-        .get_stream(stream_name(queue))
-        .await
-        .map_err(|e| e.to_string())?
-        .get_consumer("consumer")
-        .await
-        .map_err(|e| e.to_string())
+    // As a service's start does: JetStream may still be recovering its
+    // streams after a restart (an earlier scenario restarts the server),
+    // and answers requests only when it has: try for up to 30 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = async {
+            context(url)
+                .await?
+                .get_stream(stream_name(queue))
+                .await
+                .map_err(|e| e.to_string())?
+                .get_consumer("consumer")
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .await;
+        match found {
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("the pull consumer, again after: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// Stops nats-server, waits `down`, starts it again with its arguments.
