@@ -33,7 +33,7 @@ LAYERS = [
         "outbox::relay",
         "outbox::notify",
         "outbox::statements", "outbox::headers", "outbox::id",
-        "ops", "ops::entries", "ops::positions", "ops::purge", "ops::transaction",
+        "ops", "ops::durability", "ops::entries", "ops::positions", "ops::purge", "ops::transaction",
         "migrate",
     )),
     ("drivers", ("inbox", "inbox::modes", "asynchronous", "transaction")),
@@ -46,7 +46,7 @@ LAYERS = [
         "backend::positions", "backend::stmt", "backend::statements", "backend", "backend::shape",
     )),
     ("ground", (
-        "error", "handler", "key", "fingerprint", "processed", "schema", "rows", "wake", "fence",
+        "prerequisite", "error", "handler", "key", "fingerprint", "processed", "schema", "rows", "wake", "fence",
         "backoff", "otel", "target",
         "backend::errors",
     )),

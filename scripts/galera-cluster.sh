@@ -89,8 +89,17 @@ EOF
 }
 
 # The node's server process (it writes its pid file only once started).
-pid() { pgrep -f -- "--defaults-file=$(dir "$1")/my.cnf" | head -n1; }
+pid() { { pgrep -f -- "--defaults-file=$(dir "$1")/my.cnf" || true; } | head -n1; }
 running() { [ -n "$(pid "$1")" ]; }
+# Whether anything listens on node N's SQL or Galera port.
+listening() { [ -n "$(ss -ltnH "( sport = :$(sql_port "$1") or sport = :$(repl_port "$1") )" 2>/dev/null)" ]; }
+
+# Whether a socket other than a TIME-WAIT one holds node N's SQL, Galera or
+# IST port (a killed node's connections close after the process is gone).
+held() {
+  local p; p="$(repl_port "$1")"
+  [ -n "$(ss -tanH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) )" 2>/dev/null | grep -v '^TIME-WAIT' || true)" ]
+}
 
 state() { client "$1" -N -e "SHOW STATUS LIKE 'wsrep_local_state_comment'" 2>/dev/null | cut -f2; }
 
@@ -187,13 +196,49 @@ case "${1:-}" in
   urls) urls ;;
   kill)
     n="${2:?kill N}"
-    if running "$n"; then kill -9 "$(pid "$n")"; fi
-    for _ in $(seq 1 40); do running "$n" || break; sleep 0.25; done
+    if running "$n"; then
+      p="$(pid "$n")"
+      kill -9 "$p"
+      # pgrep stops matching once the process has dropped its memory, which
+      # is before its sockets close: wait for the process itself (gone, or a
+      # zombie, which holds no socket) and for its ports to be free.
+      for _ in $(seq 1 80); do
+        st="$(awk '/^State:/ {print $2}' "/proc/$p/status" 2>/dev/null || true)"
+        { [ -z "$st" ] || [ "$st" = Z ]; } && ! listening "$n" && break
+        sleep 0.25
+      done
+    fi
     ;;
   rejoin)
     n="${2:?rejoin N}"
-    running "$n" || launch "$n"
-    wait_synced "$n"
+    # A node whose Galera port is still held (a socket of the killed process
+    # the kernel has not released yet) exits at once with "Address already in
+    # use". Wait until no socket but a TIME-WAIT one holds its ports, then
+    # start it; should it exit while joining, start it again, for up to about
+    # two minutes, rather than fail the test on it.
+    log="$(dir "$n")/error.log"
+    for try in $(seq 1 12); do
+      # Only this try's lines of the log count.
+      from=$(($(stat -c %s "$log" 2>/dev/null || echo 0) + 1))
+      if ! running "$n"; then
+        for _ in $(seq 1 120); do held "$n" || break; sleep 0.5; done
+        launch "$n"
+      fi
+      if wait_synced "$n" 2>/tmp/galera-rejoin.$$; then rm -f /tmp/galera-rejoin.$$; exit 0; fi
+      # A node that exited while joining is started again: seen causes are a
+      # port still held ("Address already in use") and Galera's gcomm thread
+      # failing at start ("Failed to read thread schedparams"). A node that
+      # runs but does not reach Synced in 60 s fails the rejoin at once.
+      if [ "$try" -lt 12 ] && ! running "$n" && grep "exited" /tmp/galera-rejoin.$$ >/dev/null; then
+        echo "node $n exited while joining (try $try); starting it again in 2 s. Its log's errors:" >&2
+        tail -c +"$from" "$log" 2>/dev/null | grep -E "ERROR|Address already in use" | tail -n 5 >&2 || true
+        ss -tanH "( sport = :$(sql_port "$n") or sport = :$(repl_port "$n") or sport = :$(($(repl_port "$n") + 1)) )" >&2 || true
+        for _ in $(seq 1 40); do running "$n" || break; sleep 0.25; done
+        sleep 2
+        continue
+      fi
+      cat /tmp/galera-rejoin.$$ >&2; rm -f /tmp/galera-rejoin.$$; exit 1
+    done
     ;;
   *)
     echo "usage: $0 start|stop|status|urls|kill N|rejoin N" >&2
