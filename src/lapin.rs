@@ -72,6 +72,30 @@ pub fn message_id(delivery: &Delivery) -> Result<String, BrokerError> {
     usable_id(id, "message_id property").map_err(|why| BrokerError::NoMessageId { why })
 }
 
+/// Says once per process, as a WARN, that the runner consumes a classic
+/// queue when a redelivery comes without the `x-delivery-count` header,
+/// which quorum queues set on every redelivery (AMQP gives a consumer no
+/// other way to read a queue's type).
+fn classic_queue_warning(delivery: &Delivery) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let counted = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .is_some_and(|headers| headers.inner().contains_key("x-delivery-count"));
+    if delivery.redelivered && !counted {
+        SAID.call_once(|| {
+            tracing::warn!(
+                target: crate::TRACING_TARGET,
+                exchange = delivery.exchange.as_str(),
+                routing_key = delivery.routing_key.as_str(),
+                fix = "declare the queue with x-queue-type = quorum",
+                "diesel-inbox: a redelivery without x-delivery-count: the queue looks like a classic queue (RabbitMQ 4.3 and later also leave a quorum queue's count unchanged by a requeue), which lives on one node. While that node is down nothing is delivered, and what publishers send to the queue meanwhile is confirmed to them and dropped (unless published mandatory): the inbox never sees it. A quorum queue keeps both across the loss of a node"
+            );
+        });
+    }
+}
+
 /// How often the broker has delivered the message, this time included:
 /// `x-delivery-count` + 1 on a quorum queue; on a classic queue 2 if
 /// `redelivered`, else 1.
@@ -186,7 +210,10 @@ impl Inbound for Delivery {
         let acks = batch
             .iter()
             .map(|delivery| delivery.acker.ack(BasicAckOptions::default()));
-        for acked in futures_util::future::join_all(acks).await {
+        let acked = tokio::time::timeout(SETTLE_TIMEOUT, futures_util::future::join_all(acks))
+            .await
+            .map_err(|_| settle_timed_out())?;
+        for acked in acked {
             acked.map_err(|e| BrokerError::Settle(e.into()))?;
         }
         Ok(())
@@ -194,20 +221,41 @@ impl Inbound for Delivery {
 
     async fn settle(&self, settlement: Settlement, _held: Duration) -> Result<(), BrokerError> {
         let acker = &self.acker;
-        let done = match settlement {
-            Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
-            Settlement::Retry => {
-                acker
-                    .nack(BasicNackOptions {
-                        requeue: true,
-                        ..BasicNackOptions::default()
-                    })
-                    .await
+        let done = async {
+            match settlement {
+                Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
+                Settlement::Retry => {
+                    acker
+                        .nack(BasicNackOptions {
+                            requeue: true,
+                            ..BasicNackOptions::default()
+                        })
+                        .await
+                }
+                Settlement::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await,
             }
-            Settlement::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await,
         };
-        done.map(drop).map_err(|e| BrokerError::Settle(e.into()))
+        tokio::time::timeout(SETTLE_TIMEOUT, done)
+            .await
+            .map_err(|_| settle_timed_out())?
+            .map(drop)
+            .map_err(|e| BrokerError::Settle(e.into()))
     }
+}
+
+/// How long an ack, nack or reject may take: lapin was seen not to
+/// answer one sent as its node died (the connection reset) until the
+/// process stopped, and a runner at its `in_flight` waits for it, without
+/// reading the stream that reports the connection's failure. Then the
+/// settlement counts as failed (unsettled): the runner reads on, meets
+/// the failure and connects again, and the broker redelivers what it did
+/// not take (the inbox absorbs a redelivery of an ack that did arrive).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn settle_timed_out() -> BrokerError {
+    BrokerError::Settle(
+        format!("RabbitMQ did not answer the settlement within {SETTLE_TIMEOUT:?}").into(),
+    )
 }
 
 /// A RabbitMQ consumer runner over one queue: the loop of
@@ -273,9 +321,9 @@ pub type Consumer<E> = crate::brokers::Consumer<Queue, E>;
 #[derive(Debug)]
 pub struct Queue {
     channel: Option<lapin::Channel>,
-    /// Where to connect again (`Consumer::connect`), and the connection
-    /// made there.
-    url: Option<String>,
+    /// Where to connect again (`Consumer::connect`, `connect_any`), and
+    /// the connection made there.
+    nodes: Option<Nodes>,
     connection: Option<lapin::Connection>,
     queue: String,
     tag: String,
@@ -283,10 +331,10 @@ pub struct Queue {
 }
 
 impl Queue {
-    fn of(channel: Option<lapin::Channel>, url: Option<String>, queue: String) -> Self {
+    fn of(channel: Option<lapin::Channel>, nodes: Option<Nodes>, queue: String) -> Self {
         Queue {
             channel,
-            url,
+            nodes,
             connection: None,
             queue,
             tag: String::new(),
@@ -313,7 +361,31 @@ impl<E> crate::brokers::Consumer<Queue, E> {
     /// `run` starts), which it makes again, with a backoff, whenever the
     /// connection fails.
     pub fn connect(url: impl Into<String>, queue: impl Into<String>, policy: Policy<E>) -> Self {
-        crate::brokers::Consumer::with(Queue::of(None, Some(url.into()), queue.into()), policy)
+        Self::connect_any([url], queue, policy)
+    }
+
+    /// [`connect`](Self::connect) to the first of a cluster's nodes that
+    /// answers (`urls`, in order, from the one that answered last), and to
+    /// the next one that does whenever the connection fails: the runner
+    /// goes on through the loss of the node it was connected to (with a
+    /// quorum queue, whose messages the other nodes have). Each attempt is
+    /// bounded ([`NODE_CONNECT_TIMEOUT`]); no URL is an error at `run`.
+    ///
+    /// ```no_run
+    /// # fn consumer(policy: diesel_inbox::brokers::Policy<diesel_inbox::InboxError>) {
+    /// let nodes = ["amqp://rabbit-1:5672/%2f", "amqp://rabbit-2:5672/%2f", "amqp://rabbit-3:5672/%2f"];
+    /// let consumer = diesel_inbox::lapin::Consumer::connect_any(nodes, "orders", policy);
+    /// # }
+    /// ```
+    pub fn connect_any(
+        urls: impl IntoIterator<Item = impl Into<String>>,
+        queue: impl Into<String>,
+        policy: Policy<E>,
+    ) -> Self {
+        crate::brokers::Consumer::with(
+            Queue::of(None, Some(Nodes::new(urls)), queue.into()),
+            policy,
+        )
     }
 
     /// The consumer tag (default: the broker names it).
@@ -384,8 +456,12 @@ impl crate::brokers::Source for Queue {
             .await
             .map_err(broker)?;
         self.consumer = Some(consumer.tag().to_string());
-        let map: fn(Result<Delivery, lapin::Error>) -> Result<Delivery, BrokerError> =
-            |next| next.map_err(broker);
+        let map: fn(Result<Delivery, lapin::Error>) -> Result<Delivery, BrokerError> = |next| {
+            if let Ok(delivery) = &next {
+                classic_queue_warning(delivery);
+            }
+            next.map_err(broker)
+        };
         Ok(consumer.map(map))
     }
 
@@ -399,19 +475,123 @@ impl crate::brokers::Source for Queue {
     }
 
     fn can_reconnect(&self) -> bool {
-        self.url.is_some()
+        self.nodes.is_some()
     }
 
     async fn reconnect(&mut self) -> Result<(), BrokerError> {
-        let url = self
-            .url
-            .as_deref()
+        let nodes = self
+            .nodes
+            .as_mut()
             .ok_or_else(|| BrokerError::Broker("a channel of the caller's own".into()))?;
-        let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        let connection = nodes
+            .connect()
             .await
-            .map_err(broker)?;
+            .map_err(|e| BrokerError::Broker(e.into()))?;
         self.channel = Some(connection.create_channel().await.map_err(broker)?);
         self.connection = Some(connection);
         Ok(())
+    }
+}
+
+/// How long one attempt to connect to a node may take (a node that is
+/// down but whose address still routes may not answer at all): then the
+/// next node is tried.
+pub const NODE_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A cluster's nodes, by URL, and the one that answered last: where a
+/// consumer or a publisher of its own connection connects (again).
+#[derive(Debug)]
+pub(crate) struct Nodes {
+    urls: Vec<String>,
+    /// The node tried first: the last that answered.
+    next: usize,
+}
+
+impl Nodes {
+    pub(crate) fn new(urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Nodes {
+            urls: urls.into_iter().map(Into::into).collect(),
+            next: 0,
+        }
+    }
+
+    /// The node that answered last (its URL without the password).
+    pub(crate) fn current(&self) -> String {
+        self.urls
+            .get(self.next)
+            .map(|url| redacted(url))
+            .unwrap_or_default()
+    }
+
+    /// Whether no URL was given.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.urls.is_empty()
+    }
+
+    /// A connection to the first node that answers, each tried once from
+    /// the last that answered; the errors of all when none does. A node
+    /// that fails is passed over by the next call too (it starts after
+    /// it), also when this call is dropped while it waits.
+    pub(crate) async fn connect(&mut self) -> Result<lapin::Connection, String> {
+        if self.urls.is_empty() {
+            return Err(NO_URL.into());
+        }
+        let mut failed = Vec::new();
+        for _ in 0..self.urls.len() {
+            let at = self.next % self.urls.len();
+            // Past it, unless it answers.
+            self.next = at + 1;
+            let url = &self.urls[at];
+            let attempt = lapin::Connection::connect(url, lapin::ConnectionProperties::default());
+            match tokio::time::timeout(NODE_CONNECT_TIMEOUT, attempt).await {
+                Ok(Ok(connection)) => {
+                    self.next = at;
+                    return Ok(connection);
+                }
+                Ok(Err(e)) => failed.push(format!(
+                    "{}: {}",
+                    redacted(url),
+                    e.to_string().replace(url.as_str(), &redacted(url))
+                )),
+                Err(_) => failed.push(format!(
+                    "{}: no answer within {NODE_CONNECT_TIMEOUT:?}",
+                    redacted(url)
+                )),
+            }
+        }
+        Err(failed.join("; "))
+    }
+}
+
+/// The error of a `connect_any` without a URL.
+pub(crate) const NO_URL: &str = "no RabbitMQ URL was given (connect_any with an empty list)";
+
+/// An AMQP URL without its password, for messages.
+fn redacted(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, rest)), Some(at)) if at > scheme.len() + 3 => {
+            let user = rest[..at - scheme.len() - 3]
+                .split(':')
+                .next()
+                .unwrap_or("");
+            format!("{scheme}://{user}:***{}", &url[at..])
+        }
+        (None, Some(at)) => format!("***{}", &url[at..]),
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod node_tests {
+    use super::*;
+
+    #[test]
+    fn a_url_in_an_error_has_no_password() {
+        assert_eq!(
+            redacted("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(redacted("amqp://127.0.0.1:5672"), "amqp://127.0.0.1:5672");
+        assert_eq!(redacted("amqp:guest:secret@host"), "***@host");
     }
 }

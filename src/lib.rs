@@ -273,13 +273,14 @@
 pub use inbox_runtime::idempotent;
 
 pub use inbox_runtime::{
-    attempts, attempts_list, consumers, ddl, forget, inbox, inbox_messages, migrate,
+    attempts, attempts_list, consumers, ddl, durability, forget, inbox, inbox_messages, migrate,
     outbox_messages, overview, positions, purge, recent_duplicates, schema_version, stats, status,
     validate_key, Attempts, Batch, ConsumerActivity, ConsumerName, ConsumerStats, ErrorClass,
     ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection, InboxEntry, InboxError,
-    InboxKey, InvalidKey, Outcome, Overview, Processed, Purge, PurgeReport, RegisteredHandler,
-    RetryableError, RowCount, Stored, StoredResult, StreamPosition, TableProblem, COUNT_CAP,
-    MAX_KEY_BYTES, MAX_PURGE_BATCH, RATE_CAP, RATE_MINUTES, SCHEMA_VERSION,
+    InboxKey, InvalidKey, Outcome, Overview, Prerequisite, Processed, Purge, PurgeReport,
+    RegisteredHandler, RetryableError, RowCount, Stored, StoredResult, StreamPosition,
+    TableProblem, Verdict, COUNT_CAP, MAX_KEY_BYTES, MAX_PURGE_BATCH, RATE_CAP, RATE_MINUTES,
+    SCHEMA_VERSION,
 };
 
 // Lets expanded code name `::diesel_inbox` inside this crate's own tests.
@@ -287,9 +288,9 @@ extern crate self as diesel_inbox;
 
 #[cfg(feature = "async")]
 pub use inbox_runtime::{
-    attempts_async, attempts_list_async, forget_async, migrate_async, overview_async,
-    positions_async, purge_async, stats_async, status_async, AsAsyncConnection, AsyncBatchBody,
-    AsyncBody, AsyncInboxConnection,
+    attempts_async, attempts_list_async, durability_async, forget_async, migrate_async,
+    overview_async, positions_async, purge_async, stats_async, status_async, AsAsyncConnection,
+    AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[doc(hidden)]

@@ -86,7 +86,6 @@ pub fn message_id(message: &Message) -> Result<String, BrokerError> {
 /// logged at DEBUG): by the runner at its first delivery, by the relay's
 /// publisher at its first confirm from each stream.
 pub(crate) async fn check_stream(context: async_nats::jetstream::Context, stream: String) {
-    use async_nats::jetstream::stream::StorageType;
     static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     {
         let mut checked = CHECKED
@@ -109,23 +108,77 @@ pub(crate) async fn check_stream(context: async_nats::jetstream::Context, stream
             return;
         }
     };
-    if info.storage == StorageType::Memory {
+    for said in stream_durability(&info)
+        .iter()
+        .filter(|p| p.verdict == crate::Verdict::Warn)
+    {
         tracing::warn!(
             target: crate::TRACING_TARGET,
             stream,
-            fix = "a stream with storage: file (a stream's storage cannot be changed in place)",
-            "diesel-inbox: the JetStream stream keeps its messages in memory: a server restart loses messages it acknowledged"
+            setting = said.name.as_str(),
+            value = said.value.as_str(),
+            fix = said.fix.as_deref().unwrap_or(""),
+            "diesel-inbox: {}",
+            said.detail
         );
     }
-    if info.num_replicas <= 1 {
-        tracing::warn!(
-            target: crate::TRACING_TARGET,
-            stream,
-            replicas = info.num_replicas,
-            fix = "num_replicas: 3 on a cluster of three or more servers, and sync_interval: always in each server's jetstream configuration",
-            "diesel-inbox: the JetStream stream has one replica: a crash or power loss of its server can lose messages it acknowledged (by default a server syncs to disk every two minutes)"
-        );
-    }
+}
+
+/// What a JetStream stream's configuration means for the messages it
+/// acknowledged: its storage and its replicas, each ok or WARN with the fix
+/// (the server's `sync_interval` is not readable by a client). The runner
+/// and the relay's publisher log the WARNs once per stream; `diesel-inbox
+/// doctor --nats URL --stream NAME` prints them all.
+///
+/// ```
+/// use async_nats::jetstream::stream::{Config, StorageType};
+/// use diesel_inbox::Verdict;
+///
+/// let single = Config { name: "orders".into(), storage: StorageType::File, num_replicas: 1, ..Default::default() };
+/// let said = diesel_inbox::nats::stream_durability(&single);
+/// assert!(said.iter().any(|p| p.name == "num_replicas" && p.verdict == Verdict::Warn));
+/// let three = Config { num_replicas: 3, ..single };
+/// assert!(diesel_inbox::nats::stream_durability(&three).iter().all(|p| p.verdict == Verdict::Ok));
+/// ```
+pub fn stream_durability(
+    config: &async_nats::jetstream::stream::Config,
+) -> Vec<crate::Prerequisite> {
+    use crate::{Prerequisite, Verdict};
+    use async_nats::jetstream::stream::StorageType;
+    let storage = match config.storage {
+        StorageType::Memory => Prerequisite::new(
+            "storage",
+            "memory",
+            Verdict::Warn,
+            "the JetStream stream keeps its messages in memory: a server restart loses messages it acknowledged",
+            Some("a stream with storage: file (a stream's storage cannot be changed in place)".into()),
+        ),
+        StorageType::File => Prerequisite::new(
+            "storage",
+            "file",
+            Verdict::Ok,
+            "the stream keeps its messages on disk",
+            None,
+        ),
+    };
+    let replicas = config.num_replicas.to_string();
+    let replicated = match config.num_replicas {
+        0 | 1 => Prerequisite::new(
+            "num_replicas",
+            replicas,
+            Verdict::Warn,
+            "the JetStream stream has one replica: a crash or power loss of its server can lose messages it acknowledged (by default a server syncs to disk every two minutes), and while that server is down nothing is delivered",
+            Some("num_replicas: 3 on a cluster of three or more servers, and sync_interval: always in each server's jetstream configuration".into()),
+        ),
+        _ => Prerequisite::new(
+            "num_replicas",
+            replicas,
+            Verdict::Ok,
+            "a message is acknowledged once a majority of the stream's replicas have it: the loss of a minority of its servers loses nothing",
+            None,
+        ),
+    };
+    vec![storage, replicated]
 }
 
 /// How often JetStream has delivered the message, this time included.

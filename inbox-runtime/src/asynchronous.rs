@@ -88,7 +88,7 @@ where
 {
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
-    let one = options.one::<T, O>(consumer, &key)?;
+    let one = options.single_claim::<T, O>(consumer, &key)?;
     let engine = Engine::new(consumer, &key, retries, classify)
         .storing(encoder::<T, O>())
         .counting(one.max_attempts.and(describe))
@@ -129,7 +129,7 @@ where
     let mut positions = Vec::new();
     // The claim done together with the begin, for the engine's next step.
     let mut claimed = None;
-    let mut step = engine.first();
+    let mut step = engine.first_step();
     let span = engine.span().clone();
     let ended = async {
         loop {
@@ -216,7 +216,7 @@ where
     // result, for the engine's next step.
     let mut scope = Scope::TopLevel;
     let mut committed = None;
-    let mut step = engine.first();
+    let mut step = engine.first_step();
     loop {
         let sent_commit = committed.take();
         let event = match step {

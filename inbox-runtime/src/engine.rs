@@ -239,7 +239,7 @@ where
     R: Fn(&E) -> ErrorClass<E>,
 {
     /// A call that may rerun its transaction `retries` times; its first
-    /// step is [`first`](Self::first).
+    /// step is [`first_step`](Self::first_step).
     pub(crate) fn new(consumer: &'a str, what: &'a str, retries: u32, classify: R) -> Self {
         Engine {
             consumer,
@@ -319,7 +319,7 @@ where
 
     /// The call's first step: the shape check, or (SQLite) the replay's
     /// read or `Begin`.
-    pub(crate) fn first(&mut self) -> Step {
+    pub(crate) fn first_step(&mut self) -> Step {
         match self.state {
             State::CheckingShape(None) => Step::CheckShape,
             _ if self.looks_up() => {
@@ -362,7 +362,7 @@ where
             (State::Beginning, Event::Begun(begun)) => match begun {
                 Ok(scope) => {
                     self.scope = scope;
-                    self.go(State::Claiming, Step::Claim)
+                    self.move_to(State::Claiming, Step::Claim)
                 }
                 // Nothing was opened: judge the failure at once.
                 Err((scope, e)) => {
@@ -375,23 +375,27 @@ where
                 let claimed = claimed.map_err(|e| self.inbox_failure(e));
                 match (self.shape_checked, claimed) {
                     (false, Ok(claimed)) => {
-                        self.go(State::CheckingShape(Some(Ok(claimed))), Step::CheckShape)
+                        self.move_to(State::CheckingShape(Some(Ok(claimed))), Step::CheckShape)
                     }
                     (true, Ok(claimed)) => self.claimed(claimed),
                     // Rolled back first; the check follows (`RolledBack`).
-                    (_, Err(failure)) => self.go(State::RollingBack(Err(failure)), Step::Rollback),
+                    (_, Err(failure)) => {
+                        self.move_to(State::RollingBack(Err(failure)), Step::Rollback)
+                    }
                 }
             }
             (State::CheckingShape(pending), Event::ShapeChecked(checked)) => {
                 self.shape_checked = true;
                 match (checked, pending) {
-                    (Ok(()), None) if self.looks_up() => self.go(State::LookingUp, Step::Lookup),
-                    (Ok(()), None) => self.go(State::Beginning, Step::Begin),
+                    (Ok(()), None) if self.looks_up() => {
+                        self.move_to(State::LookingUp, Step::Lookup)
+                    }
+                    (Ok(()), None) => self.move_to(State::Beginning, Step::Begin),
                     (Ok(()), Some(Ok(claimed))) => self.claimed(claimed),
                     (Ok(()), Some(Err(failure))) => self.judge(failure),
                     // The claim's verdict is not used: a table of that
                     // shape cannot be trusted to give it.
-                    (Err(refused), Some(Ok(_))) => self.go(
+                    (Err(refused), Some(Ok(_))) => self.move_to(
                         State::RollingBack(Err(Failure::Refused(refused))),
                         Step::Rollback,
                     ),
@@ -401,7 +405,7 @@ where
                 }
             }
             (State::LookingUp, Event::LookedUp(found)) => match found {
-                Ok(None) => self.go(State::Beginning, Step::Begin),
+                Ok(None) => self.move_to(State::Beginning, Step::Begin),
                 Ok(Some(Claimed::Duplicate(stored))) => Next::Done(Ok(Ended::Duplicate(stored))),
                 Ok(Some(Claimed::Reused(key))) => Next::Done(Err(InboxError::KeyReused {
                     consumer: self.consumer.to_owned(),
@@ -433,7 +437,7 @@ where
                     .clone()
                     .find(|e| crate::backend::errors::refusal(e).is_some())
                 {
-                    return self.go(
+                    return self.move_to(
                         State::RollingBack(Err(Failure::Refused(InboxError::from(refused)))),
                         Step::Rollback,
                     );
@@ -441,27 +445,31 @@ where
                 match result {
                     Ok(value) => match failure_that_ended_it::<B>(open, failed) {
                         // The state could not be read: nothing is committed.
-                        Err(unknown) => self.go(
+                        Err(unknown) => self.move_to(
                             State::RollingBack(Err(Failure::Inbox(unknown))),
                             Step::Rollback,
                         ),
                         // The server already rolled the transaction back (and
                         // the inbox row with it): committing would report a
                         // false Applied.
-                        Ok(Some(ended)) => self.go(
+                        Ok(Some(ended)) => self.move_to(
                             State::RollingBack(Err(Failure::Ignored(ended))),
                             Step::Rollback,
                         ),
                         Ok(None) => match self.encode.map(|encode| encode(&value)) {
-                            None => self.go(State::Committing(value), Step::Commit(self.scope)),
-                            Some(Ok(bytes)) => self.go(State::Storing(value), Step::Store(bytes)),
+                            None => {
+                                self.move_to(State::Committing(value), Step::Commit(self.scope))
+                            }
+                            Some(Ok(bytes)) => {
+                                self.move_to(State::Storing(value), Step::Store(bytes))
+                            }
                             Some(Err(reason)) => {
                                 let refused = InboxError::ResultNotStored {
                                     consumer: self.consumer.into(),
                                     key: self.what.into(),
                                     reason: reason.into(),
                                 };
-                                self.go(
+                                self.move_to(
                                     State::RollingBack(Err(Failure::Refused(refused))),
                                     Step::Rollback,
                                 )
@@ -470,7 +478,7 @@ where
                     },
                     Err(error) => {
                         let transient = failed.find(B::is_transient);
-                        self.go(
+                        self.move_to(
                             State::RollingBack(Err(Failure::Body { error, transient })),
                             Step::Rollback,
                         )
@@ -478,8 +486,8 @@ where
                 }
             }
             (State::Storing(value), Event::Stored(stored)) => match stored {
-                Ok(()) => self.go(State::Committing(value), Step::Commit(self.scope)),
-                Err(e) => self.go(State::RollingBack(Err(Failure::Inbox(e))), Step::Rollback),
+                Ok(()) => self.move_to(State::Committing(value), Step::Commit(self.scope)),
+                Err(e) => self.move_to(State::RollingBack(Err(Failure::Inbox(e))), Step::Rollback),
             },
             (State::Committing(value), Event::Committed(committed)) => match committed {
                 Ok(()) => {
@@ -500,18 +508,20 @@ where
                 Err(e) => self.judge(Failure::Commit(e)),
             },
             (State::Fencing(duplicate), Event::Fenced(fenced)) => match (fenced, duplicate) {
-                (Ok(Fenced::Moved), None) => self.go(State::Running, Step::Body),
+                (Ok(Fenced::Moved), None) => self.move_to(State::Running, Step::Body),
                 (Ok(Fenced::Moved), Some(stored)) => {
-                    self.go(State::CommittingDuplicate(stored), Step::Commit(self.scope))
+                    self.move_to(State::CommittingDuplicate(stored), Step::Commit(self.scope))
                 }
                 // Nothing is applied past the fence: the call is a duplicate.
                 (Ok(Fenced::Refused { index, stored }), _) => {
                     if let Some(fence) = &self.fence {
                         fence.refused(index, stored);
                     }
-                    self.go(State::RollingBack(Ok(None)), Step::Rollback)
+                    self.move_to(State::RollingBack(Ok(None)), Step::Rollback)
                 }
-                (Err(e), _) => self.go(State::RollingBack(Err(Failure::Inbox(e))), Step::Rollback),
+                (Err(e), _) => {
+                    self.move_to(State::RollingBack(Err(Failure::Inbox(e))), Step::Rollback)
+                }
             },
             (State::CommittingDuplicate(stored), Event::Committed(committed)) => match committed {
                 Ok(()) => {
@@ -525,14 +535,14 @@ where
                 // The claim failed before the shape check: check now, so
                 // that a wrong table is named rather than its symptom.
                 Err(failure) if !self.shape_checked => {
-                    self.go(State::CheckingShape(Some(Err(failure))), Step::CheckShape)
+                    self.move_to(State::CheckingShape(Some(Err(failure))), Step::CheckShape)
                 }
                 Err(failure) => self.judge(failure),
             },
             (State::Counting(error), Event::Counted) => Next::Done(Err(error)),
             (State::Sleeping, Event::Slept) => {
                 self.attempts += 1;
-                self.go(State::Beginning, Step::Begin)
+                self.move_to(State::Beginning, Step::Begin)
             }
             _ => unreachable!("a driver reported an event for another step"),
         }
@@ -545,17 +555,17 @@ where
             (Claimed::New, fence) => {
                 self.enqueues = crate::wake::mark();
                 match fence {
-                    None => self.go(State::Running, Step::Body),
-                    Some(position) => self.go(State::Fencing(None), Step::Fence(position)),
+                    None => self.move_to(State::Running, Step::Body),
+                    Some(position) => self.move_to(State::Fencing(None), Step::Fence(position)),
                 }
             }
             // Nothing was written; ending the transaction either way is the same.
             (Claimed::Duplicate(stored), None) => {
-                self.go(State::RollingBack(Ok(stored)), Step::Rollback)
+                self.move_to(State::RollingBack(Ok(stored)), Step::Rollback)
             }
             // A duplicate settles like a success: the position moves past it.
             (Claimed::Duplicate(stored), Some(position)) => {
-                self.go(State::Fencing(Some(stored)), Step::Fence(position))
+                self.move_to(State::Fencing(Some(stored)), Step::Fence(position))
             }
             (
                 Claimed::GaveUp {
@@ -570,7 +580,7 @@ where
                     failures,
                     last_error: last_error.into(),
                 };
-                self.go(
+                self.move_to(
                     State::RollingBack(Err(Failure::Refused(refused))),
                     Step::Rollback,
                 )
@@ -580,7 +590,7 @@ where
                     consumer: self.consumer.to_owned(),
                     key,
                 };
-                self.go(
+                self.move_to(
                     State::RollingBack(Err(Failure::Refused(refused))),
                     Step::Rollback,
                 )
@@ -609,7 +619,8 @@ where
         }
     }
 
-    fn go(&mut self, state: State<T, E>, step: Step) -> Next<T, E> {
+    /// Moves to `state` and asks the driver to perform `step`.
+    fn move_to(&mut self, state: State<T, E>, step: Step) -> Next<T, E> {
         self.state = state;
         Next::Do(step)
     }
@@ -663,7 +674,7 @@ where
         }
         tracing::debug!(target: crate::target::TARGET, consumer, key, attempt = attempts, error = %cause, "diesel-inbox: transient error, retrying");
         self.telemetry.retried();
-        self.go(
+        self.move_to(
             State::Sleeping,
             Step::Sleep(crate::backoff::rerun(attempts)),
         )

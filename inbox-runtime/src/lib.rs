@@ -65,6 +65,7 @@ mod options;
 mod otel;
 pub mod outbox;
 mod overview;
+mod prerequisite;
 mod processed;
 mod recent;
 mod registry;
@@ -92,13 +93,13 @@ pub use migrate::migrate_async;
 pub use migrate::{migrate, schema_version};
 pub use observe::ErrorObserver;
 pub use ops::{
-    attempts, attempts_list, forget, positions, purge, stats, status, Purge, PurgeReport,
-    StreamPosition, MAX_PURGE_BATCH,
+    attempts, attempts_list, durability, forget, positions, purge, stats, status, Purge,
+    PurgeReport, StreamPosition, MAX_PURGE_BATCH,
 };
 #[cfg(feature = "async")]
 pub use ops::{
-    attempts_async, attempts_list_async, forget_async, positions_async, purge_async, stats_async,
-    status_async,
+    attempts_async, attempts_list_async, durability_async, forget_async, positions_async,
+    purge_async, stats_async, status_async,
 };
 pub use options::StoredResult;
 #[cfg(feature = "async")]
@@ -106,6 +107,7 @@ pub use overview::overview_async;
 pub use overview::{
     overview, ConsumerActivity, Overview, RowCount, COUNT_CAP, RATE_CAP, RATE_MINUTES,
 };
+pub use prerequisite::{Prerequisite, Verdict};
 pub use processed::{Batch, Outcome, Processed, Stored};
 pub use recent::recent_duplicates;
 pub use registry::ConsumerName;

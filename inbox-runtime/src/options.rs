@@ -73,7 +73,7 @@ impl Options {
     }
 
     /// The claim of `key` for an outcome `O`, or the fingerprint's error.
-    pub(crate) fn one<'a, T, O: SingleOutcome<T>>(
+    pub(crate) fn single_claim<'a, T, O: SingleOutcome<T>>(
         &self,
         consumer: &'a str,
         key: &'a str,

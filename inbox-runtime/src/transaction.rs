@@ -76,7 +76,7 @@ where
 {
     let consumer = consumer.consumer_name()?;
     let key = single_key(key)?;
-    let one = options.one::<T, O>(consumer, &key)?;
+    let one = options.single_claim::<T, O>(consumer, &key)?;
     let engine = Engine::new(consumer, &key, retries, classify)
         .storing(encoder::<T, O>())
         .counting(one.max_attempts.and(steps.describe))
@@ -314,7 +314,7 @@ where
     let span = engine.span().clone();
     let _entered = span.enter();
     let mut work = W::default();
-    let mut step = engine.first();
+    let mut step = engine.first_step();
     loop {
         let event = match step {
             Step::Begin => Event::Begun(begin(conn)),

@@ -38,7 +38,6 @@ pub(crate) const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
 /// ```
 pub struct Publisher {
     exchange: String,
-    url: Option<String>,
     max_message_size: usize,
     state: tokio::sync::Mutex<State>,
 }
@@ -58,6 +57,16 @@ struct State {
     channel: Option<lapin::Channel>,
     /// Whether the channel is in confirm mode.
     confirming: bool,
+    /// Whether the broker nacked a publish on the channel: a publisher of
+    /// its own connection opens a new one before the next publish, at most
+    /// once per [`RENEW_AFTER_NACK`] (a queue that nacks on purpose, full
+    /// with `x-overflow = reject-publish`, must not cost a connection per
+    /// publish).
+    nacked: bool,
+    /// When a nack last made it open a new connection.
+    renewed: Option<std::time::Instant>,
+    /// The nodes to connect to, and the one that answered last.
+    nodes: Option<crate::lapin::Nodes>,
 }
 
 impl Publisher {
@@ -68,7 +77,6 @@ impl Publisher {
     pub fn new(channel: lapin::Channel, exchange: impl Into<String>) -> Self {
         Publisher {
             exchange: exchange.into(),
-            url: None,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             state: tokio::sync::Mutex::new(State {
                 channel: Some(channel),
@@ -80,11 +88,30 @@ impl Publisher {
     /// Publishes to `exchange` on a connection of its own to `url`, made
     /// at the first publish and made again after it fails.
     pub fn connect(url: impl Into<String>, exchange: impl Into<String>) -> Self {
+        Self::connect_any([url], exchange)
+    }
+
+    /// [`connect`](Self::connect) to the first of a cluster's nodes that
+    /// answers (`urls`, in order, from the one that answered last), and to
+    /// the next that does after a failure: the relay goes on through the
+    /// loss of the node it published to (each attempt bounded by
+    /// [`NODE_CONNECT_TIMEOUT`](crate::lapin::NODE_CONNECT_TIMEOUT)).
+    ///
+    /// ```
+    /// let nodes = ["amqp://rabbit-1:5672/%2f", "amqp://rabbit-2:5672/%2f"];
+    /// let publisher = diesel_inbox::outbox::lapin::Publisher::connect_any(nodes, "orders-exchange");
+    /// ```
+    pub fn connect_any(
+        urls: impl IntoIterator<Item = impl Into<String>>,
+        exchange: impl Into<String>,
+    ) -> Self {
         Publisher {
             exchange: exchange.into(),
-            url: Some(url.into()),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
-            state: tokio::sync::Mutex::new(State::default()),
+            state: tokio::sync::Mutex::new(State {
+                nodes: Some(crate::lapin::Nodes::new(urls)),
+                ..State::default()
+            }),
         }
     }
 
@@ -100,25 +127,47 @@ impl Publisher {
     /// The channel to publish on, in confirm mode: (re)connected if this
     /// publisher owns its connection.
     async fn channel(&self, state: &mut State) -> Result<lapin::Channel, PublishError> {
+        // A channel that was nacked is not used again when another can be
+        // opened: after a quorum queue's leader was lost, RabbitMQ 3.10
+        // was seen to nack every later publish of a channel that had
+        // published to it (for minutes), and none of a new connection's.
         let usable = state
             .channel
             .as_ref()
-            .is_some_and(|c| c.status().connected());
+            .is_some_and(|c| c.status().connected())
+            && !(state.nacked
+                && state.nodes.is_some()
+                && state
+                    .renewed
+                    .is_none_or(|at| at.elapsed() >= RENEW_AFTER_NACK));
+        if state.nacked && !usable {
+            state.renewed = Some(std::time::Instant::now());
+        }
         if !usable {
-            let Some(url) = &self.url else {
-                return Err(PublishError::closed(
-                    "the channel closed, and a Publisher::new cannot open another: use Publisher::connect",
-                ));
-            };
+            match &state.nodes {
+                None => {
+                    return Err(PublishError::closed(
+                        "the channel closed, and a Publisher::new cannot open another: use Publisher::connect",
+                    ))
+                }
+                // Nothing to wait for: the relay stops with the error.
+                Some(nodes) if nodes.is_empty() => {
+                    return Err(PublishError::closed(crate::lapin::NO_URL))
+                }
+                Some(_) => {}
+            }
             state.channel = None;
             state.confirming = false;
+            state.nacked = false;
             if let Some(old) = state.connection.take() {
                 let _ = old.close(200, "reconnecting".into()).await;
             }
-            let connection =
-                lapin::Connection::connect(url, lapin::ConnectionProperties::default())
-                    .await
-                    .map_err(unavailable)?;
+            let nodes = state
+                .nodes
+                .as_mut()
+                .expect("a publisher of its own connection");
+            let connection = nodes.connect().await.map_err(PublishError::unavailable)?;
+            tracing::info!(target: crate::TRACING_TARGET, node = nodes.current(), "diesel-inbox: outbox relay: connected to RabbitMQ");
             state.channel = Some(connection.create_channel().await.map_err(unavailable)?);
             state.connection = Some(connection);
         }
@@ -133,6 +182,10 @@ impl Publisher {
         Ok(channel)
     }
 }
+
+/// How often a nack may make a publisher of its own connection open a
+/// new one.
+const RENEW_AFTER_NACK: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn unavailable(e: lapin::Error) -> PublishError {
     PublishError::unavailable(e)
@@ -211,6 +264,7 @@ impl Publish for Publisher {
                     returned.reply_text.as_str()
                 ))),
                 Ok(Ok(Confirmation::Nack(_))) => {
+                    state.nacked = true;
                     Err(PublishError::refused("the broker nacked the message"))
                 }
                 Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::unavailable(

@@ -440,8 +440,9 @@ where
                 Ok(()) => {
                     if pass.released > 0 {
                         outages += 1;
-                        tracing::warn!(target: crate::TRACING_TARGET, released = pass.released, "diesel-inbox: outbox relay: the broker is unavailable; backing off");
-                        backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages)
+                        let wait = backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, outages);
+                        tracing::warn!(target: crate::TRACING_TARGET, released = pass.released, wait_ms = wait.as_millis() as u64, "diesel-inbox: outbox relay: the broker is unavailable; backing off");
+                        wait
                     } else {
                         outages = 0;
                         match doze.after_pass(self.poll_interval, pass.batches > 0).await {
@@ -563,10 +564,20 @@ where
         let started = Instant::now();
         let mut results = vec![None; claimed];
         let publish = self.publish_waves(&claim, &mut results);
-        let mut stopped = tokio::time::timeout(self.lease / 2, publish.instrument(span.clone()))
-            .await
-            .unwrap_or(true);
+        let mut stopped = match tokio::time::timeout(
+            self.lease / 2,
+            publish.instrument(span.clone()),
+        )
+        .await
+        {
+            Ok(stopped) => stopped,
+            Err(_) => {
+                tracing::warn!(target: crate::TRACING_TARGET, claimed, timeout_ms = (self.lease / 2).as_millis() as u64, "diesel-inbox: outbox relay: a batch's publish outlasted half the lease; what the broker had not confirmed is given back");
+                true
+            }
+        };
         let mut closed = None;
+        let mut warned = false;
         let outcomes: Vec<PublishOutcome> = results
             .into_iter()
             .enumerate()
@@ -582,7 +593,12 @@ where
                     stopped = true;
                     PublishOutcome::Released
                 }
-                Some(Err(PublishError::Unavailable(_))) => {
+                Some(Err(e @ PublishError::Unavailable(_))) => {
+                    // Once per batch (the pass stops at it), with why.
+                    if !warned {
+                        warned = true;
+                        tracing::warn!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay: a publish failed; the batch's messages are given back");
+                    }
                     stopped = true;
                     PublishOutcome::Released
                 }

@@ -9,23 +9,35 @@ use diesel::result::{Error, QueryResult};
 use transaction::Scope;
 
 #[cfg(feature = "async")]
+/// The async drivers' connection traits and their claim steps.
 pub(crate) mod asynchronous;
+/// Reading the databases' errors: refusals, deadlocks, missing tables.
 pub(crate) mod errors;
+/// Running the statement layer's statements on a sync or async connection.
 pub(crate) mod execute;
 #[cfg(feature = "mysql")]
 mod mysql;
+/// The outbox's statements: enqueue, settle, count.
 pub(crate) mod outbox;
+/// The relay's claim of the next outbox rows, in waves under a floor.
 pub(crate) mod outbox_claim;
+/// The WAL relay's statements (PostgreSQL logical decoding).
 pub(crate) mod outbox_wal;
+/// The console's and `stats`' read-only counts.
 pub(crate) mod overview;
+/// The stream positions (Kafka offsets) written with a call's transaction.
 pub(crate) mod positions;
 #[cfg(feature = "postgres")]
 mod postgres;
+/// The catalog's view of the library's tables, and the shape check.
 pub(crate) mod shape;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+/// The statements every backend runs, built once per backend.
 pub(crate) mod statements;
+/// Typed statement values: SQL text with its binds and its row type.
 pub(crate) mod stmt;
+/// Begin, commit and roll back the call's transaction or savepoint.
 pub(crate) mod transaction;
 
 pub(crate) use execute::Statements;
@@ -315,8 +327,8 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// run first. PostgreSQL: `SET LOCAL jit = off` (an outbox table
     /// churns, every row inserted once and deleted once, so its statistics
     /// often count many dead rows; the claim's estimated cost then passes
-    /// `jit_above_cost`, and compiling it took 220 of a claim's 250 ms in
-    /// the benchmark, for a query that runs in a millisecond) and `SET
+    /// `jit_above_cost`, and compiling it would cost far more than the
+    /// millisecond the query runs: `docs/performance.md`) and `SET
     /// LOCAL synchronous_commit = off` (a relay's commit lost in a server
     /// crash only publishes its rows again, with their ids: the contract
     /// allows it, and the relay does not wait for the WAL flush).
@@ -329,6 +341,13 @@ pub(crate) trait Internals: diesel::backend::Backend + Sized + 'static {
     /// the backend has no such snapshot: the relay's look then always
     /// starts at the lowest `seq`.
     const SNAPSHOT_XMIN: Option<&'static str> = None;
+
+    /// The session answering, as text unique over the server's life and
+    /// across servers (PostgreSQL: its pid and when it began): the relay's
+    /// floor lists the sessions that may use it (`outbox_claim::Floor`),
+    /// and a look in another reads every row. `None` where there is no
+    /// floor.
+    const SESSION: Option<&'static str> = None;
 
     /// What sets the outbox's `txid` to the current transaction's id, in an
     /// `UPDATE` that makes a dead row live again (so that a relay's floor

@@ -11,6 +11,7 @@ use super::shape::{parse_version_marker, version_marker, CatalogRow, Dialect};
 use super::transaction::Scope;
 use super::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
+use crate::prerequisite::Prerequisite;
 use diesel::connection::{
     AnsiTransactionManager, Connection, LoadConnection, TransactionDepthChange, TransactionManager,
 };
@@ -441,15 +442,31 @@ impl Dialect for Mysql {
         parse_version_marker(record)
     }
 
-    fn durability(name: &str, value: Option<&str>) -> Option<(String, String)> {
-        match (name, value?) {
-            ("innodb_flush_log_at_trx_commit", "1") => None,
-            ("innodb_flush_log_at_trx_commit", value) => Some((
+    fn durability(setting: &CatalogRow) -> Option<Prerequisite> {
+        let value = setting.a.as_deref()?;
+        match (setting.name.as_str(), value) {
+            ("innodb_flush_log_at_trx_commit", "1") => Some(Prerequisite::ok(
+                "innodb_flush_log_at_trx_commit",
+                value,
+                "InnoDB flushes its log to disk at each commit",
+            )),
+            ("innodb_flush_log_at_trx_commit", _) => Some(Prerequisite::warn(
+                "innodb_flush_log_at_trx_commit",
+                value,
                 format!("innodb_flush_log_at_trx_commit is {value}: InnoDB flushes its log to disk about once a second, not at each commit, so a crash loses the last second's committed transactions (on a Galera cluster, a power loss can lose them on every node)"),
-                "SET GLOBAL innodb_flush_log_at_trx_commit = 1, and innodb_flush_log_at_trx_commit = 1 in the server's configuration".into(),
+                "SET GLOBAL innodb_flush_log_at_trx_commit = 1, and innodb_flush_log_at_trx_commit = 1 in the server's configuration",
             )),
             _ => None,
         }
+    }
+
+    fn unreadable() -> Vec<Prerequisite> {
+        vec![Prerequisite::unknown(
+            "replication",
+            "not readable",
+            "with asynchronous replicas (MySQL's and MariaDB's default), a failover to one may lose commits the source acknowledged, whose messages the inbox acked to their broker; a Galera cluster replicates each commit to every node before acknowledging it",
+            "on a source with replicas a failover can promote: semi-synchronous replication with the wait point AFTER_SYNC (MariaDB: rpl_semi_sync_master_enabled = ON, rpl_semi_sync_master_wait_point = AFTER_SYNC; MySQL: rpl_semi_sync_source_enabled = ON, rpl_semi_sync_source_wait_point = AFTER_SYNC) and a timeout that does not fall back to asynchronous (rpl_semi_sync_master_timeout large)",
+        )]
     }
 
     fn table_problems(table: &CatalogRow) -> Vec<TableProblem> {
@@ -532,14 +549,25 @@ mod tests {
     #[test]
     fn a_log_flushed_once_a_second_is_a_durability_problem() {
         use crate::backend::shape::Dialect;
+        use crate::prerequisite::Verdict;
+        let row = |name: &str, value: &str| CatalogRow {
+            kind: "setting".into(),
+            name: name.into(),
+            a: Some(value.into()),
+            b: None,
+            c: None,
+            d: None,
+        };
         let setting = "innodb_flush_log_at_trx_commit";
-        assert!(Mysql::durability(setting, Some("1")).is_none());
+        let flushed = Mysql::durability(&row(setting, "1")).expect("judged");
+        assert_eq!(flushed.verdict, Verdict::Ok);
         for value in ["0", "2"] {
-            let (problem, fix) = Mysql::durability(setting, Some(value)).expect("a problem");
-            assert!(problem.contains(&format!("is {value}")), "{problem}");
-            assert!(fix.contains("= 1"), "{fix}");
+            let said = Mysql::durability(&row(setting, value)).expect("judged");
+            assert_eq!(said.verdict, Verdict::Warn);
+            assert!(said.detail.contains(&format!("is {value}")), "{said}");
+            assert!(said.fix.as_deref().unwrap_or("").contains("= 1"), "{said}");
         }
-        assert!(Mysql::durability("other", Some("0")).is_none());
+        assert!(Mysql::durability(&row("other", "0")).is_none());
     }
 
     #[test]

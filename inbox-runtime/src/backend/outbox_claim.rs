@@ -110,6 +110,9 @@ pub struct WindowRow {
     /// The statement's snapshot's `xmin` (PostgreSQL; NULL elsewhere).
     #[diesel(sql_type = Nullable<BigInt>)]
     xmin: Option<i64>,
+    /// The session answering (`Internals::SESSION`; NULL elsewhere).
+    #[diesel(sql_type = Nullable<Text>)]
+    session: Option<String>,
 }
 
 /// Where a relay's next look starts (PostgreSQL; the module's "The
@@ -125,6 +128,32 @@ pub struct Floor {
     from: i64,
     /// The `xmin` of the look's snapshot (or of an earlier one).
     xmin: i64,
+    /// The sessions that looked before this floor was made
+    /// (`Internals::SESSION`), at most [`SESSIONS`], the latest last, as
+    /// `,a,b,`. A session that is still alive has seen no crash of its
+    /// server since it began (a crash restart ends every session), and no
+    /// failover (a promoted standby is another server, with sessions of
+    /// its own): rows that the server deleted and then has live again (a
+    /// relay's deletes commit without waiting for the disk; an
+    /// asynchronous standby misses them), with lower `seq`s and `txid`s
+    /// than the floor, can only come with a session not listed. A look in
+    /// such a session reads every row, as without a floor.
+    sessions: String,
+}
+
+/// How many sessions a floor lists: a relay's pool, or the server
+/// connections a transaction-mode proxy hands out.
+const SESSIONS: usize = 32;
+
+/// `sessions` (as [`Floor::sessions`] lists them) with `session` last.
+fn listed(sessions: &str, session: &str) -> String {
+    let mut all: Vec<&str> = sessions
+        .split(',')
+        .filter(|s| !s.is_empty() && *s != session)
+        .collect();
+    all.push(session);
+    let keep = all.len().saturating_sub(SESSIONS);
+    format!(",{},", all[keep..].join(","))
 }
 
 /// How many of the lowest live rows a floor names one by one, at most:
@@ -141,10 +170,17 @@ impl Floor {
     /// the next look passes only their dead tuples. None where the
     /// backend has no snapshots to go by, or no snapshot was read yet.
     pub(crate) fn after(window: &[WindowRow], before: Option<&Floor>) -> Option<Floor> {
-        let xmin = match window.first() {
-            Some(row) => row.xmin?,
-            // An earlier snapshot's `xmin` is at most this one's.
-            None => before?.xmin,
+        let (xmin, sessions) = match window.first() {
+            Some(row) => (
+                row.xmin?,
+                listed(
+                    before.map_or("", |b| b.sessions.as_str()),
+                    row.session.as_deref()?,
+                ),
+            ),
+            // An earlier snapshot's `xmin` is at most this one's; the
+            // session that saw nothing is not listed (it may be new).
+            None => before.map(|b| (b.xmin, b.sessions.clone()))?,
         };
         let mut held_back = HashSet::new();
         let mut pinned = Vec::new();
@@ -159,6 +195,7 @@ impl Floor {
                     pinned,
                     from: row.seq,
                     xmin,
+                    sessions,
                 });
             }
             if let Some(key) = row.ordering_key.as_deref() {
@@ -171,6 +208,7 @@ impl Floor {
             pinned,
             from: i64::MAX,
             xmin,
+            sessions,
         })
     }
 }
@@ -236,9 +274,12 @@ impl ClaimPlan {
                 .sql(B::NOW_MICROS)
                 .sql(" AS now_micros, ")
                 .sql(B::SNAPSHOT_XMIN.unwrap_or("NULL"))
-                .sql(" AS xmin")
+                .sql(" AS xmin, ")
+                .sql(B::SESSION.unwrap_or("NULL"))
+                .sql(" AS session")
         };
-        let Some(floor) = floor.filter(|_| B::SNAPSHOT_XMIN.is_some()) else {
+        let Some(floor) = floor.filter(|_| B::SNAPSHOT_XMIN.is_some() && B::SESSION.is_some())
+        else {
             return head(Stmt::new().sql(ROW))
                 .sql(LIVE)
                 .sql(" ORDER BY o.seq LIMIT ")
@@ -248,21 +289,42 @@ impl ClaimPlan {
         // index: a few, unless a transaction that wrote is still open),
         // the range from the floor (in `seq` order, limited: a short index
         // range) and the pinned rows: three disjoint parts, so UNION ALL
-        // (no step to drop rows found twice).
-        let mut stmt =
+        // (no step to drop rows found twice). A fourth, the rest below the
+        // floor, runs only in a session the floor does not list, or one
+        // that cannot be named (a one-time filter: the condition reads no
+        // column), so that a look after a crash or a failover reads every
+        // row, as without a floor.
+        let below = |stmt: Stmt| {
+            let stmt = match floor.pinned.is_empty() {
+                true => stmt,
+                false => stmt.sql(" AND o.seq NOT IN ").seq_list(&floor.pinned),
+            };
+            match floor.from < i64::MAX {
+                true => stmt.sql(" AND o.seq < ").bind(Bind::Big(floor.from)),
+                false => stmt,
+            }
+        };
+        let mut stmt = below(
             head(Stmt::new().sql("SELECT w.seq, w.ordering_key, w.available_at, w.locked_until"))
                 .sql(" FROM (")
                 .sql(ROW)
                 .sql(LIVE)
                 .sql(" AND o.txid >= ")
-                .bind(Bind::Big(floor.xmin));
-        if !floor.pinned.is_empty() {
-            stmt = stmt.sql(" AND o.seq NOT IN ").seq_list(&floor.pinned);
-        }
+                .bind(Bind::Big(floor.xmin)),
+        )
+        .sql(" UNION ALL ")
+        .sql(ROW)
+        .sql(LIVE)
+        .sql(" AND (o.txid < ")
+        .bind(Bind::Big(floor.xmin))
+        .sql(" OR o.txid IS NULL) AND COALESCE(strpos(CAST(")
+        .bind(Bind::Text(floor.sessions.clone()))
+        .sql(" AS TEXT), ',' || ")
+        .sql(B::SESSION.unwrap_or("NULL"))
+        .sql(" || ','), 0) = 0");
+        stmt = below(stmt);
         if floor.from < i64::MAX {
             stmt = stmt
-                .sql(" AND o.seq < ")
-                .bind(Bind::Big(floor.from))
                 .sql(" UNION ALL (")
                 .sql(ROW)
                 .sql(LIVE)
@@ -422,7 +484,7 @@ impl ClaimPlan {
             Stmt::new()
                 .sql("SELECT o.seq, o.ordering_key, o.available_at, o.locked_until, ")
                 .sql(B::NOW_MICROS)
-                .sql(" AS now_micros, NULL AS xmin FROM outbox_messages o WHERE o.dead_at IS NULL AND o.seq > ")
+                .sql(" AS now_micros, NULL AS xmin, NULL AS session FROM outbox_messages o WHERE o.dead_at IS NULL AND o.seq > ")
                 .bind(Bind::Big(from))
                 .sql(" AND o.seq <= ")
                 .bind(Bind::Big(to))
@@ -546,6 +608,7 @@ mod tests {
             locked_until: None,
             now_micros: 10,
             xmin: None,
+            session: None,
         }
     }
 
@@ -553,6 +616,7 @@ mod tests {
     fn seen(seq: i64, key: &str, due: bool) -> WindowRow {
         WindowRow {
             xmin: Some(70),
+            session: Some("s1".into()),
             available_at: if due { 0 } else { 100 },
             ..live(seq, key)
         }
@@ -572,7 +636,8 @@ mod tests {
             Floor {
                 pinned: vec![3, 5],
                 from: 9,
-                xmin: 70
+                xmin: 70,
+                sessions: ",s1,".into()
             }
         );
         let due = [seen(3, "a", true), seen(5, "b", false)];
@@ -593,11 +658,36 @@ mod tests {
             Floor {
                 pinned: vec![],
                 from: i64::MAX,
-                xmin: 70
+                xmin: 70,
+                sessions: ",s1,".into()
             }
         );
         assert_eq!(Floor::after(&[], None), None);
         assert_eq!(Floor::after(&[live(3, "a")], Some(&first)), None);
+    }
+
+    /// A floor lists the sessions that looked, the latest last, each once,
+    /// at most `SESSIONS`; a look that saw nothing keeps the list it had.
+    #[test]
+    fn a_floor_lists_the_sessions_that_looked() {
+        assert_eq!(listed("", "s1"), ",s1,");
+        assert_eq!(listed(",s1,s2,", "s1"), ",s2,s1,");
+        let many: String = (0..40).map(|i| format!(",s{i}")).collect::<String>() + ",";
+        let kept = listed(&many, "new");
+        assert_eq!(kept.split(',').filter(|s| !s.is_empty()).count(), SESSIONS);
+        assert!(kept.ends_with(",new,") && !kept.contains(",s0,"), "{kept}");
+        let first = Floor::after(&[seen(3, "a", true)], None).expect("a floor");
+        assert_eq!(first.sessions, ",s1,");
+        let other = WindowRow {
+            session: Some("s2".into()),
+            ..seen(5, "a", true)
+        };
+        let second = Floor::after(&[other], Some(&first)).expect("a floor");
+        assert_eq!(second.sessions, ",s1,s2,");
+        assert_eq!(
+            Floor::after(&[], Some(&second)).expect("kept").sessions,
+            ",s1,s2,"
+        );
     }
 
     /// A key whose followers skipped a live row keeps only its oldest;

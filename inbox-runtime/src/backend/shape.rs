@@ -3,6 +3,7 @@
 //! judges its own types and collations; the rules here are common.
 
 use crate::error::{InboxError, TableProblem};
+use crate::prerequisite::Prerequisite;
 
 /// The inbox table as the catalog describes it.
 /// One row of a backend's catalog query: what `kind` of thing, its `name`,
@@ -55,13 +56,19 @@ pub(crate) trait Dialect {
     const CATALOG: &'static str;
     /// The schema version in the table row's record.
     fn version(record: &str) -> Option<u32>;
-    /// What a `setting` row says about durability: a problem and its fix
-    /// where the server's `name` at `value` may lose a committed
-    /// transaction (a business change acknowledged to the broker, or an
-    /// enqueued message, gone after a crash). By default nothing.
-    fn durability(name: &str, value: Option<&str>) -> Option<(String, String)> {
-        let _ = (name, value);
+    /// What a `setting` row (its `name`, and details `a` to `d` as the
+    /// backend's query documents) says about durability: whether the
+    /// server keeps a commit it acknowledged (a business change whose
+    /// message was acked to the broker, an enqueued message) through a
+    /// crash and a failover. `None` for a row it does not judge.
+    fn durability(setting: &CatalogRow) -> Option<Prerequisite> {
+        let _ = setting;
         None
+    }
+    /// The prerequisites a client of this backend cannot read, to check by
+    /// hand (`diesel-inbox doctor` lists them as unknown).
+    fn unreadable() -> Vec<Prerequisite> {
+        Vec::new()
     }
     /// Problems with the table object itself (a view, an engine without
     /// transactions, an unlogged table).
@@ -137,41 +144,17 @@ pub(crate) fn read<D: Dialect>(rows: Vec<CatalogRow>) -> Catalog {
             "trigger" => table.insert_hooks.push(("trigger", row.name)),
             "rule" => table.insert_hooks.push(("rule", row.name)),
             "setting" => {
-                if let Some((problem, fix)) = D::durability(&row.name, row.a.as_deref()) {
-                    warn_once(&row.name, row.a.as_deref(), &problem, &fix);
+                if let Some(prerequisite) = D::durability(&row) {
+                    crate::prerequisite::warn_once(&prerequisite);
+                    catalog.prerequisites.push(prerequisite);
                 }
             }
             _ => {}
         }
     }
     catalog.table = exists.then_some(table);
+    catalog.prerequisites.extend(D::unreadable());
     catalog
-}
-
-/// Says once per process, as a WARN, that the server's `setting` (at
-/// `value`) does not keep what it committed, which the guarantee stands on
-/// (read with every catalog query: `migrate`, and each connection's first
-/// claim).
-#[cfg(feature = "_any-backend")]
-fn warn_once(setting: &str, value: Option<&str>, problem: &str, fix: &str) {
-    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let said = format!("{setting}={}", value.unwrap_or(""));
-    {
-        let mut seen = SAID
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if seen.contains(&said) {
-            return;
-        }
-        seen.push(said);
-    }
-    tracing::warn!(
-        target: crate::target::TARGET,
-        setting,
-        value = value.unwrap_or(""),
-        fix,
-        "diesel-inbox: the database server may lose committed transactions: {problem}"
-    );
 }
 
 #[derive(Debug, Default)]
@@ -193,6 +176,9 @@ pub struct Catalog {
     /// Whether the role may create objects in the schema the tables are
     /// created in (read on PostgreSQL only).
     pub(crate) may_create: bool,
+    /// The durability settings the catalog query read, as judged by the
+    /// backend ([`Dialect::durability`]).
+    pub(crate) prerequisites: Vec<Prerequisite>,
 }
 
 /// The verdict on the catalog's tables: every problem of an existing

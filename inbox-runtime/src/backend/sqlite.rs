@@ -11,6 +11,7 @@ use super::shape::{CatalogRow, Dialect};
 use super::transaction::{begin, end_migrations, Scope};
 use super::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
+use crate::prerequisite::Prerequisite;
 use diesel::connection::{AnsiTransactionManager, LoadConnection};
 use diesel::prelude::*;
 use diesel::result::Error;
@@ -215,6 +216,14 @@ impl Internals for Sqlite {
 
 impl Dialect for Sqlite {
     const CATALOG: &'static str = CATALOG;
+    fn unreadable() -> Vec<Prerequisite> {
+        vec![Prerequisite::unknown(
+            "synchronous",
+            "set per connection",
+            "PRAGMA synchronous is a setting of each connection your code opens, not of the file: FULL keeps every commit through a power loss; NORMAL in WAL mode may lose the last commits",
+            "PRAGMA synchronous = FULL on each connection (diesel: in your connection customizer or after establish)",
+        )]
+    }
     /// The version in `CREATE VIEW inbox_schema_version AS SELECT 1 AS version`.
     fn version(record: &str) -> Option<u32> {
         let mut words = record.split_whitespace();

@@ -13,11 +13,15 @@
 //! positions), [`transaction`] (the short transactions they share with the
 //! outbox's operations).
 
+mod durability;
 mod entries;
 mod positions;
 mod purge;
 mod transaction;
 
+pub use durability::durability;
+#[cfg(feature = "async")]
+pub use durability::durability_async;
 pub use entries::{attempts, attempts_list, forget, stats, status};
 #[cfg(feature = "async")]
 pub use entries::{attempts_async, attempts_list_async, forget_async, stats_async, status_async};

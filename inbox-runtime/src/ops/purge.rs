@@ -49,11 +49,9 @@ const PURGE_BATCH_RETRIES: u32 = 10;
 pub const MAX_PURGE_BATCH: usize = 100_000;
 
 /// A purge's default duty cycle ([`Purge::sleep_coef`]): after each batch,
-/// a pause six times as long as the batch took. With it, a purge of
-/// 1,000,000 rows in the default batches of 10,000 kept 4 handler threads'
-/// p99 latency within 2× of their p99 without a purge on PostgreSQL and
-/// MariaDB (the benchmark's `--purge`, `docs/performance.md`), at 30,000 to
-/// 12,000 rows/s.
+/// a pause six times as long as the batch took, so that the handlers keep
+/// most of the database (the measured effect on their latency:
+/// `docs/performance.md`, the benchmark's `--purge`).
 pub(crate) const DEFAULT_SLEEP_COEF: f64 = 6.0;
 
 /// A purge with options: the consumer it is scoped to, a callback after

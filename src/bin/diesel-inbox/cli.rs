@@ -9,7 +9,7 @@ use std::time::Duration;
     name = "diesel-inbox",
     version,
     about = "Operate a diesel-inbox table: migrate, inspect, purge, replay",
-    after_help = "Exit status: 0 done; 1 `status` or `forget` found no row; 2 an error."
+    after_help = "Exit status: 0 done; 1 `status` or `forget` found no row, or `doctor` a WARN; 2 an error."
 )]
 pub(crate) struct Cli {
     /// The database: postgres://…, mysql://…, or a SQLite file (a path, or
@@ -46,6 +46,11 @@ pub(crate) enum Command {
     /// The failing keys (max_attempts): failures, last error and time, the
     /// latest failure first.
     Attempts(AttemptsArgs),
+    /// Every durability prerequisite of the guarantee the server reports
+    /// (commits on disk before they are acknowledged; no asynchronous
+    /// standby a failover could promote), and those it cannot read: ok,
+    /// WARN or unknown, each with its fix.
+    Doctor(DoctorArgs),
     /// The transactional outbox: inspect, replay, purge, or run a relay.
     Outbox {
         #[command(subcommand)]
@@ -55,6 +60,21 @@ pub(crate) enum Command {
     /// positions and dead messages, with retry, discard and forget; until
     /// SIGTERM or Ctrl-C.
     Console(ConsoleArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct DoctorArgs {
+    /// JSON for scripts: [{"scope", "name", "value", "verdict", "detail",
+    /// "fix"}], scope "database" or "nats stream NAME".
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// A NATS server (nats://host:port) whose JetStream streams (--stream)
+    /// to read too: storage and replicas.
+    #[arg(long, requires = "streams")]
+    pub(crate) nats: Option<String>,
+    /// A JetStream stream to read on --nats (repeat for more).
+    #[arg(long = "stream", value_name = "NAME", requires = "nats")]
+    pub(crate) streams: Vec<String>,
 }
 
 #[derive(Args)]

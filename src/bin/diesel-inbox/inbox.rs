@@ -1,7 +1,7 @@
 //! The inbox's commands on a connection: migrate, status, stats, purge,
 //! forget, attempts.
 
-use crate::cli::{AttemptsArgs, Command, ForgetArgs, PurgeArgs, StatusArgs};
+use crate::cli::{AttemptsArgs, Command, DoctorArgs, ForgetArgs, PurgeArgs, StatusArgs};
 use crate::format::{human, rfc3339};
 use crate::Failure;
 use diesel::connection::LoadConnection;
@@ -130,6 +130,7 @@ where
             }
         }
         Command::Purge(options) => purge(conn, options)?,
+        Command::Doctor(args) => return doctor(conn, args),
         Command::Attempts(AttemptsArgs {
             consumer,
             exhausted,
@@ -285,4 +286,50 @@ fn print_attempts(failing: &[diesel_inbox::Attempts]) {
             a.last_error.replace('\n', " ")
         );
     }
+}
+
+/// Each durability prerequisite the server reports (and those it cannot
+/// read), and those of the JetStream streams named, with its verdict and
+/// fix; exit 1 when one is WARN.
+fn doctor<C>(conn: &mut C, args: &DoctorArgs) -> Result<ExitCode, Failure>
+where
+    C: InboxConnection + LoadConnection,
+{
+    let mut listed: Vec<(String, diesel_inbox::Prerequisite)> = diesel_inbox::durability(conn)?
+        .into_iter()
+        .map(|p| ("database".to_owned(), p))
+        .collect();
+    if let Some(nats) = &args.nats {
+        listed.extend(crate::doctor::nats_streams(nats, &args.streams)?);
+    }
+    let warned = listed
+        .iter()
+        .any(|(_, p)| p.verdict == diesel_inbox::Verdict::Warn);
+    if args.json {
+        let rows: Vec<_> = listed
+            .iter()
+            .map(|(scope, p)| {
+                serde_json::json!({
+                    "scope": scope,
+                    "name": p.name,
+                    "value": p.value,
+                    "verdict": p.verdict.to_string().to_lowercase(),
+                    "detail": p.detail,
+                    "fix": p.fix,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+    } else {
+        for (scope, prerequisite) in &listed {
+            match scope.as_str() {
+                "database" => println!("{prerequisite}"),
+                _ => println!("{scope}: {prerequisite}"),
+            }
+        }
+    }
+    Ok(match warned {
+        true => ExitCode::from(1),
+        false => ExitCode::SUCCESS,
+    })
 }

@@ -4,6 +4,7 @@
 //! diesel-inbox [--database-url URL] migrate
 //! diesel-inbox status <CONSUMER> <KEY> [--json]
 //! diesel-inbox stats [--json]
+//! diesel-inbox doctor [--nats URL --stream S ...] [--json]
 //! diesel-inbox purge --older-than 30d [--consumer C] [--batch 10000] [--pause 10ms] [--sleep-coef 1] [--dry-run] [--force]
 //! diesel-inbox forget <CONSUMER> <KEY>
 //! diesel-inbox attempts [--consumer C] [--exhausted --max-attempts N] [--limit 100] [--json]
@@ -18,21 +19,23 @@
 //! The URL comes from `--database-url` or `DATABASE_URL`; its scheme picks
 //! the backend: `postgres://` (feature `postgres`), `mysql://` (feature
 //! `mysql`), anything else is a SQLite file (`sqlite://path` or a path).
-//! Exit codes: 0 done, 1 `status`/`forget` found no row, 2 an error (one
-//! line on stderr). `outbox relay` logs the library's events on stderr
+//! Exit codes: 0 done, 1 `status`/`forget` found no row or `doctor` a
+//! WARN, 2 an error (one line on stderr). `outbox relay` logs the library's events on stderr
 //! (`info` and above; `RUST_LOG` filters them, target `diesel_inbox`); the
 //! other commands only when `RUST_LOG` is set.
 
 //!
 //! The files, as diesel_cli lays them out: `cli.rs` the arguments (clap),
 //! `database.rs` the backend a URL names and its connection, `inbox.rs` and
-//! `outbox.rs` the commands on a connection, `relay.rs` the relay process,
+//! `outbox.rs` the commands on a connection, `doctor.rs` `doctor`'s
+//! brokers, `relay.rs` the relay process,
 //! `console.rs` the console's server, `pool.rs` the pool both run on,
 //! `format.rs` how durations and times read and print.
 
 mod cli;
 mod console;
 mod database;
+mod doctor;
 mod format;
 mod inbox;
 mod outbox;

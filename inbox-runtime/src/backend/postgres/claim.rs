@@ -42,8 +42,11 @@ pub(super) const LOOKUP_STATEMENT: &str = "inbox replay read";
 /// The markers of the single claim, without and with a fingerprint, and of
 /// the batch claim, without and with fingerprints.
 pub(super) const CLAIM: &str = "diesel-inbox claim";
+/// The fingerprinted claim's marker.
 pub(super) const CLAIM_FINGERPRINTED: &str = "diesel-inbox claim, fingerprinted";
+/// The batch claim's marker.
 pub(super) const BATCH: &str = "diesel-inbox batch claim";
+/// The fingerprinted batch claim's marker.
 pub(super) const BATCH_FINGERPRINTED: &str = "diesel-inbox batch claim, fingerprinted";
 /// The marker of [`Present`], the duplicate's confirmation.
 pub(super) const PRESENT: &str = "diesel-inbox claim, present";
@@ -97,6 +100,8 @@ pub(crate) fn refusal_sql(message: &str) -> String {
     )
 }
 
+/// Whether `text` holds a single quote (a marker must not: it is spliced
+/// into SQL as a literal).
 pub(super) const fn has_quote(text: &str) -> bool {
     let bytes = text.as_bytes();
     let mut i = 0;
@@ -193,6 +198,7 @@ pub(super) const WAIT_RESTORE_STATEMENT: &str =
     "SELECT set_config('lock_timeout', current_setting('diesel_inbox.lock_timeout'), true)";
 
 impl<'a> Claim<'a, Plain> {
+    /// The claim of `key` without a fingerprint.
     pub(super) fn plain(consumer_name: &'a str, key: &'a str) -> Self {
         Claim {
             consumer: consumer_name,
@@ -204,6 +210,7 @@ impl<'a> Claim<'a, Plain> {
 }
 
 impl<'a> Claim<'a, Fingerprinted> {
+    /// The claim of `key` with its content's fingerprint.
     pub(super) fn fingerprinted(
         consumer_name: &'a str,
         key: &'a str,
@@ -219,6 +226,7 @@ impl<'a> Claim<'a, Fingerprinted> {
 }
 
 impl<Id> Claim<'_, Id> {
+    /// The marker the claim's row answers with.
     pub(super) fn marker(&self) -> &'static str {
         match self.fingerprint {
             None => CLAIM,
@@ -306,6 +314,7 @@ impl Lookup<'_> {
         crate::backend::statements::looked_up(self.key, rows)
     }
 
+    /// Runs the read: the key's stored row, if it has one.
     pub(super) fn run<C: LoadConnection<Backend = Pg>>(
         self,
         conn: &mut C,
@@ -482,6 +491,7 @@ pub(super) struct ClaimBatch<'a, Id> {
 }
 
 impl<'a> ClaimBatch<'a, Plain> {
+    /// The claim of `keys` without fingerprints.
     pub(super) fn plain(consumer_name: &'a str, keys: &'a [&'a str]) -> Self {
         ClaimBatch {
             consumer: consumer_name,
@@ -493,6 +503,7 @@ impl<'a> ClaimBatch<'a, Plain> {
 }
 
 impl<'a> ClaimBatch<'a, Fingerprinted> {
+    /// The claim of `keys` with their contents' fingerprints.
     pub(super) fn fingerprinted(
         consumer_name: &'a str,
         keys: &'a [&'a str],
@@ -508,6 +519,7 @@ impl<'a> ClaimBatch<'a, Fingerprinted> {
 }
 
 impl<Id> ClaimBatch<'_, Id> {
+    /// The marker the batch claim's rows answer with.
     pub(super) fn marker(&self) -> &'static str {
         match self.fingerprints {
             None => BATCH,

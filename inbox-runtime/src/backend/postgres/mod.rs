@@ -8,6 +8,7 @@ use crate::backend::shape::{parse_version_marker, version_marker, CatalogRow, Di
 use crate::backend::transaction::{begin, end_migrations, rollback, Scope};
 use crate::backend::{database_error, Catalog, InboxBackend, Internals};
 use crate::error::{InboxError, TableProblem};
+use crate::prerequisite::Prerequisite;
 use crate::rows::StoredRow;
 pub(crate) use claim::guarded_sql_for_tests;
 use claim::push_guard;
@@ -98,6 +99,15 @@ UNION ALL
 SELECT 'setting', name::text, setting::text, NULL, NULL, NULL
 FROM pg_settings
 WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')
+UNION ALL
+SELECT 'setting', 'replication', count(*)::text,
+       (count(*) FILTER (WHERE r.sync_state IN ('sync', 'quorum')))::text,
+       (count(*) FILTER (WHERE r.sync_state IS NULL))::text,
+       concat_ws('|', current_setting('synchronous_standby_names'),
+                 current_setting('synchronous_commit'), pg_is_in_recovery()::text)
+FROM pg_stat_replication r
+WHERE r.state IS DISTINCT FROM 'backup'
+  AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.pid AND a.datid IS NULL)
 "#;
 /// The channel an outbox enqueue notifies at commit and relays `LISTEN`
 /// on (`outbox::set_notify`). Notifications are per database: relays of
@@ -328,6 +338,13 @@ impl Internals for Pg {
          FROM pg_attribute WHERE attrelid = CAST('outbox_messages' AS regclass) \
          AND attname = 'txid' AND NOT attisdropped))",
     );
+    // NULL (no floor) on a standby: a session opened there lives on
+    // through its promotion, past rows the old primary deleted.
+    const SESSION: Option<&'static str> = Some(
+        "(SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE a.pid || ':' || \
+         CAST(EXTRACT(EPOCH FROM a.backend_start) * 1000000 AS BIGINT) END \
+         FROM pg_stat_get_activity(pg_backend_pid()) a)",
+    );
     const SET_TXID: Option<&'static str> = Some(", txid = txid_current()");
 
     const WAL: bool = true;
@@ -374,28 +391,94 @@ impl Internals for Pg {
     }
 }
 
+/// The catalog's `replication` row judged: `a` the physical standbys
+/// streaming from this server (a sender of logical decoding, such as the
+/// WAL outbox's relay, is connected to a database and is not one; nor is
+/// a base backup), `b` those whose `sync_state` is `sync` or `quorum`,
+/// `c` those whose state this role cannot read (without
+/// `pg_read_all_stats`), `d` `synchronous_standby_names`,
+/// `synchronous_commit` and `pg_is_in_recovery()`, joined by `|`. With
+/// asynchronous standbys, a failover (Patroni, repmgr, a managed service's)
+/// can promote one that never received a commit this server acknowledged:
+/// its message was acked to the broker, and it is gone.
+fn replication(row: &CatalogRow) -> Prerequisite {
+    let count = |v: &Option<String>| {
+        v.as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let (standbys, synchronous, unread) = (count(&row.a), count(&row.b), count(&row.c));
+    let d = row.d.as_deref().unwrap_or("");
+    let mut parts = d.rsplitn(3, '|');
+    let (recovery, commit, names) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+    );
+    const FIX: &str = "make the standbys a failover can promote synchronous: synchronous_standby_names = 'FIRST 1 (<standby>)' (or 'ANY 1 (..)') with synchronous_commit = on or remote_apply in postgresql.conf, then reload (Patroni: synchronous_mode: true); or fail over only once the standby has replayed all of the primary's WAL";
+    if recovery == "true" {
+        return Prerequisite::unknown("replication", "a standby",
+            "this server is a standby in recovery: it refuses writes, so no claim or enqueue can commit here, and its primary's replication is not readable from it",
+            "point the database URL at the primary (or at the address a failover moves with it)");
+    }
+    if standbys == 0 {
+        return Prerequisite::ok("replication", "no standby",
+            "no standby streams from this server, so no failover can promote one that missed a commit (a managed service's replicas that do not stream WAL, and standbys of standbys, do not show here)");
+    }
+    let plural = if standbys == 1 { "" } else { "s" };
+    if names.trim().is_empty() || matches!(commit, "local" | "off") {
+        return Prerequisite::warn("replication", "asynchronous",
+            format!("{standbys} standby{plural} stream{} from this server asynchronously (synchronous_standby_names = '{names}', synchronous_commit = {commit}): a failover to one may lose commits this server acknowledged, whose messages the inbox acked to their broker", if standbys == 1 { "s" } else { "" }),
+            FIX);
+    }
+    if unread == standbys {
+        return Prerequisite::unknown("replication", "not readable",
+            format!("synchronous_standby_names = '{names}' with synchronous_commit = {commit}: a commit waits for a named standby, but whether the {standbys} connected standby{plural} a failover could promote {} synchronous is not readable by this role", if standbys == 1 { "is" } else { "are" }),
+            "GRANT pg_read_all_stats TO the role, then run doctor again (or read sync_state in pg_stat_replication as a superuser)");
+    }
+    if synchronous == 0 {
+        return Prerequisite::warn("replication", "no synchronous standby",
+            format!("synchronous_standby_names = '{names}', but none of the {standbys} connected standby{plural} is synchronous now (sync_state async or potential): commits wait for a standby that is not there, and a failover to a connected one may lose acknowledged commits"),
+            FIX);
+    }
+    let rest = match standbys - synchronous {
+        0 => String::new(),
+        n => format!(
+            "; {n} other{} asynchronous or potential: fail over only to a synchronous one",
+            if n == 1 { " is" } else { "s are" }
+        ),
+    };
+    Prerequisite::ok("replication", "synchronous",
+        format!("{synchronous} of {standbys} standby{plural} synchronous (synchronous_standby_names = '{names}', synchronous_commit = {commit}): a commit is acknowledged once a standby has it{rest}"))
+}
+
 impl Dialect for Pg {
     const CATALOG: &'static str = CATALOG;
     fn version(record: &str) -> Option<u32> {
         parse_version_marker(record)
     }
 
-    fn durability(name: &str, value: Option<&str>) -> Option<(String, String)> {
-        match (name, value?) {
-            ("fsync", "off") => Some((
-                "fsync is off: a crash of the machine can lose or corrupt committed transactions".into(),
-                "fsync = on in postgresql.conf, then reload".into(),
-            )),
-            ("synchronous_commit", "off") => Some((
-                "synchronous_commit is off: a commit is acknowledged (a message acked to its broker, an enqueued message published) before it is on disk, and a crash of the server loses it".into(),
-                "synchronous_commit = on (or local, remote_write, remote_apply) in postgresql.conf, for the role (ALTER ROLE .. SET synchronous_commit = on) or the session".into(),
-            )),
-            ("full_page_writes", "off") => Some((
-                "full_page_writes is off: a crash of the machine can leave torn pages that recovery cannot repair".into(),
-                "full_page_writes = on in postgresql.conf, unless the file system writes pages atomically".into(),
-            )),
-            _ => None,
-        }
+    fn durability(setting: &CatalogRow) -> Option<Prerequisite> {
+        let value = setting.a.as_deref()?;
+        Some(match (setting.name.as_str(), value) {
+            ("fsync", "off") => Prerequisite::warn("fsync", value,
+                "fsync is off: a crash of the machine can lose or corrupt committed transactions",
+                "fsync = on in postgresql.conf, then reload",
+            ),
+            ("fsync", _) => Prerequisite::ok("fsync", value, "each commit's WAL is flushed to disk"),
+            ("synchronous_commit", "off") => Prerequisite::warn("synchronous_commit", value,
+                "synchronous_commit is off: a commit is acknowledged (a message acked to its broker, an enqueued message published) before it is on disk, and a crash of the server loses it",
+                "synchronous_commit = on (or local, remote_write, remote_apply) in postgresql.conf, for the role (ALTER ROLE .. SET synchronous_commit = on) or the session",
+            ),
+            ("synchronous_commit", _) => Prerequisite::ok("synchronous_commit", value, "a commit is acknowledged once its WAL is on disk"),
+            ("full_page_writes", "off") => Prerequisite::warn("full_page_writes", value,
+                "full_page_writes is off: a crash of the machine can leave torn pages that recovery cannot repair",
+                "full_page_writes = on in postgresql.conf, unless the file system writes pages atomically",
+            ),
+            ("full_page_writes", _) => Prerequisite::ok("full_page_writes", value, "recovery repairs pages torn by a crash"),
+            ("replication", _) => replication(setting),
+            _ => return None,
+        })
     }
 
     fn table_problems(table: &CatalogRow) -> Vec<TableProblem> {
@@ -451,6 +534,67 @@ impl Dialect for Pg {
 
 #[cfg(test)]
 mod tests {
+    /// The replication row, judged: no standby is ok; asynchronous
+    /// standbys WARN; synchronous ones are ok when one is readable as
+    /// synchronous, WARN when none is, unknown when the role cannot read
+    /// it; a standby in recovery is unknown; names with `|` parse.
+    #[test]
+    fn replication_is_judged_from_what_the_server_reports() {
+        use crate::prerequisite::Verdict;
+        let row = |a: &str, b: &str, c: &str, d: &str| CatalogRow {
+            kind: "setting".into(),
+            name: "replication".into(),
+            a: Some(a.into()),
+            b: Some(b.into()),
+            c: Some(c.into()),
+            d: Some(d.into()),
+        };
+        let judged = |a, b, c, d| {
+            let p = replication(&row(a, b, c, d));
+            (p.verdict, p.value)
+        };
+        let v = |verdict, value: &str| (verdict, value.to_owned());
+        assert_eq!(
+            judged("0", "0", "0", "|on|false"),
+            v(Verdict::Ok, "no standby")
+        );
+        assert_eq!(
+            judged("1", "0", "0", "|on|false"),
+            v(Verdict::Warn, "asynchronous")
+        );
+        assert_eq!(
+            judged("2", "0", "2", "|on|false"),
+            v(Verdict::Warn, "asynchronous")
+        );
+        assert_eq!(
+            judged("1", "1", "0", "s1|local|false"),
+            v(Verdict::Warn, "asynchronous")
+        );
+        assert_eq!(
+            judged("1", "1", "0", "s1|on|false"),
+            v(Verdict::Ok, "synchronous")
+        );
+        assert_eq!(
+            judged("2", "1", "0", "FIRST 1 (s1, s2)|remote_apply|false"),
+            v(Verdict::Ok, "synchronous")
+        );
+        assert_eq!(
+            judged("1", "0", "0", "s1|on|false"),
+            v(Verdict::Warn, "no synchronous standby")
+        );
+        assert_eq!(
+            judged("1", "0", "1", "s1|on|false"),
+            v(Verdict::Unknown, "not readable")
+        );
+        assert_eq!(
+            judged("0", "0", "0", "|on|true"),
+            v(Verdict::Unknown, "a standby")
+        );
+        let odd = replication(&row("1", "1", "0", "\"a|b\"|on|false"));
+        assert_eq!(odd.verdict, Verdict::Ok);
+        assert!(odd.detail.contains("'\"a|b\"'"), "{}", odd.detail);
+    }
+
     use super::*;
 
     fn error(kind: DatabaseErrorKind, message: &str) -> Error {
