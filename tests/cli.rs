@@ -728,13 +728,23 @@ fn an_outbox_relay_in_another_process_wakes_at_the_commit_on_postgres() {
             None
         })
     };
-    let mut relay = std::process::Command::new(assert_cmd::cargo::cargo_bin("diesel-inbox"))
+    let relay = std::process::Command::new(assert_cmd::cargo::cargo_bin("diesel-inbox"))
         .env_remove("DATABASE_URL")
         .args(["--database-url", url, "outbox", "relay", "--amqp", &amqp])
         .args(["--exchange", "", "--poll-interval", "60s"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("the relay");
+    // Killed when the test ends, also by a failed assertion: a relay left
+    // running would poll a dropped database for ever.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut relay = Killed(relay);
     let mut conn = Postgres::open(url);
     let mut enqueue = |body: &str| {
         conn.transaction(|conn| {
@@ -785,7 +795,13 @@ fn an_outbox_relay_in_another_process_wakes_at_the_commit_on_postgres() {
     };
     let mut watcher = Postgres::open(url);
     let since = Instant::now();
-    while !asleep(&mut watcher) && since.elapsed() < Duration::from_secs(10) {
+    while !asleep(&mut watcher) {
+        // (A relay still awake would find the next row without a wake-up,
+        // and the check below would prove nothing.)
+        assert!(
+            since.elapsed() < Duration::from_secs(60),
+            "the relay did not go to sleep within 60 s of its last publish"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(100));
@@ -798,12 +814,12 @@ fn an_outbox_relay_in_another_process_wakes_at_the_commit_on_postgres() {
         "a commit that did not notify woke the relay"
     );
     std::process::Command::new("kill")
-        .args(["-TERM", &relay.id().to_string()])
+        .args(["-TERM", &relay.0.id().to_string()])
         .status()
         .expect("kill");
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
-        if let Some(status) = relay.try_wait().expect("wait") {
+        if let Some(status) = relay.0.try_wait().expect("wait") {
             break status;
         }
         assert!(
@@ -813,7 +829,7 @@ fn an_outbox_relay_in_another_process_wakes_at_the_commit_on_postgres() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut out = String::new();
-    std::io::Read::read_to_string(&mut relay.stdout.take().expect("stdout"), &mut out)
+    std::io::Read::read_to_string(&mut relay.0.stdout.take().expect("stdout"), &mut out)
         .expect("stdout");
     assert!(status.success(), "{status:?} {out}");
     assert!(out.contains("published 6,"), "{out}");
@@ -939,4 +955,168 @@ fn the_outbox_relay_publishes_to_kafka() {
     assert_eq!(got[1].0.as_deref(), Some(&b"second"[..]));
     assert_eq!(got[1].1, None);
     assert_eq!(header(1, "message-id").as_deref(), Some(ids[1].as_str()));
+}
+
+/// `doctor` lists what the guarantee stands on, as the server reports it:
+/// on PostgreSQL `fsync`, `full_page_writes`, `synchronous_commit` and
+/// replication (this test server has no standby), each ok, exit 0; with
+/// `synchronous_commit = off` for the URL's sessions, a WARN line with the
+/// fix and exit 1; `--json` for scripts. On MariaDB the log flush is read
+/// and replication is unknown; on SQLite `synchronous` is unknown (a
+/// setting of each connection).
+#[test]
+#[cfg(feature = "postgres")]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built"
+)]
+fn doctor_lists_the_durability_prerequisites() {
+    use common::backends::postgres::Postgres;
+    let Some(db) = Postgres::fresh("cli_doctor") else {
+        return;
+    };
+    let (code, out, err) = run(cli(&db.url).arg("doctor"));
+    assert_eq!(code, 0, "{out}{err}");
+    for line in [
+        "ok       fsync = on: ",
+        "ok       full_page_writes = on: ",
+        "ok       synchronous_commit = on: ",
+        "ok       replication = no standby: no standby streams from this server",
+    ] {
+        assert!(
+            out.lines().any(|l| l.starts_with(line)),
+            "{line:?} in {out}"
+        );
+    }
+    let separator = if db.url.contains('?') { '&' } else { '?' };
+    let off = format!("{}{separator}options=-c%20synchronous_commit%3Doff", db.url);
+    let (code, out, err) = run(cli(&off).arg("doctor"));
+    assert_eq!(code, 1, "{out}{err}");
+    let warned: Vec<&str> = out.lines().filter(|l| l.starts_with("WARN")).collect();
+    assert_eq!(warned.len(), 1, "{out}");
+    assert!(
+        warned[0].starts_with("WARN     synchronous_commit = off: synchronous_commit is off: a commit is acknowledged")
+            && warned[0].contains("; fix: synchronous_commit = on"),
+        "{out}"
+    );
+    let (code, json, err) = run(cli(&off).args(["doctor", "--json"]));
+    assert_eq!(code, 1, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let commit = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .find(|p| p["name"] == "synchronous_commit")
+        .expect("synchronous_commit listed");
+    assert_eq!(commit["verdict"], "warn", "{json}");
+    assert_eq!(commit["value"], "off", "{json}");
+    assert!(
+        commit["fix"].as_str().is_some_and(|f| f.contains("= on")),
+        "{json}"
+    );
+}
+
+#[test]
+#[cfg(feature = "mysql")]
+#[cfg_attr(
+    not(inbox_test_mysql),
+    ignore = "INBOX_TEST_MYSQL_URL was not set when the tests were built"
+)]
+fn doctor_on_mysql_reads_the_log_flush_and_not_replication() {
+    let Some(db) = common::backends::mysql::Mysql::fresh("cli_doctor") else {
+        return;
+    };
+    let (code, out, err) = run(cli(&db.url).arg("doctor"));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("ok       innodb_flush_log_at_trx_commit = 1: ")),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("unknown  replication = not readable: ")
+                && l.contains("AFTER_SYNC")),
+        "{out}"
+    );
+}
+
+#[test]
+#[cfg(feature = "sqlite")]
+fn doctor_on_sqlite_says_synchronous_is_per_connection() {
+    let Some(db) = common::backends::sqlite::Sqlite::fresh("cli_doctor") else {
+        return;
+    };
+    assert_eq!(run(cli(&db.url).arg("migrate")).0, 0);
+    let (code, out, err) = run(cli(&db.url).arg("doctor"));
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.lines().count(), 1, "one prerequisite, unknown: {out}");
+    assert!(
+        out.starts_with("unknown  synchronous = set per connection: ")
+            && out.contains("PRAGMA synchronous = FULL"),
+        "{out}"
+    );
+}
+
+/// `doctor --nats URL --stream NAME` reads each stream's storage and
+/// replicas too (`diesel_inbox::nats::stream_durability`): memory storage
+/// and a single replica are WARNs with the fix, scoped by stream; a
+/// stream that does not exist is an error naming it.
+#[test]
+#[cfg(all(feature = "nats", feature = "sqlite"))]
+fn doctor_reads_the_jetstream_streams_named() {
+    use common::backends::sqlite::Sqlite;
+    let Some(nats) = std::env::var("INBOX_TEST_NATS_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        eprintln!("SKIPPED: INBOX_TEST_NATS_URL is not set");
+        return;
+    };
+    let Some(db) = Sqlite::fresh("cli_doctor_nats") else {
+        return;
+    };
+    assert_eq!(run(cli(&db.url).arg("migrate")).0, 0);
+    let name = common::unique_identifier("cli_doctor_nats").replace('-', "_");
+    let js = common::modes::runtime().block_on(async {
+        let client = async_nats::connect(&nats).await.expect("connect to NATS");
+        let js = async_nats::jetstream::new(client);
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("doctor.{name}")],
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+        js
+    });
+    let (code, out, err) = run(cli(&db.url).args(["doctor", "--nats", &nats, "--stream", &name]));
+    let (missing, _, gone) =
+        run(cli(&db.url).args(["doctor", "--nats", &nats, "--stream", "no_such_stream_here"]));
+    common::modes::runtime().block_on(async {
+        let _ = js.delete_stream(&name).await;
+    });
+    assert_eq!(code, 1, "{out}{err}");
+    let scope = format!("nats stream {name}: ");
+    assert!(
+        out.lines().any(
+            |l| l.starts_with(&format!("{scope}WARN     storage = memory: "))
+                && l.contains("fix: a stream with storage: file")
+        ),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(
+            |l| l.starts_with(&format!("{scope}WARN     num_replicas = 1: "))
+                && l.contains("num_replicas: 3")
+        ),
+        "{out}"
+    );
+    assert!(
+        out.starts_with("unknown  synchronous = "),
+        "the database first: {out}"
+    );
+    assert_eq!(missing, 2, "{gone}");
+    assert!(gone.contains("no_such_stream_here"), "{gone}");
 }

@@ -5,14 +5,14 @@
 
 #[allow(unused_imports)]
 use diesel_inbox::{
-    attempts, attempts_list, consumers, ddl, forget, guide, idempotent, inbox, inbox_messages,
-    migrate, outbox, outbox_messages, overview, positions, purge, recent_duplicates,
-    schema_version, stats, status, validate_key, Attempts, Batch, ConsumerActivity, ConsumerName,
-    ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox, InboxBackend, InboxConnection,
-    InboxEntry, InboxError, InboxKey, InvalidKey, Outcome, Overview, Processed, Purge, PurgeReport,
-    RegisteredHandler, RetryableError, RowCount, Stored, StoredResult, StreamPosition,
-    TableProblem, COUNT_CAP, MAX_KEY_BYTES, MAX_PURGE_BATCH, RATE_CAP, RATE_MINUTES,
-    SCHEMA_VERSION,
+    attempts, attempts_list, consumers, ddl, durability, forget, guide, idempotent, inbox,
+    inbox_messages, migrate, outbox, outbox_messages, overview, positions, purge,
+    recent_duplicates, schema_version, stats, status, validate_key, Attempts, Batch,
+    ConsumerActivity, ConsumerName, ConsumerStats, ErrorClass, ErrorObserver, Fingerprint, Inbox,
+    InboxBackend, InboxConnection, InboxEntry, InboxError, InboxKey, InvalidKey, Outcome, Overview,
+    Prerequisite, Processed, Purge, PurgeReport, RegisteredHandler, RetryableError, RowCount,
+    Stored, StoredResult, StreamPosition, TableProblem, Verdict, COUNT_CAP, MAX_KEY_BYTES,
+    MAX_PURGE_BATCH, RATE_CAP, RATE_MINUTES, SCHEMA_VERSION,
 };
 
 #[allow(unused_imports)]
@@ -24,9 +24,9 @@ use diesel_inbox::inbox::{
 #[cfg(feature = "async")]
 #[allow(unused_imports)]
 use diesel_inbox::{
-    attempts_async, attempts_list_async, forget_async, migrate_async, overview_async,
-    positions_async, purge_async, stats_async, status_async, AsAsyncConnection, AsyncBatchBody,
-    AsyncBody, AsyncInboxConnection,
+    attempts_async, attempts_list_async, durability_async, forget_async, migrate_async,
+    overview_async, positions_async, purge_async, stats_async, status_async, AsAsyncConnection,
+    AsyncBatchBody, AsyncBody, AsyncInboxConnection,
 };
 
 #[allow(unused_imports)]

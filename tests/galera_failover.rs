@@ -66,6 +66,9 @@ mod failover {
         ignore = "INBOX_TEST_GALERA_URLS was not set when the tests were built: start a cluster with scripts/galera-cluster.sh start, set INBOX_TEST_GALERA_URLS=$(scripts/galera-cluster.sh urls) and run cargo test --all-features"
     )]
     fn a_node_killed_mid_run_loses_nothing() {
+        if crate::support::skip_slow() {
+            return;
+        }
         let Some(nodes) = nodes() else { return };
         if script(&["urls"]) != nodes.join(",") {
             crate::common::skipped(

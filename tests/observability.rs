@@ -855,3 +855,66 @@ fn console_actions_are_counted_on_a_bb8_pool() {
     .collect();
     assert_eq!(counted, expected);
 }
+
+/// A relay whose broker is unavailable says why, in a WARN with the
+/// publisher's error, and gives the message back (released, not failed).
+#[cfg(feature = "bb8")]
+#[test]
+fn a_relay_warns_why_the_broker_is_unavailable() {
+    use diesel_async::pooled_connection::{bb8, AsyncDieselConnectionManager};
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use diesel_inbox::outbox::{self, OutboxMessage, Outgoing, Publish, PublishError, Relay};
+    type Conn = SyncConnectionWrapper<SqliteConnection>;
+
+    struct Down;
+    impl Publish for Down {
+        async fn publish(&self, messages: &[OutboxMessage]) -> Vec<Result<(), PublishError>> {
+            messages
+                .iter()
+                .map(|_| Err(PublishError::unavailable("node-7 refused the connection")))
+                .collect()
+        }
+    }
+
+    let dir = std::env::temp_dir().join(format!("inbox-relay-warn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let url = dir.join("r.db").to_string_lossy().into_owned();
+    let mut sync = SqliteConnection::establish(&url).expect("connect");
+    diesel_inbox::migrate(&mut sync).expect("migrate");
+    sync.transaction(|conn| outbox::enqueue(conn, Outgoing::new("orders", "a")))
+        .expect("enqueue");
+    let log = Log::default();
+    let subscriber = tracing_subscriber::registry().with(log.clone());
+    let report = tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let pool: bb8::Pool<Conn> = bb8::Pool::builder()
+                .max_size(2)
+                .build(AsyncDieselConnectionManager::new(url.clone()))
+                .await
+                .expect("a bb8 pool");
+            Relay::new(pool, Down).run_once().await.expect("a pass")
+        })
+    });
+    assert_eq!(
+        (report.published, report.failed, report.released),
+        (0, 0, 1)
+    );
+    let events = log.events.lock().expect("log").clone();
+    let warned: Vec<&Logged> = events
+        .iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .collect();
+    assert_eq!(warned.len(), 1, "{events:#?}");
+    assert_eq!(warned[0].target, "diesel_inbox");
+    assert!(
+        warned[0].fields["error"].contains("node-7 refused the connection"),
+        "{warned:?}"
+    );
+    let status = outbox::status(&mut sync).expect("status");
+    assert_eq!((status.pending, status.dead), (1, 0), "given back, pending");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1379,21 +1379,26 @@ fn the_relay_and_status_report_metrics() {
 }
 
 /// A transaction held open (and with it PostgreSQL's vacuum horizon: the
-/// rows the relay deletes stay behind as dead tuples) for 60 s while
-/// 50,000 messages of 20 ordering keys flow through a running relay to
+/// rows the relay deletes stay behind as dead tuples) for 20 s while
+/// 16,800 messages of 20 ordering keys flow through a running relay to
 /// RabbitMQ: every message arrives once, in its key's order, within
-/// twice the hold, and the outbox is empty after the holder commits. The relay's rate before,
-/// during and after such a transaction is the benchmark's (`--outbox
-/// --outbox-horizon 60`); this prints the backlog it saw.
+/// twice the hold, and the outbox is empty after the holder commits. The
+/// relay's rate before, during and after a longer such transaction is the
+/// benchmark's (`--outbox --outbox-horizon 60`); this prints the backlog it
+/// saw. (It held 60 s with 50,000 messages until the CI's time was cut:
+/// the same dead tuples, three times fewer, and the same pace.)
 #[cfg(feature = "postgres")]
 #[test]
 fn a_long_transaction_holding_the_vacuum_horizon_does_not_stop_the_relay() {
     use diesel::connection::SimpleConnection;
     type B = common::backends::postgres::Postgres;
-    const HOLD: Duration = Duration::from_secs(60);
+    const HOLD: Duration = Duration::from_secs(20);
     const KEYS: usize = 20;
-    const CHUNKS: usize = 100;
-    const PER_CHUNK: usize = 500;
+    const CHUNKS: usize = 40;
+    const PER_CHUNK: usize = 420;
+    if support::skip_slow() {
+        return;
+    }
     let Some(db) = database::<B>("outbox_horizon") else {
         return;
     };
@@ -1436,7 +1441,7 @@ fn a_long_transaction_holding_the_vacuum_horizon_does_not_stop_the_relay() {
                 })
                 .await
                 .expect("enqueue a chunk");
-                if chunk % 20 == 19 {
+                if chunk % 10 == 9 {
                     let backlog = outbox::status_async(&mut *conn).await.expect("status");
                     println!(
                         "{:.0} s, {} enqueued: {} pending",
@@ -1447,7 +1452,7 @@ fn a_long_transaction_holding_the_vacuum_horizon_does_not_stop_the_relay() {
                 }
             }
         };
-        // The producer enqueues about 833 messages a second: all of them
+        // The producer enqueues 840 messages a second: all of them
         // within twice the hold means the relay kept at least half that
         // pace with the horizon held (it keeps up here: the backlog stays
         // at the chunk just enqueued).
@@ -1458,7 +1463,7 @@ fn a_long_transaction_holding_the_vacuum_horizon_does_not_stop_the_relay() {
             got
         });
         let report = report.expect("relay");
-        // Held for the whole minute, however soon the messages arrived.
+        // Held for the whole hold, however soon the messages arrived.
         tokio::time::sleep_until((opened + HOLD).into()).await;
         let held = opened.elapsed();
         holder

@@ -217,6 +217,9 @@ fn a_batch_publishes_a_keys_messages_in_waves_and_a_refusal_holds_back_the_rest(
     ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
 )]
 fn the_relay_stops_within_its_grace_while_the_database_stalls() {
+    if support::skip_slow() {
+        return;
+    }
     let db = Database::create("stall");
     let proxy =
         proxy::Proxy::start("127.0.0.1:5432".parse().expect("an address")).expect("a proxy");
@@ -284,7 +287,27 @@ fn the_relay_stops_within_its_grace_while_the_database_stalls() {
             .await
             .expect("status")
             .pending;
-        assert_eq!(pending, 2 - report.published, "{report:?}");
+        // The second is pending. The first is gone if the relay counted it
+        // published; if not, either pending or gone: its delete may have
+        // committed on the server while the answer was blackholed.
+        #[derive(diesel::QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Binary)]
+            payload: Vec<u8>,
+        }
+        let rows: Vec<Row> = diesel_async::RunQueryDsl::load(
+            diesel::sql_query("SELECT payload FROM outbox_messages ORDER BY seq"),
+            &mut conn,
+        )
+        .await
+        .expect("the outbox's rows");
+        let left: Vec<Vec<u8>> = rows.into_iter().map(|row| row.payload).collect();
+        assert_eq!(left.len() as u64, pending, "{left:?}");
+        match (report.published, left.len()) {
+            (0 | 1, 1) => assert_eq!(left, [b"2".to_vec()], "{report:?}"),
+            (0, 2) => assert_eq!(left, [b"1".to_vec(), b"2".to_vec()], "{report:?}"),
+            _ => panic!("{left:?} left in the outbox: {report:?}"),
+        }
     });
 }
 
@@ -434,12 +457,13 @@ fn a_delayed_message_below_the_floor_is_published_when_due() {
     runtime.block_on(async {
         let mut conn = db.migrated().await;
         // Its delay counts from its transaction, not from the first pass
-        // (which may take a while on a loaded machine).
+        // (which may take a while on a loaded machine: CI saw the first
+        // pass outlast a delay of 2 s and publish it too).
         let enqueued = Instant::now();
         conn.transaction(async |conn| -> Result<(), diesel_inbox::InboxError> {
             let later = Outgoing::new("orders", "d1")
                 .ordering_key("d")
-                .deliver_after(Duration::from_secs(2));
+                .deliver_after(Duration::from_secs(8));
             outbox::enqueue_async(conn, later).await?;
             outbox::enqueue_async(conn, Outgoing::new("orders", "d2").ordering_key("d")).await?;
             Ok(())
@@ -459,19 +483,18 @@ fn a_delayed_message_below_the_floor_is_published_when_due() {
         assert_eq!(report.published, 300, "{report:?}");
         publisher.calls.lock().expect("lock").clear();
 
-        let began = Instant::now();
         let mut published = 0;
         while published < 2 {
             assert!(
-                began.elapsed() < Duration::from_secs(10),
+                enqueued.elapsed() < Duration::from_secs(20),
                 "d1 not published"
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
             published += relay.run_once().await.expect("a pass").published;
         }
         assert!(
-            enqueued.elapsed() >= Duration::from_millis(1500),
-            "published {:?} after its enqueue, delayed by 2 s",
+            enqueued.elapsed() >= Duration::from_millis(7500),
+            "published {:?} after its enqueue, delayed by 8 s",
             enqueued.elapsed()
         );
         let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));

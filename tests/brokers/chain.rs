@@ -80,6 +80,13 @@ fn on_postgres(db: &str) -> bool {
     db.starts_with("postgres")
 }
 
+/// Whether A on PostgreSQL enqueues to the outbox table rather than the
+/// WAL (`INBOX_CHAIN_OUTBOX=table`: the failover chain, whose logical slot
+/// would not survive the promotion of a standby).
+fn table_outbox() -> bool {
+    std::env::var("INBOX_CHAIN_OUTBOX").as_deref() == Ok("table")
+}
+
 /// Service B: one stock row per stock message.
 #[idempotent(key = "id", consumer = "chain-b")]
 async fn reserve(conn: &mut Conn, id: &str, body: &[u8]) -> Result<(), AppError> {
@@ -127,16 +134,24 @@ async fn serve<S: Source>(
     let url = var("INBOX_CHAIN_DB");
     #[cfg(feature = "postgres")]
     if on_postgres(&url) {
-        use diesel_async::AsyncConnection;
-        outbox::set_wal(true);
-        let db = tokio::sync::Mutex::new(
-            diesel_async::AsyncPgConnection::establish(&url)
-                .await
-                .map_err(|e| e.to_string())?,
-        );
+        use diesel_async::pooled_connection::{deadpool::Pool, AsyncDieselConnectionManager};
+        outbox::set_wal(!table_outbox());
+        // A pool of one: a connection lost with its server (a failover)
+        // is replaced by the next `get`, and A applies one order at a
+        // time, so that its rows' ids are its commit order, which
+        // `check_chain` compares B's order with.
+        let pool = Pool::builder(AsyncDieselConnectionManager::<
+            diesel_async::AsyncPgConnection,
+        >::new(url))
+        .max_size(1)
+        .build()
+        .map_err(|e| e.to_string())?;
         let stock = var("INBOX_CHAIN_STOCK_DEST");
         let handle = async |id: &str, body: &[u8]| -> Result<Processed<()>, AppError> {
-            place_pg(&mut *db.lock().await, id, body, &stock).await
+            match pool.get().await {
+                Ok(mut conn) => place_pg(&mut conn, id, body, &stock).await,
+                Err(e) => Err(AppError::Pool(e.to_string())),
+            }
         };
         return consumer
             .in_flight(in_flight)
@@ -171,12 +186,12 @@ async fn consume(service: &str) -> Result<(), String> {
     match var("INBOX_BROKER").as_str() {
         #[cfg(feature = "lapin")]
         "rabbitmq" => {
-            serve(
-                diesel_inbox::lapin::Consumer::connect(url, queue, policy()),
-                service,
-                in_flight,
-            )
-            .await
+            // A cluster's nodes, comma-separated: the first that answers.
+            let consumer = match url.contains(',') {
+                true => diesel_inbox::lapin::Consumer::connect_any(url.split(','), queue, policy()),
+                false => diesel_inbox::lapin::Consumer::connect(url, queue, policy()),
+            };
+            serve(consumer, service, in_flight).await
         }
         #[cfg(feature = "nats")]
         "nats" => {
@@ -236,7 +251,8 @@ async fn relay() -> Result<(), String> {
             .max_size(2)
             .build()
             .map_err(|e| e.to_string())?;
-        return relay_on(pool, Some(var("INBOX_CHAIN_DB")), &url).await;
+        let wal = (!table_outbox()).then(|| var("INBOX_CHAIN_DB"));
+        return relay_on(pool, wal, &url).await;
     }
     let manager =
         AsyncDieselConnectionManager::<Conn>::new_with_config(var("INBOX_CHAIN_DB"), config);
@@ -267,7 +283,10 @@ async fn relay_on<D: outbox::RelayPool>(
     let report = match var("INBOX_BROKER").as_str() {
         #[cfg(feature = "lapin")]
         "rabbitmq" => {
-            let publisher = outbox::lapin::Publisher::connect(url, "");
+            let publisher = match url.contains(',') {
+                true => outbox::lapin::Publisher::connect_any(url.split(','), ""),
+                false => outbox::lapin::Publisher::connect(url, ""),
+            };
             with_wal(Relay::new(pool, publisher), wal)
                 .batch_size(20)
                 .poll_interval(Duration::from_millis(50))
@@ -304,7 +323,7 @@ async fn relay_on<D: outbox::RelayPool>(
         other => return Err(format!("unknown broker {other}")),
     }
     .map_err(|e| e.to_string())?;
-    println!(
+    eprintln!(
         "relay published={} failed={} dead={} released={} errors={}",
         report.published, report.failed, report.dead, report.released, report.errors
     );
@@ -314,6 +333,14 @@ async fn relay_on<D: outbox::RelayPool>(
 /// The chain's processes: `Some(exit code)` when this process is one.
 pub fn role() -> Option<i32> {
     let role = std::env::var("INBOX_BROKER_ROLE").ok()?;
+    // `INBOX_BROKER_LOG=1`: the library's INFO and WARN lines on stderr
+    // (the chain's log), for a scenario being debugged.
+    if std::env::var_os("INBOX_BROKER_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let run = |f: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>>>>| {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -343,6 +370,8 @@ struct Process {
     queue: String,
     child: Option<Child>,
     kills: u32,
+    /// More of the process's environment.
+    env: Vec<(&'static str, String)>,
 }
 
 impl Process {
@@ -353,6 +382,7 @@ impl Process {
             queue: queue.to_string(),
             child: None,
             kills: 0,
+            env: Vec::new(),
         }
     }
 
@@ -369,6 +399,7 @@ impl Process {
             .env("INBOX_CHAIN_DB", &self.db)
             .env("INBOX_CHAIN_QUEUE", &self.queue)
             .env("INBOX_CHAIN_STOCK_DEST", stock_dest)
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -542,6 +573,20 @@ struct Chain {
     teardown: fn(&str, &str),
 }
 
+impl Chain {
+    /// Orders 1 to `n` for the orders queue, `c<seq % customers>:<seq>`.
+    fn orders_of(&self, n: u64, customers: u64) -> Vec<(String, Vec<u8>)> {
+        (1..=n)
+            .map(|seq| {
+                (
+                    format!("{}-{seq}", self.orders),
+                    format!("c{}:{seq}", seq % customers).into_bytes(),
+                )
+            })
+            .collect()
+    }
+}
+
 impl Drop for Chain {
     fn drop(&mut self) {
         (self.teardown)(&self.url, &self.orders);
@@ -575,6 +620,17 @@ fn wal_chain_setup<B: Broker>(url: &str) -> Result<Option<Chain>, String> {
 }
 
 fn chain_setup<B: Broker>(url: &str, name: &str) -> Result<Chain, String> {
+    chain_setup_with::<B>(url, name, &|url, queue, ordered| match ordered {
+        true => B::setup_ordered(url, queue),
+        false => B::setup(url, queue),
+    })
+}
+
+/// [`chain_setup`] with the queues made by `setup(url, queue, ordered)`
+/// (`ordered`: the stock queue, which keeps per-key order).
+type Setup<'a> = &'a dyn Fn(&str, &str, bool) -> Result<(), String>;
+
+fn chain_setup_with<B: Broker>(url: &str, name: &str, setup: Setup) -> Result<Chain, String> {
     let run = crate::scenarios::run_id();
     let dir = std::env::temp_dir();
     let path = |what: &str| {
@@ -600,8 +656,8 @@ fn chain_setup<B: Broker>(url: &str, name: &str) -> Result<Chain, String> {
             .batch_execute(CHAIN_DDL)
             .map_err(|e| e.to_string())?;
     }
-    B::setup(url, &chain.orders)?;
-    B::setup_ordered(url, &chain.stock)?;
+    setup(url, &chain.orders, false)?;
+    setup(url, &chain.stock, true)?;
     Ok(chain)
 }
 
@@ -630,14 +686,7 @@ fn killed_at_random<B: Broker>(url: &str, chain: Chain) -> Result<String, String
     const WAVES: usize = 8;
     const KILLS: u32 = 3;
     let stock_dest = B::destination(&chain.stock);
-    let orders: Vec<(String, Vec<u8>)> = (1..=n)
-        .map(|seq| {
-            (
-                format!("{}-{seq}", chain.orders),
-                format!("c{}:{seq}", seq % CUSTOMERS).into_bytes(),
-            )
-        })
-        .collect();
+    let orders = chain.orders_of(n, CUSTOMERS);
     let mut waves = orders.chunks(orders.len() / WAVES);
     let mut all = [
         Process::new("chain-a", &chain.a_db, &chain.orders),
@@ -683,31 +732,7 @@ fn killed_at_random<B: Broker>(url: &str, chain: Chain) -> Result<String, String
                 dropped = Some(B::drop_connections()?);
             }
         }
-        while applied() < n {
-            ensure!(
-                Instant::now() < deadline,
-                "{} of {n} stock messages applied by B after 180 s (log: {})",
-                applied(),
-                chain.log
-            );
-            for p in all.iter_mut() {
-                p.alive()?;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        // A relay killed between the broker's confirm and its delete left
-        // rows claimed: the next one publishes them again once their lease
-        // (5 s) has run out, and B settles them as duplicates.
-        let drained = Instant::now() + Duration::from_secs(30);
-        while a_status(&chain.a_db).is_ok_and(|s| s.pending > 0) && Instant::now() < drained {
-            for p in all.iter_mut() {
-                p.alive()?;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        // Redeliveries of the last messages settle as duplicates.
-        std::thread::sleep(Duration::from_secs(1));
-        Ok(())
+        settle(&mut all, &chain, n, deadline)
     })();
     let mut stopped = Ok(());
     for p in all.iter_mut() {
@@ -726,6 +751,150 @@ fn killed_at_random<B: Broker>(url: &str, chain: Chain) -> Result<String, String
         "{summary}; SIGKILLs: {} (seed {seed}); {}",
         kills.join(", "),
         dropped.unwrap_or_else(|| "no connection drop (finished first)".into())
+    ))
+}
+
+/// The last publish errors in A's outbox (SQLite), for a failure's
+/// message.
+#[cfg(any(feature = "lapin", feature = "nats"))]
+fn last_errors(db: &str) -> String {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        e: String,
+    }
+    SqliteConnection::establish(db)
+        .ok()
+        .and_then(|mut c| {
+            diesel::sql_query(
+                "SELECT attempts || ' attempts: ' || last_error AS e FROM outbox_messages WHERE last_error IS NOT NULL ORDER BY seq LIMIT 3",
+            )
+            .load::<Row>(&mut c)
+            .ok()
+        })
+        .map(|rows| rows.into_iter().map(|r| r.e).collect::<Vec<_>>().join("; "))
+        .unwrap_or_default()
+}
+
+/// What the relay processes of a chain's log published in all (each
+/// prints `relay published=N ...` when it stops).
+#[cfg(any(feature = "lapin", feature = "nats", feature = "postgres"))]
+fn relay_published(log: &str) -> u64 {
+    log.lines()
+        .filter_map(|l| {
+            l.strip_prefix("relay published=")?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Waits until B has applied all `n` orders (by `deadline`) and A's
+/// outbox is empty (30 s more at most), every process still running.
+fn settle(all: &mut [Process], chain: &Chain, n: u64, deadline: Instant) -> Result<(), String> {
+    let applied = || count(&chain.b_db, "SELECT COUNT(*) FROM chain_stock") as u64;
+    while applied() < n {
+        ensure!(
+            Instant::now() < deadline,
+            "{} of {n} stock messages applied by B in time (log: {})",
+            applied(),
+            chain.log
+        );
+        for p in all.iter_mut() {
+            p.alive()?;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A relay killed between the broker's confirm and its delete left
+    // rows claimed: the next one publishes them again once their lease
+    // (5 s) has run out, and B settles them as duplicates.
+    let drained = Instant::now() + Duration::from_secs(30);
+    while a_status(&chain.a_db).is_ok_and(|s| s.pending > 0) && Instant::now() < drained {
+        for p in all.iter_mut() {
+            p.alive()?;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Redeliveries of the last messages settle as duplicates.
+    std::thread::sleep(Duration::from_secs(1));
+    Ok(())
+}
+
+/// The chain (A, the relay and B on SQLite) on a broker cluster. The
+/// queues are made (and the orders published) through `seed` by `setup`
+/// (replicated); the processes are given `nodes` (RabbitMQ: every node's
+/// URL, comma-separated, the first answering taken; NATS: one node's, the
+/// client learns the rest).
+/// Once A has placed a third of the orders, `lose_node` SIGKILLs the
+/// node they are connected to. Every order must reach B exactly once, in
+/// order per customer, without that node coming back.
+#[cfg(any(feature = "lapin", feature = "nats"))]
+pub(crate) fn across_node_loss<B: Broker>(
+    seed: &str,
+    nodes: &str,
+    setup: Setup,
+    lose_node: &mut dyn FnMut() -> Result<String, String>,
+) -> Result<String, String> {
+    const CUSTOMERS: u64 = 8;
+    let n: u64 = 600;
+    let chain = chain_setup_with::<B>(seed, "nodeloss", setup)?;
+    let stock_dest = B::destination(&chain.stock);
+    let orders = chain.orders_of(n, CUSTOMERS);
+    let _ = std::fs::remove_file(&chain.log);
+    let mut all = [
+        Process::new("chain-a", &chain.a_db, &chain.orders),
+        Process::new("chain-relay", &chain.a_db, ""),
+        Process::new("chain-b", &chain.b_db, &chain.stock),
+    ];
+    for p in all.iter_mut() {
+        p.start::<B>(nodes, &stock_dest, &chain.log)?;
+    }
+    let placed = || count(&chain.a_db, "SELECT COUNT(*) FROM chain_orders") as u64;
+    let result = (|| {
+        B::publish(seed, &chain.orders, &orders)?;
+        let began = Instant::now();
+        while placed() < n / 3 {
+            ensure!(
+                began.elapsed() < Duration::from_secs(120),
+                "A placed fewer than {} orders in 120 s (log: {})",
+                n / 3,
+                chain.log
+            );
+            for p in all.iter_mut() {
+                p.alive()?;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let at = (
+            placed(),
+            count(&chain.b_db, "SELECT COUNT(*) FROM chain_stock"),
+        );
+        let lost = lose_node()?;
+        let killed = Instant::now();
+        settle(&mut all, &chain, n, killed + Duration::from_secs(180))
+            .map_err(|e| format!("{e}; A's outbox: {}", last_errors(&chain.a_db)))?;
+        Ok(format!(
+            "{lost} when A had placed {} and B applied {}; settled {:.1} s later",
+            at.0,
+            at.1,
+            killed.elapsed().as_secs_f64()
+        ))
+    })();
+    let mut stopped = Ok(());
+    for p in all.iter_mut() {
+        let s = p.stop();
+        stopped = stopped.and(s);
+    }
+    let said = result?;
+    stopped.map_err(|e| format!("{e} (log: {})", chain.log))?;
+    let summary = check_chain(&chain.a_db, &chain.b_db, n, B::ORDERED)?;
+    let log = std::fs::read_to_string(&chain.log).unwrap_or_default();
+    let published = relay_published(&log);
+    let _ = std::fs::remove_file(&chain.log);
+    Ok(format!(
+        "{said}: {summary}; the relay published {published} (a publish whose confirm was lost with the node is made again, and B absorbs it)"
     ))
 }
 
@@ -814,4 +983,152 @@ pub fn relay_survives_a_broker_outage<B: Broker>(url: &str) -> Result<String, St
     check_chain(&chain.a_db, &chain.b_db, n, B::ORDERED)?;
     let _ = std::fs::remove_file(&chain.log);
     Ok(summary)
+}
+
+/// What the chain kept across a failover of A's database, per order.
+#[cfg(feature = "postgres")]
+pub(crate) struct AcrossFailover {
+    pub(crate) n: u64,
+    /// Orders neither A (its new primary) nor B has: acked, and gone.
+    pub(crate) lost: u64,
+    /// Orders B applied whose order row A no longer has (published before
+    /// the failover, then lost on A).
+    pub(crate) stray: u64,
+    /// Orders A has and B never got.
+    pub(crate) unpublished: u64,
+    /// Rows applied twice, by A or by B.
+    pub(crate) doubled: u64,
+    /// What the relay published in all (more than the orders kept: rows
+    /// deleted after their confirm came back with the failover).
+    pub(crate) published: u64,
+    /// `check_chain`'s verdict on the new primary (exact, in order).
+    pub(crate) exact: Result<String, String>,
+    pub(crate) failover: String,
+}
+
+/// The chain with A on PostgreSQL at `a_url` (through the caller's
+/// virtual IP), enqueuing to the outbox table: A with 8 in flight, one
+/// relay process, B. Once A has placed `at` orders, `fail_over` fails A's
+/// database over (`a_after` is the new primary); when the chain is quiet
+/// again, every order is looked up in A and in B.
+#[cfg(feature = "postgres")]
+pub(crate) fn across_failover<B: Broker>(
+    url: &str,
+    a_url: &str,
+    a_before: &str,
+    a_after: &str,
+    n: u64,
+    at: u64,
+    fail_over: &mut dyn FnMut() -> Result<String, String>,
+) -> Result<AcrossFailover, String> {
+    const CUSTOMERS: u64 = 8;
+    let mut chain = chain_setup::<B>(url, "pgfailover")?;
+    {
+        let mut conn = PgConnection::establish(a_before).map_err(|e| e.to_string())?;
+        diesel_inbox::migrate(&mut conn).map_err(|e| e.to_string())?;
+        conn.batch_execute(PG_CHAIN_DDL)
+            .map_err(|e| e.to_string())?;
+    }
+    chain.a_db = a_url.to_owned();
+    let stock_dest = B::destination(&chain.stock);
+    let orders = chain.orders_of(n, CUSTOMERS);
+    let mut all = [
+        Process::new("chain-a", &chain.a_db, &chain.orders),
+        Process::new("chain-relay", &chain.a_db, ""),
+        Process::new("chain-b", &chain.b_db, &chain.stock),
+    ];
+    for p in all.iter_mut() {
+        p.env.push(("INBOX_CHAIN_OUTBOX", "table".into()));
+        p.start::<B>(url, &stock_dest, &chain.log)?;
+    }
+    let placed_on = |db: &str| -> u64 {
+        PgConnection::establish(db)
+            .ok()
+            .and_then(|mut c| {
+                diesel::dsl::sql::<diesel::sql_types::BigInt>("SELECT COUNT(*) FROM chain_orders")
+                    .get_result::<i64>(&mut c)
+                    .ok()
+            })
+            .unwrap_or(0) as u64
+    };
+    let applied = || count(&chain.b_db, "SELECT COUNT(*) FROM chain_stock") as u64;
+    let result = (|| {
+        B::publish(url, &chain.orders, &orders)?;
+        let began = Instant::now();
+        while placed_on(a_before) < at {
+            ensure!(
+                began.elapsed() < Duration::from_secs(120),
+                "A placed fewer than {at} orders in 120 s (log: {})",
+                chain.log
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let said = fail_over()?;
+        // Quiet: B has every order, or nothing moved for 8 s with A's
+        // outbox empty.
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut last = (0, 0);
+        let mut still = Instant::now();
+        loop {
+            for p in all.iter_mut() {
+                p.alive()?;
+            }
+            let now = (placed_on(a_after), applied());
+            if now.1 >= n {
+                break;
+            }
+            if now != last {
+                last = now;
+                still = Instant::now();
+            } else if still.elapsed() > Duration::from_secs(8)
+                && a_status(a_after).is_ok_and(|s| s.pending == 0)
+            {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the chain did not settle within 180 s of the failover: A {} placed, B {} applied (log: {})",
+                now.0,
+                now.1,
+                chain.log
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // Redeliveries of the last messages settle as duplicates.
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(said)
+    })();
+    let mut stopped = Ok(());
+    for p in all.iter_mut() {
+        let s = p.stop();
+        stopped = stopped.and(s);
+    }
+    let failover = result?;
+    stopped.map_err(|e| format!("{e} (log: {})", chain.log))?;
+    let placed = rows(a_after, "chain_orders")?;
+    let reserved = rows(&chain.b_db, "chain_stock")?;
+    let ids = |rows: &[Applied]| {
+        rows.iter()
+            .map(|r| r.order_id.clone())
+            .collect::<std::collections::HashSet<_>>()
+    };
+    let (in_a, in_b) = (ids(&placed), ids(&reserved));
+    let lost = orders
+        .iter()
+        .filter(|(id, _)| !in_a.contains(id) && !in_b.contains(id))
+        .count() as u64;
+    let log = std::fs::read_to_string(&chain.log).unwrap_or_default();
+    let published = relay_published(&log);
+    let exact = check_chain(a_after, &chain.b_db, n, B::ORDERED);
+    let _ = std::fs::remove_file(&chain.log);
+    Ok(AcrossFailover {
+        n,
+        lost,
+        stray: in_b.difference(&in_a).count() as u64,
+        unpublished: in_a.difference(&in_b).count() as u64,
+        doubled: (placed.len() - in_a.len() + reserved.len() - in_b.len()) as u64,
+        published,
+        exact,
+        failover,
+    })
 }

@@ -9,14 +9,17 @@ use std::sync::Arc;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
-/// The events counted: DEBUG `acked`, WARN `delivery failed`, and WARN
+/// The events counted: DEBUG `acked`, WARN `delivery failed`, WARN
 /// `the call failed` (which a runner must not emit: the glue's line is the
-/// one).
+/// one), and the WARNs of a durability prerequisite and of a classic
+/// queue.
 #[derive(Default)]
 struct Events {
     acked: AtomicU64,
     failed_deliveries: AtomicU64,
     failed_calls_warned: AtomicU64,
+    durability_warned: AtomicU64,
+    classic_queue_warned: AtomicU64,
 }
 
 struct Counting(Arc<Events>);
@@ -48,6 +51,16 @@ impl<S: tracing::Subscriber> Layer<S> for Counting {
                 &self.0.failed_deliveries
             }
             (tracing::Level::WARN, "diesel-inbox: the call failed") => &self.0.failed_calls_warned,
+            (tracing::Level::WARN, m)
+                if m.starts_with("diesel-inbox: the database server may lose committed") =>
+            {
+                &self.0.durability_warned
+            }
+            (tracing::Level::WARN, m)
+                if m.starts_with("diesel-inbox: a redelivery without x-delivery-count") =>
+            {
+                &self.0.classic_queue_warned
+            }
             _ => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -76,7 +89,8 @@ pub fn install() -> Option<Live> {
 
 impl Live {
     /// `live ack=.. retry=.. dead_letter=.. unsettled=.. acked_events=..
-    /// failed_delivery_events=.. failed_call_warnings=..`.
+    /// failed_delivery_events=.. failed_call_warnings=..
+    /// durability_warnings=.. classic_queue_warnings=..`.
     pub fn line(&self) -> String {
         let mut settled = std::collections::BTreeMap::new();
         for (key, _, _, value) in self.metrics.snapshot().into_vec() {
@@ -96,7 +110,7 @@ impl Live {
         }
         let get = |k: &str| settled.get(k).copied().unwrap_or(0);
         format!(
-            "live ack={} retry={} dead_letter={} unsettled={} acked_events={} failed_delivery_events={} failed_call_warnings={}",
+            "live ack={} retry={} dead_letter={} unsettled={} acked_events={} failed_delivery_events={} failed_call_warnings={} durability_warnings={} classic_queue_warnings={}",
             get("ack"),
             get("retry"),
             get("dead_letter"),
@@ -104,6 +118,8 @@ impl Live {
             self.events.acked.load(Ordering::Relaxed),
             self.events.failed_deliveries.load(Ordering::Relaxed),
             self.events.failed_calls_warned.load(Ordering::Relaxed),
+            self.events.durability_warned.load(Ordering::Relaxed),
+            self.events.classic_queue_warned.load(Ordering::Relaxed),
         )
     }
 }

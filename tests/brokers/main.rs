@@ -28,11 +28,15 @@ mod support;
     any(feature = "lapin", feature = "nats", feature = "sqs")
 ))]
 mod chain;
+#[cfg(all(feature = "sqlite", any(feature = "lapin", feature = "nats")))]
+mod cluster;
 #[cfg(all(
     feature = "sqlite",
     any(feature = "lapin", feature = "nats", feature = "sqs")
 ))]
 mod consumer;
+#[cfg(all(feature = "sqlite", feature = "lapin", feature = "postgres"))]
+mod failover;
 #[cfg(all(
     feature = "sqlite",
     any(feature = "lapin", feature = "nats", feature = "sqs")

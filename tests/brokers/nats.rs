@@ -32,6 +32,10 @@ impl Broker for Nats {
     const URL_VAR: &'static str = "INBOX_TEST_NATS_URL";
     const REDELIVERS_IN_PLACE: bool = false;
 
+    fn own() -> Vec<crate::scenarios::Scenario> {
+        Nats::cluster_scenarios()
+    }
+
     fn setup(url: &str, queue: &str) -> Result<(), String> {
         // The policy decides when to stop (`Term`).
         create(url, queue, -1)
@@ -146,6 +150,18 @@ impl Broker for Nats {
 /// JetStream delivers a message to at most `max_deliver` times (-1: no
 /// limit).
 fn create(url: &str, queue: &str, max_deliver: i64) -> Result<(), String> {
+    create_replicated(url, queue, max_deliver, 1, false)
+}
+
+/// [`create`] with `replicas` copies of the stream (a cluster's nodes);
+/// `ordered`: one message unacked at a time (as `setup_ordered`).
+pub(crate) fn create_replicated(
+    url: &str,
+    queue: &str,
+    max_deliver: i64,
+    replicas: usize,
+    ordered: bool,
+) -> Result<(), String> {
     block_on(async {
         let js = context(url).await?;
         let stream = js
@@ -153,6 +169,7 @@ fn create(url: &str, queue: &str, max_deliver: i64) -> Result<(), String> {
                 name: stream_name(queue),
                 subjects: vec![format!("inbox.{}", stream_name(queue))],
                 storage: stream::StorageType::File,
+                num_replicas: replicas,
                 // Short, so that the tests' second publishes of an id
                 // (after it) reach the consumer.
                 duplicate_window: Duration::from_millis(200),
@@ -165,6 +182,7 @@ fn create(url: &str, queue: &str, max_deliver: i64) -> Result<(), String> {
                 durable_name: Some("consumer".into()),
                 ack_wait: ACK_WAIT,
                 max_deliver,
+                max_ack_pending: if ordered { 1 } else { 0 },
                 ..Default::default()
             })
             .await
@@ -216,8 +234,11 @@ fn stop_nats_server(down: Duration) -> Result<String, String> {
         .map_err(|e| e.to_string())?
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .find(|pid| {
+            // The machine's server, not a node of scripts/nats-cluster.sh.
             std::fs::read_to_string(format!("/proc/{pid}/comm"))
                 .is_ok_and(|comm| comm.trim() == "nats-server")
+                && std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| !String::from_utf8_lossy(&c).contains("inbox-test"))
         })
         .ok_or("no nats-server process")?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).map_err(|e| e.to_string())?;
@@ -313,4 +334,37 @@ async fn consume_with_runner(options: Options) -> Result<Counts, String> {
         .map_err(|e| e.to_string())?;
     let consumer = diesel_inbox::nats::Consumer::new(consumer, runner_policy());
     shared.serve(consumer, &options).await
+}
+
+/// The server name of the node that leads `queue`'s stream (a cluster's).
+pub(crate) fn stream_leader(url: &str, queue: &str) -> Result<String, String> {
+    block_on(async {
+        let mut stream = context(url)
+            .await?
+            .get_stream(stream_name(queue))
+            .await
+            .map_err(|e| e.to_string())?;
+        let info = stream.info().await.map_err(|e| e.to_string())?;
+        info.cluster
+            .as_ref()
+            .and_then(|c| c.leader.clone())
+            .ok_or_else(|| format!("stream {} has no leader", stream_name(queue)))
+    })
+}
+
+/// Scenarios of a 3-node cluster (`scripts/nats-cluster.sh`).
+impl Nats {
+    pub(crate) fn cluster_scenarios() -> Vec<crate::scenarios::Scenario> {
+        vec![
+            ("node_lost_three_replicas_loses_nothing", |_| {
+                crate::cluster::nats_node_lost(3)
+            }),
+            ("node_lost_one_replica_waits_for_it", |_| {
+                crate::cluster::nats_node_lost(1)
+            }),
+            ("node_lost_chain_stays_exact", |_| {
+                crate::cluster::nats_chain_node_lost()
+            }),
+        ]
+    }
 }

@@ -30,12 +30,33 @@ impl Broker for Rabbit {
     const URL_VAR: &'static str = "INBOX_TEST_AMQP_URL";
     const REDELIVERS_IN_PLACE: bool = true;
 
+    fn own() -> Vec<crate::scenarios::Scenario> {
+        let mut own: Vec<crate::scenarios::Scenario> = vec![
+            (
+                "connect_any_skips_a_node_that_is_down",
+                connect_any_skips_a_node_that_is_down,
+            ),
+            ("node_lost_quorum_queue_loses_nothing", |_| {
+                crate::cluster::rabbit_node_lost(true)
+            }),
+            ("node_lost_classic_queue_loses_what_it_acked", |_| {
+                crate::cluster::rabbit_node_lost(false)
+            }),
+            ("node_lost_chain_stays_exact", |_| {
+                crate::cluster::rabbit_chain_node_lost()
+            }),
+        ];
+        #[cfg(feature = "postgres")]
+        own.extend(Self::failover_scenarios());
+        own
+    }
+
     fn setup(url: &str, queue: &str) -> Result<(), String> {
-        declare(url, queue, None)
+        declare(url, queue, None, true)
     }
 
     fn setup_limited(url: &str, queue: &str, max_deliveries: u32) -> Result<(), String> {
-        declare(url, queue, Some(max_deliveries))
+        declare(url, queue, Some(max_deliveries), true)
     }
 
     fn publish(url: &str, queue: &str, messages: &[(String, Vec<u8>)]) -> Result<(), String> {
@@ -154,9 +175,36 @@ impl Broker for Rabbit {
     }
 }
 
-/// A quorum queue `queue` dead-lettering to `<queue>.dlq`, with the
-/// broker's own delivery limit when `limit` is set.
-fn declare(url: &str, queue: &str, limit: Option<u32>) -> Result<(), String> {
+impl Rabbit {
+    /// Fail-overs of PostgreSQL under the runner and the chain.
+    #[cfg(feature = "postgres")]
+    fn failover_scenarios() -> Vec<crate::scenarios::Scenario> {
+        use crate::failover;
+        vec![
+            (
+                "pg_failover_synchronous_standby_loses_nothing",
+                failover::synchronous_standby_loses_nothing::<Rabbit>,
+            ),
+            (
+                "pg_failover_asynchronous_standby_loses_acked_messages",
+                failover::asynchronous_standby_loses_acked_messages::<Rabbit>,
+            ),
+            (
+                "pg_failover_outbox_chain_synchronous_loses_nothing",
+                failover::outbox_chain_synchronous_loses_nothing::<Rabbit>,
+            ),
+            (
+                "pg_failover_outbox_chain_asynchronous_loses_acked_orders",
+                failover::outbox_chain_asynchronous_loses_acked_orders::<Rabbit>,
+            ),
+        ]
+    }
+}
+
+/// A quorum queue `queue` (a classic one unless `quorum`) dead-lettering
+/// to `<queue>.dlq`, with the broker's own delivery limit when `limit` is
+/// set.
+fn declare(url: &str, queue: &str, limit: Option<u32>, quorum: bool) -> Result<(), String> {
     block_on(async {
         let conn = connect(url).await?;
         let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
@@ -171,7 +219,7 @@ fn declare(url: &str, queue: &str, limit: Option<u32>) -> Result<(), String> {
         let mut arguments = FieldTable::default();
         arguments.insert(
             "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
+            AMQPValue::LongString(if quorum { "quorum" } else { "classic" }.into()),
         );
         arguments.insert(
             "x-dead-letter-exchange".into(),
@@ -197,6 +245,12 @@ fn declare(url: &str, queue: &str, limit: Option<u32>) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())
     })
+}
+
+/// A queue `queue` of the kind asked for (quorum, else classic), on the
+/// node `url` reaches (a classic queue lives there).
+pub(crate) fn declare_kind(url: &str, queue: &str, quorum: bool) -> Result<(), String> {
+    declare(url, queue, None, quorum)
 }
 
 /// Consumes until idle, reconnecting whenever the connection goes.
@@ -259,10 +313,82 @@ async fn consume(options: Options) -> Result<Counts, String> {
 /// The library's runner: `in_flight` = the prefetch, until SIGTERM or idle.
 async fn consume_with_runner(options: Options) -> Result<Counts, String> {
     let shared = crate::consumer::Shared::new(&options.db).await?;
-    let consumer = diesel_inbox::lapin::Consumer::connect(
-        options.url.as_str(),
-        options.queue.as_str(),
-        runner_policy(),
-    );
+    // `INBOX_BROKER_NODES`: a cluster's URLs, comma-separated
+    // (`connect_any`); else the broker's one URL.
+    let consumer = match std::env::var("INBOX_BROKER_NODES") {
+        Ok(nodes) if !nodes.is_empty() => diesel_inbox::lapin::Consumer::connect_any(
+            nodes.split(','),
+            options.queue.as_str(),
+            runner_policy(),
+        ),
+        _ => diesel_inbox::lapin::Consumer::connect(
+            options.url.as_str(),
+            options.queue.as_str(),
+            runner_policy(),
+        ),
+    };
     shared.serve(consumer, &options).await
+}
+
+/// `Consumer::connect_any` over three "nodes": a port nothing listens
+/// on, a TCP proxy to the broker, and the broker itself. The runner
+/// starts past the closed port, on the proxy. A third of the way in the
+/// proxy closes its connections and refuses new ones (the node it was
+/// connected to is lost): the runner connects again, past the proxy and
+/// the closed port, to the broker, and every order is applied exactly
+/// once.
+pub(crate) fn connect_any_skips_a_node_that_is_down(url: &str) -> Result<String, String> {
+    use crate::proxy::{Mode, Proxy};
+    use crate::scenarios::{check_exact, command, ensure, orders, start, wait_for_applied};
+    let n: u64 = 600;
+    let run = start::<Rabbit>(url)?;
+    Rabbit::publish(url, &run.queue, &orders(&run, n))?;
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        listener.local_addr().map_err(|e| e.to_string())?.port()
+    };
+    // The broker's host:port, from `amqp://user:pass@host:port/vhost`.
+    let (head, rest) = url.rsplit_once('@').ok_or("an AMQP URL with credentials")?;
+    let (address, vhost) = rest.split_once('/').unwrap_or((rest, ""));
+    let address = if address.contains(':') {
+        address.to_owned()
+    } else {
+        format!("{address}:5672")
+    };
+    let proxy = Proxy::start(
+        address
+            .parse()
+            .map_err(|e| format!("the broker's address {address}: {e}"))?,
+    )?;
+    let through = format!("{head}@127.0.0.1:{}/{vhost}", proxy.port);
+    let closed = format!("{head}@127.0.0.1:{dead}/{vhost}");
+    let nodes = format!("{closed},{through},{url}");
+    let mut runner = command::<Rabbit>(&run, 8, 0, true)?;
+    runner
+        .env("INBOX_BROKER_NODES", &nodes)
+        .env("INBOX_BROKER_EXPECT_APPLIED", n.to_string())
+        .env("INBOX_BROKER_IDLE_MS", "30000");
+    let child = runner.spawn().map_err(|e| format!("spawn consumer: {e}"))?;
+    wait_for_applied(&run, (n / 3) as i64)?;
+    proxy.set(Mode::Refuse);
+    let (stdout, counts) = crate::scenarios::runner_output(child)?;
+    check_exact(&run, n)?;
+    ensure!(counts.dead_lettered == 0, "{counts:?}");
+    let reconnects = stdout
+        .lines()
+        .find(|l| l.starts_with("report "))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|kv| kv.strip_prefix("reconnects="))
+        })
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    ensure!(
+        reconnects >= 1,
+        "the runner did not connect again after its node was lost: {stdout}"
+    );
+    Ok(format!(
+        "nodes [a closed port, a proxy, the broker]: started on the proxy; the proxy lost at a third; connected again to the broker ({reconnects} reconnects); {n} orders applied exactly once ({} duplicates)",
+        counts.duplicates
+    ))
 }

@@ -109,7 +109,7 @@ pub(crate) fn start<B: Broker>(url: &str) -> Result<Run, String> {
 }
 
 /// [`start`], the queue made by `setup`.
-fn start_with<B: Broker>(
+pub(crate) fn start_with<B: Broker>(
     url: &str,
     setup: impl FnOnce(&str, &str) -> Result<(), String>,
 ) -> Result<Run, String> {
@@ -190,6 +190,37 @@ pub(crate) fn command<B: Broker>(
 }
 
 /// Waits for a consumer: its counts, or `None` if it was SIGKILLed.
+/// A runner process that must exit 0 by itself: its stdout and counts.
+pub(crate) fn runner_output(child: Child) -> Result<(String, Counts), String> {
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "the runner failed ({}): {stdout} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counts = Counts::parse(&stdout).ok_or_else(|| format!("no counts: {stdout}"))?;
+    Ok((stdout, counts))
+}
+
+/// `scripts/<name>` run with `args`: its stdout, trimmed.
+pub(crate) fn script(name: &str, args: &[&str]) -> Result<String, String> {
+    let path = format!("{}/scripts/{name}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("bash")
+        .arg(&path)
+        .args(args)
+        .output()
+        .map_err(|e| format!("run scripts/{name}: {e}"))?;
+    ensure!(
+        out.status.success(),
+        "{name} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
 pub(crate) fn finish(child: Child) -> Result<Option<Counts>, String> {
     finish_with_output(child).map(|(counts, _, _)| counts)
 }
@@ -290,8 +321,15 @@ fn duplicates<B: Broker>(url: &str) -> Result<String, String> {
     B::publish(url, &run.queue, &stream)?;
     let counts = finish(spawn_consumer::<B>(&run, 20, 0)?)?.ok_or("the consumer was killed")?;
     check_exact(&run, n)?;
+    // Exactly the second publishes are duplicates, unless the consumer
+    // lost its connection (an ack or a delete lost with it: that message
+    // comes again, and is one more duplicate, caught), or, on SQS, a
+    // message's visibility ran out before its delete arrived (a loaded
+    // moto: CI saw 96 for 80, without a reconnect).
+    let more_allowed = counts.reconnects > 0 || B::NAME.starts_with("sqs");
     ensure!(
-        counts.applied == n && counts.duplicates == n / 5,
+        counts.applied == n
+            && (counts.duplicates == n / 5 || (more_allowed && counts.duplicates > n / 5)),
         "{counts:?}"
     );
     Ok(format!(
@@ -744,15 +782,7 @@ fn database_outage<B: Broker>(url: &str, batch: Option<usize>) -> Result<String,
         );
         std::thread::sleep(Duration::from_millis(10));
     };
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    ensure!(
-        out.status.success(),
-        "the runner failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let counts = Counts::parse(&stdout).ok_or_else(|| format!("no counts: {stdout}"))?;
+    let (stdout, counts) = runner_output(child)?;
     let report = stdout
         .lines()
         .find(|l| l.starts_with("report "))
@@ -1030,13 +1060,20 @@ fn batches_isolate_a_bad_message<B: Broker>(url: &str) -> Result<String, String>
     let (took, stdout) = drained(command)?;
     check_exact(&run, n)?;
     // JetStream drops a republished id within its duplicate window: at
-    // least every order acked, at most with each duplicate.
+    // least every order acked, at most with each duplicate. SQS also
+    // delivers a message again whose visibility ran out before its delete
+    // arrived (CI saw one extra under load, acked as a duplicate): up to
+    // 5% more there.
     let acked: u64 = fields(&stdout, "report ")
         .get("acked")
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
+    let most = match B::NAME.starts_with("sqs") {
+        true => stream.len() as u64 + stream.len() as u64 / 20,
+        false => stream.len() as u64,
+    };
     ensure!(
-        (n..stream.len() as u64).contains(&acked),
+        (n..most).contains(&acked),
         "{acked} deliveries acked for {n} orders and {} published: {stdout}",
         stream.len()
     );
@@ -1369,6 +1406,72 @@ struct Target {
     name: &'static str,
     var: &'static str,
     scenarios: Vec<Scenario>,
+    /// Whether a scenario stops or restarts the whole broker (RabbitMQ,
+    /// NATS): its scenarios then run in one process only ([`shard`]).
+    /// SQS's outages are a proxy's in front of moto, one per process.
+    whole_broker_outages: bool,
+}
+
+/// The scenarios a quick run skips ([`crate::support::quick`]): the
+/// outages of 30 s and the database's of 12 s, and every SQS scenario but
+/// a few (moto answers slowly: most take 30 s to 100 s).
+fn is_slow(target: &str, scenario: &str) -> bool {
+    const QUICK_SQS: [&str; 3] = [
+        "duplicates",
+        "bisection_dead_letters_nothing_healthy",
+        "batches_isolate_a_bad_message",
+    ];
+    match target {
+        "sqs" => !QUICK_SQS.contains(&scenario),
+        "sqs_fifo" => true,
+        _ => matches!(
+            scenario,
+            "outbox_relay_survives_a_broker_outage"
+                | "runner_survives_a_database_outage"
+                | "batches_survive_a_database_outage"
+        ),
+    }
+}
+
+/// This process's share of the scenarios, from `INBOX_TEST_SHARD=k/n`
+/// (CI runs the suite as three processes: `0/3`, `1/3`, `2/3`): shard 0
+/// runs the targets whose outages stop the whole broker (RabbitMQ, NATS),
+/// and nothing else, so that CI can keep the brokers' other users out of
+/// its way; shards 1 to n-1 share the other targets' scenarios (SQS, whose
+/// outages are a proxy's in this process), every (n-1)-th from the k-th.
+/// `(0, 1)`, all, when unset.
+fn shard() -> (usize, usize) {
+    let Ok(text) = std::env::var("INBOX_TEST_SHARD") else {
+        return (0, 1);
+    };
+    let parsed = text
+        .split_once('/')
+        .and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
+    match parsed {
+        Some((k, n)) if k < n => (k, n),
+        _ => panic!("INBOX_TEST_SHARD={text}: expected k/n with k < n, as 1/3"),
+    }
+}
+
+/// The scenarios of `target` this process runs (see [`shard`]).
+fn share(mut target: Target, (k, n): (usize, usize)) -> Target {
+    if n == 1 {
+        return target;
+    }
+    if target.whole_broker_outages != (k == 0) {
+        target.scenarios.clear();
+        return target;
+    }
+    if k == 0 {
+        return target;
+    }
+    target.scenarios = std::mem::take(&mut target.scenarios)
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % (n - 1) == k - 1)
+        .map(|(_, scenario)| scenario)
+        .collect();
+    target
 }
 
 #[allow(clippy::vec_init_then_push)] // each push is behind its own feature
@@ -1379,24 +1482,28 @@ fn targets() -> Vec<Target> {
         name: crate::rabbit::Rabbit::NAME,
         var: crate::rabbit::Rabbit::URL_VAR,
         scenarios: scenarios::<crate::rabbit::Rabbit>(),
+        whole_broker_outages: true,
     });
     #[cfg(feature = "nats")]
     all.push(Target {
         name: crate::nats::Nats::NAME,
         var: crate::nats::Nats::URL_VAR,
         scenarios: scenarios::<crate::nats::Nats>(),
+        whole_broker_outages: true,
     });
     #[cfg(feature = "sqs")]
     all.push(Target {
         name: crate::sqs::Sqs::NAME,
         var: crate::sqs::Sqs::URL_VAR,
         scenarios: scenarios::<crate::sqs::Sqs>(),
+        whole_broker_outages: false,
     });
     #[cfg(feature = "sqs")]
     all.push(Target {
         name: crate::sqs::SqsFifo::NAME,
         var: crate::sqs::SqsFifo::URL_VAR,
         scenarios: scenarios::<crate::sqs::SqsFifo>(),
+        whole_broker_outages: false,
     });
     all
 }
@@ -1430,9 +1537,12 @@ pub fn main() {
     // scenario of one touches the other broker, and each scenario's queues,
     // files and databases are its own. Within a broker they run one after
     // another (an outage stops the whole broker).
+    let shard = shard();
     let counts: Vec<(u32, u32, u32)> = std::thread::scope(|s| {
         let runs: Vec<_> = targets()
             .into_iter()
+            .map(|target| share(target, shard))
+            .filter(|target| !target.scenarios.is_empty())
             .map(|target| s.spawn(|| run_target(target, filter.as_deref())))
             .collect();
         runs.into_iter()
@@ -1468,6 +1578,11 @@ fn run_target(target: Target, filter: Option<&str>) -> (u32, u32, u32) {
     for (name, scenario) in &target.scenarios {
         let full = format!("{}::{name}", target.name);
         if filter.is_some_and(|f| !full.contains(f)) {
+            continue;
+        }
+        if crate::support::quick() && is_slow(target.name, name) {
+            skipped += 1;
+            say(format!("test {full} ... {SKIPPED}{}", crate::support::SLOW));
             continue;
         }
         let began = Instant::now();

@@ -40,6 +40,12 @@ pub trait TestBackend: Sized + Send + Sync + 'static {
     fn prepare(test: &str) -> Option<TestDb>;
     /// An empty database (or schema) of the test's own, removed at its end.
     fn fresh(test: &str) -> Option<TestDb>;
+    /// Returns once every server that serves `url` has applied what was
+    /// committed before (a Galera node applies another node's writes a
+    /// moment after their commit); one server: at once.
+    fn settle(url: &str) {
+        let _ = url;
+    }
     fn open(url: &str) -> Self::Conn;
     /// A deadpool pool of async connections (diesel-async's
     /// `AsyncDieselConnectionManager`), and the connection it hands out.

@@ -184,10 +184,13 @@ impl Proc {
         }
     }
 
-    /// SIGTERM, then the exit status and the report line (within 30 s).
+    /// SIGTERM, then the exit status and the report line (within 90 s:
+    /// under CI's load, a consumer stopped while its broker restarts was
+    /// seen printing it after 30 s, then exiting 0; the scenarios that
+    /// bound a shutdown measure it themselves).
     fn stop(mut self) -> Result<String, String> {
         self.signal("TERM");
-        let report = self.wait_line("REPORT", Duration::from_secs(30));
+        let report = self.wait_line("REPORT", Duration::from_secs(90));
         let status = self.child.wait().map_err(|e| e.to_string())?;
         match (status.success(), report) {
             (true, Ok(report)) => Ok(report),
@@ -196,6 +199,20 @@ impl Proc {
             )),
         }
     }
+}
+
+/// The scenarios a quick run skips ([`crate::support::quick`]): the
+/// database's outages, the broker's restart, the rebalances and the
+/// zombies (session timeouts and idle limits of 10 to 60 s).
+fn is_slow(scenario: &str) -> bool {
+    [
+        "refusing connections",
+        "broker restart",
+        "zombie",
+        "three consumers",
+    ]
+    .iter()
+    .any(|slow| scenario.contains(slow))
 }
 
 impl Backend {
@@ -299,6 +316,13 @@ impl Backend {
                 .into_iter()
                 .filter(|(_, (name, _))| {
                     filter.is_none_or(|f| name.contains(f) || self.name.contains(f))
+                })
+                .filter(|(_, (name, _))| {
+                    let slow = crate::support::quick() && is_slow(name);
+                    if slow {
+                        println!("kafka {}: {name}: SKIPPED: {}", self.name, crate::support::SLOW);
+                    }
+                    !slow
                 })
                 .filter(|(_, (name, _))| {
                     let skipped = self.name == "sqlite" && name.contains(NEEDS_A_SERVER);

@@ -181,6 +181,28 @@ pub fn skipped(why: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
 }
 
+/// Whether this is a quick local run: `INBOX_TEST_QUICK=1 cargo test
+/// --all-features` skips the few slow tests and scenarios (long outages,
+/// session timeouts, hundreds of messages through moto), each with a
+/// SKIPPED line. Unset (CI, and `cargo test` by default), every test runs.
+pub fn quick() -> bool {
+    std::env::var("INBOX_TEST_QUICK")
+        .is_ok_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "" | "0" | "false" | "no"))
+}
+
+/// The reason a quick run gives for skipping a slow test or scenario.
+pub const SLOW: &str = "slow, and INBOX_TEST_QUICK is set (unset it to run every test)";
+
+/// At the start of a slow test: in a quick run ([`quick`]), says it is
+/// skipped and returns true.
+pub fn skip_slow() -> bool {
+    let skip = quick();
+    if skip {
+        skipped(SLOW);
+    }
+    skip
+}
+
 /// Runs `f` and returns what it returned with the WARN and ERROR events it
 /// logged through `tracing` (on this thread), each as "field=value ...".
 pub fn warnings_during<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {

@@ -1,13 +1,14 @@
 //! A TCP proxy between a consumer process and PostgreSQL that can stop
 //! forwarding: `Refuse` closes every connection (an outage that fails
 //! fast), `Blackhole` accepts and keeps connections but forwards nothing
-//! (a stalled server: a pool's `get` then waits forever). Threads and
-//! std sockets; loopback only.
+//! (a stalled server: a pool's `get` then waits forever). `switch` points
+//! new connections at another server (a virtual IP or a DNS name moved by
+//! a failover). Threads and std sockets; loopback only.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +32,7 @@ impl Mode {
 struct Shared {
     mode: AtomicU8,
     stopped: AtomicBool,
+    upstream: Mutex<SocketAddr>,
 }
 
 impl Shared {
@@ -52,6 +54,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             mode: AtomicU8::new(Mode::Forward as u8),
             stopped: AtomicBool::new(false),
+            upstream: Mutex::new(upstream),
         });
         let accepting = shared.clone();
         std::thread::spawn(move || {
@@ -61,7 +64,7 @@ impl Proxy {
                 }
                 let Ok(client) = client else { continue };
                 let shared = accepting.clone();
-                std::thread::spawn(move || serve(client, upstream, &shared));
+                std::thread::spawn(move || serve(client, &shared));
             }
         });
         Ok(Proxy { port, shared })
@@ -83,6 +86,11 @@ impl Proxy {
     pub fn set(&self, mode: Mode) {
         self.shared.mode.store(mode as u8, Ordering::SeqCst);
     }
+
+    /// New connections go to `upstream` (those open stay where they are).
+    pub fn switch(&self, upstream: SocketAddr) {
+        *self.shared.upstream.lock().expect("the upstream") = upstream;
+    }
 }
 
 impl Drop for Proxy {
@@ -95,7 +103,8 @@ impl Drop for Proxy {
 }
 
 /// One client connection, as the mode was when it came.
-fn serve(client: TcpStream, upstream: SocketAddr, shared: &Arc<Shared>) {
+fn serve(client: TcpStream, shared: &Arc<Shared>) {
+    let upstream = *shared.upstream.lock().expect("the upstream");
     match shared.mode() {
         Mode::Refuse => drop(client),
         Mode::Blackhole => swallow(client, shared),

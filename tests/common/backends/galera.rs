@@ -117,6 +117,17 @@ impl TestBackend for Galera {
         prepare(test)
     }
 
+    /// A read of the inbox on every node, which waits (`wsrep_sync_wait =
+    /// 1`) until the node has applied every write the cluster committed
+    /// before it.
+    fn settle(url: &str) {
+        for i in 0..nodes().map_or(0, |n| n.len()) {
+            open_node(&on_node(url, i))
+                .batch_execute("SELECT COUNT(*) FROM inbox_messages")
+                .expect("a read on every node");
+        }
+    }
+
     fn fresh(test: &str) -> Option<TestDb> {
         fresh(test)
     }
