@@ -311,6 +311,8 @@ pub(crate) use inbox_runtime::__facade::TRACING_TARGET;
 
 pub mod guide;
 pub mod outbox;
+#[cfg(feature = "relay")]
+pub mod tenants;
 
 #[cfg(any(
     feature = "lapin",

@@ -43,7 +43,7 @@ pub use inbox_runtime::outbox::{
 };
 
 #[cfg(feature = "relay")]
-mod pool;
+pub(crate) mod pool;
 #[cfg(feature = "relay")]
 mod publish;
 #[cfg(feature = "relay")]
@@ -53,7 +53,7 @@ pub use pool::RelayPool;
 #[cfg(feature = "relay")]
 pub use publish::{ErrorSource, Publish, PublishError};
 #[cfg(feature = "relay")]
-pub use relay::{Relay, RelayError, RelayReport};
+pub use relay::{Relay, RelayError, RelayReport, TenantRelay};
 
 pub mod wal;
 

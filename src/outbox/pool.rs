@@ -33,7 +33,7 @@ pub trait RelayPool: Send + Sync + sealed::Sealed {
     > + Send;
 }
 
-mod sealed {
+pub(crate) mod sealed {
     pub trait Sealed {}
 }
 

@@ -12,9 +12,11 @@ use inbox_runtime::InboxError;
 use std::future::Future;
 use std::pin::pin;
 use std::time::{Duration, Instant};
+pub use tenants::TenantRelay;
 use tracing::Instrument;
 use wakeups::{Doze, Next, LISTEN_OPEN_TIMEOUT};
 
+mod tenants;
 mod wakeups;
 mod wal;
 mod wal_stream;
@@ -40,6 +42,16 @@ pub enum RelayError {
     /// confirmed.
     #[error("outbox relay: {0}")]
     Replication(#[source] std::io::Error),
+    /// The relay over tenants ([`Relay::tenants`]): tenant `tenant`'s
+    /// relay stopped for `source`.
+    #[error("outbox relay: tenant {tenant:?}: {source}")]
+    Tenant {
+        /// The tenant.
+        tenant: String,
+        /// Why its relay stopped.
+        #[source]
+        source: Box<RelayError>,
+    },
 }
 
 /// What a relay did: see [`Relay::run_once`].
@@ -157,6 +169,12 @@ pub struct Relay<D: RelayPool, P> {
     /// replication connection's URL; and its connections for that.
     wal: Option<String>,
     wal_side: tokio::sync::Mutex<wal::WalSide<D::Connection>>,
+    /// The tenant whose outbox this is ([`Relay::tenants`]): its name goes
+    /// into each message's [`TENANT_HEADER`](crate::tenants::TENANT_HEADER).
+    tenant: Option<std::sync::Arc<str>>,
+    /// The most batches one pass claims (a relay over tenants takes turns
+    /// between them); `None`: a pass claims until nothing is due.
+    turn: Option<u64>,
 }
 
 impl<D: RelayPool, P> std::fmt::Debug for Relay<D, P> {
@@ -188,6 +206,8 @@ where
             floor: std::sync::Mutex::new(None),
             wal: None,
             wal_side: Default::default(),
+            tenant: None,
+            turn: None,
         }
     }
 
@@ -313,22 +333,32 @@ where
             return Ok(());
         }
         let mut current = self.step(report, &[], true).await?;
+        // Batches claimed; a turn ends after `self.turn` of them.
+        let mut claimed = u64::from(current.is_some());
+        let more = |claimed: u64| self.turn.is_none_or(|turn| claimed < turn);
         let mut unsettled: Option<Delivered> = None;
         loop {
             let Some(claim) = current.take() else {
-                // Nothing more was due when the last batch was claimed:
-                // settle it, and claim what its keys let through.
+                // Nothing more was due when the last batch was claimed (or
+                // the turn is over): settle it, and claim what its keys let
+                // through.
                 let Some(last) = unsettled.take() else {
                     return Ok(());
                 };
-                current = self.step(report, &[last], true).await?;
+                current = self.step(report, &[last], more(claimed)).await?;
+                claimed += u64::from(current.is_some());
                 continue;
             };
             let earlier: Vec<Delivered> = unsettled.take().into_iter().collect();
-            let (delivered, stepped) =
-                tokio::join!(self.publish(claim), self.step(report, &earlier, true));
+            let (delivered, stepped) = tokio::join!(
+                self.publish(claim),
+                self.step(report, &earlier, more(claimed))
+            );
             match stepped {
-                Ok(next) => current = next,
+                Ok(next) => {
+                    claimed += u64::from(next.is_some());
+                    current = next;
+                }
                 Err(e) => {
                     // The batches whose settlement failed, and the one just
                     // published, are settled once more without a claim
@@ -537,9 +567,11 @@ where
     }
 
     /// Publishes one claimed batch: how each message's publish ended.
-    #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
     async fn publish(&self, mut claim: steps::Claim) -> Delivered {
         let claimed = claim.messages.len();
+        if let Some(tenant) = &self.tenant {
+            crate::tenants::name_messages(tenant, &mut claim.messages);
+        }
         let span = tracing::info_span!(target: crate::TRACING_TARGET, "diesel_inbox.outbox.publish", messages = claimed);
         // One producer span per message, the child of the context stored
         // at enqueue; its own context replaces that one in the headers.

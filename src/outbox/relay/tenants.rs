@@ -1,0 +1,471 @@
+//! One relay over every tenant of a [`Tenants`] set: each tenant's outbox
+//! is relayed by the relay's own steps (a [`Relay`] on the tenant's pool),
+//! in turns of a few batches, so that a tenant with a backlog takes its
+//! turn behind the others, and a tenant whose database is down or slow
+//! waits out its own backoff while the others go on.
+
+use super::{Relay, RelayError, RelayReport, MAX_OUTAGE_DELAY, OUTAGE_DELAY, SHUTDOWN_GRACE};
+use crate::outbox::publish::{Publish, PublishError};
+use crate::tenants::{Tenant, TenantPool, Tenants};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use inbox_runtime::__facade::backoff;
+use inbox_runtime::outbox as steps;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::Instrument;
+
+/// The default [`TenantRelay::turn`].
+const DEFAULT_TURN: u64 = 1;
+/// The default [`TenantRelay::refresh_interval`].
+const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The outbox relay over every tenant of a [`Tenants`] set, made by
+/// [`Relay::tenants`]: each tenant's messages are published as one
+/// [`Relay`] on its database publishes them (in order per ordering key,
+/// with their headers, trace context and delays), with the tenant's name
+/// in the [`TENANT_HEADER`](crate::tenants::TENANT_HEADER) of each message
+/// and in the spans (`tenant`).
+///
+/// - **Turns:** a tenant with messages due gets a turn of
+///   [`turn`](Self::turn) batches (default 1), then waits behind every
+///   other tenant that is due: a backlog of a million does not starve a
+///   tenant with ten.
+/// - **Concurrency:** at most [`concurrency`](Self::concurrency) tenants
+///   take their turn at once (default: the set's `max_connections` over
+///   its `pool_size`, so that their pools fit the connection limit).
+/// - **Isolation:** a tenant whose turn fails (its database is down, a
+///   pool error) or outlasts half the [`lease`](Self::lease) (a database
+///   that does not answer) is backed off on its own (0.5 s doubling to
+///   30 s, with jitter, WARN with the tenant); the others go on.
+/// - **Which tenants:** the set as it is now; every
+///   [`refresh_interval`](Self::refresh_interval) (default 10 s) it is
+///   read again ([`Tenants::refresh`]), so tenants added and removed
+///   where the set's closure reads them are found without a restart.
+/// - **Latency:** an idle tenant is looked at every
+///   [`poll_interval`](Self::poll_interval); an `#[idempotent]` call that
+///   enqueued in this process (or [`outbox::wake`](crate::outbox::wake))
+///   makes every tenant due at once.
+///
+/// ```no_run
+/// # #[cfg(all(feature = "lapin", feature = "postgres"))]
+/// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel_async::pooled_connection::deadpool::Pool;
+/// use diesel_async::AsyncPgConnection;
+/// use diesel_inbox::outbox::{self, Relay};
+/// use diesel_inbox::tenants::Tenants;
+///
+/// let tenants: Tenants<Pool<AsyncPgConnection>> =
+///     Tenants::list([("acme", "postgres://app@db1/acme"), ("globex", "postgres://app@db2/globex")])
+///         .max_connections(16);
+/// let publisher = outbox::lapin::Publisher::connect("amqp://localhost:5672/%2f", "orders-exchange");
+/// let relay = Relay::tenants(tenants, publisher).batch_size(200);
+/// let report = relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+/// println!("published {}", report.published);
+/// # Ok(())
+/// # }
+/// ```
+pub struct TenantRelay<T: TenantPool, P> {
+    tenants: Tenants<T>,
+    publisher: Arc<P>,
+    batch_size: usize,
+    poll_interval: Duration,
+    max_publish_attempts: u32,
+    lease: Duration,
+    turn: u64,
+    concurrency: Option<usize>,
+    refresh_interval: Duration,
+}
+
+impl<T: TenantPool, P> std::fmt::Debug for TenantRelay<T, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantRelay")
+            .field("tenants", &self.tenants)
+            .field("batch_size", &self.batch_size)
+            .field("turn", &self.turn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T, P> Relay<Tenant<T>, P>
+where
+    T: TenantPool,
+    T::Guard: 'static,
+    P: Publish,
+{
+    /// One relay over every tenant of `tenants`, publishing through
+    /// `publisher`: see [`TenantRelay`].
+    pub fn tenants(tenants: Tenants<T>, publisher: P) -> TenantRelay<T, P> {
+        TenantRelay {
+            tenants,
+            publisher: Arc::new(publisher),
+            batch_size: super::DEFAULT_BATCH_SIZE,
+            poll_interval: super::DEFAULT_POLL_INTERVAL,
+            max_publish_attempts: super::DEFAULT_MAX_PUBLISH_ATTEMPTS,
+            lease: super::LEASE,
+            turn: DEFAULT_TURN,
+            concurrency: None,
+            refresh_interval: DEFAULT_REFRESH_INTERVAL,
+        }
+    }
+}
+
+/// A tenant's relay, and when its next turn is due.
+struct Slot<T: TenantPool, P> {
+    relay: Arc<Relay<Tenant<T>, Arc<P>>>,
+    due: Instant,
+    /// Its turns that failed in a row.
+    outages: u32,
+    /// Its turn is under way.
+    busy: bool,
+}
+
+/// How a tenant's turn ended.
+enum Turn {
+    Ran(Result<(), RelayError>),
+    /// It outlasted half the lease and was dropped.
+    TimedOut,
+}
+
+type Running = Pin<Box<dyn Future<Output = (Arc<str>, RelayReport, Turn)> + Send>>;
+
+impl<T, P> TenantRelay<T, P>
+where
+    T: TenantPool,
+    T::Guard: 'static,
+    P: Publish + 'static,
+{
+    /// [`Relay::batch_size`], for each tenant (default 100).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n.clamp(1, 10_000);
+        self
+    }
+
+    /// How often an idle tenant is looked at (default 1 s):
+    /// [`Relay::poll_interval`].
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// [`Relay::max_publish_attempts`] (default 10).
+    pub fn max_publish_attempts(mut self, n: u32) -> Self {
+        self.max_publish_attempts = n.max(1);
+        self
+    }
+
+    /// [`Relay::lease`] (default 60 s); a tenant's turn that outlasts half
+    /// of it is dropped and the tenant backed off.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_secs(1));
+        self
+    }
+
+    /// The batches a tenant publishes in one turn before the tenants due
+    /// behind it take theirs (default 1; at least 1).
+    pub fn turn(mut self, batches: u64) -> Self {
+        self.turn = batches.max(1);
+        self
+    }
+
+    /// How many tenants take their turn at once (default: the set's
+    /// `max_connections` over its `pool_size`; at least 1).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = Some(n.max(1));
+        self
+    }
+
+    /// How often `run` reads the tenant set again (default 10 s):
+    /// [`Tenants::refresh`].
+    pub fn refresh_interval(mut self, interval: Duration) -> Self {
+        self.refresh_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The tenant set.
+    pub fn tenant_set(&self) -> &Tenants<T> {
+        &self.tenants
+    }
+
+    fn slot(&self, name: &str) -> Option<Slot<T, P>> {
+        let tenant = self.tenants.tenant(name)?;
+        let mut relay = Relay::new(tenant, self.publisher.clone())
+            .batch_size(self.batch_size)
+            .poll_interval(self.poll_interval)
+            .max_publish_attempts(self.max_publish_attempts)
+            .lease(self.lease);
+        relay.tenant = Some(Arc::from(name));
+        relay.turn = Some(self.turn);
+        Some(Slot {
+            relay: Arc::new(relay),
+            due: Instant::now(),
+            outages: 0,
+            busy: false,
+        })
+    }
+
+    /// Brings `slots` in line with the set: a slot for each new tenant, none
+    /// for a removed one.
+    fn follow(&self, slots: &mut BTreeMap<Arc<str>, Slot<T, P>>) {
+        let names = self.tenants.names();
+        slots.retain(|name, _| names.binary_search_by(|n| n.as_str().cmp(name)).is_ok());
+        for name in names {
+            if !slots.contains_key(name.as_str()) {
+                if let Some(slot) = self.slot(&name) {
+                    slots.insert(Arc::from(name), slot);
+                }
+            }
+        }
+    }
+
+    fn concurrent(&self) -> usize {
+        self.concurrency
+            .unwrap_or_else(|| self.tenants.fair_share())
+            .max(1)
+    }
+
+    /// One tenant's turn, bounded by half the lease, in a span that names
+    /// the tenant.
+    fn start(&self, name: Arc<str>, relay: Arc<Relay<Tenant<T>, Arc<P>>>) -> Running {
+        let bound = self.lease / 2;
+        let span = tracing::info_span!(target: crate::TRACING_TARGET, "diesel_inbox.outbox.tenant", tenant = %name);
+        Box::pin(
+            async move {
+                let mut report = RelayReport::default();
+                let turn = match tokio::time::timeout(bound, relay.pass(&mut report)).await {
+                    Ok(ran) => Turn::Ran(ran),
+                    Err(_) => Turn::TimedOut,
+                };
+                (name, report, turn)
+            }
+            .instrument(span),
+        )
+    }
+
+    /// Publishes what is due now in every tenant, in turns, until no
+    /// tenant has anything due: one pass over all, for tests and
+    /// cron-style use. The first error stops it, naming its tenant
+    /// ([`RelayError::Tenant`]).
+    pub async fn run_once(&self) -> Result<RelayReport, RelayError> {
+        self.tenants
+            .refresh()
+            .await
+            .map_err(|e| RelayError::Pool(e.into()))?;
+        let mut slots = BTreeMap::new();
+        self.follow(&mut slots);
+        let mut report = RelayReport::default();
+        let mut due: Vec<Arc<str>> = slots.keys().cloned().collect();
+        while !due.is_empty() {
+            let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
+            let mut again = Vec::new();
+            let mut queue = due.drain(..);
+            loop {
+                while running.len() < self.concurrent() {
+                    let Some(name) = queue.next() else { break };
+                    let relay = slots[&name].relay.clone();
+                    running.push(self.start(name, relay));
+                }
+                let Some((name, pass, turn)) = running.next().await else {
+                    break;
+                };
+                report.add(pass);
+                match turn {
+                    Turn::Ran(Ok(())) if pass.batches >= self.turn && pass.released == 0 => {
+                        again.push(name)
+                    }
+                    Turn::Ran(Ok(())) => {}
+                    Turn::Ran(Err(e)) => return Err(RelayError::tenant(&name, e)),
+                    Turn::TimedOut => {
+                        return Err(RelayError::tenant(
+                            &name,
+                            RelayError::Pool(
+                                format!("a turn outlasted half the lease ({:?})", self.lease / 2)
+                                    .into(),
+                            ),
+                        ))
+                    }
+                }
+            }
+            drop(queue);
+            due = again;
+        }
+        Ok(report)
+    }
+
+    /// Publishes every tenant's outbox until `shutdown` resolves, then
+    /// returns what it did. Turns under way at shutdown finish within
+    /// 10 s, or are dropped (their rows are claimed again when their lease
+    /// ends). Tenants' database outages are logged (WARN, with the tenant)
+    /// and waited out, each on its own; only [`PublishError::Closed`] stops
+    /// it early.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<RelayReport, RelayError> {
+        let mut shutdown = pin!(shutdown);
+        let mut slots: BTreeMap<Arc<str>, Slot<T, P>> = BTreeMap::new();
+        let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
+        let mut report = RelayReport::default();
+        let mut refreshed: Option<Instant> = None;
+        let mut seen = steps::wake_generation();
+        loop {
+            if refreshed.is_none_or(|at| at.elapsed() >= self.refresh_interval) {
+                refreshed = Some(Instant::now());
+                match tokio::time::timeout(self.refresh_interval, self.tenants.refresh()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay: the tenant set could not be read again; relaying the tenants known")
+                    }
+                    Err(_) => {
+                        tracing::warn!(target: crate::TRACING_TARGET, timeout_ms = self.refresh_interval.as_millis() as u64, "diesel-inbox: outbox relay: reading the tenant set did not finish; relaying the tenants known")
+                    }
+                }
+                self.follow(&mut slots);
+            }
+            self.tenants.close_idle();
+            // The tenants due, longest due first, as many as may run.
+            let now = Instant::now();
+            let mut due: Vec<(Instant, Arc<str>)> = slots
+                .iter()
+                .filter(|(_, s)| !s.busy && s.due <= now)
+                .map(|(name, s)| (s.due, name.clone()))
+                .collect();
+            due.sort();
+            for (_, name) in due
+                .into_iter()
+                .take(self.concurrent().saturating_sub(running.len()))
+            {
+                let slot = slots.get_mut(&name).expect("listed above");
+                slot.busy = true;
+                running.push(self.start(name, slot.relay.clone()));
+            }
+            let next = slots
+                .values()
+                .filter(|s| !s.busy)
+                .map(|s| s.due)
+                .min()
+                .into_iter()
+                .chain(refreshed.map(|at| at + self.refresh_interval))
+                .min()
+                .unwrap_or(now + self.poll_interval)
+                .max(now);
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                Some((name, pass, turn)) = running.next(), if !running.is_empty() => {
+                    report.add(pass);
+                    if let Some(slot) = slots.get_mut(&name) {
+                        slot.busy = false;
+                        if let Err(e) = self.after_turn(&name, slot, &pass, turn, &mut report) {
+                            return Err(e);
+                        }
+                    }
+                }
+                () = steps::woken(seen) => {
+                    seen = steps::wake_generation();
+                    let now = Instant::now();
+                    for slot in slots.values_mut().filter(|s| s.outages == 0) {
+                        slot.due = slot.due.min(now);
+                    }
+                }
+                () = tokio::time::sleep_until(next.into()) => {}
+            }
+        }
+        // Shutdown: the turns under way finish within the grace.
+        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while let Some((name, pass, turn)) = running.next().await {
+                report.add(pass);
+                if let Turn::Ran(Err(e)) = turn {
+                    if let RelayError::Publisher(_) = e {
+                        return Err(RelayError::tenant(&name, e));
+                    }
+                    report.errors += 1;
+                    tracing::warn!(target: crate::TRACING_TARGET, tenant = %name, error = %e, "diesel-inbox: outbox relay: a tenant's last turn before shutdown failed");
+                }
+            }
+            Ok(())
+        })
+        .await;
+        match drained {
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(())) => Ok(report),
+            Err(_) => {
+                tracing::warn!(target: crate::TRACING_TARGET, grace = ?SHUTDOWN_GRACE, "diesel-inbox: outbox relay: tenants' turns did not finish within the shutdown grace; their rows are claimed again when their lease ends");
+                Ok(report)
+            }
+        }
+    }
+
+    /// When `slot`'s tenant is due again after its turn; an error when the
+    /// publisher cannot publish any more.
+    fn after_turn(
+        &self,
+        name: &str,
+        slot: &mut Slot<T, P>,
+        pass: &RelayReport,
+        turn: Turn,
+        report: &mut RelayReport,
+    ) -> Result<(), RelayError> {
+        let now = Instant::now();
+        let failed = match turn {
+            Turn::Ran(Ok(())) if pass.released > 0 => {
+                slot.outages += 1;
+                let wait = backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, slot.outages);
+                tracing::warn!(target: crate::TRACING_TARGET, tenant = %name, released = pass.released, wait_ms = wait.as_millis() as u64, "diesel-inbox: outbox relay: the broker is unavailable; backing off");
+                slot.due = now + wait;
+                return Ok(());
+            }
+            Turn::Ran(Ok(())) => {
+                slot.outages = 0;
+                // A full turn: more is likely due; behind the others.
+                slot.due = if pass.batches >= self.turn {
+                    now
+                } else {
+                    now + self.poll_interval
+                };
+                return Ok(());
+            }
+            Turn::Ran(Err(RelayError::Publisher(e))) => {
+                return Err(RelayError::tenant(name, RelayError::Publisher(e)))
+            }
+            Turn::Ran(Err(e)) => e.to_string(),
+            Turn::TimedOut => format!(
+                "its turn outlasted half the lease ({:?}) and was dropped; its rows are claimed again when their lease ends",
+                self.lease / 2
+            ),
+        };
+        report.errors += 1;
+        slot.outages += 1;
+        let wait = backoff(OUTAGE_DELAY, MAX_OUTAGE_DELAY, slot.outages);
+        tracing::warn!(target: crate::TRACING_TARGET, tenant = %name, error = %failed, wait_ms = wait.as_millis() as u64, "diesel-inbox: outbox relay: a tenant's turn failed; backing off that tenant");
+        slot.due = now + wait;
+        Ok(())
+    }
+}
+
+impl RelayError {
+    /// `e`, of tenant `name`.
+    fn tenant(name: &str, e: RelayError) -> RelayError {
+        RelayError::Tenant {
+            tenant: name.to_owned(),
+            source: Box::new(e),
+        }
+    }
+}
+
+/// A publisher shared by the relays of several tenants.
+impl<P: Publish> Publish for Arc<P> {
+    fn publish<'a>(
+        &'a self,
+        messages: &'a [inbox_runtime::outbox::OutboxMessage],
+    ) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send + 'a {
+        (**self).publish(messages)
+    }
+
+    fn messaging_system(&self) -> Option<&str> {
+        (**self).messaging_system()
+    }
+
+    fn messaging_route<'a>(&'a self, destination: &'a str) -> (&'a str, Option<&'a str>) {
+        (**self).messaging_route(destination)
+    }
+}

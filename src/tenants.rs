@@ -1,0 +1,744 @@
+//! Many databases: a set of named tenant pools ([`Tenants`]), each opened on
+//! first use, closed when idle, under one limit on connections across all
+//! of them.
+//!
+//! Each tenant has a database of its own (or a schema of its own, through a
+//! URL that selects it): its inbox, its outbox and its business tables. A
+//! handler takes its tenant's connection from the set, so that the inbox
+//! row lands in the tenant's database, in the tenant's transaction; one
+//! relay publishes every tenant's outbox ([`Relay::tenants`](crate::outbox::Relay::tenants)).
+//!
+//! - **Which tenants:** a list ([`Tenants::list`]), a closure that lists
+//!   them ([`Tenants::from_fn`], read again by [`refresh`](Tenants::refresh)),
+//!   and changes at run time ([`insert`](Tenants::insert),
+//!   [`remove`](Tenants::remove)).
+//! - **Bounded connections:** a tenant's pool holds at most
+//!   [`pool_size`](Tenants::pool_size) connections and is opened on first
+//!   use; the pools open at once hold at most
+//!   [`max_connections`](Tenants::max_connections) in all. To open another,
+//!   the set closes the pool idle the longest, or waits (at most
+//!   [`checkout_timeout`](Tenants::checkout_timeout)) for one to become
+//!   idle. A pool unused for [`idle_timeout`](Tenants::idle_timeout) is
+//!   closed.
+//! - **Never another tenant's:** a connection is always the named
+//!   tenant's; an unknown name is [`TenantError::Unknown`].
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+//! use diesel_async::pooled_connection::deadpool::Pool;
+//! use diesel_async::AsyncPgConnection;
+//! use diesel_inbox::tenants::Tenants;
+//!
+//! let tenants: Tenants<Pool<AsyncPgConnection>> = Tenants::list([
+//!     ("acme", "postgres://app@db1/acme"),
+//!     ("globex", "postgres://app@db2/globex"),
+//! ])
+//! .max_connections(40)
+//! .pool_size(4);
+//! tenants.insert("initech", "postgres://app@db1/initech"); // at run time
+//! let mut conn = tenants.connection("acme").await?; // acme's database, nobody else's
+//! diesel_inbox::migrate_async(&mut *conn).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::outbox::RelayPool;
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolableConnection};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The header in which the relay over tenants ([`Relay::tenants`](crate::outbox::Relay::tenants))
+/// names each message's tenant, and in which the runners look for it:
+/// `x-tenant`. The relay sets it from the database it read the message
+/// from, over any value the enqueue gave.
+pub const TENANT_HEADER: &str = "x-tenant";
+
+/// Names `tenant` in each message's [`TENANT_HEADER`], replacing any.
+pub(crate) fn name_messages(tenant: &str, messages: &mut [inbox_runtime::outbox::OutboxMessage]) {
+    for message in messages {
+        message
+            .headers
+            .retain(|(name, _)| !name.eq_ignore_ascii_case(TENANT_HEADER));
+        message
+            .headers
+            .push((TENANT_HEADER.to_owned(), tenant.to_owned()));
+    }
+}
+
+/// The default [`Tenants::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 32;
+/// The default [`Tenants::pool_size`].
+pub const DEFAULT_POOL_SIZE: u32 = 2;
+/// The default [`Tenants::idle_timeout`].
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The default [`Tenants::checkout_timeout`].
+pub const DEFAULT_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a tenant's connection could not be had.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TenantError {
+    /// The set has no tenant of this name (never added, or removed).
+    #[error("diesel-inbox: no tenant named {0:?} (add it to the tenant set, or check the message's tenant)")]
+    Unknown(String),
+    /// The connection limit across tenants stayed reached, by pools in
+    /// use, for the whole checkout timeout.
+    #[error("diesel-inbox: tenant {tenant:?}: every one of the {max_connections} connections across tenants stayed in use for {waited:?}; raise Tenants::max_connections or lower Tenants::pool_size")]
+    Exhausted {
+        /// The tenant whose connection was asked for.
+        tenant: String,
+        /// [`Tenants::max_connections`].
+        max_connections: u32,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The tenant's pool could not be built or gave no connection (its
+    /// database is down, its URL is wrong, the checkout timed out).
+    #[error("diesel-inbox: tenant {tenant:?}: no connection: {source}")]
+    Pool {
+        /// The tenant.
+        tenant: String,
+        /// The pool's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    /// The closure of [`Tenants::from_fn`] failed.
+    #[error("diesel-inbox: the tenant list could not be read: {0}")]
+    Source(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+/// A pool kind a [`Tenants`] set opens for each tenant: a diesel-async
+/// deadpool [`Pool`](diesel_async::pooled_connection::deadpool::Pool) or
+/// (feature `bb8`) bb8 pool of an `AsyncPgConnection`,
+/// `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>`.
+/// Sealed.
+pub trait TenantPool: RelayPool + Sized + 'static {
+    /// A pool of at most `size` connections to `url`, which opens none
+    /// until asked.
+    #[doc(hidden)]
+    fn open(
+        url: &str,
+        size: u32,
+    ) -> impl Future<Output = Result<Self, Box<dyn std::error::Error + Send + Sync + 'static>>> + Send;
+}
+
+impl<C> TenantPool for diesel_async::pooled_connection::deadpool::Pool<C>
+where
+    C: PoolableConnection + inbox_runtime::AsyncInboxConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    async fn open(
+        url: &str,
+        size: u32,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync + 'static>> {
+        let manager = AsyncDieselConnectionManager::<C>::new(url);
+        Ok(Self::builder(manager).max_size(size as usize).build()?)
+    }
+}
+
+#[cfg(feature = "bb8")]
+impl<C> TenantPool for diesel_async::pooled_connection::bb8::Pool<C>
+where
+    C: PoolableConnection + inbox_runtime::AsyncInboxConnection + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    async fn open(
+        url: &str,
+        size: u32,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync + 'static>> {
+        let manager = AsyncDieselConnectionManager::<C>::new(url);
+        Ok(Self::builder().max_size(size).build(manager).await?)
+    }
+}
+
+/// What [`Tenants::from_fn`] calls: the tenants, as `(name, URL)` pairs.
+type Lister = dyn Fn() -> Pin<
+        Box<
+            dyn Future<
+                    Output = Result<
+                        Vec<(String, String)>,
+                        Box<dyn std::error::Error + Send + Sync + 'static>,
+                    >,
+                > + Send,
+        >,
+    > + Send
+    + Sync;
+
+/// A set of named tenant pools, opened on first use, closed when idle,
+/// under one connection limit across them: see the [module](self).
+/// Cloning it shares the set.
+pub struct Tenants<T: TenantPool> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T: TenantPool> Clone for Tenants<T> {
+    fn clone(&self) -> Self {
+        Tenants {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<T: TenantPool> std::fmt::Debug for Tenants<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let settings = self.settings();
+        f.debug_struct("Tenants")
+            .field("tenants", &self.names().len())
+            .field("open_pools", &self.open_pools())
+            .field("max_connections", &settings.max_connections)
+            .field("pool_size", &settings.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared<T: TenantPool> {
+    entries: Mutex<BTreeMap<String, Entry<T>>>,
+    settings: Mutex<Settings>,
+    /// One permit per connection the open pools may hold.
+    budget: Mutex<Arc<Semaphore>>,
+    lister: Option<Box<Lister>>,
+}
+
+#[derive(Clone, Copy)]
+struct Settings {
+    max_connections: u32,
+    pool_size: u32,
+    idle_timeout: Duration,
+    checkout_timeout: Duration,
+}
+
+struct Entry<T: TenantPool> {
+    url: String,
+    open: Option<Arc<Open<T>>>,
+}
+
+/// A tenant's open pool and the share of the connection limit it holds.
+struct Open<T> {
+    pool: T,
+    /// Connections checked out of it now.
+    users: AtomicUsize,
+    /// When its last connection was checked out or returned.
+    last_used: Mutex<Instant>,
+    _permits: OwnedSemaphorePermit,
+}
+
+impl<T> Open<T> {
+    fn touch(&self) {
+        if let Ok(mut at) = self.last_used.lock() {
+            *at = Instant::now();
+        }
+    }
+
+    fn idle_for(&self) -> Option<Duration> {
+        if self.users.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        self.last_used.lock().ok().map(|at| at.elapsed())
+    }
+}
+
+impl<T: TenantPool> Tenants<T> {
+    fn with(entries: BTreeMap<String, Entry<T>>, lister: Option<Box<Lister>>) -> Self {
+        Tenants {
+            shared: Arc::new(Shared {
+                entries: Mutex::new(entries),
+                settings: Mutex::new(Settings {
+                    max_connections: DEFAULT_MAX_CONNECTIONS,
+                    pool_size: DEFAULT_POOL_SIZE,
+                    idle_timeout: DEFAULT_IDLE_TIMEOUT,
+                    checkout_timeout: DEFAULT_CHECKOUT_TIMEOUT,
+                }),
+                budget: Mutex::new(Arc::new(Semaphore::new(DEFAULT_MAX_CONNECTIONS as usize))),
+                lister,
+            }),
+        }
+    }
+
+    /// A set of the tenants listed, as `(name, database URL)` pairs; a name
+    /// listed twice keeps its last URL.
+    ///
+    /// ```
+    /// # #[cfg(feature = "postgres")] {
+    /// use diesel_async::pooled_connection::deadpool::Pool;
+    /// use diesel_async::AsyncPgConnection;
+    /// use diesel_inbox::tenants::Tenants;
+    ///
+    /// let tenants: Tenants<Pool<AsyncPgConnection>> =
+    ///     Tenants::list([("acme", "postgres://app@db1/acme"), ("globex", "postgres://app@db2/globex")]);
+    /// assert_eq!(tenants.names(), ["acme", "globex"]);
+    /// assert!(tenants.remove("globex"));
+    /// assert_eq!(tenants.names(), ["acme"]);
+    /// # }
+    /// ```
+    pub fn list<N: Into<String>, U: Into<String>>(
+        tenants: impl IntoIterator<Item = (N, U)>,
+    ) -> Self {
+        let entries = tenants
+            .into_iter()
+            .map(|(name, url)| {
+                let entry = Entry {
+                    url: url.into(),
+                    open: None,
+                };
+                (name.into(), entry)
+            })
+            .collect();
+        Self::with(entries, None)
+    }
+
+    /// A set whose tenants `lister` says, as `(name, database URL)` pairs:
+    /// read by [`refresh`](Self::refresh) (a relay over the set calls it
+    /// every [`Relay::refresh_interval`](crate::outbox::TenantRelay::refresh_interval)),
+    /// so tenants added to or removed from where it reads (a directory
+    /// table in a control database, a file, a service) are found without a
+    /// restart. The set is empty until the first refresh.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+    /// use diesel_async::pooled_connection::deadpool::Pool;
+    /// use diesel_async::AsyncPgConnection;
+    /// use diesel_inbox::tenants::Tenants;
+    ///
+    /// let tenants: Tenants<Pool<AsyncPgConnection>> = Tenants::from_fn(|| async {
+    ///     let text = tokio::fs::read_to_string("/etc/shop/tenants").await?;
+    ///     Ok(text
+    ///         .lines()
+    ///         .filter_map(|line| line.split_once(' '))
+    ///         .map(|(name, url)| (name.to_owned(), url.to_owned()))
+    ///         .collect())
+    /// });
+    /// tenants.refresh().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_fn<F, Fut>(lister: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<
+                Output = Result<
+                    Vec<(String, String)>,
+                    Box<dyn std::error::Error + Send + Sync + 'static>,
+                >,
+            > + Send
+            + 'static,
+    {
+        Self::with(BTreeMap::new(), Some(Box::new(move || Box::pin(lister()))))
+    }
+
+    /// The most connections the open pools hold in all (default 32; at
+    /// least [`pool_size`](Self::pool_size)). Set it before first use.
+    pub fn max_connections(self, n: u32) -> Self {
+        self.set(|s| s.max_connections = n.max(1));
+        self
+    }
+
+    /// The most connections one tenant's pool holds (default 2; at least
+    /// 1, at most [`max_connections`](Self::max_connections)). Set it
+    /// before first use.
+    pub fn pool_size(self, n: u32) -> Self {
+        self.set(|s| s.pool_size = n.max(1));
+        self
+    }
+
+    /// How long a tenant's pool stays open unused (default 60 s).
+    pub fn idle_timeout(self, timeout: Duration) -> Self {
+        self.set(|s| s.idle_timeout = timeout);
+        self
+    }
+
+    /// How long [`connection`](Self::connection) waits for the connection
+    /// limit, and then for the tenant's pool (default 30 s): a database
+    /// that does not answer gives [`TenantError::Pool`] after it.
+    pub fn checkout_timeout(self, timeout: Duration) -> Self {
+        self.set(|s| s.checkout_timeout = timeout);
+        self
+    }
+
+    fn set(&self, change: impl FnOnce(&mut Settings)) {
+        let mut settings = self
+            .shared
+            .settings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        change(&mut settings);
+        settings.pool_size = settings.pool_size.min(settings.max_connections);
+        *self.shared.budget.lock().unwrap_or_else(|e| e.into_inner()) =
+            Arc::new(Semaphore::new(settings.max_connections as usize));
+    }
+
+    fn settings(&self) -> Settings {
+        *self
+            .shared
+            .settings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry<T>>> {
+        self.shared
+            .entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The tenants' names, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.entries().keys().cloned().collect()
+    }
+
+    /// Whether the set has a tenant of this name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries().contains_key(name)
+    }
+
+    /// Adds a tenant, or gives an existing one a new URL (its open pool is
+    /// closed once its connections are returned). Returns whether the
+    /// name is new.
+    pub fn insert(&self, name: impl Into<String>, url: impl Into<String>) -> bool {
+        let url = url.into();
+        match self.entries().entry(name.into()) {
+            std::collections::btree_map::Entry::Occupied(mut entry) => {
+                let entry = entry.get_mut();
+                if entry.url != url {
+                    entry.url = url;
+                    entry.open = None;
+                }
+                false
+            }
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert(Entry { url, open: None });
+                true
+            }
+        }
+    }
+
+    /// Removes a tenant: its name is unknown from now on, and its pool is
+    /// closed once its connections are returned. Returns whether it was
+    /// there.
+    pub fn remove(&self, name: &str) -> bool {
+        self.entries().remove(name).is_some()
+    }
+
+    /// Reads the tenants again from [`from_fn`](Self::from_fn)'s closure:
+    /// adds the new, removes the gone, and gives a changed URL to its
+    /// tenant. A set built by [`list`](Self::list) is unchanged. Returns
+    /// the number of tenants.
+    pub async fn refresh(&self) -> Result<usize, TenantError> {
+        let Some(lister) = &self.shared.lister else {
+            return Ok(self.entries().len());
+        };
+        let listed = lister().await.map_err(TenantError::Source)?;
+        let listed: BTreeMap<String, String> = listed.into_iter().collect();
+        let mut entries = self.entries();
+        entries.retain(|name, _| listed.contains_key(name));
+        for (name, url) in listed {
+            let entry = entries.entry(name).or_insert_with(|| Entry {
+                url: url.clone(),
+                open: None,
+            });
+            if entry.url != url {
+                entry.url = url;
+                entry.open = None;
+            }
+        }
+        Ok(entries.len())
+    }
+
+    /// How many tenants' pools fit the connection limit at once.
+    pub(crate) fn fair_share(&self) -> usize {
+        let settings = self.settings();
+        (settings.max_connections / settings.pool_size.max(1)).max(1) as usize
+    }
+
+    /// The pools open now.
+    pub fn open_pools(&self) -> usize {
+        self.entries().values().filter(|e| e.open.is_some()).count()
+    }
+
+    /// The most connections the open pools may hold now: open pools times
+    /// [`pool_size`](Self::pool_size), never above
+    /// [`max_connections`](Self::max_connections).
+    pub fn reserved_connections(&self) -> u32 {
+        self.open_pools() as u32 * self.settings().pool_size
+    }
+
+    /// Closes the pools unused for [`idle_timeout`](Self::idle_timeout);
+    /// returns how many. Every checkout does it too.
+    pub fn close_idle(&self) -> usize {
+        let idle_timeout = self.settings().idle_timeout;
+        let mut closed = 0;
+        for entry in self.entries().values_mut() {
+            if entry
+                .open
+                .as_ref()
+                .and_then(|open| open.idle_for())
+                .is_some_and(|idle| idle >= idle_timeout)
+            {
+                entry.open = None;
+                closed += 1;
+            }
+        }
+        closed
+    }
+
+    /// Closes the open pool unused the longest, but not `keep`'s; returns
+    /// whether there was one.
+    fn close_least_recent(&self, keep: &str) -> bool {
+        let mut entries = self.entries();
+        let oldest = entries
+            .iter()
+            .filter(|(name, _)| name.as_str() != keep)
+            .filter_map(|(name, e)| Some((e.open.as_ref()?.idle_for()?, name.clone())))
+            .max();
+        match oldest {
+            Some((_, name)) => {
+                if let Some(entry) = entries.get_mut(&name) {
+                    entry.open = None;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A handle on one tenant, for a [`Relay`](crate::outbox::Relay) or to
+    /// keep; `None` for an unknown name.
+    pub fn tenant(&self, name: &str) -> Option<Tenant<T>> {
+        self.contains(name).then(|| Tenant {
+            name: Arc::from(name),
+            tenants: self.clone(),
+        })
+    }
+
+    /// A connection of tenant `name`'s database, from its pool (opened now
+    /// if it is not open). Waits at most
+    /// [`checkout_timeout`](Self::checkout_timeout) in all.
+    pub async fn connection(&self, name: &str) -> Result<TenantConnection<T>, TenantError> {
+        let settings = self.settings();
+        let started = Instant::now();
+        let open = self.open(name, settings, started).await?;
+        let left = settings.checkout_timeout.saturating_sub(started.elapsed());
+        let guard = match tokio::time::timeout(left, open.pool.connection()).await {
+            Ok(Ok(guard)) => guard,
+            Ok(Err(source)) => {
+                open.users.fetch_sub(1, Ordering::AcqRel);
+                return Err(TenantError::Pool {
+                    tenant: name.to_owned(),
+                    source,
+                });
+            }
+            Err(_) => {
+                open.users.fetch_sub(1, Ordering::AcqRel);
+                return Err(TenantError::Pool {
+                    tenant: name.to_owned(),
+                    source: format!(
+                        "the database gave no connection in {:?}",
+                        settings.checkout_timeout
+                    )
+                    .into(),
+                });
+            }
+        };
+        Ok(TenantConnection {
+            guard,
+            open: Used(open),
+        })
+    }
+
+    /// Tenant `name`'s open pool, one user more (opened now, within the
+    /// connection limit, if it was not).
+    async fn open(
+        &self,
+        name: &str,
+        settings: Settings,
+        started: Instant,
+    ) -> Result<Arc<Open<T>>, TenantError> {
+        self.close_idle();
+        loop {
+            let url = {
+                let entries = self.entries();
+                let entry = entries
+                    .get(name)
+                    .ok_or_else(|| TenantError::Unknown(name.to_owned()))?;
+                if let Some(open) = &entry.open {
+                    open.users.fetch_add(1, Ordering::AcqRel);
+                    open.touch();
+                    return Ok(open.clone());
+                }
+                entry.url.clone()
+            };
+            let budget = self
+                .shared
+                .budget
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let permits = match budget.clone().try_acquire_many_owned(settings.pool_size) {
+                Ok(permits) => permits,
+                Err(_) => {
+                    if self.close_least_recent(name) {
+                        continue;
+                    }
+                    let left = settings.checkout_timeout.saturating_sub(started.elapsed());
+                    if left.is_zero() {
+                        return Err(TenantError::Exhausted {
+                            tenant: name.to_owned(),
+                            max_connections: settings.max_connections,
+                            waited: started.elapsed(),
+                        });
+                    }
+                    // A pool in use becomes idle (and closable), or one is
+                    // closed: look again soon.
+                    match tokio::time::timeout(
+                        left.min(Duration::from_millis(50)),
+                        budget.acquire_many_owned(settings.pool_size),
+                    )
+                    .await
+                    {
+                        Ok(Ok(permits)) => permits,
+                        _ => continue,
+                    }
+                }
+            };
+            let pool =
+                T::open(&url, settings.pool_size)
+                    .await
+                    .map_err(|source| TenantError::Pool {
+                        tenant: name.to_owned(),
+                        source,
+                    })?;
+            let mut entries = self.entries();
+            let Some(entry) = entries.get_mut(name) else {
+                return Err(TenantError::Unknown(name.to_owned()));
+            };
+            if entry.url != url {
+                // Its URL changed while the pool opened: open the new one.
+                continue;
+            }
+            let open = entry.open.get_or_insert_with(|| {
+                Arc::new(Open {
+                    pool,
+                    users: AtomicUsize::new(0),
+                    last_used: Mutex::new(Instant::now()),
+                    _permits: permits,
+                })
+            });
+            open.users.fetch_add(1, Ordering::AcqRel);
+            open.touch();
+            return Ok(open.clone());
+        }
+    }
+}
+
+/// A connection of one tenant's database, checked out of its pool; returned
+/// to it when dropped. Derefs to the connection.
+pub struct TenantConnection<T: TenantPool> {
+    // Returned to the pool before the pool's share of the limit is.
+    guard: T::Guard,
+    open: Used<T>,
+}
+
+/// One user of an open pool, counted until dropped.
+struct Used<T>(Arc<Open<T>>);
+
+impl<T> Drop for Used<T> {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.users.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl<T: TenantPool> Deref for TenantConnection<T> {
+    type Target = T::Connection;
+    fn deref(&self) -> &T::Connection {
+        &self.guard
+    }
+}
+
+impl<T: TenantPool> DerefMut for TenantConnection<T> {
+    fn deref_mut(&mut self) -> &mut T::Connection {
+        &mut self.guard
+    }
+}
+
+impl<T: TenantPool> std::fmt::Debug for TenantConnection<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantConnection")
+            .field("pool_users", &self.open.0.users.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// One tenant of a [`Tenants`] set: its connections come from its pool in
+/// the set. A [`Relay`](crate::outbox::Relay) takes its connections from it.
+pub struct Tenant<T: TenantPool> {
+    name: Arc<str>,
+    tenants: Tenants<T>,
+}
+
+impl<T: TenantPool> Clone for Tenant<T> {
+    fn clone(&self) -> Self {
+        Tenant {
+            name: self.name.clone(),
+            tenants: self.tenants.clone(),
+        }
+    }
+}
+
+impl<T: TenantPool> std::fmt::Debug for Tenant<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant").field("name", &self.name).finish()
+    }
+}
+
+impl<T: TenantPool> Tenant<T> {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A connection of its database: [`Tenants::connection`].
+    pub async fn connection(&self) -> Result<TenantConnection<T>, TenantError> {
+        self.tenants.connection(&self.name).await
+    }
+}
+
+impl<T: TenantPool> crate::outbox::pool::sealed::Sealed for Tenant<T> {}
+
+impl<T: TenantPool> RelayPool for Tenant<T>
+where
+    T::Guard: 'static,
+{
+    type Connection = T::Connection;
+    type Guard = TenantConnection<T>;
+
+    async fn connection(
+        &self,
+    ) -> Result<Self::Guard, Box<dyn std::error::Error + Send + Sync + 'static>> {
+        Ok(self.tenants.connection(&self.name).await?)
+    }
+
+    /// A tenant's connections all come from its pool, within the set's
+    /// limit: none is taken out for good.
+    async fn dedicated(
+        &self,
+    ) -> Result<Self::Connection, Box<dyn std::error::Error + Send + Sync + 'static>> {
+        Err(format!(
+            "diesel-inbox: tenant {:?}: a tenant's connections stay in its pool",
+            self.name
+        )
+        .into())
+    }
+}

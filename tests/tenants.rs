@@ -1,0 +1,460 @@
+//! Many databases: one relay over a database per tenant
+//! (`diesel_inbox::tenants`, `Relay::tenants`). PostgreSQL at
+//! `INBOX_TEST_POSTGRES_URL` (set when the tests are built), a superuser
+//! role: each test makes its tenants' databases and drops them.
+//!
+//! The publisher is one of the user's own that records what it is given,
+//! with the tenant header: the checks are per tenant, per message (exactly
+//! once, in order per key, from its own database), on the database's rows
+//! (each tenant's outbox empty at the end) and on the server's own count of
+//! the connections to the tenants' databases.
+#![cfg(all(feature = "postgres", feature = "relay"))]
+
+mod support;
+use support::proxy::{Mode, Proxy};
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, PgConnection, RunQueryDsl};
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::AsyncPgConnection;
+use diesel_inbox::outbox::{self, OutboxMessage, Outgoing, Publish, PublishError, Relay};
+use diesel_inbox::tenants::{Tenants, TENANT_HEADER};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+type PgPool = Pool<AsyncPgConnection>;
+
+/// Databases made for one test, dropped at its end.
+struct Databases {
+    admin: String,
+    base: String,
+    prefix: String,
+    names: Mutex<Vec<String>>,
+}
+
+impl Databases {
+    fn new(test: &str) -> Databases {
+        let admin = std::env::var("INBOX_TEST_POSTGRES_URL").expect("INBOX_TEST_POSTGRES_URL");
+        let (base, _) = admin.rsplit_once('/').expect("a URL with a database");
+        Databases {
+            base: base.to_owned(),
+            admin,
+            prefix: format!("tn_{test}_{}", std::process::id()),
+            names: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A fresh, migrated database for `tenant`; its URL.
+    fn create(&self, tenant: &str) -> String {
+        let name = format!("{}_{tenant}", self.prefix);
+        let mut admin = PgConnection::establish(&self.admin).expect("the test server");
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .expect("drop a database left behind");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("a fresh database");
+        self.names.lock().expect("names").push(name.clone());
+        let url = format!("{}/{name}", self.base);
+        let mut conn = PgConnection::establish(&url).expect("the tenant's database");
+        diesel_inbox::migrate(&mut conn).expect("migrate");
+        url
+    }
+
+    /// Backends connected to this test's databases now.
+    fn connections(&self, admin: &mut PgConnection) -> i64 {
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        diesel::sql_query(format!(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname LIKE '{}\\_%'",
+            self.prefix
+        ))
+        .get_result::<Count>(admin)
+        .expect("pg_stat_activity")
+        .n
+    }
+}
+
+impl Drop for Databases {
+    fn drop(&mut self) {
+        if let Ok(mut conn) = PgConnection::establish(&self.admin) {
+            for name in self.names.lock().map(|n| n.clone()).unwrap_or_default() {
+                let _ = conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+            }
+        }
+    }
+}
+
+/// Enqueues `n` messages into `url`'s outbox in one transaction, spread
+/// over `keys` ordering keys: payload `tenant:key:seq`, and a tenant header
+/// that claims another tenant (the relay must replace it).
+fn enqueue(url: &str, tenant: &str, n: usize, keys: usize) {
+    let mut conn = PgConnection::establish(url).expect("the tenant's database");
+    conn.transaction(|conn| {
+        for seq in 0..n {
+            let key = format!("k{}", seq % keys);
+            let message = Outgoing::new("orders", format!("{tenant}:{key}:{seq}"))
+                .ordering_key(key.as_str())
+                .header(TENANT_HEADER, "someone-else");
+            outbox::enqueue(conn, message)?;
+        }
+        Ok::<_, diesel_inbox::InboxError>(())
+    })
+    .expect("enqueue");
+}
+
+fn pending(url: &str) -> i64 {
+    let mut conn = PgConnection::establish(url).expect("the tenant's database");
+    outbox::status(&mut conn).expect("status").pending as i64
+}
+
+/// What the publisher was given: (tenant header, payload), in order.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<(String, String)>>>);
+
+impl Publish for Recorder {
+    async fn publish(&self, messages: &[OutboxMessage]) -> Vec<Result<(), PublishError>> {
+        let mut got = self.0.lock().expect("recorder");
+        messages
+            .iter()
+            .map(|m| {
+                let tenants: Vec<&str> = m
+                    .headers
+                    .iter()
+                    .filter(|(k, _)| k == TENANT_HEADER)
+                    .map(|(_, v)| v.as_str())
+                    .collect();
+                assert_eq!(tenants.len(), 1, "one tenant header: {:?}", m.headers);
+                got.push((
+                    tenants[0].to_owned(),
+                    String::from_utf8(m.payload.clone()).expect("utf-8"),
+                ));
+                Ok(())
+            })
+            .collect()
+    }
+}
+
+impl Recorder {
+    fn got(&self) -> Vec<(String, String)> {
+        self.0.lock().expect("recorder").clone()
+    }
+
+    /// Waits until `done` holds of what it got, or `limit` passes.
+    async fn wait(&self, limit: Duration, done: impl Fn(&[(String, String)]) -> bool) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if done(&self.got()) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        done(&self.got())
+    }
+}
+
+/// Every message exactly once, from its own tenant, in order per key.
+fn check(got: &[(String, String)], expected: &BTreeMap<String, usize>) {
+    let mut seen = BTreeSet::new();
+    let mut last: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (tenant, payload) in got {
+        let mut parts = payload.split(':');
+        let (owner, key, seq) = (
+            parts.next().expect("tenant"),
+            parts.next().expect("key"),
+            parts.next().expect("seq").parse::<usize>().expect("seq"),
+        );
+        assert_eq!(
+            tenant, owner,
+            "a message of {owner} published as {tenant}'s"
+        );
+        assert!(seen.insert(payload.clone()), "published twice: {payload}");
+        if let Some(before) = last.insert((owner.to_owned(), key.to_owned()), seq) {
+            assert!(seq > before, "{payload} after seq {before} of its key");
+        }
+    }
+    for (tenant, n) in expected {
+        let published = got.iter().filter(|(t, _)| t == tenant).count();
+        assert_eq!(
+            published, *n,
+            "tenant {tenant}: published {published} of {n}"
+        );
+    }
+}
+
+fn spawn_relay(
+    relay: diesel_inbox::outbox::TenantRelay<PgPool, Recorder>,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<outbox::RelayReport, outbox::RelayError>>,
+) {
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(async move {
+        relay
+            .run(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    (stop, running)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// 100 tenant databases, 30 messages each over 3 keys, one relay whose
+/// pools may hold 10 connections in all: each message is published once,
+/// as its own tenant's, in order per key; every outbox is empty at the
+/// end; the server never saw more than 10 connections to those databases.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn one_relay_publishes_a_hundred_tenants_outboxes_within_its_connection_limit() {
+    const TENANTS: usize = 100;
+    const EACH: usize = 30;
+    let dbs = Databases::new("hundred");
+    let urls: Vec<(String, String)> = (0..TENANTS)
+        .map(|i| {
+            let tenant = format!("t{i:03}");
+            let url = dbs.create(&tenant);
+            enqueue(&url, &tenant, EACH, 3);
+            (tenant, url)
+        })
+        .collect();
+    let expected: BTreeMap<String, usize> = urls.iter().map(|(t, _)| (t.clone(), EACH)).collect();
+    let tenants: Tenants<PgPool> = Tenants::list(urls.clone())
+        .max_connections(10)
+        .pool_size(1)
+        .idle_timeout(Duration::from_millis(200));
+    let recorder = Recorder::default();
+    let mut admin = PgConnection::establish(&dbs.admin).expect("the test server");
+    runtime().block_on(async {
+        let relay = Relay::tenants(tenants.clone(), recorder.clone())
+            .batch_size(10)
+            .poll_interval(Duration::from_millis(100));
+        let (stop, running) = spawn_relay(relay);
+        let started = Instant::now();
+        let mut most = 0;
+        while recorder.got().len() < TENANTS * EACH && started.elapsed() < Duration::from_secs(120)
+        {
+            most = most.max(dbs.connections(&mut admin));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.send(true).expect("stop");
+        let report = running.await.expect("the relay task").expect("the relay");
+        check(&recorder.got(), &expected);
+        assert_eq!(report.published, (TENANTS * EACH) as u64, "{report:?}");
+        assert!(
+            most <= 10,
+            "the server saw {most} connections to the tenants' databases"
+        );
+        assert!(
+            most >= 2,
+            "the relay worked on several tenants at once (saw {most})"
+        );
+        for (tenant, url) in &urls {
+            assert_eq!(pending(url), 0, "tenant {tenant}'s outbox");
+        }
+        // Idle for its timeout, each pool is closed, and its connections
+        // with it.
+        assert!(tenants.open_pools() > 0);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(tenants.close_idle() > 0);
+        assert_eq!(tenants.open_pools(), 0, "idle pools are closed");
+        let closed = Instant::now();
+        while dbs.connections(&mut admin) > 0 && closed.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(dbs.connections(&mut admin), 0, "connections left open");
+    });
+}
+
+/// A tenant whose database stops answering (blackholed through a proxy)
+/// is backed off on its own: the others' messages are published meanwhile,
+/// and its own once it answers again. A tenant added while the relay runs
+/// is relayed; one removed is not any more (its message stays in its
+/// outbox).
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_stalled_tenant_waits_alone_and_tenants_come_and_go_while_the_relay_runs() {
+    let dbs = Databases::new("stall");
+    let proxy = Proxy::start("127.0.0.1:5432".parse().expect("address")).expect("a proxy");
+    let list: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    for tenant in ["a", "b", "c", "gone"] {
+        let url = dbs.create(tenant);
+        list.lock().expect("list").push((tenant.to_owned(), url));
+    }
+    let stalled_url = dbs.create("stalled");
+    list.lock().expect("list").push((
+        "stalled".to_owned(),
+        proxy.route(&stalled_url).expect("route"),
+    ));
+    let late_url = dbs.create("late");
+    let url_of = |tenant: &str| {
+        list.lock()
+            .expect("list")
+            .iter()
+            .find(|(t, _)| t == tenant)
+            .map(|(_, u)| u.clone())
+            .expect("a tenant")
+    };
+    let reading = list.clone();
+    let tenants: Tenants<PgPool> = Tenants::from_fn(move || {
+        let listed = reading.lock().expect("list").clone();
+        async move { Ok(listed) }
+    })
+    .max_connections(8)
+    .pool_size(1)
+    .checkout_timeout(Duration::from_secs(1));
+    let recorder = Recorder::default();
+    runtime().block_on(async {
+        let relay = Relay::tenants(tenants.clone(), recorder.clone())
+            .poll_interval(Duration::from_millis(100))
+            .refresh_interval(Duration::from_millis(200))
+            .lease(Duration::from_secs(4));
+        let (stop, running) = spawn_relay(relay);
+        // The stalled tenant's database stops answering; all enqueue.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.set(Mode::Blackhole);
+        enqueue(&stalled_url, "stalled", 5, 1);
+        for tenant in ["a", "b", "c"] {
+            enqueue(&url_of(tenant), tenant, 20, 2);
+        }
+        let others = recorder
+            .wait(Duration::from_secs(20), |got| {
+                got.iter().filter(|(t, _)| t != "stalled").count() == 60
+            })
+            .await;
+        assert!(
+            others,
+            "the others were published while one tenant stalled: {:?}",
+            recorder.got().len()
+        );
+        assert!(recorder.got().iter().all(|(t, _)| t != "stalled"));
+
+        // It answers again: its messages follow (after its backoff).
+        proxy.set(Mode::Forward);
+        let caught_up = recorder
+            .wait(Duration::from_secs(60), |got| {
+                got.iter().filter(|(t, _)| t == "stalled").count() == 5
+            })
+            .await;
+        assert!(
+            caught_up,
+            "the stalled tenant caught up once its database answered"
+        );
+
+        // Tenants come and go.
+        enqueue(&late_url, "late", 7, 1);
+        list.lock()
+            .expect("list")
+            .push(("late".to_owned(), late_url.clone()));
+        let gone_url = url_of("gone");
+        list.lock().expect("list").retain(|(t, _)| t != "gone");
+        let added = recorder
+            .wait(Duration::from_secs(20), |got| {
+                got.iter().filter(|(t, _)| t == "late").count() == 7
+            })
+            .await;
+        assert!(added, "a tenant added at run time is relayed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!tenants.contains("gone"), "the refresh removed it");
+        enqueue(&gone_url, "gone", 1, 1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.send(true).expect("stop");
+        let report = running.await.expect("the relay task").expect("the relay");
+        let expected: BTreeMap<String, usize> = [
+            ("a", 20),
+            ("b", 20),
+            ("c", 20),
+            ("stalled", 5),
+            ("late", 7),
+            ("gone", 0),
+        ]
+        .into_iter()
+        .map(|(t, n)| (t.to_owned(), n))
+        .collect();
+        check(&recorder.got(), &expected);
+        assert!(
+            report.errors >= 1,
+            "the stalled tenant's turns failed: {report:?}"
+        );
+        assert_eq!(
+            pending(&gone_url),
+            1,
+            "a removed tenant's outbox is left alone"
+        );
+        for tenant in ["a", "b", "c", "stalled", "late"] {
+            let url = if tenant == "stalled" {
+                stalled_url.clone()
+            } else if tenant == "late" {
+                late_url.clone()
+            } else {
+                url_of(tenant)
+            };
+            assert_eq!(pending(&url), 0, "tenant {tenant}'s outbox");
+        }
+    });
+}
+
+/// A tenant with a backlog takes turns with the others: one with ten
+/// messages, enqueued behind 5,000 of another's, is published within the
+/// first turns, not after the backlog.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_backlog_does_not_starve_a_small_tenant() {
+    let dbs = Databases::new("fair");
+    let big = dbs.create("big");
+    let small = dbs.create("small");
+    enqueue(&big, "big", 5_000, 50);
+    enqueue(&small, "small", 10, 1);
+    let tenants: Tenants<PgPool> =
+        Tenants::list([("big", big.clone()), ("small", small.clone())]).pool_size(1);
+    let recorder = Recorder::default();
+    runtime().block_on(async {
+        // One turn at a time, so that the order is the scheduler's alone.
+        let relay = Relay::tenants(tenants, recorder.clone())
+            .batch_size(50)
+            .concurrency(1);
+        let (stop, running) = spawn_relay(relay);
+        let small_done = recorder
+            .wait(Duration::from_secs(60), |got| {
+                got.iter().filter(|(t, _)| t == "small").count() == 10
+            })
+            .await;
+        assert!(small_done, "the small tenant was published");
+        let big_by_then = recorder.got().iter().filter(|(t, _)| t == "big").count();
+        assert!(
+            big_by_then <= 500,
+            "the small tenant waited for {big_by_then} of the big one's messages"
+        );
+        recorder
+            .wait(Duration::from_secs(120), |got| got.len() == 5_010)
+            .await;
+        stop.send(true).expect("stop");
+        running.await.expect("the relay task").expect("the relay");
+        let expected: BTreeMap<String, usize> =
+            [("big".to_owned(), 5_000), ("small".to_owned(), 10)]
+                .into_iter()
+                .collect();
+        check(&recorder.got(), &expected);
+        assert_eq!(pending(&big), 0);
+    });
+}
