@@ -355,9 +355,7 @@ where
                     report.add(pass);
                     if let Some(slot) = slots.get_mut(&name) {
                         slot.busy = false;
-                        if let Err(e) = self.after_turn(&name, slot, &pass, turn, &mut report) {
-                            return Err(e);
-                        }
+                        self.after_turn(&name, slot, &pass, turn, &mut report)?;
                     }
                 }
                 () = steps::woken(seen) => {
