@@ -18,6 +18,8 @@
 //!   (feature `console`).
 //! - [`outbox`]: the transactional outbox: enqueue in the handler's
 //!   transaction, the relay, order per key, dead messages, retention.
+//! - [`tenants`]: a database per tenant: one tenant set under one
+//!   connection limit, one relay over every tenant (feature `relay`).
 //! - [`operations`]: retention, inspection, replays, the CLI, observability.
 //! - [`schema`]: the tables, `migrate`, upgrades, your own migration tool.
 //! - [`cluster`]: MariaDB Galera.
@@ -80,6 +82,13 @@ pub mod console {}
 
 #[doc = include_str!("../docs/guide/outbox.md")]
 pub mod outbox {}
+
+#[cfg_attr(feature = "relay", doc = include_str!("../docs/guide/tenants.md"))]
+#[cfg_attr(
+    not(feature = "relay"),
+    doc = "Many databases: a database per tenant, one tenant set under one connection limit, and one relay over every tenant: this page is built with the `relay` feature, as docs.rs builds it."
+)]
+pub mod tenants {}
 
 #[doc = include_str!("../docs/guide/operations.md")]
 pub mod operations {}
