@@ -1120,3 +1120,187 @@ fn doctor_reads_the_jetstream_streams_named() {
     assert_eq!(missing, 2, "{gone}");
     assert!(gone.contains("no_such_stream_here"), "{gone}");
 }
+
+/// `--tenants FILE`: each command runs on every tenant's database (SQLite
+/// files here), its output under `tenant NAME:`, `purge` one line per
+/// tenant; a tenant that fails is said and the others go on (exit 2); a
+/// malformed list is refused. With RabbitMQ, `outbox relay --tenants
+/// --once` publishes every tenant's messages, each with its `x-tenant`.
+#[test]
+fn the_tenants_option_runs_each_command_on_every_tenant() {
+    let dir = std::env::temp_dir().join(format!("cli-tenants-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let list = path("tenants.txt");
+    std::fs::write(
+        &list,
+        format!(
+            "# name url\nacme {}\nglobex {}\n",
+            path("acme.db"),
+            path("globex.db")
+        ),
+    )
+    .expect("the list");
+    let tenants = |args: &[&str]| {
+        let mut cmd = Command::cargo_bin("diesel-inbox").expect("the diesel-inbox binary");
+        cmd.env_remove("DATABASE_URL")
+            .env_remove("RUST_LOG")
+            .args(["--tenants", &list])
+            .args(args);
+        run(&mut cmd)
+    };
+    let (code, out, err) = tenants(&["migrate"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("tenant acme:\ninbox table ready")
+            && out.contains("tenant globex:\ninbox table ready"),
+        "{out}"
+    );
+    for (name, n) in [("acme", 2), ("globex", 1)] {
+        let mut conn =
+            diesel::SqliteConnection::establish(&path(&format!("{name}.db"))).expect("open");
+        conn.transaction(|conn| {
+            for i in 0..n {
+                diesel_inbox::outbox::enqueue(
+                    conn,
+                    diesel_inbox::outbox::Outgoing::new("orders", format!("{name}-{i}")),
+                )?;
+            }
+            Ok::<_, diesel_inbox::InboxError>(())
+        })
+        .expect("enqueue");
+    }
+    let (code, out, err) = tenants(&["outbox", "status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("tenant acme:\npending 2,") && out.contains("tenant globex:\npending 1,"),
+        "{out}"
+    );
+    let (code, out, err) = tenants(&["purge", "--older-than", "30d"]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "one line per tenant: {out}");
+    assert!(
+        lines[0].starts_with("tenant acme: purged 0 rows older than 30d"),
+        "{out}"
+    );
+    assert!(
+        lines[1].starts_with("tenant globex: purged 0 rows"),
+        "{out}"
+    );
+
+    // Another tenant whose database does not exist: said, the others done.
+    std::fs::write(
+        &list,
+        format!("acme {}\nmissing {}\n", path("acme.db"), path("missing.db")),
+    )
+    .expect("the list");
+    let (code, out, err) = tenants(&["stats"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("tenant acme:") && out.contains("tenant missing:"),
+        "{out}"
+    );
+    assert!(
+        err.contains("error: tenant missing: no SQLite database at"),
+        "{err}"
+    );
+    assert!(err.contains("1 of 2 tenants failed"), "{err}");
+    // A malformed list, a name listed twice, commands that take one database.
+    std::fs::write(&list, format!("acme {}\nglobex\n", path("acme.db"))).expect("the list");
+    let (code, _, err) = tenants(&["stats"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("line 2: expected `NAME URL`, found `globex`"),
+        "{err}"
+    );
+    std::fs::write(&list, format!("acme {0}\nacme {0}\n", path("acme.db"))).expect("the list");
+    let (code, _, err) = tenants(&["stats"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("tenant acme is listed twice"), "{err}");
+    std::fs::write(
+        &list,
+        format!("acme {}\nglobex {}\n", path("acme.db"), path("globex.db")),
+    )
+    .expect("the list");
+    let (code, _, err) = tenants(&["forget", "c", "k"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("forget take one --database-url"), "{err}");
+
+    #[cfg(all(feature = "lapin", feature = "async"))]
+    if let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        use diesel::RunQueryDsl;
+        let queue = common::unique_identifier("cli_tenants");
+        // The messages go to the queue of the default exchange.
+        for name in ["acme", "globex"] {
+            let mut conn =
+                diesel::SqliteConnection::establish(&path(&format!("{name}.db"))).expect("open");
+            diesel::sql_query("UPDATE outbox_messages SET destination = ?")
+                .bind::<diesel::sql_types::Text, _>(&queue)
+                .execute(&mut conn)
+                .expect("route");
+        }
+        let channel = rabbit_queue(&amqp, &queue);
+        let (code, out, err) = tenants(&[
+            "outbox",
+            "relay",
+            "--amqp",
+            &amqp,
+            "--exchange",
+            "",
+            "--once",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("published 3, failed 0"), "{out}");
+        assert!(err.contains("outbox relay over tenants: started"), "{err}");
+        let runtime = common::modes::runtime();
+        let mut got = Vec::new();
+        runtime.block_on(async {
+            while let Some(m) = channel
+                .1
+                .basic_get(
+                    queue.as_str().into(),
+                    lapin::options::BasicGetOptions { no_ack: true },
+                )
+                .await
+                .expect("basic.get")
+            {
+                let tenant = m
+                    .delivery
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .and_then(|h| h.inner().get("x-tenant").cloned())
+                    .map(|v| match v {
+                        lapin::types::AMQPValue::LongString(s) => s.to_string(),
+                        other => format!("{other:?}"),
+                    });
+                got.push((
+                    tenant,
+                    String::from_utf8_lossy(&m.delivery.data).into_owned(),
+                ));
+            }
+            let _ = channel
+                .1
+                .queue_delete(
+                    queue.as_str().into(),
+                    lapin::options::QueueDeleteOptions::default(),
+                )
+                .await;
+        });
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (Some("acme".into()), "acme-0".into()),
+                (Some("acme".into()), "acme-1".into()),
+                (Some("globex".into()), "globex-0".into()),
+            ]
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

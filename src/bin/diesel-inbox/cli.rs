@@ -16,6 +16,18 @@ pub(crate) struct Cli {
     /// sqlite://path).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
     pub(crate) database_url: Option<String>,
+    /// Run the command on every tenant's database instead: a file of `NAME
+    /// URL` lines, or the URL of a control database whose table
+    /// inbox_tenants (name, database_url) lists them. `outbox relay` runs
+    /// one relay over all of them, reading the list again every 10 s.
+    /// Takes the place of --database-url.
+    #[arg(
+        long,
+        env = "DIESEL_INBOX_TENANTS",
+        global = true,
+        value_name = "FILE_OR_URL"
+    )]
+    pub(crate) tenants: Option<String>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

@@ -48,7 +48,7 @@ fn redacted(url: &str) -> String {
     }
 }
 
-fn connect<C: diesel::Connection>(url: &str) -> Result<C, Failure> {
+pub(crate) fn connect<C: diesel::Connection>(url: &str) -> Result<C, Failure> {
     C::establish(url).map_err(|e| {
         Failure(format!(
             "cannot connect to {}: {}",

@@ -49,3 +49,21 @@ mod tests {
         assert!(parse_pause("xms").is_err());
     }
 }
+
+/// What the summary line of a command run for one of several tenants
+/// starts with (`tenant NAME: `); none otherwise.
+static LINE_PREFIX: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Sets [`line_prefix`] (`--tenants`).
+pub(crate) fn set_line_prefix(prefix: Option<String>) {
+    *LINE_PREFIX.lock().unwrap_or_else(|e| e.into_inner()) = prefix;
+}
+
+/// The prefix of a summary line: `tenant NAME: ` under `--tenants`.
+pub(crate) fn line_prefix() -> String {
+    LINE_PREFIX
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_default()
+}

@@ -198,7 +198,8 @@ where
     let total = purge().count(conn)?;
     if options.dry_run {
         println!(
-            "dry run: {total} rows older than {} ({scope}) would be purged",
+            "{}dry run: {total} rows older than {} ({scope}) would be purged",
+            crate::format::line_prefix(),
             human(older_than)
         );
         return Ok(());
@@ -230,7 +231,8 @@ where
             .run(conn)?
     };
     println!(
-        "purged {} rows older than {} ({scope}) in {} batches, {:.1}s ({:.0} rows/s, {} retried), and {} failure counts",
+        "{}purged {} rows older than {} ({scope}) in {} batches, {:.1}s ({:.0} rows/s, {} retried), and {} failure counts",
+        crate::format::line_prefix(),
         report.rows,
         human(older_than),
         report.batches,

@@ -16,6 +16,11 @@
 //! diesel-inbox console [--listen 127.0.0.1:8080] [--read-only] [--allow-remote --token T] [--max-attempts N] [--kafka BROKERS]
 //! ```
 //!
+//! `--tenants FILE_OR_URL` (or `DIESEL_INBOX_TENANTS`) runs a command on
+//! every tenant's database instead (`outbox relay`: one relay over all):
+//! a file of `NAME URL` lines, or a control database's table
+//! `inbox_tenants (name, database_url)`.
+//!
 //! The URL comes from `--database-url` or `DATABASE_URL`; its scheme picks
 //! the backend: `postgres://` (feature `postgres`), `mysql://` (feature
 //! `mysql`), anything else is a SQLite file (`sqlite://path` or a path).
@@ -42,6 +47,7 @@ mod outbox;
 #[cfg(feature = "relay")]
 mod pool;
 mod relay;
+mod tenants;
 
 use clap::Parser;
 use cli::{Cli, Command, OutboxCommand};
@@ -77,6 +83,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    if let Some(source) = &cli.tenants {
+        return over_tenants(source, &cli.command);
+    }
     let url = cli
         .database_url
         .ok_or_else(|| Failure("no database: pass --database-url or set DATABASE_URL".into()))?;
@@ -117,6 +126,26 @@ fn log(relay: bool) {
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
         .try_init();
+}
+
+/// The command over every tenant `source` lists (`--tenants`).
+fn over_tenants(source: &str, command: &Command) -> Result<ExitCode, Failure> {
+    match command {
+        Command::Outbox {
+            command: OutboxCommand::Relay(relay),
+        } => return relay::run_tenants(source, relay),
+        Command::Console(_) | Command::Doctor(_) | Command::Forget(_) => {
+            return Err(Failure(
+                "--tenants runs migrate, status, stats, purge, attempts and the outbox's commands; console, doctor and forget take one --database-url".into(),
+            ))
+        }
+        Command::Purge(purge) => check_retention(purge.older_than, purge.force)?,
+        Command::Outbox {
+            command: OutboxCommand::Purge(purge),
+        } => check_retention(purge.older_than, purge.force)?,
+        _ => {}
+    }
+    tenants::execute(source, command)
 }
 
 /// Refuses a purge under an hour without `--force`.

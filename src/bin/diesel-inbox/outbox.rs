@@ -180,7 +180,8 @@ where
         }) => {
             let report = outbox::purge(conn, *older_than, *batch)?;
             println!(
-                "purged {} dead message(s) in {} batch(es), {:.1}s",
+                "{}purged {} dead message(s) in {} batch(es), {:.1}s",
+                crate::format::line_prefix(),
                 report.rows,
                 report.batches,
                 report.elapsed.as_secs_f64()

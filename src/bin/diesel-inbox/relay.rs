@@ -5,23 +5,55 @@ use crate::cli::RelayArgs;
 use crate::Failure;
 use std::process::ExitCode;
 
+/// What a relay process relays: one database, or every tenant a list
+/// names (`--tenants`; `backend` is a tenant's URL, whose scheme picks the
+/// pool for all of them).
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+enum Target<'a> {
+    Database(&'a str),
+    Tenants { source: &'a str, backend: String },
+}
+
 /// The relay on the database `url`, until SIGTERM or Ctrl-C (or one pass
 /// with `--once`).
 #[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 pub(crate) fn run(url: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
+    publish(&Target::Database(url), options)
+}
+
+/// One relay over every tenant `source` lists (`--tenants`), until SIGTERM
+/// or Ctrl-C (or one pass over all with `--once`). The list is read again
+/// every 10 s; every tenant must be of the first one's backend.
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+pub(crate) fn run_tenants(source: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
+    if options.wal {
+        return Err(Failure(
+            "--wal streams one database's slot; with --tenants the relay reads each tenant's outbox table".into(),
+        ));
+    }
+    let listed = crate::tenants::read(source)?;
+    let Some((_, first)) = listed.first() else {
+        return Err(Failure(format!("--tenants {source}: no tenant is listed")));
+    };
+    let backend = first.clone();
+    publish(&Target::Tenants { source, backend }, options)
+}
+
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+fn publish(target: &Target<'_>, options: &RelayArgs) -> Result<ExitCode, Failure> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure(format!("no async runtime: {e}")))?;
     runtime.block_on(async {
         if let Some(amqp) = &options.broker.amqp {
-            return to_rabbitmq(url, amqp, options).await;
+            return to_rabbitmq(target, amqp, options).await;
         }
         if let Some(nats) = &options.broker.nats {
-            return to_nats(url, nats, options).await;
+            return to_nats(target, nats, options).await;
         }
         if let Some(brokers) = &options.broker.kafka {
-            return to_kafka(url, brokers, options).await;
+            return to_kafka(target, brokers, options).await;
         }
         Err(Failure(
             "pass --amqp URL --exchange X, --nats URL or --kafka BROKERS".into(),
@@ -36,6 +68,11 @@ pub(crate) fn run(_: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
     ))
 }
 
+#[cfg(not(any(feature = "lapin", feature = "nats", feature = "kafka")))]
+pub(crate) fn run_tenants(source: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
+    run(source, options)
+}
+
 /// The failure of a broker this binary was built without.
 #[cfg(all(
     any(feature = "lapin", feature = "nats", feature = "kafka"),
@@ -48,48 +85,60 @@ fn without(broker: &str, feature: &str) -> Result<ExitCode, Failure> {
 }
 
 #[cfg(feature = "lapin")]
-async fn to_rabbitmq(url: &str, amqp: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
+async fn to_rabbitmq(
+    target: &Target<'_>,
+    amqp: &str,
+    options: &RelayArgs,
+) -> Result<ExitCode, Failure> {
     let exchange = options.exchange.clone().unwrap_or_default();
     let publisher = diesel_inbox::outbox::lapin::Publisher::connect(amqp, exchange);
-    database::relay(url, publisher, options).await
+    database::relay(target, publisher, options).await
 }
 
 #[cfg(all(not(feature = "lapin"), any(feature = "nats", feature = "kafka")))]
-async fn to_rabbitmq(_: &str, _: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
+async fn to_rabbitmq(_: &Target<'_>, _: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
     without("RabbitMQ", "lapin")
 }
 
 #[cfg(feature = "nats")]
-async fn to_nats(url: &str, nats: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
+async fn to_nats(
+    target: &Target<'_>,
+    nats: &str,
+    options: &RelayArgs,
+) -> Result<ExitCode, Failure> {
     let client = async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
         .connect(nats)
         .await
         .map_err(|e| Failure(format!("cannot connect to NATS at {nats}: {e}")))?;
     let publisher = diesel_inbox::outbox::nats::Publisher::new(async_nats::jetstream::new(client));
-    database::relay(url, publisher, options).await
+    database::relay(target, publisher, options).await
 }
 
 #[cfg(all(not(feature = "nats"), any(feature = "lapin", feature = "kafka")))]
-async fn to_nats(_: &str, _: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
+async fn to_nats(_: &Target<'_>, _: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
     without("NATS", "nats")
 }
 
 /// An idempotent producer (a send librdkafka retries is written once, in
 /// order) to `brokers`.
 #[cfg(feature = "kafka")]
-async fn to_kafka(url: &str, brokers: &str, options: &RelayArgs) -> Result<ExitCode, Failure> {
+async fn to_kafka(
+    target: &Target<'_>,
+    brokers: &str,
+    options: &RelayArgs,
+) -> Result<ExitCode, Failure> {
     let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
         .create()
         .map_err(|e| Failure(format!("cannot create a Kafka producer for {brokers}: {e}")))?;
     let publisher = diesel_inbox::outbox::kafka::Publisher::new(producer);
-    database::relay(url, publisher, options).await
+    database::relay(target, publisher, options).await
 }
 
 #[cfg(all(not(feature = "kafka"), any(feature = "lapin", feature = "nats")))]
-async fn to_kafka(_: &str, _: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
+async fn to_kafka(_: &Target<'_>, _: &str, _: &RelayArgs) -> Result<ExitCode, Failure> {
     without("Kafka", "kafka")
 }
 
@@ -102,22 +151,146 @@ mod database {
     use diesel_inbox::outbox::{Publish, Relay, RelayPool};
     use std::process::ExitCode;
 
-    /// Runs a relay from the database `url` names to `publisher`.
-    pub(super) async fn relay<P: Publish>(
-        url: &str,
+    /// Runs a relay from the database `url` names (or every tenant) to
+    /// `publisher`.
+    pub(super) async fn relay<P: Publish + 'static>(
+        target: &super::Target<'_>,
         publisher: P,
         options: &RelayArgs,
     ) -> Result<ExitCode, Failure> {
-        with_pool(
-            url,
-            2,
-            Run {
-                publisher,
-                options,
-                url,
-            },
-        )
-        .await
+        match target {
+            super::Target::Database(url) => {
+                with_pool(
+                    url,
+                    2,
+                    Run {
+                        publisher,
+                        options,
+                        url,
+                    },
+                )
+                .await
+            }
+            super::Target::Tenants { source, backend } => {
+                tenants::relay(source, backend, publisher, options).await
+            }
+        }
+    }
+
+    /// The relay over tenants, on pools of the backend of their URLs.
+    mod tenants {
+        use crate::cli::RelayArgs;
+        use crate::database::Backend;
+        use crate::pool::stop;
+        use crate::Failure;
+        use diesel_async::pooled_connection::deadpool::Pool;
+        use diesel_inbox::outbox::{Publish, Relay};
+        use diesel_inbox::tenants::{TenantPool, Tenants};
+        use std::process::ExitCode;
+
+        pub(in super::super) async fn relay<P: Publish + 'static>(
+            source: &str,
+            backend: &str,
+            publisher: P,
+            options: &RelayArgs,
+        ) -> Result<ExitCode, Failure> {
+            let _ = (&publisher, options, source);
+            match Backend::of(backend)? {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres => {
+                    over::<Pool<diesel_async::AsyncPgConnection>, P>(
+                        source, backend, publisher, options,
+                    )
+                    .await
+                }
+                #[cfg(feature = "mysql")]
+                Backend::Mysql => {
+                    over::<Pool<diesel_async::AsyncMysqlConnection>, P>(
+                        source, backend, publisher, options,
+                    )
+                    .await
+                }
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(_) => {
+                    type Sqlite = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
+                        diesel::SqliteConnection,
+                    >;
+                    over::<Pool<Sqlite>, P>(source, backend, publisher, options).await
+                }
+                #[allow(unreachable_patterns)]
+                _ => Err(Failure(
+                    "this diesel-inbox was built without the tenants' database feature".into(),
+                )),
+            }
+        }
+
+        /// The scheme of a database URL (a SQLite path has none).
+        fn scheme(url: &str) -> &str {
+            url.split_once("://").map_or("sqlite", |(scheme, _)| scheme)
+        }
+
+        async fn over<T, P>(
+            source: &str,
+            backend: &str,
+            publisher: P,
+            options: &RelayArgs,
+        ) -> Result<ExitCode, Failure>
+        where
+            T: TenantPool,
+            T::Guard: 'static,
+            P: Publish + 'static,
+        {
+            let (source, kind) = (source.to_owned(), scheme(backend).to_owned());
+            let tenants: Tenants<T> = Tenants::from_fn(move || {
+                let (source, kind) = (source.clone(), kind.clone());
+                async move {
+                    let listed = tokio::task::spawn_blocking(move || crate::tenants::read(&source))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|Failure(e)| e)?;
+                    if let Some((name, _)) = listed.iter().find(|(_, url)| scheme(url) != kind) {
+                        return Err(format!(
+                            "tenant {name}'s database is not {kind}:// as the first tenant's: one relay serves one backend"
+                        )
+                        .into());
+                    }
+                    Ok(listed)
+                }
+            })
+            .pool_size(1);
+            let mut relay = Relay::tenants(tenants, publisher);
+            if let Some(size) = options.batch_size {
+                relay = relay.batch_size(size);
+            }
+            if let Some(interval) = options.poll_interval {
+                relay = relay.poll_interval(interval);
+            }
+            if let Some(attempts) = options.max_publish_attempts {
+                relay = relay.max_publish_attempts(attempts);
+            }
+            if let Some(lease) = options.lease {
+                relay = relay.lease(lease);
+            }
+            tracing::info!(
+                target: "diesel_inbox",
+                once = options.once,
+                batch_size = ?options.batch_size,
+                poll_interval = ?options.poll_interval,
+                lease = ?options.lease,
+                "diesel-inbox: outbox relay over tenants: started (stop with SIGTERM or Ctrl-C)"
+            );
+            let report = if options.once {
+                relay.run_once().await
+            } else {
+                relay.run(stop()).await
+            }
+            .map_err(|e| Failure(e.to_string()))?;
+            println!(
+                "published {}, failed {}, dead {}, given back {}",
+                report.published, report.failed, report.dead, report.released
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     }
 
     struct Run<'a, P> {
