@@ -1227,6 +1227,28 @@ fn the_tenants_option_runs_each_command_on_every_tenant() {
     let (code, _, err) = tenants(&["forget", "c", "k"]);
     assert_eq!(code, 2);
     assert!(err.contains("forget take one --database-url"), "{err}");
+    // A control database's directory table lists them as well.
+    let control = path("control.db");
+    diesel::SqliteConnection::establish(&control)
+        .expect("the control database")
+        .batch_execute(&format!(
+            "CREATE TABLE inbox_tenants (name TEXT PRIMARY KEY, database_url TEXT NOT NULL);
+             INSERT INTO inbox_tenants VALUES ('globex', '{}'), ('acme', '{}');",
+            path("globex.db"),
+            path("acme.db")
+        ))
+        .expect("the directory");
+    let mut cmd = Command::cargo_bin("diesel-inbox").expect("the diesel-inbox binary");
+    cmd.env_remove("DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .env("DIESEL_INBOX_TENANTS", format!("sqlite://{control}"))
+        .args(["outbox", "status"]);
+    let (code, out, err) = run(&mut cmd);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("tenant acme:\npending 2,") && out.contains("tenant globex:\npending 1,"),
+        "{out}"
+    );
 
     #[cfg(all(feature = "lapin", feature = "async"))]
     if let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")
