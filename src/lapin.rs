@@ -145,7 +145,13 @@ where
         holds: &Holds::none(),
         transient: None,
     };
-    crate::brokers::handle(delivery, policy, context, handler).await
+    crate::brokers::handle(
+        delivery,
+        policy,
+        context,
+        async move |m: &crate::brokers::Message<'_>| handler(m.id(), m.body()).await,
+    )
+    .await
 }
 
 impl crate::brokers::Sealed for Delivery {}
@@ -161,6 +167,33 @@ impl Inbound for Delivery {
 
     fn deliveries(&self) -> u32 {
         deliveries(self)
+    }
+
+    /// With its headers whose values are strings.
+    fn view<'a>(&'a self, id: &'a str) -> crate::brokers::Message<'a> {
+        let headers = self
+            .properties
+            .headers()
+            .as_ref()
+            .map(|headers| {
+                headers
+                    .inner()
+                    .iter()
+                    .filter_map(|(name, value)| match value {
+                        AMQPValue::LongString(text) => Some((name.as_str(), text.as_bytes())),
+                        AMQPValue::ShortString(text) => {
+                            Some((name.as_str(), text.as_str().as_bytes()))
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        crate::brokers::Message {
+            deliveries: self.deliveries(),
+            headers,
+            ..crate::brokers::Message::new(id, self.body())
+        }
     }
 
     fn body(&self) -> &[u8] {

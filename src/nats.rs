@@ -215,7 +215,13 @@ where
         holds: &Holds::none(),
         transient: None,
     };
-    crate::brokers::handle(message, policy, context, handler).await
+    crate::brokers::handle(
+        message,
+        policy,
+        context,
+        async move |m: &crate::brokers::Message<'_>| handler(m.id(), m.body()).await,
+    )
+    .await
 }
 
 impl crate::brokers::Sealed for Message {}
@@ -230,6 +236,30 @@ impl Inbound for Message {
 
     fn deliveries(&self) -> u32 {
         deliveries(self)
+    }
+
+    /// With its headers (a header with several values, once per value).
+    fn view<'a>(&'a self, id: &'a str) -> crate::brokers::Message<'a> {
+        let headers = self
+            .headers
+            .as_ref()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .flat_map(|(name, values)| {
+                        let name: &str = name.as_ref();
+                        values
+                            .iter()
+                            .map(move |value| (name, value.as_str().as_bytes()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        crate::brokers::Message {
+            deliveries: self.deliveries(),
+            headers,
+            ..crate::brokers::Message::new(id, self.body())
+        }
     }
 
     fn body(&self) -> &[u8] {

@@ -642,6 +642,54 @@ impl<T: TenantPool> Tenants<T> {
     }
 }
 
+/// Where a runner over tenants reads a message's tenant
+/// (`Consumer::tenant_by`).
+#[cfg(any(
+    feature = "lapin",
+    feature = "nats",
+    feature = "kafka",
+    feature = "sqs"
+))]
+pub(crate) type TenantOf = dyn Fn(&crate::brokers::Message<'_>) -> Option<String> + Send + Sync;
+
+/// The connection of the tenant `m` names (`tenant_of`, else its
+/// [`TENANT_HEADER`]), for a runner over tenants: an unknown or missing
+/// tenant is [`InboxError::UnknownTenant`](crate::InboxError::UnknownTenant)
+/// (dead-lettered), no connection
+/// [`InboxError::TenantUnavailable`](crate::InboxError::TenantUnavailable)
+/// (redelivered).
+#[cfg(any(
+    feature = "lapin",
+    feature = "nats",
+    feature = "kafka",
+    feature = "sqs"
+))]
+pub(crate) async fn connection_for<T: TenantPool>(
+    tenants: &Tenants<T>,
+    tenant_of: Option<&TenantOf>,
+    m: &crate::brokers::Message<'_>,
+) -> Result<TenantConnection<T>, crate::InboxError> {
+    let name = match tenant_of {
+        Some(tenant_of) => tenant_of(m),
+        None => m
+            .header(TENANT_HEADER)
+            .and_then(|value| std::str::from_utf8(value).ok())
+            .map(str::to_owned),
+    };
+    let Some(name) = name.filter(|n| !n.is_empty()) else {
+        return Err(crate::InboxError::UnknownTenant { tenant: None });
+    };
+    tenants.connection(&name).await.map_err(|e| match e {
+        TenantError::Unknown(tenant) => crate::InboxError::UnknownTenant {
+            tenant: Some(tenant.into()),
+        },
+        e => crate::InboxError::TenantUnavailable {
+            tenant: name.as_str().into(),
+            reason: e.to_string().into(),
+        },
+    })
+}
+
 /// A connection of one tenant's database, checked out of its pool; returned
 /// to it when dropped. Derefs to the connection.
 pub struct TenantConnection<T: TenantPool> {

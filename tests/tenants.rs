@@ -556,3 +556,169 @@ fn a_backlog_does_not_starve_a_small_tenant() {
         assert_eq!(dbs.pending(&big), 0);
     });
 }
+
+/// The chain A -> relay -> RabbitMQ -> B, per tenant: each tenant's outbox
+/// in A is published by one relay over all of them, and a runner over B's
+/// tenants (`run_tenants`) applies each message in the B database of the
+/// tenant its `x-tenant` names, in an `#[idempotent]`-style claim there.
+/// A tenant B does not have, and a message that names none, are
+/// dead-lettered and applied nowhere; no row lands in another tenant's
+/// database.
+#[cfg(feature = "lapin")]
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_runner_over_tenants_applies_each_message_in_its_own_tenants_database() {
+    use diesel_inbox::brokers::{Message, Policy};
+    use diesel_inbox::{Inbox, InboxError};
+    let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        eprintln!("SKIPPED: INBOX_TEST_AMQP_URL is not set");
+        return;
+    };
+    const EACH: usize = 20;
+    let dbs = Databases::new("chain");
+    let names = ["acme", "globex", "initech"];
+    let a: Vec<(String, String)> = names
+        .iter()
+        .map(|n| (n.to_string(), dbs.create(&format!("a_{n}"))))
+        .collect();
+    // B has no initech: its messages must be dead-lettered.
+    let b: Vec<(String, String)> = names[..2]
+        .iter()
+        .map(|n| {
+            let url = dbs.create(&format!("b_{n}"));
+            PgConnection::establish(&url)
+                .expect("B")
+                .batch_execute("CREATE TABLE orders (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, payload TEXT NOT NULL)")
+                .expect("orders");
+            (n.to_string(), url)
+        })
+        .collect();
+    let queue = format!("{}_queue", dbs.prefix);
+    for (tenant, url) in &a {
+        on!(Server::Postgres, url.as_str(), |conn| {
+            conn.transaction(|conn| {
+                for seq in 0..EACH {
+                    outbox::enqueue(
+                        conn,
+                        Outgoing::new(queue.as_str(), format!("{tenant}:{seq}"))
+                            .ordering_key(tenant.as_str()),
+                    )?;
+                }
+                Ok::<_, InboxError>(())
+            })
+            .expect("enqueue")
+        });
+    }
+    let b_tenants: Tenants<PgPool> = Tenants::list(b.clone()).pool_size(2);
+    runtime().block_on(async {
+        let (_connection, channel) = support::rabbit_queue(&amqp, &queue).await;
+        let relay = Relay::tenants(
+            Tenants::<PgPool>::list(a.clone()),
+            outbox::lapin::Publisher::connect(amqp.clone(), ""),
+        );
+        let report = relay.run_once().await.expect("the relay");
+        assert_eq!(report.published, (3 * EACH) as u64, "{report:?}");
+        // A message that names no tenant.
+        channel
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                lapin::options::BasicPublishOptions::default(),
+                b"nobody:0",
+                lapin::BasicProperties::default().with_message_id("no-tenant".into()),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirm");
+        let handler = async |conn: &mut AsyncPgConnection, m: &Message<'_>| {
+            let tenant = String::from_utf8(m.header(TENANT_HEADER).expect("routed by it").to_vec())
+                .expect("utf-8");
+            let payload = String::from_utf8(m.body().to_vec()).expect("utf-8");
+            let id = m.id().to_owned();
+            Inbox::consumer("orders")
+                .run_async(conn, m.id(), async move |conn: &mut AsyncPgConnection| {
+                    let insert = diesel::sql_query(
+                        "INSERT INTO orders (id, tenant, payload) VALUES ($1, $2, $3)",
+                    )
+                    .bind::<diesel::sql_types::Text, _>(&id)
+                    .bind::<diesel::sql_types::Text, _>(&tenant)
+                    .bind::<diesel::sql_types::Text, _>(&payload);
+                    diesel_async::RunQueryDsl::execute(insert, conn).await?;
+                    Ok::<_, InboxError>(())
+                })
+                .await
+        };
+        let ran = tokio::time::timeout(
+            Duration::from_secs(60),
+            diesel_inbox::lapin::Consumer::connect(
+                amqp.clone(),
+                queue.clone(),
+                Policy::new(|_: &InboxError| false),
+            )
+            .exit_when_idle(Duration::from_millis(500))
+            .run_tenants(&b_tenants, handler, std::future::pending()),
+        )
+        .await
+        .expect("the runner drained the queue")
+        .expect("the runner");
+        assert_eq!(ran.acked, (2 * EACH) as u64, "{ran:?}");
+        assert_eq!(
+            ran.dead_lettered,
+            (EACH + 1) as u64,
+            "initech's and the one without a tenant: {ran:?}"
+        );
+        let _ = channel
+            .queue_delete(
+                queue.as_str().into(),
+                lapin::options::QueueDeleteOptions::default(),
+            )
+            .await;
+    });
+    #[derive(diesel::QueryableByName)]
+    struct Order {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        tenant: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        payload: String,
+    }
+    for (tenant, url) in &b {
+        let mut conn = PgConnection::establish(url).expect("B");
+        let orders: Vec<Order> = diesel::sql_query("SELECT tenant, payload FROM orders")
+            .load(&mut conn)
+            .expect("orders");
+        assert_eq!(orders.len(), EACH, "tenant {tenant}");
+        for order in &orders {
+            assert_eq!(
+                &order.tenant, tenant,
+                "a row of {} in {tenant}'s database",
+                order.tenant
+            );
+            assert!(
+                order.payload.starts_with(&format!("{tenant}:")),
+                "{}",
+                order.payload
+            );
+        }
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let claimed =
+            diesel::sql_query("SELECT count(*) AS n FROM inbox_messages WHERE consumer = 'orders'")
+                .get_result::<Count>(&mut conn)
+                .expect("inbox rows")
+                .n;
+        assert_eq!(claimed, EACH as i64, "tenant {tenant}'s inbox rows");
+    }
+    for (tenant, url) in &a {
+        assert_eq!(dbs.pending(url), 0, "tenant {tenant}'s outbox in A");
+    }
+}

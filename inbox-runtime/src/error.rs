@@ -238,6 +238,33 @@ pub enum InboxError {
         /// What the guard saw.
         refusal: Box<str>,
     },
+    /// A consumer runner over tenants (`run_tenants`) got a message that
+    /// names no tenant, or one its tenant set does not have: it is
+    /// dead-lettered, never applied in another tenant's database.
+    ///
+    /// ```
+    /// let e = diesel_inbox::InboxError::UnknownTenant { tenant: Some("acme".into()) };
+    /// assert!(e.to_string().starts_with("the message names tenant \"acme\", which the tenant set does not have"));
+    /// ```
+    #[error(
+        "the message names {}, which the tenant set does not have; it is dead-lettered, never applied in another tenant's database",
+        match .tenant { Some(t) => format!("tenant {t:?}"), None => "no tenant".to_owned() }
+    )]
+    UnknownTenant {
+        /// The tenant it names (`None`: it names none).
+        tenant: Option<Box<str>>,
+    },
+    /// A consumer runner over tenants could not have a connection of the
+    /// message's tenant (its database is down or does not answer, or the
+    /// connection limit across tenants stayed reached): the message is
+    /// redelivered.
+    #[error("tenant {tenant:?}: no database connection: {reason}; the message is redelivered")]
+    TenantUnavailable {
+        /// The message's tenant.
+        tenant: Box<str>,
+        /// Why.
+        reason: Box<str>,
+    },
 }
 
 impl From<diesel::result::Error> for InboxError {

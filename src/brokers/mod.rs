@@ -244,8 +244,9 @@ impl<E: HasInboxError> Policy<E> {
 
 /// Whether the inbox refused a delivery for good: its key was reused with
 /// other content ([`InboxError::KeyReused`]), its body failed
-/// `max_attempts` times ([`InboxError::AttemptsExhausted`]), or its key
-/// is not one the inbox can store ([`InboxError::InvalidKey`]). Every
+/// `max_attempts` times ([`InboxError::AttemptsExhausted`]), its key
+/// is not one the inbox can store ([`InboxError::InvalidKey`]), or it
+/// names no tenant the runner has ([`InboxError::UnknownTenant`]). Every
 /// redelivery would be refused the same way.
 pub fn is_inbox_permanent(error: &InboxError) -> bool {
     matches!(
@@ -253,6 +254,7 @@ pub fn is_inbox_permanent(error: &InboxError) -> bool {
         InboxError::KeyReused { .. }
             | InboxError::AttemptsExhausted { .. }
             | InboxError::InvalidKey(_)
+            | InboxError::UnknownTenant { .. }
     )
 }
 
@@ -429,7 +431,7 @@ where
     M: Inbound,
     O: Outcome,
     E: HasInboxError + std::fmt::Debug,
-    F: AsyncFnOnce(&str, &[u8]) -> Result<O, E>,
+    F: AsyncFnOnce(&Message<'_>) -> Result<O, E>,
 {
     let origin;
     let consumer = match context.consumer {
@@ -454,7 +456,8 @@ where
         }
     };
     let deliveries = message.deliveries();
-    let call = inbox_runtime::__facade::settled_by_caller(handler(&id, message.body()));
+    let view = message.view(&id);
+    let call = inbox_runtime::__facade::settled_by_caller(handler(&view));
     // The handler runs in a consumer span, the child of the context the
     // message carries.
     #[cfg(feature = "otel")]

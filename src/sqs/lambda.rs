@@ -107,7 +107,13 @@ where
             holds: &holds,
             transient: None,
         };
-        let handled = crate::brokers::handle(record, &policy, context, &handler).await;
+        let handled = crate::brokers::handle(
+            record,
+            &policy,
+            context,
+            async |m: &crate::brokers::Message<'_>| handler(m.id(), m.body()).await,
+        )
+        .await;
         let ok = matches!(&handled, Ok(h) if h.settlement == Settlement::Ack);
         blocked = fifo && !ok;
     }
@@ -159,6 +165,23 @@ impl Inbound for Record<'_> {
             ),
         };
         id.map_err(|why| BrokerError::NoMessageId { why })
+    }
+
+    /// With its message attributes whose values are strings.
+    fn view<'a>(&'a self, id: &'a str) -> crate::brokers::Message<'a> {
+        let headers = self
+            .record
+            .message_attributes
+            .iter()
+            .filter_map(|(name, value)| {
+                Some((name.as_str(), value.string_value.as_deref()?.as_bytes()))
+            })
+            .collect();
+        crate::brokers::Message {
+            deliveries: self.deliveries(),
+            headers,
+            ..crate::brokers::Message::new(id, self.body())
+        }
     }
 
     fn deliveries(&self) -> u32 {

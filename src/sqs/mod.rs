@@ -288,6 +288,27 @@ impl Inbound for Delivery {
         id.map_err(|why| BrokerError::NoMessageId { why })
     }
 
+    /// With its message attributes whose values are strings.
+    fn view<'a>(&'a self, id: &'a str) -> crate::brokers::Message<'a> {
+        let headers = self
+            .message
+            .message_attributes()
+            .map(|attributes| {
+                attributes
+                    .iter()
+                    .filter_map(|(name, value)| {
+                        Some((name.as_str(), value.string_value()?.as_bytes()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        crate::brokers::Message {
+            deliveries: self.deliveries(),
+            headers,
+            ..crate::brokers::Message::new(id, self.body())
+        }
+    }
+
     fn deliveries(&self) -> u32 {
         self.message
             .attributes()
