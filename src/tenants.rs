@@ -312,7 +312,7 @@ impl<T: TenantPool> Tenants<T> {
     /// use diesel_inbox::tenants::Tenants;
     ///
     /// let tenants: Tenants<Pool<AsyncPgConnection>> = Tenants::from_fn(|| async {
-    ///     let text = tokio::fs::read_to_string("/etc/shop/tenants").await?;
+    ///     let text = std::fs::read_to_string("/etc/shop/tenants")?;
     ///     Ok(text
     ///         .lines()
     ///         .filter_map(|line| line.split_once(' '))
