@@ -78,6 +78,9 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 32;
 pub const DEFAULT_POOL_SIZE: u32 = 2;
 /// The default [`Tenants::idle_timeout`].
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest idle or checkout timeout (a day): longer ones are taken as
+/// this.
+const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 /// The default [`Tenants::checkout_timeout`].
 pub const DEFAULT_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -207,6 +210,8 @@ struct Shared<T: TenantPool> {
     settings: Mutex<Settings>,
     /// One permit per connection the open pools may hold.
     budget: Mutex<Arc<Semaphore>>,
+    /// A pool was opened: the limit's settings are fixed.
+    used: std::sync::atomic::AtomicBool,
     lister: Option<Box<Lister>>,
 }
 
@@ -260,6 +265,7 @@ impl<T: TenantPool> Tenants<T> {
                     checkout_timeout: DEFAULT_CHECKOUT_TIMEOUT,
                 }),
                 budget: Mutex::new(Arc::new(Semaphore::new(DEFAULT_MAX_CONNECTIONS as usize))),
+                used: std::sync::atomic::AtomicBool::new(false),
                 lister,
             }),
         }
@@ -338,7 +344,8 @@ impl<T: TenantPool> Tenants<T> {
     }
 
     /// The most connections the open pools hold in all (default 32; at
-    /// least [`pool_size`](Self::pool_size)). Set it before first use.
+    /// least [`pool_size`](Self::pool_size)). Set it before the set's first
+    /// connection: after it, the limit stays as it was (a WARN says so).
     pub fn max_connections(self, n: u32) -> Self {
         self.set(|s| s.max_connections = n.max(1));
         self
@@ -346,7 +353,7 @@ impl<T: TenantPool> Tenants<T> {
 
     /// The most connections one tenant's pool holds (default 2; at least
     /// 1, at most [`max_connections`](Self::max_connections)). Set it
-    /// before first use.
+    /// before the set's first connection, as `max_connections`.
     pub fn pool_size(self, n: u32) -> Self {
         self.set(|s| s.pool_size = n.max(1));
         self
@@ -366,13 +373,30 @@ impl<T: TenantPool> Tenants<T> {
         self
     }
 
+    /// Changes the settings. `max_connections` and `pool_size` hold the
+    /// pools' share of the limit: once a pool was opened they stay as they
+    /// were (a WARN says so), so that the limit never counts twice.
     fn set(&self, change: impl FnOnce(&mut Settings)) {
         let mut settings = self
             .shared
             .settings
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        let before = *settings;
         change(&mut settings);
+        settings.idle_timeout = settings.idle_timeout.min(MAX_WAIT);
+        settings.checkout_timeout = settings.checkout_timeout.min(MAX_WAIT);
+        if (settings.max_connections, settings.pool_size)
+            == (before.max_connections, before.pool_size)
+        {
+            return;
+        }
+        if self.shared.used.load(Ordering::Acquire) {
+            tracing::warn!(target: crate::TRACING_TARGET, max_connections = before.max_connections, pool_size = before.pool_size, "diesel-inbox: tenants: max_connections and pool_size are kept as they were: set them before the set's first connection");
+            settings.max_connections = before.max_connections;
+            settings.pool_size = before.pool_size;
+            return;
+        }
         settings.pool_size = settings.pool_size.min(settings.max_connections);
         *self.shared.budget.lock().unwrap_or_else(|e| e.into_inner()) =
             Arc::new(Semaphore::new(settings.max_connections as usize));
@@ -467,11 +491,20 @@ impl<T: TenantPool> Tenants<T> {
         self.entries().values().filter(|e| e.open.is_some()).count()
     }
 
-    /// The most connections the open pools may hold now: open pools times
-    /// [`pool_size`](Self::pool_size), never above
-    /// [`max_connections`](Self::max_connections).
+    /// The connections the open pools may hold now, by the limit's count:
+    /// each open pool reserves [`pool_size`](Self::pool_size) (a pool
+    /// closed while its connections are out keeps its share until they are
+    /// returned). Never above [`max_connections`](Self::max_connections).
     pub fn reserved_connections(&self) -> u32 {
-        self.open_pools() as u32 * self.settings().pool_size
+        let budget = self
+            .shared
+            .budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        self.settings()
+            .max_connections
+            .saturating_sub(budget.available_permits() as u32)
     }
 
     /// Closes the pools unused for [`idle_timeout`](Self::idle_timeout);
@@ -528,19 +561,19 @@ impl<T: TenantPool> Tenants<T> {
     pub async fn connection(&self, name: &str) -> Result<TenantConnection<T>, TenantError> {
         let settings = self.settings();
         let started = Instant::now();
-        let open = self.open(name, settings, started).await?;
+        // Counted from here until dropped: a checkout that fails, or is
+        // dropped while it waits, leaves the pool idle again.
+        let used = Used(self.open(name, settings, started).await?);
         let left = settings.checkout_timeout.saturating_sub(started.elapsed());
-        let guard = match tokio::time::timeout(left, open.pool.connection()).await {
+        let guard = match tokio::time::timeout(left, used.0.pool.connection()).await {
             Ok(Ok(guard)) => guard,
             Ok(Err(source)) => {
-                open.users.fetch_sub(1, Ordering::AcqRel);
                 return Err(TenantError::Pool {
                     tenant: name.to_owned(),
                     source,
                 });
             }
             Err(_) => {
-                open.users.fetch_sub(1, Ordering::AcqRel);
                 return Err(TenantError::Pool {
                     tenant: name.to_owned(),
                     source: format!(
@@ -551,10 +584,7 @@ impl<T: TenantPool> Tenants<T> {
                 });
             }
         };
-        Ok(TenantConnection {
-            guard,
-            open: Used(open),
-        })
+        Ok(TenantConnection { guard, open: used })
     }
 
     /// Tenant `name`'s open pool, one user more (opened now, within the
@@ -565,6 +595,7 @@ impl<T: TenantPool> Tenants<T> {
         settings: Settings,
         started: Instant,
     ) -> Result<Arc<Open<T>>, TenantError> {
+        self.shared.used.store(true, Ordering::Release);
         self.close_idle();
         loop {
             let url = {

@@ -1132,13 +1132,14 @@ fn the_tenants_option_runs_each_command_on_every_tenant() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a directory");
     let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let url = |name: &str| format!("sqlite://{}", path(name));
     let list = path("tenants.txt");
     std::fs::write(
         &list,
         format!(
             "# name url\nacme {}\nglobex {}\n",
-            path("acme.db"),
-            path("globex.db")
+            url("acme.db"),
+            url("globex.db")
         ),
     )
     .expect("the list");
@@ -1193,7 +1194,7 @@ fn the_tenants_option_runs_each_command_on_every_tenant() {
     // Another tenant whose database does not exist: said, the others done.
     std::fs::write(
         &list,
-        format!("acme {}\nmissing {}\n", path("acme.db"), path("missing.db")),
+        format!("acme {}\nmissing {}\n", url("acme.db"), url("missing.db")),
     )
     .expect("the list");
     let (code, out, err) = tenants(&["stats"]);
@@ -1208,25 +1209,55 @@ fn the_tenants_option_runs_each_command_on_every_tenant() {
     );
     assert!(err.contains("1 of 2 tenants failed"), "{err}");
     // A malformed list, a name listed twice, commands that take one database.
-    std::fs::write(&list, format!("acme {}\nglobex\n", path("acme.db"))).expect("the list");
+    std::fs::write(&list, format!("acme {}\nglobex\n", url("acme.db"))).expect("the list");
     let (code, _, err) = tenants(&["stats"]);
     assert_eq!(code, 2);
     assert!(
         err.contains("line 2: expected `NAME URL`, found `globex`"),
         "{err}"
     );
-    std::fs::write(&list, format!("acme {0}\nacme {0}\n", path("acme.db"))).expect("the list");
+    std::fs::write(&list, format!("acme {0}\nacme {0}\n", url("acme.db"))).expect("the list");
     let (code, _, err) = tenants(&["stats"]);
     assert_eq!(code, 2);
     assert!(err.contains("tenant acme is listed twice"), "{err}");
+    // A bare path is refused (it would be taken for a SQLite file, and
+    // created), as is one database named twice.
+    std::fs::write(&list, format!("acme {}\n", path("acme.db"))).expect("the list");
+    let (code, _, err) = tenants(&["stats"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(
+            "tenant acme's database URL must start with postgres://, mysql:// or sqlite://"
+        ),
+        "{err}"
+    );
+    std::fs::write(&list, format!("acme {0}\nglobex {0}\n", url("acme.db"))).expect("the list");
+    let (code, _, err) = tenants(&["stats"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("tenants acme and globex have the same database"),
+        "{err}"
+    );
     std::fs::write(
         &list,
-        format!("acme {}\nglobex {}\n", path("acme.db"), path("globex.db")),
+        format!("acme {}\nglobex {}\n", url("acme.db"), url("globex.db")),
     )
     .expect("the list");
-    let (code, _, err) = tenants(&["forget", "c", "k"]);
+    for refused in [
+        &["forget", "c", "k"][..],
+        &["outbox", "wal", "remove"][..],
+        &["doctor"][..],
+    ] {
+        let (code, _, err) = tenants(refused);
+        assert_eq!(code, 2, "{refused:?}");
+        assert!(
+            err.contains("take one --database-url"),
+            "{refused:?}: {err}"
+        );
+    }
+    let (code, _, err) = tenants(&["stats", "--json"]);
     assert_eq!(code, 2);
-    assert!(err.contains("forget take one --database-url"), "{err}");
+    assert!(err.contains("--json takes one --database-url"), "{err}");
     // A control database's directory table lists them as well.
     let control = path("control.db");
     diesel::SqliteConnection::establish(&control)
@@ -1234,15 +1265,17 @@ fn the_tenants_option_runs_each_command_on_every_tenant() {
         .batch_execute(&format!(
             "CREATE TABLE inbox_tenants (name TEXT PRIMARY KEY, database_url TEXT NOT NULL);
              INSERT INTO inbox_tenants VALUES ('globex', '{}'), ('acme', '{}');",
-            path("globex.db"),
-            path("acme.db")
+            url("globex.db"),
+            url("acme.db")
         ))
         .expect("the directory");
     let mut cmd = Command::cargo_bin("diesel-inbox").expect("the diesel-inbox binary");
-    cmd.env_remove("DATABASE_URL")
-        .env_remove("RUST_LOG")
-        .env("DIESEL_INBOX_TENANTS", format!("sqlite://{control}"))
-        .args(["outbox", "status"]);
+    cmd.env_remove("DATABASE_URL").env_remove("RUST_LOG").args([
+        "--tenants",
+        &format!("sqlite://{control}"),
+        "outbox",
+        "status",
+    ]);
     let (code, out, err) = run(&mut cmd);
     assert_eq!(code, 0, "{err}");
     assert!(

@@ -722,3 +722,52 @@ fn a_runner_over_tenants_applies_each_message_in_its_own_tenants_database() {
         assert_eq!(dbs.pending(url), 0, "tenant {tenant}'s outbox in A");
     }
 }
+
+/// A checkout dropped while it waits (a handler's deadline, a turn's bound)
+/// leaves its tenant's pool idle: with room for one pool, a stalled
+/// tenant's abandoned checkout does not keep the others out; and the
+/// limit's settings stay fixed once a pool was opened.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_dropped_checkout_leaves_the_pool_to_be_closed() {
+    let dbs = Databases::new("dropped");
+    let proxy = Proxy::start("127.0.0.1:5432".parse().expect("address")).expect("a proxy");
+    let stalled = proxy.route(&dbs.create("stalled")).expect("route");
+    let ok = dbs.create("ok");
+    proxy.set(Mode::Blackhole);
+    let tenants: Tenants<PgPool> = Tenants::list([("stalled", stalled), ("ok", ok)])
+        .max_connections(1)
+        .pool_size(1)
+        .checkout_timeout(Duration::from_secs(5));
+    runtime().block_on(async {
+        for _ in 0..3 {
+            let dropped =
+                tokio::time::timeout(Duration::from_millis(200), tenants.connection("stalled"))
+                    .await;
+            assert!(dropped.is_err(), "the stalled tenant's checkout waits");
+            let mut conn = tenants
+                .connection("ok")
+                .await
+                .expect("the other tenant's connection, in the stalled one's place");
+            diesel_inbox::outbox::status_async(&mut *conn)
+                .await
+                .expect("its database");
+        }
+        assert_eq!(tenants.reserved_connections(), 1);
+        // Too late to change the limit: kept as it was.
+        let tenants = tenants.clone().max_connections(5);
+        assert_eq!(tenants.reserved_connections(), 1);
+        assert!(matches!(
+            tokio::time::timeout(Duration::from_secs(10), async {
+                let _held = tenants.connection("ok").await.expect("ok");
+                tenants.clone().checkout_timeout(Duration::from_millis(300));
+                tenants.connection("stalled").await
+            })
+            .await,
+            Ok(Err(diesel_inbox::tenants::TenantError::Exhausted { .. }))
+        ));
+    });
+}

@@ -20,13 +20,8 @@ pub(crate) struct Cli {
     /// URL` lines, or the URL of a control database whose table
     /// inbox_tenants (name, database_url) lists them. `outbox relay` runs
     /// one relay over all of them, reading the list again every 10 s.
-    /// Takes the place of --database-url.
-    #[arg(
-        long,
-        env = "DIESEL_INBOX_TENANTS",
-        global = true,
-        value_name = "FILE_OR_URL"
-    )]
+    /// Takes the place of --database-url and DATABASE_URL.
+    #[arg(long, global = true, value_name = "FILE_OR_URL")]
     pub(crate) tenants: Option<String>,
     #[command(subcommand)]
     pub(crate) command: Command,

@@ -37,7 +37,7 @@ impl<'a> Backend<'a> {
 }
 
 /// The URL without its password, for messages.
-fn redacted(url: &str) -> String {
+pub(crate) fn redacted(url: &str) -> String {
     match (url.split_once("://"), url.rfind('@')) {
         (Some((scheme, rest)), Some(at)) => {
             let credentials = &rest[..at - scheme.len() - 3];

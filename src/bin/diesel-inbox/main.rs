@@ -134,9 +134,19 @@ fn over_tenants(source: &str, command: &Command) -> Result<ExitCode, Failure> {
         Command::Outbox {
             command: OutboxCommand::Relay(relay),
         } => return relay::run_tenants(source, relay),
-        Command::Console(_) | Command::Doctor(_) | Command::Forget(_) => {
+        Command::Console(_)
+        | Command::Doctor(_)
+        | Command::Forget(_)
+        | Command::Outbox {
+            command: OutboxCommand::Wal { .. },
+        } => {
             return Err(Failure(
-                "--tenants runs migrate, status, stats, purge, attempts and the outbox's commands; console, doctor and forget take one --database-url".into(),
+                "--tenants runs migrate, status, stats, purge, attempts and the outbox's status, dead, retry, purge and relay; console, doctor, forget and outbox wal take one --database-url".into(),
+            ))
+        }
+        _ if tenants::wants_json(command) => {
+            return Err(Failure(
+                "--json takes one --database-url: under --tenants each tenant's output is text under a line `tenant NAME:`".into(),
             ))
         }
         Command::Purge(purge) => check_retention(purge.older_than, purge.force)?,

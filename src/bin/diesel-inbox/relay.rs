@@ -32,10 +32,8 @@ pub(crate) fn run_tenants(source: &str, options: &RelayArgs) -> Result<ExitCode,
         ));
     }
     let listed = crate::tenants::read(source)?;
-    let Some((_, first)) = listed.first() else {
-        return Err(Failure(format!("--tenants {source}: no tenant is listed")));
-    };
-    let backend = first.clone();
+    crate::tenants::one_backend(&listed)?;
+    let backend = listed[0].1.clone();
     publish(&Target::Tenants { source, backend }, options)
 }
 
@@ -224,11 +222,6 @@ mod database {
             }
         }
 
-        /// The scheme of a database URL (a SQLite path has none).
-        fn scheme(url: &str) -> &str {
-            url.split_once("://").map_or("sqlite", |(scheme, _)| scheme)
-        }
-
         async fn over<T, P>(
             source: &str,
             backend: &str,
@@ -240,20 +233,33 @@ mod database {
             T::Guard: 'static,
             P: Publish + 'static,
         {
-            let (source, kind) = (source.to_owned(), scheme(backend).to_owned());
+            let source = source.to_owned();
+            let kind = crate::tenants::one_backend(&[(String::new(), backend.to_owned())])?;
             let tenants: Tenants<T> = Tenants::from_fn(move || {
-                let (source, kind) = (source.clone(), kind.clone());
+                let source = source.clone();
                 async move {
-                    let listed = tokio::task::spawn_blocking(move || crate::tenants::read(&source))
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .map_err(|Failure(e)| e)?;
-                    if let Some((name, _)) = listed.iter().find(|(_, url)| scheme(url) != kind) {
-                        return Err(format!(
-                            "tenant {name}'s database is not {kind}:// as the first tenant's: one relay serves one backend"
-                        )
-                        .into());
-                    }
+                    let listed = tokio::task::spawn_blocking(move || {
+                        let listed = crate::tenants::read(&source)?;
+                        if !listed.is_empty() && crate::tenants::one_backend(&listed)? != kind {
+                            return Err(Failure(
+                                "the tenants are now on another backend than at start: one relay serves one backend".into(),
+                            ));
+                        }
+                        // A SQLite tenant's pool opens the file's path.
+                        Ok(listed
+                            .into_iter()
+                            .map(|(name, url)| match Backend::of(&url) {
+                                Ok(Backend::Sqlite(path)) => {
+                                    let path = path.to_owned();
+                                    (name, path)
+                                }
+                                _ => (name, url),
+                            })
+                            .collect::<Vec<_>>())
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|Failure(e)| e)?;
                     Ok(listed)
                 }
             })

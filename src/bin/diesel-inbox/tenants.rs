@@ -4,6 +4,7 @@
 use crate::cli::Command;
 use crate::database::Backend;
 use crate::Failure;
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 /// The directory table a control database holds: one row per tenant.
@@ -27,22 +28,101 @@ pub(crate) fn read(source: &str) -> Result<Vec<(String, String)>, Failure> {
         directory(source)?
     } else {
         let text = std::fs::read_to_string(source).map_err(|e| {
+            let source = crate::database::redacted(source);
             Failure(format!(
                 "--tenants {source}: cannot read the tenant list: {e} (a file of `NAME URL` lines, or a postgres://, mysql:// or sqlite:// URL of a database with a table {DIRECTORY_TABLE} (name, database_url))"
             ))
         })?;
         parse(source, &text)?
     };
-    let mut seen = std::collections::BTreeSet::new();
+    let source = crate::database::redacted(source);
+    let (mut names, mut urls) = (BTreeMap::new(), BTreeMap::new());
     for (name, url) in &listed {
-        if !seen.insert(name.as_str()) {
+        if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(Failure(format!(
+                "--tenants {source}: the tenant name {name:?} is empty or holds a space or a control character"
+            )));
+        }
+        if names.insert(name.as_str(), ()).is_some() {
             return Err(Failure(format!(
                 "--tenants {source}: tenant {name} is listed twice"
             )));
         }
-        Backend::of(url).map_err(|Failure(e)| Failure(format!("tenant {name}: {e}")))?;
+        // A scheme, always: a bare path or a keyword connection string
+        // would be taken for a SQLite file, and created.
+        let known = matches!(
+            url.split_once("://"),
+            Some(("postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite", rest)) if !rest.is_empty()
+        );
+        if !known {
+            return Err(Failure(format!(
+                "--tenants {source}: tenant {name}'s database URL must start with postgres://, mysql:// or sqlite://, found {}",
+                crate::database::redacted(url)
+            )));
+        }
+        if let Some(other) = urls.insert(url.as_str(), name.as_str()) {
+            return Err(Failure(format!(
+                "--tenants {source}: tenants {other} and {name} have the same database: each tenant's outbox must be its own"
+            )));
+        }
     }
     Ok(listed)
+}
+
+/// The backend every tenant of `listed` is on, or why not one: one relay
+/// serves one backend.
+pub(crate) fn one_backend(listed: &[(String, String)]) -> Result<Kind, Failure> {
+    let mut kinds = listed
+        .iter()
+        .map(|(name, url)| Ok::<_, Failure>((name, Kind::of(url)?)));
+    let Some(first) = kinds.next() else {
+        return Err(Failure("no tenant is listed".into()));
+    };
+    let (first_name, kind) = first?;
+    for other in kinds {
+        let (name, other) = other?;
+        if other != kind {
+            return Err(Failure(format!(
+                "tenants {first_name} and {name} are on different backends: one relay serves one backend (run one per backend)"
+            )));
+        }
+    }
+    Ok(kind)
+}
+
+/// A tenant's backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Postgres,
+    Mysql,
+    Sqlite,
+}
+
+impl Kind {
+    fn of(url: &str) -> Result<Kind, Failure> {
+        Ok(match Backend::of(url)? {
+            Backend::Postgres => Kind::Postgres,
+            Backend::Mysql => Kind::Mysql,
+            Backend::Sqlite(_) => Kind::Sqlite,
+        })
+    }
+}
+
+/// Whether the command prints JSON (`--json`), which `--tenants` does not
+/// take: one JSON document per tenant under text lines is no JSON.
+pub(crate) fn wants_json(command: &Command) -> bool {
+    use crate::cli::OutboxCommand;
+    match command {
+        Command::Stats { json } => *json,
+        Command::Status(args) => args.json,
+        Command::Attempts(args) => args.json,
+        Command::Outbox { command } => match command {
+            OutboxCommand::Status { json } => *json,
+            OutboxCommand::Dead(args) => args.json,
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 /// A list file's `NAME URL` lines.
@@ -121,7 +201,10 @@ fn directory(url: &str) -> Result<Vec<(String, String)>, Failure> {
 pub(crate) fn execute(source: &str, command: &Command) -> Result<ExitCode, Failure> {
     let tenants = read(source)?;
     if tenants.is_empty() {
-        return Err(Failure(format!("--tenants {source}: no tenant is listed")));
+        return Err(Failure(format!(
+            "--tenants {}: no tenant is listed",
+            crate::database::redacted(source)
+        )));
     }
     let one_line = matches!(
         command,

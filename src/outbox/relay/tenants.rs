@@ -19,6 +19,9 @@ use tracing::Instrument;
 
 /// The default [`TenantRelay::turn`].
 const DEFAULT_TURN: u64 = 1;
+/// The longest poll or refresh interval (a day): longer ones are taken as
+/// this.
+const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 /// The default [`TenantRelay::refresh_interval`].
 const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -37,7 +40,7 @@ const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 ///   take their turn at once (default: the set's `max_connections` over
 ///   its `pool_size`, so that their pools fit the connection limit).
 /// - **Isolation:** a tenant whose turn fails (its database is down, a
-///   pool error) or outlasts half the [`lease`](Self::lease) (a database
+///   pool error) or outlasts three quarters of the [`lease`](Self::lease) (a database
 ///   that does not answer) is backed off on its own (0.5 s doubling to
 ///   30 s, with jitter, WARN with the tenant); the others go on.
 /// - **Which tenants:** the set as it is now; every
@@ -114,6 +117,9 @@ where
 
 /// A tenant's relay, and when its next turn is due.
 struct Slot<T: TenantPool, P> {
+    /// Which slot of this tenant's name it is (a tenant removed and added
+    /// again while a turn of its runs has a new one).
+    id: u64,
     relay: Arc<Relay<Tenant<T>, Arc<P>>>,
     due: Instant,
     /// Its turns that failed in a row.
@@ -125,11 +131,22 @@ struct Slot<T: TenantPool, P> {
 /// How a tenant's turn ended.
 enum Turn {
     Ran(Result<(), RelayError>),
-    /// It outlasted half the lease and was dropped.
+    /// It outlasted three quarters of the lease and was dropped.
     TimedOut,
 }
 
-type Running = Pin<Box<dyn Future<Output = (Arc<str>, RelayReport, Turn)> + Send>>;
+type Running = Pin<Box<dyn Future<Output = Ended> + Send>>;
+
+/// A tenant's turn that ended: its name, its slot's id, what it did.
+struct Ended {
+    name: Arc<str>,
+    id: u64,
+    report: RelayReport,
+    turn: Turn,
+}
+
+/// Slot ids, unique in the process.
+static SLOT_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl<T, P> TenantRelay<T, P>
 where
@@ -146,7 +163,7 @@ where
     /// How often an idle tenant is looked at (default 1 s):
     /// [`Relay::poll_interval`].
     pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval.max(Duration::from_millis(1));
+        self.poll_interval = interval.clamp(Duration::from_millis(1), MAX_INTERVAL);
         self
     }
 
@@ -156,8 +173,8 @@ where
         self
     }
 
-    /// [`Relay::lease`] (default 60 s); a tenant's turn that outlasts half
-    /// of it is dropped and the tenant backed off.
+    /// [`Relay::lease`] (default 60 s); a tenant's turn that outlasts three
+    /// quarters of it is dropped and the tenant backed off.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease.max(Duration::from_secs(1));
         self
@@ -180,7 +197,7 @@ where
     /// How often `run` reads the tenant set again (default 10 s):
     /// [`Tenants::refresh`].
     pub fn refresh_interval(mut self, interval: Duration) -> Self {
-        self.refresh_interval = interval.max(Duration::from_millis(1));
+        self.refresh_interval = interval.clamp(Duration::from_millis(1), MAX_INTERVAL);
         self
     }
 
@@ -199,6 +216,7 @@ where
         relay.tenant = Some(Arc::from(name));
         relay.turn = Some(self.turn);
         Some(Slot {
+            id: SLOT_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             relay: Arc::new(relay),
             due: Instant::now(),
             outages: 0,
@@ -226,10 +244,20 @@ where
             .max(1)
     }
 
-    /// One tenant's turn, bounded by half the lease, in a span that names
-    /// the tenant.
-    fn start(&self, name: Arc<str>, relay: Arc<Relay<Tenant<T>, Arc<P>>>) -> Running {
-        let bound = self.lease / 2;
+    /// How long a turn may take: three quarters of the lease. A batch's
+    /// publish gives back what the broker did not confirm at half the
+    /// lease, and the step after it settles the batch; a turn still
+    /// running at this bound (a database that does not answer) is dropped,
+    /// and its rows are claimed again when their lease ends.
+    fn bound(&self) -> Duration {
+        self.lease * 3 / 4
+    }
+
+    /// One tenant's turn, bounded by [`bound`](Self::bound), in a span
+    /// that names the tenant.
+    fn start(&self, name: Arc<str>, slot: &Slot<T, P>) -> Running {
+        let bound = self.bound();
+        let (relay, id) = (slot.relay.clone(), slot.id);
         let span = tracing::info_span!(target: crate::TRACING_TARGET, "diesel_inbox.outbox.tenant", tenant = %name);
         Box::pin(
             async move {
@@ -238,16 +266,33 @@ where
                     Ok(ran) => Turn::Ran(ran),
                     Err(_) => Turn::TimedOut,
                 };
-                (name, report, turn)
+                Ended {
+                    name,
+                    id,
+                    report,
+                    turn,
+                }
             }
             .instrument(span),
         )
     }
 
+    /// Why a turn that outlasted [`bound`](Self::bound) was dropped.
+    fn timed_out(&self) -> RelayError {
+        RelayError::Pool(
+            format!(
+                "a turn outlasted three quarters of the lease ({:?}) and was dropped; its rows are claimed again when their lease ends",
+                self.bound()
+            )
+            .into(),
+        )
+    }
+
     /// Publishes what is due now in every tenant, in turns, until no
     /// tenant has anything due: one pass over all, for tests and
-    /// cron-style use. The first error stops it, naming its tenant
-    /// ([`RelayError::Tenant`]).
+    /// cron-style use. A tenant whose turn fails takes no more turns; the
+    /// others go on to the end, and then the first error is returned,
+    /// naming its tenant ([`RelayError::Tenant`]).
     pub async fn run_once(&self) -> Result<RelayReport, RelayError> {
         self.tenants
             .refresh()
@@ -256,6 +301,7 @@ where
         let mut slots = BTreeMap::new();
         self.follow(&mut slots);
         let mut report = RelayReport::default();
+        let mut failed: Option<RelayError> = None;
         let mut due: Vec<Arc<str>> = slots.keys().cloned().collect();
         while !due.is_empty() {
             let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
@@ -264,34 +310,33 @@ where
             loop {
                 while running.len() < self.concurrent() {
                     let Some(name) = queue.next() else { break };
-                    let relay = slots[&name].relay.clone();
-                    running.push(self.start(name, relay));
+                    running.push(self.start(name.clone(), &slots[&name]));
                 }
-                let Some((name, pass, turn)) = running.next().await else {
+                let Some(ended) = running.next().await else {
                     break;
                 };
-                report.add(pass);
-                match turn {
-                    Turn::Ran(Ok(())) if pass.batches >= self.turn && pass.released == 0 => {
-                        again.push(name)
+                report.add(ended.report);
+                let error = match ended.turn {
+                    Turn::Ran(Ok(())) => {
+                        if ended.report.batches >= self.turn && ended.report.released == 0 {
+                            again.push(ended.name);
+                        }
+                        continue;
                     }
-                    Turn::Ran(Ok(())) => {}
-                    Turn::Ran(Err(e)) => return Err(RelayError::tenant(&name, e)),
-                    Turn::TimedOut => {
-                        return Err(RelayError::tenant(
-                            &name,
-                            RelayError::Pool(
-                                format!("a turn outlasted half the lease ({:?})", self.lease / 2)
-                                    .into(),
-                            ),
-                        ))
-                    }
-                }
+                    Turn::Ran(Err(e)) => e,
+                    Turn::TimedOut => self.timed_out(),
+                };
+                report.errors += 1;
+                tracing::warn!(target: crate::TRACING_TARGET, tenant = %ended.name, error = %error, "diesel-inbox: outbox relay: a tenant's turn failed; the others go on");
+                failed.get_or_insert(RelayError::tenant(&ended.name, error));
             }
             drop(queue);
             due = again;
         }
-        Ok(report)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
     }
 
     /// Publishes every tenant's outbox until `shutdown` resolves, then
@@ -305,58 +350,66 @@ where
         let mut slots: BTreeMap<Arc<str>, Slot<T, P>> = BTreeMap::new();
         let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
         let mut report = RelayReport::default();
-        let mut refreshed: Option<Instant> = None;
+        // The set is read beside the turns (a control database that does
+        // not answer holds no tenant's turn), one read at a time.
+        type Reading<'a> =
+            Pin<Box<dyn Future<Output = Result<usize, crate::tenants::TenantError>> + Send + 'a>>;
+        let mut reading: Option<Reading<'_>> = Some(Box::pin(self.tenants.refresh()));
+        let mut read_at = Instant::now();
         let mut seen = steps::wake_generation();
+        // Why the publisher stopped the relay.
+        let mut closed: Option<RelayError> = None;
         loop {
-            if refreshed.is_none_or(|at| at.elapsed() >= self.refresh_interval) {
-                refreshed = Some(Instant::now());
-                match tokio::time::timeout(self.refresh_interval, self.tenants.refresh()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        tracing::warn!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay: the tenant set could not be read again; relaying the tenants known")
-                    }
-                    Err(_) => {
-                        tracing::warn!(target: crate::TRACING_TARGET, timeout_ms = self.refresh_interval.as_millis() as u64, "diesel-inbox: outbox relay: reading the tenant set did not finish; relaying the tenants known")
-                    }
-                }
-                self.follow(&mut slots);
-            }
             self.tenants.close_idle();
             // The tenants due, longest due first, as many as may run.
             let now = Instant::now();
+            let free = self.concurrent().saturating_sub(running.len());
             let mut due: Vec<(Instant, Arc<str>)> = slots
                 .iter()
                 .filter(|(_, s)| !s.busy && s.due <= now)
                 .map(|(name, s)| (s.due, name.clone()))
                 .collect();
             due.sort();
-            for (_, name) in due
-                .into_iter()
-                .take(self.concurrent().saturating_sub(running.len()))
-            {
+            for (_, name) in due.into_iter().take(free) {
                 let slot = slots.get_mut(&name).expect("listed above");
                 slot.busy = true;
-                running.push(self.start(name, slot.relay.clone()));
+                running.push(self.start(name, slot));
             }
+            // When to look again: the next tenant due (only if one more
+            // may run), the next read of the set.
+            let free = self.concurrent().saturating_sub(running.len());
             let next = slots
                 .values()
-                .filter(|s| !s.busy)
+                .filter(|s| free > 0 && !s.busy)
                 .map(|s| s.due)
-                .min()
-                .into_iter()
-                .chain(refreshed.map(|at| at + self.refresh_interval))
+                .chain(reading.is_none().then(|| read_at + self.refresh_interval))
                 .min()
                 .unwrap_or(now + self.poll_interval)
                 .max(now);
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                Some((name, pass, turn)) = running.next(), if !running.is_empty() => {
-                    report.add(pass);
-                    if let Some(slot) = slots.get_mut(&name) {
+                Some(ended) = running.next(), if !running.is_empty() => {
+                    report.add(ended.report);
+                    // A tenant removed (or removed and added again)
+                    // meanwhile has no slot of this id.
+                    if let Some(slot) = slots.get_mut(&ended.name).filter(|s| s.id == ended.id) {
                         slot.busy = false;
-                        self.after_turn(&name, slot, &pass, turn, &mut report)?;
+                        if let Err(e) = self.after_turn(&ended.name, slot, &ended.report, ended.turn, &mut report) {
+                            // The publisher cannot publish any more: the
+                            // other turns finish, then the relay stops.
+                            closed = Some(e);
+                            break;
+                        }
                     }
+                }
+                read = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
+                    reading = None;
+                    read_at = Instant::now();
+                    if let Err(e) = read {
+                        tracing::warn!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay: the tenant set could not be read again; relaying the tenants known");
+                    }
+                    self.follow(&mut slots);
                 }
                 () = steps::woken(seen) => {
                     seen = steps::wake_generation();
@@ -365,31 +418,40 @@ where
                         slot.due = slot.due.min(now);
                     }
                 }
-                () = tokio::time::sleep_until(next.into()) => {}
-            }
-        }
-        // Shutdown: the turns under way finish within the grace.
-        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-            while let Some((name, pass, turn)) = running.next().await {
-                report.add(pass);
-                if let Turn::Ran(Err(e)) = turn {
-                    if let RelayError::Publisher(_) = e {
-                        return Err(RelayError::tenant(&name, e));
+                () = tokio::time::sleep_until(next.into()) => {
+                    if reading.is_none() && read_at.elapsed() >= self.refresh_interval {
+                        reading = Some(Box::pin(self.tenants.refresh()));
                     }
-                    report.errors += 1;
-                    tracing::warn!(target: crate::TRACING_TARGET, tenant = %name, error = %e, "diesel-inbox: outbox relay: a tenant's last turn before shutdown failed");
                 }
             }
-            Ok(())
+        }
+        drop(reading);
+        // Shutdown: the turns under way finish within the grace.
+        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while let Some(ended) = running.next().await {
+                report.add(ended.report);
+                if let Turn::Ran(Err(e)) = ended.turn {
+                    if let RelayError::Publisher(_) = e {
+                        closed.get_or_insert(RelayError::tenant(&ended.name, e));
+                        continue;
+                    }
+                    report.errors += 1;
+                    tracing::warn!(target: crate::TRACING_TARGET, tenant = %ended.name, error = %e, "diesel-inbox: outbox relay: a tenant's last turn before shutdown failed");
+                }
+            }
         })
         .await;
-        match drained {
-            Ok(Err(e)) => Err(e),
-            Ok(Ok(())) => Ok(report),
-            Err(_) => {
-                tracing::warn!(target: crate::TRACING_TARGET, grace = ?SHUTDOWN_GRACE, "diesel-inbox: outbox relay: tenants' turns did not finish within the shutdown grace; their rows are claimed again when their lease ends");
-                Ok(report)
-            }
+        if drained.is_err() {
+            let tenants: Vec<String> = slots
+                .iter()
+                .filter(|(_, s)| s.busy)
+                .map(|(name, _)| name.to_string())
+                .collect();
+            tracing::warn!(target: crate::TRACING_TARGET, grace = ?SHUTDOWN_GRACE, ?tenants, "diesel-inbox: outbox relay: tenants' turns did not finish within the shutdown grace; their rows are claimed again when their lease ends");
+        }
+        match closed {
+            Some(e) => Err(e),
+            None => Ok(report),
         }
     }
 
@@ -426,10 +488,7 @@ where
                 return Err(RelayError::tenant(name, RelayError::Publisher(e)))
             }
             Turn::Ran(Err(e)) => e.to_string(),
-            Turn::TimedOut => format!(
-                "its turn outlasted half the lease ({:?}) and was dropped; its rows are claimed again when their lease ends",
-                self.lease / 2
-            ),
+            Turn::TimedOut => self.timed_out().to_string(),
         };
         report.errors += 1;
         slot.outages += 1;
