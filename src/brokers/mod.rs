@@ -11,6 +11,7 @@ use std::time::Duration;
 
 mod batch;
 mod message;
+mod routed;
 pub(crate) mod runner;
 pub use message::Message;
 pub use runner::{Consumer, RunReport, Source};

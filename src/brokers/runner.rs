@@ -306,94 +306,6 @@ impl<S, E> Consumer<S, E> {
         self
     }
 
-    /// Where [`run_tenants`](Self::run_tenants) reads a message's tenant
-    /// (default: its `x-tenant` header,
-    /// [`TENANT_HEADER`](crate::tenants::TENANT_HEADER)); `None` for a
-    /// message that names none.
-    ///
-    /// ```
-    /// # #[cfg(all(feature = "lapin", feature = "postgres"))] {
-    /// use diesel_inbox::brokers::{Message, Policy};
-    /// use diesel_inbox::lapin::Consumer;
-    ///
-    /// // The tenant is the first part of the routing key's message id: "acme:order-7".
-    /// let consumer = Consumer::connect("amqp://localhost:5672/%2f", "orders", Policy::new(|_: &diesel_inbox::InboxError| false))
-    ///     .tenant_by(|m: &Message<'_>| m.id().split_once(':').map(|(tenant, _)| tenant.to_owned()));
-    /// # let _ = consumer;
-    /// # }
-    /// ```
-    pub fn tenant_by(
-        mut self,
-        tenant_of: impl Fn(&Message<'_>) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.runner.tenant_of = Some(Box::new(tenant_of));
-        self
-    }
-
-    /// Consumes as [`run`](Self::run) does, each message in its tenant's
-    /// database: the handler gets a connection of the tenant the message
-    /// names (its `x-tenant` header, or [`tenant_by`](Self::tenant_by)),
-    /// from `tenants`, and the message. An `#[idempotent]` handler's inbox
-    /// row, business rows and outbox rows all land there, in one
-    /// transaction.
-    ///
-    /// - A message that names no tenant, or one `tenants` does not have, is
-    ///   dead-lettered ([`InboxError::UnknownTenant`](crate::InboxError::UnknownTenant)),
-    ///   never applied anywhere else.
-    /// - A tenant whose database gives no connection (down, stalled, or
-    ///   the connection limit across tenants reached for the set's
-    ///   checkout timeout) fails the delivery transiently
-    ///   ([`InboxError::TenantUnavailable`](crate::InboxError::TenantUnavailable)):
-    ///   it is redelivered with the policy's backoff.
-    ///
-    /// ```no_run
-    /// # #[cfg(all(feature = "lapin", feature = "postgres"))]
-    /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
-    /// use diesel_async::pooled_connection::deadpool::Pool;
-    /// use diesel_async::AsyncPgConnection;
-    /// use diesel_inbox::brokers::{Message, Policy};
-    /// use diesel_inbox::tenants::Tenants;
-    /// use diesel_inbox::{lapin::Consumer, InboxError, Processed};
-    ///
-    /// let tenants: Tenants<Pool<AsyncPgConnection>> =
-    ///     Tenants::list([("acme", "postgres://app@db1/acme"), ("globex", "postgres://app@db2/globex")]);
-    /// let consumer = Consumer::connect("amqp://localhost:5672/%2f", "orders", Policy::new(|_: &InboxError| false));
-    /// consumer
-    ///     .run_tenants(&tenants, async |conn: &mut AsyncPgConnection, m: &Message<'_>| {
-    ///         // ... the business rows, in the tenant's database ...
-    ///         diesel_inbox::Inbox::consumer("orders")
-    ///             .run_async(conn, m.id(), async |_conn| Ok::<_, InboxError>(()))
-    ///             .await
-    ///     }, async { tokio::signal::ctrl_c().await.ok(); })
-    ///     .await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn run_tenants<T, O, F>(
-        self,
-        tenants: &crate::tenants::Tenants<T>,
-        handler: F,
-        shutdown: impl Future<Output = ()>,
-    ) -> Result<RunReport, BrokerError>
-    where
-        S: Source,
-        O: Outcome,
-        E: HasInboxError + From<crate::InboxError> + std::fmt::Debug,
-        T: crate::tenants::TenantPool,
-        T::Guard: 'static,
-        F: AsyncFn(&mut T::Connection, &Message<'_>) -> Result<O, E>,
-    {
-        self.drive(
-            &Routed {
-                tenants,
-                handler,
-                outcome: std::marker::PhantomData,
-            },
-            shutdown,
-        )
-        .await
-    }
-
     /// Consumes until `shutdown` resolves (or, with
     /// [`exit_when_idle`](Self::exit_when_idle), until the queue is
     /// drained), running `handler` on each delivery's id and body. When
@@ -583,43 +495,6 @@ where
     }
 }
 
-/// `run_tenants`'s pass: each delivery through [`handle`] with a
-/// connection of its tenant, `in_flight` at once.
-struct Routed<'t, T: crate::tenants::TenantPool, F, O> {
-    tenants: &'t crate::tenants::Tenants<T>,
-    handler: F,
-    outcome: std::marker::PhantomData<fn() -> O>,
-}
-
-impl<M, E, O, F, T> Pass<M, E> for Routed<'_, T, F, O>
-where
-    M: Inbound,
-    O: Outcome,
-    E: HasInboxError + From<crate::InboxError> + std::fmt::Debug,
-    T: crate::tenants::TenantPool,
-    T::Guard: 'static,
-    F: AsyncFn(&mut T::Connection, &Message<'_>) -> Result<O, E>,
-{
-    async fn pass<D>(
-        &self,
-        runner: &Runner<E>,
-        consumer: &str,
-        report: &mut RunReport,
-        deliveries: D,
-        shutdown: impl Future<Output = ()>,
-    ) -> (Ended, D)
-    where
-        D: Stream<Item = Result<M, BrokerError>> + Unpin,
-    {
-        let tenant_of = runner.tenant_of.as_deref();
-        let handler = async |m: &Message<'_>| -> Result<O, E> {
-            let mut conn = crate::tenants::connection_for(self.tenants, tenant_of, m).await?;
-            (self.handler)(&mut *conn, m).await
-        };
-        run(runner, consumer, report, deliveries, handler, shutdown).await
-    }
-}
-
 /// Why one pass of the loop over a stream of deliveries ended.
 pub(crate) enum Ended {
     /// The shutdown future resolved.
@@ -706,7 +581,7 @@ impl RunReport {
 /// ends, or (`exit_when_idle`) nothing happens for the quiet time; an
 /// error of the stream ends it too, after the deliveries in flight. Counts
 /// into `report`.
-async fn run<M, S, O, E, F>(
+pub(super) async fn run<M, S, O, E, F>(
     runner: &Runner<E>,
     consumer: &str,
     report: &mut RunReport,
