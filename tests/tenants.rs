@@ -771,3 +771,63 @@ fn a_dropped_checkout_leaves_the_pool_to_be_closed() {
         ));
     });
 }
+
+/// A schema per tenant in one PostgreSQL database: each tenant's URL
+/// selects its schema (`options=-csearch_path=...`), `migrate` makes the
+/// tables there, and one relay over them publishes each schema's outbox as
+/// its tenant's, leaving the other schema's rows alone.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_schema_per_tenant_is_relayed_as_its_own_tenant() {
+    let dbs = Databases::new("schemas");
+    let shared = dbs.create("shared");
+    let mut admin = PgConnection::establish(&shared).expect("the shared database");
+    let urls: Vec<(String, String)> = ["acme", "globex"]
+        .iter()
+        .map(|tenant| {
+            admin
+                .batch_execute(&format!("CREATE SCHEMA {tenant}"))
+                .expect("a schema");
+            let url = format!("{shared}?options=-csearch_path%3D{tenant}");
+            diesel_inbox::migrate(&mut PgConnection::establish(&url).expect("the tenant's schema"))
+                .expect("migrate in the schema");
+            (tenant.to_string(), url)
+        })
+        .collect();
+    dbs.enqueue(&urls[0].1, "acme", 12, 2);
+    dbs.enqueue(&urls[1].1, "globex", 5, 1);
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut rows = |schema: &str| {
+        diesel::sql_query(format!(
+            "SELECT count(*) AS n FROM {schema}.outbox_messages"
+        ))
+        .get_result::<Count>(&mut admin)
+        .expect("the schema's outbox")
+        .n
+    };
+    assert_eq!(
+        (rows("acme"), rows("globex")),
+        (12, 5),
+        "each schema's own outbox"
+    );
+    let recorder = Recorder::default();
+    runtime().block_on(async {
+        let report = Relay::tenants(Tenants::<PgPool>::list(urls.clone()), recorder.clone())
+            .run_once()
+            .await
+            .expect("the relay");
+        assert_eq!(report.published, 17, "{report:?}");
+    });
+    let expected: BTreeMap<String, usize> = [("acme".to_owned(), 12), ("globex".to_owned(), 5)]
+        .into_iter()
+        .collect();
+    check(&recorder.got(), &expected);
+    assert_eq!((rows("acme"), rows("globex")), (0, 0));
+}
