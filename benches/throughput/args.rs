@@ -104,6 +104,18 @@ struct Cli {
     /// The latency run's length, seconds [default: 10; smoke 1].
     #[arg(long)]
     outbox_secs: Option<u64>,
+    /// PostgreSQL: one relay over a database per tenant against one relay
+    /// over one database (`--outbox-messages` in all), and a trickle's
+    /// latency beside a backlog (needs INBOX_TEST_POSTGRES_URL).
+    #[arg(long)]
+    tenants: bool,
+    /// With `--tenants`: the tenant databases [default: 100; smoke 4].
+    #[arg(long)]
+    tenants_count: Option<usize>,
+    /// With `--tenants`: the backlog beside the trickle [default: 100000;
+    /// smoke 2000].
+    #[arg(long)]
+    tenants_backlog: Option<usize>,
     /// The HTTP front door (PostgreSQL): requests/s of an idempotent axum
     /// endpoint against the same endpoint without the inbox, replays, and
     /// the latency of a storm of concurrent retries of one key.
@@ -201,6 +213,14 @@ pub struct Args {
     /// The purge's duty cycle ([`diesel_inbox::Purge::sleep_coef`]).
     pub purge_sleep_coef: f64,
     pub scale_rows: Vec<i64>,
+    /// `--tenants` and its counts.
+    pub tenants: bool,
+    pub tenants_count: usize,
+    pub tenants_backlog: usize,
+    /// `--outbox-messages` for `--tenants` [default: 20000; smoke 200].
+    pub tenants_messages: usize,
+    /// Whether `--smoke` was given.
+    pub smoke: bool,
     /// `--outbox` and its counts.
     pub outbox: bool,
     pub outbox_messages: usize,
@@ -266,6 +286,11 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         purge_batch: cli.purge_batch,
         purge_pause_ms: cli.purge_pause_ms,
         purge_sleep_coef: cli.purge_sleep_coef,
+        tenants: cli.tenants,
+        tenants_count: pick(cli.tenants_count, 100, 4).max(2),
+        tenants_backlog: pick(cli.tenants_backlog, 100_000, 2_000),
+        tenants_messages: pick(cli.outbox_messages, 20_000, 200),
+        smoke,
         outbox: cli.outbox,
         outbox_messages: pick(cli.outbox_messages, 5_000, 100),
         outbox_rate: pick(cli.outbox_rate, 1_000, 100),

@@ -127,6 +127,8 @@ mod settle;
 #[cfg(all(feature = "sqs", feature = "postgres"))]
 mod sqs;
 mod targets;
+#[cfg(all(feature = "relay", feature = "postgres"))]
+mod tenants;
 mod variants;
 
 use args::redelivers;
@@ -221,6 +223,12 @@ fn run(args: &Args) -> Result<(), String> {
             any(feature = "lapin", feature = "nats")
         )))]
         return Err("--brokers needs the postgres feature and lapin or nats".into());
+    }
+    if args.tenants {
+        #[cfg(all(feature = "relay", feature = "postgres"))]
+        return tenants::run(args);
+        #[cfg(not(all(feature = "relay", feature = "postgres")))]
+        return Err("--tenants needs the relay and postgres features".into());
     }
     if args.http {
         #[cfg(all(feature = "axum", feature = "postgres"))]

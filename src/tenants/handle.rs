@@ -1,7 +1,7 @@
 //! A tenant's handle ([`Tenant`]), a connection checked out of its pool
 //! ([`TenantConnection`]), and a runner's way to the tenant a message names.
 
-use super::{Open, TenantError, TenantPool, Tenants, TENANT_HEADER};
+use super::{Open, TenantError, TenantPool, Tenants};
 use crate::outbox::RelayPool;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering;
@@ -37,7 +37,7 @@ pub(crate) async fn connection_for<T: TenantPool>(
     let name = match tenant_of {
         Some(tenant_of) => tenant_of(m),
         None => m
-            .header(TENANT_HEADER)
+            .header(super::TENANT_HEADER)
             .and_then(|value| std::str::from_utf8(value).ok())
             .map(str::to_owned),
     };

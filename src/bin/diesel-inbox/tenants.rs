@@ -71,6 +71,7 @@ pub(crate) fn read(source: &str) -> Result<Vec<(String, String)>, Failure> {
 
 /// The backend every tenant of `listed` is on, or why not one: one relay
 /// serves one backend.
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 pub(crate) fn one_backend(listed: &[(String, String)]) -> Result<Kind, Failure> {
     let mut kinds = listed
         .iter()
@@ -91,6 +92,7 @@ pub(crate) fn one_backend(listed: &[(String, String)]) -> Result<Kind, Failure> 
 }
 
 /// A tenant's backend.
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Postgres,
@@ -98,6 +100,7 @@ pub(crate) enum Kind {
     Sqlite,
 }
 
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 impl Kind {
     fn of(url: &str) -> Result<Kind, Failure> {
         Ok(match Backend::of(url)? {
