@@ -116,6 +116,14 @@ struct Cli {
     /// smoke 2000].
     #[arg(long)]
     tenants_backlog: Option<usize>,
+    /// With `--tenants`: the tenants configured for the connections run
+    /// [default: 1000; smoke 20].
+    #[arg(long)]
+    tenants_configured: Option<usize>,
+    /// With `--tenants`: of them, the tenants enqueueing [default: 50;
+    /// smoke 5].
+    #[arg(long)]
+    tenants_active: Option<usize>,
     /// The HTTP front door (PostgreSQL): requests/s of an idempotent axum
     /// endpoint against the same endpoint without the inbox, replays, and
     /// the latency of a storm of concurrent retries of one key.
@@ -217,6 +225,8 @@ pub struct Args {
     pub tenants: bool,
     pub tenants_count: usize,
     pub tenants_backlog: usize,
+    pub tenants_configured: usize,
+    pub tenants_active: usize,
     /// `--outbox-messages` for `--tenants` [default: 20000; smoke 200].
     pub tenants_messages: usize,
     /// Whether `--smoke` was given.
@@ -289,6 +299,8 @@ fn resolve(cli: Cli) -> Result<Args, String> {
         tenants: cli.tenants,
         tenants_count: pick(cli.tenants_count, 100, 4).max(2),
         tenants_backlog: pick(cli.tenants_backlog, 100_000, 2_000),
+        tenants_configured: pick(cli.tenants_configured, 1_000, 20).max(1),
+        tenants_active: pick(cli.tenants_active, 50, 5).max(1),
         tenants_messages: pick(cli.outbox_messages, 20_000, 200),
         smoke,
         outbox: cli.outbox,

@@ -15,6 +15,12 @@
 //!   (100,000), against the same tenant with nothing else due:
 //!   commit-to-publish, p50 and p99, in interleaved rounds.
 //!
+//! - **Connections:** `--tenants-configured` tenants (1,000; a schema each
+//!   in one database, so that making them is quick), `--tenants-active` of
+//!   them (50) enqueueing a message every 100 ms each for 20 s, one relay
+//!   over all of them with a limit of 16 connections: the most connections
+//!   the server saw the relay hold (`application_name`), against the limit.
+//!
 //! Writes `tenants.json`.
 
 use crate::args::Args;
@@ -280,8 +286,9 @@ pub fn run(args: &Args) -> Result<(), String> {
             "\"{name}\": {{\"p50_ms\": {p50:.2}, \"p99_ms\": {p99:.2}}}"
         ));
     }
+    let connections = connections_at_scale(&mut dbs, &prefix, args, &runtime)?;
     let json = format!(
-        "{{\"tenants\": {count}, \"messages\": {total}, \"rounds\": {}, \"one_database_msgs_per_s\": {:.1}, \"tenants_msgs_per_s\": {:.1}, \"ratio\": {ratio:.3}, \"backlog\": {backlog}, {}}}\n",
+        "{{\"tenants\": {count}, \"messages\": {total}, \"rounds\": {}, \"one_database_msgs_per_s\": {:.1}, \"tenants_msgs_per_s\": {:.1}, \"ratio\": {ratio:.3}, \"backlog\": {backlog}, {}, \"connections\": {connections}}}\n",
         args.rounds,
         rates[0],
         rates[1],
@@ -290,4 +297,98 @@ pub fn run(args: &Args) -> Result<(), String> {
     let dir = write_output("tenants.json", &json)?;
     println!("wrote {}/tenants.json", dir.display());
     Ok(())
+}
+
+/// The most connections the server saw the relay hold over
+/// `--tenants-configured` tenants (a schema each) with
+/// `--tenants-active` of them enqueueing, against its limit; as JSON.
+fn connections_at_scale(
+    dbs: &mut Databases,
+    prefix: &str,
+    args: &Args,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<String, String> {
+    const LIMIT: u32 = 16;
+    let (configured, active) = (
+        args.tenants_configured,
+        args.tenants_active.min(args.tenants_configured),
+    );
+    let shared = dbs.create(&format!("{prefix}_schemas"))?;
+    let mut admin = PgConnection::establish(&shared).map_err(|e| e.to_string())?;
+    let made = Instant::now();
+    let mut list = Vec::with_capacity(configured);
+    for i in 0..configured {
+        let schema = format!("s{i:04}");
+        admin
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .map_err(|e| e.to_string())?;
+        let url =
+            format!("{shared}?options=-csearch_path%3D{schema}&application_name=tenant_relay");
+        diesel_inbox::migrate(&mut PgConnection::establish(&url).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        list.push((schema, url));
+    }
+    println!(
+        "tenants: {configured} tenant schemas made in {:.1} s",
+        made.elapsed().as_secs_f64()
+    );
+    let tenants: Tenants<PgPool> = Tenants::list(list.clone())
+        .max_connections(LIMIT)
+        .pool_size(1)
+        .idle_timeout(Duration::from_secs(2));
+    let relay = Relay::tenants(tenants.clone(), Taker::default());
+    let secs = if args.smoke { 3 } else { 20 };
+    let (most, reserved, enqueued, published) = runtime.block_on(async {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let run = relay.run(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        });
+        let watch = async {
+            let mut feeders: Vec<PgConnection> = Vec::new();
+            for (_, url) in list.iter().take(active) {
+                // The feeders' connections are not the relay's.
+                let url = url.replace("application_name=tenant_relay", "application_name=feeder");
+                feeders.push(PgConnection::establish(&url).map_err(|e| e.to_string())?);
+            }
+            let began = Instant::now();
+            let (mut most, mut reserved, mut enqueued) = (0i64, 0u32, 0u64);
+            while began.elapsed() < Duration::from_secs(secs) {
+                for conn in &mut feeders {
+                    conn.transaction(|conn| {
+                        outbox::enqueue(conn, Outgoing::new("bench", "x"))
+                    })
+                    .map_err(|e| e.to_string())?;
+                    enqueued += 1;
+                }
+                #[derive(diesel::QueryableByName)]
+                struct Count {
+                    #[diesel(sql_type = diesel::sql_types::BigInt)]
+                    n: i64,
+                }
+                let n = diesel::RunQueryDsl::get_result::<Count>(
+                    diesel::sql_query("SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'tenant_relay'"),
+                    &mut admin,
+                )
+                .map_err(|e| e.to_string())?
+                .n;
+                most = most.max(n);
+                reserved = reserved.max(tenants.reserved_connections());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // What is left is published before the relay stops.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let _ = stop.send(true);
+            Ok::<_, String>((most, reserved, enqueued))
+        };
+        let (ran, watched) = tokio::join!(run, watch);
+        let report = ran.map_err(|e| e.to_string())?;
+        let (most, reserved, enqueued) = watched?;
+        Ok::<_, String>((most, reserved, enqueued, report.published))
+    })?;
+    println!(
+        "tenants: {configured} configured, {active} active: the relay held at most {most} server connections (the set reserved at most {reserved}; limit {LIMIT}); published {published} of {enqueued}"
+    );
+    Ok(format!(
+        "{{\"configured\": {configured}, \"active\": {active}, \"limit\": {LIMIT}, \"server_most\": {most}, \"reserved_most\": {reserved}, \"enqueued\": {enqueued}, \"published\": {published}}}"
+    ))
 }
