@@ -831,3 +831,182 @@ fn a_schema_per_tenant_is_relayed_as_its_own_tenant() {
     check(&recorder.got(), &expected);
     assert_eq!((rows("acme"), rows("globex")), (0, 0));
 }
+
+/// The chain per tenant under crashes: the relay over A's tenants and the
+/// runner over B's are aborted mid-run (their futures dropped, as a crash
+/// leaves them: claimed rows held until their lease ends, deliveries
+/// unacked) and started again, and a tenant is added to both sides while
+/// they run. Every message is applied exactly once, in its own tenant's B
+/// database.
+#[cfg(feature = "lapin")]
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn the_chain_over_tenants_survives_aborted_relays_and_runners() {
+    use diesel_inbox::brokers::{Message, Policy};
+    use diesel_inbox::{Inbox, InboxError};
+    let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        eprintln!("SKIPPED: INBOX_TEST_AMQP_URL is not set");
+        return;
+    };
+    let dbs = Databases::new("crash");
+    let queue = format!("{}_queue", dbs.prefix);
+    let side = |prefix: &str, names: &[&str]| -> Vec<(String, String)> {
+        names
+            .iter()
+            .map(|n| {
+                let url = dbs.create(&format!("{prefix}_{n}"));
+                PgConnection::establish(&url)
+                    .expect("a tenant")
+                    .batch_execute(
+                        "CREATE TABLE applied (payload TEXT NOT NULL, tenant TEXT NOT NULL)",
+                    )
+                    .expect("applied");
+                (n.to_string(), url)
+            })
+            .collect()
+    };
+    let a = side("a", &["acme", "globex", "initech"]);
+    let b = side("b", &["acme", "globex", "initech"]);
+    let fill = |url: &str, tenant: &str, n: usize| {
+        on!(Server::Postgres, url, |conn| {
+            conn.transaction(|conn| {
+                for seq in 0..n {
+                    let key = format!("k{}", seq % 4);
+                    outbox::enqueue(
+                        conn,
+                        Outgoing::new(queue.as_str(), format!("{tenant}:{key}:{seq}"))
+                            .ordering_key(key.as_str()),
+                    )?;
+                }
+                Ok::<_, InboxError>(())
+            })
+            .expect("enqueue")
+        })
+    };
+    fill(&a[0].1, "acme", 300);
+    fill(&a[1].1, "globex", 300);
+    fill(&a[2].1, "initech", 100);
+    // initech joins both sides later.
+    let a_set: Tenants<PgPool> = Tenants::list(a[..2].to_vec()).pool_size(1);
+    let b_set: Tenants<PgPool> = Tenants::list(b[..2].to_vec()).pool_size(2);
+    let applied = |url: &str| -> Vec<(String, String)> {
+        #[derive(diesel::QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            payload: String,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            tenant: String,
+        }
+        diesel::sql_query("SELECT payload, tenant FROM applied")
+            .load::<Row>(&mut PgConnection::establish(url).expect("B"))
+            .expect("applied")
+            .into_iter()
+            .map(|r| (r.tenant, r.payload))
+            .collect()
+    };
+    let total = || b.iter().map(|(_, url)| applied(url).len()).sum::<usize>();
+    runtime().block_on(async {
+        let (_connection, _channel) = support::rabbit_queue(&amqp, &queue).await;
+        let relay = |set: Tenants<PgPool>| {
+            let amqp = amqp.clone();
+            tokio::spawn(async move {
+                Relay::tenants(set, outbox::lapin::Publisher::connect(amqp, ""))
+                    .batch_size(10)
+                    .lease(Duration::from_secs(2))
+                    .poll_interval(Duration::from_millis(50))
+                    .refresh_interval(Duration::from_millis(100))
+                    .run(std::future::pending())
+                    .await
+            })
+        };
+        // The runner is dropped in place (its future is not `Send`, so it
+        // runs on this task, beside the driver).
+        let runner = |set: Tenants<PgPool>| {
+            let (amqp, queue) = (amqp.clone(), queue.clone());
+            async move {
+                let handler = async |conn: &mut AsyncPgConnection, m: &Message<'_>| {
+                    let tenant =
+                        String::from_utf8(m.header(TENANT_HEADER).expect("a tenant").to_vec())
+                            .expect("utf-8");
+                    let payload = String::from_utf8(m.body().to_vec()).expect("utf-8");
+                    Inbox::consumer("apply")
+                        .run_async(conn, m.id(), async move |conn: &mut AsyncPgConnection| {
+                            let insert = diesel::sql_query(
+                                "INSERT INTO applied (payload, tenant) VALUES ($1, $2)",
+                            )
+                            .bind::<diesel::sql_types::Text, _>(&payload)
+                            .bind::<diesel::sql_types::Text, _>(&tenant);
+                            diesel_async::RunQueryDsl::execute(insert, conn).await?;
+                            Ok::<_, InboxError>(())
+                        })
+                        .await
+                };
+                diesel_inbox::lapin::Consumer::connect(
+                    amqp,
+                    queue,
+                    Policy::new(|_: &InboxError| false),
+                )
+                .in_flight(4)
+                .run_tenants(&set, handler, std::future::pending())
+                .await
+            }
+        };
+        let (crash, done) = (tokio::sync::Notify::new(), tokio::sync::Notify::new());
+        let runners = async {
+            tokio::select! {
+                ran = runner(b_set.clone()) => panic!("the runner stopped: {ran:?}"),
+                () = crash.notified() => {}
+            }
+            // A tenant joins both sides while they run.
+            b_set.insert("initech", b[2].1.clone());
+            a_set.insert("initech", a[2].1.clone());
+            tokio::select! {
+                ran = runner(b_set.clone()) => panic!("the runner stopped: {ran:?}"),
+                () = done.notified() => {}
+            }
+        };
+        let driver = async {
+            let relay_1 = relay(a_set.clone());
+            let started = Instant::now();
+            while total() < 100 && started.elapsed() < Duration::from_secs(30) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Crashes, one after the other.
+            relay_1.abort();
+            let relay_2 = relay(a_set.clone());
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            crash.notify_one();
+            let started = Instant::now();
+            while total() < 700 && started.elapsed() < Duration::from_secs(90) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            relay_2.abort();
+            done.notify_one();
+        };
+        tokio::join!(runners, driver);
+    });
+    for (tenant, url) in &b {
+        let rows = applied(url);
+        let expected = if tenant == "initech" { 100 } else { 300 };
+        let distinct: BTreeSet<&String> = rows.iter().map(|(_, p)| p).collect();
+        assert_eq!(
+            distinct.len(),
+            expected,
+            "tenant {tenant}: each message applied"
+        );
+        assert_eq!(rows.len(), expected, "tenant {tenant}: none applied twice");
+        for (owner, payload) in &rows {
+            assert_eq!(owner, tenant, "{payload} in {tenant}'s database");
+            assert!(
+                payload.starts_with(&format!("{tenant}:")),
+                "{payload} in {tenant}'s database"
+            );
+        }
+    }
+}
