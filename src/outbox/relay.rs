@@ -95,6 +95,53 @@ pub(crate) const DEFAULT_MAX_PUBLISH_ATTEMPTS: u32 = 10;
 /// shorter, and a batch whose publish outlasts half of it is given back.
 pub(crate) const LEASE: Duration = Duration::from_secs(60);
 
+/// The longest poll interval or lease (a day): longer ones are taken as
+/// this.
+pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+
+/// A relay's settings, the same for a relay on one database and one over
+/// tenants ([`Relay::tenants`]), each kept in its range.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Settings {
+    pub(crate) batch_size: usize,
+    pub(crate) poll_interval: Duration,
+    pub(crate) max_publish_attempts: u32,
+    pub(crate) lease: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            batch_size: DEFAULT_BATCH_SIZE,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            max_publish_attempts: DEFAULT_MAX_PUBLISH_ATTEMPTS,
+            lease: LEASE,
+        }
+    }
+}
+
+impl Settings {
+    /// [`Relay::batch_size`]: 1 to 10,000.
+    pub(crate) fn batch_size(&mut self, n: usize) {
+        self.batch_size = n.clamp(1, 10_000);
+    }
+
+    /// [`Relay::poll_interval`]: 1 ms to a day.
+    pub(crate) fn poll_interval(&mut self, interval: Duration) {
+        self.poll_interval = interval.clamp(Duration::from_millis(1), MAX_INTERVAL);
+    }
+
+    /// [`Relay::max_publish_attempts`]: at least 1.
+    pub(crate) fn max_publish_attempts(&mut self, n: u32) {
+        self.max_publish_attempts = n.max(1);
+    }
+
+    /// [`Relay::lease`]: 1 s to a day.
+    pub(crate) fn lease(&mut self, lease: Duration) {
+        self.lease = lease.clamp(Duration::from_secs(1), MAX_INTERVAL);
+    }
+}
+
 /// How long [`Relay::run`] lets a pass under way finish after shutdown.
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// The first wait after a refused publish; each further failure of the
@@ -158,10 +205,7 @@ pub(crate) const MAX_OUTAGE_DELAY: Duration = Duration::from_secs(30);
 pub struct Relay<D: RelayPool, P> {
     pool: D,
     publisher: P,
-    batch_size: usize,
-    poll_interval: Duration,
-    max_publish_attempts: u32,
-    lease: Duration,
+    settings: Settings,
     /// Where the next claim's look starts (PostgreSQL): the floor the last
     /// claim left, none after a failed step.
     floor: std::sync::Mutex<Option<steps::Floor>>,
@@ -180,10 +224,10 @@ pub struct Relay<D: RelayPool, P> {
 impl<D: RelayPool, P> std::fmt::Debug for Relay<D, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Relay")
-            .field("batch_size", &self.batch_size)
-            .field("poll_interval", &self.poll_interval)
-            .field("max_publish_attempts", &self.max_publish_attempts)
-            .field("lease", &self.lease)
+            .field("batch_size", &self.settings.batch_size)
+            .field("poll_interval", &self.settings.poll_interval)
+            .field("max_publish_attempts", &self.settings.max_publish_attempts)
+            .field("lease", &self.settings.lease)
             .finish_non_exhaustive()
     }
 }
@@ -199,10 +243,7 @@ where
         Relay {
             pool,
             publisher,
-            batch_size: DEFAULT_BATCH_SIZE,
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            max_publish_attempts: DEFAULT_MAX_PUBLISH_ATTEMPTS,
-            lease: LEASE,
+            settings: Settings::default(),
             floor: std::sync::Mutex::new(None),
             wal: None,
             wal_side: Default::default(),
@@ -275,7 +316,7 @@ where
     /// rows a long transaction keeps as dead tuples are not passed again
     /// (the guide's outbox chapter, "Claiming").
     pub fn batch_size(mut self, n: usize) -> Self {
-        self.batch_size = n.clamp(1, 10_000);
+        self.settings.batch_size(n);
         self
     }
 
@@ -285,14 +326,14 @@ where
     /// SQLite, a transaction-mode proxy) or in a transaction of your own
     /// without [`outbox::wake`](super::wake).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval.max(Duration::from_millis(1));
+        self.settings.poll_interval(interval);
         self
     }
 
     /// Refusals by the broker after which a message is dead (default 10;
     /// at least 1).
     pub fn max_publish_attempts(mut self, n: u32) -> Self {
-        self.max_publish_attempts = n.max(1);
+        self.settings.max_publish_attempts(n);
         self
     }
 
@@ -301,7 +342,7 @@ where
     /// it. A batch whose publish outlasts half of it is given back, so
     /// keep it well above the broker's confirm time.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_secs(1));
+        self.settings.lease(lease);
         self
     }
 
@@ -475,7 +516,10 @@ where
                         wait
                     } else {
                         outages = 0;
-                        match doze.after_pass(self.poll_interval, pass.batches > 0).await {
+                        match doze
+                            .after_pass(self.settings.poll_interval, pass.batches > 0)
+                            .await
+                        {
                             Next::Pass => Duration::ZERO,
                             Next::Wait(wait) => wait,
                             Next::Linger(wait) => {
@@ -534,7 +578,7 @@ where
             .iter()
             .map(|d| (&d.claim, d.outcomes.as_slice()))
             .collect();
-        let next = claim.then_some((self.batch_size, self.lease));
+        let next = claim.then_some((self.settings.batch_size, self.settings.lease));
         let mut attempt = 0;
         let stepped = loop {
             attempt += 1;
@@ -597,14 +641,14 @@ where
         let mut results = vec![None; claimed];
         let publish = self.publish_waves(&claim, &mut results);
         let mut stopped = match tokio::time::timeout(
-            self.lease / 2,
+            self.settings.lease / 2,
             publish.instrument(span.clone()),
         )
         .await
         {
             Ok(stopped) => stopped,
             Err(_) => {
-                tracing::warn!(target: crate::TRACING_TARGET, claimed, timeout_ms = (self.lease / 2).as_millis() as u64, "diesel-inbox: outbox relay: a batch's publish outlasted half the lease; what the broker had not confirmed is given back");
+                tracing::warn!(target: crate::TRACING_TARGET, claimed, timeout_ms = (self.settings.lease / 2).as_millis() as u64, "diesel-inbox: outbox relay: a batch's publish outlasted half the lease; what the broker had not confirmed is given back");
                 true
             }
         };
@@ -618,7 +662,7 @@ where
                 Some(Err(PublishError::Refused(why))) => PublishOutcome::Failed {
                     error: why.to_string(),
                     retry_in: backoff(RETRY_DELAY, MAX_RETRY_DELAY, claim.messages[i].attempts + 1),
-                    max_publish_attempts: self.max_publish_attempts,
+                    max_publish_attempts: self.settings.max_publish_attempts,
                 },
                 Some(Err(e @ PublishError::Closed(_))) => {
                     closed = Some(e);

@@ -264,19 +264,7 @@ mod database {
                 }
             })
             .pool_size(1);
-            let mut relay = Relay::tenants(tenants, publisher);
-            if let Some(size) = options.batch_size {
-                relay = relay.batch_size(size);
-            }
-            if let Some(interval) = options.poll_interval {
-                relay = relay.poll_interval(interval);
-            }
-            if let Some(attempts) = options.max_publish_attempts {
-                relay = relay.max_publish_attempts(attempts);
-            }
-            if let Some(lease) = options.lease {
-                relay = relay.lease(lease);
-            }
+            let relay = super::configured(Relay::tenants(tenants, publisher), options);
             tracing::info!(
                 target: "diesel_inbox",
                 once = options.once,
@@ -285,17 +273,11 @@ mod database {
                 lease = ?options.lease,
                 "diesel-inbox: outbox relay over tenants: started (stop with SIGTERM or Ctrl-C)"
             );
-            let report = if options.once {
+            super::reported(if options.once {
                 relay.run_once().await
             } else {
                 relay.run(stop()).await
-            }
-            .map_err(|e| Failure(e.to_string()))?;
-            println!(
-                "published {}, failed {}, dead {}, given back {}",
-                report.published, report.failed, report.dead, report.released
-            );
-            Ok(ExitCode::SUCCESS)
+            })
         }
     }
 
@@ -312,21 +294,9 @@ mod database {
                 options,
                 url,
             } = self;
-            let mut relay = Relay::new(pool, publisher);
+            let mut relay = configured(Relay::new(pool, publisher), options);
             if options.wal {
                 relay = relay.wal(url);
-            }
-            if let Some(size) = options.batch_size {
-                relay = relay.batch_size(size);
-            }
-            if let Some(interval) = options.poll_interval {
-                relay = relay.poll_interval(interval);
-            }
-            if let Some(attempts) = options.max_publish_attempts {
-                relay = relay.max_publish_attempts(attempts);
-            }
-            if let Some(lease) = options.lease {
-                relay = relay.lease(lease);
             }
             tracing::info!(
                 target: "diesel_inbox",
@@ -337,19 +307,84 @@ mod database {
                 wal = options.wal,
                 "diesel-inbox: outbox relay: started (stop with SIGTERM or Ctrl-C)"
             );
-            let report = if options.once {
-                relay.run_once().await.map_err(|e| Failure(e.to_string()))?
+            reported(if options.once {
+                relay.run_once().await
             } else {
-                relay
-                    .run(stop())
-                    .await
-                    .map_err(|e| Failure(e.to_string()))?
-            };
-            println!(
-                "published {}, failed {}, dead {}, given back {}",
-                report.published, report.failed, report.dead, report.released
-            );
-            Ok(ExitCode::SUCCESS)
+                relay.run(stop()).await
+            })
         }
+    }
+
+    /// The command line's settings, on a relay on one database or one over
+    /// tenants.
+    trait Configure: Sized {
+        fn batch_size(self, n: usize) -> Self;
+        fn poll_interval(self, interval: std::time::Duration) -> Self;
+        fn max_publish_attempts(self, n: u32) -> Self;
+        fn lease(self, lease: std::time::Duration) -> Self;
+    }
+
+    impl<D: RelayPool, P: Publish> Configure for Relay<D, P> {
+        fn batch_size(self, n: usize) -> Self {
+            Relay::batch_size(self, n)
+        }
+        fn poll_interval(self, interval: std::time::Duration) -> Self {
+            Relay::poll_interval(self, interval)
+        }
+        fn max_publish_attempts(self, n: u32) -> Self {
+            Relay::max_publish_attempts(self, n)
+        }
+        fn lease(self, lease: std::time::Duration) -> Self {
+            Relay::lease(self, lease)
+        }
+    }
+
+    impl<T, P> Configure for diesel_inbox::outbox::TenantRelay<T, P>
+    where
+        T: diesel_inbox::tenants::TenantPool,
+        T::Guard: 'static,
+        P: Publish + 'static,
+    {
+        fn batch_size(self, n: usize) -> Self {
+            Self::batch_size(self, n)
+        }
+        fn poll_interval(self, interval: std::time::Duration) -> Self {
+            Self::poll_interval(self, interval)
+        }
+        fn max_publish_attempts(self, n: u32) -> Self {
+            Self::max_publish_attempts(self, n)
+        }
+        fn lease(self, lease: std::time::Duration) -> Self {
+            Self::lease(self, lease)
+        }
+    }
+
+    /// `relay` with the settings the command line gives.
+    fn configured<R: Configure>(mut relay: R, options: &RelayArgs) -> R {
+        if let Some(size) = options.batch_size {
+            relay = relay.batch_size(size);
+        }
+        if let Some(interval) = options.poll_interval {
+            relay = relay.poll_interval(interval);
+        }
+        if let Some(attempts) = options.max_publish_attempts {
+            relay = relay.max_publish_attempts(attempts);
+        }
+        if let Some(lease) = options.lease {
+            relay = relay.lease(lease);
+        }
+        relay
+    }
+
+    /// What the relay did, on stdout.
+    fn reported(
+        report: Result<diesel_inbox::outbox::RelayReport, diesel_inbox::outbox::RelayError>,
+    ) -> Result<ExitCode, Failure> {
+        let report = report.map_err(|e| Failure(e.to_string()))?;
+        println!(
+            "published {}, failed {}, dead {}, given back {}",
+            report.published, report.failed, report.dead, report.released
+        );
+        Ok(ExitCode::SUCCESS)
     }
 }

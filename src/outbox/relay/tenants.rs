@@ -4,7 +4,10 @@
 //! turn behind the others, and a tenant whose database is down or slow
 //! waits out its own backoff while the others go on.
 
-use super::{Relay, RelayError, RelayReport, MAX_OUTAGE_DELAY, OUTAGE_DELAY, SHUTDOWN_GRACE};
+use super::{
+    Relay, RelayError, RelayReport, Settings, MAX_INTERVAL, MAX_OUTAGE_DELAY, OUTAGE_DELAY,
+    SHUTDOWN_GRACE,
+};
 use crate::outbox::publish::{Publish, PublishError};
 use crate::tenants::{Tenant, TenantPool, Tenants};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -19,9 +22,6 @@ use tracing::Instrument;
 
 /// The default [`TenantRelay::turn`].
 const DEFAULT_TURN: u64 = 1;
-/// The longest poll or refresh interval (a day): longer ones are taken as
-/// this.
-const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 /// The default [`TenantRelay::refresh_interval`].
 const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -73,10 +73,7 @@ const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 pub struct TenantRelay<T: TenantPool, P> {
     tenants: Tenants<T>,
     publisher: Arc<P>,
-    batch_size: usize,
-    poll_interval: Duration,
-    max_publish_attempts: u32,
-    lease: Duration,
+    settings: Settings,
     turn: u64,
     concurrency: Option<usize>,
     refresh_interval: Duration,
@@ -86,7 +83,7 @@ impl<T: TenantPool, P> std::fmt::Debug for TenantRelay<T, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TenantRelay")
             .field("tenants", &self.tenants)
-            .field("batch_size", &self.batch_size)
+            .field("settings", &self.settings)
             .field("turn", &self.turn)
             .finish_non_exhaustive()
     }
@@ -104,10 +101,7 @@ where
         TenantRelay {
             tenants,
             publisher: Arc::new(publisher),
-            batch_size: super::DEFAULT_BATCH_SIZE,
-            poll_interval: super::DEFAULT_POLL_INTERVAL,
-            max_publish_attempts: super::DEFAULT_MAX_PUBLISH_ATTEMPTS,
-            lease: super::LEASE,
+            settings: Settings::default(),
             turn: DEFAULT_TURN,
             concurrency: None,
             refresh_interval: DEFAULT_REFRESH_INTERVAL,
@@ -156,27 +150,27 @@ where
 {
     /// [`Relay::batch_size`], for each tenant (default 100).
     pub fn batch_size(mut self, n: usize) -> Self {
-        self.batch_size = n.clamp(1, 10_000);
+        self.settings.batch_size(n);
         self
     }
 
     /// How often an idle tenant is looked at (default 1 s):
     /// [`Relay::poll_interval`].
     pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval.clamp(Duration::from_millis(1), MAX_INTERVAL);
+        self.settings.poll_interval(interval);
         self
     }
 
     /// [`Relay::max_publish_attempts`] (default 10).
     pub fn max_publish_attempts(mut self, n: u32) -> Self {
-        self.max_publish_attempts = n.max(1);
+        self.settings.max_publish_attempts(n);
         self
     }
 
     /// [`Relay::lease`] (default 60 s); a tenant's turn that outlasts three
     /// quarters of it is dropped and the tenant backed off.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_secs(1));
+        self.settings.lease(lease);
         self
     }
 
@@ -208,11 +202,8 @@ where
 
     fn slot(&self, name: &str) -> Option<Slot<T, P>> {
         let tenant = self.tenants.tenant(name)?;
-        let mut relay = Relay::new(tenant, self.publisher.clone())
-            .batch_size(self.batch_size)
-            .poll_interval(self.poll_interval)
-            .max_publish_attempts(self.max_publish_attempts)
-            .lease(self.lease);
+        let mut relay = Relay::new(tenant, self.publisher.clone());
+        relay.settings = self.settings;
         relay.tenant = Some(Arc::from(name));
         relay.turn = Some(self.turn);
         Some(Slot {
@@ -250,7 +241,7 @@ where
     /// running at this bound (a database that does not answer) is dropped,
     /// and its rows are claimed again when their lease ends.
     fn bound(&self) -> Duration {
-        self.lease * 3 / 4
+        self.settings.lease * 3 / 4
     }
 
     /// One tenant's turn, bounded by [`bound`](Self::bound), in a span
@@ -384,7 +375,7 @@ where
                 .map(|s| s.due)
                 .chain(reading.is_none().then(|| read_at + self.refresh_interval))
                 .min()
-                .unwrap_or(now + self.poll_interval)
+                .unwrap_or(now + self.settings.poll_interval)
                 .max(now);
             tokio::select! {
                 biased;
@@ -480,7 +471,7 @@ where
                 slot.due = if pass.batches >= self.turn {
                     now
                 } else {
-                    now + self.poll_interval
+                    now + self.settings.poll_interval
                 };
                 return Ok(());
             }

@@ -197,7 +197,7 @@ where
             let error = match opened {
                 Ok(Ok((_, steps::Listening::Polls))) => return refuse(asked).await,
                 Ok(Ok((_, steps::Listening::Unreachable))) => {
-                    tracing::warn!(target: crate::TRACING_TARGET, probe_wait = ?PROBE_WAIT, poll_interval = ?self.poll_interval, "diesel-inbox: outbox relay: a notification sent to its own LISTEN connection did not arrive: a connection proxy in transaction mode (PgBouncer's pool_mode = transaction) keeps no session for LISTEN. The relay polls instead; give it a direct connection (or session pooling) for wake-ups from other processes");
+                    tracing::warn!(target: crate::TRACING_TARGET, probe_wait = ?PROBE_WAIT, poll_interval = ?self.settings.poll_interval, "diesel-inbox: outbox relay: a notification sent to its own LISTEN connection did not arrive: a connection proxy in transaction mode (PgBouncer's pool_mode = transaction) keeps no session for LISTEN. The relay polls instead; give it a direct connection (or session pooling) for wake-ups from other processes");
                     return refuse(asked).await;
                 }
                 Ok(Ok((mut listener, steps::Listening::Notified))) => {

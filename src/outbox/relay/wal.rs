@@ -104,7 +104,7 @@ where
             };
             let Some(decoded) = decoded else {
                 stream.confirm(end).await.map_err(RelayError::Replication)?;
-                next = read_next(stream, conn, upto, self.batch_size).await?;
+                next = read_next(stream, conn, upto, self.settings.batch_size).await?;
                 continue;
             };
             let (read, claim) = decoded.claim(&also);
@@ -113,7 +113,7 @@ where
             // while the broker confirms this one.
             let (delivered, following) = tokio::join!(
                 self.publish(claim),
-                read_next(stream, conn, upto, self.batch_size)
+                read_next(stream, conn, upto, self.settings.batch_size)
             );
             if delivered.stops() {
                 // Nothing is settled: the stream is closed, and the whole
@@ -161,7 +161,7 @@ where
             let (Some(conn), Some(stream)) = (side.conn.as_mut(), side.stream.as_mut()) else {
                 return Ok(None);
             };
-            match read_next(stream, conn, upto, self.batch_size).await {
+            match read_next(stream, conn, upto, self.settings.batch_size).await {
                 Err(RelayError::Replication(e)) if kept => {
                     tracing::debug!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay: the WAL stream kept from the last pass is gone; streaming again");
                     kept = false;
