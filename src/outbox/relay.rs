@@ -9,6 +9,7 @@ use super::publish::{Publish, PublishError};
 use inbox_runtime::__facade::backoff;
 use inbox_runtime::outbox::{self as steps, PublishOutcome};
 use inbox_runtime::InboxError;
+pub(crate) use settings::Settings;
 use std::future::Future;
 use std::pin::pin;
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ pub use tenants::TenantRelay;
 use tracing::Instrument;
 use wakeups::{Doze, Next, LISTEN_OPEN_TIMEOUT};
 
+mod settings;
 mod tenants;
 mod wakeups;
 mod wal;
@@ -98,49 +100,6 @@ pub(crate) const LEASE: Duration = Duration::from_secs(60);
 /// The longest poll interval or lease (a day): longer ones are taken as
 /// this.
 pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
-
-/// A relay's settings, the same for a relay on one database and one over
-/// tenants ([`Relay::tenants`]), each kept in its range.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Settings {
-    pub(crate) batch_size: usize,
-    pub(crate) poll_interval: Duration,
-    pub(crate) max_publish_attempts: u32,
-    pub(crate) lease: Duration,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            batch_size: DEFAULT_BATCH_SIZE,
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            max_publish_attempts: DEFAULT_MAX_PUBLISH_ATTEMPTS,
-            lease: LEASE,
-        }
-    }
-}
-
-impl Settings {
-    /// [`Relay::batch_size`]: 1 to 10,000.
-    pub(crate) fn batch_size(&mut self, n: usize) {
-        self.batch_size = n.clamp(1, 10_000);
-    }
-
-    /// [`Relay::poll_interval`]: 1 ms to a day.
-    pub(crate) fn poll_interval(&mut self, interval: Duration) {
-        self.poll_interval = interval.clamp(Duration::from_millis(1), MAX_INTERVAL);
-    }
-
-    /// [`Relay::max_publish_attempts`]: at least 1.
-    pub(crate) fn max_publish_attempts(&mut self, n: u32) {
-        self.max_publish_attempts = n.max(1);
-    }
-
-    /// [`Relay::lease`]: 1 s to a day.
-    pub(crate) fn lease(&mut self, lease: Duration) {
-        self.lease = lease.clamp(Duration::from_secs(1), MAX_INTERVAL);
-    }
-}
 
 /// How long [`Relay::run`] lets a pass under way finish after shutdown.
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
