@@ -5,7 +5,7 @@ use crate::outbox::RelayPool;
 use diesel_async::pooled_connection::{AsyncDieselConnectionManager, PoolableConnection};
 use std::future::Future;
 
-/// A pool kind a [`Tenants`] set opens for each tenant: a diesel-async
+/// A pool kind a [`Tenants`](super::Tenants) set opens for each tenant: a diesel-async
 /// deadpool [`Pool`](diesel_async::pooled_connection::deadpool::Pool) or
 /// (feature `bb8`) bb8 pool of an `AsyncPgConnection`,
 /// `AsyncMysqlConnection` or `SyncConnectionWrapper<SqliteConnection>`.
