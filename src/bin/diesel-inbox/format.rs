@@ -34,22 +34,6 @@ pub(crate) fn human(d: Duration) -> String {
     format!("{s}s")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pauses_parse_and_durations_print() {
-        assert_eq!(human(Duration::from_secs(30 * 86_400)), "30d");
-        assert_eq!(human(Duration::from_secs(600)), "10m");
-        assert_eq!(human(Duration::from_secs(61)), "61s");
-        assert_eq!(parse_pause("10ms"), Ok(Duration::from_millis(10)));
-        assert_eq!(parse_pause("2s"), Ok(Duration::from_secs(2)));
-        assert!(parse_pause("10").is_err());
-        assert!(parse_pause("xms").is_err());
-    }
-}
-
 /// What the summary line of a command run for one of several tenants
 /// starts with (`tenant NAME: `); none otherwise.
 static LINE_PREFIX: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
@@ -66,4 +50,20 @@ pub(crate) fn line_prefix() -> String {
         .unwrap_or_else(|e| e.into_inner())
         .clone()
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_parse_and_durations_print() {
+        assert_eq!(human(Duration::from_secs(30 * 86_400)), "30d");
+        assert_eq!(human(Duration::from_secs(600)), "10m");
+        assert_eq!(human(Duration::from_secs(61)), "61s");
+        assert_eq!(parse_pause("10ms"), Ok(Duration::from_millis(10)));
+        assert_eq!(parse_pause("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_pause("10").is_err());
+        assert!(parse_pause("xms").is_err());
+    }
 }
