@@ -745,7 +745,7 @@ fn database_outage<B: Broker>(url: &str, batch: Option<usize>) -> Result<String,
     if let Some(batch) = batch {
         command.env("INBOX_BROKER_BATCH", batch.to_string());
     }
-    let child = command
+    let mut child = command
         .spawn()
         .map_err(|e| format!("spawn consumer: {e}"))?;
     db.wait_for_applied(700 / B::SCALE as i64, Duration::from_secs(90))?;
@@ -776,10 +776,21 @@ fn database_outage<B: Broker>(url: &str, batch: Option<usize>) -> Result<String,
         if db.applied()? > before {
             break back.elapsed();
         }
-        ensure!(
-            back.elapsed() < Duration::from_secs(120),
-            "nothing applied for 120 s after the database came back"
-        );
+        if back.elapsed() >= Duration::from_secs(120) {
+            // What the runner said, for the one who reads the failure.
+            let _ = child.kill();
+            let out = child.wait_with_output().map_err(|e| e.to_string())?;
+            let tail = |bytes: &[u8]| {
+                let text = String::from_utf8_lossy(bytes).into_owned();
+                let lines: Vec<&str> = text.lines().collect();
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            };
+            return Err(format!(
+                "nothing applied for 120 s after the database came back; the runner's last output:\n{}\n{}",
+                tail(&out.stdout),
+                tail(&out.stderr)
+            ));
+        }
         std::thread::sleep(Duration::from_millis(10));
     };
     let (stdout, counts) = runner_output(child)?;
