@@ -70,6 +70,10 @@ collation-server=utf8mb4_general_ci
 innodb_buffer_pool_size=64M
 innodb_log_file_size=32M
 innodb_flush_log_at_trx_commit=2
+# Synchronous I/O threads, not io_uring: a SIGKILLed node with io_uring
+# requests in flight was seen holding its listening ports for over ten
+# minutes while the kernel finished its exit, so it could not rejoin.
+innodb_use_native_aio=0
 binlog_format=ROW
 default_storage_engine=InnoDB
 innodb_autoinc_lock_mode=2
@@ -99,6 +103,24 @@ listening() { [ -n "$(ss -ltnH "( sport = :$(sql_port "$1") or sport = :$(repl_p
 held() {
   local p; p="$(repl_port "$1")"
   [ -n "$(ss -tanH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) )" 2>/dev/null | grep -v '^TIME-WAIT' || true)" ]
+}
+
+# Every process of node N: the server, and what it started (the SST script
+# and its rsync daemon), whose command lines name the node's directory.
+# Launched with setsid, they share the server's session too.
+procs() {
+  { pgrep -f -- "$(dir "$1")/" || true
+    local p; p="$(pid "$1")"; [ -z "$p" ] || pgrep -s "$p" || true; } | sort -u
+}
+
+# What holds node N's ports in LISTEN, with each holder's state and command.
+holders() {
+  local p; p="$(repl_port "$1")"
+  ss -ltnpH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) )" 2>/dev/null || true
+  for h in $(ss -ltnpH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) )" 2>/dev/null \
+      | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+    ps -o pid=,stat=,wchan:32=,args= -p "$h" 2>/dev/null || true
+  done
 }
 
 state() { client "$1" -N -e "SHOW STATUS LIKE 'wsrep_local_state_comment'" 2>/dev/null | cut -f2; }
@@ -198,7 +220,8 @@ case "${1:-}" in
     n="${2:?kill N}"
     if running "$n"; then
       p="$(pid "$n")"
-      kill -9 "$p"
+      # The server and every process it started.
+      for q in $(procs "$n"); do kill -9 "$q" 2>/dev/null || true; done
       # pgrep stops matching once the process has dropped its memory, which
       # is before its sockets close: wait for the process itself (gone, or a
       # zombie, which holds no socket) and for its ports to be free.
@@ -222,6 +245,14 @@ case "${1:-}" in
       from=$(($(stat -c %s "$log" 2>/dev/null || echo 0) + 1))
       if ! running "$n"; then
         for _ in $(seq 1 120); do held "$n" || break; sleep 0.5; done
+        # A leftover of the killed node (a helper it started) that still
+        # listens is killed too; what holds the ports is printed.
+        if listening "$n"; then
+          echo "node $n: its ports are still held before try $try:" >&2
+          holders "$n" >&2
+          for q in $(procs "$n"); do kill -9 "$q" 2>/dev/null || true; done
+          for _ in $(seq 1 40); do listening "$n" || break; sleep 0.25; done
+        fi
         launch "$n"
       fi
       if wait_synced "$n" 2>/tmp/galera-rejoin.$$; then rm -f /tmp/galera-rejoin.$$; exit 0; fi
@@ -232,7 +263,7 @@ case "${1:-}" in
       if [ "$try" -lt 12 ] && ! running "$n" && grep "exited" /tmp/galera-rejoin.$$ >/dev/null; then
         echo "node $n exited while joining (try $try); starting it again in 2 s. Its log's errors:" >&2
         tail -c +"$from" "$log" 2>/dev/null | grep -E "ERROR|Address already in use" | tail -n 5 >&2 || true
-        ss -tanH "( sport = :$(sql_port "$n") or sport = :$(repl_port "$n") or sport = :$(($(repl_port "$n") + 1)) )" >&2 || true
+        holders "$n" >&2
         for _ in $(seq 1 40); do running "$n" || break; sleep 0.25; done
         sleep 2
         continue
