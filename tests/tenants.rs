@@ -1010,3 +1010,205 @@ fn the_chain_over_tenants_survives_aborted_relays_and_runners() {
         }
     }
 }
+
+/// A request over TCP to the console at `addr`: the status and the body.
+#[cfg(feature = "console")]
+async fn http_get(addr: std::net::SocketAddr, path: &str, host: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("the console");
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("the request");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("the answer");
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    (status, body)
+}
+
+/// The console over 28 tenant databases, served over TCP: the tenants'
+/// overview shows a page of 25 with each tenant's counts, and their
+/// consumers and outbox destinations with a tenant column, each from its
+/// own database; a tenant whose database hangs (blackholed) shows why,
+/// within the time limit, and the others show; the filter and the second
+/// page select; each tenant's own console answers under
+/// `/tenants/NAME/`; an unknown tenant is `404`, a bad page `400`, and a
+/// foreign `Host` `421`.
+#[cfg(feature = "console")]
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn the_console_shows_every_tenant_and_each_tenants_own_pages() {
+    use diesel_inbox::console::{self, ConsoleExt};
+
+    #[diesel_inbox::idempotent(key = "id", consumer = "billing")]
+    fn record(conn: &mut PgConnection, id: &str) -> diesel::QueryResult<()> {
+        let _ = (conn, id);
+        Ok(())
+    }
+
+    let dbs = Databases::new("console");
+    let proxy = Proxy::start("127.0.0.1:5432".parse().expect("address")).expect("a proxy");
+    let mut list = Vec::new();
+    let acme = dbs.create("acme");
+    dbs.enqueue(&acme, "acme", 3, 1);
+    list.push(("acme".to_owned(), acme));
+    let globex = dbs.create("globex");
+    {
+        let mut conn = PgConnection::establish(&globex).expect("globex");
+        for id in ["g1", "g2"] {
+            assert!(record(&mut conn, id).expect("a claim").is_applied());
+        }
+    }
+    list.push(("globex".to_owned(), globex));
+    let hung = dbs.create("hung");
+    list.push(("hung".to_owned(), proxy.route(&hung).expect("route")));
+    for n in 0..25 {
+        let name = format!("p{n:02}");
+        let url = dbs.create(&name);
+        list.push((name, url));
+    }
+    proxy.set(Mode::Blackhole);
+    let tenants: Tenants<PgPool> = Tenants::list(list)
+        .max_connections(60)
+        .pool_size(1)
+        .checkout_timeout(Duration::from_secs(1));
+    runtime().block_on(async {
+        let app = axum::Router::new().nest("/ops", console::tenants(tenants).max_attempts(3));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .await
+        });
+
+        let started = Instant::now();
+        let (status, page) = http_get(addr, "/ops", "localhost").await;
+        let took = started.elapsed();
+        assert_eq!(status, 200, "{page}");
+        assert!(
+            took < console::QUERY_TIME_LIMIT + Duration::from_secs(5),
+            "a hung tenant holds the page at most the time limit: {took:?}"
+        );
+        assert!(page.contains("28 tenants match; page 1 of 2"), "{page}");
+        let row = |page: &str, tenant: &str| -> String {
+            let start = page
+                .find(&format!("<tr data-tenant=\"{tenant}\""))
+                .unwrap_or_else(|| panic!("a row of {tenant}: {page}"));
+            page[start..]
+                .split("</tr>")
+                .next()
+                .expect("a row")
+                .to_owned()
+        };
+        let acme_row = row(&page, "acme");
+        assert!(
+            acme_row.contains("<td class=\"n pending\">3</td>"),
+            "{acme_row}"
+        );
+        assert!(
+            acme_row.contains("href=\"/ops/tenants/acme/\""),
+            "{acme_row}"
+        );
+        let globex_row = row(&page, "globex");
+        assert!(
+            globex_row.contains("<td class=\"n rows\">2</td>"),
+            "{globex_row}"
+        );
+        assert!(
+            globex_row.contains("<td class=\"n pending\">0</td>"),
+            "{globex_row}"
+        );
+        let hung_row = row(&page, "hung");
+        assert!(
+            hung_row.contains("class=\"unavailable\"")
+                && hung_row.contains("unavailable: no connection")
+                && hung_row.contains("gave no connection in 1s"),
+            "{hung_row}"
+        );
+        assert!(page.contains("data-tenant=\"globex\" data-consumer=\"billing\""));
+        assert!(!page.contains("data-tenant=\"acme\" data-consumer="));
+        assert!(page.contains("data-tenant=\"acme\" data-destination=\"orders\""));
+        assert!(!page.contains("data-tenant=\"globex\" data-destination="));
+        assert!(page.contains("data-tenant=\"p21\""));
+        assert!(!page.contains("data-tenant=\"p22\""), "25 to a page");
+
+        let (status, second) = http_get(addr, "/ops/overview?page=2", "localhost").await;
+        assert_eq!(status, 200);
+        assert!(second.contains("page 2 of 2"), "{second}");
+        for tenant in ["p22", "p23", "p24"] {
+            assert!(
+                second.contains(&format!("data-tenant=\"{tenant}\"")),
+                "{second}"
+            );
+        }
+        assert!(!second.contains("data-tenant=\"acme\""));
+
+        let (status, filtered) = http_get(addr, "/ops/overview?tenant=GLO", "localhost").await;
+        assert_eq!(status, 200);
+        assert!(
+            filtered.contains("1 tenant match; page 1 of 1"),
+            "{filtered}"
+        );
+        assert!(filtered.contains("data-tenant=\"globex\""));
+        assert!(!filtered.contains("data-tenant=\"acme\""));
+        let (status, live) = http_get(addr, "/ops/live?tenant=acme&page=1", "localhost").await;
+        assert_eq!(status, 200);
+        assert!(
+            live.contains("data-tenant=\"acme\" data-destination=\"orders\""),
+            "{live}"
+        );
+
+        let (status, bad) = http_get(addr, "/ops/overview?page=0", "localhost").await;
+        assert_eq!(status, 400, "{bad}");
+        assert!(
+            bad.contains("page: &quot;0&quot; is not a page number"),
+            "{bad}"
+        );
+
+        // Each tenant's own console, on its own database.
+        let (status, own) = http_get(addr, "/ops/tenants/globex/", "localhost").await;
+        assert_eq!(status, 200, "{own}");
+        assert!(own.contains("data-consumer=\"billing\""), "{own}");
+        assert!(own.contains("href=\"/ops/tenants/globex/dead\""), "{own}");
+        let (status, own) = http_get(
+            addr,
+            "/ops/tenants/acme/dead?destination=orders",
+            "localhost",
+        )
+        .await;
+        assert_eq!(status, 200, "{own}");
+        let (status, own) = http_get(addr, "/ops/tenants/acme/overview", "localhost").await;
+        assert_eq!(status, 200, "{own}");
+        assert!(own.contains("data-destination=\"orders\""), "{own}");
+        assert!(!own.contains("data-consumer=\"billing\""), "{own}");
+        let (status, none) = http_get(addr, "/ops/tenants/nobody/", "localhost").await;
+        assert_eq!(status, 404, "{none}");
+        assert!(
+            none.contains("no tenant named &quot;nobody&quot;"),
+            "{none}"
+        );
+        let (status, _) = http_get(addr, "/ops", "evil.example").await;
+        assert_eq!(status, 421, "a foreign Host is refused");
+        let (status, _) = http_get(addr, "/ops/tenants/acme/", "evil.example").await;
+        assert_eq!(status, 421, "on a tenant's pages too");
+    });
+}

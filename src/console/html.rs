@@ -45,6 +45,8 @@ pub(super) enum View {
     Overview,
     Dead,
     Lookup,
+    /// The tenants' overview (its navigation is its own link).
+    Tenants,
 }
 
 /// A whole page: the navigation, a notice (an action's result) and
@@ -80,6 +82,16 @@ pub(super) fn page(
         View::Overview => "Overview",
         View::Dead => "Dead messages",
         View::Lookup => "Lookup",
+        View::Tenants => "Tenants",
+    };
+    let nav = match view {
+        View::Tenants => link(View::Tenants, "/", "Tenants"),
+        _ => format!(
+            "{} {} {}",
+            link(View::Overview, "/", "Overview"),
+            link(View::Dead, "/dead", "Dead messages"),
+            link(View::Lookup, "/lookup", "Lookup"),
+        ),
     };
     let notice = notice.map_or(String::new(), |n| {
         format!("<p class=\"notice\" id=\"notice\">{}</p>", esc(n))
@@ -90,11 +102,8 @@ pub(super) fn page(
          <title>{title} · diesel-inbox</title>\
          <link rel=\"stylesheet\" href=\"{base}/console.css\">\
          <script src=\"{base}/console.js\" defer></script></head>\
-         <body><header><strong>diesel-inbox</strong> <nav>{} {} {}</nav></header>\
+         <body><header><strong>diesel-inbox</strong> <nav>{nav}</nav></header>\
          <main><h1>{title}</h1>{notice}{body}</main></body></html>",
-        link(View::Overview, "/", "Overview"),
-        link(View::Dead, "/dead", "Dead messages"),
-        link(View::Lookup, "/lookup", "Lookup"),
         base = esc(base),
     );
     (

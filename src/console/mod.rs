@@ -79,6 +79,9 @@
 //! ```
 //!
 //! The CLI serves it too: `diesel-inbox console --listen 127.0.0.1:8080`.
+//! Over a database per tenant, [`tenants`] is the console of a
+//! [`Tenants`](crate::tenants::Tenants) set: the tenants' overview with a
+//! tenant column and filter, and each tenant's own pages.
 //! The guide page [`guide::console`](crate::guide::console) is the
 //! reference.
 
@@ -89,7 +92,10 @@ mod html;
 #[cfg(feature = "kafka")]
 mod lag;
 mod pages;
+mod tenants;
 mod time;
+
+pub use tenants::{tenants, TENANTS_PER_PAGE};
 
 use crate::outbox::RelayPool;
 use axum::extract::{FromRequestParts, OriginalUri};
@@ -266,10 +272,15 @@ pub fn router<P>(pool: P) -> Router
 where
     P: RelayPool + 'static,
 {
-    let console = Arc::new(Console {
-        pool,
-        csrf: token(),
-    });
+    routes(pool, token())
+}
+
+/// The console's routes on `pool`, whose actions carry `csrf`.
+fn routes<P>(pool: P, csrf: String) -> Router
+where
+    P: RelayPool + 'static,
+{
+    let console = Arc::new(Console { pool, csrf });
     Router::new()
         .route("/", get(pages::overview::<P>))
         .route("/overview", get(pages::overview::<P>))

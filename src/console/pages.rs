@@ -100,7 +100,7 @@ pub(super) async fn live<P: RelayPool>(
     }
 }
 
-fn rows(count: RowCount) -> String {
+pub(super) fn rows(count: RowCount) -> String {
     match count {
         RowCount::Exact(n) => n.to_string(),
         RowCount::AtLeast(n) => format!(

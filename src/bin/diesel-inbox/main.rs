@@ -16,7 +16,7 @@
 //! diesel-inbox console [--listen 127.0.0.1:8080] [--read-only] [--allow-remote --token T] [--max-attempts N] [--kafka BROKERS]
 //! ```
 //!
-//! `--tenants FILE_OR_URL` (or `DIESEL_INBOX_TENANTS`) runs a command on
+//! `--tenants FILE_OR_URL` runs a command on
 //! every tenant's database instead (`outbox relay`: one relay over all):
 //! a file of `NAME URL` lines, or a control database's table
 //! `inbox_tenants (name, database_url)`.
