@@ -1212,3 +1212,63 @@ fn the_console_shows_every_tenant_and_each_tenants_own_pages() {
         assert_eq!(status, 421, "on a tenant's pages too");
     });
 }
+
+/// The relay's metrics over tenants carry each message's tenant: the
+/// sent counter and the confirm latency per tenant, as many as each
+/// tenant's database held.
+#[cfg(feature = "metrics")]
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn the_relays_metrics_carry_the_tenant() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let dbs = Databases::new("metrics");
+    let acme = dbs.create("acme");
+    let globex = dbs.create("globex");
+    dbs.enqueue(&acme, "acme", 3, 1);
+    dbs.enqueue(&globex, "globex", 2, 1);
+    let tenants: Tenants<PgPool> = Tenants::list([("acme", acme), ("globex", globex)]);
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let published = Recorder::default();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(async {
+                let report = Relay::tenants(tenants, published.clone())
+                    .run_once()
+                    .await
+                    .expect("one pass over every tenant");
+                assert_eq!(report.published, 5, "{report:?}");
+            })
+    });
+    let mut sent = BTreeMap::new();
+    let mut latencies = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let tenant = key
+            .key()
+            .labels()
+            .find(|l| l.key() == "diesel_inbox.tenant")
+            .map(|l| l.value().to_owned());
+        match (key.key().name(), value) {
+            ("messaging.client.sent.messages", DebugValue::Counter(n)) => {
+                sent.insert(tenant.expect("a tenant label"), n);
+            }
+            ("diesel_inbox.outbox.confirm_latency", DebugValue::Histogram(values)) => {
+                latencies.insert(tenant.expect("a tenant label"), values.len());
+            }
+            _ => {}
+        }
+    }
+    let expected: BTreeMap<String, u64> = [("acme".to_owned(), 3), ("globex".to_owned(), 2)].into();
+    assert_eq!(sent, expected, "messages sent, by tenant");
+    let expected: BTreeMap<String, usize> =
+        [("acme".to_owned(), 3), ("globex".to_owned(), 2)].into();
+    assert_eq!(latencies, expected, "confirm latencies, by tenant");
+    check(&published.got(), &expected);
+}

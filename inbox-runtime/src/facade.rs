@@ -13,10 +13,10 @@ pub use crate::options::describe_panic;
 /// How a stored value is written and read back, for a type of the
 /// caller's own (the HTTP front door's stored responses).
 pub use crate::options::Codec;
-#[cfg(feature = "async")]
-pub use crate::telemetry::settled_by_caller;
 /// The HTTP front door's telemetry.
 pub use crate::telemetry::HttpTelemetry;
+#[cfg(feature = "async")]
+pub use crate::telemetry::{for_tenant, settled_by_caller};
 /// The `tracing` target of every event and span of the library.
 pub const TRACING_TARGET: &str = crate::target::TARGET;
 /// What the broker glue reports through the runtime's telemetry.

@@ -5,7 +5,14 @@
 //! through the `metrics` facade. The engine reports here (once, for the sync and
 //! the async drivers); the drivers only enter the span.
 //!
-//! Names follow OpenTelemetry's messaging conventions where one fits:
+//! Names follow OpenTelemetry's messaging conventions where one fits. Under
+//! a tenant set (the relay over tenants, a runner over tenants), the
+//! handler's counters and histogram (`messaging.client.consumed.messages`,
+//! `messaging.process.duration`, `diesel_inbox.retries`) and the relay's
+//! (`messaging.client.sent.messages`, `diesel_inbox.outbox.failed`,
+//! `diesel_inbox.outbox.confirm_latency`) also carry `diesel_inbox.tenant`,
+//! the tenant whose database the call ran on (`for_tenant`), and the span
+//! `diesel_inbox.handle` its field `tenant`:
 //!
 //! | name | kind | labels | what |
 //! | --- | --- | --- | --- |
@@ -63,11 +70,15 @@ impl Telemetry {
             "diesel_inbox.handle",
             consumer,
             key,
+            tenant = tracing::field::Empty,
             outcome = tracing::field::Empty,
             attempts = tracing::field::Empty,
             duration_ms = tracing::field::Empty,
             error = tracing::field::Empty,
         );
+        if let Some(tenant) = tenant() {
+            span.record("tenant", &*tenant);
+        }
         Telemetry {
             span,
             started: Instant::now(),
@@ -84,8 +95,14 @@ impl Telemetry {
     /// A transient error reruns the transaction.
     pub(crate) fn retried(&self) {
         #[cfg(feature = "metrics")]
-        metrics::counter!("diesel_inbox.retries", "messaging.consumer.group.name" => self.consumer.clone())
-            .increment(1);
+        metrics::counter!(
+            "diesel_inbox.retries",
+            &labelled(vec![(
+                "messaging.consumer.group.name",
+                self.consumer.clone()
+            )])
+        )
+        .increment(1);
     }
 
     /// The call on `key` (or a batch's description) of `consumer` ended:
@@ -120,10 +137,10 @@ impl Telemetry {
         }
         #[cfg(feature = "metrics")]
         {
-            let labels = [
+            let labels = labelled(vec![
                 ("messaging.consumer.group.name", self.consumer.clone()),
                 ("diesel_inbox.outcome", outcome.as_str().to_owned()),
-            ];
+            ]);
             metrics::counter!("messaging.client.consumed.messages", &labels).increment(1);
             metrics::histogram!("messaging.process.duration", &labels)
                 .record(elapsed.as_secs_f64());
@@ -176,8 +193,10 @@ pub(crate) fn outbox_wal_slot(retained: u64, unconfirmed: u64) {
 pub(crate) fn outbox_published(latencies: &[std::time::Duration]) {
     #[cfg(feature = "metrics")]
     {
-        metrics::counter!("messaging.client.sent.messages").increment(latencies.len() as u64);
-        let histogram = metrics::histogram!("diesel_inbox.outbox.confirm_latency");
+        let labels = labelled(Vec::new());
+        metrics::counter!("messaging.client.sent.messages", &labels)
+            .increment(latencies.len() as u64);
+        let histogram = metrics::histogram!("diesel_inbox.outbox.confirm_latency", &labels);
         for latency in latencies {
             histogram.record(latency.as_secs_f64());
         }
@@ -191,13 +210,11 @@ pub(crate) fn outbox_published(latencies: &[std::time::Duration]) {
 pub(crate) fn outbox_failed(failed: u64, dead: u64) {
     #[cfg(feature = "metrics")]
     {
-        if failed > 0 {
-            metrics::counter!("diesel_inbox.outbox.failed", "diesel_inbox.outcome" => "failed")
-                .increment(failed);
-        }
-        if dead > 0 {
-            metrics::counter!("diesel_inbox.outbox.failed", "diesel_inbox.outcome" => "dead")
-                .increment(dead);
+        for (outcome, n) in [("failed", failed), ("dead", dead)] {
+            if n > 0 {
+                let labels = labelled(vec![("diesel_inbox.outcome", outcome.to_owned())]);
+                metrics::counter!("diesel_inbox.outbox.failed", &labels).increment(n);
+            }
         }
     }
     #[cfg(not(feature = "metrics"))]
@@ -210,6 +227,37 @@ pub(crate) fn outbox_purged(_scope: Option<&str>, rows: u64) {
     metrics::counter!("diesel_inbox.outbox.purged.rows").increment(rows);
     #[cfg(not(feature = "metrics"))]
     let _ = rows;
+}
+
+#[cfg(feature = "async")]
+tokio::task_local! {
+    /// The tenant whose database the task works on ([`for_tenant`]).
+    static TENANT: std::sync::Arc<str>;
+}
+
+/// Runs `work` (a tenant's relay turn, a handler on a tenant's
+/// connection) for `tenant`: its metrics carry the label
+/// `diesel_inbox.tenant` and its handler spans the field `tenant`.
+#[cfg(feature = "async")]
+pub async fn for_tenant<F: std::future::Future>(tenant: std::sync::Arc<str>, work: F) -> F::Output {
+    TENANT.scope(tenant, work).await
+}
+
+/// The tenant of the running task, if [`for_tenant`] set one.
+fn tenant() -> Option<std::sync::Arc<str>> {
+    #[cfg(feature = "async")]
+    return TENANT.try_with(|tenant| tenant.clone()).ok();
+    #[cfg(not(feature = "async"))]
+    None
+}
+
+/// `labels` and, under a tenant, `diesel_inbox.tenant`.
+#[cfg(feature = "metrics")]
+fn labelled(mut labels: Vec<(&'static str, String)>) -> Vec<(&'static str, String)> {
+    if let Some(tenant) = tenant() {
+        labels.push(("diesel_inbox.tenant", tenant.to_string()));
+    }
+    labels
 }
 
 #[cfg(feature = "async")]

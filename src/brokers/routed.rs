@@ -127,8 +127,13 @@ where
     {
         let tenant_of = runner.tenant_of.as_deref();
         let handler = async |m: &Message<'_>| -> Result<O, E> {
-            let mut conn = crate::tenants::connection_for(self.tenants, tenant_of, m).await?;
-            (self.handler)(&mut *conn, m).await
+            let name = crate::tenants::tenant_named(tenant_of, m)?;
+            // The handler's metrics and span carry the tenant.
+            inbox_runtime::__facade::for_tenant(name.clone(), async {
+                let mut conn = crate::tenants::connection_named(self.tenants, &name).await?;
+                (self.handler)(&mut *conn, m).await
+            })
+            .await
         };
         run(runner, consumer, report, deliveries, handler, shutdown).await
     }

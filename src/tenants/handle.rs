@@ -17,9 +17,36 @@ use std::sync::Arc;
 ))]
 pub(crate) type TenantOf = dyn Fn(&crate::brokers::Message<'_>) -> Option<String> + Send + Sync;
 
-/// The connection of the tenant `m` names (`tenant_of`, else its
-/// [`TENANT_HEADER`]), for a runner over tenants: an unknown or missing
-/// tenant is [`InboxError::UnknownTenant`](crate::InboxError::UnknownTenant)
+/// The tenant `m` names (`tenant_of`, else its [`TENANT_HEADER`]), for a
+/// runner over tenants: none is
+/// [`InboxError::UnknownTenant`](crate::InboxError::UnknownTenant)
+/// (dead-lettered).
+#[cfg(any(
+    feature = "lapin",
+    feature = "nats",
+    feature = "kafka",
+    feature = "sqs"
+))]
+pub(crate) fn tenant_named(
+    tenant_of: Option<&TenantOf>,
+    m: &crate::brokers::Message<'_>,
+) -> Result<Arc<str>, crate::InboxError> {
+    let name = match tenant_of {
+        Some(tenant_of) => tenant_of(m),
+        None => m
+            .header(super::TENANT_HEADER)
+            .and_then(|value| std::str::from_utf8(value).ok())
+            .map(str::to_owned),
+    };
+    match name.filter(|n| !n.is_empty()) {
+        Some(name) => Ok(name.into()),
+        None => Err(crate::InboxError::UnknownTenant { tenant: None }),
+    }
+}
+
+/// A connection of the tenant `name`, for a runner over tenants: an
+/// unknown tenant is
+/// [`InboxError::UnknownTenant`](crate::InboxError::UnknownTenant)
 /// (dead-lettered), no connection
 /// [`InboxError::TenantUnavailable`](crate::InboxError::TenantUnavailable)
 /// (redelivered).
@@ -29,27 +56,16 @@ pub(crate) type TenantOf = dyn Fn(&crate::brokers::Message<'_>) -> Option<String
     feature = "kafka",
     feature = "sqs"
 ))]
-pub(crate) async fn connection_for<T: TenantPool>(
+pub(crate) async fn connection_named<T: TenantPool>(
     tenants: &Tenants<T>,
-    tenant_of: Option<&TenantOf>,
-    m: &crate::brokers::Message<'_>,
+    name: &str,
 ) -> Result<TenantConnection<T>, crate::InboxError> {
-    let name = match tenant_of {
-        Some(tenant_of) => tenant_of(m),
-        None => m
-            .header(super::TENANT_HEADER)
-            .and_then(|value| std::str::from_utf8(value).ok())
-            .map(str::to_owned),
-    };
-    let Some(name) = name.filter(|n| !n.is_empty()) else {
-        return Err(crate::InboxError::UnknownTenant { tenant: None });
-    };
-    tenants.connection(&name).await.map_err(|e| match e {
+    tenants.connection(name).await.map_err(|e| match e {
         TenantError::Unknown(tenant) => crate::InboxError::UnknownTenant {
             tenant: Some(tenant.into()),
         },
         e => crate::InboxError::TenantUnavailable {
-            tenant: name.as_str().into(),
+            tenant: name.into(),
             reason: e.to_string().into(),
         },
     })

@@ -60,7 +60,7 @@ use handle::Used;
     feature = "kafka",
     feature = "sqs"
 ))]
-pub(crate) use handle::{connection_for, TenantOf};
+pub(crate) use handle::{connection_named, tenant_named, TenantOf};
 pub use handle::{Tenant, TenantConnection};
 pub use pool::TenantPool;
 

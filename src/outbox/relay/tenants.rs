@@ -30,7 +30,7 @@ const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 /// [`Relay`] on its database publishes them (in order per ordering key,
 /// with their headers, trace context and delays), with the tenant's name
 /// in the [`TENANT_HEADER`](crate::tenants::TENANT_HEADER) of each message
-/// and in the spans (`tenant`).
+/// in the spans (`tenant`) and in the metrics (`diesel_inbox.tenant`).
 ///
 /// - **Turns:** a tenant with messages due gets a turn of
 ///   [`turn`](Self::turn) batches (default 1), then waits behind every
@@ -253,7 +253,10 @@ where
         Box::pin(
             async move {
                 let mut report = RelayReport::default();
-                let turn = match tokio::time::timeout(bound, relay.pass(&mut report)).await {
+                // The relay's metrics carry the tenant.
+                let pass =
+                    inbox_runtime::__facade::for_tenant(name.clone(), relay.pass(&mut report));
+                let turn = match tokio::time::timeout(bound, pass).await {
                     Ok(ran) => Turn::Ran(ran),
                     Err(_) => Turn::TimedOut,
                 };
