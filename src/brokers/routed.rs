@@ -41,7 +41,11 @@ impl<S, E> Consumer<S, E> {
     ///
     /// - A message that names no tenant, or one `tenants` does not have, is
     ///   dead-lettered ([`InboxError::UnknownTenant`](crate::InboxError::UnknownTenant)),
-    ///   never applied anywhere else.
+    ///   never applied anywhere else. A set read from a source
+    ///   ([`Tenants::from_fn`](crate::tenants::Tenants::from_fn)) is read
+    ///   again first: a tenant added there since is found, not
+    ///   dead-lettered (and a source that cannot be read makes the message
+    ///   wait, as below).
     /// - A tenant whose database gives no connection (down, stalled, or
     ///   the connection limit across tenants reached for the set's
     ///   checkout timeout) fails the delivery transiently

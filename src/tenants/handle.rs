@@ -49,7 +49,10 @@ pub(crate) fn tenant_named(
 /// [`InboxError::UnknownTenant`](crate::InboxError::UnknownTenant)
 /// (dead-lettered), no connection
 /// [`InboxError::TenantUnavailable`](crate::InboxError::TenantUnavailable)
-/// (redelivered).
+/// (redelivered). A tenant the set does not know is looked up again in
+/// the set's source ([`Tenants::refresh`]) before it is called unknown: a
+/// tenant added since the set was read is not dead-lettered; a source
+/// that cannot be read leaves the message to be redelivered.
 #[cfg(any(
     feature = "lapin",
     feature = "nats",
@@ -60,14 +63,34 @@ pub(crate) async fn connection_named<T: TenantPool>(
     tenants: &Tenants<T>,
     name: &str,
 ) -> Result<TenantConnection<T>, crate::InboxError> {
-    tenants.connection(name).await.map_err(|e| match e {
+    let unavailable = |reason: String| crate::InboxError::TenantUnavailable {
+        tenant: name.into(),
+        reason: reason.into(),
+    };
+    let first = match tenants.connection(name).await {
+        Err(TenantError::Unknown(_)) if tenants.reads_a_source() => {
+            let wait = tenants.checkout_timeout_now();
+            match tokio::time::timeout(wait, tenants.refresh()).await {
+                Ok(Ok(_)) => tenants.connection(name).await,
+                Ok(Err(e)) => {
+                    return Err(unavailable(format!(
+                        "not in the tenant set, whose source could not be read again: {e}"
+                    )))
+                }
+                Err(_) => {
+                    return Err(unavailable(format!(
+                        "not in the tenant set, whose source did not answer within {wait:?}"
+                    )))
+                }
+            }
+        }
+        other => other,
+    };
+    first.map_err(|e| match e {
         TenantError::Unknown(tenant) => crate::InboxError::UnknownTenant {
             tenant: Some(tenant.into()),
         },
-        e => crate::InboxError::TenantUnavailable {
-            tenant: name.into(),
-            reason: e.to_string().into(),
-        },
+        e => unavailable(e.to_string()),
     })
 }
 

@@ -442,6 +442,17 @@ impl<T: TenantPool> Tenants<T> {
         Ok(entries.len())
     }
 
+    /// Whether the set is read from a source ([`from_fn`](Self::from_fn)),
+    /// which [`refresh`](Self::refresh) reads again.
+    pub(crate) fn reads_a_source(&self) -> bool {
+        self.shared.lister.is_some()
+    }
+
+    /// The [`checkout_timeout`](Self::checkout_timeout) in force.
+    pub(crate) fn checkout_timeout_now(&self) -> Duration {
+        self.settings().checkout_timeout
+    }
+
     /// How many tenants' pools fit the connection limit at once.
     pub(crate) fn fair_share(&self) -> usize {
         let settings = self.settings();
