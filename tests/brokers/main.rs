@@ -59,6 +59,8 @@ mod rabbit;
 mod scenarios;
 #[cfg(all(feature = "sqlite", feature = "sqs"))]
 mod sqs;
+#[cfg(all(feature = "sqlite", feature = "lapin", feature = "postgres"))]
+mod tenants;
 
 #[cfg(all(
     feature = "sqlite",

@@ -48,6 +48,8 @@ impl Broker for Rabbit {
         ];
         #[cfg(feature = "postgres")]
         own.extend(Self::failover_scenarios());
+        #[cfg(feature = "postgres")]
+        own.push(("tenants_chain_with_kills", crate::tenants::chain_with_kills));
         own
     }
 

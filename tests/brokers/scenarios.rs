@@ -1543,6 +1543,10 @@ pub fn main() {
     if let Some(code) = crate::chain::role() {
         std::process::exit(code);
     }
+    #[cfg(all(feature = "lapin", feature = "postgres"))]
+    if let Some(code) = crate::tenants::role() {
+        std::process::exit(code);
+    }
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     // The brokers' scenarios run side by side, one thread per broker: no
     // scenario of one touches the other broker, and each scenario's queues,
