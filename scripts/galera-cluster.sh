@@ -95,14 +95,18 @@ EOF
 # The node's server process (it writes its pid file only once started).
 pid() { { pgrep -f -- "--defaults-file=$(dir "$1")/my.cnf" || true; } | head -n1; }
 running() { [ -n "$(pid "$1")" ]; }
-# Whether anything listens on node N's SQL or Galera port.
-listening() { [ -n "$(ss -ltnH "( sport = :$(sql_port "$1") or sport = :$(repl_port "$1") )" 2>/dev/null)" ]; }
+# Whether anything listens on node N's SQL, Galera, IST or SST port (a
+# leftover rsync daemon of an SST listens on the last).
+listening() {
+  local p; p="$(repl_port "$1")"
+  [ -n "$(ss -ltnH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) or sport = :$((p + 2)) )" 2>/dev/null)" ]
+}
 
 # Whether a socket other than a TIME-WAIT one holds node N's SQL, Galera or
 # IST port (a killed node's connections close after the process is gone).
 held() {
   local p; p="$(repl_port "$1")"
-  [ -n "$(ss -tanH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) )" 2>/dev/null | grep -v '^TIME-WAIT' || true)" ]
+  [ -n "$(ss -tanH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) or sport = :$((p + 2)) )" 2>/dev/null | grep -v '^TIME-WAIT' || true)" ]
 }
 
 # Every process of node N: the server, and what it started (the SST script
@@ -116,8 +120,8 @@ procs() {
 # What holds node N's ports in LISTEN, with each holder's state and command.
 holders() {
   local p; p="$(repl_port "$1")"
-  ss -ltnpH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) )" 2>/dev/null || true
-  for h in $(ss -ltnpH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) )" 2>/dev/null \
+  ss -ltnpH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) or sport = :$((p + 2)) )" 2>/dev/null || true
+  for h in $(ss -ltnpH "( sport = :$(sql_port "$1") or sport = :$p or sport = :$((p + 1)) or sport = :$((p + 2)) )" 2>/dev/null \
       | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
     ps -o pid=,stat=,wchan:32=,args= -p "$h" 2>/dev/null || true
   done

@@ -1124,8 +1124,10 @@ fn doctor_reads_the_jetstream_streams_named() {
 /// `--tenants FILE`: each command runs on every tenant's database (SQLite
 /// files here), its output under `tenant NAME:`, `purge` one line per
 /// tenant; a tenant that fails is said and the others go on (exit 2); a
-/// malformed list is refused. With RabbitMQ, `outbox relay --tenants
-/// --once` publishes every tenant's messages, each with its `x-tenant`.
+/// malformed list is refused. `console --tenants` serves one console over
+/// every tenant (over TCP, until SIGTERM). With RabbitMQ, `outbox relay
+/// --tenants --once` publishes every tenant's messages, each with its
+/// `x-tenant`.
 #[test]
 fn the_tenants_option_runs_each_command_on_every_tenant() {
     let dir = std::env::temp_dir().join(format!("cli-tenants-{}", std::process::id()));
@@ -1282,6 +1284,62 @@ fn the_tenants_option_runs_each_command_on_every_tenant() {
         out.starts_with("tenant acme:\npending 2,") && out.contains("tenant globex:\npending 1,"),
         "{out}"
     );
+
+    // One console over every tenant, served over TCP until SIGTERM.
+    #[cfg(feature = "console")]
+    {
+        use std::io::{BufRead, Read, Write};
+        let mut console = std::process::Command::new(env!("CARGO_BIN_EXE_diesel-inbox"))
+            .env_remove("DATABASE_URL")
+            .env_remove("RUST_LOG")
+            .args(["--tenants", &list, "console", "--listen", "127.0.0.1:0"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the console");
+        let mut lines = std::io::BufReader::new(console.stderr.take().expect("its stderr")).lines();
+        let address = loop {
+            let line = lines
+                .next()
+                .expect("the console says where it listens")
+                .expect("a line");
+            if let Some(rest) = line.strip_prefix("diesel-inbox console: http://") {
+                break rest.trim_end_matches('/').to_owned();
+            }
+        };
+        let get = |path: &str| -> String {
+            let mut stream = std::net::TcpStream::connect(&address).expect("the console");
+            write!(
+                stream,
+                "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            )
+            .expect("the request");
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).expect("the answer");
+            answer
+        };
+        let overview = get("/");
+        assert!(overview.starts_with("HTTP/1.1 200"), "{overview}");
+        for (tenant, pending) in [("acme", 2), ("globex", 1)] {
+            let row = overview
+                .split(&format!("<tr data-tenant=\"{tenant}\""))
+                .nth(1)
+                .unwrap_or_else(|| panic!("a row of {tenant}: {overview}"));
+            let row = row.split("</tr>").next().expect("a row");
+            assert!(
+                row.contains(&format!("<td class=\"n pending\">{pending}</td>")),
+                "{tenant}: {row}"
+            );
+        }
+        let own = get("/tenants/globex/overview");
+        assert!(own.starts_with("HTTP/1.1 200"), "{own}");
+        assert!(own.contains("data-destination=\"orders\""), "{own}");
+        assert!(get("/tenants/nobody/").starts_with("HTTP/1.1 404"));
+        let _ = std::process::Command::new("kill")
+            .arg(console.id().to_string())
+            .status();
+        let status = console.wait().expect("the console's exit");
+        assert!(status.success(), "the console stops on SIGTERM: {status}");
+    }
 
     #[cfg(all(feature = "lapin", feature = "async"))]
     if let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")

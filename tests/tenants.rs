@@ -1285,3 +1285,54 @@ fn the_relays_metrics_carry_the_tenant() {
     assert_eq!(latencies, expected, "confirm latencies, by tenant");
     check(&published.got(), &expected);
 }
+
+/// `refresh` reads the source one call at a time: twenty calls at once
+/// share at most two readings (the one running when they came, and one
+/// after), and a slow reading of the old list is never applied after a
+/// newer one.
+#[test]
+fn refreshes_at_once_share_a_reading_and_never_go_back() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let readings = Arc::new(AtomicUsize::new(0));
+    let counting = readings.clone();
+    let tenants: Tenants<PgPool> = Tenants::from_fn(move || {
+        let n = counting.fetch_add(1, Ordering::SeqCst);
+        async move {
+            // The first reading is slow and sees the old list; the later
+            // ones see a tenant added meanwhile.
+            if n == 0 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok(vec![("acme".to_owned(), "postgres://h/acme".to_owned())])
+            } else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(vec![
+                    ("acme".to_owned(), "postgres://h/acme".to_owned()),
+                    ("late".to_owned(), "postgres://h/late".to_owned()),
+                ])
+            }
+        }
+    });
+    runtime().block_on(async {
+        let first = tokio::spawn({
+            let tenants = tenants.clone();
+            async move { tenants.refresh().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let later: Vec<_> = (0..20)
+            .map(|_| {
+                let tenants = tenants.clone();
+                tokio::spawn(async move { tenants.refresh().await })
+            })
+            .collect();
+        first.await.expect("the task").expect("a reading");
+        for call in later {
+            call.await.expect("the task").expect("a reading");
+        }
+    });
+    assert_eq!(
+        readings.load(Ordering::SeqCst),
+        2,
+        "the slow reading, and one for the twenty calls that came during it"
+    );
+    assert_eq!(tenants.names(), ["acme", "late"], "the newer list stands");
+}

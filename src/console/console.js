@@ -5,6 +5,8 @@
   if (!live) return;
   var source = live.getAttribute("data-src");
   var state = document.getElementById("state");
+  // The next refresh is 5 s after the last one ended: a slow page is
+  // never asked for twice at once.
   function refresh() {
     fetch(source, { credentials: "same-origin", cache: "no-store" })
       .then(function (response) {
@@ -19,7 +21,10 @@
       })
       .catch(function () {
         state.textContent = "the database did not answer; retrying every 5 s";
+      })
+      .then(function () {
+        setTimeout(refresh, 5000);
       });
   }
-  setInterval(refresh, 5000);
+  setTimeout(refresh, 5000);
 })();

@@ -19,17 +19,37 @@ use serde::Deserialize;
 use std::fmt::Write;
 use std::sync::Arc;
 use tower_service::Service;
+use tracing::Instrument;
 
 /// How many tenants the tenants' overview reads and shows at once: a
 /// page's cost is bounded by it, not by the size of the set.
 pub const TENANTS_PER_PAGE: usize = 25;
 
-/// What the tenants' pages share: the set and the CSRF token of every
-/// tenant's console.
+/// What the tenants' pages share: the set, and each tenant's console's
+/// CSRF token (its own: a token read on one tenant's page acts on no
+/// other tenant).
 struct TenantsConsole<T: TenantPool> {
     tenants: Tenants<T>,
-    csrf: String,
+    tokens: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
+
+impl<T: TenantPool> TenantsConsole<T> {
+    /// Tenant `name`'s CSRF token, made on first use.
+    fn token(&self, name: &str) -> String {
+        let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        // Only the set's tenants get one: the map stays within the set.
+        tokens.retain(|tenant, _| self.tenants.contains(tenant));
+        tokens
+            .entry(name.to_owned())
+            .or_insert_with(super::token)
+            .clone()
+    }
+}
+
+/// How long the tenants' overview waits in all for the tenants it reads:
+/// a tenant not read by then shows as such (a page of hung tenants, more
+/// than are read at once, does not hold the page longer).
+const PAGE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The operations console over every tenant of `tenants`, to mount as
 /// [`router`](super::router)'s (settings: [`ConsoleExt`](super::ConsoleExt),
@@ -38,14 +58,24 @@ struct TenantsConsole<T: TenantPool> {
 /// - **Tenants** (`/`): a page of [`TENANTS_PER_PAGE`] tenants in name
 ///   order, those whose name contains the filter (`?tenant=acme`,
 ///   case-insensitive), each read within
-///   [`QUERY_TIME_LIMIT`](super::QUERY_TIME_LIMIT), at most as many at
-///   once as the set's pools fit its connection limit: per tenant its
+///   [`QUERY_TIME_LIMIT`](super::QUERY_TIME_LIMIT) and the page within
+///   10 s in all, at most as many at once as the set's pools fit its
+///   connection limit: per tenant its
 ///   inbox rows, failing keys and outbox counts; then every consumer and
 ///   every outbox destination of the page with a tenant column. A tenant
 ///   whose database is down or hung shows why, and the others show.
 /// - **A tenant's console** (`/tenants/{name}/`): the single database's
 ///   overview, dead messages and lookup, with their actions, on the
-///   tenant's pool. A name not in the set is `404`.
+///   tenant's pool, with a CSRF token of its own; its events (the log of
+///   each action) are in a span that names the tenant, and
+///   [`authorize`](super::ConsoleExt::authorize) sees the tenant's
+///   request, whose full path is in axum's `OriginalUri`. A name not in
+///   the set (read again from its source, [`Tenants::from_fn`], before it
+///   is called unknown) is `404`.
+///
+/// A set read from a source is read again when a page names a tenant it
+/// does not have; call [`Tenants::refresh`] from time to time for the
+/// overview to show tenants added since.
 ///
 /// ```no_run
 /// # #[cfg(feature = "postgres")]
@@ -70,7 +100,7 @@ where
 {
     let console = Arc::new(TenantsConsole {
         tenants,
-        csrf: super::token(),
+        tokens: Default::default(),
     });
     Router::new()
         .route("/", get(overview::<T>))
@@ -142,10 +172,20 @@ async fn read_page<T: TenantPool>(
         .collect();
     let at_once = console.tenants.fair_share().min(TENANTS_PER_PAGE);
     let max_attempts = context.max_attempts;
+    let deadline = tokio::time::Instant::now() + PAGE_TIME_LIMIT;
     let reads = stream::iter(shown)
         .map(|name| async move {
             let read = match console.tenants.tenant(&name) {
-                Some(tenant) => read_tenant(tenant, max_attempts).await,
+                Some(tenant) => {
+                    match tokio::time::timeout_at(deadline, read_tenant(tenant, max_attempts)).await
+                    {
+                        Ok(read) => read,
+                        Err(_) => Err(format!(
+                            "not read within the page's time limit ({} seconds)",
+                            PAGE_TIME_LIMIT.as_secs()
+                        )),
+                    }
+                }
                 None => Err("removed from the tenant set".to_owned()),
             };
             (name, read)
@@ -405,6 +445,10 @@ where
             "the tenant's name in the path is not UTF-8 text",
         );
     };
+    // A tenant added to the set's source since it was read is found.
+    if !console.tenants.contains(&name) && console.tenants.reads_a_source() {
+        let _ = tokio::time::timeout(super::QUERY_TIME_LIMIT, console.tenants.refresh()).await;
+    }
     let Some(tenant) = console.tenants.tenant(&name) else {
         return missing(
             &context,
@@ -420,12 +464,14 @@ where
         Ok(uri) => *request.uri_mut() = uri,
         Err(_) => return missing(&context, StatusCode::BAD_REQUEST, "the request's path"),
     }
-    let mut router = super::routes(tenant, console.csrf.clone());
+    let mut router = super::routes(tenant, console.token(&name));
     let ready = std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut router, cx));
     if let Err(never) = ready.await {
         match never {}
     }
-    match router.call(request).await {
+    // The tenant's pages' events (the log of each action) name it.
+    let span = tracing::info_span!(target: crate::TRACING_TARGET, "diesel_inbox.console.tenant", tenant = %name);
+    match router.call(request).instrument(span).await {
         Ok(response) => response,
         Err(never) => match never {},
     }

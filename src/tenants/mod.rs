@@ -46,7 +46,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -175,6 +175,11 @@ struct Shared<T: TenantPool> {
     /// A pool was opened: the limit's settings are fixed.
     used: std::sync::atomic::AtomicBool,
     lister: Option<Box<Lister>>,
+    /// One refresh at a time, so that an older reading never replaces a
+    /// newer one: the number of the last refresh that ended.
+    refreshing: tokio::sync::Mutex<u64>,
+    /// How many refreshes have started.
+    refreshes: AtomicU64,
 }
 
 #[derive(Clone, Copy)]
@@ -229,6 +234,8 @@ impl<T: TenantPool> Tenants<T> {
                 budget: Mutex::new(Arc::new(Semaphore::new(DEFAULT_MAX_CONNECTIONS as usize))),
                 used: std::sync::atomic::AtomicBool::new(false),
                 lister,
+                refreshing: tokio::sync::Mutex::new(0),
+                refreshes: AtomicU64::new(0),
             }),
         }
     }
@@ -420,11 +427,23 @@ impl<T: TenantPool> Tenants<T> {
     /// Reads the tenants again from [`from_fn`](Self::from_fn)'s closure:
     /// adds the new, removes the gone, and gives a changed URL to its
     /// tenant. A set built by [`list`](Self::list) is unchanged. Returns
-    /// the number of tenants.
+    /// the number of tenants. One reading runs at a time; calls made while
+    /// one waits share the next reading, and a reading is never applied
+    /// after a newer one.
     pub async fn refresh(&self) -> Result<usize, TenantError> {
         let Some(lister) = &self.shared.lister else {
             return Ok(self.entries().len());
         };
+        // Refreshes run one at a time: a caller that waited while another
+        // read the source, having started after this call, takes its
+        // result (many callers at once cost one reading), and no reading
+        // is applied after a newer one.
+        let asked = self.shared.refreshes.load(Ordering::Acquire);
+        let mut ended = self.shared.refreshing.lock().await;
+        if *ended > asked {
+            return Ok(self.entries().len());
+        }
+        let number = self.shared.refreshes.fetch_add(1, Ordering::AcqRel) + 1;
         let listed = lister().await.map_err(TenantError::Source)?;
         let listed: BTreeMap<String, String> = listed.into_iter().collect();
         let mut entries = self.entries();
@@ -439,6 +458,7 @@ impl<T: TenantPool> Tenants<T> {
                 entry.open = None;
             }
         }
+        *ended = number;
         Ok(entries.len())
     }
 
@@ -449,6 +469,12 @@ impl<T: TenantPool> Tenants<T> {
     }
 
     /// The [`checkout_timeout`](Self::checkout_timeout) in force.
+    #[cfg(any(
+        feature = "lapin",
+        feature = "nats",
+        feature = "kafka",
+        feature = "sqs"
+    ))]
     pub(crate) fn checkout_timeout_now(&self) -> Duration {
         self.settings().checkout_timeout
     }

@@ -1,5 +1,6 @@
 //! `console`: the operations console (`diesel_inbox::console`) served on
-//! an address of its own, on the URL's database.
+//! an address of its own, on the URL's database, or over every tenant
+//! (`--tenants`: `console::tenants`).
 
 use crate::cli::ConsoleArgs;
 use crate::Failure;
@@ -48,6 +49,28 @@ pub(crate) fn run(url: &str, args: &ConsoleArgs) -> Result<ExitCode, Failure> {
     runtime.block_on(crate::pool::with_pool(url, 4, serve::Serve { args }))
 }
 
+/// The console over every tenant `source` lists (`--tenants`), until
+/// SIGTERM or Ctrl-C. The list is read again every minute and whenever a
+/// page names a tenant the console does not know.
+#[cfg(feature = "console")]
+pub(crate) fn run_tenants(source: &str, args: &ConsoleArgs) -> Result<ExitCode, Failure> {
+    check(args)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure(format!("no async runtime: {e}")))?;
+    runtime.block_on(crate::pool::with_tenants(
+        source,
+        2,
+        serve::ServeTenants { args },
+    ))
+}
+
+#[cfg(not(feature = "console"))]
+pub(crate) fn run_tenants(source: &str, args: &ConsoleArgs) -> Result<ExitCode, Failure> {
+    run(source, args)
+}
+
 #[cfg(not(feature = "console"))]
 pub(crate) fn run(_: &str, args: &ConsoleArgs) -> Result<ExitCode, Failure> {
     check(args)?;
@@ -63,12 +86,13 @@ mod basic;
 #[cfg(feature = "console")]
 mod serve {
     use crate::cli::ConsoleArgs;
-    use crate::pool::{stop, OnPool};
+    use crate::pool::{stop, OnPool, OnTenants};
     use crate::Failure;
     use axum::http::{header, Request, StatusCode};
     use axum::response::{IntoResponse, Response};
     use diesel_inbox::console::{self, ConsoleExt};
     use diesel_inbox::outbox::RelayPool;
+    use diesel_inbox::tenants::{TenantPool, Tenants};
     use std::net::SocketAddr;
     use std::process::ExitCode;
 
@@ -78,41 +102,76 @@ mod serve {
 
     impl OnPool for Serve<'_> {
         async fn run<D: RelayPool + 'static>(self, pool: D) -> Result<ExitCode, Failure> {
-            let args = self.args;
-            let mut app = console::router(pool)
-                .read_only(args.read_only)
-                .allow_hosts(args.allow_hosts.iter().cloned());
-            if let Some(max) = args.max_attempts {
-                app = app.max_attempts(max);
-            }
-            #[cfg(feature = "kafka")]
-            if let Some(brokers) = &args.kafka {
-                app = app.kafka_lag(brokers.clone());
-            }
-            if let Some(token) = args.token.clone().filter(|t| !t.is_empty()) {
-                // Every request carries the token; a request that did may act.
-                app = app.authorize(|_| true).layer(axum::middleware::from_fn(
-                    move |request, next| {
-                        let token = token.clone();
-                        async move { guard(&token, request, next).await }
-                    },
-                ));
-            }
-            let listener = tokio::net::TcpListener::bind(args.listen)
-                .await
-                .map_err(|e| Failure(format!("cannot listen on {}: {e}", args.listen)))?;
-            let address = listener.local_addr().unwrap_or(args.listen);
-            tracing::info!(target: "diesel_inbox", %address, read_only = args.read_only, token = args.token.is_some(), "diesel-inbox: console: listening (stop with SIGTERM or Ctrl-C)");
-            eprintln!("diesel-inbox console: http://{address}/");
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(stop())
-            .await
-            .map_err(|e| Failure(format!("the console stopped: {e}")))?;
-            Ok(ExitCode::SUCCESS)
+            serve(console::router(pool), self.args).await
         }
+    }
+
+    /// The console over every tenant.
+    pub(super) struct ServeTenants<'a> {
+        pub(super) args: &'a ConsoleArgs,
+    }
+
+    impl OnTenants for ServeTenants<'_> {
+        async fn run<T>(self, tenants: Tenants<T>) -> Result<ExitCode, Failure>
+        where
+            T: TenantPool,
+            T::Guard: 'static,
+        {
+            tenants
+                .refresh()
+                .await
+                .map_err(|e| Failure(e.to_string()))?;
+            // Tenants added to the list show on the overview within a
+            // minute.
+            let reading = tenants.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                    if let Err(e) = reading.refresh().await {
+                        tracing::warn!(target: "diesel_inbox", error = %e, "diesel-inbox: console: the tenant list could not be read again; the last one stays");
+                    }
+                }
+            });
+            serve(console::tenants(tenants), self.args).await
+        }
+    }
+
+    /// `app` with the command line's settings, served until SIGTERM or
+    /// Ctrl-C.
+    async fn serve(mut app: axum::Router, args: &ConsoleArgs) -> Result<ExitCode, Failure> {
+        app = app
+            .read_only(args.read_only)
+            .allow_hosts(args.allow_hosts.iter().cloned());
+        if let Some(max) = args.max_attempts {
+            app = app.max_attempts(max);
+        }
+        #[cfg(feature = "kafka")]
+        if let Some(brokers) = &args.kafka {
+            app = app.kafka_lag(brokers.clone());
+        }
+        if let Some(token) = args.token.clone().filter(|t| !t.is_empty()) {
+            // Every request carries the token; a request that did may act.
+            app = app
+                .authorize(|_| true)
+                .layer(axum::middleware::from_fn(move |request, next| {
+                    let token = token.clone();
+                    async move { guard(&token, request, next).await }
+                }));
+        }
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| Failure(format!("cannot listen on {}: {e}", args.listen)))?;
+        let address = listener.local_addr().unwrap_or(args.listen);
+        tracing::info!(target: "diesel_inbox", %address, read_only = args.read_only, token = args.token.is_some(), "diesel-inbox: console: listening (stop with SIGTERM or Ctrl-C)");
+        eprintln!("diesel-inbox console: http://{address}/");
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(stop())
+        .await
+        .map_err(|e| Failure(format!("the console stopped: {e}")))?;
+        Ok(ExitCode::SUCCESS)
     }
 
     /// Lets a request through when its HTTP Basic password is the token.

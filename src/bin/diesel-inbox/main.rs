@@ -17,7 +17,8 @@
 //! ```
 //!
 //! `--tenants FILE_OR_URL` runs a command on
-//! every tenant's database instead (`outbox relay`: one relay over all):
+//! every tenant's database instead (`outbox relay`: one relay over all;
+//! `console`: one console over all):
 //! a file of `NAME URL` lines, or a control database's table
 //! `inbox_tenants (name, database_url)`.
 //!
@@ -134,14 +135,14 @@ fn over_tenants(source: &str, command: &Command) -> Result<ExitCode, Failure> {
         Command::Outbox {
             command: OutboxCommand::Relay(relay),
         } => return relay::run_tenants(source, relay),
-        Command::Console(_)
-        | Command::Doctor(_)
+        Command::Console(console) => return console::run_tenants(source, console),
+        Command::Doctor(_)
         | Command::Forget(_)
         | Command::Outbox {
             command: OutboxCommand::Wal { .. },
         } => {
             return Err(Failure(
-                "--tenants runs migrate, status, stats, purge, attempts and the outbox's status, dead, retry, purge and relay; console, doctor, forget and outbox wal take one --database-url".into(),
+                "--tenants runs migrate, status, stats, purge, attempts, console and the outbox's status, dead, retry, purge and relay; doctor, forget and outbox wal take one --database-url".into(),
             ))
         }
         _ if tenants::wants_json(command) => {

@@ -6,12 +6,11 @@ use crate::Failure;
 use std::process::ExitCode;
 
 /// What a relay process relays: one database, or every tenant a list
-/// names (`--tenants`; `backend` is a tenant's URL, whose scheme picks the
-/// pool for all of them).
+/// names (`--tenants`).
 #[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 enum Target<'a> {
     Database(&'a str),
-    Tenants { source: &'a str, backend: String },
+    Tenants { source: &'a str },
 }
 
 /// The relay on the database `url`, until SIGTERM or Ctrl-C (or one pass
@@ -31,10 +30,10 @@ pub(crate) fn run_tenants(source: &str, options: &RelayArgs) -> Result<ExitCode,
             "--wal streams one database's slot; with --tenants the relay reads each tenant's outbox table".into(),
         ));
     }
+    // The list and its backend, checked before the broker is connected.
     let listed = crate::tenants::read(source)?;
     crate::tenants::one_backend(&listed)?;
-    let backend = listed[0].1.clone();
-    publish(&Target::Tenants { source, backend }, options)
+    publish(&Target::Tenants { source }, options)
 }
 
 #[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
@@ -169,115 +168,55 @@ mod database {
                 )
                 .await
             }
-            super::Target::Tenants { source, backend } => {
-                tenants::relay(source, backend, publisher, options).await
-            }
+            super::Target::Tenants { source } => tenants::relay(source, publisher, options).await,
         }
     }
 
     /// The relay over tenants, on pools of the backend of their URLs.
     mod tenants {
         use crate::cli::RelayArgs;
-        use crate::database::Backend;
-        use crate::pool::stop;
+        use crate::pool::{stop, with_tenants, OnTenants};
         use crate::Failure;
-        use diesel_async::pooled_connection::deadpool::Pool;
         use diesel_inbox::outbox::{Publish, Relay};
         use diesel_inbox::tenants::{TenantPool, Tenants};
         use std::process::ExitCode;
 
         pub(in super::super) async fn relay<P: Publish + 'static>(
             source: &str,
-            backend: &str,
             publisher: P,
             options: &RelayArgs,
         ) -> Result<ExitCode, Failure> {
-            let _ = (&publisher, options, source);
-            match Backend::of(backend)? {
-                #[cfg(feature = "postgres")]
-                Backend::Postgres => {
-                    over::<Pool<diesel_async::AsyncPgConnection>, P>(
-                        source, backend, publisher, options,
-                    )
-                    .await
-                }
-                #[cfg(feature = "mysql")]
-                Backend::Mysql => {
-                    over::<Pool<diesel_async::AsyncMysqlConnection>, P>(
-                        source, backend, publisher, options,
-                    )
-                    .await
-                }
-                #[cfg(feature = "sqlite")]
-                Backend::Sqlite(_) => {
-                    type Sqlite = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
-                        diesel::SqliteConnection,
-                    >;
-                    over::<Pool<Sqlite>, P>(source, backend, publisher, options).await
-                }
-                #[allow(unreachable_patterns)]
-                _ => Err(Failure(
-                    "this diesel-inbox was built without the tenants' database feature".into(),
-                )),
-            }
+            // One connection per tenant's pool: a relay's turn uses one.
+            with_tenants(source, 1, Over { publisher, options }).await
         }
 
-        async fn over<T, P>(
-            source: &str,
-            backend: &str,
+        struct Over<'a, P> {
             publisher: P,
-            options: &RelayArgs,
-        ) -> Result<ExitCode, Failure>
-        where
-            T: TenantPool,
-            T::Guard: 'static,
-            P: Publish + 'static,
-        {
-            let source = source.to_owned();
-            let kind = crate::tenants::one_backend(&[(String::new(), backend.to_owned())])?;
-            let tenants: Tenants<T> = Tenants::from_fn(move || {
-                let source = source.clone();
-                async move {
-                    let listed = tokio::task::spawn_blocking(move || {
-                        let listed = crate::tenants::read(&source)?;
-                        if !listed.is_empty() && crate::tenants::one_backend(&listed)? != kind {
-                            return Err(Failure(
-                                "the tenants are now on another backend than at start: one relay serves one backend".into(),
-                            ));
-                        }
-                        // A SQLite tenant's pool opens the file's path.
-                        Ok(listed
-                            .into_iter()
-                            .map(|(name, url)| match Backend::of(&url) {
-                                Ok(Backend::Sqlite(path)) => {
-                                    let path = path.to_owned();
-                                    (name, path)
-                                }
-                                _ => (name, url),
-                            })
-                            .collect::<Vec<_>>())
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|Failure(e)| e)?;
-                    Ok(listed)
-                }
-            })
-            .pool_size(1);
-            let relay = super::configured(Relay::tenants(tenants, publisher), options);
-            tracing::info!(
-                target: "diesel_inbox",
-                once = options.once,
-                batch_size = ?options.batch_size,
-                poll_interval = ?options.poll_interval,
-                lease = ?options.lease,
-                "diesel-inbox: outbox relay over tenants: started (stop with SIGTERM or Ctrl-C)"
-            );
-            super::reported(if options.once {
-                relay.run_once().await
-            } else {
-                relay.run(stop()).await
-            })
+            options: &'a RelayArgs,
+        }
+
+        impl<P: Publish + 'static> OnTenants for Over<'_, P> {
+            async fn run<T>(self, tenants: Tenants<T>) -> Result<ExitCode, Failure>
+            where
+                T: TenantPool,
+                T::Guard: 'static,
+            {
+                let Over { publisher, options } = self;
+                let relay = super::configured(Relay::tenants(tenants, publisher), options);
+                tracing::info!(
+                    target: "diesel_inbox",
+                    once = options.once,
+                    batch_size = ?options.batch_size,
+                    poll_interval = ?options.poll_interval,
+                    lease = ?options.lease,
+                    "diesel-inbox: outbox relay over tenants: started (stop with SIGTERM or Ctrl-C)"
+                );
+                super::reported(if options.once {
+                    relay.run_once().await
+                } else {
+                    relay.run(stop()).await
+                })
+            }
         }
     }
 

@@ -70,8 +70,13 @@ pub(crate) fn read(source: &str) -> Result<Vec<(String, String)>, Failure> {
 }
 
 /// The backend every tenant of `listed` is on, or why not one: one relay
-/// serves one backend.
-#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+/// or console serves one backend.
+#[cfg(any(
+    feature = "lapin",
+    feature = "nats",
+    feature = "kafka",
+    feature = "console"
+))]
 pub(crate) fn one_backend(listed: &[(String, String)]) -> Result<Kind, Failure> {
     let mut kinds = listed
         .iter()
@@ -84,7 +89,7 @@ pub(crate) fn one_backend(listed: &[(String, String)]) -> Result<Kind, Failure> 
         let (name, other) = other?;
         if other != kind {
             return Err(Failure(format!(
-                "tenants {first_name} and {name} are on different backends: one relay serves one backend (run one per backend)"
+                "tenants {first_name} and {name} are on different backends: one relay or console serves one backend (run one per backend)"
             )));
         }
     }
@@ -92,7 +97,12 @@ pub(crate) fn one_backend(listed: &[(String, String)]) -> Result<Kind, Failure> 
 }
 
 /// A tenant's backend.
-#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+#[cfg(any(
+    feature = "lapin",
+    feature = "nats",
+    feature = "kafka",
+    feature = "console"
+))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Postgres,
@@ -100,7 +110,12 @@ pub(crate) enum Kind {
     Sqlite,
 }
 
-#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+#[cfg(any(
+    feature = "lapin",
+    feature = "nats",
+    feature = "kafka",
+    feature = "console"
+))]
 impl Kind {
     fn of(url: &str) -> Result<Kind, Failure> {
         Ok(match Backend::of(url)? {
