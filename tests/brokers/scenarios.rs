@@ -325,8 +325,10 @@ fn duplicates<B: Broker>(url: &str) -> Result<String, String> {
     // lost its connection (an ack or a delete lost with it: that message
     // comes again, and is one more duplicate, caught), or, on SQS, a
     // message's visibility ran out before its delete arrived (a loaded
-    // moto: CI saw 96 for 80, without a reconnect).
-    let more_allowed = counts.reconnects > 0 || B::NAME.starts_with("sqs");
+    // moto: CI saw 96 for 80, without a reconnect), or, on NATS, a
+    // prefetched message waited past the tests' 2 s `ack_wait` before its
+    // handler took it (a starved machine: CI saw 470 for 400).
+    let more_allowed = counts.reconnects > 0 || B::NAME.starts_with("sqs") || B::NAME == "nats";
     ensure!(
         counts.applied == n
             && (counts.duplicates == n / 5 || (more_allowed && counts.duplicates > n / 5)),
