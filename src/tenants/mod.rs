@@ -464,6 +464,13 @@ impl<T: TenantPool> Tenants<T> {
 
     /// Whether the set is read from a source ([`from_fn`](Self::from_fn)),
     /// which [`refresh`](Self::refresh) reads again.
+    #[cfg(any(
+        feature = "lapin",
+        feature = "nats",
+        feature = "kafka",
+        feature = "sqs",
+        feature = "console"
+    ))]
     pub(crate) fn reads_a_source(&self) -> bool {
         self.shared.lister.is_some()
     }
