@@ -800,8 +800,9 @@ impl Backend {
         first.stop()?;
         // The 5 s deadline, then the consumer's close (librdkafka leaves
         // the group): up to 11.7 s seen with every scenario of the suite
-        // running beside a build on the 2-core machine.
-        if stopping.elapsed() > Duration::from_secs(15) {
+        // running beside a build on the 2-core machine, and 15.9 s with
+        // the matrix and the tenants' kill chain beside them.
+        if stopping.elapsed() > Duration::from_secs(20) {
             return Err(format!(
                 "SIGTERM took {:?} to stop the consumer",
                 stopping.elapsed()
