@@ -23,6 +23,12 @@ left (edited, checked out or touched during the run): what the run built
 from it is not known, so the next run treats it as changed. A run that
 never reached `end` (killed) leaves its record open, and the next `start`
 forgets the whole record: every file counts as changed once.
+
+The record also names the clone's directory. A run from another directory
+forgets the whole record too: the workspace's crates bake their own
+directory in (`env!("CARGO_MANIFEST_DIR")`, which a test uses to find
+`scripts/`), and cargo does not rebuild them when only the directory
+changed, so a test built in one clone would run another clone's scripts.
 """
 
 import json
@@ -57,27 +63,35 @@ def contents():
     return dict(zip(paths, blobs))
 
 
+def clone_dir():
+    """The clone's directory, as cargo sees it (symbolic links resolved)."""
+    return os.path.realpath(os.getcwd())
+
+
 def load(record_path):
-    """(whether a run left it open, path -> [blob, time])."""
+    """(whether a run left it open, the clone's directory, path -> [blob, time])."""
     try:
         with open(record_path) as f:
             saved = json.load(f)
-        return bool(saved["open"]), dict(saved["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False, {}
+        return bool(saved["open"]), saved.get("dir"), dict(saved["files"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False, None, {}
 
 
 def save(record_path, is_open, record):
     os.makedirs(os.path.dirname(record_path) or ".", exist_ok=True)
     with open(record_path + ".tmp", "w") as f:
-        json.dump({"open": is_open, "files": record}, f)
+        json.dump({"open": is_open, "dir": clone_dir(), "files": record}, f)
     os.replace(record_path + ".tmp", record_path)
 
 
 def start(record_path):
-    was_open, record = load(record_path)
+    was_open, last_dir, record = load(record_path)
     if was_open:
         print("the last run did not end (killed?): every file counts as changed")
+        record = {}
+    elif record and last_dir != clone_dir():
+        print(f"the last run was in {last_dir}, this one in {clone_dir()}: every file counts as changed")
         record = {}
     now = time.time_ns()
     restored = 0
@@ -98,7 +112,9 @@ def start(record_path):
 
 
 def end(record_path):
-    _, record = load(record_path)
+    _, last_dir, record = load(record_path)
+    if last_dir != clone_dir():
+        record = {}
     blobs = contents()
     forgotten = []
     for path, (blob, stamp) in list(record.items()):
