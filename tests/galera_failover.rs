@@ -15,7 +15,7 @@ mod failover {
     use crate::hot::{self, ErrorType};
     use diesel::{Connection, MysqlConnection};
     use std::collections::VecDeque;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
@@ -90,14 +90,25 @@ mod failover {
             }
         }
         let queue = Arc::new(Mutex::new(stream));
+        let deliveries = queue.lock().expect("queue").len();
         let done = Arc::new(AtomicUsize::new(0));
+        // The consumers wait at two thirds of the deliveries until the
+        // node is dead: a quick run (a warm cache, few other tests) could
+        // otherwise finish before the kill lands, and see no error.
+        let killed = Arc::new(AtomicBool::new(false));
         let consumers: Vec<_> = (0..count)
             .map(|i| {
                 let (db, queue, done) = (db.url.clone(), queue.clone(), done.clone());
+                let killed = killed.clone();
                 std::thread::spawn(move || {
                     let (mut node, mut conn) = connect_from(&db, i, count);
                     let (mut applied, mut errors) = (Vec::new(), Vec::new());
                     loop {
+                        while !killed.load(Ordering::SeqCst)
+                            && done.load(Ordering::SeqCst) >= deliveries * 2 / 3
+                        {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
                         let Some(p) = queue.lock().expect("queue").pop_front() else {
                             break;
                         };
@@ -128,6 +139,7 @@ mod failover {
             std::thread::sleep(Duration::from_millis(5));
         }
         script(&["kill", &KILLED.to_string()]);
+        killed.store(true, Ordering::SeqCst);
         let mut applied = Vec::new();
         let mut errors = Vec::new();
         for c in consumers {
