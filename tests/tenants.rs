@@ -736,6 +736,222 @@ fn a_runner_over_tenants_applies_each_message_in_its_own_tenants_database() {
     }
 }
 
+/// A tenant whose database stops answering mid-delivery: the handler has
+/// its connection, then the proxy in front of that database drops what it
+/// is sent, so the connection never answers again. The handler is dropped
+/// at `tenant_timeout` and its connection closed, not given back (the
+/// server sees its session end at once); the other tenant's messages are
+/// applied meanwhile; the delivery is redelivered and applied exactly once
+/// on a new connection when the database answers again. Without the
+/// timeout it would wait on the dead connection for good.
+#[cfg(feature = "lapin")]
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_tenant_that_hangs_mid_delivery_is_dropped_at_its_timeout_and_applied_once_back() {
+    use diesel_inbox::brokers::{Message, Policy};
+    use diesel_inbox::{Inbox, InboxError};
+    use lapin::types::{AMQPValue, FieldTable};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(amqp) = std::env::var("INBOX_TEST_AMQP_URL")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        eprintln!("SKIPPED: INBOX_TEST_AMQP_URL is not set");
+        return;
+    };
+    const OK: usize = 10;
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let dbs = Databases::new("hang");
+    let proxy = Proxy::start("127.0.0.1:5432".parse().expect("address")).expect("a proxy");
+    let direct: Vec<(&str, String)> = ["hung", "ok"]
+        .into_iter()
+        .map(|tenant| {
+            let url = dbs.create(tenant);
+            PgConnection::establish(&url)
+                .expect("B")
+                .batch_execute("CREATE TABLE orders (id TEXT PRIMARY KEY, tenant TEXT NOT NULL)")
+                .expect("orders");
+            (tenant, url)
+        })
+        .collect();
+    let tenants: Tenants<PgPool> = Tenants::list([
+        ("hung", proxy.route(&direct[0].1).expect("route")),
+        ("ok", direct[1].1.clone()),
+    ])
+    .pool_size(1)
+    .checkout_timeout(Duration::from_secs(1));
+    let count = |url: &str, sql: &str| -> i64 {
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let mut conn = PgConnection::establish(url).expect("B");
+        diesel::sql_query(sql)
+            .get_result::<Count>(&mut conn)
+            .expect("count")
+            .n
+    };
+    let orders = |url: &str| count(url, "SELECT count(*) AS n FROM orders");
+    // The hung tenant's sessions, as its server sees them.
+    let hung_sessions = || {
+        count(
+            &dbs.admin,
+            &format!(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = '{}_hung'",
+                dbs.prefix
+            ),
+        )
+    };
+    let queue = format!("{}_queue", dbs.prefix);
+    let hung_entries = AtomicUsize::new(0);
+    let first_hung: Mutex<Option<Instant>> = Mutex::new(None);
+    runtime().block_on(async {
+        let (_connection, channel) = support::rabbit_queue(&amqp, &queue).await;
+        let publish = |tenant: &'static str, id: String| {
+            let channel = channel.clone();
+            let queue = queue.clone();
+            async move {
+                let mut headers = FieldTable::default();
+                headers.insert(TENANT_HEADER.into(), AMQPValue::LongString(tenant.into()));
+                channel
+                    .basic_publish(
+                        "".into(),
+                        queue.as_str().into(),
+                        lapin::options::BasicPublishOptions::default(),
+                        b"",
+                        lapin::BasicProperties::default()
+                            .with_message_id(id.into())
+                            .with_headers(headers),
+                    )
+                    .await
+                    .expect("publish")
+                    .await
+                    .expect("confirm");
+            }
+        };
+        publish("hung", "hung-0".into()).await;
+        let handler = async |conn: &mut AsyncPgConnection, m: &Message<'_>| {
+            let tenant = String::from_utf8(m.header(TENANT_HEADER).expect("routed by it").to_vec())
+                .expect("utf-8");
+            if tenant == "hung" && hung_entries.fetch_add(1, Ordering::SeqCst) == 0 {
+                // It has its connection: now its database stops answering.
+                diesel_async::RunQueryDsl::execute(diesel::sql_query("SELECT 1"), &mut *conn)
+                    .await
+                    .expect("it answered before");
+                proxy.set(Mode::Blackhole);
+                *first_hung.lock().expect("not poisoned") = Some(Instant::now());
+            }
+            let id = m.id().to_owned();
+            Inbox::consumer("orders")
+                .run_async(conn, m.id(), async move |conn: &mut AsyncPgConnection| {
+                    let insert =
+                        diesel::sql_query("INSERT INTO orders (id, tenant) VALUES ($1, $2)")
+                            .bind::<diesel::sql_types::Text, _>(&id)
+                            .bind::<diesel::sql_types::Text, _>(&tenant);
+                    diesel_async::RunQueryDsl::execute(insert, conn).await?;
+                    Ok::<_, InboxError>(())
+                })
+                .await
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // The retry waits 10 to 20 s: the dropped connection's session
+        // must end before it, not when a later checkout finds it broken.
+        let consumer = diesel_inbox::lapin::Consumer::connect(
+            amqp.clone(),
+            queue.clone(),
+            Policy::new(|_: &InboxError| false).retry_delay(Duration::from_secs(20)),
+        )
+        .in_flight(2)
+        .tenant_timeout(TIMEOUT);
+        let runner = consumer.run_tenants(&tenants, handler, async {
+            let _ = stopped.await;
+        });
+        let check = async {
+            // The hung delivery has started; the other tenant's messages
+            // are published behind it.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while first_hung.lock().expect("not poisoned").is_none() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the hung tenant's delivery never started"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            for seq in 0..OK {
+                publish("ok", format!("ok-{seq}")).await;
+            }
+            let deadline = Instant::now() + Duration::from_secs(40);
+            while orders(&direct[1].1) < OK as i64 {
+                assert!(
+                    Instant::now() < deadline,
+                    "the ok tenant's messages: {} of {OK} applied",
+                    orders(&direct[1].1)
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // Past the timeout, and before the retry, the dropped
+            // handler's connection was closed, not kept in the pool: its
+            // server session ended (the proxy closes a connection its
+            // client closed).
+            let hung_at = first_hung.lock().expect("not poisoned").expect("started");
+            tokio::time::sleep_until((hung_at + TIMEOUT).into()).await;
+            let deadline = hung_at + TIMEOUT + Duration::from_secs(8);
+            while hung_sessions() > 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "the timed-out delivery's connection still has a session on its server"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(orders(&direct[0].1), 0);
+            // Its database answers again: its message is applied, on a
+            // new connection.
+            proxy.set(Mode::Forward);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while orders(&direct[0].1) < 1 {
+                assert!(
+                    Instant::now() < deadline,
+                    "the hung tenant's message was not applied once its database answered"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // A redelivery after this one would be a duplicate, not applied.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let _ = stop.send(());
+        };
+        let (ran, ()) = tokio::join!(runner, check);
+        let ran = ran.expect("the runner");
+        assert!(
+            ran.retried >= 1,
+            "the hung delivery was given back: {ran:?}"
+        );
+        assert_eq!(ran.dead_lettered, 0, "{ran:?}");
+        let _ = channel
+            .queue_delete(
+                queue.as_str().into(),
+                lapin::options::QueueDeleteOptions::default(),
+            )
+            .await;
+    });
+    assert!(
+        hung_entries.into_inner() >= 2,
+        "the hung message was handled again"
+    );
+    for (tenant, url) in &direct {
+        let want = if *tenant == "hung" { 1 } else { OK as i64 };
+        assert_eq!(orders(url), want, "tenant {tenant}'s orders");
+        assert_eq!(
+            count(url, "SELECT count(*) AS n FROM inbox_messages"),
+            want,
+            "tenant {tenant}'s inbox rows"
+        );
+    }
+}
+
 /// A checkout dropped while it waits (a handler's deadline, a turn's bound)
 /// leaves its tenant's pool idle: with room for one pool, a stalled
 /// tenant's abandoned checkout does not keep the others out; and the

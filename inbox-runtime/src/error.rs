@@ -265,6 +265,26 @@ pub enum InboxError {
         /// Why.
         reason: Box<str>,
     },
+    /// A consumer runner over tenants dropped a handler that had not
+    /// finished within its `Consumer::tenant_timeout` (its tenant's
+    /// database stopped answering, say) and closed its connection, so the
+    /// server rolls back what it had open. The delivery failed
+    /// transiently: the policy redelivers it. A COMMIT already sent may
+    /// have committed; the redelivery is then a `Duplicate`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let e = diesel_inbox::InboxError::TenantTimedOut { tenant: "acme".into(), after: Duration::from_secs(60) };
+    /// assert!(e.to_string().starts_with("tenant \"acme\": the handler did not finish within 60s"));
+    /// ```
+    #[error("tenant {tenant:?}: the handler did not finish within {after:?} (does its database answer?); it was dropped and its connection closed, and the delivery failed transiently")]
+    TenantTimedOut {
+        /// The message's tenant.
+        tenant: Box<str>,
+        /// The time limit it ran into.
+        after: std::time::Duration,
+    },
 }
 
 impl From<diesel::result::Error> for InboxError {

@@ -6,6 +6,7 @@ use super::{BrokerError, Consumer, HasInboxError, Inbound, Message};
 use crate::Outcome;
 use futures_util::stream::Stream;
 use std::future::Future;
+use std::time::Duration;
 
 impl<S, E> Consumer<S, E> {
     /// Where [`run_tenants`](Self::run_tenants) reads a message's tenant
@@ -32,6 +33,39 @@ impl<S, E> Consumer<S, E> {
         self
     }
 
+    /// How long [`run_tenants`](Self::run_tenants) lets a handler run on
+    /// its tenant's connection (default 60 s; at least 1 ms; the checkout
+    /// before it is bounded by the set's
+    /// [`checkout_timeout`](crate::tenants::Tenants::checkout_timeout)). A
+    /// handler still running then (its tenant's database stopped
+    /// answering mid-statement, say) is dropped and its connection closed,
+    /// not given back to the pool, so the server rolls back what it had
+    /// open; the delivery fails transiently
+    /// ([`InboxError::TenantTimedOut`](crate::InboxError::TenantTimedOut))
+    /// and the policy settles it (redelivered with its backoff). A COMMIT
+    /// already sent may have committed: the redelivery is then a
+    /// `Duplicate`, applied once. Set it above the longest a handler may
+    /// take, and on NATS below the consumer's `ack_wait` (JetStream
+    /// delivers a message again after it, while the first delivery still
+    /// runs). On SQLite a statement under way cannot be interrupted: the
+    /// drop waits for it.
+    ///
+    /// ```
+    /// # #[cfg(all(feature = "lapin", feature = "postgres"))] {
+    /// use diesel_inbox::brokers::Policy;
+    /// use diesel_inbox::lapin::Consumer;
+    /// use std::time::Duration;
+    ///
+    /// let consumer = Consumer::connect("amqp://localhost:5672/%2f", "orders", Policy::new(|_: &diesel_inbox::InboxError| false))
+    ///     .tenant_timeout(Duration::from_secs(20));
+    /// # let _ = consumer;
+    /// # }
+    /// ```
+    pub fn tenant_timeout(mut self, timeout: Duration) -> Self {
+        self.runner.tenant_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
     /// Consumes as [`run`](Self::run) does, each message in its tenant's
     /// database: the handler gets a connection of the tenant the message
     /// names (its `x-tenant` header, or [`tenant_by`](Self::tenant_by)),
@@ -51,6 +85,11 @@ impl<S, E> Consumer<S, E> {
     ///   checkout timeout) fails the delivery transiently
     ///   ([`InboxError::TenantUnavailable`](crate::InboxError::TenantUnavailable)):
     ///   it is redelivered with the policy's backoff.
+    /// - A handler that runs longer than
+    ///   [`tenant_timeout`](Self::tenant_timeout) (default 60 s) is
+    ///   dropped, its connection closed (the server rolls back), and the
+    ///   delivery fails transiently
+    ///   ([`InboxError::TenantTimedOut`](crate::InboxError::TenantTimedOut)).
     ///
     /// ```no_run
     /// # #[cfg(all(feature = "lapin", feature = "postgres"))]
@@ -129,13 +168,28 @@ where
     where
         D: Stream<Item = Result<M, BrokerError>> + Unpin,
     {
-        let tenant_of = runner.tenant_of.as_deref();
+        let (tenant_of, timeout) = (runner.tenant_of.as_deref(), runner.tenant_timeout);
         let handler = async |m: &Message<'_>| -> Result<O, E> {
             let name = crate::tenants::tenant_named(tenant_of, m)?;
             // The handler's metrics and span carry the tenant.
             inbox_runtime::__facade::for_tenant(name.clone(), async {
+                // Bounded by the set's checkout timeout.
                 let mut conn = crate::tenants::connection_named(self.tenants, &name).await?;
-                (self.handler)(&mut *conn, m).await
+                match tokio::time::timeout(timeout, (self.handler)(&mut *conn, m)).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
+                        // Dropped mid-way: the connection is closed, not
+                        // given back (the server rolls back what it had
+                        // open, and no later delivery reads an answer
+                        // meant for this one).
+                        conn.discard();
+                        Err(crate::InboxError::TenantTimedOut {
+                            tenant: name.as_ref().into(),
+                            after: timeout,
+                        }
+                        .into())
+                    }
+                }
             })
             .await
         };

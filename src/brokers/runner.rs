@@ -35,6 +35,10 @@ pub(crate) const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// pool's `get` by itself.
 pub(crate) const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long `run_tenants` lets one delivery run by default
+/// ([`tenant_timeout`](Consumer::tenant_timeout)).
+pub(crate) const TENANT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// What every broker's consumer runner is configured with.
 pub(crate) struct Runner<E> {
     pub(crate) policy: Policy<E>,
@@ -55,6 +59,8 @@ pub(crate) struct Runner<E> {
     /// `tenant_by`: where `run_tenants` reads a message's tenant (else its
     /// `x-tenant` header).
     pub(crate) tenant_of: Option<TenantOf>,
+    /// `tenant_timeout`: how long `run_tenants` lets one delivery run.
+    pub(crate) tenant_timeout: Duration,
 }
 
 /// Where a runner over tenants reads a message's tenant.
@@ -237,6 +243,7 @@ impl<S: std::fmt::Debug, E> std::fmt::Debug for Consumer<S, E> {
             .field("health_probe", &self.runner.probe.is_some())
             .field("health_probe_timeout", &self.runner.probe_timeout)
             .field("exit_when_idle", &self.runner.idle)
+            .field("tenant_timeout", &self.runner.tenant_timeout)
             .field("policy", &self.runner.policy)
             .finish()
     }
@@ -256,6 +263,7 @@ impl<S, E> Consumer<S, E> {
                 batch: None,
                 lease: None,
                 tenant_of: None,
+                tenant_timeout: TENANT_TIMEOUT,
             },
         }
     }

@@ -102,6 +102,22 @@ pub struct TenantConnection<T: TenantPool> {
     pub(super) open: Used<T>,
 }
 
+impl<T: TenantPool> TenantConnection<T> {
+    /// Closes the connection instead of giving it back to its pool
+    /// ([`TenantPool::discard`]): for one whose work was dropped mid-way.
+    #[cfg(any(
+        feature = "lapin",
+        feature = "nats",
+        feature = "kafka",
+        feature = "sqs"
+    ))]
+    pub(crate) fn discard(self) {
+        let TenantConnection { guard, open } = self;
+        T::discard(guard);
+        drop(open);
+    }
+}
+
 /// One user of an open pool, counted until dropped.
 pub(super) struct Used<T>(pub(super) Arc<Open<T>>);
 

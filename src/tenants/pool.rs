@@ -18,6 +18,13 @@ pub trait TenantPool: RelayPool + Sized + 'static {
         url: &str,
         size: u32,
     ) -> impl Future<Output = Result<Self, Box<dyn std::error::Error + Send + Sync + 'static>>> + Send;
+
+    /// Closes a connection whose work was dropped mid-way (a delivery past
+    /// its time limit) instead of giving it back: its server session ends,
+    /// rolling back what it had open, and no later checkout can read an
+    /// answer that was meant for the dropped statement.
+    #[doc(hidden)]
+    fn discard(guard: Self::Guard);
 }
 
 impl<C> TenantPool for diesel_async::pooled_connection::deadpool::Pool<C>
@@ -33,6 +40,11 @@ where
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync + 'static>> {
         let manager = AsyncDieselConnectionManager::<C>::new(url);
         Ok(Self::builder(manager).max_size(size as usize).build()?)
+    }
+
+    fn discard(guard: Self::Guard) {
+        // Out of the pool, then dropped: the connection closes now.
+        drop(diesel_async::pooled_connection::deadpool::Object::<C>::take(guard));
     }
 }
 
@@ -50,5 +62,13 @@ where
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync + 'static>> {
         let manager = AsyncDieselConnectionManager::<C>::new(url);
         Ok(Self::builder().max_size(size).build(manager).await?)
+    }
+
+    fn discard(mut guard: Self::Guard) {
+        // bb8 closes a connection given back broken, at once.
+        use diesel_async::{AsyncConnection, TransactionManager};
+        <C as AsyncConnection>::TransactionManager::transaction_manager_status_mut(&mut guard)
+            .set_in_error();
+        drop(guard);
     }
 }
