@@ -466,6 +466,13 @@ impl Shared {
 
     /// A batch through [`apply_orders`] (or its PostgreSQL twin).
     pub async fn apply_batch(&self, messages: &[Message<'_>]) -> Result<Batch<()>, AppError> {
+        // `INBOX_BROKER_BATCH_SLOW_MS`: each batch call takes that long first.
+        if let Some(ms) = std::env::var("INBOX_BROKER_BATCH_SLOW_MS")
+            .ok()
+            .and_then(|ms| ms.parse::<u64>().ok())
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
         if let Some(seen) = &self.flaky {
             let ids: Vec<String> = messages.iter().map(|m| m.id().to_owned()).collect();
             if seen.lock().unwrap().insert(ids) {

@@ -740,10 +740,16 @@ fn database_outage<B: Broker>(url: &str, batch: Option<usize>) -> Result<String,
     };
     B::publish(url, &run.queue, &with_duplicates(orders(&run, n)))?;
     let mut command = command::<B>(&run, 8, 0, true)?;
+    // Each call slowed a little (3 ms a message, 150 ms a batch: about 3
+    // s in all), so that the runner cannot finish the two thirds after the
+    // outage's trigger before the database has closed: a batch runner did
+    // once, and never met the outage.
     command
         .env("INBOX_BROKER_PG", &db.url)
         .env("INBOX_BROKER_IDLE_MS", ((outage + 20) * 1000).to_string())
-        .env("INBOX_BROKER_EXPECT_APPLIED", n.to_string());
+        .env("INBOX_BROKER_EXPECT_APPLIED", n.to_string())
+        .env("INBOX_BROKER_SLOW_MS", "3")
+        .env("INBOX_BROKER_BATCH_SLOW_MS", "150");
     if let Some(batch) = batch {
         command.env("INBOX_BROKER_BATCH", batch.to_string());
     }
