@@ -9,14 +9,25 @@
 #   scripts/sqs.sh stop    stop it (only if this script started it)
 #   scripts/sqs.sh url     the endpoint for INBOX_TEST_SQS_URL
 #
+# SQS_PORT=5001 scripts/sqs.sh start|stop|url: a second server, with
+# queues of its own (.ci/run gives each SQS test process one: moto is a
+# single Python process, and two processes' scenarios on one starved it).
+# Run as root, the server gets a higher priority than the compiles beside
+# it (nice -5): a reply that comes late under load looks like a lost
+# heartbeat to the runner.
+#
 # moto goes into a virtual environment under ~/.cache/diesel-inbox (kept
-# between runs); the server's log into target/sqs/.
+# between runs); the server's log into target/sqs/ (target/sqs-<port>/
+# for a port other than 5000).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
-dir="${SQS_DIR:-$here/target/sqs}"
+port="${SQS_PORT:-5000}"
+case "$port" in
+  5000) dir="${SQS_DIR:-$here/target/sqs}" ;;
+  *) dir="${SQS_DIR:-$here/target/sqs-$port}" ;;
+esac
 venv="${SQS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/diesel-inbox/moto-venv}"
-port=5000
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -38,7 +49,9 @@ start() {
   mkdir -p "$dir"
   local bin
   bin="$(server_bin)"
-  nohup "$bin" -H 127.0.0.1 -p "$port" >"$dir/server.log" 2>&1 &
+  local priority=()
+  if [ "$(id -u)" = 0 ]; then priority=(nice -n -5); fi
+  nohup "${priority[@]}" "$bin" -H 127.0.0.1 -p "$port" >"$dir/server.log" 2>&1 &
   echo $! >"$dir/server.pid"
   for _ in $(seq 1 150); do
     port_open "$port" && { echo "moto's SQS server on 127.0.0.1:$port"; return; }

@@ -628,11 +628,12 @@ impl Shared {
     /// report is printed as a line of its own.
     pub fn finish(&self, report: &diesel_inbox::brokers::RunReport) -> Counts {
         println!(
-            "report acked={} retried={} released_early={} dead_lettered={} abandoned={} returned={} pauses={} probe_timeouts={} reconnects={} idle={}",
+            "report acked={} retried={} released_early={} dead_lettered={} unsettled={} abandoned={} returned={} pauses={} probe_timeouts={} reconnects={} idle={}",
             report.acked,
             report.retried,
             report.released_early,
             report.dead_lettered,
+            report.unsettled,
             report.abandoned,
             report.returned,
             report.pauses,
