@@ -10,9 +10,10 @@
 //! handler's counters and histogram (`messaging.client.consumed.messages`,
 //! `messaging.process.duration`, `diesel_inbox.retries`) and the relay's
 //! (`messaging.client.sent.messages`, `diesel_inbox.outbox.failed`,
-//! `diesel_inbox.outbox.confirm_latency`) also carry `diesel_inbox.tenant`,
-//! the tenant whose database the call ran on (`for_tenant`), and the span
-//! `diesel_inbox.handle` its field `tenant`:
+//! `diesel_inbox.outbox.confirm_latency`) and the outbox's gauges (the
+//! relay over tenants counts each tenant's outbox every 10 s) also carry
+//! `diesel_inbox.tenant`, the tenant whose database the call ran on
+//! (`for_tenant`), and the span `diesel_inbox.handle` its field `tenant`:
 //!
 //! | name | kind | labels | what |
 //! | --- | --- | --- | --- |
@@ -166,10 +167,12 @@ pub(crate) fn purged(consumer: Option<&str>, rows: u64) {
 pub(crate) fn outbox_status(pending: u64, scheduled: u64, dead: u64, oldest: std::time::Duration) {
     #[cfg(feature = "metrics")]
     {
-        metrics::gauge!("diesel_inbox.outbox.pending").set(pending as f64);
-        metrics::gauge!("diesel_inbox.outbox.scheduled").set(scheduled as f64);
-        metrics::gauge!("diesel_inbox.outbox.dead").set(dead as f64);
-        metrics::gauge!("diesel_inbox.outbox.oldest_pending_age").set(oldest.as_secs_f64());
+        let labels = labelled(Vec::new());
+        metrics::gauge!("diesel_inbox.outbox.pending", &labels).set(pending as f64);
+        metrics::gauge!("diesel_inbox.outbox.scheduled", &labels).set(scheduled as f64);
+        metrics::gauge!("diesel_inbox.outbox.dead", &labels).set(dead as f64);
+        metrics::gauge!("diesel_inbox.outbox.oldest_pending_age", &labels)
+            .set(oldest.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (pending, scheduled, dead, oldest);

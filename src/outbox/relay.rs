@@ -499,14 +499,7 @@ where
             #[cfg(feature = "metrics")]
             if counted.elapsed() >= STATUS_INTERVAL {
                 counted = Instant::now();
-                // Bounded: a stalled database must not hold the loop (and
-                // with it shutdown) here.
-                let _ = tokio::time::timeout(STATUS_INTERVAL, async {
-                    if let Ok(mut conn) = self.pool.connection().await {
-                        let _ = steps::status_async(&mut *conn).await;
-                    }
-                })
-                .await;
+                self.count_status(STATUS_INTERVAL).await;
             }
             let wakes = outages == 0 && !lingering;
             let woken = tokio::select! {
@@ -517,6 +510,19 @@ where
             };
             doze.before_pass(woken).await;
         }
+    }
+
+    /// Counts the outbox for its gauges ([`outbox::status`](crate::outbox::status)),
+    /// at most `within`: a stalled database must not hold the loop (and
+    /// with it shutdown) here. A failure is left to the passes to report.
+    #[cfg(feature = "metrics")]
+    pub(super) async fn count_status(&self, within: Duration) {
+        let _ = tokio::time::timeout(within, async {
+            if let Ok(mut conn) = self.pool.connection().await {
+                let _ = steps::status_async(&mut *conn).await;
+            }
+        })
+        .await;
     }
 
     /// One short transaction on a connection of its own: settles
@@ -533,6 +539,11 @@ where
     ) -> Result<Option<steps::Claim>, RelayError> {
         type Backend<D> =
             <<D as RelayPool>::Connection as diesel_async::AsyncConnectionCore>::Backend;
+        if settle.is_empty() && !claim {
+            // Nothing to settle, nothing to claim (a turn's last batch is
+            // out and the one before it settled): no connection taken.
+            return Ok(None);
+        }
         let settle: Vec<(&steps::Claim, &[PublishOutcome])> = settle
             .iter()
             .map(|d| (&d.claim, d.outcomes.as_slice()))
@@ -766,4 +777,4 @@ const STEP_ATTEMPTS: u32 = 5;
 
 /// How often `run` refreshes the outbox gauges (feature `metrics`).
 #[cfg(feature = "metrics")]
-const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+pub(super) const STATUS_INTERVAL: Duration = Duration::from_secs(10);

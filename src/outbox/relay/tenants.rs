@@ -13,7 +13,7 @@ use crate::tenants::{Tenant, TenantPool, Tenants};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use inbox_runtime::__facade::backoff;
 use inbox_runtime::outbox as steps;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::Arc;
@@ -51,6 +51,9 @@ const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 ///   [`poll_interval`](Self::poll_interval); an `#[idempotent]` call that
 ///   enqueued in this process (or [`outbox::wake`](crate::outbox::wake))
 ///   makes every tenant due at once.
+/// - **Gauges** (feature `metrics`): [`run`](Self::run) counts each
+///   tenant's outbox after its turn, at most every 10 s, into the outbox
+///   gauges labelled `diesel_inbox.tenant`.
 ///
 /// ```no_run
 /// # #[cfg(all(feature = "lapin", feature = "postgres"))]
@@ -120,6 +123,9 @@ struct Slot<T: TenantPool, P> {
     outages: u32,
     /// Its turn is under way.
     busy: bool,
+    /// When a turn of its last counted its outbox for the gauges.
+    #[cfg(feature = "metrics")]
+    counted: Option<Instant>,
 }
 
 /// How a tenant's turn ended.
@@ -212,6 +218,8 @@ where
             due: Instant::now(),
             outages: 0,
             busy: false,
+            #[cfg(feature = "metrics")]
+            counted: None,
         })
     }
 
@@ -245,8 +253,10 @@ where
     }
 
     /// One tenant's turn, bounded by [`bound`](Self::bound), in a span
-    /// that names the tenant.
-    fn start(&self, name: Arc<str>, slot: &Slot<T, P>) -> Running {
+    /// that names the tenant; with `count`, a turn that ran then counts the
+    /// tenant's outbox for its gauges (labelled with the tenant), within
+    /// the same bound.
+    fn start(&self, name: Arc<str>, slot: &Slot<T, P>, count: bool) -> Running {
         let bound = self.bound();
         let (relay, id) = (slot.relay.clone(), slot.id);
         let span = tracing::info_span!(target: crate::TRACING_TARGET, "diesel_inbox.outbox.tenant", tenant = %name);
@@ -260,6 +270,13 @@ where
                     Ok(ran) => Turn::Ran(ran),
                     Err(_) => Turn::TimedOut,
                 };
+                #[cfg(feature = "metrics")]
+                if count && matches!(turn, Turn::Ran(Ok(()))) {
+                    inbox_runtime::__facade::for_tenant(name.clone(), relay.count_status(bound))
+                        .await;
+                }
+                #[cfg(not(feature = "metrics"))]
+                let _ = count;
                 Ended {
                     name,
                     id,
@@ -296,36 +313,33 @@ where
         self.follow(&mut slots);
         let mut report = RelayReport::default();
         let mut failed: Option<RelayError> = None;
-        let mut due: Vec<Arc<str>> = slots.keys().cloned().collect();
-        while !due.is_empty() {
-            let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
-            let mut again = Vec::new();
-            let mut queue = due.drain(..);
-            loop {
-                while running.len() < self.concurrent() {
-                    let Some(name) = queue.next() else { break };
-                    running.push(self.start(name.clone(), &slots[&name]));
-                }
-                let Some(ended) = running.next().await else {
-                    break;
-                };
-                report.add(ended.report);
-                let error = match ended.turn {
-                    Turn::Ran(Ok(())) => {
-                        if ended.report.batches >= self.turn && ended.report.released == 0 {
-                            again.push(ended.name);
-                        }
-                        continue;
-                    }
-                    Turn::Ran(Err(e)) => e,
-                    Turn::TimedOut => self.timed_out(),
-                };
-                report.errors += 1;
-                tracing::warn!(target: crate::TRACING_TARGET, tenant = %ended.name, error = %error, "diesel-inbox: outbox relay: a tenant's turn failed; the others go on");
-                failed.get_or_insert(RelayError::tenant(&ended.name, error));
+        // Every tenant once, in name order; a tenant whose turn used all
+        // its batches goes to the back of the line for another (no round
+        // waits for its slowest turn).
+        let mut due: VecDeque<Arc<str>> = slots.keys().cloned().collect();
+        let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
+        loop {
+            while running.len() < self.concurrent() {
+                let Some(name) = due.pop_front() else { break };
+                running.push(self.start(name.clone(), &slots[&name], false));
             }
-            drop(queue);
-            due = again;
+            let Some(ended) = running.next().await else {
+                break;
+            };
+            report.add(ended.report);
+            let error = match ended.turn {
+                Turn::Ran(Ok(())) => {
+                    if ended.report.batches >= self.turn && ended.report.released == 0 {
+                        due.push_back(ended.name);
+                    }
+                    continue;
+                }
+                Turn::Ran(Err(e)) => e,
+                Turn::TimedOut => self.timed_out(),
+            };
+            report.errors += 1;
+            tracing::warn!(target: crate::TRACING_TARGET, tenant = %ended.name, error = %error, "diesel-inbox: outbox relay: a tenant's turn failed; the others go on");
+            failed.get_or_insert(RelayError::tenant(&ended.name, error));
         }
         match failed {
             Some(e) => Err(e),
@@ -367,7 +381,19 @@ where
             for (_, name) in due.into_iter().take(free) {
                 let slot = slots.get_mut(&name).expect("listed above");
                 slot.busy = true;
-                running.push(self.start(name, slot));
+                // The tenant's outbox gauges, after its turn, every
+                // STATUS_INTERVAL.
+                #[cfg(feature = "metrics")]
+                let count = slot
+                    .counted
+                    .is_none_or(|at| at.elapsed() >= super::STATUS_INTERVAL);
+                #[cfg(feature = "metrics")]
+                if count {
+                    slot.counted = Some(now);
+                }
+                #[cfg(not(feature = "metrics"))]
+                let count = false;
+                running.push(self.start(name, slot, count));
             }
             // When to look again: the next tenant due (only if one more
             // may run), the next read of the set.
