@@ -1418,6 +1418,16 @@ fn the_console_shows_every_tenant_and_each_tenants_own_pages() {
         assert_eq!(status, 200, "{own}");
         assert!(own.contains("data-consumer=\"billing\""), "{own}");
         assert!(own.contains("href=\"/ops/tenants/globex/dead\""), "{own}");
+        // It names its tenant, in the title and the header, and links back
+        // to the tenants' overview.
+        assert!(
+            own.contains("<title>Overview · globex · diesel-inbox</title>"),
+            "{own}"
+        );
+        assert!(
+            own.contains("<a href=\"/ops/overview\">Tenants</a> › <strong>globex</strong>"),
+            "{own}"
+        );
         let (status, own) = http_get(
             addr,
             "/ops/tenants/acme/dead?destination=orders",
@@ -1500,6 +1510,90 @@ fn the_relays_metrics_carry_the_tenant() {
         [("acme".to_owned(), 3), ("globex".to_owned(), 2)].into();
     assert_eq!(latencies, expected, "confirm latencies, by tenant");
     check(&published.got(), &expected);
+}
+
+/// The relay over tenants counts each tenant's outbox for the gauges,
+/// labelled with the tenant: messages not yet due are each tenant's own
+/// `diesel_inbox.outbox.scheduled`, and nothing is counted without a
+/// tenant.
+#[cfg(feature = "metrics")]
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn the_outbox_gauges_are_counted_per_tenant() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+    let dbs = Databases::new("gauges");
+    let acme = dbs.create("acme");
+    let globex = dbs.create("globex");
+    for (url, n) in [(&acme, 3), (&globex, 1)] {
+        let mut conn = PgConnection::establish(url).expect("the tenant's database");
+        conn.transaction(|conn| {
+            for i in 0..n {
+                let later = Outgoing::new("orders", format!("later:{i}"))
+                    .deliver_after(Duration::from_secs(3600));
+                outbox::enqueue(conn, later)?;
+            }
+            Ok::<_, diesel_inbox::InboxError>(())
+        })
+        .expect("enqueue");
+    }
+    let tenants: Tenants<PgPool> = Tenants::list([("acme", acme), ("globex", globex)]);
+    // Each tenant's `scheduled` gauge, by the tenant label (`None`: a
+    // gauge without one), into `got`. A snapshot resets what it reads to
+    // 0, so the largest value seen is the count.
+    let scheduled = |snapshotter: &Snapshotter, got: &mut BTreeMap<Option<String>, f64>| {
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            if let ("diesel_inbox.outbox.scheduled", DebugValue::Gauge(v)) =
+                (key.key().name(), value)
+            {
+                let tenant = key
+                    .key()
+                    .labels()
+                    .find(|l| l.key() == "diesel_inbox.tenant")
+                    .map(|l| l.value().to_owned());
+                let seen = got.entry(tenant).or_insert(0.0);
+                *seen = seen.max(v.into_inner());
+            }
+        }
+    };
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let published = Recorder::default();
+    let got = metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(async {
+                let relay = Relay::tenants(tenants, published.clone());
+                // Until both tenants were counted (at most 60 s).
+                let began = Instant::now();
+                let mut got = BTreeMap::new();
+                let counted = async {
+                    loop {
+                        scheduled(&snapshotter, &mut got);
+                        let both = got.values().filter(|v| **v > 0.0).count() >= 2;
+                        if both || began.elapsed() > Duration::from_secs(60) {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                };
+                relay.run(counted).await.expect("the relay");
+                scheduled(&snapshotter, &mut got);
+                got
+            })
+    });
+    let expected: BTreeMap<Option<String>, f64> = [
+        (Some("acme".to_owned()), 3.0),
+        (Some("globex".to_owned()), 1.0),
+    ]
+    .into();
+    assert_eq!(got, expected, "each tenant's scheduled messages");
+    assert!(published.got().is_empty(), "nothing was due");
 }
 
 /// `refresh` reads the source one call at a time: twenty calls at once

@@ -43,7 +43,7 @@ pub(super) struct ActionForm {
 fn refused(context: &Context, status: StatusCode, why: &str) -> Response {
     html::page(
         status,
-        &context.base,
+        context,
         View::Dead,
         None,
         &format!(
@@ -223,7 +223,7 @@ pub(super) async fn act<P: RelayPool>(
         Err(why) => {
             inbox_runtime::__facade::console_action(&name, "failed", 0);
             tracing::warn!(target: crate::TRACING_TARGET, action = %name, who = %who, target = %what, error = %why, "diesel-inbox console: action failed");
-            return html::unavailable(&context.base, View::Dead, why);
+            return html::unavailable(&context, View::Dead, why);
         }
     };
     let location = match form.back.as_deref() {

@@ -2,6 +2,7 @@
 //! through [`esc`]), the page around each view, the stylesheet, the live
 //! script, the rate charts (SVG) and the forms of the actions.
 
+use super::Context;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::fmt::Write;
@@ -53,11 +54,12 @@ pub(super) enum View {
 /// `body`.
 pub(super) fn page(
     status: StatusCode,
-    base: &str,
+    context: &Context,
     view: View,
     notice: Option<&str>,
     body: &str,
 ) -> Response {
+    let base = context.base.as_str();
     let link = |target: View, path: &str, name: &str| {
         // Mounted, the overview is `/ops` under `.nest("/ops", ..)` and
         // `/ops/` under `.nest("/ops/", ..)` (axum routes a nested `/` at
@@ -96,13 +98,32 @@ pub(super) fn page(
     let notice = notice.map_or(String::new(), |n| {
         format!("<p class=\"notice\" id=\"notice\">{}</p>", esc(n))
     });
+    // A tenant's pages name it, and link back to the tenants' overview
+    // (mounted: its `/overview` route, as `link` above).
+    let (crumb, of) = match &context.tenant {
+        Some(tenant) => {
+            let overview = match tenant.tenants_base.is_empty() {
+                true => "/".to_owned(),
+                false => format!("{}/overview", tenant.tenants_base),
+            };
+            (
+                format!(
+                    "<span class=\"tenant\" id=\"tenant\"><a href=\"{}\">Tenants</a> › <strong>{}</strong></span> ",
+                    esc(&overview),
+                    esc(&tenant.name)
+                ),
+                format!(" · {}", esc(&tenant.name)),
+            )
+        }
+        None => (String::new(), String::new()),
+    };
     let html = format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width\">\
-         <title>{title} · diesel-inbox</title>\
+         <title>{title}{of} · diesel-inbox</title>\
          <link rel=\"stylesheet\" href=\"{base}/console.css\">\
          <script src=\"{base}/console.js\" defer></script></head>\
-         <body><header><strong>diesel-inbox</strong> <nav>{nav}</nav></header>\
+         <body><header><strong>diesel-inbox</strong> {crumb}<nav>{nav}</nav></header>\
          <main><h1>{title}</h1>{notice}{body}</main></body></html>",
         base = esc(base),
     );
@@ -115,10 +136,10 @@ pub(super) fn page(
 }
 
 /// The page of a database that did not answer.
-pub(super) fn unavailable(base: &str, view: View, why: &str) -> Response {
+pub(super) fn unavailable(context: &Context, view: View, why: &str) -> Response {
     page(
         StatusCode::SERVICE_UNAVAILABLE,
-        base,
+        context,
         view,
         None,
         &format!(

@@ -195,6 +195,16 @@ struct Authorize(Arc<dyn Fn(&Parts) -> bool + Send + Sync>);
 #[derive(Clone, Copy)]
 struct MaxAttempts(u32);
 
+/// The tenant whose console a request reaches through the tenants'
+/// console (set by its route): the pages name it and link back.
+#[derive(Clone)]
+struct InTenant {
+    /// The tenant's name.
+    name: String,
+    /// The path the tenants' console is mounted at (`""` at the root).
+    tenants_base: String,
+}
+
 /// The names besides loopback a console without `authorize` answers to
 /// (lowercase, without a port or a trailing dot).
 #[derive(Clone)]
@@ -340,6 +350,8 @@ struct Context {
     /// Where to ask for the positions' lag.
     #[cfg(feature = "kafka")]
     kafka: Option<Arc<lag::Lags>>,
+    /// The tenant, on a tenant's pages of the tenants' console.
+    tenant: Option<InTenant>,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Context {
@@ -366,6 +378,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
             max_attempts: parts.extensions.get::<MaxAttempts>().map(|m| m.0),
             #[cfg(feature = "kafka")]
             kafka: parts.extensions.get::<KafkaBrokers>().map(|k| k.0.clone()),
+            tenant: parts.extensions.get::<InTenant>().cloned(),
         })
     }
 }

@@ -62,7 +62,7 @@ pub(super) async fn overview<P: RelayPool>(
     match read {
         Ok(overview) => page(
             StatusCode::OK,
-            &context.base,
+            &context,
             View::Overview,
             notice.notice.as_deref(),
             &format!(
@@ -72,7 +72,7 @@ pub(super) async fn overview<P: RelayPool>(
                 tables(&overview, &context, &lags(&overview, &context).await)
             ),
         ),
-        Err(why) => html::unavailable(&context.base, View::Overview, &why),
+        Err(why) => html::unavailable(&context, View::Overview, &why),
     }
 }
 
@@ -420,7 +420,7 @@ pub(super) async fn dead<P: RelayPool>(
         Ok(filter) => filter,
         Err(why) => {
             let _ = write!(body, "<p class=\"error\">{}</p>", esc(&why));
-            return page(StatusCode::BAD_REQUEST, base, View::Dead, None, &body);
+            return page(StatusCode::BAD_REQUEST, &context, View::Dead, None, &body);
         }
     };
     let consumer = (!query.consumer.is_empty()).then_some(query.consumer.as_str());
@@ -433,14 +433,14 @@ pub(super) async fn dead<P: RelayPool>(
     .await;
     let (groups, dead, failing) = match read {
         Ok(lists) => lists,
-        Err(why) => return html::unavailable(base, View::Dead, &why),
+        Err(why) => return html::unavailable(&context, View::Dead, &why),
     };
     body.push_str(&failure_groups(&console.csrf, &context, &query, &groups));
     body.push_str(&outbox_dead(&console.csrf, &context, &query, &dead));
     body.push_str(&inbox_failing(&console.csrf, &context, &query, &failing));
     page(
         StatusCode::OK,
-        base,
+        &context,
         View::Dead,
         query.notice.as_deref(),
         &body,
@@ -724,10 +724,10 @@ pub(super) async fn lookup<P: RelayPool>(
     );
     let (consumer, key) = match query.target() {
         Ok(Some(target)) => target,
-        Ok(None) => return page(StatusCode::OK, base, View::Lookup, None, &body),
+        Ok(None) => return page(StatusCode::OK, &context, View::Lookup, None, &body),
         Err(why) => {
             let _ = write!(body, "<p class=\"error\">{}</p>", esc(&why));
-            return page(StatusCode::BAD_REQUEST, base, View::Lookup, None, &body);
+            return page(StatusCode::BAD_REQUEST, &context, View::Lookup, None, &body);
         }
     };
     let read = with_db!(console, |conn| async {
@@ -738,7 +738,7 @@ pub(super) async fn lookup<P: RelayPool>(
     .await;
     let (entry, attempts) = match read {
         Ok(found) => found,
-        Err(why) => return html::unavailable(base, View::Lookup, &why),
+        Err(why) => return html::unavailable(&context, View::Lookup, &why),
     };
     let _ = write!(
         body,
@@ -778,7 +778,7 @@ pub(super) async fn lookup<P: RelayPool>(
     }
     page(
         StatusCode::OK,
-        base,
+        &context,
         View::Lookup,
         query.notice.as_deref(),
         &body,

@@ -236,7 +236,7 @@ where
             );
             return page(
                 StatusCode::BAD_REQUEST,
-                &context.base,
+                &context,
                 View::Tenants,
                 None,
                 &body,
@@ -250,7 +250,7 @@ where
         esc(&query.link(&context.base, "/live", page_number)),
         tables(&context, &query, page_number, &reads, total)
     );
-    page(StatusCode::OK, &context.base, View::Tenants, None, &body)
+    page(StatusCode::OK, &context, View::Tenants, None, &body)
 }
 
 /// The tenants' tables alone, for the live update.
@@ -464,6 +464,11 @@ where
         Ok(uri) => *request.uri_mut() = uri,
         Err(_) => return missing(&context, StatusCode::BAD_REQUEST, "the request's path"),
     }
+    // The tenant's pages name it and link back to this overview.
+    request.extensions_mut().insert(super::InTenant {
+        name: name.clone(),
+        tenants_base: context.base.clone(),
+    });
     let mut router = super::routes(tenant, console.token(&name));
     let ready = std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut router, cx));
     if let Err(never) = ready.await {
@@ -481,7 +486,7 @@ where
 fn missing(context: &Context, status: StatusCode, why: &str) -> Response {
     page(
         status,
-        &context.base,
+        context,
         View::Tenants,
         None,
         &format!("<p class=\"error\" id=\"no-tenant\">{}</p>", esc(why)),
