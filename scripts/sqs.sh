@@ -18,14 +18,15 @@
 #
 # moto goes into a virtual environment under ~/.cache/diesel-inbox (kept
 # between runs); the server's log into target/sqs/ (target/sqs-<port>/
-# for a port other than 5000).
+# for a port other than 5000; SQS_DIR moves them).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
 port="${SQS_PORT:-5000}"
 case "$port" in
   5000) dir="${SQS_DIR:-$here/target/sqs}" ;;
-  *) dir="${SQS_DIR:-$here/target/sqs-$port}" ;;
+  # Each server's pid file of its own, whatever SQS_DIR says.
+  *) dir="${SQS_DIR:-$here/target/sqs}-$port" ;;
 esac
 venv="${SQS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/diesel-inbox/moto-venv}"
 

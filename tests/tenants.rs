@@ -1452,6 +1452,47 @@ fn the_console_shows_every_tenant_and_each_tenants_own_pages() {
     });
 }
 
+/// A tenant's pages name it escaped: a name with quotes, markup and a
+/// slash (reached as `%2F`) is text in the title and the header, and the
+/// link back is the overview's, mounted at the root.
+#[cfg(feature = "console")]
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn a_tenants_pages_name_it_escaped() {
+    use diesel_inbox::console;
+    let dbs = Databases::new("crumb");
+    let url = dbs.create("odd");
+    let tenants: Tenants<PgPool> = Tenants::list([("a\"<b>&c/d", url)]);
+    runtime().block_on(async {
+        let app = console::tenants(tenants);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .await
+        });
+        let (status, page) = http_get(addr, "/tenants/a%22%3Cb%3E%26c%2Fd/", "localhost").await;
+        assert_eq!(status, 200, "{page}");
+        assert!(
+            page.contains("<title>Overview · a&quot;&lt;b&gt;&amp;c/d · diesel-inbox</title>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<a href=\"/\">Tenants</a> › <strong>a&quot;&lt;b&gt;&amp;c/d</strong>"),
+            "{page}"
+        );
+        assert!(!page.contains("a\"<b>"), "the name is never markup: {page}");
+    });
+}
+
 /// The relay's metrics over tenants carry each message's tenant: the
 /// sent counter and the confirm latency per tenant, as many as each
 /// tenant's database held.

@@ -540,8 +540,10 @@ where
         type Backend<D> =
             <<D as RelayPool>::Connection as diesel_async::AsyncConnectionCore>::Backend;
         if settle.is_empty() && !claim {
-            // Nothing to settle, nothing to claim (a turn's last batch is
-            // out and the one before it settled): no connection taken.
+            // Nothing to settle, nothing to claim (a turn of one batch,
+            // beside that batch's publish): no checkout, whose recycle
+            // check is a round trip, and on a tenant set whose limit is
+            // reached may close one pool and open another.
             return Ok(None);
         }
         let settle: Vec<(&steps::Claim, &[PublishOutcome])> = settle

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 /// The default [`TenantRelay::turn`].
-const DEFAULT_TURN: u64 = 1;
+const DEFAULT_TURN: u64 = 4;
 /// The default [`TenantRelay::refresh_interval`].
 const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -33,7 +33,7 @@ const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 /// in the spans (`tenant`) and in the metrics (`diesel_inbox.tenant`).
 ///
 /// - **Turns:** a tenant with messages due gets a turn of
-///   [`turn`](Self::turn) batches (default 1), then waits behind every
+///   [`turn`](Self::turn) batches (default 4), then waits behind every
 ///   other tenant that is due: a backlog of a million does not starve a
 ///   tenant with ten.
 /// - **Concurrency:** at most [`concurrency`](Self::concurrency) tenants
@@ -123,7 +123,9 @@ struct Slot<T: TenantPool, P> {
     outages: u32,
     /// Its turn is under way.
     busy: bool,
-    /// When a turn of its last counted its outbox for the gauges.
+    /// When a turn of its was last asked to count its outbox for the
+    /// gauges (a turn that fails does not count: the next count is then
+    /// at most 10 s later).
     #[cfg(feature = "metrics")]
     counted: Option<Instant>,
 }
@@ -181,7 +183,12 @@ where
     }
 
     /// The batches a tenant publishes in one turn before the tenants due
-    /// behind it take theirs (default 1; at least 1).
+    /// behind it take theirs (default 4; at least 1). A longer turn opens
+    /// fewer connections where the set's limit makes tenants share them (a
+    /// turn of 1 published 0.67 of one database's rate over 100 tenants
+    /// and 16 connections, a turn of 4 1.16: docs/performance.md); a
+    /// shorter one lets a tenant due behind a backlog in sooner when every
+    /// place is taken.
     pub fn turn(mut self, batches: u64) -> Self {
         self.turn = batches.max(1);
         self
@@ -255,7 +262,7 @@ where
     /// One tenant's turn, bounded by [`bound`](Self::bound), in a span
     /// that names the tenant; with `count`, a turn that ran then counts the
     /// tenant's outbox for its gauges (labelled with the tenant), within
-    /// the same bound.
+    /// the same bound or 10 s, whichever is shorter.
     fn start(&self, name: Arc<str>, slot: &Slot<T, P>, count: bool) -> Running {
         let bound = self.bound();
         let (relay, id) = (slot.relay.clone(), slot.id);
@@ -272,7 +279,8 @@ where
                 };
                 #[cfg(feature = "metrics")]
                 if count && matches!(turn, Turn::Ran(Ok(()))) {
-                    inbox_runtime::__facade::for_tenant(name.clone(), relay.count_status(bound))
+                    let within = bound.min(super::STATUS_INTERVAL);
+                    inbox_runtime::__facade::for_tenant(name.clone(), relay.count_status(within))
                         .await;
                 }
                 #[cfg(not(feature = "metrics"))]
