@@ -1240,6 +1240,24 @@ fn the_chain_over_tenants_survives_aborted_relays_and_runners() {
     }
 }
 
+/// Serves `app` on a loopback port of its own (in the background); its
+/// address.
+#[cfg(feature = "console")]
+async fn serve(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+    });
+    addr
+}
+
 /// A request over TCP to the console at `addr`: the status and the body.
 #[cfg(feature = "console")]
 async fn http_get(addr: std::net::SocketAddr, path: &str, host: &str) -> (u16, String) {
@@ -1317,17 +1335,7 @@ fn the_console_shows_every_tenant_and_each_tenants_own_pages() {
         .checkout_timeout(Duration::from_secs(1));
     runtime().block_on(async {
         let app = axum::Router::new().nest("/ops", console::tenants(tenants).max_attempts(3));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let addr = listener.local_addr().expect("its address");
-        tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-            )
-            .await
-        });
+        let addr = serve(app).await;
 
         let started = Instant::now();
         let (status, page) = http_get(addr, "/ops", "localhost").await;
@@ -1468,17 +1476,7 @@ fn a_tenants_pages_name_it_escaped() {
     let tenants: Tenants<PgPool> = Tenants::list([("a\"<b>&c/d", url)]);
     runtime().block_on(async {
         let app = console::tenants(tenants);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let addr = listener.local_addr().expect("its address");
-        tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-            )
-            .await
-        });
+        let addr = serve(app).await;
         let (status, page) = http_get(addr, "/tenants/a%22%3Cb%3E%26c%2Fd/", "localhost").await;
         assert_eq!(status, 200, "{page}");
         assert!(
