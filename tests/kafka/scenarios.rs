@@ -783,7 +783,8 @@ impl Backend {
     }
 
     /// A consumer is stopped with SIGTERM mid-stream: it exits cleanly
-    /// within its shutdown deadline (5 s), with its report; a new one
+    /// after its shutdown deadline (5 s) and its close (within 30 s in
+    /// all), with its report; a new one
     /// finishes: every message once, in order per key.
     fn sigterm(&self, env: &Env) -> Check {
         let topic = format!("sigterm-{}", env.run);
@@ -800,9 +801,10 @@ impl Backend {
         first.stop()?;
         // The 5 s deadline, then the consumer's close (librdkafka leaves
         // the group): up to 11.7 s seen with every scenario of the suite
-        // running beside a build on the 2-core machine, and 15.9 s with
-        // the matrix and the tenants' kill chain beside them.
-        if stopping.elapsed() > Duration::from_secs(20) {
+        // running beside a build on the 2-core machine, 15.9 s with the
+        // matrix and the tenants' kill chain beside them, and 20.2 and
+        // 22.2 s beside CI's feature-set checks on a slower machine.
+        if stopping.elapsed() > Duration::from_secs(30) {
             return Err(format!(
                 "SIGTERM took {:?} to stop the consumer",
                 stopping.elapsed()
