@@ -1222,6 +1222,18 @@ fn the_tenants_option_runs_each_command_on_every_tenant() {
     let (code, _, err) = tenants(&["stats"]);
     assert_eq!(code, 2);
     assert!(err.contains("tenant acme is listed twice"), "{err}");
+    // `.` and `..`: no console page could name them.
+    for dots in [".", ".."] {
+        std::fs::write(&list, format!("{dots} {}\n", url("acme.db"))).expect("the list");
+        let (code, _, err) = tenants(&["stats"]);
+        assert_eq!(code, 2);
+        assert!(
+            err.contains(&format!(
+                "the tenant name \"{dots}\" cannot be a path segment"
+            )),
+            "{err}"
+        );
+    }
     // A bare path is refused (it would be taken for a SQLite file, and
     // created), as is one database named twice.
     std::fs::write(&list, format!("acme {}\n", path("acme.db"))).expect("the list");

@@ -1551,10 +1551,113 @@ fn the_relays_metrics_carry_the_tenant() {
     check(&published.got(), &expected);
 }
 
+/// Each gauge's last value, by name and tenant label (`None`: a gauge
+/// without one): a recorder of the test's own (metrics-util's debugging
+/// snapshot resets a gauge it reads, so a gauge set to 0 and one not set
+/// again read the same).
+#[cfg(feature = "metrics")]
+#[derive(Clone, Default)]
+struct Gauges(Arc<Mutex<BTreeMap<GaugeKey, f64>>>);
+
+/// A gauge's name and tenant label.
+#[cfg(feature = "metrics")]
+type GaugeKey = (String, Option<String>);
+
+#[cfg(feature = "metrics")]
+impl Gauges {
+    fn last(&self, name: &str, tenant: Option<&str>) -> Option<f64> {
+        let key = (name.to_owned(), tenant.map(str::to_owned));
+        self.0.lock().expect("not poisoned").get(&key).copied()
+    }
+
+    fn tenants(&self) -> BTreeSet<Option<String>> {
+        let gauges = self.0.lock().expect("not poisoned");
+        gauges.keys().map(|(_, tenant)| tenant.clone()).collect()
+    }
+}
+
+/// One gauge of [`Gauges`].
+#[cfg(feature = "metrics")]
+struct Gauge(Gauges, GaugeKey);
+
+#[cfg(feature = "metrics")]
+impl metrics::GaugeFn for Gauge {
+    fn increment(&self, value: f64) {
+        *self
+            .0
+             .0
+            .lock()
+            .expect("not poisoned")
+            .entry(self.1.clone())
+            .or_default() += value;
+    }
+
+    fn decrement(&self, value: f64) {
+        self.increment(-value);
+    }
+
+    fn set(&self, value: f64) {
+        self.0
+             .0
+            .lock()
+            .expect("not poisoned")
+            .insert(self.1.clone(), value);
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl metrics::Recorder for Gauges {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        let tenant = key
+            .labels()
+            .find(|l| l.key() == "diesel_inbox.tenant")
+            .map(|l| l.value().to_owned());
+        metrics::Gauge::from_arc(Arc::new(Gauge(
+            self.clone(),
+            (key.name().to_owned(), tenant),
+        )))
+    }
+
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
 /// The relay over tenants counts each tenant's outbox for the gauges,
 /// labelled with the tenant: messages not yet due are each tenant's own
 /// `diesel_inbox.outbox.scheduled`, and nothing is counted without a
-/// tenant.
+/// tenant. A tenant removed from the set while the relay runs has its
+/// gauges set to 0, not left at their last count.
 #[cfg(feature = "metrics")]
 #[test]
 #[cfg_attr(
@@ -1562,8 +1665,7 @@ fn the_relays_metrics_carry_the_tenant() {
     ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
 )]
 fn the_outbox_gauges_are_counted_per_tenant() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-
+    const SCHEDULED: &str = "diesel_inbox.outbox.scheduled";
     let dbs = Databases::new("gauges");
     let acme = dbs.create("acme");
     let globex = dbs.create("globex");
@@ -1580,58 +1682,72 @@ fn the_outbox_gauges_are_counted_per_tenant() {
         .expect("enqueue");
     }
     let tenants: Tenants<PgPool> = Tenants::list([("acme", acme), ("globex", globex)]);
-    // Each tenant's `scheduled` gauge, by the tenant label (`None`: a
-    // gauge without one), into `got`. A snapshot resets what it reads to
-    // 0, so the largest value seen is the count.
-    let scheduled = |snapshotter: &Snapshotter, got: &mut BTreeMap<Option<String>, f64>| {
-        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-            if let ("diesel_inbox.outbox.scheduled", DebugValue::Gauge(v)) =
-                (key.key().name(), value)
-            {
-                let tenant = key
-                    .key()
-                    .labels()
-                    .find(|l| l.key() == "diesel_inbox.tenant")
-                    .map(|l| l.value().to_owned());
-                let seen = got.entry(tenant).or_insert(0.0);
-                *seen = seen.max(v.into_inner());
-            }
-        }
-    };
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    let gauges = Gauges::default();
     let published = Recorder::default();
-    let got = metrics::with_local_recorder(&recorder, || {
+    let counted = metrics::with_local_recorder(&gauges, || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a runtime")
             .block_on(async {
-                let relay = Relay::tenants(tenants, published.clone());
-                // Until both tenants were counted (at most 60 s).
+                let relay = Relay::tenants(tenants, published.clone())
+                    .refresh_interval(Duration::from_millis(200));
                 let began = Instant::now();
-                let mut got = BTreeMap::new();
-                let counted = async {
-                    loop {
-                        scheduled(&snapshotter, &mut got);
-                        let both = got.values().filter(|v| **v > 0.0).count() >= 2;
-                        if both || began.elapsed() > Duration::from_secs(60) {
-                            break;
-                        }
+                let watched = async {
+                    // Until both tenants were counted (at most 60 s).
+                    while gauges.last(SCHEDULED, Some("acme")).is_none()
+                        || gauges.last(SCHEDULED, Some("globex")).is_none()
+                    {
+                        assert!(began.elapsed() < Duration::from_secs(60), "not counted");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
+                    let counted = (
+                        gauges.last(SCHEDULED, Some("acme")),
+                        gauges.last(SCHEDULED, Some("globex")),
+                    );
+                    // Then globex leaves the set: its gauges read 0 once
+                    // the relay reads the set again (every 200 ms here).
+                    assert!(relay.tenant_set().remove("globex"));
+                    while gauges.last(SCHEDULED, Some("globex")) != Some(0.0) {
+                        assert!(
+                            began.elapsed() < Duration::from_secs(60),
+                            "globex's gauges not reset"
+                        );
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    counted
                 };
-                relay.run(counted).await.expect("the relay");
-                scheduled(&snapshotter, &mut got);
-                got
+                let mut result = None;
+                relay
+                    .run(async { result = Some(watched.await) })
+                    .await
+                    .expect("the relay");
+                result.expect("watched")
             })
     });
-    let expected: BTreeMap<Option<String>, f64> = [
-        (Some("acme".to_owned()), 3.0),
-        (Some("globex".to_owned()), 1.0),
-    ]
-    .into();
-    assert_eq!(got, expected, "each tenant's scheduled messages");
+    assert_eq!(
+        counted,
+        (Some(3.0), Some(1.0)),
+        "each tenant's scheduled messages"
+    );
+    assert_eq!(
+        gauges.tenants(),
+        BTreeSet::from([Some("acme".to_owned()), Some("globex".to_owned())]),
+        "every outbox gauge names its tenant"
+    );
+    for gauge in ["pending", "scheduled", "dead", "oldest_pending_age"] {
+        let name = format!("diesel_inbox.outbox.{gauge}");
+        assert_eq!(
+            gauges.last(&name, Some("globex")),
+            Some(0.0),
+            "{name} of the removed tenant"
+        );
+    }
+    assert_eq!(
+        gauges.last(SCHEDULED, Some("acme")),
+        Some(3.0),
+        "acme's, still counted"
+    );
     assert!(published.got().is_empty(), "nothing was due");
 }
 

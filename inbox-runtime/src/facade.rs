@@ -16,7 +16,7 @@ pub use crate::options::Codec;
 /// The HTTP front door's telemetry.
 pub use crate::telemetry::HttpTelemetry;
 #[cfg(feature = "async")]
-pub use crate::telemetry::{for_tenant, settled_by_caller};
+pub use crate::telemetry::{for_tenant, outbox_status_gone, settled_by_caller};
 /// The `tracing` target of every event and span of the library.
 pub const TRACING_TARGET: &str = crate::target::TARGET;
 /// What the broker glue reports through the runtime's telemetry.

@@ -178,6 +178,22 @@ pub(crate) fn outbox_status(pending: u64, scheduled: u64, dead: u64, oldest: std
     let _ = (pending, scheduled, dead, oldest);
 }
 
+/// A tenant left the relay over tenants: its outbox gauges read 0 from
+/// now on, not the last count of an outbox no longer relayed.
+#[cfg(feature = "async")]
+pub fn outbox_status_gone(tenant: &str) {
+    #[cfg(feature = "metrics")]
+    {
+        let labels = [("diesel_inbox.tenant", tenant.to_owned())];
+        metrics::gauge!("diesel_inbox.outbox.pending", &labels).set(0.0);
+        metrics::gauge!("diesel_inbox.outbox.scheduled", &labels).set(0.0);
+        metrics::gauge!("diesel_inbox.outbox.dead", &labels).set(0.0);
+        metrics::gauge!("diesel_inbox.outbox.oldest_pending_age", &labels).set(0.0);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = tenant;
+}
+
 /// The WAL outbox's slot as `outbox::status` read it: the WAL it keeps
 /// and the WAL past its confirmed position (bytes).
 pub(crate) fn outbox_wal_slot(retained: u64, unconfirmed: u64) {

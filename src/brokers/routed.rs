@@ -85,6 +85,12 @@ impl<S, E> Consumer<S, E> {
     ///   checkout timeout) fails the delivery transiently
     ///   ([`InboxError::TenantUnavailable`](crate::InboxError::TenantUnavailable)):
     ///   it is redelivered with the policy's backoff.
+    /// - On Kafka, each tenant's database keeps the partition's position
+    ///   after that tenant's last message: a zombie is refused where a
+    ///   newer owner has moved its tenant's position past its message, and
+    ///   its message is otherwise a `Duplicate` of the inbox row; a
+    ///   database restored from a backup is not read for a gap (one
+    ///   tenant's messages are not contiguous in a partition).
     /// - A handler that runs longer than
     ///   [`tenant_timeout`](Self::tenant_timeout) (default 60 s) is
     ///   dropped, its connection closed (the server rolls back), and the
@@ -115,7 +121,7 @@ impl<S, E> Consumer<S, E> {
     /// # }
     /// ```
     pub async fn run_tenants<T, O, F>(
-        self,
+        mut self,
         tenants: &crate::tenants::Tenants<T>,
         handler: F,
         shutdown: impl Future<Output = ()>,
@@ -128,6 +134,7 @@ impl<S, E> Consumer<S, E> {
         T::Guard: 'static,
         F: AsyncFn(&mut T::Connection, &Message<'_>) -> Result<O, E>,
     {
+        self.source.routing();
         self.drive(
             &Routed {
                 tenants,

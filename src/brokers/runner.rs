@@ -138,6 +138,11 @@ pub trait Source: Sealed {
     /// until the one before it is settled).
     #[doc(hidden)]
     fn batching(&mut self) {}
+    /// The runner routes each message to its tenant's database
+    /// (`run_tenants`): Kafka's positions of one partition are then spread
+    /// over many databases.
+    #[doc(hidden)]
+    fn routing(&mut self) {}
     /// How long the broker waits for a settlement before it delivers a
     /// message again, when only [`Inbound::in_progress`] keeps a message
     /// the runner holds from coming back (JetStream's `ack_wait`); `None`

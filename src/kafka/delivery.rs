@@ -180,6 +180,7 @@ impl<C: ConsumerContext + 'static> Inbound for Delivery<C> {
             lanes: all,
             ready,
             waker,
+            ..
         } = &mut *lanes;
         // A batch given back at shutdown: nothing moves (what the group
         // hands out next starts from the committed offset).
@@ -280,6 +281,21 @@ pub(super) fn receive<C: ConsumerContext + 'static>(
     })
 }
 
+/// The lowest stored position a delivery's fence admits: the runner's
+/// own (`start`), or, when the runner routes messages to their tenants'
+/// databases, any position up to the message's offset. A tenant's
+/// database holds the partition's position after that tenant's last
+/// message, and the other tenants' messages since are no gap in it. A
+/// position past the offset is still refused (a newer owner, or a zombie,
+/// applied it, and everything of the partition before it was handled:
+/// each partition is handled in offset order).
+fn floor_of(routed: bool, start: Option<i64>) -> Option<i64> {
+    match routed {
+        true => Some(i64::MIN),
+        false => start,
+    }
+}
+
 impl<C: ConsumerContext + 'static> Deliveries<C> {
     pub(super) fn deliver(&self, record: Arc<Record>, floor: Option<i64>) -> Delivery<C> {
         Delivery {
@@ -303,6 +319,7 @@ impl<C: ConsumerContext + 'static> Stream for Deliveries<C> {
                         .lanes
                         .get(&(record.topic.clone(), record.partition))
                         .and_then(|lane| lane.start);
+                    let floor = floor_of(lanes.routed, floor);
                     drop(lanes);
                     return Poll::Ready(Some(Ok(self.deliver(record, floor))));
                 }
@@ -334,7 +351,7 @@ impl<C: ConsumerContext + 'static> Stream for Deliveries<C> {
             };
             let shared = self.shared.clone();
             let mut lanes = shared.lanes();
-            let batched = lanes.batched;
+            let (batched, routed) = (lanes.batched, lanes.routed);
             let lane = lanes
                 .lanes
                 .entry((record.topic.clone(), record.partition))
@@ -351,7 +368,7 @@ impl<C: ConsumerContext + 'static> Stream for Deliveries<C> {
             }
             lane.received = Some(record.offset);
             if batched {
-                let floor = lane.start;
+                let floor = floor_of(routed, lane.start);
                 drop(lanes);
                 return Poll::Ready(Some(Ok(self.deliver(record, floor))));
             }
@@ -364,7 +381,7 @@ impl<C: ConsumerContext + 'static> Stream for Deliveries<C> {
                 continue;
             }
             lane.busy = true;
-            let floor = lane.start;
+            let floor = floor_of(routed, lane.start);
             drop(lanes);
             return Poll::Ready(Some(Ok(self.deliver(record, floor))));
         }

@@ -101,6 +101,10 @@ impl<C: ConsumerContext + 'static> crate::brokers::Source for Partitions<C> {
         self.shared.lanes().batched = true;
     }
 
+    fn routing(&mut self) {
+        self.shared.lanes().routed = true;
+    }
+
     async fn stop(&mut self, _deliveries: &mut Deliveries<C>) {
         // The consumer is yours: it leaves its group when you drop it.
     }

@@ -108,6 +108,12 @@ pub(super) struct Lanes {
     /// every message is handed out as it arrives (the runner handles one
     /// batch at a time, in offset order), and no lane waits or pauses.
     pub(super) batched: bool,
+    /// The runner routes each message to its tenant's database
+    /// ([`run_tenants`](crate::brokers::Consumer::run_tenants)): a
+    /// partition's positions are spread over many databases, so a
+    /// database's stored position below the runner's own is another
+    /// tenant's gap, not messages skipped.
+    pub(super) routed: bool,
     pub(super) lanes: HashMap<(Arc<str>, i32), Lane>,
     /// The next message of lanes that are free, oldest lane first.
     pub(super) ready: VecDeque<Arc<Record>>,

@@ -66,7 +66,9 @@ pub struct RelayReport {
     pub failed: u64,
     /// Messages that became dead (refused `max_publish_attempts` times).
     pub dead: u64,
-    /// Messages given back unpublished: the broker was unavailable.
+    /// Messages given back unpublished: the broker was unavailable. (A
+    /// message kept back behind its key's refused one is given back too,
+    /// and not counted here: the broker took the rest.)
     pub released: u64,
     /// Batches claimed.
     pub batches: u64,
@@ -546,6 +548,7 @@ where
             // reached may close one pool and open another.
             return Ok(None);
         }
+        let held_back: u64 = settle.iter().map(|d| d.held_back).sum();
         let settle: Vec<(&steps::Claim, &[PublishOutcome])> = settle
             .iter()
             .map(|d| (&d.claim, d.outcomes.as_slice()))
@@ -577,7 +580,7 @@ where
         report.published += settled.published;
         report.failed += settled.failed;
         report.dead += settled.dead;
-        report.released += settled.released;
+        report.released += settled.released.saturating_sub(held_back);
         report.batches += u64::from(stepped.claim.is_some());
         Ok(stepped.claim)
     }
@@ -626,6 +629,9 @@ where
         };
         let mut closed = None;
         let mut warned = false;
+        // Kept back behind its key's refused message while the broker took
+        // the rest: given back as the others are, but no sign of an outage.
+        let mut held_back = 0;
         let outcomes: Vec<PublishOutcome> = results
             .into_iter()
             .enumerate()
@@ -653,9 +659,16 @@ where
                 // Kept back behind its key's unpublished message, or not
                 // reached (the broker became unavailable, the publish
                 // outlasted half the lease).
-                None => PublishOutcome::Released,
+                None => {
+                    held_back += 1;
+                    PublishOutcome::Released
+                }
             })
             .collect();
+        if stopped {
+            // Not reached: the outage's.
+            held_back = 0;
+        }
         #[cfg(feature = "otel")]
         for (send, outcome) in sends.iter().zip(&outcomes) {
             if *outcome != PublishOutcome::Published {
@@ -675,6 +688,7 @@ where
             outcomes,
             closed,
             stopped,
+            held_back,
         }
     }
 
@@ -754,6 +768,9 @@ struct Delivered {
     /// The broker was unavailable or the publisher closed: messages were
     /// given back.
     stopped: bool,
+    /// Given back behind their key's refused message, the broker up: not
+    /// `released` (which tells `run` the broker is unavailable).
+    held_back: u64,
 }
 
 impl Delivered {
@@ -764,6 +781,7 @@ impl Delivered {
             claim,
             closed: None,
             stopped: true,
+            held_back: 0,
         }
     }
 

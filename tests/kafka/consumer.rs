@@ -162,20 +162,7 @@ pub async fn run<D: Db>() -> Result<(), String> {
         recorder.install().expect("the only recorder");
         snapshotter
     });
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("group.id", &group)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set(
-            "session.timeout.ms",
-            env("INBOX_KAFKA_SESSION_MS").unwrap_or_else(|| "10000".into()),
-        )
-        .set("heartbeat.interval.ms", "1000")
-        .create()
-        .map_err(|e| e.to_string())?;
-    consumer.subscribe(&[&topic]).map_err(|e| e.to_string())?;
+    let consumer = subscribed(&brokers, &group, &topic)?;
     let applied = AtomicU64::new(0);
     let probe = pool.clone();
     let (topic, pool, applied, stall, forward) = (&topic, &pool, &applied, &stall, &forward);
@@ -250,14 +237,7 @@ pub async fn run<D: Db>() -> Result<(), String> {
                         }
                         let done = done?;
                         if done == Processed::Applied(()) {
-                            let n = applied.fetch_add(1, Ordering::SeqCst) + 1;
-                            if die_after == Some(n) {
-                                println!("DYING after {n}");
-                                let _ = std::process::Command::new("kill")
-                                    .args(["-KILL", &std::process::id().to_string()])
-                                    .status();
-                                tokio::time::sleep(Duration::from_secs(30)).await;
-                            }
+                            count_applied(applied, die_after).await;
                         }
                         Ok(done)
                     },
@@ -285,6 +265,108 @@ pub async fn run<D: Db>() -> Result<(), String> {
         lagging.sort();
     }
     println!("REPORT {report:?} LAG GAUGES {}", lagging.join(","));
+    Ok(())
+}
+
+/// The consumer of a subscription to `topic` in `group`, from the
+/// earliest offset, committing nothing itself.
+fn subscribed(brokers: &str, group: &str, topic: &str) -> Result<StreamConsumer, String> {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set(
+            "session.timeout.ms",
+            env("INBOX_KAFKA_SESSION_MS").unwrap_or_else(|| "10000".into()),
+        )
+        .set("heartbeat.interval.ms", "1000")
+        .create()
+        .map_err(|e| e.to_string())?;
+    consumer.subscribe(&[topic]).map_err(|e| e.to_string())?;
+    Ok(consumer)
+}
+
+/// Counts one message applied; SIGKILLs the process at the `die_after`th
+/// (its transaction committed, its offset not yet committed to Kafka).
+async fn count_applied(applied: &AtomicU64, die_after: Option<u64>) {
+    let n = applied.fetch_add(1, Ordering::SeqCst) + 1;
+    if die_after == Some(n) {
+        println!("DYING after {n}");
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &std::process::id().to_string()])
+            .status();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
+}
+
+/// The tenant a record's key names: `k0`, `k2`, ... are `acme`'s, `k1`,
+/// `k3`, ... `globex`'s; any other key (`stray`) names `nobody`, a tenant
+/// of neither.
+pub fn tenant_of(key: &str) -> &'static str {
+    match key.strip_prefix('k').and_then(|n| n.parse::<u32>().ok()) {
+        Some(n) if n % 2 == 0 => "acme",
+        Some(_) => "globex",
+        None => "nobody",
+    }
+}
+
+/// The consumer over tenants (`INBOX_KAFKA_TENANTS`, `NAME=URL` pairs
+/// separated by `;`): `run_tenants`, each message's business row and inbox
+/// row (and its partition's position) in the database of the tenant its
+/// key names ([`tenant_of`]), SQLite files. Until SIGTERM; prints
+/// `REPORT <RunReport>`.
+pub async fn tenants() -> Result<(), String> {
+    type D = Sqlite;
+    let listed = env("INBOX_KAFKA_TENANTS").ok_or("INBOX_KAFKA_TENANTS")?;
+    let topic = env("INBOX_KAFKA_TOPIC").ok_or("INBOX_KAFKA_TOPIC")?;
+    let brokers = env("INBOX_KAFKA_BROKERS").ok_or("INBOX_KAFKA_BROKERS")?;
+    let group = env("INBOX_KAFKA_GROUP").ok_or("INBOX_KAFKA_GROUP")?;
+    let die_after: Option<u64> = env("INBOX_KAFKA_DIE_AFTER").and_then(|n| n.parse().ok());
+    let tenants: diesel_inbox::tenants::Tenants<Pool<<D as Db>::Conn>> =
+        diesel_inbox::tenants::Tenants::list(
+            listed
+                .split(';')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(name, url)| (name.to_owned(), url.to_owned())),
+        );
+    let consumer = subscribed(&brokers, &group, &topic)?;
+    let applied = AtomicU64::new(0);
+    let (topic, applied) = (&topic, &applied);
+    println!("RUNNING");
+    let policy = Policy::new(|e: &AppError| matches!(e, AppError::BadPayload));
+    let report = diesel_inbox::kafka::Consumer::new(consumer, policy)
+        .in_flight(4)
+        .shutdown_deadline(Duration::from_secs(5))
+        .tenant_by(|m: &Message<'_>| {
+            let key = std::str::from_utf8(m.key()?).ok()?;
+            Some(tenant_of(key).to_owned())
+        })
+        .run_tenants(
+            &tenants,
+            async |conn: &mut <D as Db>::Conn,
+                   m: &Message<'_>|
+                   -> Result<Processed<()>, AppError> {
+                let (key, seq) = parse(m.body())?;
+                let id = m.id();
+                let done = Inbox::consumer(CONSUMER)
+                    .run_async(conn, id, async |conn: &mut <D as Db>::Conn| {
+                        D::insert(conn, topic, id, &key, seq)
+                            .await
+                            .map_err(AppError::Db)
+                    })
+                    .await?;
+                if done == Processed::Applied(()) {
+                    count_applied(applied, die_after).await;
+                }
+                Ok(done)
+            },
+            sigterm(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("REPORT {report:?}");
     Ok(())
 }
 

@@ -43,6 +43,12 @@ pub(crate) fn read(source: &str) -> Result<Vec<(String, String)>, Failure> {
                 "--tenants {source}: the tenant name {name:?} is empty or holds a space or a control character"
             )));
         }
+        if name == "." || name == ".." {
+            // A browser resolves the console's `/tenants/../` before it asks.
+            return Err(Failure(format!(
+                "--tenants {source}: the tenant name {name:?} cannot be a path segment of the console's pages: rename the tenant"
+            )));
+        }
         if names.insert(name.as_str(), ()).is_some() {
             return Err(Failure(format!(
                 "--tenants {source}: tenant {name} is listed twice"

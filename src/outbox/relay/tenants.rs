@@ -234,7 +234,14 @@ where
     /// for a removed one.
     fn follow(&self, slots: &mut BTreeMap<Arc<str>, Slot<T, P>>) {
         let names = self.tenants.names();
-        slots.retain(|name, _| names.binary_search_by(|n| n.as_str().cmp(name)).is_ok());
+        slots.retain(|name, _| {
+            let kept = names.binary_search_by(|n| n.as_str().cmp(name)).is_ok();
+            if !kept {
+                // Its gauges read 0, not the last count.
+                inbox_runtime::__facade::outbox_status_gone(name);
+            }
+            kept
+        });
         for name in names {
             if !slots.contains_key(name.as_str()) {
                 if let Some(slot) = self.slot(&name) {
@@ -421,14 +428,20 @@ where
                     report.add(ended.report);
                     // A tenant removed (or removed and added again)
                     // meanwhile has no slot of this id.
-                    if let Some(slot) = slots.get_mut(&ended.name).filter(|s| s.id == ended.id) {
-                        slot.busy = false;
-                        if let Err(e) = self.after_turn(&ended.name, slot, &ended.report, ended.turn, &mut report) {
-                            // The publisher cannot publish any more: the
-                            // other turns finish, then the relay stops.
-                            closed = Some(e);
-                            break;
+                    match slots.get_mut(&ended.name) {
+                        Some(slot) if slot.id == ended.id => {
+                            slot.busy = false;
+                            if let Err(e) = self.after_turn(&ended.name, slot, &ended.report, ended.turn, &mut report) {
+                                // The publisher cannot publish any more: the
+                                // other turns finish, then the relay stops.
+                                closed = Some(e);
+                                break;
+                            }
                         }
+                        Some(_) => {}
+                        // Removed during its turn, whose count may have
+                        // come after `follow` set its gauges to 0.
+                        None => inbox_runtime::__facade::outbox_status_gone(&ended.name),
                     }
                 }
                 read = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
