@@ -43,7 +43,8 @@ impl<S, E> Consumer<S, E> {
     /// (at least 1), or what arrived within `linger` of a batch's first
     /// message (default 100 and 10 ms). The broker's prefetch becomes
     /// `2 × max` (one batch handled, the next arriving); `in_flight` does
-    /// not apply: one batch runs at a time, in delivery order.
+    /// not apply: one batch runs at a time, in delivery order. `run` and
+    /// `run_tenants` ignore it.
     pub fn batch(mut self, max: usize, linger: Duration) -> Self {
         self.runner.batch = Some((max.max(1), linger));
         self

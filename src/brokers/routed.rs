@@ -88,9 +88,14 @@ impl<S, E> Consumer<S, E> {
     /// - On Kafka, each tenant's database keeps the partition's position
     ///   after that tenant's last message: a zombie is refused where a
     ///   newer owner has moved its tenant's position past its message, and
-    ///   its message is otherwise a `Duplicate` of the inbox row; a
-    ///   database restored from a backup is not read for a gap (one
-    ///   tenant's messages are not contiguous in a partition).
+    ///   its message is otherwise a `Duplicate` of the inbox row. A stored
+    ///   position behind the group's offset is no sign of a gap here (one
+    ///   tenant's messages are not contiguous in a partition), so the
+    ///   consumer must have `auto.offset.reset` = `earliest`
+    ///   ([`BrokerError::Config`] otherwise): offsets that expired while
+    ///   the group was down then replay duplicates instead of skipping. An
+    ///   operator's reset of the offsets forward skips, as asked; a
+    ///   database restored from a backup is not replayed.
     /// - A handler that runs longer than
     ///   [`tenant_timeout`](Self::tenant_timeout) (default 60 s) is
     ///   dropped, its connection closed (the server rolls back), and the
@@ -134,6 +139,8 @@ impl<S, E> Consumer<S, E> {
         T::Guard: 'static,
         F: AsyncFn(&mut T::Connection, &Message<'_>) -> Result<O, E>,
     {
+        // One message at a time, as `run` (`batch` is `run_batch`'s).
+        self.runner.batch = None;
         self.source.routing();
         self.drive(
             &Routed {

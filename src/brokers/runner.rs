@@ -330,7 +330,7 @@ impl<S, E> Consumer<S, E> {
     /// (`lapin::Consumer::new` on a channel of yours) returns
     /// [`BrokerError::Broker`] instead.
     pub async fn run<O, F>(
-        self,
+        mut self,
         handler: F,
         shutdown: impl Future<Output = ()>,
     ) -> Result<RunReport, BrokerError>
@@ -340,6 +340,10 @@ impl<S, E> Consumer<S, E> {
         E: HasInboxError + std::fmt::Debug,
         F: AsyncFn(&str, &[u8]) -> Result<O, E>,
     {
+        // `batch` is `run_batch`'s: one message at a time here (a Kafka
+        // partition's lane hands out its next message only once the one
+        // before it is settled).
+        self.runner.batch = None;
         self.drive(
             &Single {
                 handler,

@@ -90,6 +90,22 @@ impl<C: ConsumerContext + 'static> crate::brokers::Source for Partitions<C> {
                 }
             }
         }
+        if self.shared.lanes().routed {
+            // Over tenants, a stored position below the runner's start is
+            // another tenant's gap, so the runner cannot tell a stretch of
+            // the partition skipped by the group's offsets (expired, reset
+            // to the end) from it: the group must never skip.
+            let reset = ffi::config(&self.shared.consumer, "auto.offset.reset");
+            if !matches!(
+                reset.as_deref(),
+                Some("smallest" | "earliest" | "beginning" | "error")
+            ) {
+                return Err(BrokerError::Config(format!(
+                    "the Kafka consumer has `auto.offset.reset` = {}: over tenants (`run_tenants`) the runner cannot tell a stretch of a partition the group's offsets skip (expired while the group was down, then reset to the end) from other tenants' messages; set `auto.offset.reset` to \"earliest\" (what was applied comes again and is a duplicate)",
+                    reset.as_deref().unwrap_or("(not set: latest)")
+                )));
+            }
+        }
         self.opened.get_or_insert_with(std::time::Instant::now);
         Ok(Deliveries {
             shared: self.shared.clone(),

@@ -819,7 +819,8 @@ impl Backend {
     /// and in no other, in order per key; the partition's end stored in
     /// the database of its last message's tenant. Two records of a key
     /// that names neither tenant are dead-lettered: applied nowhere, and
-    /// passed.
+    /// passed. And first: a consumer whose `auto.offset.reset` is not
+    /// `earliest` is refused.
     fn over_tenants(&self, env: &Env) -> Check {
         let topic = format!("tenants-{}", env.run);
         let group = topic.clone();
@@ -831,6 +832,7 @@ impl Backend {
         let (acme, globex) = (tenant("acme"), tenant("globex"));
         acme.prepare()?;
         globex.prepare()?;
+        refuses_a_group_that_may_skip(env, &acme.url)?;
         let listed = format!("acme={};globex={}", acme.url, globex.url);
         let extra = [
             ("INBOX_KAFKA_TENANTS", listed),
@@ -901,7 +903,19 @@ impl Backend {
                 .collect();
             exactly_once(&db.effects(&topic)?, &own).map_err(|e| format!("{name}: {e}"))?;
         }
-        survivor.stop().map(drop)
+        // The second stray (after the 40 applied before the kill) was
+        // dead-lettered by the survivor; the first by the dying consumer,
+        // and by the survivor again if its offset was not committed.
+        let report = survivor.stop()?;
+        let dead: Option<u64> = report
+            .split("dead_lettered: ")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok());
+        match dead {
+            Some(1 | 2) => Ok(()),
+            _ => Err(format!("the strays were not dead-lettered: {report}")),
+        }
     }
 
     /// A consumer is stopped with SIGTERM mid-stream: it exits cleanly
@@ -1379,6 +1393,56 @@ fn records(run: &str, scenario: &str, keys: usize, per_key: i64) -> Vec<Record> 
         }
     }
     all
+}
+
+/// `run_tenants` refuses a Kafka consumer whose `auto.offset.reset` is not
+/// `earliest` (not set: librdkafka's `latest`; or set to `latest`), before
+/// it consumes: over tenants the runner cannot tell a skipped stretch of a
+/// partition from other tenants' messages.
+fn refuses_a_group_that_may_skip(env: &Env, tenant_url: &str) -> Check {
+    use diesel_inbox::Processed;
+    type Conn =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+    for (reset, said) in [(None, "(not set: latest)"), (Some("latest"), "largest")] {
+        let ran = env.runtime.block_on(async {
+            let mut config = ClientConfig::new();
+            config
+                .set("bootstrap.servers", &env.brokers)
+                .set("group.id", format!("refused-{}", env.run))
+                .set("enable.auto.commit", "false")
+                .set("enable.auto.offset.store", "false");
+            if let Some(reset) = reset {
+                config.set("auto.offset.reset", reset);
+            }
+            let consumer: rdkafka::consumer::StreamConsumer =
+                config.create().map_err(|e| e.to_string())?;
+            let tenants: diesel_inbox::tenants::Tenants<
+                diesel_async::pooled_connection::deadpool::Pool<Conn>,
+            > = diesel_inbox::tenants::Tenants::list([("acme", tenant_url)]);
+            let policy = diesel_inbox::brokers::Policy::new(|_: &consumer::AppError| false);
+            diesel_inbox::kafka::Consumer::new(consumer, policy)
+                .run_tenants(
+                    &tenants,
+                    async |_: &mut Conn, _: &diesel_inbox::brokers::Message<'_>| {
+                        Ok::<_, consumer::AppError>(Processed::<()>::Duplicate)
+                    },
+                    tokio::time::sleep(Duration::from_secs(10)),
+                )
+                .await
+                .map_err(|e| e.to_string())
+        });
+        match ran {
+            Err(e)
+                if e.contains(&format!("`auto.offset.reset` = {said}"))
+                    && e.contains("set `auto.offset.reset` to \"earliest\"") => {}
+            other => {
+                return Err(format!(
+                    "run_tenants on a consumer with auto.offset.reset {reset:?}: {other:?}"
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every record applied once, none other, and each key's in order.

@@ -471,6 +471,10 @@ where
         let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
             while let Some(ended) = running.next().await {
                 report.add(ended.report);
+                if !slots.contains_key(&ended.name) {
+                    // Removed during its turn, as in the loop above.
+                    inbox_runtime::__facade::outbox_status_gone(&ended.name);
+                }
                 if let Turn::Ran(Err(e)) = ended.turn {
                     if let RelayError::Publisher(_) = e {
                         closed.get_or_insert(RelayError::tenant(&ended.name, e));
