@@ -175,16 +175,7 @@ fn a_batch_publishes_a_keys_messages_in_waves_and_a_refusal_holds_back_the_rest(
         *publisher.refuse.lock().expect("lock") = Some("a2".into());
         let relay = Relay::new(pool, publisher.clone());
         let report = relay.run_once().await.expect("a pass");
-        assert_eq!(
-            (
-                report.published,
-                report.failed,
-                report.dead,
-                report.released
-            ),
-            (4, 1, 0, 0),
-            "{report:?}"
-        );
+        assert_eq!(counts(&report), (4, 1, 0, 0), "{report:?}");
         let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
         assert_eq!(calls, vec![vec!["a1", "b1", "n1"], vec!["a2", "b2"]]);
         let status = outbox::status_async(&mut conn).await.expect("status");
@@ -250,21 +241,22 @@ fn a_refusal_holding_its_keys_next_message_back_is_no_outage() {
             .batch_size(3)
             .turn(1);
         let report = relay.run_once().await.expect("a pass");
-        assert_eq!(
-            (
-                report.published,
-                report.failed,
-                report.dead,
-                report.released
-            ),
-            (3, 1, 0, 0),
-            "{report:?}"
-        );
+        assert_eq!(counts(&report), (3, 1, 0, 0), "{report:?}");
         let calls = std::mem::take(&mut *publisher.calls.lock().expect("lock"));
         assert_eq!(calls, vec![vec!["a1", "b1"], vec!["b2"], vec!["b3"]]);
         let status = outbox::status_async(&mut conn).await.expect("status");
         assert_eq!((status.pending, status.dead), (2, 0));
     });
+}
+
+/// A pass's (published, failed, dead, released).
+fn counts(report: &outbox::RelayReport) -> (u64, u64, u64, u64) {
+    (
+        report.published,
+        report.failed,
+        report.dead,
+        report.released,
+    )
 }
 
 /// Shutdown while the database stalls: the relay reaches PostgreSQL

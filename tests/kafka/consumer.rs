@@ -236,9 +236,7 @@ pub async fn run<D: Db>() -> Result<(), String> {
                             println!("OUTCOME {id} {done:?}");
                         }
                         let done = done?;
-                        if done == Processed::Applied(()) {
-                            count_applied(applied, die_after).await;
-                        }
+                        count_applied(&done, applied, die_after).await;
                         Ok(done)
                     },
                     sigterm(),
@@ -288,9 +286,13 @@ fn subscribed(brokers: &str, group: &str, topic: &str) -> Result<StreamConsumer,
     Ok(consumer)
 }
 
-/// Counts one message applied; SIGKILLs the process at the `die_after`th
-/// (its transaction committed, its offset not yet committed to Kafka).
-async fn count_applied(applied: &AtomicU64, die_after: Option<u64>) {
+/// Counts a message `done` applied; SIGKILLs the process at the
+/// `die_after`th (its transaction committed, its offset not yet committed
+/// to Kafka).
+async fn count_applied(done: &Processed<()>, applied: &AtomicU64, die_after: Option<u64>) {
+    if *done != Processed::Applied(()) {
+        return;
+    }
     let n = applied.fetch_add(1, Ordering::SeqCst) + 1;
     if die_after == Some(n) {
         println!("DYING after {n}");
@@ -361,9 +363,7 @@ pub async fn tenants() -> Result<(), String> {
                             .map_err(AppError::Db)
                     })
                     .await?;
-                if done == Processed::Applied(()) {
-                    count_applied(applied, die_after).await;
-                }
+                count_applied(&done, applied, die_after).await;
                 Ok(done)
             },
             sigterm(),
