@@ -49,7 +49,13 @@ impl Broker for Rabbit {
         #[cfg(feature = "postgres")]
         own.extend(Self::failover_scenarios());
         #[cfg(feature = "postgres")]
-        own.push(("tenants_chain_with_kills", crate::tenants::chain_with_kills));
+        own.push(("tenants_chain_with_kills", |url| {
+            crate::tenants::chain_with_kills(url, crate::tenants::Server::Postgres)
+        }));
+        #[cfg(all(feature = "postgres", feature = "mysql"))]
+        own.push(("tenants_chain_with_kills_mariadb", |url| {
+            crate::tenants::chain_with_kills(url, crate::tenants::Server::Mariadb)
+        }));
         own
     }
 

@@ -1,6 +1,7 @@
 //! The outbox chain over a database per tenant, with kills: 100 tenant
-//! databases on PostgreSQL, each with its outbox (service A's side) and a
-//! `tenant_stock` table with an inbox (service B's side). One relay process
+//! databases on PostgreSQL, and 20 on MariaDB, each with its outbox
+//! (service A's side) and a `tenant_stock` table with an inbox (service B's
+//! side). One relay process
 //! over every tenant (`Relay::tenants`) publishes to a RabbitMQ queue, and
 //! one consumer process (`Consumer::run_tenants`) applies each message in
 //! the database of the tenant its `x-tenant` names. Each reads the tenants
@@ -13,21 +14,19 @@
 
 use crate::chain::Lcg;
 use crate::proxy::{Mode, Proxy};
-use crate::scenarios::{ensure, Broker, PgDb};
+use crate::scenarios::{ensure, Broker};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::AsyncPgConnection;
-use diesel_inbox::brokers::{Message, Policy};
 use diesel_inbox::outbox::{self, Outgoing, Relay};
-use diesel_inbox::tenants::{Tenants, TENANT_HEADER};
-use diesel_inbox::{Inbox, InboxError};
+use diesel_inbox::tenants::{TenantPool, Tenants};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Tenants listed from the start, and those added mid-run.
-const TENANTS: usize = 100;
+/// Tenants added mid-run (beside those listed from the start:
+/// [`Server::tenants`]).
 const LATE: usize = 5;
 /// Each tenant's messages, over two keys, in three waves: the relay
 /// publishes a tenant's due messages together, so that the consumer
@@ -38,8 +37,97 @@ const KEYS: u64 = 2;
 /// SIGKILLs of the relay and of the consumer, each.
 const KILLS: u32 = 3;
 
-const STOCK_DDL: &str = "CREATE TABLE tenant_stock (id BIGSERIAL PRIMARY KEY, \
-    message_id TEXT NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL, seq BIGINT NOT NULL)";
+/// The server the tenants' databases are on.
+#[derive(Clone, Copy, Debug)]
+pub enum Server {
+    Postgres,
+    #[cfg(feature = "mysql")]
+    Mariadb,
+}
+
+/// Runs `$body` with `$conn` a sync connection of `$server`'s kind to
+/// `$url` (an error if it cannot connect).
+macro_rules! on {
+    ($server:expr, $url:expr, |$conn:ident| $body:expr) => {
+        match $server {
+            Server::Postgres => {
+                let mut $conn = PgConnection::establish($url).map_err(|e| e.to_string())?;
+                $body
+            }
+            #[cfg(feature = "mysql")]
+            Server::Mariadb => {
+                let mut $conn =
+                    diesel::MysqlConnection::establish($url).map_err(|e| e.to_string())?;
+                $body
+            }
+        }
+    };
+}
+
+impl Server {
+    /// The variable naming the server's test database.
+    fn var(self) -> &'static str {
+        match self {
+            Server::Postgres => "INBOX_TEST_POSTGRES_URL",
+            #[cfg(feature = "mysql")]
+            Server::Mariadb => "INBOX_TEST_MYSQL_URL",
+        }
+    }
+
+    /// Its name in the processes' `INBOX_TENANTS_SERVER`.
+    fn name(self) -> &'static str {
+        match self {
+            Server::Postgres => "postgres",
+            #[cfg(feature = "mysql")]
+            Server::Mariadb => "mariadb",
+        }
+    }
+
+    fn named(name: &str) -> Option<Server> {
+        match name {
+            "postgres" => Some(Server::Postgres),
+            #[cfg(feature = "mysql")]
+            "mariadb" => Some(Server::Mariadb),
+            _ => None,
+        }
+    }
+
+    /// Where the server listens (the stalled tenant's proxy forwards there).
+    fn address(self) -> &'static str {
+        match self {
+            Server::Postgres => "127.0.0.1:5432",
+            #[cfg(feature = "mysql")]
+            Server::Mariadb => "127.0.0.1:3306",
+        }
+    }
+
+    /// Tenants listed from the start.
+    fn tenants(self) -> usize {
+        match self {
+            Server::Postgres => 100,
+            #[cfg(feature = "mysql")]
+            Server::Mariadb => 20,
+        }
+    }
+
+    fn stock_ddl(self) -> &'static str {
+        match self {
+            Server::Postgres => "CREATE TABLE tenant_stock (id BIGSERIAL PRIMARY KEY, \
+                message_id TEXT NOT NULL, tenant TEXT NOT NULL, msg_key TEXT NOT NULL, seq BIGINT NOT NULL)",
+            #[cfg(feature = "mysql")]
+            Server::Mariadb => "CREATE TABLE tenant_stock (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+                message_id VARCHAR(255) NOT NULL, tenant VARCHAR(64) NOT NULL, msg_key VARCHAR(64) NOT NULL, seq BIGINT NOT NULL)",
+        }
+    }
+
+    fn drop_statement(self, name: &str) -> String {
+        match self {
+            Server::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            #[cfg(feature = "mysql")]
+            Server::Mariadb => format!("DROP DATABASE IF EXISTS {name}"),
+        }
+    }
+}
 
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"))
@@ -53,7 +141,7 @@ async fn sigterm() {
 
 /// The tenant set of `INBOX_TENANTS_FILE` (`NAME URL` lines), read again
 /// when the set refreshes, its pools holding `max_connections` in all.
-fn tenants(max_connections: u32) -> Tenants<Pool<AsyncPgConnection>> {
+fn tenants<T: TenantPool>(max_connections: u32) -> Tenants<T> {
     let file = var("INBOX_TENANTS_FILE");
     Tenants::from_fn(move || {
         let read = std::fs::read_to_string(&file);
@@ -72,8 +160,12 @@ fn tenants(max_connections: u32) -> Tenants<Pool<AsyncPgConnection>> {
 }
 
 /// The relay process: every tenant's outbox to the queue, until SIGTERM.
-async fn relay() -> Result<(), String> {
-    let tenants = tenants(10);
+async fn relay<T>() -> Result<(), String>
+where
+    T: TenantPool,
+    T::Guard: 'static,
+{
+    let tenants = tenants::<T>(10);
     tenants.refresh().await.map_err(|e| e.to_string())?;
     let publisher = outbox::lapin::Publisher::connect(var("INBOX_BROKER_URL"), "");
     let report = Relay::tenants(tenants, publisher)
@@ -91,64 +183,97 @@ async fn relay() -> Result<(), String> {
     Ok(())
 }
 
-/// The consumer process: each message in its tenant's database, one at a
-/// time (per-key order), until SIGTERM.
-async fn consume() -> Result<(), String> {
-    // Messages come round the tenants: fewer pools than tenants open a
-    // connection for most messages.
-    let tenants = tenants(40);
-    let handler = async |conn: &mut AsyncPgConnection, m: &Message<'_>| {
-        let tenant = m
-            .header(TENANT_HEADER)
-            .and_then(|t| std::str::from_utf8(t).ok())
-            .unwrap_or_default()
-            .to_owned();
-        let body = String::from_utf8_lossy(m.body()).into_owned();
-        let mut parts = body.split(':');
-        let (_, key, seq) = (parts.next(), parts.next(), parts.next());
-        let (key, seq) = (
-            key.unwrap_or_default().to_owned(),
-            seq.and_then(|s| s.parse::<i64>().ok()).unwrap_or(-1),
-        );
-        let id = m.id().to_owned();
-        Inbox::consumer("stock")
-            .run_async(conn, m.id(), async move |conn: &mut AsyncPgConnection| {
-                let insert = diesel::sql_query(
-                    "INSERT INTO tenant_stock (message_id, tenant, key, seq) VALUES ($1, $2, $3, $4)",
-                )
-                .bind::<diesel::sql_types::Text, _>(&id)
-                .bind::<diesel::sql_types::Text, _>(&tenant)
-                .bind::<diesel::sql_types::Text, _>(&key)
-                .bind::<diesel::sql_types::BigInt, _>(seq);
-                diesel_async::RunQueryDsl::execute(insert, conn).await?;
-                Ok::<_, InboxError>(())
-            })
+/// The consumer process of a server's connection type (`$conn`, with the
+/// insert in its placeholders): each message in its tenant's database,
+/// one at a time (per-key order), until SIGTERM.
+macro_rules! consumer {
+    ($name:ident, $conn:ty, $insert:literal) => {
+        async fn $name() -> Result<(), String> {
+            use diesel_inbox::brokers::{Message, Policy};
+            use diesel_inbox::tenants::TENANT_HEADER;
+            use diesel_inbox::{Inbox, InboxError};
+            // Messages come round the tenants: fewer pools than tenants
+            // open a connection for most messages.
+            let tenants = tenants::<Pool<$conn>>(40);
+            let handler = async |conn: &mut $conn, m: &Message<'_>| {
+                let tenant = m
+                    .header(TENANT_HEADER)
+                    .and_then(|t| std::str::from_utf8(t).ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                let body = String::from_utf8_lossy(m.body()).into_owned();
+                let mut parts = body.split(':');
+                let (_, key, seq) = (parts.next(), parts.next(), parts.next());
+                let (key, seq) = (
+                    key.unwrap_or_default().to_owned(),
+                    seq.and_then(|s| s.parse::<i64>().ok()).unwrap_or(-1),
+                );
+                let id = m.id().to_owned();
+                Inbox::consumer("stock")
+                    .run_async(conn, m.id(), async move |conn: &mut $conn| {
+                        let insert = diesel::sql_query($insert)
+                            .bind::<diesel::sql_types::Text, _>(&id)
+                            .bind::<diesel::sql_types::Text, _>(&tenant)
+                            .bind::<diesel::sql_types::Text, _>(&key)
+                            .bind::<diesel::sql_types::BigInt, _>(seq);
+                        diesel_async::RunQueryDsl::execute(insert, conn).await?;
+                        Ok::<_, InboxError>(())
+                    })
+                    .await
+            };
+            let policy = Policy::new(|_: &InboxError| false)
+                .unlimited_deliveries()
+                .retry_delay(Duration::from_millis(50))
+                .max_retry_delay(Duration::from_millis(500));
+            diesel_inbox::lapin::Consumer::connect(
+                var("INBOX_BROKER_URL"),
+                var("INBOX_CHAIN_QUEUE"),
+                policy,
+            )
+            .in_flight(1)
+            .run_tenants(&tenants, handler, sigterm())
             .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+        }
     };
-    let policy = Policy::new(|_: &InboxError| false)
-        .unlimited_deliveries()
-        .retry_delay(Duration::from_millis(50))
-        .max_retry_delay(Duration::from_millis(500));
-    diesel_inbox::lapin::Consumer::connect(
-        var("INBOX_BROKER_URL"),
-        var("INBOX_CHAIN_QUEUE"),
-        policy,
-    )
-    .in_flight(1)
-    .run_tenants(&tenants, handler, sigterm())
-    .await
-    .map(drop)
-    .map_err(|e| e.to_string())
 }
+
+consumer!(
+    consume_postgres,
+    AsyncPgConnection,
+    "INSERT INTO tenant_stock (message_id, tenant, msg_key, seq) VALUES ($1, $2, $3, $4)"
+);
+#[cfg(feature = "mysql")]
+consumer!(
+    consume_mariadb,
+    diesel_async::AsyncMysqlConnection,
+    "INSERT INTO tenant_stock (message_id, tenant, msg_key, seq) VALUES (?, ?, ?, ?)"
+);
 
 /// This scenario's processes: `Some(exit code)` when this process is one.
 pub fn role() -> Option<i32> {
     let role = std::env::var("INBOX_BROKER_ROLE").ok()?;
+    if !role.starts_with("tenants-") {
+        return None;
+    }
+    let server = std::env::var("INBOX_TENANTS_SERVER").unwrap_or_default();
     let work: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>>>> =
-        match role.as_str() {
-            "tenants-relay" => Box::pin(relay()),
-            "tenants-b" => Box::pin(consume()),
-            _ => return None,
+        match (role.as_str(), Server::named(&server)) {
+            ("tenants-relay", Some(Server::Postgres)) => {
+                Box::pin(relay::<Pool<AsyncPgConnection>>())
+            }
+            ("tenants-b", Some(Server::Postgres)) => Box::pin(consume_postgres()),
+            #[cfg(feature = "mysql")]
+            ("tenants-relay", Some(Server::Mariadb)) => {
+                Box::pin(relay::<Pool<diesel_async::AsyncMysqlConnection>>())
+            }
+            #[cfg(feature = "mysql")]
+            ("tenants-b", Some(Server::Mariadb)) => Box::pin(consume_mariadb()),
+            _ => {
+                eprintln!("{role}: unknown role or INBOX_TENANTS_SERVER {server:?}");
+                return Some(2);
+            }
         };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -243,42 +368,93 @@ struct Tenant {
     url: String,
 }
 
-/// The scenario's tenant databases, copies of one migrated template (a
-/// copy costs less than a migration), dropped at the end.
+/// The scenario's tenant databases, dropped at the end: on PostgreSQL
+/// copies of one migrated template (a copy costs less than a migration),
+/// on MariaDB each made and migrated.
 struct Copies {
-    admin: PgConnection,
+    server: Server,
+    admin: String,
     base: String,
+    template: Option<String>,
     names: Vec<String>,
 }
 
 impl Copies {
-    fn new() -> Result<Copies, String> {
-        let server = var("INBOX_TEST_POSTGRES_URL");
-        let (base, _) = server.rsplit_once('/').ok_or("a URL with a database")?;
-        Ok(Copies {
-            admin: PgConnection::establish(&server).map_err(|e| e.to_string())?,
+    fn new(server: Server, run: &str) -> Result<Copies, String> {
+        let admin = var(server.var());
+        let (base, _) = admin.rsplit_once('/').ok_or("a URL with a database")?;
+        let mut copies = Copies {
+            server,
             base: base.to_owned(),
+            admin,
+            template: None,
             names: Vec::new(),
-        })
+        };
+        if let Server::Postgres = server {
+            let template = format!("tc_{run}_template").replace('-', "_");
+            copies.create(&template)?;
+            copies.template = Some(template);
+        }
+        Ok(copies)
     }
 
-    /// A copy of `template` named `name`: its URL.
-    fn copy(&mut self, template: &str, name: &str) -> Result<String, String> {
-        self.admin
-            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
-            .map_err(|e| format!("a copy of the template: {e}"))?;
+    /// A database named `name` with the inbox's and the outbox's tables
+    /// and `tenant_stock`: its URL.
+    fn create(&mut self, name: &str) -> Result<String, String> {
+        let server = self.server;
+        let create = match &self.template {
+            Some(template) => format!("CREATE DATABASE {name} TEMPLATE {template}"),
+            None => format!("CREATE DATABASE {name}"),
+        };
+        let drop = server.drop_statement(name);
+        // Two statements: PostgreSQL runs a batch as one transaction,
+        // which neither may run in.
+        on!(server, &self.admin, |admin| {
+            for statement in [&drop, &create] {
+                admin
+                    .batch_execute(statement)
+                    .map_err(|e| format!("database {name}: {e}"))?;
+            }
+        });
         self.names.push(name.to_owned());
-        Ok(format!("{}/{name}", self.base))
+        let url = format!("{}/{name}", self.base);
+        if self.template.is_none() {
+            on!(server, &url, |conn| {
+                diesel_inbox::migrate(&mut conn).map_err(|e| format!("migrate {name}: {e}"))?;
+                conn.batch_execute(server.stock_ddl())
+                    .map_err(|e| format!("tenant_stock in {name}: {e}"))?;
+            });
+        }
+        Ok(url)
     }
 }
 
 impl Drop for Copies {
+    /// Drops the databases from 8 connections at once: PostgreSQL makes
+    /// each `DROP DATABASE` wait for a checkpoint, and one checkpoint
+    /// serves the drops waiting together (one at a time, 106 took a
+    /// minute on a loaded machine).
     fn drop(&mut self) {
-        for name in &self.names {
-            let _ = self
-                .admin
-                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
-        }
+        let statements: Vec<String> = self
+            .names
+            .iter()
+            .map(|n| self.server.drop_statement(n))
+            .collect();
+        let (server, admin) = (self.server, self.admin.as_str());
+        std::thread::scope(|s| {
+            for share in statements.chunks(statements.len().div_ceil(8).max(1)) {
+                s.spawn(move || {
+                    let _ = (|| -> Result<(), String> {
+                        on!(server, admin, |conn| {
+                            for statement in share {
+                                let _ = conn.batch_execute(statement);
+                            }
+                        });
+                        Ok(())
+                    })();
+                });
+            }
+        });
     }
 }
 
@@ -290,7 +466,7 @@ struct Stock {
     #[diesel(sql_type = diesel::sql_types::Text)]
     tenant: String,
     #[diesel(sql_type = diesel::sql_types::Text)]
-    key: String,
+    msg_key: String,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     seq: i64,
 }
@@ -301,30 +477,37 @@ struct Count {
     n: i64,
 }
 
-fn count(url: &str, sql: &str) -> Result<i64, String> {
-    let mut conn = PgConnection::establish(url).map_err(|e| e.to_string())?;
-    diesel::sql_query(sql)
+fn count(server: Server, url: &str, sql: &str) -> Result<i64, String> {
+    on!(server, url, |conn| diesel::sql_query(sql)
         .get_result::<Count>(&mut conn)
         .map(|c| c.n)
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string()))
 }
 
 /// Enqueues `tenant`'s messages `seqs` (key `k{seq % KEYS}`) in one
 /// transaction.
-fn enqueue(tenant: &Tenant, queue: &str, seqs: std::ops::Range<u64>) -> Result<(), String> {
-    let mut conn = PgConnection::establish(&tenant.url).map_err(|e| e.to_string())?;
-    conn.transaction(|conn| {
-        for seq in seqs {
-            let key = format!("k{}", seq % KEYS);
-            outbox::enqueue(
-                conn,
-                Outgoing::new(queue, format!("{}:{key}:{seq}", tenant.name))
-                    .ordering_key(key.as_str()),
-            )?;
-        }
-        Ok(())
-    })
-    .map_err(|e: diesel_inbox::InboxError| format!("enqueue in {}: {e}", tenant.name))
+fn enqueue(
+    server: Server,
+    tenant: &Tenant,
+    queue: &str,
+    seqs: std::ops::Range<u64>,
+) -> Result<(), String> {
+    on!(server, &tenant.url, |conn| conn
+        .transaction(|conn| {
+            for seq in seqs {
+                let key = format!("k{}", seq % KEYS);
+                outbox::enqueue(
+                    conn,
+                    Outgoing::new(queue, format!("{}:{key}:{seq}", tenant.name))
+                        .ordering_key(key.as_str()),
+                )?;
+            }
+            Ok(())
+        })
+        .map_err(|e: diesel_inbox::InboxError| format!(
+            "enqueue in {}: {e}",
+            tenant.name
+        )))
 }
 
 /// The relay's list (`relay`) or the consumer's of `tenants`.
@@ -342,38 +525,31 @@ fn write_list(file: &str, tenants: &[&Tenant], relay: bool) -> Result<(), String
     std::fs::rename(&partial, file).map_err(|e| e.to_string())
 }
 
-/// The scenario (RabbitMQ, PostgreSQL).
-pub fn chain_with_kills(url: &str) -> Result<String, String> {
+/// The scenario (RabbitMQ, the tenants' databases on `server`).
+pub fn chain_with_kills(url: &str, server: Server) -> Result<String, String> {
     type Rabbit = crate::rabbit::Rabbit;
-    if std::env::var("INBOX_TEST_POSTGRES_URL").map_or(true, |u| u.is_empty()) {
+    if std::env::var(server.var()).map_or(true, |u| u.is_empty()) {
         return Ok(format!(
-            "{}INBOX_TEST_POSTGRES_URL is not set",
-            crate::scenarios::SKIPPED
+            "{}{} is not set",
+            crate::scenarios::SKIPPED,
+            server.var()
         ));
     }
+    let tenants = server.tenants();
     let run = crate::scenarios::run_id();
     let queue = format!("inbox-test-{run}-tenants");
     Rabbit::setup_ordered(url, &queue)?;
-    let proxy = Proxy::start("127.0.0.1:5432".parse().map_err(|e| format!("{e}"))?)?;
+    let proxy = Proxy::start(server.address().parse().map_err(|e| format!("{e}"))?)?;
     let made = Instant::now();
-    let template = PgDb::named(&format!("tc_{run}_template"))?.ok_or("no PostgreSQL")?;
-    PgConnection::establish(&template.url)
-        .map_err(|e| e.to_string())?
-        .batch_execute(STOCK_DDL)
-        .map_err(|e| e.to_string())?;
-    let template_name = format!("tc_{run}_template").replace('-', "_");
-    let mut copies = Copies::new()?;
+    let mut copies = Copies::new(server, &run)?;
     let mut all = Vec::new();
-    for i in 0..TENANTS + LATE + 1 {
+    for i in 0..tenants + LATE + 1 {
         let name = match i {
-            i if i < TENANTS => format!("t{i:03}"),
-            i if i < TENANTS + LATE => format!("late{}", i - TENANTS),
+            i if i < tenants => format!("t{i:03}"),
+            i if i < tenants + LATE => format!("late{}", i - tenants),
             _ => "gone".to_owned(),
         };
-        let url = copies.copy(
-            &template_name,
-            &format!("tc_{run}_{name}").replace('-', "_"),
-        )?;
+        let url = copies.create(&format!("tc_{run}_{name}").replace('-', "_"))?;
         // The first tenant is the one whose database stalls mid-run.
         let relay_url = match i {
             0 => proxy.route(&url)?,
@@ -399,6 +575,7 @@ pub fn chain_with_kills(url: &str) -> Result<String, String> {
     let env_of = |role: &str| {
         [
             ("INBOX_BROKER_URL", url.to_owned()),
+            ("INBOX_TENANTS_SERVER", server.name().to_owned()),
             ("INBOX_CHAIN_QUEUE", queue.clone()),
             (
                 "INBOX_TENANTS_FILE",
@@ -425,7 +602,7 @@ pub fn chain_with_kills(url: &str) -> Result<String, String> {
     // The late tenants' messages wait in their outboxes until they are
     // listed.
     for tenant in all.iter().filter(|t| t.name.starts_with("late")) {
-        enqueue(tenant, &queue, 0..MESSAGES)?;
+        enqueue(server, tenant, &queue, 0..MESSAGES)?;
     }
     for p in processes.iter_mut() {
         p.start(&env_of(p.role), &log)?;
@@ -437,12 +614,14 @@ pub fn chain_with_kills(url: &str) -> Result<String, String> {
     let deadline = Instant::now() + Duration::from_secs(300);
     let regular: Vec<&Tenant> = all.iter().filter(|t| t.name.starts_with('t')).collect();
     let gone = all.iter().find(|t| t.name == "gone").ok_or("gone")?;
-    let expected_total = (TENANTS + LATE) as u64 * MESSAGES;
+    let expected_total = (tenants + LATE) as u64 * MESSAGES;
     let applied = |tenants: &[Tenant]| -> u64 {
         tenants
             .iter()
             .filter(|t| t.name != "gone")
-            .map(|t| count(&t.url, "SELECT count(*) AS n FROM tenant_stock").unwrap_or(0) as u64)
+            .map(|t| {
+                count(server, &t.url, "SELECT count(*) AS n FROM tenant_stock").unwrap_or(0) as u64
+            })
             .sum()
     };
     let flowing = Instant::now();
@@ -451,7 +630,12 @@ pub fn chain_with_kills(url: &str) -> Result<String, String> {
         for wave in 0..WAVES {
             let per_wave = MESSAGES / WAVES;
             for tenant in &regular {
-                enqueue(tenant, &queue, wave * per_wave..(wave + 1) * per_wave)?;
+                enqueue(
+                    server,
+                    tenant,
+                    &queue,
+                    wave * per_wave..(wave + 1) * per_wave,
+                )?;
             }
             match wave {
                 // The first tenant's database stops answering for 6 s;
@@ -507,7 +691,7 @@ pub fn chain_with_kills(url: &str) -> Result<String, String> {
         // The removed tenant's message, well after every process read the
         // list without it.
         std::thread::sleep(Duration::from_secs(2));
-        enqueue(gone, &queue, 0..1)?;
+        enqueue(server, gone, &queue, 0..1)?;
         loop {
             for p in processes.iter_mut() {
                 p.alive()?;
@@ -532,7 +716,7 @@ pub fn chain_with_kills(url: &str) -> Result<String, String> {
     crate::rabbit::Rabbit::teardown(url, &queue);
     result?;
     stopped.map_err(|e| format!("{e} (log: {log})"))?;
-    let summary = check(&all, gone)?;
+    let summary = check(server, &all, gone)?;
     let _ = std::fs::remove_file(&log);
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_file(&file_b);
@@ -549,14 +733,20 @@ pub fn chain_with_kills(url: &str) -> Result<String, String> {
 /// Every message applied once, in its own tenant's database, in order per
 /// key; each inbox row one message; every outbox empty but the removed
 /// tenant's, whose later message is still there and applied nowhere.
-fn check(all: &[Tenant], gone: &Tenant) -> Result<String, String> {
+fn check(server: Server, all: &[Tenant], gone: &Tenant) -> Result<String, String> {
     let mut total = 0;
     for tenant in all.iter().filter(|t| t.name != "gone") {
-        let mut conn = PgConnection::establish(&tenant.url).map_err(|e| e.to_string())?;
-        let rows: Vec<Stock> =
-            diesel::sql_query("SELECT message_id, tenant, key, seq FROM tenant_stock ORDER BY id")
-                .load(&mut conn)
-                .map_err(|e| e.to_string())?;
+        let (rows, pending) = on!(server, &tenant.url, |conn| {
+            let rows: Vec<Stock> = diesel::sql_query(
+                "SELECT message_id, tenant, msg_key, seq FROM tenant_stock ORDER BY id",
+            )
+            .load(&mut conn)
+            .map_err(|e| e.to_string())?;
+            let pending = outbox::status(&mut conn)
+                .map_err(|e| e.to_string())?
+                .pending;
+            (rows, pending)
+        });
         let mut ids = BTreeSet::new();
         let mut last: BTreeMap<&str, i64> = BTreeMap::new();
         for row in &rows {
@@ -572,12 +762,12 @@ fn check(all: &[Tenant], gone: &Tenant) -> Result<String, String> {
                 tenant.name,
                 row.message_id
             );
-            if let Some(before) = last.insert(row.key.as_str(), row.seq) {
+            if let Some(before) = last.insert(row.msg_key.as_str(), row.seq) {
                 ensure!(
                     row.seq > before,
                     "{}: key {} applied {} after {before}",
                     tenant.name,
-                    row.key,
+                    row.msg_key,
                     row.seq
                 );
             }
@@ -590,6 +780,7 @@ fn check(all: &[Tenant], gone: &Tenant) -> Result<String, String> {
             rows.iter().map(|r| r.seq).collect::<Vec<_>>()
         );
         let claims = count(
+            server,
             &tenant.url,
             "SELECT count(*) AS n FROM inbox_messages WHERE consumer = 'stock'",
         )?;
@@ -598,9 +789,6 @@ fn check(all: &[Tenant], gone: &Tenant) -> Result<String, String> {
             "{}: {claims} inbox rows for {MESSAGES} messages",
             tenant.name
         );
-        let pending = outbox::status(&mut conn)
-            .map_err(|e| e.to_string())?
-            .pending;
         ensure!(
             pending == 0,
             "{}: {pending} messages left in its outbox",
@@ -608,15 +796,14 @@ fn check(all: &[Tenant], gone: &Tenant) -> Result<String, String> {
         );
         total += rows.len();
     }
-    let mut conn = PgConnection::establish(&gone.url).map_err(|e| e.to_string())?;
-    let pending = outbox::status(&mut conn)
+    let pending = on!(server, &gone.url, |conn| outbox::status(&mut conn)
         .map_err(|e| e.to_string())?
-        .pending;
+        .pending);
     ensure!(
         pending == 1,
         "the removed tenant's message was relayed: {pending} left in its outbox"
     );
-    let applied = count(&gone.url, "SELECT count(*) AS n FROM tenant_stock")?;
+    let applied = count(server, &gone.url, "SELECT count(*) AS n FROM tenant_stock")?;
     ensure!(applied == 0, "the removed tenant's message was applied");
     Ok(format!(
         "{total} messages over {} tenants applied once each, in their own databases, in order per key; the removed tenant's message left in its outbox",

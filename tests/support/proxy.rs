@@ -70,16 +70,17 @@ impl Proxy {
         Ok(Proxy { port, shared })
     }
 
-    /// `url` (a PostgreSQL URL on 127.0.0.1, default port) through the
-    /// proxy.
+    /// `url` (a URL of the upstream server on 127.0.0.1, its port written
+    /// or its scheme's default) through the proxy.
     pub fn route(&self, url: &str) -> Result<String, String> {
+        let upstream = *self.shared.upstream.lock().expect("the upstream");
         let through = format!("127.0.0.1:{}/", self.port);
         let routed =
-            url.replacen("127.0.0.1:5432/", &through, 1)
+            url.replacen(&format!("{upstream}/"), &through, 1)
                 .replacen("127.0.0.1/", &through, 1);
         match routed.contains(&through) {
             true => Ok(routed),
-            false => Err(format!("not a URL on 127.0.0.1:5432: {url}")),
+            false => Err(format!("not a URL on {upstream}: {url}")),
         }
     }
 
