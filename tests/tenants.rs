@@ -12,6 +12,7 @@
 
 mod support;
 use support::proxy::{Mode, Proxy};
+use support::{on, Server};
 
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, PgConnection, RunQueryDsl};
@@ -24,31 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 type PgPool = Pool<AsyncPgConnection>;
-
-/// The server a test's tenant databases are on.
-#[derive(Clone, Copy, Debug)]
-enum Server {
-    Postgres,
-    #[cfg(feature = "mysql")]
-    Mariadb,
-}
-
-/// Runs `$body` with `$conn` a sync connection of `$server`'s kind to `$url`.
-macro_rules! on {
-    ($server:expr, $url:expr, |$conn:ident| $body:expr) => {
-        match $server {
-            Server::Postgres => {
-                let mut $conn = PgConnection::establish($url).expect("the server");
-                $body
-            }
-            #[cfg(feature = "mysql")]
-            Server::Mariadb => {
-                let mut $conn = diesel::MysqlConnection::establish($url).expect("the server");
-                $body
-            }
-        }
-    };
-}
 
 /// Databases made for one test, dropped at its end.
 struct Databases {
@@ -65,11 +41,7 @@ impl Databases {
     }
 
     fn on(server: Server, test: &str) -> Databases {
-        let var = match server {
-            Server::Postgres => "INBOX_TEST_POSTGRES_URL",
-            #[cfg(feature = "mysql")]
-            Server::Mariadb => "INBOX_TEST_MYSQL_URL",
-        };
+        let var = server.var();
         let admin = std::env::var(var).unwrap_or_else(|_| panic!("{var}"));
         let (base, _) = admin.rsplit_once('/').expect("a URL with a database");
         Databases {
@@ -81,18 +53,10 @@ impl Databases {
         }
     }
 
-    fn drop_statement(&self, name: &str) -> String {
-        match self.server {
-            Server::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-            #[cfg(feature = "mysql")]
-            Server::Mariadb => format!("DROP DATABASE IF EXISTS {name}"),
-        }
-    }
-
     /// A fresh, migrated database for `tenant`; its URL.
     fn create(&self, tenant: &str) -> String {
         let name = format!("{}_{tenant}", self.prefix);
-        let drop = self.drop_statement(&name);
+        let drop = self.server.drop_statement(&name);
         on!(self.server, &self.admin, |admin| {
             admin
                 .batch_execute(&drop)
@@ -164,7 +128,10 @@ impl Databases {
 impl Drop for Databases {
     fn drop(&mut self) {
         let names = self.names.lock().map(|n| n.clone()).unwrap_or_default();
-        let statements: Vec<String> = names.iter().map(|n| self.drop_statement(n)).collect();
+        let statements: Vec<String> = names
+            .iter()
+            .map(|n| self.server.drop_statement(n))
+            .collect();
         on!(self.server, &self.admin, |conn| {
             for statement in statements {
                 let _ = conn.batch_execute(&statement);

@@ -15,6 +15,8 @@
 use crate::chain::Lcg;
 use crate::proxy::{Mode, Proxy};
 use crate::scenarios::{ensure, Broker};
+use crate::support::on;
+pub(crate) use crate::support::Server;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel_async::pooled_connection::deadpool::Pool;
@@ -37,43 +39,8 @@ const KEYS: u64 = 2;
 /// SIGKILLs of the relay and of the consumer, each.
 const KILLS: u32 = 3;
 
-/// The server the tenants' databases are on.
-#[derive(Clone, Copy, Debug)]
-pub enum Server {
-    Postgres,
-    #[cfg(feature = "mysql")]
-    Mariadb,
-}
-
-/// Runs `$body` with `$conn` a sync connection of `$server`'s kind to
-/// `$url` (an error if it cannot connect).
-macro_rules! on {
-    ($server:expr, $url:expr, |$conn:ident| $body:expr) => {
-        match $server {
-            Server::Postgres => {
-                let mut $conn = PgConnection::establish($url).map_err(|e| e.to_string())?;
-                $body
-            }
-            #[cfg(feature = "mysql")]
-            Server::Mariadb => {
-                let mut $conn =
-                    diesel::MysqlConnection::establish($url).map_err(|e| e.to_string())?;
-                $body
-            }
-        }
-    };
-}
-
+/// What this scenario needs of each server.
 impl Server {
-    /// The variable naming the server's test database.
-    fn var(self) -> &'static str {
-        match self {
-            Server::Postgres => "INBOX_TEST_POSTGRES_URL",
-            #[cfg(feature = "mysql")]
-            Server::Mariadb => "INBOX_TEST_MYSQL_URL",
-        }
-    }
-
     /// Its name in the processes' `INBOX_TENANTS_SERVER`.
     fn name(self) -> &'static str {
         match self {
@@ -117,14 +84,6 @@ impl Server {
             #[cfg(feature = "mysql")]
             Server::Mariadb => "CREATE TABLE tenant_stock (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
                 message_id VARCHAR(255) NOT NULL, tenant VARCHAR(64) NOT NULL, msg_key VARCHAR(64) NOT NULL, seq BIGINT NOT NULL)",
-        }
-    }
-
-    fn drop_statement(self, name: &str) -> String {
-        match self {
-            Server::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-            #[cfg(feature = "mysql")]
-            Server::Mariadb => format!("DROP DATABASE IF EXISTS {name}"),
         }
     }
 }
@@ -442,17 +401,22 @@ impl Drop for Copies {
             .collect();
         let (server, admin) = (self.server, self.admin.as_str());
         std::thread::scope(|s| {
-            for share in statements.chunks(statements.len().div_ceil(8).max(1)) {
-                s.spawn(move || {
-                    let _ = (|| -> Result<(), String> {
+            let drops: Vec<_> = statements
+                .chunks(statements.len().div_ceil(8).max(1))
+                .map(|share| {
+                    s.spawn(move || {
                         on!(server, admin, |conn| {
                             for statement in share {
                                 let _ = conn.batch_execute(statement);
                             }
-                        });
-                        Ok(())
-                    })();
-                });
+                        })
+                    })
+                })
+                .collect();
+            // Joined here: a connection that failed (its panic) leaves the
+            // rest to drop, and does not panic again in a drop.
+            for drop in drops {
+                let _ = drop.join();
             }
         });
     }

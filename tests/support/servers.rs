@@ -1,0 +1,55 @@
+//! The database servers on which tests make databases of their own, and a
+//! sync connection to either kind (`on!`).
+
+/// A database server of the tests: its URL is in [`Server::var`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Server {
+    #[cfg(feature = "postgres")]
+    Postgres,
+    #[cfg(feature = "mysql")]
+    Mariadb,
+}
+
+impl Server {
+    /// The variable naming the server's test database.
+    pub fn var(self) -> &'static str {
+        match self {
+            #[cfg(feature = "postgres")]
+            Server::Postgres => "INBOX_TEST_POSTGRES_URL",
+            #[cfg(feature = "mysql")]
+            Server::Mariadb => "INBOX_TEST_MYSQL_URL",
+        }
+    }
+
+    /// Drops database `name`, the sessions on it too.
+    pub fn drop_statement(self, name: &str) -> String {
+        match self {
+            #[cfg(feature = "postgres")]
+            Server::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            #[cfg(feature = "mysql")]
+            Server::Mariadb => format!("DROP DATABASE IF EXISTS {name}"),
+        }
+    }
+}
+
+/// Runs `$body` with `$conn` a sync connection of `$server`'s kind to
+/// `$url` (a panic if it cannot connect).
+macro_rules! on {
+    ($server:expr, $url:expr, |$conn:ident| $body:expr) => {
+        match $server {
+            #[cfg(feature = "postgres")]
+            $crate::support::Server::Postgres => {
+                let mut $conn = <diesel::PgConnection as diesel::Connection>::establish($url)
+                    .expect("the PostgreSQL server");
+                $body
+            }
+            #[cfg(feature = "mysql")]
+            $crate::support::Server::Mariadb => {
+                let mut $conn = <diesel::MysqlConnection as diesel::Connection>::establish($url)
+                    .expect("the MariaDB server");
+                $body
+            }
+        }
+    };
+}
+pub(crate) use on;
