@@ -80,10 +80,12 @@ impl Server {
     fn stock_ddl(self) -> &'static str {
         match self {
             Server::Postgres => "CREATE TABLE tenant_stock (id BIGSERIAL PRIMARY KEY, \
-                message_id TEXT NOT NULL, tenant TEXT NOT NULL, msg_key TEXT NOT NULL, seq BIGINT NOT NULL)",
+                message_id TEXT NOT NULL, tenant TEXT NOT NULL, origin TEXT NOT NULL, \
+                msg_key TEXT NOT NULL, seq BIGINT NOT NULL)",
             #[cfg(feature = "mysql")]
             Server::Mariadb => "CREATE TABLE tenant_stock (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
-                message_id VARCHAR(255) NOT NULL, tenant VARCHAR(64) NOT NULL, msg_key VARCHAR(64) NOT NULL, seq BIGINT NOT NULL)",
+                message_id VARCHAR(255) NOT NULL, tenant VARCHAR(64) NOT NULL, origin VARCHAR(64) NOT NULL, \
+                msg_key VARCHAR(64) NOT NULL, seq BIGINT NOT NULL)",
         }
     }
 }
@@ -162,8 +164,11 @@ macro_rules! consumer {
                     .to_owned();
                 let body = String::from_utf8_lossy(m.body()).into_owned();
                 let mut parts = body.split(':');
-                let (_, key, seq) = (parts.next(), parts.next(), parts.next());
-                let (key, seq) = (
+                // The tenant that enqueued it, as its payload says: the
+                // check compares it with the header's and the database's.
+                let (origin, key, seq) = (parts.next(), parts.next(), parts.next());
+                let (origin, key, seq) = (
+                    origin.unwrap_or_default().to_owned(),
                     key.unwrap_or_default().to_owned(),
                     seq.and_then(|s| s.parse::<i64>().ok()).unwrap_or(-1),
                 );
@@ -173,6 +178,7 @@ macro_rules! consumer {
                         let insert = diesel::sql_query($insert)
                             .bind::<diesel::sql_types::Text, _>(&id)
                             .bind::<diesel::sql_types::Text, _>(&tenant)
+                            .bind::<diesel::sql_types::Text, _>(&origin)
                             .bind::<diesel::sql_types::Text, _>(&key)
                             .bind::<diesel::sql_types::BigInt, _>(seq);
                         diesel_async::RunQueryDsl::execute(insert, conn).await?;
@@ -201,13 +207,13 @@ macro_rules! consumer {
 consumer!(
     consume_postgres,
     AsyncPgConnection,
-    "INSERT INTO tenant_stock (message_id, tenant, msg_key, seq) VALUES ($1, $2, $3, $4)"
+    "INSERT INTO tenant_stock (message_id, tenant, origin, msg_key, seq) VALUES ($1, $2, $3, $4, $5)"
 );
 #[cfg(feature = "mysql")]
 consumer!(
     consume_mariadb,
     diesel_async::AsyncMysqlConnection,
-    "INSERT INTO tenant_stock (message_id, tenant, msg_key, seq) VALUES (?, ?, ?, ?)"
+    "INSERT INTO tenant_stock (message_id, tenant, origin, msg_key, seq) VALUES (?, ?, ?, ?, ?)"
 );
 
 /// This scenario's processes: `Some(exit code)` when this process is one.
@@ -319,6 +325,14 @@ impl Process {
     }
 }
 
+/// A scenario that ends early (an error, a panic) leaves no process
+/// behind.
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// A tenant's database: its name, the URL the relay uses (through the
 /// proxy for the stalled one) and the direct one.
 struct Tenant {
@@ -349,7 +363,12 @@ impl Copies {
             template: None,
             names: Vec::new(),
         };
-        if let Server::Postgres = server {
+        let template = match server {
+            Server::Postgres => true,
+            #[cfg(feature = "mysql")]
+            Server::Mariadb => false,
+        };
+        if template {
             let template = format!("tc_{run}_template").replace('-', "_");
             copies.create(&template)?;
             copies.template = Some(template);
@@ -368,7 +387,7 @@ impl Copies {
         let drop = server.drop_statement(name);
         // Two statements: PostgreSQL runs a batch as one transaction,
         // which neither may run in.
-        on!(server, &self.admin, |admin| {
+        on!(try server, &self.admin, |admin| {
             for statement in [&drop, &create] {
                 admin
                     .batch_execute(statement)
@@ -378,7 +397,7 @@ impl Copies {
         self.names.push(name.to_owned());
         let url = format!("{}/{name}", self.base);
         if self.template.is_none() {
-            on!(server, &url, |conn| {
+            on!(try server, &url, |conn| {
                 diesel_inbox::migrate(&mut conn).map_err(|e| format!("migrate {name}: {e}"))?;
                 conn.batch_execute(server.stock_ddl())
                     .map_err(|e| format!("tenant_stock in {name}: {e}"))?;
@@ -430,6 +449,8 @@ struct Stock {
     #[diesel(sql_type = diesel::sql_types::Text)]
     tenant: String,
     #[diesel(sql_type = diesel::sql_types::Text)]
+    origin: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
     msg_key: String,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     seq: i64,
@@ -442,7 +463,7 @@ struct Count {
 }
 
 fn count(server: Server, url: &str, sql: &str) -> Result<i64, String> {
-    on!(server, url, |conn| diesel::sql_query(sql)
+    on!(try server, url, |conn| diesel::sql_query(sql)
         .get_result::<Count>(&mut conn)
         .map(|c| c.n)
         .map_err(|e| e.to_string()))
@@ -456,22 +477,22 @@ fn enqueue(
     queue: &str,
     seqs: std::ops::Range<u64>,
 ) -> Result<(), String> {
-    on!(server, &tenant.url, |conn| conn
-        .transaction(|conn| {
-            for seq in seqs {
-                let key = format!("k{}", seq % KEYS);
-                outbox::enqueue(
-                    conn,
-                    Outgoing::new(queue, format!("{}:{key}:{seq}", tenant.name))
-                        .ordering_key(key.as_str()),
-                )?;
-            }
-            Ok(())
-        })
-        .map_err(|e: diesel_inbox::InboxError| format!(
-            "enqueue in {}: {e}",
-            tenant.name
-        )))
+    on!(try server, &tenant.url, |conn| conn
+    .transaction(|conn| {
+        for seq in seqs {
+            let key = format!("k{}", seq % KEYS);
+            outbox::enqueue(
+                conn,
+                Outgoing::new(queue, format!("{}:{key}:{seq}", tenant.name))
+                    .ordering_key(key.as_str()),
+            )?;
+        }
+        Ok(())
+    })
+    .map_err(|e: diesel_inbox::InboxError| format!(
+        "enqueue in {}: {e}",
+        tenant.name
+    )))
 }
 
 /// The relay's list (`relay`) or the consumer's of `tenants`.
@@ -700,9 +721,9 @@ pub fn chain_with_kills(url: &str, server: Server) -> Result<String, String> {
 fn check(server: Server, all: &[Tenant], gone: &Tenant) -> Result<String, String> {
     let mut total = 0;
     for tenant in all.iter().filter(|t| t.name != "gone") {
-        let (rows, pending) = on!(server, &tenant.url, |conn| {
+        let (rows, pending) = on!(try server, &tenant.url, |conn| {
             let rows: Vec<Stock> = diesel::sql_query(
-                "SELECT message_id, tenant, msg_key, seq FROM tenant_stock ORDER BY id",
+                "SELECT message_id, tenant, origin, msg_key, seq FROM tenant_stock ORDER BY id",
             )
             .load(&mut conn)
             .map_err(|e| e.to_string())?;
@@ -715,8 +736,9 @@ fn check(server: Server, all: &[Tenant], gone: &Tenant) -> Result<String, String
         let mut last: BTreeMap<&str, i64> = BTreeMap::new();
         for row in &rows {
             ensure!(
-                row.tenant == tenant.name,
-                "a message of {} applied in {}'s database",
+                row.tenant == tenant.name && row.origin == tenant.name,
+                "a message of {} (its header: {}) applied in {}'s database",
+                row.origin,
                 row.tenant,
                 tenant.name
             );
@@ -760,7 +782,7 @@ fn check(server: Server, all: &[Tenant], gone: &Tenant) -> Result<String, String
         );
         total += rows.len();
     }
-    let pending = on!(server, &gone.url, |conn| outbox::status(&mut conn)
+    let pending = on!(try server, &gone.url, |conn| outbox::status(&mut conn)
         .map_err(|e| e.to_string())?
         .pending);
     ensure!(

@@ -547,22 +547,7 @@ impl Backend {
             .port
             .ok_or("no database server to refuse connections (the runner skips this on SQLite)")?;
         let proxy = Proxy::start(([127, 0, 0, 1], port).into())?;
-        let through = format!("127.0.0.1:{}/", proxy.port);
-        let routed = self
-            .url
-            .replacen(&format!("127.0.0.1:{port}/"), &through, 1)
-            .replacen("127.0.0.1/", &through, 1);
-        expect(
-            routed.contains(&through),
-            format!("a URL on 127.0.0.1: {}", self.url),
-        )?;
-        // mysql_async moves a loopback connection to the server's Unix
-        // socket unless told not to: that would bypass the proxy.
-        let routed = match self.kind {
-            "mysql" if routed.contains('?') => format!("{routed}&prefer_socket=false"),
-            "mysql" => format!("{routed}?prefer_socket=false"),
-            _ => routed,
-        };
+        let routed = proxy.route(&self.url)?;
         let server = self.start(&routed)?;
         let client = reqwest::Client::new();
         proxy.set(Mode::Refuse);

@@ -1310,21 +1310,7 @@ impl Backend {
             other => return Err(format!("{other} has no server to refuse connections")),
         };
         let proxy = crate::proxy::Proxy::start(([127, 0, 0, 1], port).into())?;
-        let through = format!("127.0.0.1:{}/", proxy.port);
-        let routed = self
-            .url
-            .replacen(&format!("127.0.0.1:{port}/"), &through, 1)
-            .replacen("127.0.0.1/", &through, 1);
-        if !routed.contains(&through) {
-            return Err(format!("not a URL on 127.0.0.1: {}", self.url));
-        }
-        let routed = match (self.name, routed.contains('?')) {
-            // mysql_async moves a loopback connection onto the server's
-            // socket unless told not to, which would bypass the proxy.
-            ("mysql", true) => format!("{routed}&prefer_socket=false"),
-            ("mysql", false) => format!("{routed}?prefer_socket=false"),
-            _ => routed,
-        };
+        let routed = proxy.route(&self.url)?;
         let topic = format!("outage{secs}-{}", env.run);
         let group = topic.clone();
         let records = records(&env.run, &format!("outage{secs}"), 6, 40);

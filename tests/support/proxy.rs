@@ -71,17 +71,24 @@ impl Proxy {
     }
 
     /// `url` (a URL of the upstream server on 127.0.0.1, its port written
-    /// or its scheme's default) through the proxy.
+    /// or its scheme's default) through the proxy. A `mysql://` URL also
+    /// gets `prefer_socket=false`: mysql_async moves a loopback connection
+    /// onto the server's Unix socket after the handshake, which would
+    /// bypass the proxy.
     pub fn route(&self, url: &str) -> Result<String, String> {
         let upstream = *self.shared.upstream.lock().expect("the upstream");
         let through = format!("127.0.0.1:{}/", self.port);
         let routed =
             url.replacen(&format!("{upstream}/"), &through, 1)
                 .replacen("127.0.0.1/", &through, 1);
-        match routed.contains(&through) {
-            true => Ok(routed),
-            false => Err(format!("not a URL on {upstream}: {url}")),
+        if !routed.contains(&through) {
+            return Err(format!("not a URL on {upstream}: {url}"));
         }
+        Ok(match (url.starts_with("mysql://"), routed.contains('?')) {
+            (true, true) => format!("{routed}&prefer_socket=false"),
+            (true, false) => format!("{routed}?prefer_socket=false"),
+            (false, _) => routed,
+        })
     }
 
     pub fn set(&self, mode: Mode) {

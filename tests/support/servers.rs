@@ -33,23 +33,34 @@ impl Server {
 }
 
 /// Runs `$body` with `$conn` a sync connection of `$server`'s kind to
-/// `$url` (a panic if it cannot connect).
+/// `$url`: a panic if it cannot connect, or with `try` first, an early
+/// `Err(String)` from the enclosing function.
 macro_rules! on {
-    ($server:expr, $url:expr, |$conn:ident| $body:expr) => {
+    (try $server:expr, $url:expr, |$conn:ident| $body:expr) => {
+        $crate::support::on!(@ $server, $url, |$conn| $body, |e| return Err(format!("the server: {e}")))
+    };
+    (@ $server:expr, $url:expr, |$conn:ident| $body:expr, |$e:ident| $failed:expr) => {
         match $server {
             #[cfg(feature = "postgres")]
             $crate::support::Server::Postgres => {
-                let mut $conn = <diesel::PgConnection as diesel::Connection>::establish($url)
-                    .expect("the PostgreSQL server");
+                let mut $conn = match <diesel::PgConnection as diesel::Connection>::establish($url) {
+                    Ok(conn) => conn,
+                    Err($e) => $failed,
+                };
                 $body
             }
             #[cfg(feature = "mysql")]
             $crate::support::Server::Mariadb => {
-                let mut $conn = <diesel::MysqlConnection as diesel::Connection>::establish($url)
-                    .expect("the MariaDB server");
+                let mut $conn = match <diesel::MysqlConnection as diesel::Connection>::establish($url) {
+                    Ok(conn) => conn,
+                    Err($e) => $failed,
+                };
                 $body
             }
         }
+    };
+    ($server:expr, $url:expr, |$conn:ident| $body:expr) => {
+        $crate::support::on!(@ $server, $url, |$conn| $body, |e| panic!("the server: {e}"))
     };
 }
 pub(crate) use on;
