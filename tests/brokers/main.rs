@@ -14,7 +14,9 @@
 //!    reconnects, exact state.
 //!
 //! The consumers are this binary run again (`INBOX_BROKER_ROLE=consumer`).
-//! RabbitMQ's scenarios and NATS's run side by side, one thread per broker.
+//! RabbitMQ's scenarios and NATS's run side by side, one thread per broker;
+//! within a broker, those that stop it run first, alone, then the rest in
+//! two lanes.
 //! Servers: `INBOX_TEST_AMQP_URL` (e.g. amqp://guest:guest@127.0.0.1:5672/%2f)
 //! and `INBOX_TEST_NATS_URL` (e.g. nats://127.0.0.1:4222); unset, a broker's
 //! scenarios are reported as skipped. `cargo test --test brokers -- nats`

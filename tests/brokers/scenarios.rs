@@ -1591,8 +1591,8 @@ pub fn main() {
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     // The brokers' scenarios run side by side, one thread per broker: no
     // scenario of one touches the other broker, and each scenario's queues,
-    // files and databases are its own. Within a broker they run one after
-    // another (an outage stops the whole broker).
+    // files and databases are its own. Within a broker, those that stop it
+    // run alone (`run_target`).
     let shard = shard();
     let counts: Vec<(u32, u32, u32)> = std::thread::scope(|s| {
         let runs: Vec<_> = targets()
@@ -1613,36 +1613,89 @@ pub fn main() {
     std::process::exit(if failed > 0 { 1 } else { 0 });
 }
 
-/// Runs `target`'s scenarios (those whose name contains `filter`) one
-/// after another, printing each result as it ends: (passed, failed,
-/// skipped).
+/// The scenarios that stop or restart the whole broker, or close every
+/// connection to it: none of the broker's other scenarios runs beside
+/// them.
+const WHOLE_BROKER: [&str; 3] = [
+    "connection_dropped",
+    "runner_survives_a_broker_drop",
+    "outbox_relay_survives_a_broker_outage",
+];
+
+/// The scenarios of a fixed resource (the failover pair's ports, a
+/// cluster's) or of the most databases: one after another, in a lane of
+/// their own beside the broker's other scenarios.
+fn own_lane(scenario: &str) -> bool {
+    ["pg_failover_", "node_lost_", "tenants_"]
+        .iter()
+        .any(|prefix| scenario.starts_with(prefix))
+}
+
+/// Runs `target`'s scenarios (those whose name contains `filter`),
+/// printing each result as it ends: (passed, failed, skipped). A broker
+/// whose scenarios stop it runs those first, one after another, then the
+/// rest in two lanes side by side (each scenario's queues, files and
+/// databases are its own): [`own_lane`]'s, and the others.
 fn run_target(target: Target, filter: Option<&str>) -> (u32, u32, u32) {
+    let url = match std::env::var(target.var) {
+        Ok(url) if !url.is_empty() => url,
+        _ => {
+            let _ = writeln!(
+                std::io::stdout().lock(),
+                "SKIPPED: {} scenarios: {} is not set (bash .ci/run sets it and starts the server)",
+                target.name,
+                target.var
+            );
+            return (0, 0, 1);
+        }
+    };
+    let run = |scenarios: &[Scenario]| run_list(target.name, &url, scenarios, filter);
+    if !target.whole_broker_outages {
+        return run(&target.scenarios);
+    }
+    let (whole, rest): (Vec<Scenario>, Vec<Scenario>) = target
+        .scenarios
+        .iter()
+        .partition(|(name, _)| WHOLE_BROKER.contains(name));
+    let (lane, others): (Vec<Scenario>, Vec<Scenario>) =
+        rest.into_iter().partition(|(name, _)| own_lane(name));
+    let first = run(&whole);
+    let (a, b) = std::thread::scope(|s| {
+        let lane = s.spawn(|| run(&lane));
+        let others = run(&others);
+        (others, lane.join().expect("a lane's scenarios panicked"))
+    });
+    (
+        first.0 + a.0 + b.0,
+        first.1 + a.1 + b.1,
+        first.2 + a.2 + b.2,
+    )
+}
+
+/// Runs `scenarios` of target `target` (those whose name contains
+/// `filter`) one after another: (passed, failed, skipped).
+fn run_list(
+    target: &str,
+    url: &str,
+    scenarios: &[Scenario],
+    filter: Option<&str>,
+) -> (u32, u32, u32) {
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     let say = |line: String| {
         let _ = writeln!(std::io::stdout().lock(), "{line}");
     };
-    let url = match std::env::var(target.var) {
-        Ok(url) if !url.is_empty() => url,
-        _ => {
-            say(format!(
-                "SKIPPED: {} scenarios: {} is not set (bash .ci/run sets it and starts the server)",
-                target.name, target.var
-            ));
-            return (0, 0, 1);
-        }
-    };
-    for (name, scenario) in &target.scenarios {
-        let full = format!("{}::{name}", target.name);
+    for (name, scenario) in scenarios {
+        let full = format!("{target}::{name}");
         if filter.is_some_and(|f| !full.contains(f)) {
             continue;
         }
-        if crate::support::quick() && is_slow(target.name, name) {
+        if crate::support::quick() && is_slow(target, name) {
             skipped += 1;
             say(format!("test {full} ... {SKIPPED}{}", crate::support::SLOW));
             continue;
         }
         let began = Instant::now();
-        match scenario(&url) {
+        match scenario(url) {
             Ok(summary) if summary.starts_with(SKIPPED) => {
                 skipped += 1;
                 say(format!("test {full} ... {summary}"));
