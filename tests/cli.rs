@@ -774,37 +774,11 @@ fn an_outbox_relay_in_another_process_wakes_at_the_commit_on_postgres() {
         "published {waits:?} after the commits, not at them (the poll is 60 s)"
     );
     // Once the relay sleeps again (a relay still awake after a publish
-    // finds any row): it holds its advisory lock while it sleeps
-    // (`ASLEEP_LOCK`), which a loaded machine may take a while to reach.
-    // Only this database's lock: the other tests' relays hold theirs.
-    let asleep = |conn: &mut diesel::PgConnection| {
-        use diesel::RunQueryDsl;
-        #[derive(diesel::QueryableByName)]
-        struct Held {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            n: i64,
-        }
-        diesel::sql_query(
-            "SELECT COUNT(*) AS n FROM pg_locks WHERE locktype = 'advisory' \
-             AND classid = 1684627297 AND granted \
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        )
-        .get_result::<Held>(conn)
-        .map(|held| held.n > 0)
-        .unwrap_or(false)
-    };
-    let mut watcher = Postgres::open(url);
-    let since = Instant::now();
-    while !asleep(&mut watcher) {
-        // (A relay still awake would find the next row without a wake-up,
-        // and the check below would prove nothing.)
-        assert!(
-            since.elapsed() < Duration::from_secs(60),
-            "the relay did not go to sleep within 60 s of its last publish"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(100));
+    // finds any row), which a loaded machine may take a while to reach.
+    // (A relay still awake, or still passing while transactions it may
+    // not have heard of run, would find the next row without a wake-up,
+    // and the check below would prove nothing.)
+    support::relay::wait_until_asleep(&mut Postgres::open(url), Duration::from_secs(60));
     outbox::set_notify(false);
     enqueue("quiet");
     outbox::set_notify(true);

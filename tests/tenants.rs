@@ -1028,6 +1028,173 @@ fn a_schema_per_tenant_is_relayed_as_its_own_tenant() {
     assert_eq!((rows("acme"), rows("globex")), (0, 0));
 }
 
+/// Wake-ups per tenant database (PostgreSQL's NOTIFY): a relay that polls
+/// every 300 s and listens on 2 of 3 tenant databases publishes an enqueue
+/// of another connection into either listened database within 2 s, while
+/// the third's enqueue, committed first, waits for its poll (a
+/// notification wakes its own tenant only). The listeners' connections
+/// count in the set's limit of 6 (3 pools of 2 and 2 listeners would be
+/// 8: the server never sees more than 6), and are given back when the
+/// relay stops.
+#[test]
+#[cfg_attr(
+    not(inbox_test_postgres),
+    ignore = "INBOX_TEST_POSTGRES_URL was not set when the tests were built: set it to a PostgreSQL database that exists (e.g. postgres://diesel_inbox:diesel_inbox@127.0.0.1/diesel_inbox_test)"
+)]
+fn listened_tenants_are_woken_by_their_own_databases_notifications() {
+    let dbs = Databases::new("listen");
+    let urls: BTreeMap<String, String> = ["a", "b", "c"]
+        .iter()
+        .map(|tenant| (tenant.to_string(), dbs.create(tenant)))
+        .collect();
+    // The relay sleeps in a database while its listener there holds the
+    // advisory lock that makes enqueues notify.
+    let asleep = |tenant: &str| {
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        on!(Server::Postgres, &urls[tenant], |conn| {
+            // pg_advisory_lock_shared(1684627297, the outbox's oid).
+            diesel::sql_query(
+                "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND mode = 'ShareLock' AND classid = 1684627297 AND objsubid = 2 \
+                 AND objid = CAST(CAST('outbox_messages' AS regclass) AS oid) \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            )
+            .get_result::<Count>(&mut conn)
+            .expect("the locks")
+            .n > 0
+        })
+    };
+    let recorder = Recorder::default();
+    let tenants = Tenants::<PgPool>::list(urls.clone())
+        .max_connections(6)
+        .pool_size(2);
+    let relay = Relay::tenants(tenants.clone(), recorder.clone())
+        .poll_interval(Duration::from_secs(300))
+        .listeners(2);
+    let rt = runtime();
+    let (stop, running) = rt.block_on(async { spawn_relay(relay) });
+    // Which two are listened: the first two whose turn ended.
+    let started = Instant::now();
+    let listened: Vec<&str> = loop {
+        let listened: Vec<&str> = ["a", "b", "c"].into_iter().filter(|t| asleep(t)).collect();
+        if listened.len() == 2 {
+            break listened;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "two tenants' relays asleep and listening, got {listened:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let polled = ["a", "b", "c"]
+        .into_iter()
+        .find(|t| !listened.contains(t))
+        .expect("a third");
+    let mut most = dbs.connections();
+    let published = |tenant: &str| recorder.got().iter().filter(|(t, _)| t == tenant).count();
+    dbs.enqueue(&urls[polled], polled, 2, 1);
+    for tenant in &listened {
+        // Asleep, so that only its notification wakes it.
+        let mut watcher = PgConnection::establish(&urls[*tenant]).expect("the tenant's database");
+        support::relay::wait_until_asleep(&mut watcher, Duration::from_secs(60));
+        dbs.enqueue(&urls[*tenant], tenant, 3, 1);
+        let at = Instant::now();
+        while published(tenant) < 3 && at.elapsed() < Duration::from_secs(2) {
+            most = most.max(dbs.connections());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            published(tenant),
+            3,
+            "tenant {tenant}, listened, published within 2 s of its commit"
+        );
+    }
+    assert_eq!(
+        published(polled),
+        0,
+        "tenant {polled}, not listened, waits for its poll"
+    );
+    most = most.max(dbs.connections());
+    assert!(
+        most <= 6,
+        "{most} connections to the tenants' databases, over the limit of 6"
+    );
+    rt.block_on(async {
+        stop.send(true).expect("stop");
+        running.await.expect("joined").expect("the relay");
+    });
+    // The listeners' connections closed; the pools' are theirs to keep.
+    assert_eq!(
+        tenants.reserved_connections(),
+        tenants.open_pools() as u32 * 2,
+        "no connection kept outside the pools once the relay stopped"
+    );
+    let expected: BTreeMap<String, usize> = listened.iter().map(|t| (t.to_string(), 3)).collect();
+    check(&recorder.got(), &expected);
+}
+
+/// Behind a proxy in transaction mode (PgBouncer) no notification reaches
+/// a listener: that tenant polls (said at WARN), and its place goes to the
+/// next tenant whose turn ends. Here the relay may listen on one database;
+/// the proxied tenant takes the place first, then a tenant reached
+/// directly is added: it is listened to (its relay's lock held in its
+/// database, which it could not be if the proxied tenant kept the place),
+/// and both tenants' messages are published, the proxied one's at its
+/// polls.
+#[test]
+#[cfg_attr(
+    not(all(inbox_test_postgres, inbox_test_pgbouncer)),
+    ignore = "INBOX_TEST_POSTGRES_URL and INBOX_TEST_PGBOUNCER_URL were not set when the tests were built (bash scripts/pgbouncer.sh start; url)"
+)]
+fn a_tenant_behind_a_transaction_mode_proxy_polls_and_leaves_its_place_to_another() {
+    let dbs = Databases::new("deaf");
+    let bouncer = std::env::var("INBOX_TEST_PGBOUNCER_URL").expect("INBOX_TEST_PGBOUNCER_URL");
+    let (bouncer_base, _) = bouncer.rsplit_once('/').expect("a URL with a database");
+    let proxied_direct = dbs.create("proxied");
+    let (_, proxied_db) = proxied_direct.rsplit_once('/').expect("a database");
+    let proxied = format!("{bouncer_base}/{proxied_db}");
+    let direct = dbs.create("direct");
+    let recorder = Recorder::default();
+    let tenants = Tenants::<PgPool>::list([("proxied", proxied.clone())])
+        .max_connections(6)
+        .pool_size(2);
+    let relay = Relay::tenants(tenants.clone(), recorder.clone())
+        .poll_interval(Duration::from_secs(3))
+        .refresh_interval(Duration::from_millis(100))
+        .listeners(1);
+    let rt = runtime();
+    let (stop, running) = rt.block_on(async { spawn_relay(relay) });
+    // The proxied tenant's first turn, then its listener's probe (2 s).
+    std::thread::sleep(Duration::from_secs(4));
+    tenants.insert("direct", direct.clone());
+    let mut watcher = PgConnection::establish(&direct).expect("the direct database");
+    support::relay::wait_until_asleep(&mut watcher, Duration::from_secs(30));
+    let published = |tenant: &str| recorder.got().iter().filter(|(t, _)| t == tenant).count();
+    dbs.enqueue(&direct, "direct", 3, 1);
+    dbs.enqueue(&proxied, "proxied", 2, 1);
+    let at = Instant::now();
+    while published("direct") < 3 && at.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(published("direct"), 3, "the direct tenant's messages");
+    while published("proxied") < 2 && at.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(published("proxied"), 2, "the proxied tenant's, at its poll");
+    rt.block_on(async {
+        stop.send(true).expect("stop");
+        running.await.expect("joined").expect("the relay");
+    });
+    let expected: BTreeMap<String, usize> = [("direct".to_owned(), 3), ("proxied".to_owned(), 2)]
+        .into_iter()
+        .collect();
+    check(&recorder.got(), &expected);
+}
+
 /// The chain per tenant under crashes: the relay over A's tenants and the
 /// runner over B's are aborted mid-run (their futures dropped, as a crash
 /// leaves them: claimed rows held until their lease ends, deliveries

@@ -14,7 +14,10 @@
 //!   every 20 ms (`small`), with the relay over tenants running, while
 //!   another tenant drains a backlog of `--tenants-backlog` messages
 //!   (100,000), against the same tenant with nothing else due:
-//!   commit-to-publish, p50 and p99, in interleaved rounds.
+//!   commit-to-publish, p50 and p99, in interleaved rounds. The relay polls
+//!   every 100 ms (`alone`, `beside_backlog`: no listener), or listens on
+//!   both databases as well (`*_listened`: PostgreSQL's NOTIFY; the set's
+//!   limit 6 instead of 4, for the two listening connections).
 //!
 //! - **Connections:** `--tenants-configured` tenants (1,000; a schema each
 //!   in one database, so that making them is quick), `--tenants-active` of
@@ -221,16 +224,32 @@ pub fn run(args: &Args) -> Result<(), String> {
         seen: Arc::default(),
         watch: Some("small"),
     };
-    let relay = Relay::tenants(pair, taker.clone()).poll_interval(Duration::from_millis(100));
+    let polled = Relay::tenants(pair, taker.clone())
+        .poll_interval(Duration::from_millis(100))
+        .listeners(0);
+    // The same, listening on both databases (PostgreSQL's NOTIFY), within
+    // a limit two connections higher.
+    let pair_listened: Tenants<PgPool> =
+        Tenants::list([("big", big.clone()), ("small", small.clone())])
+            .max_connections(6)
+            .pool_size(1);
+    let listened = Relay::tenants(pair_listened, taker.clone())
+        .poll_interval(Duration::from_millis(100))
+        .listeners(2);
     let trickle = if args.smoke { 20 } else { 100 };
-    let mut latency: Vec<(&str, Vec<f64>)> =
-        vec![("alone", Vec::new()), ("beside_backlog", Vec::new())];
+    let mut latency: Vec<(&str, Vec<f64>)> = vec![
+        ("alone", Vec::new()),
+        ("beside_backlog", Vec::new()),
+        ("alone_listened", Vec::new()),
+        ("beside_backlog_listened", Vec::new()),
+    ];
     let rounds = args.rounds.clamp(1, 3);
     for round in 0..rounds {
-        for k in 0..2 {
-            let i = (k + round) % 2;
+        for k in 0..latency.len() {
+            let i = (k + round) % latency.len();
+            let relay = if i >= 2 { &listened } else { &polled };
             fill(&small, 0, "small")?;
-            fill(&big, if i == 1 { backlog } else { 0 }, "big")?;
+            fill(&big, if i % 2 == 1 { backlog } else { 0 }, "big")?;
             taker.seen.lock().expect("not poisoned").clear();
             let mut conn = PgConnection::establish(&small).map_err(|e| e.to_string())?;
             let committed = runtime.block_on(async {

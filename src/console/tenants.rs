@@ -170,7 +170,7 @@ async fn read_page<T: TenantPool>(
         .skip((page - 1).saturating_mul(TENANTS_PER_PAGE))
         .take(TENANTS_PER_PAGE)
         .collect();
-    let at_once = console.tenants.fair_share().min(TENANTS_PER_PAGE);
+    let at_once = console.tenants.fair_share_beside(0).min(TENANTS_PER_PAGE);
     let max_attempts = context.max_attempts;
     let deadline = tokio::time::Instant::now() + PAGE_TIME_LIMIT;
     let reads = stream::iter(shown)

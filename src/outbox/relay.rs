@@ -17,6 +17,7 @@ pub use tenants::TenantRelay;
 use tracing::Instrument;
 use wakeups::{Doze, Next, LISTEN_OPEN_TIMEOUT};
 
+mod listeners;
 mod settings;
 mod tenants;
 mod wakeups;
@@ -99,8 +100,7 @@ pub(crate) const DEFAULT_MAX_PUBLISH_ATTEMPTS: u32 = 10;
 /// shorter, and a batch whose publish outlasts half of it is given back.
 pub(crate) const LEASE: Duration = Duration::from_secs(60);
 
-/// The longest poll interval or lease (a day): longer ones are taken as
-/// this.
+/// The longest poll interval or lease (a day): longer ones are this.
 pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 
 /// How long [`Relay::run`] lets a pass under way finish after shutdown.

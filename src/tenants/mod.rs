@@ -486,10 +486,37 @@ impl<T: TenantPool> Tenants<T> {
         self.settings().checkout_timeout
     }
 
-    /// How many tenants' pools fit the connection limit at once.
-    pub(crate) fn fair_share(&self) -> usize {
+    /// How many tenants' pools fit the connection limit at once, beside
+    /// `kept` connections held outside them ([`dedicated`](Self::dedicated)).
+    pub(crate) fn fair_share_beside(&self, kept: u32) -> usize {
         let settings = self.settings();
-        (settings.max_connections / settings.pool_size.max(1)).max(1) as usize
+        (settings.max_connections.saturating_sub(kept) / settings.pool_size.max(1)).max(1) as usize
+    }
+
+    /// Tenant `name`'s database URL now, if it is in the set.
+    pub(crate) fn url(&self, name: &str) -> Option<String> {
+        self.entries().get(name).map(|entry| entry.url.clone())
+    }
+
+    /// Whether tenant `name` is in the set with this database URL.
+    pub(crate) fn has_url(&self, name: &str, url: &str) -> bool {
+        self.entries()
+            .get(name)
+            .is_some_and(|entry| entry.url == url)
+    }
+
+    /// [`max_connections`](Self::max_connections) in force.
+    pub(crate) fn max_connections_now(&self) -> u32 {
+        self.settings().max_connections
+    }
+
+    /// The connections the set's limit leaves beside `pools` tenants'
+    /// pools: how many [`dedicated`](Self::dedicated) ones may be kept.
+    pub(crate) fn beside_pools(&self, pools: u32) -> u32 {
+        let settings = self.settings();
+        settings
+            .max_connections
+            .saturating_sub(settings.pool_size.saturating_mul(pools))
     }
 
     /// The pools open now.
@@ -497,17 +524,21 @@ impl<T: TenantPool> Tenants<T> {
         self.entries().values().filter(|e| e.open.is_some()).count()
     }
 
+    /// The semaphore of the connection limit (one permit a connection).
+    fn budget(&self) -> Arc<Semaphore> {
+        self.shared
+            .budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The connections the open pools may hold now, by the limit's count:
     /// each open pool reserves [`pool_size`](Self::pool_size) (a pool
     /// closed while its connections are out keeps its share until they are
     /// returned). Never above [`max_connections`](Self::max_connections).
     pub fn reserved_connections(&self) -> u32 {
-        let budget = self
-            .shared
-            .budget
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let budget = self.budget();
         self.settings()
             .max_connections
             .saturating_sub(budget.available_permits() as u32)
@@ -593,6 +624,56 @@ impl<T: TenantPool> Tenants<T> {
         Ok(TenantConnection { guard, open: used })
     }
 
+    /// A connection of tenant `name`'s database outside its pool, for the
+    /// caller to keep (a relay's `LISTEN`): it takes one connection of
+    /// [`max_connections`](Self::max_connections) until dropped, and then
+    /// closes (it is never given back to a pool, since it may hold session
+    /// state). To make room the set closes the pool idle the longest; it
+    /// does not wait for one ([`TenantError::Exhausted`] at once).
+    pub(crate) async fn dedicated(&self, name: &str) -> Result<Dedicated<T>, TenantError> {
+        let settings = self.settings();
+        self.shared.used.store(true, Ordering::Release);
+        self.close_idle();
+        let url = self
+            .url(name)
+            .ok_or_else(|| TenantError::Unknown(name.to_owned()))?;
+        let budget = self.budget();
+        let share = loop {
+            match budget.clone().try_acquire_owned() {
+                Ok(share) => break share,
+                Err(_) if self.close_least_recent(name) => continue,
+                Err(_) => {
+                    return Err(TenantError::Exhausted {
+                        tenant: name.to_owned(),
+                        max_connections: settings.max_connections,
+                        waited: Duration::ZERO,
+                    })
+                }
+            }
+        };
+        let pool_error = |source| TenantError::Pool {
+            tenant: name.to_owned(),
+            source,
+        };
+        let opening = async {
+            let pool = T::open(&url, 1).await?;
+            crate::outbox::RelayPool::dedicated(&pool).await
+        };
+        let connection = tokio::time::timeout(settings.checkout_timeout, opening)
+            .await
+            .map_err(|_| {
+                pool_error(
+                    format!(
+                        "the database gave no connection in {:?}",
+                        settings.checkout_timeout
+                    )
+                    .into(),
+                )
+            })?
+            .map_err(pool_error)?;
+        Ok(Dedicated { connection, share })
+    }
+
     /// Tenant `name`'s open pool, one user more (opened now, within the
     /// connection limit, if it was not).
     async fn open(
@@ -616,12 +697,7 @@ impl<T: TenantPool> Tenants<T> {
                 }
                 entry.url.clone()
             };
-            let budget = self
-                .shared
-                .budget
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
+            let budget = self.budget();
             let permits = match budget.clone().try_acquire_many_owned(settings.pool_size) {
                 Ok(permits) => permits,
                 Err(_) => {
@@ -677,4 +753,13 @@ impl<T: TenantPool> Tenants<T> {
             return Ok(open.clone());
         }
     }
+}
+
+/// A connection of one tenant's database outside its pool
+/// ([`Tenants::dedicated`]): one connection of the set's limit until
+/// dropped, when it closes.
+pub(crate) struct Dedicated<T: TenantPool> {
+    pub(crate) connection: T::Connection,
+    /// Its place in the limit, given back when dropped.
+    pub(crate) share: OwnedSemaphorePermit,
 }

@@ -130,3 +130,72 @@ mod database {
 }
 #[cfg(feature = "postgres")]
 pub use database::Database;
+
+/// Waits until a relay sleeps in the database of `conn` (PostgreSQL), so
+/// that only a notification wakes it before its poll: its `LISTEN`
+/// connection holds the advisory lock that makes enqueues notify, and the
+/// transactions in progress when it took the lock have ended (until then
+/// it passes again after waits that double: the runtime's
+/// `outbox::notify`), and its current wait has ended too. Other tests'
+/// transactions on the same server can keep it passing for seconds.
+/// Panics after `limit`.
+#[cfg(feature = "postgres")]
+pub fn wait_until_asleep(conn: &mut diesel::PgConnection, limit: std::time::Duration) {
+    use diesel::RunQueryDsl;
+    use std::time::{Duration, Instant};
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let count = |conn: &mut diesel::PgConnection, sql: &str| {
+        diesel::sql_query(sql)
+            .get_result::<Count>(conn)
+            .expect("a count")
+            .n
+    };
+    // pg_advisory_lock_shared(1684627297, the outbox's oid), granted.
+    let held = "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                AND mode = 'ShareLock' AND classid = 1684627297 AND objsubid = 2 \
+                AND objid = CAST(CAST('outbox_messages' AS regclass) AS oid) \
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+    let started = Instant::now();
+    while count(conn, held) == 0 {
+        assert!(
+            started.elapsed() < limit,
+            "no relay went to sleep within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The transactions in progress now: those the relay listed as it took
+    // the lock, if still in progress, are among them.
+    std::thread::sleep(Duration::from_millis(100));
+    let asleep_at = Instant::now();
+    #[derive(diesel::QueryableByName)]
+    struct Snapshot {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        snapshot: String,
+    }
+    let snapshot = diesel::sql_query("SELECT CAST(pg_current_snapshot() AS text) AS snapshot")
+        .get_result::<Snapshot>(conn)
+        .expect("a snapshot")
+        .snapshot;
+    let running = format!(
+        "SELECT count(*) AS n FROM pg_snapshot_xip(CAST('{snapshot}' AS pg_snapshot)) AS x \
+         WHERE pg_xact_status(x) = 'in progress'"
+    );
+    while count(conn, &running) > 0 {
+        assert!(
+            started.elapsed() < limit,
+            "transactions in progress since the relay went to sleep still are after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The relay's wait since it last looked is at most as long as it has
+    // waited in all.
+    std::thread::sleep(asleep_at.elapsed() + Duration::from_millis(300));
+    assert!(
+        count(conn, held) > 0,
+        "the relay woke while nothing was enqueued"
+    );
+}

@@ -87,7 +87,8 @@ pub enum Listening {
 /// enqueues of every process, and checks that it hears: it notifies a
 /// probe channel of its own through `notifier` (another connection, as an
 /// enqueue's would be) and waits up to `wait` for it on `listener`. An
-/// enqueue's notification that arrives meanwhile wakes the relays.
+/// enqueue's notification that arrives meanwhile is passed over: the
+/// caller wakes its relays once it listens.
 #[cfg(feature = "async")]
 #[doc(hidden)]
 pub async fn listen_async<C: AsyncInboxConnection>(
@@ -112,7 +113,9 @@ pub async fn listen_async<C: AsyncInboxConnection>(
             Ok(None) => return Err(listener_gone()),
             Ok(Some(Err(e))) => return Err(e.into()),
             Ok(Some(Ok(channel))) if channel == probe => return Ok(Listening::Notified),
-            Ok(Some(Ok(_))) => crate::wake::wake(),
+            // An enqueue's: the caller wakes its relays once this returns
+            // `Notified` (for everything enqueued while it opened).
+            Ok(Some(Ok(_))) => {}
         }
     }
 }
@@ -126,18 +129,15 @@ pub fn notifies<C: AsyncInboxConnection>() -> bool {
 }
 
 /// Waits on a connection [`listen_async`] made listen for the next
-/// notification, and wakes the relays of this process. An error once the
-/// connection is gone.
+/// notification (the caller wakes whom it concerns: every relay of the
+/// process, or one tenant's). An error once the connection is gone.
 #[cfg(feature = "async")]
 #[doc(hidden)]
 pub async fn notified_async<C: AsyncInboxConnection>(listener: &mut C) -> Result<(), InboxError> {
     match listener.outbox_notified().await {
         None => Err(listener_gone()),
         Some(Err(e)) => Err(e.into()),
-        Some(Ok(_)) => {
-            crate::wake::wake();
-            Ok(())
-        }
+        Some(Ok(_)) => Ok(()),
     }
 }
 

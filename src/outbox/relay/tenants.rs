@@ -4,6 +4,8 @@
 //! turn behind the others, and a tenant whose database is down or slow
 //! waits out its own backoff while the others go on.
 
+use super::listeners::Listeners;
+use super::wakeups::{Doze, Next};
 use super::{
     Relay, RelayError, RelayReport, Settings, MAX_INTERVAL, MAX_OUTAGE_DELAY, OUTAGE_DELAY,
     SHUTDOWN_GRACE,
@@ -37,8 +39,9 @@ const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 ///   other tenant that is due: a backlog of a million does not starve a
 ///   tenant with ten.
 /// - **Concurrency:** at most [`concurrency`](Self::concurrency) tenants
-///   take their turn at once (default: the set's `max_connections` over
-///   its `pool_size`, so that their pools fit the connection limit).
+///   take their turn at once (default: the set's `max_connections`, less
+///   the listeners, over its `pool_size`, so that their pools fit the
+///   limit).
 /// - **Isolation:** a tenant whose turn fails (its database is down, a
 ///   pool error) or outlasts three quarters of the [`lease`](Self::lease) (a database
 ///   that does not answer) is backed off on its own (0.5 s doubling to
@@ -50,7 +53,10 @@ const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 /// - **Latency:** an idle tenant is looked at every
 ///   [`poll_interval`](Self::poll_interval); an `#[idempotent]` call that
 ///   enqueued in this process (or [`outbox::wake`](crate::outbox::wake))
-///   makes every tenant due at once.
+///   makes every tenant due at once. On PostgreSQL, `run` also `LISTEN`s
+///   on up to [`listeners`](Self::listeners) tenant databases (a
+///   connection each, within the set's limit), so that another process's
+///   enqueue there makes that tenant due at once.
 /// - **Gauges** (feature `metrics`): [`run`](Self::run) counts each
 ///   tenant's outbox after its turn, at most every 10 s, into the outbox
 ///   gauges labelled `diesel_inbox.tenant`.
@@ -67,7 +73,8 @@ const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 ///     Tenants::list([("acme", "postgres://app@db1/acme"), ("globex", "postgres://app@db2/globex")])
 ///         .max_connections(16);
 /// let publisher = outbox::lapin::Publisher::connect("amqp://localhost:5672/%2f", "orders-exchange");
-/// let relay = Relay::tenants(tenants, publisher).batch_size(200);
+/// // Hears the enqueues of other processes in up to 4 tenant databases.
+/// let relay = Relay::tenants(tenants, publisher).batch_size(200).listeners(4);
 /// let report = relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
 /// println!("published {}", report.published);
 /// # Ok(())
@@ -80,6 +87,7 @@ pub struct TenantRelay<T: TenantPool, P> {
     turn: u64,
     concurrency: Option<usize>,
     refresh_interval: Duration,
+    listeners: Option<usize>,
 }
 
 impl<T: TenantPool, P> std::fmt::Debug for TenantRelay<T, P> {
@@ -108,6 +116,7 @@ where
             turn: DEFAULT_TURN,
             concurrency: None,
             refresh_interval: DEFAULT_REFRESH_INTERVAL,
+            listeners: None,
         }
     }
 }
@@ -123,6 +132,11 @@ struct Slot<T: TenantPool, P> {
     outages: u32,
     /// Its turn is under way.
     busy: bool,
+    /// The relay loop's side of its listener, and the listener's id, while
+    /// its database is listened to ([`Listeners`]).
+    doze: Option<(u64, Doze)>,
+    /// A notification or an enqueue of this process since its last turn.
+    woken: bool,
     /// When a turn of its was last asked to count its outbox for the
     /// gauges (a turn that fails does not count: the next count is then
     /// at most 10 s later).
@@ -145,6 +159,10 @@ struct Ended {
     id: u64,
     report: RelayReport,
     turn: Turn,
+    /// The doze it took, given back.
+    doze: Option<(u64, Doze)>,
+    /// When to pass again, by the doze (listened tenants).
+    next: Option<Next>,
 }
 
 /// Slot ids, unique in the process.
@@ -195,9 +213,23 @@ where
     }
 
     /// How many tenants take their turn at once (default: the set's
-    /// `max_connections` over its `pool_size`; at least 1).
+    /// `max_connections`, less the [`listeners`](Self::listeners), over its
+    /// `pool_size`; at least 1). Set, it also bounds the listeners to what
+    /// the limit leaves beside that many pools.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = Some(n.max(1));
+        self
+    }
+
+    /// How many tenant databases `run` listens on at once, on PostgreSQL
+    /// (default: an eighth of the set's `max_connections`; at most what
+    /// leaves one tenant's pool beside them; 0 turns it off). Each takes
+    /// one connection of the set's limit, kept outside the tenant's pool.
+    /// A tenant takes a free place after its turn, or, when its turn found
+    /// messages, the place of a tenant that has found none for 10 s; the
+    /// others are looked at every [`poll_interval`](Self::poll_interval).
+    pub fn listeners(mut self, n: usize) -> Self {
+        self.listeners = Some(n);
         self
     }
 
@@ -225,20 +257,23 @@ where
             due: Instant::now(),
             outages: 0,
             busy: false,
+            doze: None,
+            woken: false,
             #[cfg(feature = "metrics")]
             counted: None,
         })
     }
 
     /// Brings `slots` in line with the set: a slot for each new tenant, none
-    /// for a removed one.
-    fn follow(&self, slots: &mut BTreeMap<Arc<str>, Slot<T, P>>) {
+    /// (and no listener) for a removed one.
+    fn follow(&self, slots: &mut BTreeMap<Arc<str>, Slot<T, P>>, listeners: &mut Listeners) {
         let names = self.tenants.names();
         slots.retain(|name, _| {
             let kept = names.binary_search_by(|n| n.as_str().cmp(name)).is_ok();
             if !kept {
                 // Its gauges read 0, not the last count.
                 inbox_runtime::__facade::outbox_status_gone(name);
+                listeners.remove(name);
             }
             kept
         });
@@ -249,12 +284,43 @@ where
                 }
             }
         }
+        self.unlisten_moved(slots, listeners);
     }
 
-    fn concurrent(&self) -> usize {
+    /// Closes the listeners of tenants moved to another database (their
+    /// enqueues there do not notify the old one) and makes those tenants
+    /// due: they are listened to again, there, after their turn.
+    fn unlisten_moved(
+        &self,
+        slots: &mut BTreeMap<Arc<str>, Slot<T, P>>,
+        listeners: &mut Listeners,
+    ) {
+        for name in listeners.follow(&self.tenants) {
+            if let Some(slot) = slots.get_mut(&name) {
+                wake_slot(slot, Instant::now());
+            }
+        }
+    }
+
+    /// How many tenants take their turn at once, beside `listening`
+    /// connections kept by listeners.
+    fn concurrent(&self, listening: usize) -> usize {
         self.concurrency
-            .unwrap_or_else(|| self.tenants.fair_share())
+            .unwrap_or_else(|| self.tenants.fair_share_beside(listening as u32))
             .max(1)
+    }
+
+    /// How many tenant databases `run` may listen on: at most what the
+    /// limit leaves beside one tenant's pool, or beside the pools of
+    /// [`concurrency`](Self::concurrency) tenants where it is set.
+    fn listener_limit(&self) -> usize {
+        let room = match self.concurrency {
+            Some(n) => self.tenants.beside_pools(n as u32),
+            None => self.tenants.beside_pools(1),
+        };
+        self.listeners
+            .unwrap_or((self.tenants.max_connections_now() / 8) as usize)
+            .min(room as usize)
     }
 
     /// How long a turn may take: three quarters of the lease. A batch's
@@ -269,20 +335,41 @@ where
     /// One tenant's turn, bounded by [`bound`](Self::bound), in a span
     /// that names the tenant; with `count`, a turn that ran then counts the
     /// tenant's outbox for its gauges (labelled with the tenant), within
-    /// the same bound or 10 s, whichever is shorter.
-    fn start(&self, name: Arc<str>, slot: &Slot<T, P>, count: bool) -> Running {
+    /// the same bound or 10 s, whichever is shorter. A listened tenant's
+    /// turn also tells its listener whether the relay sleeps
+    /// ([`Doze`]): `listener` is its listener's id now.
+    fn start(
+        &self,
+        name: Arc<str>,
+        slot: &mut Slot<T, P>,
+        count: bool,
+        listener: Option<u64>,
+    ) -> Running {
         let bound = self.bound();
         let (relay, id) = (slot.relay.clone(), slot.id);
+        let poll = self.settings.poll_interval;
+        let woken = std::mem::take(&mut slot.woken);
+        // A doze of a listener closed since is dropped.
+        let mut doze = slot.doze.take().filter(|(of, _)| Some(*of) == listener);
         let span = tracing::info_span!(target: crate::TRACING_TARGET, "diesel_inbox.outbox.tenant", tenant = %name);
         Box::pin(
             async move {
                 let mut report = RelayReport::default();
+                if let Some((_, doze)) = doze.as_mut() {
+                    doze.before_pass(woken).await;
+                }
                 // The relay's metrics carry the tenant.
                 let pass =
                     inbox_runtime::__facade::for_tenant(name.clone(), relay.pass(&mut report));
                 let turn = match tokio::time::timeout(bound, pass).await {
                     Ok(ran) => Turn::Ran(ran),
                     Err(_) => Turn::TimedOut,
+                };
+                let next = match (&turn, doze.as_mut()) {
+                    (Turn::Ran(Ok(())), Some((_, doze))) if report.released == 0 => {
+                        Some(doze.after_pass(poll, report.batches > 0).await)
+                    }
+                    _ => None,
                 };
                 #[cfg(feature = "metrics")]
                 if count && matches!(turn, Turn::Ran(Ok(()))) {
@@ -297,6 +384,8 @@ where
                     id,
                     report,
                     turn,
+                    doze,
+                    next,
                 }
             }
             .instrument(span),
@@ -325,7 +414,7 @@ where
             .await
             .map_err(|e| RelayError::Pool(e.into()))?;
         let mut slots = BTreeMap::new();
-        self.follow(&mut slots);
+        self.follow(&mut slots, &mut Listeners::none());
         let mut report = RelayReport::default();
         let mut failed: Option<RelayError> = None;
         // Every tenant once, in name order; a tenant whose turn used all
@@ -334,9 +423,10 @@ where
         let mut due: VecDeque<Arc<str>> = slots.keys().cloned().collect();
         let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
         loop {
-            while running.len() < self.concurrent() {
+            while running.len() < self.concurrent(0) {
                 let Some(name) = due.pop_front() else { break };
-                running.push(self.start(name.clone(), &slots[&name], false));
+                let slot = slots.get_mut(&name).expect("listed");
+                running.push(self.start(name.clone(), slot, false, None));
             }
             let Some(ended) = running.next().await else {
                 break;
@@ -380,13 +470,19 @@ where
         let mut reading: Option<Reading<'_>> = Some(Box::pin(self.tenants.refresh()));
         let mut read_at = Instant::now();
         let mut seen = steps::wake_generation();
+        let mut listeners = Listeners::new::<T::Connection>(self.listener_limit());
+        let bell = listeners.bell();
         // Why the publisher stopped the relay.
         let mut closed: Option<RelayError> = None;
         loop {
             self.tenants.close_idle();
+            // A tenant moved by `Tenants::insert` is listened to there.
+            self.unlisten_moved(&mut slots, &mut listeners);
             // The tenants due, longest due first, as many as may run.
             let now = Instant::now();
-            let free = self.concurrent().saturating_sub(running.len());
+            let free = self
+                .concurrent(listeners.limit)
+                .saturating_sub(running.len());
             let mut due: Vec<(Instant, Arc<str>)> = slots
                 .iter()
                 .filter(|(_, s)| !s.busy && s.due <= now)
@@ -408,11 +504,14 @@ where
                 }
                 #[cfg(not(feature = "metrics"))]
                 let count = false;
-                running.push(self.start(name, slot, count));
+                let listener = listeners.of(&name);
+                running.push(self.start(name, slot, count, listener));
             }
             // When to look again: the next tenant due (only if one more
             // may run), the next read of the set.
-            let free = self.concurrent().saturating_sub(running.len());
+            let free = self
+                .concurrent(listeners.limit)
+                .saturating_sub(running.len());
             let next = slots
                 .values()
                 .filter(|s| free > 0 && !s.busy)
@@ -431,11 +530,25 @@ where
                     match slots.get_mut(&ended.name) {
                         Some(slot) if slot.id == ended.id => {
                             slot.busy = false;
-                            if let Err(e) = self.after_turn(&ended.name, slot, &ended.report, ended.turn, &mut report) {
+                            let ran = matches!(ended.turn, Turn::Ran(Ok(())));
+                            if let Err(e) = self.after_turn(&ended.name, slot, &ended.report, ended.turn, ended.next, &mut report) {
                                 // The publisher cannot publish any more: the
                                 // other turns finish, then the relay stops.
                                 closed = Some(e);
                                 break;
+                            }
+                            // Its doze back, if its listener still is; a
+                            // place for a listener, if it is not listened.
+                            slot.doze = ended.doze.filter(|(of, _)| listeners.of(&ended.name) == Some(*of));
+                            let mut evicted = None;
+                            if ran {
+                                let offered = listeners.offer(&self.tenants, &ended.name, ended.report.batches > 0, self.settings.poll_interval, &mut evicted);
+                                slot.doze = offered.or(slot.doze.take());
+                            }
+                            // A notification its listener had heard is
+                            // read no more.
+                            if let Some(slot) = evicted.and_then(|name| slots.get_mut(&name)) {
+                                wake_slot(slot, Instant::now());
                             }
                         }
                         Some(_) => {}
@@ -450,13 +563,27 @@ where
                     if let Err(e) = read {
                         tracing::warn!(target: crate::TRACING_TARGET, error = %e, "diesel-inbox: outbox relay: the tenant set could not be read again; relaying the tenants known");
                     }
-                    self.follow(&mut slots);
+                    self.follow(&mut slots, &mut listeners);
                 }
                 () = steps::woken(seen) => {
                     seen = steps::wake_generation();
                     let now = Instant::now();
-                    for slot in slots.values_mut().filter(|s| s.outages == 0) {
-                        slot.due = slot.due.min(now);
+                    for slot in slots.values_mut() {
+                        wake_slot(slot, now);
+                    }
+                }
+                () = bell.notified() => {
+                    let now = Instant::now();
+                    for name in listeners.heard() {
+                        if let Some(slot) = slots.get_mut(&name) {
+                            wake_slot(slot, now);
+                        }
+                    }
+                }
+                name = listeners.deaf() => {
+                    // It polls from now on.
+                    if let Some(slot) = slots.get_mut(&name) {
+                        slot.doze = None;
                     }
                 }
                 () = tokio::time::sleep_until(next.into()) => {
@@ -467,6 +594,9 @@ where
             }
         }
         drop(reading);
+        // Their connections close; a turn's question to its listener is
+        // answered at once (it polls).
+        drop(listeners);
         // Shutdown: the turns under way finish within the grace.
         let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
             while let Some(ended) = running.next().await {
@@ -508,6 +638,7 @@ where
         slot: &mut Slot<T, P>,
         pass: &RelayReport,
         turn: Turn,
+        next: Option<Next>,
         report: &mut RelayReport,
     ) -> Result<(), RelayError> {
         let now = Instant::now();
@@ -522,10 +653,17 @@ where
             Turn::Ran(Ok(())) => {
                 slot.outages = 0;
                 // A full turn: more is likely due; behind the others.
-                slot.due = if pass.batches >= self.turn {
+                // Else, listened, when its doze says (a notification may
+                // make it due sooner); polled, after the poll interval.
+                // Woken during its turn (after its claim, maybe): at once.
+                slot.due = if pass.batches >= self.turn || slot.woken {
                     now
                 } else {
-                    now + self.settings.poll_interval
+                    match next {
+                        Some(Next::Pass) => now,
+                        Some(Next::Wait(wait) | Next::Linger(wait)) => now + wait,
+                        None => now + self.settings.poll_interval,
+                    }
                 };
                 return Ok(());
             }
@@ -541,6 +679,15 @@ where
         tracing::warn!(target: crate::TRACING_TARGET, tenant = %name, error = %failed, wait_ms = wait.as_millis() as u64, "diesel-inbox: outbox relay: a tenant's turn failed; backing off that tenant");
         slot.due = now + wait;
         Ok(())
+    }
+}
+
+/// Something may be due in `slot`'s outbox: its turn comes at once,
+/// unless it is backed off after an outage.
+fn wake_slot<T: TenantPool, P>(slot: &mut Slot<T, P>, now: Instant) {
+    slot.woken = true;
+    if slot.outages == 0 {
+        slot.due = slot.due.min(now);
     }
 }
 

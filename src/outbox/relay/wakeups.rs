@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 /// How long the relay waits for a notification it sends its own `LISTEN`
 /// connection before it decides that none can reach it.
-const PROBE_WAIT: Duration = Duration::from_secs(2);
+pub(super) const PROBE_WAIT: Duration = Duration::from_secs(2);
 /// How long opening and checking the `LISTEN` connection may take before
 /// it is tried again.
 pub(super) const LISTEN_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -162,71 +162,101 @@ async fn refuse(asked: &mut mpsc::UnboundedReceiver<Ask>) -> std::convert::Infal
     }
 }
 
+/// How [`hear`] stopped: nothing can reach the listener (said at WARN).
+pub(super) enum Deaf {
+    /// The backend has no notifications.
+    Polls,
+    /// A notification sent to its own connection did not arrive (a proxy
+    /// that keeps no session).
+    Unreachable,
+}
+
+/// What [`hear`] listens on: a connection kept for it alone, what it
+/// holds while it listens (a tenant's share of the connection limit),
+/// and whether a notification reached it ([`steps::listen_async`]).
+pub(super) type Opened<C, K> = (C, K, steps::Listening);
+
+/// Hears the enqueues of other processes on the connection `open` gives,
+/// and calls `heard` at each, and once each time it listens again (for
+/// what was enqueued meanwhile); answers the relay loop's [`Ask`]s on it.
+/// A lost or failed connection is opened again after a backoff. Returns
+/// only when nothing can reach it, said once at WARN: the caller then
+/// polls.
+pub(super) async fn hear<C, K, F>(
+    open: impl Fn() -> F,
+    heard: impl Fn(),
+    asked: &mut mpsc::UnboundedReceiver<Ask>,
+    poll_interval: Duration,
+) -> Deaf
+where
+    C: inbox_runtime::AsyncInboxConnection,
+    F: std::future::Future<Output = Result<Opened<C, K>, RelayError>>,
+{
+    let mut failures = 0u32;
+    loop {
+        let opened = tokio::select! {
+            opened = tokio::time::timeout(LISTEN_OPEN_TIMEOUT, open()) => opened,
+            never = refuse(asked) => match never {},
+        };
+        let error = match opened {
+            Ok(Ok((_, _, steps::Listening::Polls))) => return Deaf::Polls,
+            Ok(Ok((_, _, steps::Listening::Unreachable))) => {
+                tracing::warn!(target: crate::TRACING_TARGET, probe_wait = ?PROBE_WAIT, ?poll_interval, "diesel-inbox: outbox relay: a notification sent to its own LISTEN connection did not arrive: a connection proxy in transaction mode (PgBouncer's pool_mode = transaction) keeps no session for LISTEN. The relay polls instead; give it a direct connection (or session pooling) for wake-ups from other processes");
+                return Deaf::Unreachable;
+            }
+            Ok(Ok((mut listener, _held, steps::Listening::Notified))) => {
+                failures = 0;
+                tracing::debug!(target: crate::TRACING_TARGET, "diesel-inbox: outbox relay: listening for the enqueues of other processes");
+                heard();
+                serve(&mut listener, &heard, asked).await
+            }
+            Ok(Err(e)) => e,
+            Err(_) => RelayError::Pool(
+                format!("no listening connection within {LISTEN_OPEN_TIMEOUT:?}").into(),
+            ),
+        };
+        failures += 1;
+        tracing::debug!(target: crate::TRACING_TARGET, error = %error, "diesel-inbox: outbox relay: its LISTEN connection failed; polling until it is open again");
+        let pause = tokio::time::sleep(backoff(OUTAGE_DELAY, super::MAX_OUTAGE_DELAY, failures));
+        tokio::select! {
+            () = pause => {}
+            never = refuse(asked) => match never {},
+        }
+    }
+}
+
 impl<D, P> Relay<D, P>
 where
     D: RelayPool,
     P: Publish,
 {
     /// Hears the enqueues of other processes where the backend notifies
-    /// (PostgreSQL), on a connection of its own, and wakes the relays of
-    /// this process at each; answers the relay loop's [`Ask`]s on it;
-    /// never returns (`run` drops it). Where nothing can reach it
-    /// (another backend; a proxy that keeps no session, said once at
-    /// WARN) it only answers `None`: the relay polls. A lost or failed
-    /// connection is opened again after a backoff, and the relays woken
-    /// once it listens (for what was enqueued meanwhile).
+    /// (PostgreSQL), on a connection of its own ([`hear`]), and wakes the
+    /// relays of this process at each; never returns (`run` drops it).
+    /// Where nothing can reach it (another backend; a proxy that keeps no
+    /// session) it only answers `None`: the relay polls.
     pub(super) async fn listen(
         &self,
         asked: &mut mpsc::UnboundedReceiver<Ask>,
     ) -> std::convert::Infallible {
-        if !steps::notifies::<D::Connection>() {
-            return refuse(asked).await;
-        }
-        let mut failures = 0u32;
-        loop {
-            let opening = tokio::time::timeout(LISTEN_OPEN_TIMEOUT, async {
+        if steps::notifies::<D::Connection>() {
+            let open = || async {
                 let mut listener = self.pool.dedicated().await.map_err(RelayError::Pool)?;
                 let mut notifier = self.pool.connection().await.map_err(RelayError::Pool)?;
                 let how = steps::listen_async(&mut listener, &mut *notifier, PROBE_WAIT).await?;
-                Ok::<_, RelayError>((listener, how))
-            });
-            let opened = tokio::select! {
-                opened = opening => opened,
-                never = refuse(asked) => match never {},
+                Ok((listener, (), how))
             };
-            let error = match opened {
-                Ok(Ok((_, steps::Listening::Polls))) => return refuse(asked).await,
-                Ok(Ok((_, steps::Listening::Unreachable))) => {
-                    tracing::warn!(target: crate::TRACING_TARGET, probe_wait = ?PROBE_WAIT, poll_interval = ?self.settings.poll_interval, "diesel-inbox: outbox relay: a notification sent to its own LISTEN connection did not arrive: a connection proxy in transaction mode (PgBouncer's pool_mode = transaction) keeps no session for LISTEN. The relay polls instead; give it a direct connection (or session pooling) for wake-ups from other processes");
-                    return refuse(asked).await;
-                }
-                Ok(Ok((mut listener, steps::Listening::Notified))) => {
-                    failures = 0;
-                    tracing::debug!(target: crate::TRACING_TARGET, "diesel-inbox: outbox relay: listening for the enqueues of other processes");
-                    steps::wake();
-                    serve(&mut listener, asked).await
-                }
-                Ok(Err(e)) => e,
-                Err(_) => RelayError::Pool(
-                    format!("no listening connection within {LISTEN_OPEN_TIMEOUT:?}").into(),
-                ),
-            };
-            failures += 1;
-            tracing::debug!(target: crate::TRACING_TARGET, error = %error, "diesel-inbox: outbox relay: its LISTEN connection failed; polling until it is open again");
-            let pause =
-                tokio::time::sleep(backoff(OUTAGE_DELAY, super::MAX_OUTAGE_DELAY, failures));
-            tokio::select! {
-                () = pause => {}
-                never = refuse(asked) => match never {},
-            }
+            hear(open, steps::wake, asked, self.settings.poll_interval).await;
         }
+        refuse(asked).await
     }
 }
 
-/// On a listening connection: wakes the relays of this process at each
-/// notification and answers the relay loop, until the connection fails.
+/// On a listening connection: calls `heard` at each notification and
+/// answers the relay loop, until the connection fails.
 async fn serve<C: inbox_runtime::AsyncInboxConnection>(
     listener: &mut C,
+    heard: &impl Fn(),
     asked: &mut mpsc::UnboundedReceiver<Ask>,
 ) -> RelayError {
     // Whether this connection holds the sleeping relay's lock, and the
@@ -236,7 +266,10 @@ async fn serve<C: inbox_runtime::AsyncInboxConnection>(
     loop {
         let ask = tokio::select! {
             notified = steps::notified_async(listener) => match notified {
-                Ok(()) => continue,
+                Ok(()) => {
+                    heard();
+                    continue;
+                }
                 Err(e) => return RelayError::Database(e),
             },
             ask = asked.recv() => ask,
