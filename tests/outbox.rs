@@ -1381,8 +1381,11 @@ fn the_relay_and_status_report_metrics() {
 /// A transaction held open (and with it PostgreSQL's vacuum horizon: the
 /// rows the relay deletes stay behind as dead tuples) for 20 s while
 /// 16,800 messages of 20 ordering keys flow through a running relay to
-/// RabbitMQ: every message arrives once, in its key's order, within
-/// twice the hold, and the outbox is empty after the holder commits. The
+/// RabbitMQ: the relay keeps at least half the producer's pace (at each
+/// tenth of the messages, at most half of those enqueued so far are
+/// pending: on a loaded machine the producer itself falls behind its
+/// schedule), every message arrives once, in its key's order, and the
+/// outbox is empty after the holder commits. The
 /// relay's rate before, during and after a longer such transaction is the
 /// benchmark's (`--outbox --outbox-horizon 60`); this prints the backlog it
 /// saw. (It held 60 s with 50,000 messages until the CI's time was cut:
@@ -1443,20 +1446,24 @@ fn a_long_transaction_holding_the_vacuum_horizon_does_not_stop_the_relay() {
                 .expect("enqueue a chunk");
                 if chunk % 10 == 9 {
                     let backlog = outbox::status_async(&mut *conn).await.expect("status");
+                    let enqueued = (chunk + 1) * PER_CHUNK;
                     println!(
-                        "{:.0} s, {} enqueued: {} pending",
+                        "{:.0} s, {enqueued} enqueued: {} pending",
                         opened.elapsed().as_secs_f64(),
-                        (chunk + 1) * PER_CHUNK,
+                        backlog.pending
+                    );
+                    assert!(
+                        backlog.pending as usize <= enqueued / 2,
+                        "the relay fell behind with the horizon held: {} of {enqueued} pending",
                         backlog.pending
                     );
                 }
             }
         };
-        // The producer enqueues 840 messages a second: all of them
-        // within twice the hold means the relay kept at least half that
-        // pace with the horizon held (it keeps up here: the backlog stays
-        // at the chunk just enqueued).
-        let consume = rabbit.take(&queue, KEYS * (CHUNKS * PER_CHUNK / KEYS), HOLD * 2);
+        // The producer enqueues 840 messages a second, when the machine
+        // lets it (the pace is checked above); the bound is for a relay
+        // that stops.
+        let consume = rabbit.take(&queue, KEYS * (CHUNKS * PER_CHUNK / KEYS), HOLD * 4);
         let (report, (), got) = tokio::join!(running, produce, async {
             let got = consume.await;
             let _ = stop.send(());
