@@ -151,7 +151,7 @@ fn failover<B: Broker>(broker: &str, mode: &str) -> Result<String, String> {
     if let Some(skipped) = skipped() {
         return Ok(skipped);
     }
-    let n: u64 = 3_000;
+    let n: u64 = 1_600;
     let pair = Failover::start(mode)?;
     {
         use diesel::connection::SimpleConnection;
@@ -275,7 +275,7 @@ fn outbox_chain<B: Broker>(broker: &str, mode: &str) -> Result<String, String> {
     if let Some(skipped) = skipped() {
         return Ok(skipped);
     }
-    let n: u64 = 1_500;
+    let n: u64 = 1_000;
     let pair = Failover::start(mode)?;
     let at = n / 4 + random_below(n / 4);
     let chain = crate::chain::across_failover::<B>(

@@ -3,7 +3,7 @@
 //! SQLite file shared by the consumer processes, and who ack only after
 //! the handler's transaction committed. Five scenarios per broker:
 //!
-//! 1. 2,000 messages, 20% published twice: exact state.
+//! 1. 1,000 messages, 20% published twice: exact state.
 //! 2. The consumer process is SIGKILLed between commit and ack for a slice
 //!    of messages and restarted: the redeliveries are `Duplicate`.
 //! 3. A poison message is dead-lettered (RabbitMQ) or terminated (NATS)

@@ -313,9 +313,9 @@ pub(crate) fn applied_so_far(run: &Run) -> i64 {
 
 // ---- the scenarios -----------------------------------------------------
 
-/// 1. 2,000 messages, 20% published twice.
+/// 1. 1,000 messages, 20% published twice.
 fn duplicates<B: Broker>(url: &str) -> Result<String, String> {
-    let n: u64 = 2_000 / B::SCALE;
+    let n: u64 = 1_000 / B::SCALE;
     let run = start::<B>(url)?;
     let stream = with_duplicates(orders(&run, n));
     B::publish(url, &run.queue, &stream)?;
@@ -418,7 +418,7 @@ fn poison_is_dead_lettered<B: Broker>(url: &str) -> Result<String, String> {
 
 /// 4. Three consumer processes, prefetch 20.
 fn three_consumers<B: Broker>(url: &str) -> Result<String, String> {
-    let n: u64 = 3_000 / B::SCALE;
+    let n: u64 = 1_500 / B::SCALE;
     let run = start::<B>(url)?;
     let stream = with_duplicates(orders(&run, n));
     B::publish(url, &run.queue, &stream)?;
@@ -450,13 +450,13 @@ fn connection_dropped<B: Broker>(url: &str) -> Result<String, String> {
     dropped_mid_run::<B>(url, false)
 }
 
-/// The broker drops every connection 300 messages into 2,000, under the
+/// The broker drops every connection 300 messages into 1,000, under the
 /// scenario's own consumer loop (prefetch 20) or the library's runner
 /// (`runner`: 8 in flight, RabbitMQ's through `Consumer::connect`): the
 /// consumer connects again (NATS' runner pulls on through the client's own
 /// reconnect), and the state is exact.
 fn dropped_mid_run<B: Broker>(url: &str, runner: bool) -> Result<String, String> {
-    let n: u64 = 2_000 / B::SCALE;
+    let n: u64 = 1_000 / B::SCALE;
     let run = start::<B>(url)?;
     B::publish(url, &run.queue, &orders(&run, n))?;
     // The consumer stops once all are applied; a quiet 30 s (not the
